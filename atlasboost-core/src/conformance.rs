@@ -1,0 +1,189 @@
+//! The conformance suite every [`Rendezvous`] backend runs (feature `conformance`).
+//!
+//! [`check_participant`] is what one participant does; it works in threads of one process and
+//! in separate processes (MPI). [`run_in_threads`] drives a whole in-process group and adds the
+//! checks that need every participant's view.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::device::{Device, DeviceProbe, Health};
+use crate::error::Result;
+use crate::exchange::gather_cluster_table;
+use crate::ranktable::{BuildOptions, RankTable, validate_table};
+use crate::rendezvous::Rendezvous;
+
+/// Devices per simulated host in the gather check.
+const DEVICES_PER_HOST: u32 = 8;
+
+/// A probe for the suite itself: participant `i` is host `10.<i/250>.<i%250>.1` with 8 devices.
+struct SuiteProbe {
+    index: usize,
+}
+
+impl SuiteProbe {
+    fn server_id(index: usize) -> String {
+        format!("10.{}.{}.1", index / 250, index % 250)
+    }
+}
+
+impl DeviceProbe for SuiteProbe {
+    fn name(&self) -> &str {
+        "conformance"
+    }
+
+    fn probe(&self) -> Result<Vec<Device>> {
+        let host = (self.index + 1) as u32;
+        Ok((0..DEVICES_PER_HOST)
+            .map(|p| Device {
+                server_id: Self::server_id(self.index),
+                logical_id: p,
+                physical_id: p,
+                ip: Some(IpAddr::V4(Ipv4Addr::from((host << 8) | p | (29 << 24)))),
+                chip: "910".into(),
+                health: Health::Healthy,
+                super_device_id: None,
+                super_pod_id: None,
+            })
+            .collect())
+    }
+}
+
+fn payload(round: usize, index: usize) -> Vec<u8> {
+    // Lengths differ between participants and rounds; some payloads are empty.
+    let len = (index * 7 + round * 13) % 97;
+    let mut p = format!("round {round} from {index};").into_bytes();
+    p.extend((0..len).map(|i| (i ^ index ^ round) as u8));
+    if (round + index) % 5 == 0 {
+        p.clear();
+    }
+    p
+}
+
+fn expect(cond: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if cond { Ok(()) } else { Err(what()) }
+}
+
+/// Runs every per-participant check. Each participant of a group must call it at the same time.
+///
+/// Returns the cluster table the participant built from the gathered devices, so a driver can
+/// compare the tables of all participants.
+///
+/// # Errors
+///
+/// A description of the first check that failed.
+pub fn check_participant(rdv: &mut dyn Rendezvous) -> Result<RankTable, String> {
+    let (index, size) = (rdv.index(), rdv.size());
+    expect(size > 0, || "size() is 0".into())?;
+    expect(index < size, || format!("index() {index} is not below size() {size}"))?;
+
+    for round in 0..8 {
+        let got = rdv
+            .all_gather(&payload(round, index))
+            .map_err(|e| format!("participant {index}: all_gather round {round} failed: {e}"))?;
+        expect(got.len() == size, || {
+            format!("round {round}: got {} payloads for {size} participants", got.len())
+        })?;
+        for (i, p) in got.iter().enumerate() {
+            expect(*p == payload(round, i), || {
+                format!("participant {index}, round {round}: payload of {i} is wrong ({} bytes)", p.len())
+            })?;
+        }
+        if round % 3 == 0 {
+            rdv.barrier()
+                .map_err(|e| format!("participant {index}: barrier after round {round} failed: {e}"))?;
+        }
+    }
+
+    let big: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8 ^ index as u8).collect();
+    let got = rdv
+        .all_gather(&big)
+        .map_err(|e| format!("participant {index}: 256 KiB all_gather failed: {e}"))?;
+    for (i, p) in got.iter().enumerate() {
+        let want: Vec<u8> = (0..256 * 1024).map(|k| (k % 251) as u8 ^ i as u8).collect();
+        expect(*p == want, || format!("participant {index}: 256 KiB payload of {i} is wrong"))?;
+    }
+
+    let probe = SuiteProbe { index };
+    let table = gather_cluster_table(
+        rdv,
+        &probe,
+        &SuiteProbe::server_id(index),
+        &|d| Ok(d),
+        &BuildOptions::default(),
+    )
+    .map_err(|e| format!("participant {index}: gathering devices failed: {e}"))?;
+    expect(table.rank_count() == size * DEVICES_PER_HOST as usize, || {
+        format!("participant {index}: table has {} ranks", table.rank_count())
+    })?;
+    let violations = validate_table(&table, crate::Chip::Ascend910);
+    expect(violations.is_empty(), || {
+        format!("participant {index}: built table invalid: {violations:?}")
+    })?;
+
+    // Everyone built the same bytes.
+    let json = table.to_json_pretty();
+    let all = rdv
+        .all_gather(json.as_bytes())
+        .map_err(|e| format!("participant {index}: comparing tables failed: {e}"))?;
+    expect(all.iter().all(|t| *t == all[0]), || {
+        format!("participant {index}: participants built different tables")
+    })?;
+    rdv.barrier()
+        .map_err(|e| format!("participant {index}: final barrier failed: {e}"))?;
+    Ok(table)
+}
+
+/// Runs [`check_participant`] for every participant of an in-process group, one thread each,
+/// and checks that the indices are `0..size` and that every participant built the same table.
+///
+/// # Errors
+///
+/// The first failure, or a timeout naming the participants that did not finish.
+pub fn run_in_threads(
+    participants: Vec<Box<dyn Rendezvous>>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let n = participants.len();
+    let mut indices: Vec<usize> = participants.iter().map(|p| p.index()).collect();
+    indices.sort_unstable();
+    expect(indices == (0..n).collect::<Vec<_>>(), || {
+        format!("indices of {n} participants are {indices:?}, not 0..{n}")
+    })?;
+    let (tx, rx) = mpsc::channel();
+    for mut p in participants {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let index = p.index();
+            // The receiver may be gone after a timeout; nothing to report to then.
+            let _ = tx.send((index, check_participant(p.as_mut())));
+        });
+    }
+    drop(tx);
+    let deadline = std::time::Instant::now() + timeout;
+    let mut done = vec![false; n];
+    let mut first: Option<String> = None;
+    for _ in 0..n {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((i, Ok(table))) => {
+                done[i] = true;
+                let json = table.to_json_pretty();
+                match &first {
+                    None => first = Some(json),
+                    Some(f) => expect(*f == json, || format!("participant {i} built another table"))?,
+                }
+            }
+            Ok((_, Err(e))) => return Err(e),
+            Err(_) => {
+                let missing: Vec<String> = (0..n).filter(|i| !done[*i]).map(|i| i.to_string()).collect();
+                return Err(format!(
+                    "timed out after {timeout:?} waiting for participants {}",
+                    missing.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! Devices (NPUs) and the probes that list them.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// One NPU of one host, as a probe reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Device {
+    /// The host this device belongs to: its `server_id` in the rank table.
+    pub server_id: String,
+    /// The id the runtime uses in this process (`ASCEND_DEVICE_ID`), after visible-device renumbering.
+    pub logical_id: u32,
+    /// The chip's physical id (`/dev/davinciN`): the table's `device_id`.
+    pub physical_id: u32,
+    /// The RoCE IP of the device; may be absent on a single-server job.
+    pub ip: Option<IpAddr>,
+    /// The chip name as the driver reports it (`910`, `910B3`, `910_9391`, ...).
+    pub chip: String,
+    /// Whether the driver considers the device usable.
+    pub health: Health,
+    /// The NPU id inside an Atlas A3 SuperPoD (`super_device_id`, format 1.2 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub super_device_id: Option<u32>,
+    /// The SuperPoD this host belongs to (`super_pod_id`, format 1.2 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub super_pod_id: Option<String>,
+}
+
+/// Device health as the driver reports it (`dsmi_get_device_health`: 0 is healthy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Health {
+    /// Usable.
+    Healthy,
+    /// Not usable; the driver's code is kept for the message.
+    Unhealthy {
+        /// The non-zero health code (1 warning, 2 important, 3 critical, 0xFFFFFFFF offline).
+        code: u32,
+    },
+}
+
+impl Health {
+    /// Maps a DSMI health code to a health.
+    pub fn from_code(code: u32) -> Self {
+        if code == 0 {
+            Health::Healthy
+        } else {
+            Health::Unhealthy { code }
+        }
+    }
+
+    /// True when the device can be used.
+    pub fn is_healthy(self) -> bool {
+        self == Health::Healthy
+    }
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Health::Healthy => f.write_str("ok"),
+            Health::Unhealthy { code: 1 } => f.write_str("warning (1)"),
+            Health::Unhealthy { code: 2 } => f.write_str("important (2)"),
+            Health::Unhealthy { code: 3 } => f.write_str("critical (3)"),
+            Health::Unhealthy { code: u32::MAX } => f.write_str("offline"),
+            Health::Unhealthy { code } => write!(f, "unhealthy ({code})"),
+        }
+    }
+}
+
+/// The chip family, which decides the rank-table rules HCCL applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Chip {
+    /// Atlas 910 (training series): 8 devices per server in two groups of four.
+    #[serde(rename = "910")]
+    Ascend910,
+    /// Atlas A2 (910B): per-server device counts may differ.
+    #[serde(rename = "910b")]
+    Ascend910B,
+    /// Atlas A3 (910_93, SuperPoD): two dies per NPU.
+    #[serde(rename = "910_93")]
+    Ascend910_93,
+}
+
+impl Chip {
+    /// Every chip, in the spelling `--chip` accepts.
+    pub const ALL: [Chip; 3] = [Chip::Ascend910, Chip::Ascend910B, Chip::Ascend910_93];
+
+    /// The spelling used by `--chip`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Chip::Ascend910 => "910",
+            Chip::Ascend910B => "910b",
+            Chip::Ascend910_93 => "910_93",
+        }
+    }
+
+    /// The chip family of a driver chip name (`910`, `Ascend910B3`, `910_9391`), if known.
+    pub fn from_driver_name(name: &str) -> Option<Chip> {
+        let lower = name.trim().to_ascii_lowercase();
+        let bare = lower.strip_prefix("ascend").unwrap_or(&lower);
+        if bare.starts_with("910_93") {
+            Some(Chip::Ascend910_93)
+        } else if bare.starts_with("910b") {
+            Some(Chip::Ascend910B)
+        } else if bare == "910" || bare.starts_with("910a") || bare.starts_with("910pro") {
+            Some(Chip::Ascend910)
+        } else {
+            None
+        }
+    }
+
+    /// The highest `device_id` HCCL accepts on this chip.
+    pub fn max_device_id(self) -> u32 {
+        match self {
+            Chip::Ascend910 => 7,
+            Chip::Ascend910B | Chip::Ascend910_93 => 15,
+        }
+    }
+}
+
+impl fmt::Display for Chip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Chip {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Chip::ALL
+            .into_iter()
+            .find(|c| c.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| Error::invalid_value("chip", s, "expected one of 910, 910b, 910_93"))
+    }
+}
+
+/// Lists the devices of one host.
+///
+/// Implementations: simulated devices (`atlasboost-sim`), the DSMI driver and `/etc/hccn.conf`
+/// (`atlasboost-dsmi`). Probes are picked explicitly; none is a silent fallback for another.
+pub trait DeviceProbe: Send + Sync {
+    /// A short name for messages (`sim`, `dsmi`, `hccn`).
+    fn name(&self) -> &str;
+
+    /// The devices of this host, sorted by physical id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Probe`] when the source cannot be read; the source error says why.
+    fn probe(&self) -> Result<Vec<Device>>;
+}
+
+/// A set of physical device ids as given on the command line: `0-3`, `0,1,4`, `0-1,6-7`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceList(BTreeSet<u32>);
+
+impl DeviceList {
+    /// The ids, ascending.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().copied()
+    }
+
+    /// Whether the list holds `id`.
+    pub fn contains(&self, id: u32) -> bool {
+        self.0.contains(&id)
+    }
+}
+
+impl FromStr for DeviceList {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |reason: String| Error::invalid_value("device list", s, reason);
+        let mut ids = BTreeSet::new();
+        for part in s.split(',') {
+            let part = part.trim();
+            if part.is_empty() {
+                return Err(bad("empty element (expected e.g. 0-3 or 0,1,4)".into()));
+            }
+            let parse = |t: &str| {
+                t.trim()
+                    .parse::<u32>()
+                    .map_err(|_| bad(format!("{t:?} is not a device id")))
+            };
+            let (lo, hi) = match part.split_once('-') {
+                Some((a, b)) => (parse(a)?, parse(b)?),
+                None => {
+                    let id = parse(part)?;
+                    (id, id)
+                }
+            };
+            if lo > hi {
+                return Err(bad(format!("range {part} runs backwards")));
+            }
+            if hi - lo > 1024 {
+                return Err(bad(format!("range {part} is larger than any server")));
+            }
+            for id in lo..=hi {
+                if !ids.insert(id) {
+                    return Err(bad(format!("device {id} is listed twice")));
+                }
+            }
+        }
+        Ok(DeviceList(ids))
+    }
+}
+
+/// Keeps the devices whose physical id is in `list`.
+///
+/// # Errors
+///
+/// [`Error::InvalidValue`] naming every listed id that the host does not have.
+pub fn select_devices(devices: Vec<Device>, list: &DeviceList) -> Result<Vec<Device>> {
+    let missing: Vec<String> = list
+        .ids()
+        .filter(|id| !devices.iter().any(|d| d.physical_id == *id))
+        .map(|id| id.to_string())
+        .collect();
+    if !missing.is_empty() {
+        let server = devices.first().map_or("this host", |d| d.server_id.as_str());
+        let have: Vec<String> = devices.iter().map(|d| d.physical_id.to_string()).collect();
+        return Err(Error::invalid_value(
+            "--devices",
+            list.ids().map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+            format!(
+                "{server} has no device {} (it has: {})",
+                missing.join(", "),
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(",")
+                }
+            ),
+        ));
+    }
+    Ok(devices
+        .into_iter()
+        .filter(|d| list.contains(d.physical_id))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists_parse_ranges_and_singles() {
+        let l: DeviceList = "0-1,4, 6-7".parse().unwrap();
+        assert_eq!(l.ids().collect::<Vec<_>>(), vec![0, 1, 4, 6, 7]);
+    }
+
+    #[test]
+    fn device_lists_reject_bad_input_naming_it() {
+        for (input, needle) in [
+            ("", "empty"),
+            ("1,,2", "empty"),
+            ("a", "\"a\" is not a device id"),
+            ("3-1", "backwards"),
+            ("1,1", "listed twice"),
+            ("0-99999", "larger"),
+            ("-1", "\"\" is not a device id"),
+        ] {
+            let err = input.parse::<DeviceList>().unwrap_err().to_string();
+            assert!(err.contains(needle), "{input:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn chip_names_from_the_driver() {
+        assert_eq!(Chip::from_driver_name("910"), Some(Chip::Ascend910));
+        assert_eq!(Chip::from_driver_name("Ascend910B3"), Some(Chip::Ascend910B));
+        assert_eq!(Chip::from_driver_name("910_9391"), Some(Chip::Ascend910_93));
+        assert_eq!(Chip::from_driver_name("310P"), None);
+        assert_eq!("910B".parse::<Chip>().unwrap(), Chip::Ascend910B);
+        assert!("911".parse::<Chip>().is_err());
+    }
+}

@@ -1,0 +1,81 @@
+//! Every environment variable atlasboost reads or sets, declared once.
+
+/// Names of environment variables (uv's `EnvVars` pattern: no scattered string literals).
+#[derive(Debug)]
+pub struct EnvVars;
+
+impl EnvVars {
+    /// Absolute path of the rank table (HCCL, TensorFlow, MindSpore, torch_npu).
+    pub const RANK_TABLE_FILE: &'static str = "RANK_TABLE_FILE";
+    /// The worker's `rank_id` (the `pod_name` in the legacy format).
+    pub const RANK_ID: &'static str = "RANK_ID";
+    /// The number of ranks.
+    pub const RANK_SIZE: &'static str = "RANK_SIZE";
+    /// The worker's logical device id (MindSpore scripts, older TensorFlow scripts).
+    pub const DEVICE_ID: &'static str = "DEVICE_ID";
+    /// The worker's logical device id (TF adapter, CANN runtime).
+    pub const ASCEND_DEVICE_ID: &'static str = "ASCEND_DEVICE_ID";
+    /// The job's id (TensorFlow).
+    pub const JOB_ID: &'static str = "JOB_ID";
+    /// torch-style rank.
+    pub const RANK: &'static str = "RANK";
+    /// torch-style world size.
+    pub const WORLD_SIZE: &'static str = "WORLD_SIZE";
+    /// torch-style local rank.
+    pub const LOCAL_RANK: &'static str = "LOCAL_RANK";
+    /// torch-style local world size.
+    pub const LOCAL_WORLD_SIZE: &'static str = "LOCAL_WORLD_SIZE";
+    /// torch-style node rank.
+    pub const GROUP_RANK: &'static str = "GROUP_RANK";
+    /// Address of the first node (torch's TCPStore).
+    pub const MASTER_ADDR: &'static str = "MASTER_ADDR";
+    /// A free port on the first node.
+    pub const MASTER_PORT: &'static str = "MASTER_PORT";
+    /// Set to 1 unless the user set it.
+    pub const OMP_NUM_THREADS: &'static str = "OMP_NUM_THREADS";
+    /// So Python workers' output streams live.
+    pub const PYTHONUNBUFFERED: &'static str = "PYTHONUNBUFFERED";
+    /// The rank table path for old MindSpore runtimes.
+    pub const MINDSPORE_HCCL_CONFIG_PATH: &'static str = "MINDSPORE_HCCL_CONFIG_PATH";
+
+    /// Physical NPUs a container runtime made visible.
+    pub const ASCEND_VISIBLE_DEVICES: &'static str = "ASCEND_VISIBLE_DEVICES";
+    /// Logical devices the CANN runtime makes visible to a process.
+    pub const ASCEND_RT_VISIBLE_DEVICES: &'static str = "ASCEND_RT_VISIBLE_DEVICES";
+
+    /// The worker's rank, for `init()` without a second rendezvous.
+    pub const ATLASBOOST_RANK: &'static str = "ATLASBOOST_RANK";
+    /// The job's size.
+    pub const ATLASBOOST_SIZE: &'static str = "ATLASBOOST_SIZE";
+    /// The worker's local rank.
+    pub const ATLASBOOST_LOCAL_RANK: &'static str = "ATLASBOOST_LOCAL_RANK";
+    /// The number of workers on its host.
+    pub const ATLASBOOST_LOCAL_SIZE: &'static str = "ATLASBOOST_LOCAL_SIZE";
+    /// Its host's index.
+    pub const ATLASBOOST_NODE_RANK: &'static str = "ATLASBOOST_NODE_RANK";
+    /// The number of hosts.
+    pub const ATLASBOOST_NODE_COUNT: &'static str = "ATLASBOOST_NODE_COUNT";
+    /// Its logical device id.
+    pub const ATLASBOOST_DEVICE_ID: &'static str = "ATLASBOOST_DEVICE_ID";
+    /// Its physical device id (the table's `device_id`).
+    pub const ATLASBOOST_PHYSICAL_ID: &'static str = "ATLASBOOST_PHYSICAL_ID";
+    /// Its host's `server_id`.
+    pub const ATLASBOOST_SERVER_ID: &'static str = "ATLASBOOST_SERVER_ID";
+    /// The absolute rank-table path.
+    pub const ATLASBOOST_RANK_TABLE_FILE: &'static str = "ATLASBOOST_RANK_TABLE_FILE";
+    /// `tensorflow`, `mindspore` or `pytorch`.
+    pub const ATLASBOOST_FRAMEWORK: &'static str = "ATLASBOOST_FRAMEWORK";
+    /// The job's id.
+    pub const ATLASBOOST_JOB_ID: &'static str = "ATLASBOOST_JOB_ID";
+
+    /// Which probe library mode uses: `auto`, `dsmi`, `hccn`, `sim`.
+    pub const ATLASBOOST_PROBE: &'static str = "ATLASBOOST_PROBE";
+    /// Simulated devices per host (implies the `sim` probe).
+    pub const ATLASBOOST_SIM: &'static str = "ATLASBOOST_SIM";
+    /// Faults to inject into simulated devices (tests): see `atlasboost-sim`.
+    pub const ATLASBOOST_SIM_FAULTS: &'static str = "ATLASBOOST_SIM_FAULTS";
+    /// The DSMI driver library to load (a file path).
+    pub const ATLASBOOST_DSMI_LIB: &'static str = "ATLASBOOST_DSMI_LIB";
+    /// The hccn.conf to read.
+    pub const ATLASBOOST_HCCN_CONF: &'static str = "ATLASBOOST_HCCN_CONF";
+}

@@ -1,0 +1,268 @@
+//! The builder: from the devices gathered from every host to one rank table.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Map;
+
+use super::model::{
+    ClusterTable, DeviceEntry, Format, GroupEntry, HOST_NIC_IP_RESERVED, InstanceEntry,
+    LEGACY_GROUP_NAME, LegacyDeviceEntry, LegacyTable, RankTable, STATUS_COMPLETED, ServerEntry,
+    SuperPodEntry, SuperPodServer,
+};
+use super::validate::validate_table;
+use crate::device::{Chip, Device};
+use crate::error::{Error, Result};
+
+/// How servers are ordered when ranks are numbered.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RankOrder {
+    /// Servers sorted by `server_id` as strings (what MindSpore and HCCL's legacy parser expect).
+    #[default]
+    ServerId,
+    /// Servers in the order of this host list (`--rank-order hosts`); every host must be in it.
+    Hosts(Vec<String>),
+}
+
+/// What to build.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BuildOptions {
+    /// The table format.
+    pub format: Format,
+    /// The server order.
+    pub order: RankOrder,
+    /// The validation rules; `None` takes the chip the devices report.
+    pub chip: Option<Chip>,
+}
+
+/// Builds a validated rank table from the devices of every host.
+///
+/// Servers are ordered as `opts.order` says, devices by physical id, and `rank_id`s count up
+/// from 0 in that order. The result does not depend on the order of `devices`.
+///
+/// # Errors
+///
+/// [`Error::Build`] for unhealthy or duplicate devices, an unknown or mixed chip, or an order
+/// that does not fit the format; [`Error::Invalid`] if the table breaks a rule of the chip
+/// (e.g. a 910 server with devices 2-5).
+pub fn build_table(devices: &[Device], opts: &BuildOptions) -> Result<RankTable> {
+    let chip = match opts.chip {
+        Some(c) => c,
+        None => chip_of(devices)?,
+    };
+    let servers = group_servers(devices, opts)?;
+    let table = match opts.format {
+        Format::V1_0 | Format::V1_2 => cluster_table(&servers, opts.format)?,
+        Format::Legacy => legacy_table(&servers),
+    };
+    let violations = validate_table(&table, chip);
+    if violations.is_empty() {
+        Ok(table)
+    } else {
+        Err(Error::Invalid {
+            origin: "the rank table built from the probed devices".into(),
+            violations,
+        })
+    }
+}
+
+/// The chip family all devices agree on.
+fn chip_of(devices: &[Device]) -> Result<Chip> {
+    let mut chip = None;
+    for d in devices {
+        let c = Chip::from_driver_name(&d.chip).ok_or_else(|| {
+            Error::Build(format!(
+                "device {} of host {} reports chip {:?}, which atlasboost has no rules for; \
+                 pass --chip 910|910b|910_93",
+                d.physical_id, d.server_id, d.chip
+            ))
+        })?;
+        match chip {
+            None => chip = Some((c, d)),
+            Some((first, fd)) if first != c => {
+                return Err(Error::Build(format!(
+                    "hosts report different chips: {} on {} (device {}) and {} on {} (device {})",
+                    fd.chip, fd.server_id, fd.physical_id, d.chip, d.server_id, d.physical_id
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(chip.map_or(Chip::Ascend910, |(c, _)| c))
+}
+
+/// Devices grouped by server, servers in rank order, devices by physical id.
+fn group_servers<'a>(
+    devices: &'a [Device],
+    opts: &BuildOptions,
+) -> Result<Vec<(&'a str, Vec<&'a Device>)>> {
+    if devices.is_empty() {
+        return Err(Error::Build("no devices were found on any host".into()));
+    }
+    let unhealthy: Vec<String> = devices
+        .iter()
+        .filter(|d| !d.health.is_healthy())
+        .map(|d| format!("device {} of host {} is {}", d.physical_id, d.server_id, d.health))
+        .collect();
+    if !unhealthy.is_empty() {
+        return Err(Error::Build(format!(
+            "{}; leave it out with --devices",
+            unhealthy.join(", ")
+        )));
+    }
+    let mut by_server: BTreeMap<&str, Vec<&Device>> = BTreeMap::new();
+    for d in devices {
+        by_server.entry(d.server_id.as_str()).or_default().push(d);
+    }
+    for (server, devs) in &mut by_server {
+        devs.sort_by_key(|d| d.physical_id);
+        if let Some(w) = devs.windows(2).find(|w| w[0].physical_id == w[1].physical_id) {
+            return Err(Error::Build(format!(
+                "host {server} reported device {} twice",
+                w[0].physical_id
+            )));
+        }
+    }
+    let mut servers: Vec<(&str, Vec<&Device>)> = match &opts.order {
+        RankOrder::ServerId => by_server.into_iter().collect(),
+        RankOrder::Hosts(hosts) => {
+            if opts.format == Format::Legacy {
+                return Err(Error::Build(
+                    "the legacy format ranks servers by server_id; --rank-order hosts cannot apply"
+                        .into(),
+                ));
+            }
+            let mut out = Vec::with_capacity(hosts.len());
+            for h in hosts {
+                match by_server.remove(h.as_str()) {
+                    Some(devs) => out.push((devs[0].server_id.as_str(), devs)),
+                    None if out.iter().any(|(s, _)| *s == h.as_str()) => {
+                        return Err(Error::Build(format!("host {h} is listed twice")));
+                    }
+                    None => return Err(Error::Build(format!("host {h} reported no devices"))),
+                }
+            }
+            if let Some(extra) = by_server.keys().next() {
+                return Err(Error::Build(format!(
+                    "devices of host {extra} were gathered, but it is not in the host list"
+                )));
+            }
+            out
+        }
+    };
+    if opts.format == Format::V1_2 {
+        // Servers of one SuperPoD must be listed one after another.
+        let pod = |devs: &[&Device]| devs[0].super_pod_id.clone().unwrap_or_default();
+        match opts.order {
+            RankOrder::ServerId => servers.sort_by_key(|(_, devs)| pod(devs)),
+            RankOrder::Hosts(_) => {
+                let mut seen: Vec<String> = Vec::new();
+                for (host, devs) in &servers {
+                    let p = pod(devs);
+                    if seen.last() != Some(&p) {
+                        if seen.contains(&p) {
+                            return Err(Error::Build(format!(
+                                "host {host} is in super pod {p:?}, whose other hosts are not \
+                                 next to it in the host list; format 1.2 lists each super pod's \
+                                 servers together"
+                            )));
+                        }
+                        seen.push(p);
+                    }
+                }
+            }
+        }
+    }
+    Ok(servers)
+}
+
+fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<RankTable> {
+    let mut rank = 0usize;
+    let mut server_list = Vec::with_capacity(servers.len());
+    let mut pods: Vec<SuperPodEntry> = Vec::new();
+    let mut pod_index: HashMap<String, usize> = HashMap::new();
+    for (server_id, devs) in servers {
+        let mut device = Vec::with_capacity(devs.len());
+        for d in devs {
+            let super_device_id = if format == Format::V1_2 {
+                let sdid = d.super_device_id.ok_or_else(|| {
+                    Error::Build(format!(
+                        "format 1.2 needs a super_device_id, and device {} of host {} has none",
+                        d.physical_id, d.server_id
+                    ))
+                })?;
+                Some(sdid.to_string())
+            } else {
+                None
+            };
+            device.push(DeviceEntry {
+                device_id: d.physical_id.to_string(),
+                device_ip: d.ip.map(|ip| ip.to_string()),
+                super_device_id,
+                rank_id: rank.to_string(),
+                extra: Map::new(),
+            });
+            rank += 1;
+        }
+        if format == Format::V1_2 {
+            let pod_id = devs[0].super_pod_id.clone().ok_or_else(|| {
+                Error::Build(format!(
+                    "format 1.2 needs a super pod id, and host {server_id} has none"
+                ))
+            })?;
+            let i = *pod_index.entry(pod_id.clone()).or_insert_with(|| {
+                pods.push(SuperPodEntry {
+                    super_pod_id: pod_id,
+                    server_list: Vec::new(),
+                });
+                pods.len() - 1
+            });
+            pods[i].server_list.push(SuperPodServer {
+                server_id: server_id.to_string(),
+            });
+        }
+        server_list.push(ServerEntry {
+            server_id: server_id.to_string(),
+            device,
+            host_nic_ip: Some(HOST_NIC_IP_RESERVED.into()),
+            extra: Map::new(),
+        });
+    }
+    Ok(RankTable::Cluster(ClusterTable {
+        version: format.as_str().into(),
+        server_count: Some(servers.len().to_string()),
+        server_list,
+        super_pod_list: (format == Format::V1_2).then_some(pods),
+        status: STATUS_COMPLETED.into(),
+        extra: Map::new(),
+    }))
+}
+
+fn legacy_table(servers: &[(&str, Vec<&Device>)]) -> RankTable {
+    let instance_list: Vec<InstanceEntry> = servers
+        .iter()
+        .enumerate()
+        .map(|(i, (server_id, devs))| InstanceEntry {
+            devices: devs
+                .iter()
+                .map(|d| LegacyDeviceEntry {
+                    device_id: d.physical_id.to_string(),
+                    device_ip: d.ip.map(|ip| ip.to_string()),
+                })
+                .collect(),
+            pod_name: i.to_string(),
+            server_id: server_id.to_string(),
+        })
+        .collect();
+    let device_count: usize = servers.iter().map(|(_, d)| d.len()).sum();
+    RankTable::Legacy(LegacyTable {
+        group_count: "1".into(),
+        group_list: vec![GroupEntry {
+            group_name: LEGACY_GROUP_NAME.into(),
+            device_count: device_count.to_string(),
+            instance_count: instance_list.len().to_string(),
+            instance_list,
+        }],
+        status: STATUS_COMPLETED.into(),
+        extra: Map::new(),
+    })
+}

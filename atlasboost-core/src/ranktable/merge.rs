@@ -1,0 +1,125 @@
+//! Merging single-server tables into one cluster table, like Ascend's `merge_hccl.py`, but checked.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use super::model::{ClusterTable, RankTable, STATUS_COMPLETED, SuperPodEntry};
+use super::validate::validate_table;
+use crate::device::Chip;
+use crate::error::{Error, Result};
+
+/// One table to merge, with the name errors should use for it (usually its file name).
+#[derive(Debug, Clone)]
+pub struct MergeInput {
+    /// How errors name this input.
+    pub name: String,
+    /// The table, already parsed and validated.
+    pub table: RankTable,
+}
+
+/// Merges tables: servers in input order, `rank_id`s renumbered from 0, `server_count` summed.
+///
+/// # Errors
+///
+/// [`Error::MergeConflict`] when a `server_id` or `device_ip` appears in two inputs (naming both),
+/// [`Error::Merge`] for no input, legacy tables or mixed versions, [`Error::Invalid`] if the
+/// merged table breaks a rule of `chip` (e.g. servers with different device counts on 910).
+pub fn merge_tables(inputs: &[MergeInput], chip: Chip) -> Result<RankTable> {
+    let mut tables: Vec<(&str, &ClusterTable)> = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        match &input.table {
+            RankTable::Cluster(t) => tables.push((&input.name, t)),
+            RankTable::Legacy(_) => {
+                return Err(Error::Merge(format!(
+                    "{} is in the legacy group_list format; only versions 1.0 and 1.2 can be merged",
+                    input.name
+                )));
+            }
+        }
+    }
+    let Some((first_name, first)) = tables.first().copied() else {
+        return Err(Error::Merge("no table to merge".into()));
+    };
+    if let Some((name, t)) = tables.iter().find(|(_, t)| t.version != first.version) {
+        return Err(Error::Merge(format!(
+            "{first_name} has version {:?} but {name} has version {:?}",
+            first.version, t.version
+        )));
+    }
+
+    let mut server_owner: HashMap<&str, &str> = HashMap::new();
+    let mut ip_owner: HashMap<IpAddr, &str> = HashMap::new();
+    for (name, t) in &tables {
+        for s in &t.server_list {
+            if let Some(prev) = server_owner.insert(&s.server_id, name) {
+                return Err(conflict("server_id", s.server_id.clone(), prev, name));
+            }
+        }
+    }
+    for (name, t) in &tables {
+        for s in &t.server_list {
+            for d in &s.device {
+                let addrs = d.device_ip.as_deref().unwrap_or_default().split(',');
+                for ip in addrs.filter_map(|a| a.trim().parse::<IpAddr>().ok()) {
+                    match ip_owner.get(&ip) {
+                        Some(prev) if prev != name => {
+                            return Err(conflict("device_ip", ip.to_string(), prev, name));
+                        }
+                        _ => {
+                            ip_owner.insert(ip, name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    let mut server_list = Vec::new();
+    let mut pods: Vec<SuperPodEntry> = Vec::new();
+    let mut rank = 0usize;
+    for (_, t) in &tables {
+        for s in &t.server_list {
+            let mut s = s.clone();
+            for d in &mut s.device {
+                d.rank_id = rank.to_string();
+                rank += 1;
+            }
+            server_list.push(s);
+        }
+        for pod in t.super_pod_list.iter().flatten() {
+            match pods.iter_mut().find(|p| p.super_pod_id == pod.super_pod_id) {
+                Some(p) => p.server_list.extend(pod.server_list.iter().cloned()),
+                None => pods.push(pod.clone()),
+            }
+        }
+    }
+    let merged = RankTable::Cluster(ClusterTable {
+        version: first.version.clone(),
+        server_count: Some(server_list.len().to_string()),
+        server_list,
+        super_pod_list: first.super_pod_list.as_ref().map(|_| pods),
+        status: STATUS_COMPLETED.into(),
+        extra: first.extra.clone(),
+    });
+    let violations = validate_table(&merged, chip);
+    if violations.is_empty() {
+        Ok(merged)
+    } else {
+        Err(Error::Invalid {
+            origin: format!(
+                "the merge of {}",
+                tables.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
+            ),
+            violations,
+        })
+    }
+}
+
+fn conflict(what: &'static str, value: String, first: &str, second: &str) -> Error {
+    Error::MergeConflict {
+        what,
+        value,
+        first: first.to_string(),
+        second: second.to_string(),
+    }
+}

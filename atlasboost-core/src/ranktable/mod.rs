@@ -1,0 +1,18 @@
+//! HCCL rank tables: the model of the three formats, the builder, the validator, merge and the
+//! atomic writer.
+
+mod build;
+mod merge;
+mod model;
+mod validate;
+mod write;
+
+pub use build::{BuildOptions, RankOrder, build_table};
+pub use merge::{MergeInput, merge_tables};
+pub use model::{
+    ClusterTable, DeviceEntry, Format, GroupEntry, HOST_NIC_IP_RESERVED, InstanceEntry,
+    LEGACY_GROUP_NAME, LegacyDeviceEntry, LegacyTable, RankEntry, RankTable, STATUS_COMPLETED,
+    ServerEntry, SuperPodEntry, SuperPodServer,
+};
+pub use validate::{MAX_SERVER_ID_LEN, Rule, Violation, validate_table, validate_value};
+pub use write::{read_table, write_atomically, write_table};

@@ -1,0 +1,961 @@
+//! The rank-table validator: every rule HCCL applies (SPEC §4), all violations at once.
+//!
+//! It works on the parsed JSON value rather than on the typed model, so a table with a number
+//! where a string belongs is reported like any other problem, together with the rest.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::model::{Format, RankTable, STATUS_COMPLETED};
+use crate::device::Chip;
+
+/// The longest `server_id` HCCL accepts.
+pub const MAX_SERVER_ID_LEN: usize = 64;
+
+/// One broken rule, where it is broken, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// A JSON path to the offending value, e.g. `$.server_list[1].device[3].rank_id`.
+    pub path: String,
+    /// Which rule is broken.
+    pub rule: Rule,
+    /// What is wrong, naming the values involved.
+    pub message: String,
+}
+
+impl Violation {
+    /// Builds a violation.
+    pub fn new(path: String, rule: Rule, message: String) -> Self {
+        Violation {
+            path,
+            rule,
+            message,
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} [{}]", self.path, self.message, self.rule.as_str())
+    }
+}
+
+/// The rules a rank table must follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Rule {
+    /// The document's shape: an object, an array or a key where the format wants one.
+    Structure,
+    /// A required key is missing.
+    Missing,
+    /// A scalar is not a JSON string (HCCL rejects numbers, booleans and null).
+    NotString,
+    /// A numeric string is not a decimal number.
+    NotDecimal,
+    /// `version` is not one HCCL's concise parser reads.
+    Version,
+    /// `status` is not `completed`.
+    Status,
+    /// A count (`server_count`, `group_count`, `instance_count`, `device_count`) disagrees with its list.
+    Count,
+    /// `rank_id`s are not exactly `0..N-1`.
+    RankIds,
+    /// A `server_id` appears twice.
+    DuplicateServerId,
+    /// A device appears twice on one server.
+    DuplicateDevice,
+    /// A `device_ip` appears twice in the cluster.
+    DuplicateDeviceIp,
+    /// A value is not a valid IPv4 or IPv6 address.
+    InvalidIp,
+    /// Servers use different IP families.
+    MixedIpFamilies,
+    /// `device_ip` is missing although the table has more than one server.
+    MissingDeviceIp,
+    /// `server_id` is empty or longer than 64 characters.
+    ServerId,
+    /// Servers have different device counts.
+    UnequalDeviceCounts,
+    /// `device_id` is above what the chip has.
+    DeviceIdRange,
+    /// On 910, a server has a device count other than 1, 2, 4 or 8.
+    DeviceCount,
+    /// On 910, a 2- or 4-device server crosses the 0-3 / 4-7 groups.
+    CrossesGroups,
+    /// A port is not a number in 1..65535.
+    Port,
+    /// SuperPoD rules of version 1.2.
+    SuperPod,
+    /// A `pod_name` appears twice (legacy format).
+    DuplicatePodName,
+}
+
+impl Rule {
+    /// The rule's kebab-case name, as shown in messages and in `validate --json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::Structure => "structure",
+            Rule::Missing => "missing",
+            Rule::NotString => "not-string",
+            Rule::NotDecimal => "not-decimal",
+            Rule::Version => "version",
+            Rule::Status => "status",
+            Rule::Count => "count",
+            Rule::RankIds => "rank-ids",
+            Rule::DuplicateServerId => "duplicate-server-id",
+            Rule::DuplicateDevice => "duplicate-device",
+            Rule::DuplicateDeviceIp => "duplicate-device-ip",
+            Rule::InvalidIp => "invalid-ip",
+            Rule::MixedIpFamilies => "mixed-ip-families",
+            Rule::MissingDeviceIp => "missing-device-ip",
+            Rule::ServerId => "server-id",
+            Rule::UnequalDeviceCounts => "unequal-device-counts",
+            Rule::DeviceIdRange => "device-id-range",
+            Rule::DeviceCount => "device-count",
+            Rule::CrossesGroups => "crosses-groups",
+            Rule::Port => "port",
+            Rule::SuperPod => "super-pod",
+            Rule::DuplicatePodName => "duplicate-pod-name",
+        }
+    }
+}
+
+/// Validates a typed table (e.g. one the builder made) for `chip`.
+pub fn validate_table(table: &RankTable, chip: Chip) -> Vec<Violation> {
+    match serde_json::to_value(table) {
+        Ok(value) => validate_value(&value, chip),
+        Err(e) => vec![Violation::new(
+            "$".into(),
+            Rule::Structure,
+            format!("table cannot be serialized: {e}"),
+        )],
+    }
+}
+
+/// Validates any JSON value as a rank table for `chip`; returns every violation (empty = valid).
+pub fn validate_value(value: &Value, chip: Chip) -> Vec<Violation> {
+    let mut v = Validator {
+        chip,
+        out: Vec::new(),
+    };
+    match value {
+        Value::Object(top) => {
+            if top.contains_key("version") {
+                v.cluster(top);
+            } else if top.contains_key("group_list") {
+                v.legacy(top);
+            } else {
+                v.push(
+                    "$".into(),
+                    Rule::Missing,
+                    "neither \"version\" (formats 1.0, 1.2) nor \"group_list\" (legacy format) is present".into(),
+                );
+            }
+        }
+        other => v.push(
+            "$".into(),
+            Rule::Structure,
+            format!("a rank table is a JSON object, found {}", kind(other)),
+        ),
+    }
+    v.out
+}
+
+/// One device IP as seen while walking a table, for the cluster-wide checks.
+struct SeenIp {
+    path: String,
+    v6: bool,
+}
+
+/// A device as seen on one server: its physical id and where it is.
+struct SeenDevice {
+    id: Option<u32>,
+    path: String,
+}
+
+struct Validator {
+    chip: Chip,
+    out: Vec<Violation>,
+}
+
+impl Validator {
+    fn push(&mut self, path: String, rule: Rule, message: String) {
+        self.out.push(Violation::new(path, rule, message));
+    }
+
+    /// A string field: reports a missing key (if required) or a non-string value.
+    fn string<'a>(
+        &mut self,
+        obj: &'a Map<String, Value>,
+        key: &str,
+        path: &dyn Fn() -> String,
+        required: bool,
+    ) -> Option<&'a str> {
+        match obj.get(key) {
+            Some(Value::String(s)) => Some(s),
+            Some(other) => {
+                let hint = match other {
+                    Value::Number(n) => format!(" (write \"{n}\")"),
+                    _ => String::new(),
+                };
+                self.push(
+                    format!("{}.{key}", path()),
+                    Rule::NotString,
+                    format!(
+                        "must be a JSON string, found {} {}{hint}",
+                        kind(other),
+                        other
+                    ),
+                );
+                None
+            }
+            None if required => {
+                self.push(
+                    path(),
+                    Rule::Missing,
+                    format!("required key \"{key}\" is missing"),
+                );
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// A decimal-number string field.
+    fn decimal(
+        &mut self,
+        obj: &Map<String, Value>,
+        key: &str,
+        path: &dyn Fn() -> String,
+        required: bool,
+    ) -> Option<u32> {
+        let s = self.string(obj, key, path, required)?;
+        match parse_decimal(s) {
+            Some(n) => Some(n),
+            None => {
+                self.push(
+                    format!("{}.{key}", path()),
+                    Rule::NotDecimal,
+                    format!("{s:?} is not a decimal number"),
+                );
+                None
+            }
+        }
+    }
+
+    fn array<'a>(
+        &mut self,
+        obj: &'a Map<String, Value>,
+        key: &str,
+        path: &dyn Fn() -> String,
+    ) -> Option<&'a Vec<Value>> {
+        match obj.get(key) {
+            Some(Value::Array(a)) if !a.is_empty() => Some(a),
+            Some(Value::Array(_)) => {
+                self.push(
+                    format!("{}.{key}", path()),
+                    Rule::Structure,
+                    "must not be empty".into(),
+                );
+                None
+            }
+            Some(other) => {
+                self.push(
+                    format!("{}.{key}", path()),
+                    Rule::Structure,
+                    format!("must be an array, found {}", kind(other)),
+                );
+                None
+            }
+            None => {
+                self.push(
+                    path(),
+                    Rule::Missing,
+                    format!("required key \"{key}\" is missing"),
+                );
+                None
+            }
+        }
+    }
+
+    fn object<'a>(&mut self, value: &'a Value, path: &dyn Fn() -> String) -> Option<&'a Map<String, Value>> {
+        match value {
+            Value::Object(o) => Some(o),
+            other => {
+                self.push(
+                    path(),
+                    Rule::Structure,
+                    format!("must be an object, found {}", kind(other)),
+                );
+                None
+            }
+        }
+    }
+
+    fn status(&mut self, top: &Map<String, Value>) {
+        if let Some(status) = self.string(top, "status", &|| "$".into(), true)
+            && status != STATUS_COMPLETED
+        {
+            self.push(
+                "$.status".into(),
+                Rule::Status,
+                format!("is {status:?}; HCCL only uses a table whose status is \"completed\""),
+            );
+        }
+    }
+
+    /// Checks one `device_ip` value (possibly several comma-separated addresses).
+    fn device_ip(
+        &mut self,
+        s: &str,
+        path: String,
+        ips: &mut HashMap<IpAddr, String>,
+        seen: &mut Vec<SeenIp>,
+    ) {
+        for part in s.split(',') {
+            let part = part.trim();
+            match part.parse::<IpAddr>() {
+                Ok(ip) => {
+                    if let Some(first) = ips.get(&ip) {
+                        self.push(
+                            path.clone(),
+                            Rule::DuplicateDeviceIp,
+                            format!("device_ip {ip} is already used at {first}"),
+                        );
+                    } else {
+                        ips.insert(ip, path.clone());
+                    }
+                    seen.push(SeenIp {
+                        path: path.clone(),
+                        v6: ip.is_ipv6(),
+                    });
+                }
+                Err(_) => self.push(
+                    path.clone(),
+                    Rule::InvalidIp,
+                    format!("{part:?} is not a valid IPv4 or IPv6 address"),
+                ),
+            }
+        }
+    }
+
+    /// Device ids of one server against the chip's topology.
+    fn server_topology(&mut self, devices: &[SeenDevice], list_path: &str, server_id: &str) {
+        for d in devices {
+            if let Some(id) = d.id
+                && id > self.chip.max_device_id()
+            {
+                self.push(
+                    format!("{}.device_id", d.path),
+                    Rule::DeviceIdRange,
+                    format!(
+                        "device_id {id} is above {} (the highest on {})",
+                        self.chip.max_device_id(),
+                        self.chip
+                    ),
+                );
+            }
+        }
+        let mut seen: HashMap<u32, &str> = HashMap::new();
+        for d in devices {
+            if let Some(id) = d.id {
+                if let Some(first) = seen.get(&id) {
+                    self.push(
+                        format!("{}.device_id", d.path),
+                        Rule::DuplicateDevice,
+                        format!("device {id} of server {server_id:?} is already listed at {first}"),
+                    );
+                } else {
+                    seen.insert(id, &d.path);
+                }
+            }
+        }
+        if self.chip == Chip::Ascend910 {
+            let n = devices.len();
+            if ![1, 2, 4, 8].contains(&n) {
+                self.push(
+                    list_path.to_string(),
+                    Rule::DeviceCount,
+                    format!(
+                        "server {server_id:?} has {n} devices; a 910 server runs 1, 2, 4 or 8"
+                    ),
+                );
+            } else if n == 2 || n == 4 {
+                let ids: Vec<u32> = devices.iter().filter_map(|d| d.id).collect();
+                let low = ids.iter().filter(|&&i| i < 4).count();
+                if low != 0 && low != ids.len() {
+                    let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+                    self.push(
+                        list_path.to_string(),
+                        Rule::CrossesGroups,
+                        format!(
+                            "devices {list} of server {server_id:?} cross the 0-3 / 4-7 groups; \
+                             a {n}-device 910 server must use devices from one group"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Unequal device counts per server (not a rule on 910B).
+    fn equal_counts(&mut self, counts: &[(String, String, usize)]) {
+        if self.chip == Chip::Ascend910B {
+            return;
+        }
+        let Some((first_path, first_id, first_n)) = counts.first() else {
+            return;
+        };
+        for (path, id, n) in &counts[1..] {
+            if n != first_n {
+                self.push(
+                    path.clone(),
+                    Rule::UnequalDeviceCounts,
+                    format!(
+                        "server {id:?} has {n} devices but server {first_id:?} ({first_path}) has {first_n}; \
+                         HCCL needs the same count on every server (except on 910B)"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Cluster-wide checks on device IPs: families and presence.
+    fn ip_families(&mut self, seen: &[SeenIp], servers: usize) {
+        if servers < 2 {
+            return;
+        }
+        let Some(first) = seen.first() else { return };
+        if let Some(other) = seen.iter().find(|s| s.v6 != first.v6) {
+            let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
+            self.push(
+                other.path.clone(),
+                Rule::MixedIpFamilies,
+                format!(
+                    "is {} but {} is {}; with more than one server all device IPs must be one family",
+                    fam(other.v6),
+                    first.path,
+                    fam(first.v6)
+                ),
+            );
+        }
+    }
+
+    fn rank_ids(&mut self, ranks: &[(u32, String)], list_path: &str) {
+        let n = ranks.len();
+        let mut owner: Vec<Option<&str>> = vec![None; n];
+        for (rank, path) in ranks {
+            let r = *rank as usize;
+            if r >= n {
+                self.push(
+                    path.clone(),
+                    Rule::RankIds,
+                    format!("rank_id {rank} is outside 0..{} ({n} devices)", n.saturating_sub(1)),
+                );
+            } else if let Some(first) = owner[r] {
+                self.push(
+                    path.clone(),
+                    Rule::RankIds,
+                    format!("rank_id {rank} is already used at {first}"),
+                );
+            } else {
+                owner[r] = Some(path);
+            }
+        }
+        let missing: Vec<String> = owner
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.is_none())
+            .map(|(i, _)| i.to_string())
+            .collect();
+        // Only when every rank_id was readable: otherwise the unreadable ones explain the gap.
+        if !missing.is_empty() && ranks.len() == n {
+            self.push(
+                list_path.to_string(),
+                Rule::RankIds,
+                format!(
+                    "rank_id{} {} missing; rank_ids must be exactly 0..{}",
+                    if missing.len() == 1 { "" } else { "s" },
+                    missing.join(", "),
+                    n.saturating_sub(1)
+                ),
+            );
+        }
+    }
+
+    fn port(&mut self, obj: &Map<String, Value>, key: &str, path: &dyn Fn() -> String) {
+        if let Some(s) = self.string(obj, key, path, false) {
+            match parse_decimal(s) {
+                Some(p) if (1..=65535).contains(&p) => {}
+                _ => self.push(
+                    format!("{}.{key}", path()),
+                    Rule::Port,
+                    format!("{s:?} is not a port in 1..65535"),
+                ),
+            }
+        }
+    }
+
+    fn server_id(&mut self, obj: &Map<String, Value>, path: &dyn Fn() -> String) -> Option<String> {
+        let id = self.string(obj, "server_id", path, true)?;
+        if id.is_empty() || id.chars().count() > MAX_SERVER_ID_LEN {
+            self.push(
+                format!("{}.server_id", path()),
+                Rule::ServerId,
+                format!(
+                    "server_id {id:?} has {} characters; it must have 1 to {MAX_SERVER_ID_LEN}",
+                    id.chars().count()
+                ),
+            );
+        }
+        Some(id.to_string())
+    }
+
+    /// Formats 1.0 and 1.2.
+    fn cluster(&mut self, top: &Map<String, Value>) {
+        let version = self.string(top, "version", &|| "$".into(), true);
+        let format = match version {
+            Some(v) if v == Format::V1_0.as_str() => Format::V1_0,
+            Some(v) if v == Format::V1_2.as_str() => Format::V1_2,
+            Some(v) => {
+                self.push(
+                    "$.version".into(),
+                    Rule::Version,
+                    format!("version {v:?} is not supported; expected \"1.0\" or \"1.2\""),
+                );
+                Format::V1_0
+            }
+            None => Format::V1_0,
+        };
+        self.status(top);
+        let Some(servers) = self.array(top, "server_list", &|| "$".into()) else {
+            return;
+        };
+        if let Some(count) = self.decimal(top, "server_count", &|| "$".into(), false)
+            && count as usize != servers.len()
+        {
+            self.push(
+                "$.server_count".into(),
+                Rule::Count,
+                format!("is {count} but server_list has {} servers", servers.len()),
+            );
+        }
+
+        let mut server_ids: HashMap<String, String> = HashMap::new();
+        let mut ips: HashMap<IpAddr, String> = HashMap::new();
+        let mut seen_ips = Vec::new();
+        let mut host_ips = Vec::new();
+        let mut ranks: Vec<(u32, String)> = Vec::new();
+        let mut counts = Vec::new();
+        let mut missing_ip = Vec::new();
+        let mut rank_ids_readable = true;
+        let mut server_of_pod_device: Vec<(String, Option<u32>, String)> = Vec::new();
+
+        for (si, server) in servers.iter().enumerate() {
+            let spath = || format!("$.server_list[{si}]");
+            let Some(sobj) = self.object(server, &spath) else {
+                continue;
+            };
+            let sid = self.server_id(sobj, &spath);
+            if let Some(id) = &sid {
+                if let Some(first) = server_ids.get(id) {
+                    self.push(
+                        format!("{}.server_id", spath()),
+                        Rule::DuplicateServerId,
+                        format!("server_id {id:?} is already used at {first}"),
+                    );
+                } else {
+                    server_ids.insert(id.clone(), format!("{}.server_id", spath()));
+                }
+            }
+            let sid = sid.unwrap_or_else(|| format!("#{si}"));
+            if let Some(h) = self.string(sobj, "host_ip", &spath, false) {
+                match h.parse::<IpAddr>() {
+                    Ok(ip) => host_ips.push(SeenIp {
+                        path: format!("{}.host_ip", spath()),
+                        v6: ip.is_ipv6(),
+                    }),
+                    Err(_) => self.push(
+                        format!("{}.host_ip", spath()),
+                        Rule::InvalidIp,
+                        format!("{h:?} is not a valid IPv4 or IPv6 address"),
+                    ),
+                }
+            }
+            self.string(sobj, "host_nic_ip", &spath, false);
+            self.port(sobj, "host_port", &spath);
+            let Some(devices) = self.array(sobj, "device", &spath) else {
+                continue;
+            };
+            let list_path = format!("{}.device", spath());
+            counts.push((list_path.clone(), sid.clone(), devices.len()));
+            let mut seen_devices = Vec::with_capacity(devices.len());
+            for (di, dev) in devices.iter().enumerate() {
+                let dpath = || format!("$.server_list[{si}].device[{di}]");
+                let Some(dobj) = self.object(dev, &dpath) else {
+                    rank_ids_readable = false;
+                    continue;
+                };
+                let id = self.decimal(dobj, "device_id", &dpath, true);
+                seen_devices.push(SeenDevice { id, path: dpath() });
+                match self.string(dobj, "device_ip", &dpath, false) {
+                    Some(ip) => self.device_ip(
+                        ip,
+                        format!("{}.device_ip", dpath()),
+                        &mut ips,
+                        &mut seen_ips,
+                    ),
+                    None if !dobj.contains_key("device_ip") => missing_ip.push(dpath()),
+                    None => {}
+                }
+                if let Some(b) = self.string(dobj, "backup_device_ip", &dpath, false) {
+                    if b.split(',').any(|p| p.trim().parse::<IpAddr>().is_err()) {
+                        self.push(
+                            format!("{}.backup_device_ip", dpath()),
+                            Rule::InvalidIp,
+                            format!("{b:?} is not a valid IPv4 or IPv6 address"),
+                        );
+                    }
+                }
+                for port in ["device_port", "device_vnic_port", "backup_device_port"] {
+                    self.port(dobj, port, &dpath);
+                }
+                match self.decimal(dobj, "rank_id", &dpath, true) {
+                    Some(r) => ranks.push((r, format!("{}.rank_id", dpath()))),
+                    None => rank_ids_readable = false,
+                }
+                let sdid = self.decimal(dobj, "super_device_id", &dpath, false);
+                if format == Format::V1_2 {
+                    if !dobj.contains_key("super_device_id") {
+                        self.push(
+                            dpath(),
+                            Rule::SuperPod,
+                            "version 1.2 needs \"super_device_id\" on every device".into(),
+                        );
+                    }
+                    server_of_pod_device.push((sid.clone(), sdid, format!("{}.super_device_id", dpath())));
+                }
+            }
+            self.server_topology(&seen_devices, &list_path, &sid);
+        }
+
+        if servers.len() > 1 {
+            for path in missing_ip {
+                self.push(
+                    path,
+                    Rule::MissingDeviceIp,
+                    "device_ip is required when the table has more than one server".into(),
+                );
+            }
+        }
+        self.ip_families(&seen_ips, servers.len());
+        self.ip_families(&host_ips, servers.len());
+        self.equal_counts(&counts);
+        if rank_ids_readable {
+            self.rank_ids(&ranks, "$.server_list");
+        } else {
+            // Still report duplicates and out-of-range among the readable ones.
+            let total: usize = counts.iter().map(|c| c.2).sum();
+            let mut owner: HashMap<u32, &str> = HashMap::new();
+            for (r, path) in &ranks {
+                if *r as usize >= total {
+                    self.out.push(Violation::new(
+                        path.clone(),
+                        Rule::RankIds,
+                        format!("rank_id {r} is outside 0..{}", total.saturating_sub(1)),
+                    ));
+                } else if let Some(first) = owner.get(r) {
+                    self.out.push(Violation::new(
+                        path.clone(),
+                        Rule::RankIds,
+                        format!("rank_id {r} is already used at {first}"),
+                    ));
+                } else {
+                    owner.insert(*r, path);
+                }
+            }
+        }
+
+        match (format, top.get("super_pod_list")) {
+            (Format::V1_2, Some(pods)) => {
+                self.super_pods(pods, servers, &server_ids, &server_of_pod_device)
+            }
+            (Format::V1_2, None) => self.push(
+                "$".into(),
+                Rule::SuperPod,
+                "version 1.2 needs \"super_pod_list\"".into(),
+            ),
+            (_, Some(_)) => self.push(
+                "$.super_pod_list".into(),
+                Rule::SuperPod,
+                "super_pod_list is only read in version 1.2".into(),
+            ),
+            (_, None) => {}
+        }
+    }
+
+    fn super_pods(
+        &mut self,
+        pods: &Value,
+        servers: &[Value],
+        server_ids: &HashMap<String, String>,
+        devices: &[(String, Option<u32>, String)],
+    ) {
+        let Value::Array(pods) = pods else {
+            self.push(
+                "$.super_pod_list".into(),
+                Rule::Structure,
+                format!("must be an array, found {}", kind(pods)),
+            );
+            return;
+        };
+        let mut pod_ids: HashMap<&str, String> = HashMap::new();
+        let mut pod_of_server: HashMap<String, (usize, String)> = HashMap::new();
+        for (pi, pod) in pods.iter().enumerate() {
+            let ppath = || format!("$.super_pod_list[{pi}]");
+            let Some(pobj) = self.object(pod, &ppath) else {
+                continue;
+            };
+            if let Some(id) = self.string(pobj, "super_pod_id", &ppath, true) {
+                if let Some(first) = pod_ids.get(id) {
+                    self.push(
+                        format!("{}.super_pod_id", ppath()),
+                        Rule::SuperPod,
+                        format!("super_pod_id {id:?} is already used at {first}"),
+                    );
+                } else {
+                    pod_ids.insert(id, format!("{}.super_pod_id", ppath()));
+                }
+            }
+            let Some(list) = self.array(pobj, "server_list", &ppath) else {
+                continue;
+            };
+            for (k, entry) in list.iter().enumerate() {
+                let epath = || format!("$.super_pod_list[{pi}].server_list[{k}]");
+                let Some(eobj) = self.object(entry, &epath) else {
+                    continue;
+                };
+                let Some(sid) = self.string(eobj, "server_id", &epath, true) else {
+                    continue;
+                };
+                if !server_ids.contains_key(sid) {
+                    self.push(
+                        format!("{}.server_id", epath()),
+                        Rule::SuperPod,
+                        format!("server {sid:?} is not in server_list"),
+                    );
+                } else if let Some((_, first)) = pod_of_server.get(sid) {
+                    self.push(
+                        format!("{}.server_id", epath()),
+                        Rule::SuperPod,
+                        format!("server {sid:?} is already in a super pod at {first}"),
+                    );
+                } else {
+                    pod_of_server.insert(sid.to_string(), (pi, format!("{}.server_id", epath())));
+                }
+            }
+        }
+        let listed = servers.len();
+        if pod_of_server.len() != server_ids.len() {
+            let mut unlisted: Vec<&str> = server_ids
+                .keys()
+                .filter(|s| !pod_of_server.contains_key(*s))
+                .map(String::as_str)
+                .collect();
+            unlisted.sort_unstable();
+            if !unlisted.is_empty() {
+                self.push(
+                    "$.super_pod_list".into(),
+                    Rule::SuperPod,
+                    format!(
+                        "servers {} of server_list ({listed} servers) are in no super pod",
+                        unlisted.join(", ")
+                    ),
+                );
+            }
+        }
+        // Servers of one super pod are listed contiguously in server_list.
+        let mut order: Vec<usize> = Vec::new();
+        for s in servers {
+            let pod = s
+                .get("server_id")
+                .and_then(Value::as_str)
+                .and_then(|id| pod_of_server.get(id))
+                .map(|(p, _)| *p);
+            if let Some(p) = pod
+                && order.last() != Some(&p)
+            {
+                if order.contains(&p) {
+                    self.push(
+                        "$.server_list".into(),
+                        Rule::SuperPod,
+                        format!("the servers of super pod #{p} are not listed one after another"),
+                    );
+                    break;
+                }
+                order.push(p);
+            }
+        }
+        // super_device_id is unique within a super pod.
+        let mut seen: HashMap<(usize, u32), &str> = HashMap::new();
+        for (sid, sdid, path) in devices {
+            let (Some(sdid), Some((pod, _))) = (sdid, pod_of_server.get(sid)) else {
+                continue;
+            };
+            if let Some(first) = seen.get(&(*pod, *sdid)) {
+                self.push(
+                    path.clone(),
+                    Rule::SuperPod,
+                    format!("super_device_id {sdid} is already used in the same super pod at {first}"),
+                );
+            } else {
+                seen.insert((*pod, *sdid), path);
+            }
+        }
+    }
+
+    /// The legacy `group_list` format.
+    fn legacy(&mut self, top: &Map<String, Value>) {
+        self.status(top);
+        let Some(groups) = self.array(top, "group_list", &|| "$".into()) else {
+            return;
+        };
+        if let Some(n) = self.decimal(top, "group_count", &|| "$".into(), true)
+            && n as usize != groups.len()
+        {
+            self.push(
+                "$.group_count".into(),
+                Rule::Count,
+                format!("is {n} but group_list has {} groups", groups.len()),
+            );
+        }
+        let total_instances: usize = groups
+            .iter()
+            .filter_map(|g| g.get("instance_list").and_then(Value::as_array))
+            .map(Vec::len)
+            .sum();
+        let mut pods: HashMap<String, String> = HashMap::new();
+        let mut ips: HashMap<IpAddr, String> = HashMap::new();
+        let mut seen_ips = Vec::new();
+        // Devices grouped by server, in the order servers first appear.
+        let mut per_server: Vec<(String, Vec<SeenDevice>)> = Vec::new();
+        for (gi, group) in groups.iter().enumerate() {
+            let gpath = || format!("$.group_list[{gi}]");
+            let Some(gobj) = self.object(group, &gpath) else {
+                continue;
+            };
+            self.string(gobj, "group_name", &gpath, false);
+            let Some(instances) = self.array(gobj, "instance_list", &gpath) else {
+                continue;
+            };
+            if let Some(n) = self.decimal(gobj, "instance_count", &gpath, true)
+                && n as usize != instances.len()
+            {
+                self.push(
+                    format!("{}.instance_count", gpath()),
+                    Rule::Count,
+                    format!("is {n} but instance_list has {} instances", instances.len()),
+                );
+            }
+            let mut device_total = 0usize;
+            for (ii, inst) in instances.iter().enumerate() {
+                let ipath = || format!("$.group_list[{gi}].instance_list[{ii}]");
+                let Some(iobj) = self.object(inst, &ipath) else {
+                    continue;
+                };
+                if let Some(pod) = self.string(iobj, "pod_name", &ipath, true) {
+                    if let Some(first) = pods.get(pod) {
+                        self.push(
+                            format!("{}.pod_name", ipath()),
+                            Rule::DuplicatePodName,
+                            format!("pod_name {pod:?} is already used at {first}"),
+                        );
+                    } else {
+                        pods.insert(pod.to_string(), format!("{}.pod_name", ipath()));
+                    }
+                }
+                let sid = self
+                    .server_id(iobj, &ipath)
+                    .unwrap_or_else(|| format!("#{gi}.{ii}"));
+                let Some(devices) = self.array(iobj, "devices", &ipath) else {
+                    continue;
+                };
+                device_total += devices.len();
+                let slot = match per_server.iter().position(|(s, _)| *s == sid) {
+                    Some(p) => p,
+                    None => {
+                        per_server.push((sid.clone(), Vec::new()));
+                        per_server.len() - 1
+                    }
+                };
+                for (di, dev) in devices.iter().enumerate() {
+                    let dpath = || format!("$.group_list[{gi}].instance_list[{ii}].devices[{di}]");
+                    let Some(dobj) = self.object(dev, &dpath) else {
+                        continue;
+                    };
+                    let id = self.decimal(dobj, "device_id", &dpath, true);
+                    per_server[slot].1.push(SeenDevice { id, path: dpath() });
+                    match self.string(dobj, "device_ip", &dpath, false) {
+                        Some(ip) => self.device_ip(
+                            ip,
+                            format!("{}.device_ip", dpath()),
+                            &mut ips,
+                            &mut seen_ips,
+                        ),
+                        None if !dobj.contains_key("device_ip") && total_instances > 1 => self
+                            .push(
+                                dpath(),
+                                Rule::MissingDeviceIp,
+                                "device_ip is required when the table has more than one instance"
+                                    .into(),
+                            ),
+                        None => {}
+                    }
+                }
+            }
+            if let Some(n) = self.decimal(gobj, "device_count", &gpath, true)
+                && n as usize != device_total
+            {
+                self.push(
+                    format!("{}.device_count", gpath()),
+                    Rule::Count,
+                    format!("is {n} but the group's instances have {device_total} devices"),
+                );
+            }
+        }
+        let mut counts = Vec::new();
+        for (sid, devices) in &per_server {
+            let path = devices
+                .first()
+                .map_or_else(|| "$.group_list".to_string(), |d| d.path.clone());
+            self.server_topology(devices, &path, sid);
+            counts.push((path, sid.clone(), devices.len()));
+        }
+        self.ip_families(&seen_ips, per_server.len());
+        self.equal_counts(&counts);
+    }
+}
+
+/// Parses a plain decimal number (digits only, as HCCL's `SalStrToULong` wants).
+fn parse_decimal(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}

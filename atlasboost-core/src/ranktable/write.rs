@@ -1,0 +1,90 @@
+//! Writing rank tables so that no reader ever sees half a file.
+
+use std::fs::{self, File, Permissions};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use super::model::RankTable;
+use super::validate::validate_table;
+use crate::device::Chip;
+use crate::error::{Error, Result};
+
+/// Validates `table` for `chip` and writes it to `path` atomically (see [`write_atomically`]).
+///
+/// # Errors
+///
+/// [`Error::BadPath`] if `path` does not end in `.json` (HCCL refuses it), [`Error::Invalid`] if
+/// the table breaks a rule (nothing is written), [`Error::Io`] if the file cannot be written.
+pub fn write_table(path: &Path, table: &RankTable, chip: Chip) -> Result<()> {
+    if path.extension().is_none_or(|e| e != "json") {
+        return Err(Error::BadPath {
+            path: path.to_path_buf(),
+            reason: "HCCL only loads rank tables whose name ends in .json".into(),
+        });
+    }
+    let violations = validate_table(table, chip);
+    if !violations.is_empty() {
+        return Err(Error::Invalid {
+            origin: format!("the table for {}", path.display()),
+            violations,
+        });
+    }
+    write_atomically(path, table.to_json_pretty().as_bytes())
+}
+
+/// Writes `contents` to `path` atomically: a temporary file in the same directory, fsync, mode
+/// 0644, rename over `path`, fsync of the directory. A reader sees the old file or the new one.
+///
+/// # Errors
+///
+/// [`Error::Io`] naming the file or directory that could not be written.
+pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let io = |action: &'static str, p: &Path| {
+        let p = p.to_path_buf();
+        move |source| Error::Io {
+            action,
+            path: p,
+            source,
+        }
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".atlasboost-")
+        .suffix(".json.tmp")
+        .tempfile_in(dir)
+        .map_err(io("cannot create a temporary file in", dir))?;
+    tmp.write_all(contents)
+        .map_err(io("cannot write", tmp.path()))?;
+    tmp.as_file()
+        .set_permissions(Permissions::from_mode(0o644))
+        .map_err(io("cannot set the mode of", tmp.path()))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(io("cannot flush", tmp.path()))?;
+    tmp.persist(path)
+        .map_err(|e| io("cannot rename a temporary file to", path)(e.error))?;
+    // The rename is durable only once the directory entry is.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("cannot flush the directory", dir))?;
+    Ok(())
+}
+
+/// Reads a table file and validates it for `chip`.
+///
+/// # Errors
+///
+/// [`Error::Io`] if it cannot be read, [`Error::Json`] if it is not JSON (line and column),
+/// [`Error::Invalid`] with every violation.
+pub fn read_table(path: &Path, chip: Chip) -> Result<RankTable> {
+    let text = fs::read_to_string(path).map_err(|source| Error::Io {
+        action: "cannot read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    RankTable::parse(&text, path, chip)
+}

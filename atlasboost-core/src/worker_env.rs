@@ -1,0 +1,185 @@
+//! The environment each worker gets (SPEC §9), as a pure function of the table and the worker.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use crate::env_vars::EnvVars;
+use crate::error::{Error, Result};
+use crate::ranktable::{RankEntry, RankTable};
+use crate::world::World;
+
+/// The training framework, which decides a few extra variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Framework {
+    /// TensorFlow with the TF adapter (the original tool's default).
+    #[default]
+    Tensorflow,
+    /// MindSpore (adds `MINDSPORE_HCCL_CONFIG_PATH`).
+    Mindspore,
+    /// PyTorch with torch_npu.
+    Pytorch,
+}
+
+impl Framework {
+    /// Every framework, as `--framework` spells it.
+    pub const ALL: [Framework; 3] = [
+        Framework::Tensorflow,
+        Framework::Mindspore,
+        Framework::Pytorch,
+    ];
+
+    /// The spelling used by `--framework` and `init(frame=...)`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Framework::Tensorflow => "tensorflow",
+            Framework::Mindspore => "mindspore",
+            Framework::Pytorch => "pytorch",
+        }
+    }
+}
+
+impl fmt::Display for Framework {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Framework {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Framework::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| {
+                Error::invalid_value(
+                    "framework",
+                    s,
+                    "expected one of tensorflow, mindspore, pytorch",
+                )
+            })
+    }
+}
+
+/// Everything about one worker that the environment depends on.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec<'a> {
+    /// The cluster table.
+    pub table: &'a RankTable,
+    /// Where the table is on the worker's host; must be absolute.
+    pub table_path: &'a Path,
+    /// The worker's host.
+    pub server_id: &'a str,
+    /// The physical id of the worker's device: which table entry is the worker's.
+    pub physical_id: u32,
+    /// The logical id of that device in the worker's runtime.
+    pub logical_id: u32,
+    /// The framework.
+    pub framework: Framework,
+    /// The job's id: letters, digits, `-` and `_`.
+    pub job_id: &'a str,
+    /// The first node's address.
+    pub master_addr: &'a str,
+    /// A free port on the first node.
+    pub master_port: u16,
+}
+
+/// The variables to give a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerEnv {
+    /// The worker's place in the job, as the table says.
+    pub world: World,
+    /// Variables to set, overriding the inherited environment.
+    pub set: Vec<(&'static str, String)>,
+    /// Variables to set only if the inherited environment does not have them.
+    pub set_if_unset: Vec<(&'static str, String)>,
+}
+
+/// Computes a worker's environment from the table and the worker's device.
+///
+/// # Errors
+///
+/// [`Error::NotInTable`] if the worker's device is not in the table, [`Error::BadPath`] if the
+/// table path is relative, [`Error::InvalidValue`] for a job id TensorFlow would refuse.
+pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
+    if !spec.table_path.is_absolute() {
+        return Err(Error::BadPath {
+            path: spec.table_path.to_path_buf(),
+            reason: "RANK_TABLE_FILE must be an absolute path".into(),
+        });
+    }
+    check_job_id(spec.job_id)?;
+    let ranks = spec.table.ranks()?;
+    let entry: &RankEntry = ranks
+        .iter()
+        .find(|e| e.server_id == spec.server_id && e.physical_id == spec.physical_id)
+        .ok_or_else(|| Error::NotInTable {
+            server_id: spec.server_id.to_string(),
+            physical_id: spec.physical_id,
+        })?;
+    let world = World {
+        rank: entry.rank,
+        size: ranks.len() as u32,
+        local_rank: entry.local_rank,
+        local_size: entry.local_size,
+        node_rank: entry.node_rank,
+        node_count: spec.table.server_count() as u32,
+    };
+    let path = spec.table_path.display().to_string();
+    let logical = spec.logical_id.to_string();
+    let mut set = vec![
+        (EnvVars::RANK_TABLE_FILE, path.clone()),
+        (EnvVars::RANK_ID, entry.rank_id_env.clone()),
+        (EnvVars::RANK_SIZE, world.size.to_string()),
+        (EnvVars::DEVICE_ID, logical.clone()),
+        (EnvVars::ASCEND_DEVICE_ID, logical.clone()),
+        (EnvVars::JOB_ID, spec.job_id.to_string()),
+        (EnvVars::RANK, world.rank.to_string()),
+        (EnvVars::WORLD_SIZE, world.size.to_string()),
+        (EnvVars::LOCAL_RANK, world.local_rank.to_string()),
+        (EnvVars::LOCAL_WORLD_SIZE, world.local_size.to_string()),
+        (EnvVars::GROUP_RANK, world.node_rank.to_string()),
+        (EnvVars::MASTER_ADDR, spec.master_addr.to_string()),
+        (EnvVars::MASTER_PORT, spec.master_port.to_string()),
+        (EnvVars::PYTHONUNBUFFERED, "1".into()),
+        (EnvVars::ATLASBOOST_RANK, world.rank.to_string()),
+        (EnvVars::ATLASBOOST_SIZE, world.size.to_string()),
+        (EnvVars::ATLASBOOST_LOCAL_RANK, world.local_rank.to_string()),
+        (EnvVars::ATLASBOOST_LOCAL_SIZE, world.local_size.to_string()),
+        (EnvVars::ATLASBOOST_NODE_RANK, world.node_rank.to_string()),
+        (EnvVars::ATLASBOOST_NODE_COUNT, world.node_count.to_string()),
+        (EnvVars::ATLASBOOST_DEVICE_ID, logical),
+        (EnvVars::ATLASBOOST_PHYSICAL_ID, spec.physical_id.to_string()),
+        (EnvVars::ATLASBOOST_SERVER_ID, spec.server_id.to_string()),
+        (EnvVars::ATLASBOOST_RANK_TABLE_FILE, path.clone()),
+        (EnvVars::ATLASBOOST_FRAMEWORK, spec.framework.to_string()),
+        (EnvVars::ATLASBOOST_JOB_ID, spec.job_id.to_string()),
+    ];
+    if spec.framework == Framework::Mindspore {
+        set.push((EnvVars::MINDSPORE_HCCL_CONFIG_PATH, path));
+    }
+    Ok(WorkerEnv {
+        world,
+        set,
+        set_if_unset: vec![(EnvVars::OMP_NUM_THREADS, "1".into())],
+    })
+}
+
+/// TensorFlow's rule for `JOB_ID`: letters, digits, `-`, `_`; not all digits with a leading 0.
+fn check_job_id(id: &str) -> Result<()> {
+    let bad = |reason: &str| Error::invalid_value(EnvVars::JOB_ID, id, reason);
+    if id.is_empty() {
+        return Err(bad("must not be empty"));
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(bad("may hold only letters, digits, '-' and '_'"));
+    }
+    if id.len() > 1 && id.starts_with('0') && id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad("an all-digit job id must not start with 0"));
+    }
+    Ok(())
+}
