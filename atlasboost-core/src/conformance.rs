@@ -16,6 +16,8 @@ use crate::rendezvous::Rendezvous;
 
 /// Devices per simulated host in the gather check.
 const DEVICES_PER_HOST: u32 = 8;
+/// Size of the large payload round.
+const BIG: usize = 96 * 1024;
 
 /// A probe for the suite itself: participant `i` is host `10.<i/250>.<i%250>.1` with 8 devices.
 struct SuiteProbe {
@@ -76,33 +78,51 @@ fn expect(cond: bool, what: impl FnOnce() -> String) -> Result<(), String> {
 pub fn check_participant(rdv: &mut dyn Rendezvous) -> Result<RankTable, String> {
     let (index, size) = (rdv.index(), rdv.size());
     expect(size > 0, || "size() is 0".into())?;
-    expect(index < size, || format!("index() {index} is not below size() {size}"))?;
+    expect(index < size, || {
+        format!("index() {index} is not below size() {size}")
+    })?;
 
     for round in 0..8 {
         let got = rdv
             .all_gather(&payload(round, index))
             .map_err(|e| format!("participant {index}: all_gather round {round} failed: {e}"))?;
         expect(got.len() == size, || {
-            format!("round {round}: got {} payloads for {size} participants", got.len())
+            format!(
+                "round {round}: got {} payloads for {size} participants",
+                got.len()
+            )
         })?;
         for (i, p) in got.iter().enumerate() {
             expect(*p == payload(round, i), || {
-                format!("participant {index}, round {round}: payload of {i} is wrong ({} bytes)", p.len())
+                format!(
+                    "participant {index}, round {round}: payload of {i} is wrong ({} bytes)",
+                    p.len()
+                )
             })?;
         }
         if round % 3 == 0 {
-            rdv.barrier()
-                .map_err(|e| format!("participant {index}: barrier after round {round} failed: {e}"))?;
+            rdv.barrier().map_err(|e| {
+                format!("participant {index}: barrier after round {round} failed: {e}")
+            })?;
         }
     }
 
-    let big: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8 ^ index as u8).collect();
+    // A payload larger than socket buffers, different per participant.
+    let big = |i: usize| -> Vec<u8> { (0..BIG).map(|k| (k % 251) as u8 ^ i as u8).collect() };
     let got = rdv
-        .all_gather(&big)
-        .map_err(|e| format!("participant {index}: 256 KiB all_gather failed: {e}"))?;
+        .all_gather(&big(index))
+        .map_err(|e| format!("participant {index}: {BIG}-byte all_gather failed: {e}"))?;
+    expect(got.len() == size, || {
+        format!("participant {index}: {} large payloads", got.len())
+    })?;
     for (i, p) in got.iter().enumerate() {
-        let want: Vec<u8> = (0..256 * 1024).map(|k| (k % 251) as u8 ^ i as u8).collect();
-        expect(*p == want, || format!("participant {index}: 256 KiB payload of {i} is wrong"))?;
+        let ok = p.len() == BIG
+            && p.iter()
+                .enumerate()
+                .all(|(k, b)| *b == (k % 251) as u8 ^ i as u8);
+        expect(ok, || {
+            format!("participant {index}: {BIG}-byte payload of {i} is wrong")
+        })?;
     }
 
     let probe = SuiteProbe { index };
@@ -114,9 +134,15 @@ pub fn check_participant(rdv: &mut dyn Rendezvous) -> Result<RankTable, String> 
         &BuildOptions::default(),
     )
     .map_err(|e| format!("participant {index}: gathering devices failed: {e}"))?;
-    expect(table.rank_count() == size * DEVICES_PER_HOST as usize, || {
-        format!("participant {index}: table has {} ranks", table.rank_count())
-    })?;
+    expect(
+        table.rank_count() == size * DEVICES_PER_HOST as usize,
+        || {
+            format!(
+                "participant {index}: table has {} ranks",
+                table.rank_count()
+            )
+        },
+    )?;
     let violations = validate_table(&table, crate::Chip::Ascend910);
     expect(violations.is_empty(), || {
         format!("participant {index}: built table invalid: {violations:?}")
@@ -172,12 +198,17 @@ pub fn run_in_threads(
                 let json = table.to_json_pretty();
                 match &first {
                     None => first = Some(json),
-                    Some(f) => expect(*f == json, || format!("participant {i} built another table"))?,
+                    Some(f) => expect(*f == json, || {
+                        format!("participant {i} built another table")
+                    })?,
                 }
             }
             Ok((_, Err(e))) => return Err(e),
             Err(_) => {
-                let missing: Vec<String> = (0..n).filter(|i| !done[*i]).map(|i| i.to_string()).collect();
+                let missing: Vec<String> = (0..n)
+                    .filter(|i| !done[*i])
+                    .map(|i| i.to_string())
+                    .collect();
                 return Err(format!(
                     "timed out after {timeout:?} waiting for participants {}",
                     missing.join(", ")

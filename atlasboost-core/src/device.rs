@@ -225,11 +225,16 @@ pub fn select_devices(devices: Vec<Device>, list: &DeviceList) -> Result<Vec<Dev
         .map(|id| id.to_string())
         .collect();
     if !missing.is_empty() {
-        let server = devices.first().map_or("this host", |d| d.server_id.as_str());
+        let server = devices
+            .first()
+            .map_or("this host", |d| d.server_id.as_str());
         let have: Vec<String> = devices.iter().map(|d| d.physical_id.to_string()).collect();
         return Err(Error::invalid_value(
             "--devices",
-            list.ids().map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+            list.ids()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
             format!(
                 "{server} has no device {} (it has: {})",
                 missing.join(", "),
@@ -276,7 +281,10 @@ mod tests {
     #[test]
     fn chip_names_from_the_driver() {
         assert_eq!(Chip::from_driver_name("910"), Some(Chip::Ascend910));
-        assert_eq!(Chip::from_driver_name("Ascend910B3"), Some(Chip::Ascend910B));
+        assert_eq!(
+            Chip::from_driver_name("Ascend910B3"),
+            Some(Chip::Ascend910B)
+        );
         assert_eq!(Chip::from_driver_name("910_9391"), Some(Chip::Ascend910_93));
         assert_eq!(Chip::from_driver_name("310P"), None);
         assert_eq!("910B".parse::<Chip>().unwrap(), Chip::Ascend910B);

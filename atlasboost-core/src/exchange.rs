@@ -54,8 +54,11 @@ pub fn gather_cluster_table(
     let gathered = rdv.all_gather(&payload)?;
     let mut devices = Vec::new();
     for (participant, bytes) in gathered.iter().enumerate() {
-        let report: HostReport = serde_json::from_slice(bytes)
-            .map_err(|source| Error::BadPayload { participant, source })?;
+        let report: HostReport =
+            serde_json::from_slice(bytes).map_err(|source| Error::BadPayload {
+                participant,
+                source,
+            })?;
         match report {
             HostReport::Devices(d) => devices.extend(d),
             HostReport::ProbeFailed { server_id, message } => {

@@ -150,7 +150,10 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
         (EnvVars::ATLASBOOST_NODE_RANK, world.node_rank.to_string()),
         (EnvVars::ATLASBOOST_NODE_COUNT, world.node_count.to_string()),
         (EnvVars::ATLASBOOST_DEVICE_ID, logical),
-        (EnvVars::ATLASBOOST_PHYSICAL_ID, spec.physical_id.to_string()),
+        (
+            EnvVars::ATLASBOOST_PHYSICAL_ID,
+            spec.physical_id.to_string(),
+        ),
         (EnvVars::ATLASBOOST_SERVER_ID, spec.server_id.to_string()),
         (EnvVars::ATLASBOOST_RANK_TABLE_FILE, path.clone()),
         (EnvVars::ATLASBOOST_FRAMEWORK, spec.framework.to_string()),

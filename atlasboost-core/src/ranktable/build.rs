@@ -101,7 +101,12 @@ fn group_servers<'a>(
     let unhealthy: Vec<String> = devices
         .iter()
         .filter(|d| !d.health.is_healthy())
-        .map(|d| format!("device {} of host {} is {}", d.physical_id, d.server_id, d.health))
+        .map(|d| {
+            format!(
+                "device {} of host {} is {}",
+                d.physical_id, d.server_id, d.health
+            )
+        })
         .collect();
     if !unhealthy.is_empty() {
         return Err(Error::Build(format!(
@@ -115,7 +120,10 @@ fn group_servers<'a>(
     }
     for (server, devs) in &mut by_server {
         devs.sort_by_key(|d| d.physical_id);
-        if let Some(w) = devs.windows(2).find(|w| w[0].physical_id == w[1].physical_id) {
+        if let Some(w) = devs
+            .windows(2)
+            .find(|w| w[0].physical_id == w[1].physical_id)
+        {
             return Err(Error::Build(format!(
                 "host {server} reported device {} twice",
                 w[0].physical_id

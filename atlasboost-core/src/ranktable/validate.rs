@@ -40,7 +40,13 @@ impl Violation {
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} [{}]", self.path, self.message, self.rule.as_str())
+        write!(
+            f,
+            "{}: {} [{}]",
+            self.path,
+            self.message,
+            self.rule.as_str()
+        )
     }
 }
 
@@ -283,7 +289,11 @@ impl Validator {
         }
     }
 
-    fn object<'a>(&mut self, value: &'a Value, path: &dyn Fn() -> String) -> Option<&'a Map<String, Value>> {
+    fn object<'a>(
+        &mut self,
+        value: &'a Value,
+        path: &dyn Fn() -> String,
+    ) -> Option<&'a Map<String, Value>> {
         match value {
             Value::Object(o) => Some(o),
             other => {
@@ -381,15 +391,17 @@ impl Validator {
                 self.push(
                     list_path.to_string(),
                     Rule::DeviceCount,
-                    format!(
-                        "server {server_id:?} has {n} devices; a 910 server runs 1, 2, 4 or 8"
-                    ),
+                    format!("server {server_id:?} has {n} devices; a 910 server runs 1, 2, 4 or 8"),
                 );
             } else if n == 2 || n == 4 {
                 let ids: Vec<u32> = devices.iter().filter_map(|d| d.id).collect();
                 let low = ids.iter().filter(|&&i| i < 4).count();
                 if low != 0 && low != ids.len() {
-                    let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+                    let list = ids
+                        .iter()
+                        .map(|i| i.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",");
                     self.push(
                         list_path.to_string(),
                         Rule::CrossesGroups,
@@ -455,7 +467,10 @@ impl Validator {
                 self.push(
                     path.clone(),
                     Rule::RankIds,
-                    format!("rank_id {rank} is outside 0..{} ({n} devices)", n.saturating_sub(1)),
+                    format!(
+                        "rank_id {rank} is outside 0..{} ({n} devices)",
+                        n.saturating_sub(1)
+                    ),
                 );
             } else if let Some(first) = owner[r] {
                 self.push(
@@ -638,7 +653,11 @@ impl Validator {
                             "version 1.2 needs \"super_device_id\" on every device".into(),
                         );
                     }
-                    server_of_pod_device.push((sid.clone(), sdid, format!("{}.super_device_id", dpath())));
+                    server_of_pod_device.push((
+                        sid.clone(),
+                        sdid,
+                        format!("{}.super_device_id", dpath()),
+                    ));
                 }
             }
             self.server_topology(&seen_devices, &list_path, &sid);
@@ -811,7 +830,9 @@ impl Validator {
                 self.push(
                     path.clone(),
                     Rule::SuperPod,
-                    format!("super_device_id {sdid} is already used in the same super pod at {first}"),
+                    format!(
+                        "super_device_id {sdid} is already used in the same super pod at {first}"
+                    ),
                 );
             } else {
                 seen.insert((*pod, *sdid), path);

@@ -1,0 +1,379 @@
+//! `SimProbe`: N simulated devices per host, deterministic IPs, injectable faults.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+use atlasboost_core::{Device, DeviceProbe, EnvVars, Error, Health, Result};
+
+use crate::SimError;
+
+/// A fault to inject into simulated devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SimFault {
+    /// The device has no IP (`no-ip:<phy>`).
+    NoIp {
+        /// The device.
+        physical_id: u32,
+    },
+    /// The device is unhealthy (`unhealthy:<phy>` or `unhealthy:<phy>=<code>`, default code 3).
+    Unhealthy {
+        /// The device.
+        physical_id: u32,
+        /// The DSMI health code.
+        code: u32,
+    },
+    /// The device gets the IP that the same device of another host has (`dup-ip:<phy>=<host>`).
+    DuplicateIp {
+        /// The device.
+        physical_id: u32,
+        /// The host whose IP it copies.
+        of_server: String,
+    },
+    /// The whole probe fails (`fail` or `fail:<message>`).
+    ProbeFails {
+        /// The error text.
+        message: String,
+    },
+}
+
+/// A fault, optionally only for one host (`<host>/<fault>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFault {
+    /// The host it applies to; `None` for every host.
+    pub server_id: Option<String>,
+    /// The fault.
+    pub fault: SimFault,
+}
+
+/// Parses a fault list: faults separated by `;`, each `[<host>/]<fault>`, e.g.
+/// `no-ip:3;127.0.0.2/unhealthy:1;fail:driver gone`.
+///
+/// # Errors
+///
+/// [`SimError::BadFault`] naming the element that is malformed.
+pub fn parse_faults(spec: &str) -> Result<Vec<HostFault>, SimError> {
+    spec.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| item.parse())
+        .collect()
+}
+
+impl FromStr for HostFault {
+    type Err = SimError;
+
+    fn from_str(item: &str) -> Result<Self, SimError> {
+        let bad = |reason: &str| SimError::BadFault {
+            fault: item.to_string(),
+            reason: reason.to_string(),
+        };
+        let (server_id, rest) = match item.split_once('/') {
+            Some((host, rest)) if !host.is_empty() => (Some(host.to_string()), rest),
+            Some(_) => return Err(bad("empty host before '/'")),
+            None => (None, item),
+        };
+        let (kind, arg) = rest.split_once(':').unwrap_or((rest, ""));
+        let phy = |s: &str| {
+            s.parse::<u32>()
+                .map_err(|_| bad("expected a physical device id after ':'"))
+        };
+        let fault = match kind {
+            "no-ip" => SimFault::NoIp {
+                physical_id: phy(arg)?,
+            },
+            "unhealthy" => {
+                let (id, code) = match arg.split_once('=') {
+                    Some((id, code)) => (
+                        phy(id)?,
+                        code.parse()
+                            .map_err(|_| bad("expected a health code after '='"))?,
+                    ),
+                    None => (phy(arg)?, 3),
+                };
+                if code == 0 {
+                    return Err(bad("health code 0 means healthy"));
+                }
+                SimFault::Unhealthy {
+                    physical_id: id,
+                    code,
+                }
+            }
+            "dup-ip" => match arg.split_once('=') {
+                Some((id, host)) if !host.is_empty() => SimFault::DuplicateIp {
+                    physical_id: phy(id)?,
+                    of_server: host.to_string(),
+                },
+                _ => return Err(bad("expected dup-ip:<phy>=<host>")),
+            },
+            "fail" => SimFault::ProbeFails {
+                message: if arg.is_empty() {
+                    "simulated probe failure".into()
+                } else {
+                    arg.to_string()
+                },
+            },
+            _ => {
+                return Err(bad(
+                    "unknown fault; expected no-ip, unhealthy, dup-ip or fail",
+                ));
+            }
+        };
+        Ok(HostFault { server_id, fault })
+    }
+}
+
+/// Simulated devices of one host.
+///
+/// Device `p` of host `a.b.c.d` has IP `10.c.d.(p+1)` (IPv4) or `fd00::a.b:c.d:0:p` (IPv6);
+/// a host named otherwise is hashed into the same space. IPv4 addresses are therefore unique
+/// across hosts whose last two octets differ (every `127.0.x.y` host of a test, every /16
+/// cluster); IPv6 ones across all IPv4 hosts. A clash is never silent: the validator reports
+/// duplicate device IPs.
+///
+/// Simulated devices are never picked by accident: only `--sim N`, `ATLASBOOST_SIM=N` or this
+/// constructor select them.
+#[derive(Debug, Clone)]
+pub struct SimProbe {
+    server_id: String,
+    count: u32,
+    chip: String,
+    ipv6: bool,
+    faults: Vec<HostFault>,
+}
+
+impl SimProbe {
+    /// `count` healthy 910 devices on host `server_id`, physical ids `0..count`.
+    pub fn new(server_id: impl Into<String>, count: u32) -> Self {
+        SimProbe {
+            server_id: server_id.into(),
+            count,
+            chip: "910".into(),
+            ipv6: false,
+            faults: Vec::new(),
+        }
+    }
+
+    /// The chip name the devices report (`910`, `910B3`, `910_9391`); 910_93 devices also get
+    /// SuperPoD ids (`super_device_id` = physical id, one super pod per host).
+    pub fn with_chip(mut self, chip: impl Into<String>) -> Self {
+        self.chip = chip.into();
+        self
+    }
+
+    /// IPv6 device addresses instead of IPv4.
+    pub fn with_ipv6(mut self, ipv6: bool) -> Self {
+        self.ipv6 = ipv6;
+        self
+    }
+
+    /// Faults to inject; those for other hosts are ignored.
+    pub fn with_faults(mut self, faults: Vec<HostFault>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Adds the faults of `ATLASBOOST_SIM_FAULTS`, if set (see [`parse_faults`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidValue`] naming the variable when its value is malformed.
+    pub fn with_faults_from_env(mut self) -> Result<Self> {
+        if let Ok(spec) = std::env::var(EnvVars::ATLASBOOST_SIM_FAULTS) {
+            let faults = parse_faults(&spec).map_err(|e| {
+                Error::invalid_value(EnvVars::ATLASBOOST_SIM_FAULTS, spec.clone(), e.to_string())
+            })?;
+            self.faults.extend(faults);
+        }
+        Ok(self)
+    }
+
+    /// The IP simulated device `physical_id` of `server_id` has.
+    pub fn device_ip(server_id: &str, physical_id: u32, ipv6: bool) -> IpAddr {
+        let host = match server_id.parse::<Ipv4Addr>() {
+            Ok(ip) => u32::from(ip),
+            Err(_) => fnv1a(server_id.as_bytes()),
+        };
+        if ipv6 {
+            let [a, b, c, d] = host.to_be_bytes();
+            IpAddr::V6(Ipv6Addr::new(
+                0xfd00,
+                0,
+                0,
+                0,
+                u16::from_be_bytes([a, b]),
+                u16::from_be_bytes([c, d]),
+                0,
+                physical_id as u16,
+            ))
+        } else {
+            let [_, _, c, d] = host.to_be_bytes();
+            IpAddr::V4(Ipv4Addr::new(10, c, d, (physical_id + 1) as u8))
+        }
+    }
+
+    fn faults(&self) -> impl Iterator<Item = &SimFault> {
+        self.faults
+            .iter()
+            .filter(|f| f.server_id.as_deref().is_none_or(|s| s == self.server_id))
+            .map(|f| &f.fault)
+    }
+}
+
+impl DeviceProbe for SimProbe {
+    fn name(&self) -> &str {
+        "sim"
+    }
+
+    fn probe(&self) -> Result<Vec<Device>> {
+        let fail = |e: SimError| Error::Probe {
+            probe: "sim".into(),
+            server_id: self.server_id.clone(),
+            source: Box::new(e),
+        };
+        if self.count == 0 || self.count > 255 {
+            return Err(fail(SimError::BadCount(self.count)));
+        }
+        let a3 = self.chip.to_ascii_lowercase().contains("910_93");
+        let mut devices: Vec<Device> = (0..self.count)
+            .map(|p| Device {
+                server_id: self.server_id.clone(),
+                logical_id: p,
+                physical_id: p,
+                ip: Some(Self::device_ip(&self.server_id, p, self.ipv6)),
+                chip: self.chip.clone(),
+                health: Health::Healthy,
+                super_device_id: a3.then_some(p),
+                super_pod_id: a3.then(|| self.server_id.clone()),
+            })
+            .collect();
+        for fault in self.faults() {
+            let target = |id: u32| -> Result<usize> {
+                if id < self.count {
+                    Ok(id as usize)
+                } else {
+                    Err(fail(SimError::NoSuchDevice {
+                        physical_id: id,
+                        count: self.count,
+                    }))
+                }
+            };
+            match fault {
+                SimFault::ProbeFails { message } => {
+                    return Err(fail(SimError::Injected(message.clone())));
+                }
+                SimFault::NoIp { physical_id } => devices[target(*physical_id)?].ip = None,
+                SimFault::Unhealthy { physical_id, code } => {
+                    devices[target(*physical_id)?].health = Health::from_code(*code);
+                }
+                SimFault::DuplicateIp {
+                    physical_id,
+                    of_server,
+                } => {
+                    devices[target(*physical_id)?].ip =
+                        Some(Self::device_ip(of_server, *physical_id, self.ipv6));
+                }
+            }
+        }
+        Ok(devices)
+    }
+}
+
+/// FNV-1a: a stable hash, so a named host gets the same IPs in every run and on every machine.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ips_are_deterministic_and_distinct_across_hosts() {
+        let a = SimProbe::new("127.0.0.1", 8).probe().unwrap();
+        let b = SimProbe::new("127.0.0.2", 8).probe().unwrap();
+        assert_eq!(a, SimProbe::new("127.0.0.1", 8).probe().unwrap());
+        let mut ips: Vec<IpAddr> = a.iter().chain(&b).filter_map(|d| d.ip).collect();
+        ips.sort();
+        ips.dedup();
+        assert_eq!(ips.len(), 16);
+        assert_eq!(a[3].ip, Some("10.0.1.4".parse().unwrap()));
+    }
+
+    #[test]
+    fn faults_apply_to_their_host_only() {
+        let faults = parse_faults("127.0.0.2/no-ip:3; unhealthy:1=2").unwrap();
+        let a = SimProbe::new("127.0.0.1", 4)
+            .with_faults(faults.clone())
+            .probe()
+            .unwrap();
+        let b = SimProbe::new("127.0.0.2", 4)
+            .with_faults(faults)
+            .probe()
+            .unwrap();
+        assert!(a[3].ip.is_some());
+        assert_eq!(b[3].ip, None);
+        assert_eq!(a[1].health, Health::Unhealthy { code: 2 });
+        assert_eq!(b[1].health, Health::Unhealthy { code: 2 });
+    }
+
+    #[test]
+    fn duplicate_ip_copies_the_other_host() {
+        let faults = parse_faults("dup-ip:2=10.0.0.9").unwrap();
+        let a = SimProbe::new("10.0.0.1", 4)
+            .with_faults(faults)
+            .probe()
+            .unwrap();
+        let other = SimProbe::new("10.0.0.9", 4).probe().unwrap();
+        assert_eq!(a[2].ip, other[2].ip);
+    }
+
+    #[test]
+    fn a_failing_probe_names_host_and_message() {
+        let faults = parse_faults("fail:driver gone").unwrap();
+        let err = SimProbe::new("10.0.0.1", 4)
+            .with_faults(faults)
+            .probe()
+            .unwrap_err();
+        let text = atlasboost_core::exchange::error_chain(&err);
+        assert!(
+            text.contains("10.0.0.1") && text.contains("driver gone"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn bad_faults_are_named() {
+        for (spec, needle) in [
+            ("no-ip:x", "no-ip:x"),
+            ("explode:1", "unknown fault"),
+            ("unhealthy:1=0", "code 0"),
+            ("dup-ip:1", "dup-ip:<phy>=<host>"),
+            ("/fail", "empty host"),
+        ] {
+            let err = parse_faults(spec).unwrap_err().to_string();
+            assert!(err.contains(needle), "{spec}: {err}");
+        }
+        let err = SimProbe::new("h", 4)
+            .with_faults(parse_faults("no-ip:9").unwrap())
+            .probe()
+            .unwrap_err();
+        assert!(
+            atlasboost_core::exchange::error_chain(&err).contains("no device 9"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn ipv6_and_a3_devices() {
+        let d = SimProbe::new("10.1.2.3", 2)
+            .with_ipv6(true)
+            .with_chip("910_9391")
+            .probe()
+            .unwrap();
+        assert_eq!(d[1].ip, Some("fd00::a01:203:0:1".parse().unwrap()));
+        assert_eq!(d[1].super_device_id, Some(1));
+        assert_eq!(d[1].super_pod_id.as_deref(), Some("10.1.2.3"));
+    }
+}
