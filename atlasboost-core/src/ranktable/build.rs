@@ -47,7 +47,7 @@ pub struct BuildOptions {
 pub fn build_table(devices: &[Device], opts: &BuildOptions) -> Result<RankTable> {
     let chip = match opts.chip {
         Some(c) => c,
-        None => chip_of(devices)?,
+        None => chip_of_devices(devices)?,
     };
     let servers = group_servers(devices, opts)?;
     let table = match opts.format {
@@ -65,8 +65,12 @@ pub fn build_table(devices: &[Device], opts: &BuildOptions) -> Result<RankTable>
     }
 }
 
-/// The chip family all devices agree on.
-fn chip_of(devices: &[Device]) -> Result<Chip> {
+/// The chip family all devices agree on (910 when there are none).
+///
+/// # Errors
+///
+/// [`Error::Build`] when a device reports a chip atlasboost has no rules for, or two differ.
+pub fn chip_of_devices(devices: &[Device]) -> Result<Chip> {
     let mut chip = None;
     for d in devices {
         let c = Chip::from_driver_name(&d.chip).ok_or_else(|| {

@@ -7,7 +7,7 @@ mod model;
 mod validate;
 mod write;
 
-pub use build::{BuildOptions, RankOrder, build_table};
+pub use build::{BuildOptions, RankOrder, build_table, chip_of_devices};
 pub use merge::{MergeInput, merge_tables};
 pub use model::{
     ClusterTable, DeviceEntry, Format, GroupEntry, HOST_NIC_IP_RESERVED, InstanceEntry,

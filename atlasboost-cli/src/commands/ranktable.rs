@@ -1,0 +1,148 @@
+//! `atlasboost ranktable`: this server's rank table, like Ascend's `hccl_tools.py`.
+
+use std::path::PathBuf;
+
+use atlasboost_core::ranktable::{BuildOptions, Format, RankTable, build_table, chip_of_devices};
+use atlasboost_core::{Chip, DeviceList, DeviceProbe};
+
+use super::devices::{local_devices, make_probe, server_id};
+use super::write_output;
+use crate::cli::RanktableArgs;
+use crate::error::CliError;
+use crate::printer::Printer;
+
+/// Runs `atlasboost ranktable`.
+///
+/// # Errors
+///
+/// Probe, selection, validation and write errors; nothing is written unless the table is valid.
+pub fn run(args: &RanktableArgs, printer: &Printer) -> Result<(), CliError> {
+    let server_id = server_id(&args.devices)?;
+    printer.detail(&format!("server_id: {server_id}"));
+    let probe = make_probe(&args.devices, &server_id)?;
+    let (table, chip) = local_table(
+        probe.as_ref(),
+        args.devices.devices.as_ref(),
+        args.format,
+        args.chip,
+    )?;
+    let path = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_file_name(&table, &server_id));
+    write_output(&path, &table, chip, printer)
+}
+
+/// Probes, restricts to `devices` and builds this server's table; returns it with the chip
+/// whose rules it was checked against.
+///
+/// # Errors
+///
+/// The probe's error, a `--devices` id the host lacks, or the table's violations (e.g. a 910
+/// device set crossing the 0-3 / 4-7 groups).
+pub fn local_table(
+    probe: &dyn DeviceProbe,
+    devices: Option<&DeviceList>,
+    format: Format,
+    chip: Option<Chip>,
+) -> Result<(RankTable, Chip), CliError> {
+    let devices = local_devices(probe, devices)?;
+    let chip = match chip {
+        Some(c) => c,
+        None => chip_of_devices(&devices)?,
+    };
+    let table = build_table(
+        &devices,
+        &BuildOptions {
+            format,
+            chip: Some(chip),
+            ..BuildOptions::default()
+        },
+    )?;
+    Ok((table, chip))
+}
+
+/// `hccl_<n>p_<ids>_<server_id>.json`, the name `hccl_tools.py` gives (ids: physical, joined).
+pub fn default_file_name(table: &RankTable, server_id: &str) -> PathBuf {
+    let ids: String = table
+        .ranks()
+        .map(|r| r.iter().map(|e| e.physical_id.to_string()).collect())
+        .unwrap_or_default();
+    // A server id is a name or an address; keep it from turning into a directory.
+    let server = server_id.replace(['/', '\\'], "_");
+    PathBuf::from(format!("hccl_{}p_{ids}_{server}.json", table.rank_count()))
+}
+
+#[cfg(test)]
+mod tests {
+    use atlasboost_core::{Device, Error, Health};
+    use mockall::mock;
+
+    use super::*;
+
+    mock! {
+        Probe {}
+        impl DeviceProbe for Probe {
+            fn name(&self) -> &str;
+            fn probe(&self) -> atlasboost_core::Result<Vec<Device>>;
+        }
+    }
+
+    fn device(p: u32) -> Device {
+        Device {
+            server_id: "10.0.0.1".into(),
+            logical_id: p,
+            physical_id: p,
+            ip: Some(format!("192.168.1.{}", p + 1).parse().unwrap()),
+            chip: "910".into(),
+            health: Health::Healthy,
+            super_device_id: None,
+            super_pod_id: None,
+        }
+    }
+
+    #[test]
+    fn a_probe_failing_halfway_writes_nothing_and_names_the_host() {
+        // The driver answered for the first devices, then failed: the probe reports an error
+        // and no partial table may come out of it.
+        let mut probe = MockProbe::new();
+        probe.expect_name().return_const("dsmi".to_string());
+        probe.expect_probe().times(1).returning(|| {
+            Err(Error::Probe {
+                probe: "dsmi".into(),
+                server_id: "10.0.0.1".into(),
+                source: "dsmi_get_device_ip_address(device 4) returned 8".into(),
+            })
+        });
+        let err = local_table(&probe, None, Format::V1_0, None).unwrap_err();
+        let text = atlasboost_core::exchange::error_chain(&err);
+        assert!(
+            text.contains("10.0.0.1") && text.contains("device 4"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_probe_returning_nothing_is_an_error_not_an_empty_table() {
+        let mut probe = MockProbe::new();
+        probe.expect_name().return_const("dsmi".to_string());
+        probe.expect_probe().returning(|| Ok(Vec::new()));
+        let err = local_table(&probe, None, Format::V1_0, None).unwrap_err();
+        assert!(err.to_string().contains("found no devices"), "{err}");
+    }
+
+    #[test]
+    fn default_name_matches_hccl_tools() {
+        let mut probe = MockProbe::new();
+        probe.expect_name().return_const("sim".to_string());
+        probe
+            .expect_probe()
+            .returning(|| Ok((0..8).map(device).collect()));
+        let list: DeviceList = "4-7".parse().unwrap();
+        let (table, _) = local_table(&probe, Some(&list), Format::V1_0, None).unwrap();
+        assert_eq!(
+            default_file_name(&table, "10.0.0.1"),
+            PathBuf::from("hccl_4p_4567_10.0.0.1.json")
+        );
+    }
+}

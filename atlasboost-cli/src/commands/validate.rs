@@ -1,0 +1,97 @@
+//! `atlasboost validate`: every rule HCCL applies, every violation listed.
+
+use std::fs;
+
+use atlasboost_core::Error;
+use atlasboost_core::ranktable::{RankTable, Violation, validate_value};
+use serde::Serialize;
+
+use crate::cli::ValidateArgs;
+use crate::error::CliError;
+use crate::exit::ExitCodes;
+use crate::printer::Printer;
+
+/// The `--json` report.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    file: String,
+    valid: bool,
+    chip: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    format: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    servers: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ranks: Option<usize>,
+    violations: &'a [Violation],
+}
+
+/// Runs `atlasboost validate`; returns the exit code (0 valid, 1 invalid).
+///
+/// # Errors
+///
+/// A file that cannot be read, or is not JSON (with the parser's line and column): exit 125.
+pub fn run(args: &ValidateArgs, printer: &Printer) -> Result<u8, CliError> {
+    let text = fs::read_to_string(&args.file).map_err(|source| Error::Io {
+        action: "cannot read",
+        path: args.file.clone(),
+        source,
+    })?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: args.file.clone(),
+        source,
+    })?;
+    let violations = validate_value(&value, args.chip);
+    let table = if violations.is_empty() {
+        Some(RankTable::from_value(
+            value,
+            &args.file.display().to_string(),
+            args.chip,
+        )?)
+    } else {
+        None
+    };
+    let file = args.file.display().to_string();
+    let text = if args.json {
+        let report = Report {
+            file,
+            valid: table.is_some(),
+            chip: args.chip.as_str(),
+            format: table.as_ref().map(|t| t.format().as_str()),
+            servers: table.as_ref().map(RankTable::server_count),
+            ranks: table.as_ref().map(RankTable::rank_count),
+            violations: &violations,
+        };
+        let mut s = serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::Failure(format!("cannot encode the report: {e}")))?;
+        s.push('\n');
+        s
+    } else if let Some(t) = &table {
+        format!(
+            "{file}: valid rank table (format {}, {} server{}, {} rank{}, rules for {})\n",
+            t.format(),
+            t.server_count(),
+            if t.server_count() == 1 { "" } else { "s" },
+            t.rank_count(),
+            if t.rank_count() == 1 { "" } else { "s" },
+            args.chip
+        )
+    } else {
+        let mut s = format!(
+            "{file}: invalid rank table, {} problem{} (rules for {}):\n",
+            violations.len(),
+            if violations.len() == 1 { "" } else { "s" },
+            args.chip
+        );
+        for v in &violations {
+            s.push_str(&format!("  {v}\n"));
+        }
+        s
+    };
+    printer.out(&text).map_err(CliError::Stdout)?;
+    Ok(if table.is_some() {
+        ExitCodes::SUCCESS
+    } else {
+        ExitCodes::INVALID_TABLE
+    })
+}

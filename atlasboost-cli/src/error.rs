@@ -1,0 +1,38 @@
+//! The command's error type and how it maps to exit codes.
+
+use std::io;
+
+use crate::exit::ExitCodes;
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// A failure of the core model (probe, table, file); exit 125.
+    #[error(transparent)]
+    Core(#[from] atlasboost_core::Error),
+    /// Options that do not fit together; exit 2.
+    #[error("{0}")]
+    Usage(String),
+    /// Anything else atlasboost could not do; exit 125.
+    #[error("{0}")]
+    Failure(String),
+    /// Standard output could not be written (a closed pipe is not reported).
+    #[error("cannot write to standard output")]
+    Stdout(#[source] io::Error),
+}
+
+impl CliError {
+    /// The exit code for this error (SPEC §8).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => ExitCodes::USAGE,
+            CliError::Core(_) | CliError::Failure(_) | CliError::Stdout(_) => ExitCodes::FAILURE,
+        }
+    }
+
+    /// True for a closed standard output (`atlasboost probe | head`), which is not an error.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, CliError::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+}

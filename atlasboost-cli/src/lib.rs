@@ -1,0 +1,53 @@
+//! The `atlasboost` command, as a library so tests can drive its parts.
+//!
+//! Today: `ranktable`, `merge`, `validate` and `probe` (the commands that need no launch).
+//! The launcher (`run`, `agent`) comes in later modules of this crate.
+#![deny(missing_docs)]
+
+pub mod cli;
+pub mod commands;
+pub mod error;
+pub mod exit;
+pub mod host;
+pub mod printer;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+use crate::error::CliError;
+use crate::exit::ExitCodes;
+use crate::printer::Printer;
+
+/// Parses the command line, runs the command, prints any error, and returns the exit code.
+pub fn main_entry() -> ExitCode {
+    let cli = Cli::parse();
+    let printer = Printer::new(cli.quiet, cli.verbose);
+    let result = match &cli.command {
+        Command::Ranktable(args) => {
+            commands::ranktable::run(args, &printer).map(|()| ExitCodes::SUCCESS)
+        }
+        Command::Merge(args) => commands::merge::run(args, &printer).map(|()| ExitCodes::SUCCESS),
+        Command::Validate(args) => commands::validate::run(args, &printer),
+        Command::Probe(args) => commands::probe::run(args, &printer).map(|()| ExitCodes::SUCCESS),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) if e.is_broken_pipe() => ExitCode::from(ExitCodes::SUCCESS),
+        Err(e) => {
+            report(&e);
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Prints `error: ...` and one `caused by:` line per source.
+fn report(e: &CliError) {
+    eprintln!("error: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        eprintln!("  caused by: {s}");
+        source = s.source();
+    }
+}

@@ -1,0 +1,42 @@
+//! All console output goes through the [`Printer`], which owns `--quiet` and `--verbose`.
+
+use std::io::{self, Write};
+
+/// Where results (stdout) and atlasboost's own messages (stderr) go.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Printer {
+    quiet: bool,
+    verbose: bool,
+}
+
+impl Printer {
+    /// A printer for `--quiet` / `--verbose`.
+    pub fn new(quiet: bool, verbose: bool) -> Self {
+        Printer { quiet, verbose }
+    }
+
+    /// A status line on stderr, unless `--quiet`.
+    pub fn status(&self, message: &str) {
+        if !self.quiet {
+            eprintln!("{message}");
+        }
+    }
+
+    /// A detail on stderr, only with `--verbose`.
+    pub fn detail(&self, message: &str) {
+        if self.verbose && !self.quiet {
+            eprintln!("{message}");
+        }
+    }
+
+    /// A result on stdout (always printed: it is what the user asked for).
+    ///
+    /// # Errors
+    ///
+    /// The write error; a closed pipe (`| head`) is `BrokenPipe`, which `main` treats as success.
+    pub fn out(&self, text: &str) -> io::Result<()> {
+        let mut out = io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        out.flush()
+    }
+}
