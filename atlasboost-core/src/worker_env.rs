@@ -186,3 +186,131 @@ fn check_job_id(id: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::device::{Device, Health};
+    use crate::ranktable::{BuildOptions, Format, build_table};
+
+    fn table(format: Format) -> RankTable {
+        let devices: Vec<Device> = [("10.0.0.2", 2u8), ("10.0.0.1", 1)]
+            .iter()
+            .flat_map(|&(server, third)| {
+                (4..8).map(move |p| Device {
+                    server_id: server.into(),
+                    logical_id: p - 4,
+                    physical_id: p,
+                    ip: Some(IpAddr::from([192, 168, third, p as u8])),
+                    chip: "910".into(),
+                    health: Health::Healthy,
+                    super_device_id: None,
+                    super_pod_id: None,
+                })
+            })
+            .collect();
+        build_table(
+            &devices,
+            &BuildOptions {
+                format,
+                ..BuildOptions::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn spec<'a>(table: &'a RankTable, framework: Framework) -> WorkerSpec<'a> {
+        WorkerSpec {
+            table,
+            table_path: Path::new("/job/rank_table.json"),
+            server_id: "10.0.0.2",
+            physical_id: 6,
+            logical_id: 2,
+            framework,
+            job_id: "job-7",
+            master_addr: "10.0.0.1",
+            master_port: 29500,
+        }
+    }
+
+    #[test]
+    fn the_worker_finds_itself_in_the_table() {
+        let t = table(Format::V1_0);
+        let env = worker_env(&spec(&t, Framework::Tensorflow)).unwrap();
+        let vars: HashMap<_, _> = env.set.iter().cloned().collect();
+        // 10.0.0.2 sorts after 10.0.0.1: its devices 4..7 are ranks 4..7; device 6 is rank 6.
+        assert_eq!(vars["RANK_ID"], "6");
+        assert_eq!(vars["RANK"], "6");
+        assert_eq!(vars["RANK_SIZE"], "8");
+        assert_eq!(vars["WORLD_SIZE"], "8");
+        assert_eq!(vars["LOCAL_RANK"], "2");
+        assert_eq!(vars["LOCAL_WORLD_SIZE"], "4");
+        assert_eq!(vars["GROUP_RANK"], "1");
+        assert_eq!(vars["DEVICE_ID"], "2", "logical id, not physical");
+        assert_eq!(vars["ASCEND_DEVICE_ID"], "2");
+        assert_eq!(vars["ATLASBOOST_PHYSICAL_ID"], "6");
+        assert_eq!(vars["RANK_TABLE_FILE"], "/job/rank_table.json");
+        assert_eq!(vars["JOB_ID"], "job-7");
+        assert_eq!(vars["MASTER_PORT"], "29500");
+        assert!(!vars.contains_key("MINDSPORE_HCCL_CONFIG_PATH"));
+        assert_eq!(env.set_if_unset, vec![("OMP_NUM_THREADS", "1".to_string())]);
+        assert_eq!(
+            env.world,
+            World {
+                rank: 6,
+                size: 8,
+                local_rank: 2,
+                local_size: 4,
+                node_rank: 1,
+                node_count: 2
+            }
+        );
+    }
+
+    #[test]
+    fn mindspore_gets_its_config_path_and_legacy_uses_pod_names() {
+        let t = table(Format::V1_0);
+        let env = worker_env(&spec(&t, Framework::Mindspore)).unwrap();
+        assert!(
+            env.set
+                .contains(&("MINDSPORE_HCCL_CONFIG_PATH", "/job/rank_table.json".into()))
+        );
+        let t = table(Format::Legacy);
+        let env = worker_env(&spec(&t, Framework::Tensorflow)).unwrap();
+        assert!(
+            env.set.contains(&("RANK_ID", "1".into())),
+            "pod_name of the second server"
+        );
+        assert!(env.set.contains(&("RANK", "6".into())));
+    }
+
+    #[test]
+    fn bad_inputs_are_refused_with_the_culprit() {
+        let t = table(Format::V1_0);
+        let mut s = spec(&t, Framework::Tensorflow);
+        s.physical_id = 1;
+        let err = worker_env(&s).unwrap_err().to_string();
+        assert!(err.contains("physical id 1 of server 10.0.0.2"), "{err}");
+        let mut s = spec(&t, Framework::Tensorflow);
+        s.table_path = Path::new("rank_table.json");
+        assert!(worker_env(&s).unwrap_err().to_string().contains("absolute"));
+        for bad in ["", "a b", "007"] {
+            let mut s = spec(&t, Framework::Tensorflow);
+            s.job_id = bad;
+            assert!(
+                worker_env(&s).unwrap_err().to_string().contains("JOB_ID"),
+                "{bad:?}"
+            );
+        }
+        assert!(
+            "keras"
+                .parse::<Framework>()
+                .unwrap_err()
+                .to_string()
+                .contains("tensorflow, mindspore, pytorch")
+        );
+    }
+}

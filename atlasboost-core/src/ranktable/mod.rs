@@ -16,3 +16,8 @@ pub use model::{
 };
 pub use validate::{MAX_SERVER_ID_LEN, Rule, Violation, validate_table, validate_value};
 pub use write::{read_table, write_atomically, write_table};
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;

@@ -172,16 +172,59 @@ pub fn validate_value(value: &Value, chip: Chip) -> Vec<Violation> {
     v.out
 }
 
-/// One device IP as seen while walking a table, for the cluster-wide checks.
-struct SeenIp {
-    path: String,
-    v6: bool,
+/// Where a device is in the document. Paths are only formatted for violations, which keeps
+/// validating a 32,768-rank table fast.
+#[derive(Debug, Clone, Copy)]
+enum Loc {
+    Cluster {
+        server: usize,
+        device: usize,
+    },
+    Legacy {
+        group: usize,
+        instance: usize,
+        device: usize,
+    },
+}
+
+impl Loc {
+    fn path(self) -> String {
+        match self {
+            Loc::Cluster { server, device } => format!("$.server_list[{server}].device[{device}]"),
+            Loc::Legacy {
+                group,
+                instance,
+                device,
+            } => format!("$.group_list[{group}].instance_list[{instance}].devices[{device}]"),
+        }
+    }
+
+    fn key(self, key: &str) -> String {
+        format!("{}.{key}", self.path())
+    }
+}
+
+/// The IP family of the first address seen, and the first address of the other family.
+#[derive(Default)]
+struct Families {
+    first: Option<(String, bool)>,
+    other: Option<(String, bool)>,
+}
+
+impl Families {
+    fn note(&mut self, v6: bool, path: impl FnOnce() -> String) {
+        match &self.first {
+            None => self.first = Some((path(), v6)),
+            Some((_, f)) if *f != v6 && self.other.is_none() => self.other = Some((path(), v6)),
+            Some(_) => {}
+        }
+    }
 }
 
 /// A device as seen on one server: its physical id and where it is.
 struct SeenDevice {
     id: Option<u32>,
-    path: String,
+    loc: Loc,
 }
 
 struct Validator {
@@ -323,9 +366,9 @@ impl Validator {
     fn device_ip(
         &mut self,
         s: &str,
-        path: String,
-        ips: &mut HashMap<IpAddr, String>,
-        seen: &mut Vec<SeenIp>,
+        loc: Loc,
+        ips: &mut HashMap<IpAddr, Loc>,
+        families: &mut Families,
     ) {
         for part in s.split(',') {
             let part = part.trim();
@@ -333,20 +376,20 @@ impl Validator {
                 Ok(ip) => {
                     if let Some(first) = ips.get(&ip) {
                         self.push(
-                            path.clone(),
+                            loc.key("device_ip"),
                             Rule::DuplicateDeviceIp,
-                            format!("device_ip {ip} is already used at {first}"),
+                            format!(
+                                "device_ip {ip} is already used at {}",
+                                first.key("device_ip")
+                            ),
                         );
                     } else {
-                        ips.insert(ip, path.clone());
+                        ips.insert(ip, loc);
                     }
-                    seen.push(SeenIp {
-                        path: path.clone(),
-                        v6: ip.is_ipv6(),
-                    });
+                    families.note(ip.is_ipv6(), || loc.key("device_ip"));
                 }
                 Err(_) => self.push(
-                    path.clone(),
+                    loc.key("device_ip"),
                     Rule::InvalidIp,
                     format!("{part:?} is not a valid IPv4 or IPv6 address"),
                 ),
@@ -361,7 +404,7 @@ impl Validator {
                 && id > self.chip.max_device_id()
             {
                 self.push(
-                    format!("{}.device_id", d.path),
+                    d.loc.key("device_id"),
                     Rule::DeviceIdRange,
                     format!(
                         "device_id {id} is above {} (the highest on {})",
@@ -371,17 +414,20 @@ impl Validator {
                 );
             }
         }
-        let mut seen: HashMap<u32, &str> = HashMap::new();
+        let mut seen: HashMap<u32, Loc> = HashMap::new();
         for d in devices {
             if let Some(id) = d.id {
                 if let Some(first) = seen.get(&id) {
                     self.push(
-                        format!("{}.device_id", d.path),
+                        d.loc.key("device_id"),
                         Rule::DuplicateDevice,
-                        format!("device {id} of server {server_id:?} is already listed at {first}"),
+                        format!(
+                            "device {id} of server {server_id:?} is already listed at {}",
+                            first.path()
+                        ),
                     );
                 } else {
-                    seen.insert(id, &d.path);
+                    seen.insert(id, d.loc);
                 }
             }
         }
@@ -437,49 +483,50 @@ impl Validator {
         }
     }
 
-    /// Cluster-wide checks on device IPs: families and presence.
-    fn ip_families(&mut self, seen: &[SeenIp], servers: usize) {
+    /// Addresses of one kind (device IPs, host IPs) must be one family with several servers.
+    fn ip_families(&mut self, families: Families, servers: usize) {
         if servers < 2 {
             return;
         }
-        let Some(first) = seen.first() else { return };
-        if let Some(other) = seen.iter().find(|s| s.v6 != first.v6) {
+        if let (Some((first, first_v6)), Some((other, other_v6))) = (families.first, families.other)
+        {
             let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
             self.push(
-                other.path.clone(),
+                other,
                 Rule::MixedIpFamilies,
                 format!(
-                    "is {} but {} is {}; with more than one server all device IPs must be one family",
-                    fam(other.v6),
-                    first.path,
-                    fam(first.v6)
+                    "is {} but {first} is {}; with more than one server all such addresses \
+                     must be one family",
+                    fam(other_v6),
+                    fam(first_v6)
                 ),
             );
         }
     }
 
-    fn rank_ids(&mut self, ranks: &[(u32, String)], list_path: &str) {
-        let n = ranks.len();
-        let mut owner: Vec<Option<&str>> = vec![None; n];
-        for (rank, path) in ranks {
-            let r = *rank as usize;
-            if r >= n {
+    /// `rank_id`s must be exactly `0..total`. `complete` is false when some could not be read,
+    /// in which case the gap they leave is not reported again.
+    fn rank_ids(&mut self, ranks: &[(u32, Loc)], total: usize, complete: bool, list_path: &str) {
+        let mut owner: Vec<Option<Loc>> = vec![None; total];
+        for &(rank, loc) in ranks {
+            let r = rank as usize;
+            if r >= total {
                 self.push(
-                    path.clone(),
+                    loc.key("rank_id"),
                     Rule::RankIds,
                     format!(
-                        "rank_id {rank} is outside 0..{} ({n} devices)",
-                        n.saturating_sub(1)
+                        "rank_id {rank} is outside 0..{} ({total} devices)",
+                        total.saturating_sub(1)
                     ),
                 );
             } else if let Some(first) = owner[r] {
                 self.push(
-                    path.clone(),
+                    loc.key("rank_id"),
                     Rule::RankIds,
-                    format!("rank_id {rank} is already used at {first}"),
+                    format!("rank_id {rank} is already used at {}", first.key("rank_id")),
                 );
             } else {
-                owner[r] = Some(path);
+                owner[r] = Some(loc);
             }
         }
         let missing: Vec<String> = owner
@@ -488,8 +535,7 @@ impl Validator {
             .filter(|(_, o)| o.is_none())
             .map(|(i, _)| i.to_string())
             .collect();
-        // Only when every rank_id was readable: otherwise the unreadable ones explain the gap.
-        if !missing.is_empty() && ranks.len() == n {
+        if complete && !missing.is_empty() {
             self.push(
                 list_path.to_string(),
                 Rule::RankIds,
@@ -497,7 +543,7 @@ impl Validator {
                     "rank_id{} {} missing; rank_ids must be exactly 0..{}",
                     if missing.len() == 1 { "" } else { "s" },
                     missing.join(", "),
-                    n.saturating_sub(1)
+                    total.saturating_sub(1)
                 ),
             );
         }
@@ -516,7 +562,11 @@ impl Validator {
         }
     }
 
-    fn server_id(&mut self, obj: &Map<String, Value>, path: &dyn Fn() -> String) -> Option<String> {
+    fn server_id<'a>(
+        &mut self,
+        obj: &'a Map<String, Value>,
+        path: &dyn Fn() -> String,
+    ) -> Option<&'a str> {
         let id = self.string(obj, "server_id", path, true)?;
         if id.is_empty() || id.chars().count() > MAX_SERVER_ID_LEN {
             self.push(
@@ -528,7 +578,7 @@ impl Validator {
                 ),
             );
         }
-        Some(id.to_string())
+        Some(id)
     }
 
     /// Formats 1.0 and 1.2.
@@ -561,15 +611,17 @@ impl Validator {
             );
         }
 
-        let mut server_ids: HashMap<String, String> = HashMap::new();
-        let mut ips: HashMap<IpAddr, String> = HashMap::new();
-        let mut seen_ips = Vec::new();
-        let mut host_ips = Vec::new();
-        let mut ranks: Vec<(u32, String)> = Vec::new();
+        let mut server_ids: HashMap<&str, usize> = HashMap::new();
+        let mut ips: HashMap<IpAddr, Loc> = HashMap::new();
+        let mut device_families = Families::default();
+        let mut host_families = Families::default();
+        let mut ranks: Vec<(u32, Loc)> = Vec::new();
+        let mut total = 0usize;
+        let mut complete = true;
         let mut counts = Vec::new();
         let mut missing_ip = Vec::new();
-        let mut rank_ids_readable = true;
-        let mut server_of_pod_device: Vec<(String, Option<u32>, String)> = Vec::new();
+        // (server index, super_device_id, where) of every device, for the 1.2 rules.
+        let mut super_devices: Vec<(usize, Option<u32>, Loc)> = Vec::new();
 
         for (si, server) in servers.iter().enumerate() {
             let spath = || format!("$.server_list[{si}]");
@@ -577,24 +629,23 @@ impl Validator {
                 continue;
             };
             let sid = self.server_id(sobj, &spath);
-            if let Some(id) = &sid {
+            if let Some(id) = sid {
                 if let Some(first) = server_ids.get(id) {
                     self.push(
                         format!("{}.server_id", spath()),
                         Rule::DuplicateServerId,
-                        format!("server_id {id:?} is already used at {first}"),
+                        format!(
+                            "server_id {id:?} is already used at $.server_list[{first}].server_id"
+                        ),
                     );
                 } else {
-                    server_ids.insert(id.clone(), format!("{}.server_id", spath()));
+                    server_ids.insert(id, si);
                 }
             }
-            let sid = sid.unwrap_or_else(|| format!("#{si}"));
+            let sid = sid.map_or_else(|| format!("#{si}"), str::to_string);
             if let Some(h) = self.string(sobj, "host_ip", &spath, false) {
                 match h.parse::<IpAddr>() {
-                    Ok(ip) => host_ips.push(SeenIp {
-                        path: format!("{}.host_ip", spath()),
-                        v6: ip.is_ipv6(),
-                    }),
+                    Ok(ip) => host_families.note(ip.is_ipv6(), || format!("{}.host_ip", spath())),
                     Err(_) => self.push(
                         format!("{}.host_ip", spath()),
                         Rule::InvalidIp,
@@ -607,42 +658,41 @@ impl Validator {
             let Some(devices) = self.array(sobj, "device", &spath) else {
                 continue;
             };
+            total += devices.len();
             let list_path = format!("{}.device", spath());
-            counts.push((list_path.clone(), sid.clone(), devices.len()));
             let mut seen_devices = Vec::with_capacity(devices.len());
             for (di, dev) in devices.iter().enumerate() {
-                let dpath = || format!("$.server_list[{si}].device[{di}]");
+                let loc = Loc::Cluster {
+                    server: si,
+                    device: di,
+                };
+                let dpath = || loc.path();
                 let Some(dobj) = self.object(dev, &dpath) else {
-                    rank_ids_readable = false;
+                    complete = false;
                     continue;
                 };
                 let id = self.decimal(dobj, "device_id", &dpath, true);
-                seen_devices.push(SeenDevice { id, path: dpath() });
+                seen_devices.push(SeenDevice { id, loc });
                 match self.string(dobj, "device_ip", &dpath, false) {
-                    Some(ip) => self.device_ip(
-                        ip,
-                        format!("{}.device_ip", dpath()),
-                        &mut ips,
-                        &mut seen_ips,
-                    ),
-                    None if !dobj.contains_key("device_ip") => missing_ip.push(dpath()),
+                    Some(ip) => self.device_ip(ip, loc, &mut ips, &mut device_families),
+                    None if !dobj.contains_key("device_ip") => missing_ip.push(loc),
                     None => {}
                 }
-                if let Some(b) = self.string(dobj, "backup_device_ip", &dpath, false) {
-                    if b.split(',').any(|p| p.trim().parse::<IpAddr>().is_err()) {
-                        self.push(
-                            format!("{}.backup_device_ip", dpath()),
-                            Rule::InvalidIp,
-                            format!("{b:?} is not a valid IPv4 or IPv6 address"),
-                        );
-                    }
+                if let Some(b) = self.string(dobj, "backup_device_ip", &dpath, false)
+                    && b.split(',').any(|p| p.trim().parse::<IpAddr>().is_err())
+                {
+                    self.push(
+                        loc.key("backup_device_ip"),
+                        Rule::InvalidIp,
+                        format!("{b:?} is not a valid IPv4 or IPv6 address"),
+                    );
                 }
                 for port in ["device_port", "device_vnic_port", "backup_device_port"] {
                     self.port(dobj, port, &dpath);
                 }
                 match self.decimal(dobj, "rank_id", &dpath, true) {
-                    Some(r) => ranks.push((r, format!("{}.rank_id", dpath()))),
-                    None => rank_ids_readable = false,
+                    Some(r) => ranks.push((r, loc)),
+                    None => complete = false,
                 }
                 let sdid = self.decimal(dobj, "super_device_id", &dpath, false);
                 if format == Format::V1_2 {
@@ -653,57 +703,29 @@ impl Validator {
                             "version 1.2 needs \"super_device_id\" on every device".into(),
                         );
                     }
-                    server_of_pod_device.push((
-                        sid.clone(),
-                        sdid,
-                        format!("{}.super_device_id", dpath()),
-                    ));
+                    super_devices.push((si, sdid, loc));
                 }
             }
+            counts.push((list_path.clone(), sid.clone(), devices.len()));
             self.server_topology(&seen_devices, &list_path, &sid);
         }
 
         if servers.len() > 1 {
-            for path in missing_ip {
+            for loc in missing_ip {
                 self.push(
-                    path,
+                    loc.path(),
                     Rule::MissingDeviceIp,
                     "device_ip is required when the table has more than one server".into(),
                 );
             }
         }
-        self.ip_families(&seen_ips, servers.len());
-        self.ip_families(&host_ips, servers.len());
+        self.ip_families(device_families, servers.len());
+        self.ip_families(host_families, servers.len());
         self.equal_counts(&counts);
-        if rank_ids_readable {
-            self.rank_ids(&ranks, "$.server_list");
-        } else {
-            // Still report duplicates and out-of-range among the readable ones.
-            let total: usize = counts.iter().map(|c| c.2).sum();
-            let mut owner: HashMap<u32, &str> = HashMap::new();
-            for (r, path) in &ranks {
-                if *r as usize >= total {
-                    self.out.push(Violation::new(
-                        path.clone(),
-                        Rule::RankIds,
-                        format!("rank_id {r} is outside 0..{}", total.saturating_sub(1)),
-                    ));
-                } else if let Some(first) = owner.get(r) {
-                    self.out.push(Violation::new(
-                        path.clone(),
-                        Rule::RankIds,
-                        format!("rank_id {r} is already used at {first}"),
-                    ));
-                } else {
-                    owner.insert(*r, path);
-                }
-            }
-        }
+        self.rank_ids(&ranks, total, complete, "$.server_list");
 
         match (format, top.get("super_pod_list")) {
-            (Format::V1_2, Some(pods)) => {
-                self.super_pods(pods, servers, &server_ids, &server_of_pod_device)
-            }
+            (Format::V1_2, Some(pods)) => self.super_pods(pods, &server_ids, &super_devices),
             (Format::V1_2, None) => self.push(
                 "$".into(),
                 Rule::SuperPod,
@@ -718,12 +740,13 @@ impl Validator {
         }
     }
 
+    /// The SuperPoD rules of version 1.2. `server_ids` maps each `server_id` to its index in
+    /// `server_list`; `devices` holds (server index, super_device_id, where) of every device.
     fn super_pods(
         &mut self,
         pods: &Value,
-        servers: &[Value],
-        server_ids: &HashMap<String, String>,
-        devices: &[(String, Option<u32>, String)],
+        server_ids: &HashMap<&str, usize>,
+        devices: &[(usize, Option<u32>, Loc)],
     ) {
         let Value::Array(pods) = pods else {
             self.push(
@@ -734,7 +757,8 @@ impl Validator {
             return;
         };
         let mut pod_ids: HashMap<&str, String> = HashMap::new();
-        let mut pod_of_server: HashMap<String, (usize, String)> = HashMap::new();
+        // server index -> (super pod index, where the server is listed in it)
+        let mut pod_of_server: HashMap<usize, (usize, String)> = HashMap::new();
         for (pi, pod) in pods.iter().enumerate() {
             let ppath = || format!("$.super_pod_list[{pi}]");
             let Some(pobj) = self.object(pod, &ppath) else {
@@ -762,80 +786,83 @@ impl Validator {
                 let Some(sid) = self.string(eobj, "server_id", &epath, true) else {
                     continue;
                 };
-                if !server_ids.contains_key(sid) {
-                    self.push(
+                match server_ids.get(sid) {
+                    None => self.push(
                         format!("{}.server_id", epath()),
                         Rule::SuperPod,
                         format!("server {sid:?} is not in server_list"),
-                    );
-                } else if let Some((_, first)) = pod_of_server.get(sid) {
-                    self.push(
-                        format!("{}.server_id", epath()),
-                        Rule::SuperPod,
-                        format!("server {sid:?} is already in a super pod at {first}"),
-                    );
-                } else {
-                    pod_of_server.insert(sid.to_string(), (pi, format!("{}.server_id", epath())));
+                    ),
+                    Some(si) => {
+                        if let Some((_, first)) = pod_of_server.get(si) {
+                            self.push(
+                                format!("{}.server_id", epath()),
+                                Rule::SuperPod,
+                                format!("server {sid:?} is already in a super pod at {first}"),
+                            );
+                        } else {
+                            pod_of_server.insert(*si, (pi, format!("{}.server_id", epath())));
+                        }
+                    }
                 }
             }
         }
-        let listed = servers.len();
-        if pod_of_server.len() != server_ids.len() {
-            let mut unlisted: Vec<&str> = server_ids
-                .keys()
-                .filter(|s| !pod_of_server.contains_key(*s))
-                .map(String::as_str)
-                .collect();
-            unlisted.sort_unstable();
-            if !unlisted.is_empty() {
-                self.push(
-                    "$.super_pod_list".into(),
-                    Rule::SuperPod,
-                    format!(
-                        "servers {} of server_list ({listed} servers) are in no super pod",
-                        unlisted.join(", ")
-                    ),
-                );
-            }
+        let mut unlisted: Vec<(usize, &str)> = server_ids
+            .iter()
+            .filter(|(_, si)| !pod_of_server.contains_key(si))
+            .map(|(id, si)| (*si, *id))
+            .collect();
+        unlisted.sort_unstable();
+        if !unlisted.is_empty() {
+            let names: Vec<String> = unlisted.iter().map(|(_, id)| format!("{id:?}")).collect();
+            self.push(
+                "$.super_pod_list".into(),
+                Rule::SuperPod,
+                format!(
+                    "servers {} of server_list are in no super pod",
+                    names.join(", ")
+                ),
+            );
         }
-        // Servers of one super pod are listed contiguously in server_list.
+        // Servers of one super pod are listed one after another in server_list.
         let mut order: Vec<usize> = Vec::new();
-        for s in servers {
-            let pod = s
-                .get("server_id")
-                .and_then(Value::as_str)
-                .and_then(|id| pod_of_server.get(id))
-                .map(|(p, _)| *p);
-            if let Some(p) = pod
-                && order.last() != Some(&p)
-            {
-                if order.contains(&p) {
+        let mut listed: Vec<usize> = server_ids.values().copied().collect();
+        listed.sort_unstable();
+        for si in listed {
+            let Some(&(pod, _)) = pod_of_server.get(&si) else {
+                continue;
+            };
+            if order.last() != Some(&pod) {
+                if order.contains(&pod) {
                     self.push(
-                        "$.server_list".into(),
+                        format!("$.server_list[{si}]"),
                         Rule::SuperPod,
-                        format!("the servers of super pod #{p} are not listed one after another"),
+                        format!(
+                            "the servers of super pod $.super_pod_list[{pod}] are not listed \
+                             one after another"
+                        ),
                     );
                     break;
                 }
-                order.push(p);
+                order.push(pod);
             }
         }
         // super_device_id is unique within a super pod.
-        let mut seen: HashMap<(usize, u32), &str> = HashMap::new();
-        for (sid, sdid, path) in devices {
-            let (Some(sdid), Some((pod, _))) = (sdid, pod_of_server.get(sid)) else {
+        let mut seen: HashMap<(usize, u32), Loc> = HashMap::new();
+        for &(si, sdid, loc) in devices {
+            let (Some(sdid), Some(&(pod, _))) = (sdid, pod_of_server.get(&si)) else {
                 continue;
             };
-            if let Some(first) = seen.get(&(*pod, *sdid)) {
+            if let Some(first) = seen.get(&(pod, sdid)) {
                 self.push(
-                    path.clone(),
+                    loc.key("super_device_id"),
                     Rule::SuperPod,
                     format!(
-                        "super_device_id {sdid} is already used in the same super pod at {first}"
+                        "super_device_id {sdid} is already used in the same super pod at {}",
+                        first.key("super_device_id")
                     ),
                 );
             } else {
-                seen.insert((*pod, *sdid), path);
+                seen.insert((pod, sdid), loc);
             }
         }
     }
@@ -861,8 +888,8 @@ impl Validator {
             .map(Vec::len)
             .sum();
         let mut pods: HashMap<String, String> = HashMap::new();
-        let mut ips: HashMap<IpAddr, String> = HashMap::new();
-        let mut seen_ips = Vec::new();
+        let mut ips: HashMap<IpAddr, Loc> = HashMap::new();
+        let mut families = Families::default();
         // Devices grouped by server, in the order servers first appear.
         let mut per_server: Vec<(String, Vec<SeenDevice>)> = Vec::new();
         for (gi, group) in groups.iter().enumerate() {
@@ -902,7 +929,7 @@ impl Validator {
                 }
                 let sid = self
                     .server_id(iobj, &ipath)
-                    .unwrap_or_else(|| format!("#{gi}.{ii}"));
+                    .map_or_else(|| format!("#{gi}.{ii}"), str::to_string);
                 let Some(devices) = self.array(iobj, "devices", &ipath) else {
                     continue;
                 };
@@ -915,19 +942,19 @@ impl Validator {
                     }
                 };
                 for (di, dev) in devices.iter().enumerate() {
-                    let dpath = || format!("$.group_list[{gi}].instance_list[{ii}].devices[{di}]");
+                    let loc = Loc::Legacy {
+                        group: gi,
+                        instance: ii,
+                        device: di,
+                    };
+                    let dpath = || loc.path();
                     let Some(dobj) = self.object(dev, &dpath) else {
                         continue;
                     };
                     let id = self.decimal(dobj, "device_id", &dpath, true);
-                    per_server[slot].1.push(SeenDevice { id, path: dpath() });
+                    per_server[slot].1.push(SeenDevice { id, loc });
                     match self.string(dobj, "device_ip", &dpath, false) {
-                        Some(ip) => self.device_ip(
-                            ip,
-                            format!("{}.device_ip", dpath()),
-                            &mut ips,
-                            &mut seen_ips,
-                        ),
+                        Some(ip) => self.device_ip(ip, loc, &mut ips, &mut families),
                         None if !dobj.contains_key("device_ip") && total_instances > 1 => self
                             .push(
                                 dpath(),
@@ -953,11 +980,11 @@ impl Validator {
         for (sid, devices) in &per_server {
             let path = devices
                 .first()
-                .map_or_else(|| "$.group_list".to_string(), |d| d.path.clone());
+                .map_or_else(|| "$.group_list".to_string(), |d| d.loc.path());
             self.server_topology(devices, &path, sid);
             counts.push((path, sid.clone(), devices.len()));
         }
-        self.ip_families(&seen_ips, per_server.len());
+        self.ip_families(families, per_server.len());
         self.equal_counts(&counts);
     }
 }

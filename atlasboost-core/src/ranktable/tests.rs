@@ -1,0 +1,379 @@
+//! Unit tests of the builder, merge and the atomic writer.
+
+use std::fs;
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use super::*;
+use crate::device::{Chip, Device, Health};
+use crate::error::Error;
+
+fn host(server_id: &str, third: u8, ids: &[u32]) -> Vec<Device> {
+    ids.iter()
+        .map(|&p| Device {
+            server_id: server_id.into(),
+            logical_id: p,
+            physical_id: p,
+            ip: Some(IpAddr::from([192, 168, third, p as u8 + 1])),
+            chip: "910".into(),
+            health: Health::Healthy,
+            super_device_id: None,
+            super_pod_id: None,
+        })
+        .collect()
+}
+
+#[test]
+fn built_tables_look_like_hccl_tools_output() {
+    let table = build_table(&host("10.0.0.1", 1, &[0, 1]), &BuildOptions::default()).unwrap();
+    let expected = r#"{
+    "version": "1.0",
+    "server_count": "1",
+    "server_list": [
+        {
+            "server_id": "10.0.0.1",
+            "device": [
+                {
+                    "device_id": "0",
+                    "device_ip": "192.168.1.1",
+                    "rank_id": "0"
+                },
+                {
+                    "device_id": "1",
+                    "device_ip": "192.168.1.2",
+                    "rank_id": "1"
+                }
+            ],
+            "host_nic_ip": "reserve"
+        }
+    ],
+    "status": "completed"
+}
+"#;
+    assert_eq!(table.to_json_pretty(), expected);
+}
+
+#[test]
+fn servers_sort_as_strings_not_as_numbers() {
+    let mut devices = host("10.0.0.10", 1, &[0, 1, 2, 3]);
+    devices.extend(host("10.0.0.9", 2, &[0, 1, 2, 3]));
+    let t = build_table(&devices, &BuildOptions::default()).unwrap();
+    let first = &t.ranks().unwrap()[0];
+    assert_eq!((first.server_id.as_str(), first.rank), ("10.0.0.10", 0));
+}
+
+#[test]
+fn builder_refuses_unhealthy_and_duplicate_devices_naming_them() {
+    let mut devices = host("h1", 1, &[0, 1]);
+    devices[1].health = Health::Unhealthy { code: 3 };
+    let err = build_table(&devices, &BuildOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("device 1 of host h1 is critical (3)"), "{err}");
+
+    let mut devices = host("h1", 1, &[0, 1]);
+    devices.push(devices[0].clone());
+    let err = build_table(&devices, &BuildOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("host h1 reported device 0 twice"), "{err}");
+
+    let err = build_table(&[], &BuildOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no devices"), "{err}");
+}
+
+#[test]
+fn builder_refuses_mixed_or_unknown_chips() {
+    let mut devices = host("h1", 1, &[0]);
+    devices.extend(host("h2", 2, &[0]));
+    devices[1].chip = "910B3".into();
+    let err = build_table(&devices, &BuildOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("different chips") && err.contains("h2"),
+        "{err}"
+    );
+    devices[1].chip = "310P".into();
+    let err = build_table(&devices, &BuildOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("310P") && err.contains("--chip"), "{err}");
+}
+
+#[test]
+fn host_order_must_cover_exactly_the_gathered_hosts() {
+    let mut devices = host("h1", 1, &[0]);
+    devices.extend(host("h2", 2, &[0]));
+    let opts = |hosts: &[&str]| BuildOptions {
+        order: RankOrder::Hosts(hosts.iter().map(|s| s.to_string()).collect()),
+        ..BuildOptions::default()
+    };
+    let err = build_table(&devices, &opts(&["h1"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("h2") && err.contains("not in the host list"),
+        "{err}"
+    );
+    let err = build_table(&devices, &opts(&["h2", "h1", "h3"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("host h3 reported no devices"), "{err}");
+    let err = build_table(&devices, &opts(&["h2", "h2", "h1"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("host h2 is listed twice"), "{err}");
+    let t = build_table(&devices, &opts(&["h2", "h1"])).unwrap();
+    assert_eq!(t.ranks().unwrap()[0].server_id, "h2");
+}
+
+#[test]
+fn multi_server_tables_need_device_ips() {
+    let mut devices = host("h1", 1, &[0]);
+    devices.extend(host("h2", 2, &[0]));
+    devices[1].ip = None;
+    let err = build_table(&devices, &BuildOptions::default()).unwrap_err();
+    let Error::Invalid { violations, .. } = err else {
+        panic!("{err}")
+    };
+    assert_eq!(violations.len(), 1);
+    assert_eq!(violations[0].rule, Rule::MissingDeviceIp);
+    assert_eq!(violations[0].path, "$.server_list[1].device[0]");
+    // One server without IPs is fine.
+    assert!(build_table(&devices[1..], &BuildOptions::default()).is_ok());
+}
+
+#[test]
+fn format_1_2_groups_super_pods_and_needs_their_ids() {
+    let mut devices = Vec::new();
+    for (server, pod, third) in [("a", "p2", 1), ("b", "p1", 2), ("c", "p2", 3)] {
+        for mut d in host(server, third, &[0, 1]) {
+            d.chip = "910_9391".into();
+            d.super_device_id = Some(d.physical_id + 10 * u32::from(third));
+            d.super_pod_id = Some(pod.into());
+            devices.push(d);
+        }
+    }
+    let opts = BuildOptions {
+        format: Format::V1_2,
+        ..BuildOptions::default()
+    };
+    let t = build_table(&devices, &opts).unwrap();
+    let RankTable::Cluster(c) = &t else { panic!() };
+    let order: Vec<&str> = c.server_list.iter().map(|s| s.server_id.as_str()).collect();
+    assert_eq!(order, ["b", "a", "c"], "pods contiguous, then server_id");
+    let pods = c.super_pod_list.as_ref().unwrap();
+    assert_eq!(pods.len(), 2);
+    assert_eq!(pods[1].server_list.len(), 2);
+
+    devices[0].super_device_id = None;
+    let err = build_table(&devices, &opts).unwrap_err().to_string();
+    assert!(
+        err.contains("super_device_id") && err.contains("host a"),
+        "{err}"
+    );
+}
+
+#[test]
+fn legacy_tables_name_pods_by_server_and_refuse_host_order() {
+    let mut devices = host("h1", 1, &[0, 1]);
+    devices.extend(host("h2", 2, &[0, 1]));
+    let opts = BuildOptions {
+        format: Format::Legacy,
+        ..BuildOptions::default()
+    };
+    let t = build_table(&devices, &opts).unwrap();
+    let ranks = t.ranks().unwrap();
+    assert_eq!(ranks[2].rank_id_env, "1");
+    assert_eq!((ranks[2].rank, ranks[2].local_rank), (2, 0));
+    let opts = BuildOptions {
+        format: Format::Legacy,
+        order: RankOrder::Hosts(vec!["h2".into(), "h1".into()]),
+        ..BuildOptions::default()
+    };
+    assert!(
+        build_table(&devices, &opts)
+            .unwrap_err()
+            .to_string()
+            .contains("legacy")
+    );
+}
+
+#[test]
+fn merge_names_both_inputs_of_a_duplicate() {
+    let a = build_table(&host("h1", 1, &[0, 1]), &BuildOptions::default()).unwrap();
+    let b = build_table(&host("h2", 1, &[0, 1]), &BuildOptions::default()).unwrap();
+    let inputs = [
+        MergeInput {
+            name: "a.json".into(),
+            table: a.clone(),
+        },
+        MergeInput {
+            name: "b.json".into(),
+            table: b,
+        },
+    ];
+    let err = merge_tables(&inputs, Chip::Ascend910)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "cannot merge: device_ip \"192.168.1.1\" appears in both a.json and b.json"
+    );
+    let same = [
+        MergeInput {
+            name: "a.json".into(),
+            table: a.clone(),
+        },
+        MergeInput {
+            name: "again.json".into(),
+            table: a.clone(),
+        },
+    ];
+    let err = merge_tables(&same, Chip::Ascend910)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("server_id \"h1\" appears in both a.json and again.json"),
+        "{err}"
+    );
+    let legacy = build_table(
+        &host("h3", 3, &[0]),
+        &BuildOptions {
+            format: Format::Legacy,
+            ..BuildOptions::default()
+        },
+    )
+    .unwrap();
+    let mixed = [
+        MergeInput {
+            name: "a.json".into(),
+            table: a,
+        },
+        MergeInput {
+            name: "l.json".into(),
+            table: legacy,
+        },
+    ];
+    assert!(
+        merge_tables(&mixed, Chip::Ascend910)
+            .unwrap_err()
+            .to_string()
+            .contains("l.json is in the legacy")
+    );
+}
+
+#[test]
+fn merge_keeps_keys_it_does_not_know() {
+    let text = r#"{"version":"1.0","server_count":"1","server_list":[{"server_id":"h1","host_ip":"10.1.1.1","device":[{"device_id":"0","device_ip":"192.168.1.1","device_port":"16666","rank_id":"0"}]}],"status":"completed"}"#;
+    let a = RankTable::parse(text, Path::new("a.json"), Chip::Ascend910).unwrap();
+    let b = build_table(&host("h2", 2, &[0]), &BuildOptions::default()).unwrap();
+    let merged = merge_tables(
+        &[
+            MergeInput {
+                name: "a".into(),
+                table: a,
+            },
+            MergeInput {
+                name: "b".into(),
+                table: b,
+            },
+        ],
+        Chip::Ascend910,
+    )
+    .unwrap();
+    let json = merged.to_json_pretty();
+    assert!(
+        json.contains("\"host_ip\": \"10.1.1.1\"") && json.contains("\"device_port\": \"16666\""),
+        "{json}"
+    );
+    assert!(json.contains("\"rank_id\": \"1\""));
+}
+
+#[test]
+fn writer_replaces_atomically_with_mode_0644() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rank_table.json");
+    let t1 = build_table(&host("h1", 1, &[0, 1]), &BuildOptions::default()).unwrap();
+    let t2 = build_table(&host("h1", 1, &[0, 1, 2, 3]), &BuildOptions::default()).unwrap();
+    write_table(&path, &t1, Chip::Ascend910).unwrap();
+    write_table(&path, &t2, Chip::Ascend910).unwrap();
+    assert_eq!(fs::read_to_string(&path).unwrap(), t2.to_json_pretty());
+    assert_eq!(
+        fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["rank_table.json"], "no temporary file left behind");
+    assert_eq!(read_table(&path, Chip::Ascend910).unwrap(), t2);
+}
+
+#[test]
+fn writer_refuses_bad_names_and_invalid_tables_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = build_table(&host("h1", 1, &[0, 1]), &BuildOptions::default()).unwrap();
+    let err = write_table(&dir.path().join("table.txt"), &t, Chip::Ascend910).unwrap_err();
+    assert!(
+        err.to_string().contains("must end in .json") || err.to_string().contains(".json"),
+        "{err}"
+    );
+
+    let RankTable::Cluster(mut bad) = t.clone() else {
+        panic!()
+    };
+    bad.status = "initializing".into();
+    let err = write_table(
+        &dir.path().join("t.json"),
+        &RankTable::Cluster(bad),
+        Chip::Ascend910,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Invalid { .. }), "{err}");
+
+    let err = write_table(&dir.path().join("missing/t.json"), &t, Chip::Ascend910).unwrap_err();
+    assert!(err.to_string().contains("missing"), "{err}");
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing written"
+    );
+}
+
+#[test]
+fn a_concurrent_reader_never_sees_a_partial_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let small = build_table(&host("h1", 1, &[0]), &BuildOptions::default()).unwrap();
+    let mut big_devices = Vec::new();
+    for h in 0..64u8 {
+        big_devices.extend(host(&format!("10.0.{h}.1"), h, &[0, 1, 2, 3, 4, 5, 6, 7]));
+    }
+    let big = build_table(&big_devices, &BuildOptions::default()).unwrap();
+    write_table(&path, &small, Chip::Ascend910).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads == 0 {
+                let text = fs::read_to_string(&path).unwrap();
+                RankTable::parse(&text, &path, Chip::Ascend910).unwrap();
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for i in 0..50 {
+        let t = if i % 2 == 0 { &big } else { &small };
+        write_table(&path, t, Chip::Ascend910).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+}
