@@ -71,8 +71,12 @@ pub fn build_table(devices: &[Device], opts: &BuildOptions) -> Result<RankTable>
 ///
 /// [`Error::Build`] when a device reports a chip atlasboost has no rules for, or two differ.
 pub fn chip_of_devices(devices: &[Device]) -> Result<Chip> {
-    let mut chip = None;
+    let mut chip: Option<(Chip, &Device)> = None;
     for d in devices {
+        // Every device of a host reports the same name: skip the parse for repeats.
+        if chip.is_some_and(|(_, first)| first.chip == d.chip) {
+            continue;
+        }
         let c = Chip::from_driver_name(&d.chip).ok_or_else(|| {
             Error::Build(format!(
                 "device {} of host {} reports chip {:?}, which atlasboost has no rules for; \

@@ -4,6 +4,7 @@
 mod build;
 mod merge;
 mod model;
+mod node;
 mod validate;
 mod write;
 

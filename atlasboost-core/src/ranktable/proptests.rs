@@ -63,7 +63,7 @@ fn any_json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(|n| Value::from(n)),
+        any::<i64>().prop_map(Value::from),
         any::<f64>()
             .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
         "[0-9]{0,3}".prop_map(Value::String),
@@ -234,4 +234,106 @@ fn collect_string_paths(v: &Value, path: &str, out: &mut Vec<(String, String)>) 
         }
     }
     walk(v, path, "", out);
+}
+
+/// A change that may break a rule, applied to a typed table.
+#[derive(Debug, Clone)]
+enum Damage {
+    Ip(usize, String),
+    RankId(usize, String),
+    DeviceId(usize, String),
+    ServerId(usize, String),
+    DropIp(usize),
+    Status(String),
+    Extra(usize, &'static str, Value),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    let text = prop_oneof![
+        "[0-9]{1,2}",
+        "[0-9a-f.:,]{0,9}",
+        Just(String::new()),
+        Just("29.0.0.1".to_string())
+    ];
+    prop_oneof![
+        (any::<usize>(), text.clone()).prop_map(|(i, t)| Damage::Ip(i, t)),
+        (any::<usize>(), text.clone()).prop_map(|(i, t)| Damage::RankId(i, t)),
+        (any::<usize>(), text.clone()).prop_map(|(i, t)| Damage::DeviceId(i, t)),
+        (any::<usize>(), prop_oneof!["[a-z]{0,3}", "[a-z]{65,70}"])
+            .prop_map(|(i, t)| Damage::ServerId(i, t)),
+        any::<usize>().prop_map(Damage::DropIp),
+        text.prop_map(Damage::Status),
+        (
+            any::<usize>(),
+            prop_oneof![
+                Just("device_port"),
+                Just("host_port"),
+                Just("backup_device_ip"),
+                Just("other")
+            ],
+            prop_oneof![
+                Just(Value::from(5)),
+                Just(Value::from("0")),
+                Just(Value::from("16666")),
+                Just(Value::from("x"))
+            ],
+        )
+            .prop_map(|(i, k, v)| Damage::Extra(i, k, v)),
+    ]
+}
+
+/// The `i`-th device of the table, counting over all servers (modulo the device count).
+fn nth_device(table: &mut ClusterTable, i: usize) -> &mut DeviceEntry {
+    let n = table
+        .server_list
+        .iter()
+        .map(|s| s.device.len())
+        .sum::<usize>();
+    let mut i = i % n;
+    for s in &mut table.server_list {
+        if i < s.device.len() {
+            return &mut s.device[i];
+        }
+        i -= s.device.len();
+    }
+    unreachable!("index is below the device count")
+}
+
+fn apply(table: &mut ClusterTable, d: &Damage) {
+    match d {
+        Damage::Ip(i, t) => nth_device(table, *i).device_ip = Some(t.clone()),
+        Damage::RankId(i, t) => nth_device(table, *i).rank_id = t.clone(),
+        Damage::DeviceId(i, t) => nth_device(table, *i).device_id = t.clone(),
+        Damage::DropIp(i) => nth_device(table, *i).device_ip = None,
+        Damage::Extra(i, k, v) => {
+            nth_device(table, *i)
+                .extra
+                .insert((*k).to_string(), v.clone());
+        }
+        Damage::ServerId(i, t) => {
+            let len = table.server_list.len();
+            table.server_list[i % len].server_id = t.clone();
+        }
+        Damage::Status(t) => table.status = t.clone(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// The validator walks typed tables in place and parsed files as JSON values: both walks
+    /// must report the same violations for the same table, valid or not.
+    #[test]
+    fn typed_and_json_validation_agree(devices in cluster(), damages in proptest::collection::vec(damage(), 0..4), chip in prop_oneof![Just(Chip::Ascend910), Just(Chip::Ascend910B)]) {
+        let RankTable::Cluster(mut t) = build_table(&devices, &BuildOptions::default()).unwrap() else {
+            panic!("1.0 expected")
+        };
+        for d in &damages {
+            apply(&mut t, d);
+        }
+        let table = RankTable::Cluster(t);
+        let typed = validate_table(&table, chip);
+        let json = validate_value(&serde_json::to_value(&table).unwrap(), chip);
+        prop_assert_eq!(typed, json);
+    }
 }

@@ -8,9 +8,10 @@ use std::fmt;
 use std::net::IpAddr;
 
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::model::{Format, RankTable, STATUS_COMPLETED};
+use super::node::{Node, Typed};
 use crate::device::Chip;
 
 /// The longest `server_id` HCCL accepts.
@@ -133,43 +134,46 @@ impl Rule {
 
 /// Validates a typed table (e.g. one the builder made) for `chip`.
 pub fn validate_table(table: &RankTable, chip: Chip) -> Vec<Violation> {
-    match serde_json::to_value(table) {
-        Ok(value) => validate_value(&value, chip),
-        Err(e) => vec![Violation::new(
-            "$".into(),
-            Rule::Structure,
-            format!("table cannot be serialized: {e}"),
-        )],
+    match table {
+        RankTable::Cluster(t) => validate_node(Typed::Cluster(t), chip),
+        RankTable::Legacy(t) => validate_node(Typed::Legacy(t), chip),
     }
 }
 
 /// Validates any JSON value as a rank table for `chip`; returns every violation (empty = valid).
 pub fn validate_value(value: &Value, chip: Chip) -> Vec<Violation> {
+    validate_node(value, chip)
+}
+
+fn validate_node<'a, N: Node<'a>>(top: N, chip: Chip) -> Vec<Violation> {
     let mut v = Validator {
         chip,
         out: Vec::new(),
     };
-    match value {
-        Value::Object(top) => {
-            if top.contains_key("version") {
-                v.cluster(top);
-            } else if top.contains_key("group_list") {
-                v.legacy(top);
-            } else {
-                v.push(
-                    "$".into(),
-                    Rule::Missing,
-                    "neither \"version\" (formats 1.0, 1.2) nor \"group_list\" (legacy format) is present".into(),
-                );
-            }
-        }
-        other => v.push(
+    if !top.is_object() {
+        v.push(
             "$".into(),
             Rule::Structure,
-            format!("a rank table is a JSON object, found {}", kind(other)),
-        ),
+            format!("a rank table is a JSON object, found {}", top.describe().0),
+        );
+    } else if top.get("version").is_some() {
+        v.cluster(top);
+    } else if top.get("group_list").is_some() {
+        v.legacy(top);
+    } else {
+        v.push(
+            "$".into(),
+            Rule::Missing,
+            "neither \"version\" (formats 1.0, 1.2) nor \"group_list\" (legacy format) is present"
+                .into(),
+        );
     }
     v.out
+}
+
+/// The elements of an array node, with their indices.
+fn items<'a, N: Node<'a>>(list: N) -> impl Iterator<Item = (usize, N)> {
+    (0..list.len().unwrap_or(0)).filter_map(move |i| list.at(i).map(|n| (i, n)))
 }
 
 /// Where a device is in the document. Paths are only formatted for violations, which keeps
@@ -238,30 +242,30 @@ impl Validator {
     }
 
     /// A string field: reports a missing key (if required) or a non-string value.
-    fn string<'a>(
+    fn string<'a, N: Node<'a>>(
         &mut self,
-        obj: &'a Map<String, Value>,
+        obj: N,
         key: &str,
         path: &dyn Fn() -> String,
         required: bool,
     ) -> Option<&'a str> {
         match obj.get(key) {
-            Some(Value::String(s)) => Some(s),
-            Some(other) => {
-                let hint = match other {
-                    Value::Number(n) => format!(" (write \"{n}\")"),
-                    _ => String::new(),
-                };
-                self.push(
-                    format!("{}.{key}", path()),
-                    Rule::NotString,
-                    format!(
-                        "must be a JSON string, found {} {}{hint}",
-                        kind(other),
-                        other
-                    ),
-                );
-                None
+            Some(node) => {
+                let s = node.as_str();
+                if s.is_none() {
+                    let (kind, text) = node.describe();
+                    let hint = if kind == "number" {
+                        format!(" (write \"{text}\")")
+                    } else {
+                        String::new()
+                    };
+                    self.push(
+                        format!("{}.{key}", path()),
+                        Rule::NotString,
+                        format!("must be a JSON string, found {kind} {text}{hint}"),
+                    );
+                }
+                s
             }
             None if required => {
                 self.push(
@@ -276,36 +280,42 @@ impl Validator {
     }
 
     /// A decimal-number string field.
-    fn decimal(
+    fn decimal<'a, N: Node<'a>>(
         &mut self,
-        obj: &Map<String, Value>,
+        obj: N,
         key: &str,
         path: &dyn Fn() -> String,
         required: bool,
     ) -> Option<u32> {
         let s = self.string(obj, key, path, required)?;
-        match parse_decimal(s) {
-            Some(n) => Some(n),
-            None => {
-                self.push(
-                    format!("{}.{key}", path()),
-                    Rule::NotDecimal,
-                    format!("{s:?} is not a decimal number"),
-                );
-                None
-            }
+        let n = parse_decimal(s);
+        if n.is_none() {
+            self.push(
+                format!("{}.{key}", path()),
+                Rule::NotDecimal,
+                format!("{s:?} is not a decimal number"),
+            );
         }
+        n
     }
 
-    fn array<'a>(
+    /// A required, non-empty array.
+    fn array<'a, N: Node<'a>>(
         &mut self,
-        obj: &'a Map<String, Value>,
+        obj: N,
         key: &str,
         path: &dyn Fn() -> String,
-    ) -> Option<&'a Vec<Value>> {
-        match obj.get(key) {
-            Some(Value::Array(a)) if !a.is_empty() => Some(a),
-            Some(Value::Array(_)) => {
+    ) -> Option<N> {
+        let Some(node) = obj.get(key) else {
+            self.push(
+                path(),
+                Rule::Missing,
+                format!("required key \"{key}\" is missing"),
+            );
+            return None;
+        };
+        match node.len() {
+            Some(0) => {
                 self.push(
                     format!("{}.{key}", path()),
                     Rule::Structure,
@@ -313,44 +323,32 @@ impl Validator {
                 );
                 None
             }
-            Some(other) => {
+            Some(_) => Some(node),
+            None => {
                 self.push(
                     format!("{}.{key}", path()),
                     Rule::Structure,
-                    format!("must be an array, found {}", kind(other)),
-                );
-                None
-            }
-            None => {
-                self.push(
-                    path(),
-                    Rule::Missing,
-                    format!("required key \"{key}\" is missing"),
+                    format!("must be an array, found {}", node.describe().0),
                 );
                 None
             }
         }
     }
 
-    fn object<'a>(
-        &mut self,
-        value: &'a Value,
-        path: &dyn Fn() -> String,
-    ) -> Option<&'a Map<String, Value>> {
-        match value {
-            Value::Object(o) => Some(o),
-            other => {
-                self.push(
-                    path(),
-                    Rule::Structure,
-                    format!("must be an object, found {}", kind(other)),
-                );
-                None
-            }
+    fn object<'a, N: Node<'a>>(&mut self, node: N, path: &dyn Fn() -> String) -> Option<N> {
+        if node.is_object() {
+            Some(node)
+        } else {
+            self.push(
+                path(),
+                Rule::Structure,
+                format!("must be an object, found {}", node.describe().0),
+            );
+            None
         }
     }
 
-    fn status(&mut self, top: &Map<String, Value>) {
+    fn status<'a, N: Node<'a>>(&mut self, top: N) {
         if let Some(status) = self.string(top, "status", &|| "$".into(), true)
             && status != STATUS_COMPLETED
         {
@@ -414,21 +412,24 @@ impl Validator {
                 );
             }
         }
-        let mut seen: HashMap<u32, Loc> = HashMap::new();
-        for d in devices {
-            if let Some(id) = d.id {
-                if let Some(first) = seen.get(&id) {
-                    self.push(
-                        d.loc.key("device_id"),
-                        Rule::DuplicateDevice,
-                        format!(
-                            "device {id} of server {server_id:?} is already listed at {}",
-                            first.path()
-                        ),
-                    );
-                } else {
-                    seen.insert(id, d.loc);
-                }
+        // Sorting (stable: document order within an id) finds repeats without a map per server.
+        let mut by_id: Vec<(u32, Loc)> = devices
+            .iter()
+            .filter_map(|d| d.id.map(|id| (id, d.loc)))
+            .collect();
+        by_id.sort_by_key(|&(id, _)| id);
+        let mut first: Option<(u32, Loc)> = None;
+        for &(id, loc) in &by_id {
+            match first {
+                Some((fid, floc)) if fid == id => self.push(
+                    loc.key("device_id"),
+                    Rule::DuplicateDevice,
+                    format!(
+                        "device {id} of server {server_id:?} is already listed at {}",
+                        floc.path()
+                    ),
+                ),
+                _ => first = Some((id, loc)),
             }
         }
         if self.chip == Chip::Ascend910 {
@@ -504,11 +505,19 @@ impl Validator {
         }
     }
 
-    /// `rank_id`s must be exactly `0..total`. `complete` is false when some could not be read,
-    /// in which case the gap they leave is not reported again.
-    fn rank_ids(&mut self, ranks: &[(u32, Loc)], total: usize, complete: bool, list_path: &str) {
+    /// `rank_id`s must be exactly `0..total`, and each server's ranks one block (HCCL's docs: no
+    /// interleaving across servers). `complete` is false when some could not be read, in which
+    /// case the gap they leave is not reported again.
+    fn rank_ids(
+        &mut self,
+        ranks: &[(u32, usize, Loc)],
+        total: usize,
+        complete: bool,
+        list_path: &str,
+    ) {
+        let before = self.out.len();
         let mut owner: Vec<Option<Loc>> = vec![None; total];
-        for &(rank, loc) in ranks {
+        for &(rank, _, loc) in ranks {
             let r = rank as usize;
             if r >= total {
                 self.push(
@@ -547,9 +556,33 @@ impl Validator {
                 ),
             );
         }
+        if !complete || self.out.len() > before {
+            return;
+        }
+        // Every rank is there exactly once: now each server's ranks must be consecutive.
+        let mut span: Vec<(u32, u32, u32)> = Vec::new(); // per server: min, max, count
+        for &(rank, server, _) in ranks {
+            if span.len() <= server {
+                span.resize(server + 1, (u32::MAX, 0, 0));
+            }
+            let s = &mut span[server];
+            *s = (s.0.min(rank), s.1.max(rank), s.2 + 1);
+        }
+        for (server, &(min, max, count)) in span.iter().enumerate() {
+            if count > 0 && max - min + 1 != count {
+                self.push(
+                    format!("$.server_list[{server}].device"),
+                    Rule::RankIds,
+                    format!(
+                        "the server's {count} rank_ids span {min}..{max}; each server's ranks \
+                         must be consecutive (HCCL does not interleave servers)"
+                    ),
+                );
+            }
+        }
     }
 
-    fn port(&mut self, obj: &Map<String, Value>, key: &str, path: &dyn Fn() -> String) {
+    fn port<'a, N: Node<'a>>(&mut self, obj: N, key: &str, path: &dyn Fn() -> String) {
         if let Some(s) = self.string(obj, key, path, false) {
             match parse_decimal(s) {
                 Some(p) if (1..=65535).contains(&p) => {}
@@ -562,11 +595,7 @@ impl Validator {
         }
     }
 
-    fn server_id<'a>(
-        &mut self,
-        obj: &'a Map<String, Value>,
-        path: &dyn Fn() -> String,
-    ) -> Option<&'a str> {
+    fn server_id<'a, N: Node<'a>>(&mut self, obj: N, path: &dyn Fn() -> String) -> Option<&'a str> {
         let id = self.string(obj, "server_id", path, true)?;
         if id.is_empty() || id.chars().count() > MAX_SERVER_ID_LEN {
             self.push(
@@ -582,7 +611,7 @@ impl Validator {
     }
 
     /// Formats 1.0 and 1.2.
-    fn cluster(&mut self, top: &Map<String, Value>) {
+    fn cluster<'a, N: Node<'a>>(&mut self, top: N) {
         let version = self.string(top, "version", &|| "$".into(), true);
         let format = match version {
             Some(v) if v == Format::V1_0.as_str() => Format::V1_0,
@@ -601,21 +630,26 @@ impl Validator {
         let Some(servers) = self.array(top, "server_list", &|| "$".into()) else {
             return;
         };
+        let server_total = servers.len().unwrap_or(0);
         if let Some(count) = self.decimal(top, "server_count", &|| "$".into(), false)
-            && count as usize != servers.len()
+            && count as usize != server_total
         {
             self.push(
                 "$.server_count".into(),
                 Rule::Count,
-                format!("is {count} but server_list has {} servers", servers.len()),
+                format!("is {count} but server_list has {server_total} servers"),
             );
         }
 
-        let mut server_ids: HashMap<&str, usize> = HashMap::new();
-        let mut ips: HashMap<IpAddr, Loc> = HashMap::new();
+        let expected_devices: usize = items(servers)
+            .filter_map(|(_, s)| s.get("device").and_then(|d| d.len()))
+            .sum();
+        let mut server_ids: HashMap<&str, usize> = HashMap::with_capacity(server_total);
+        let mut ips: HashMap<IpAddr, Loc> = HashMap::with_capacity(expected_devices);
         let mut device_families = Families::default();
         let mut host_families = Families::default();
-        let mut ranks: Vec<(u32, Loc)> = Vec::new();
+        // (rank_id, server index, where) of every readable rank_id.
+        let mut ranks: Vec<(u32, usize, Loc)> = Vec::with_capacity(expected_devices);
         let mut total = 0usize;
         let mut complete = true;
         let mut counts = Vec::new();
@@ -623,7 +657,7 @@ impl Validator {
         // (server index, super_device_id, where) of every device, for the 1.2 rules.
         let mut super_devices: Vec<(usize, Option<u32>, Loc)> = Vec::new();
 
-        for (si, server) in servers.iter().enumerate() {
+        for (si, server) in items(servers) {
             let spath = || format!("$.server_list[{si}]");
             let Some(sobj) = self.object(server, &spath) else {
                 continue;
@@ -654,14 +688,14 @@ impl Validator {
                 }
             }
             self.string(sobj, "host_nic_ip", &spath, false);
-            self.port(sobj, "host_port", &spath);
             let Some(devices) = self.array(sobj, "device", &spath) else {
                 continue;
             };
-            total += devices.len();
+            let device_total = devices.len().unwrap_or(0);
+            total += device_total;
             let list_path = format!("{}.device", spath());
-            let mut seen_devices = Vec::with_capacity(devices.len());
-            for (di, dev) in devices.iter().enumerate() {
+            let mut seen_devices = Vec::with_capacity(device_total);
+            for (di, dev) in items(devices) {
                 let loc = Loc::Cluster {
                     server: si,
                     device: di,
@@ -675,7 +709,7 @@ impl Validator {
                 seen_devices.push(SeenDevice { id, loc });
                 match self.string(dobj, "device_ip", &dpath, false) {
                     Some(ip) => self.device_ip(ip, loc, &mut ips, &mut device_families),
-                    None if !dobj.contains_key("device_ip") => missing_ip.push(loc),
+                    None if dobj.get("device_ip").is_none() => missing_ip.push(loc),
                     None => {}
                 }
                 if let Some(b) = self.string(dobj, "backup_device_ip", &dpath, false)
@@ -687,16 +721,21 @@ impl Validator {
                         format!("{b:?} is not a valid IPv4 or IPv6 address"),
                     );
                 }
-                for port in ["device_port", "device_vnic_port", "backup_device_port"] {
+                for port in [
+                    "device_port",
+                    "device_vnic_port",
+                    "host_port",
+                    "backup_device_port",
+                ] {
                     self.port(dobj, port, &dpath);
                 }
                 match self.decimal(dobj, "rank_id", &dpath, true) {
-                    Some(r) => ranks.push((r, loc)),
+                    Some(r) => ranks.push((r, si, loc)),
                     None => complete = false,
                 }
                 let sdid = self.decimal(dobj, "super_device_id", &dpath, false);
                 if format == Format::V1_2 {
-                    if !dobj.contains_key("super_device_id") {
+                    if dobj.get("super_device_id").is_none() {
                         self.push(
                             dpath(),
                             Rule::SuperPod,
@@ -706,11 +745,11 @@ impl Validator {
                     super_devices.push((si, sdid, loc));
                 }
             }
-            counts.push((list_path.clone(), sid.clone(), devices.len()));
+            counts.push((list_path.clone(), sid.clone(), device_total));
             self.server_topology(&seen_devices, &list_path, &sid);
         }
 
-        if servers.len() > 1 {
+        if server_total > 1 {
             for loc in missing_ip {
                 self.push(
                     loc.path(),
@@ -719,8 +758,8 @@ impl Validator {
                 );
             }
         }
-        self.ip_families(device_families, servers.len());
-        self.ip_families(host_families, servers.len());
+        self.ip_families(device_families, server_total);
+        self.ip_families(host_families, server_total);
         self.equal_counts(&counts);
         self.rank_ids(&ranks, total, complete, "$.server_list");
 
@@ -731,35 +770,31 @@ impl Validator {
                 Rule::SuperPod,
                 "version 1.2 needs \"super_pod_list\"".into(),
             ),
-            (_, Some(_)) => self.push(
-                "$.super_pod_list".into(),
-                Rule::SuperPod,
-                "super_pod_list is only read in version 1.2".into(),
-            ),
-            (_, None) => {}
+            // HCCL reads super_pod_list only in version 1.2 and ignores it otherwise.
+            (_, _) => {}
         }
     }
 
     /// The SuperPoD rules of version 1.2. `server_ids` maps each `server_id` to its index in
     /// `server_list`; `devices` holds (server index, super_device_id, where) of every device.
-    fn super_pods(
+    fn super_pods<'a, N: Node<'a>>(
         &mut self,
-        pods: &Value,
+        pods: N,
         server_ids: &HashMap<&str, usize>,
         devices: &[(usize, Option<u32>, Loc)],
     ) {
-        let Value::Array(pods) = pods else {
+        if pods.len().is_none() {
             self.push(
                 "$.super_pod_list".into(),
                 Rule::Structure,
-                format!("must be an array, found {}", kind(pods)),
+                format!("must be an array, found {}", pods.describe().0),
             );
             return;
-        };
+        }
         let mut pod_ids: HashMap<&str, String> = HashMap::new();
         // server index -> (super pod index, where the server is listed in it)
         let mut pod_of_server: HashMap<usize, (usize, String)> = HashMap::new();
-        for (pi, pod) in pods.iter().enumerate() {
+        for (pi, pod) in items(pods) {
             let ppath = || format!("$.super_pod_list[{pi}]");
             let Some(pobj) = self.object(pod, &ppath) else {
                 continue;
@@ -778,7 +813,7 @@ impl Validator {
             let Some(list) = self.array(pobj, "server_list", &ppath) else {
                 continue;
             };
-            for (k, entry) in list.iter().enumerate() {
+            for (k, entry) in items(list) {
                 let epath = || format!("$.super_pod_list[{pi}].server_list[{k}]");
                 let Some(eobj) = self.object(entry, &epath) else {
                     continue;
@@ -868,31 +903,32 @@ impl Validator {
     }
 
     /// The legacy `group_list` format.
-    fn legacy(&mut self, top: &Map<String, Value>) {
+    fn legacy<'a, N: Node<'a>>(&mut self, top: N) {
         self.status(top);
         let Some(groups) = self.array(top, "group_list", &|| "$".into()) else {
             return;
         };
+        let group_total = groups.len().unwrap_or(0);
         if let Some(n) = self.decimal(top, "group_count", &|| "$".into(), true)
-            && n as usize != groups.len()
+            && n as usize != group_total
         {
             self.push(
                 "$.group_count".into(),
                 Rule::Count,
-                format!("is {n} but group_list has {} groups", groups.len()),
+                format!("is {n} but group_list has {group_total} groups"),
             );
         }
-        let total_instances: usize = groups
-            .iter()
-            .filter_map(|g| g.get("instance_list").and_then(Value::as_array))
-            .map(Vec::len)
+        let total_instances: usize = items(groups)
+            .filter_map(|(_, g)| g.get("instance_list").and_then(|l| l.len()))
             .sum();
         let mut pods: HashMap<String, String> = HashMap::new();
         let mut ips: HashMap<IpAddr, Loc> = HashMap::new();
         let mut families = Families::default();
-        // Devices grouped by server, in the order servers first appear.
-        let mut per_server: Vec<(String, Vec<SeenDevice>)> = Vec::new();
-        for (gi, group) in groups.iter().enumerate() {
+        // Per server (in order of first appearance): its id, the devices list of its first
+        // instance (where per-server facts are reported), and its devices.
+        let mut per_server: Vec<(String, String, Vec<SeenDevice>)> = Vec::new();
+        let mut slot_of: HashMap<String, usize> = HashMap::new();
+        for (gi, group) in items(groups) {
             let gpath = || format!("$.group_list[{gi}]");
             let Some(gobj) = self.object(group, &gpath) else {
                 continue;
@@ -901,17 +937,18 @@ impl Validator {
             let Some(instances) = self.array(gobj, "instance_list", &gpath) else {
                 continue;
             };
+            let instance_total = instances.len().unwrap_or(0);
             if let Some(n) = self.decimal(gobj, "instance_count", &gpath, true)
-                && n as usize != instances.len()
+                && n as usize != instance_total
             {
                 self.push(
                     format!("{}.instance_count", gpath()),
                     Rule::Count,
-                    format!("is {n} but instance_list has {} instances", instances.len()),
+                    format!("is {n} but instance_list has {instance_total} instances"),
                 );
             }
             let mut device_total = 0usize;
-            for (ii, inst) in instances.iter().enumerate() {
+            for (ii, inst) in items(instances) {
                 let ipath = || format!("$.group_list[{gi}].instance_list[{ii}]");
                 let Some(iobj) = self.object(inst, &ipath) else {
                     continue;
@@ -933,15 +970,12 @@ impl Validator {
                 let Some(devices) = self.array(iobj, "devices", &ipath) else {
                     continue;
                 };
-                device_total += devices.len();
-                let slot = match per_server.iter().position(|(s, _)| *s == sid) {
-                    Some(p) => p,
-                    None => {
-                        per_server.push((sid.clone(), Vec::new()));
-                        per_server.len() - 1
-                    }
-                };
-                for (di, dev) in devices.iter().enumerate() {
+                device_total += devices.len().unwrap_or(0);
+                let slot = *slot_of.entry(sid.clone()).or_insert_with(|| {
+                    per_server.push((sid.clone(), format!("{}.devices", ipath()), Vec::new()));
+                    per_server.len() - 1
+                });
+                for (di, dev) in items(devices) {
                     let loc = Loc::Legacy {
                         group: gi,
                         instance: ii,
@@ -952,10 +986,10 @@ impl Validator {
                         continue;
                     };
                     let id = self.decimal(dobj, "device_id", &dpath, true);
-                    per_server[slot].1.push(SeenDevice { id, loc });
+                    per_server[slot].2.push(SeenDevice { id, loc });
                     match self.string(dobj, "device_ip", &dpath, false) {
                         Some(ip) => self.device_ip(ip, loc, &mut ips, &mut families),
-                        None if !dobj.contains_key("device_ip") && total_instances > 1 => self
+                        None if dobj.get("device_ip").is_none() && total_instances > 1 => self
                             .push(
                                 dpath(),
                                 Rule::MissingDeviceIp,
@@ -977,12 +1011,9 @@ impl Validator {
             }
         }
         let mut counts = Vec::new();
-        for (sid, devices) in &per_server {
-            let path = devices
-                .first()
-                .map_or_else(|| "$.group_list".to_string(), |d| d.loc.path());
-            self.server_topology(devices, &path, sid);
-            counts.push((path, sid.clone(), devices.len()));
+        for (sid, list_path, devices) in &per_server {
+            self.server_topology(devices, list_path, sid);
+            counts.push((list_path.clone(), sid.clone(), devices.len()));
         }
         self.ip_families(families, per_server.len());
         self.equal_counts(&counts);
@@ -995,15 +1026,4 @@ fn parse_decimal(s: &str) -> Option<u32> {
         return None;
     }
     s.parse().ok()
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }

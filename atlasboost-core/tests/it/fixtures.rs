@@ -37,17 +37,7 @@ use atlasboost_core::ranktable::{RankTable, Rule, Violation, validate_value};
 
 /// Fixtures (file stems, valid or invalid) on which the validator currently disagrees with the
 /// rules. Each is tolerated until the validator is fixed; see the notes for what is wrong.
-const KNOWN_VALIDATOR_BUGS: &[&str] = &[
-    // `host_port` is a per-device key (1..65535); validate.rs checks it only on the server.
-    "ports-host-port-on-device",
-    // Legacy per-server facts are reported at the first device, not at the `devices` list.
-    "legacy-device-count-3",
-    "legacy-unequal-device-counts",
-    // Ranks interleaved across servers ({0,1,2,7} and {3,4,5,6}) are not reported.
-    "rank-ids-interleaved-across-servers",
-    // HCCL ignores `super_pod_list` outside version 1.2; validate.rs rejects the table.
-    "v1.0-with-super-pod-list-ignored",
-];
+const KNOWN_VALIDATOR_BUGS: &[&str] = &[];
 
 /// Every rule SPEC §4 (and the brief's rule list: formats 1.2 and legacy, ports) requires a
 /// fixture for.
