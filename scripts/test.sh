@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls this), on a fresh machine.
+#
+# What it needs: the Rust toolchain (cargo, rustfmt, clippy) and a C linker, which every
+# machine of this project has. No Debian or Python package is needed yet; when one is
+# (OpenMPI, sshd, the Python bindings), it is installed here, never by hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+for tool in cargo rustfmt cargo-clippy cc; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "scripts/test.sh: $tool is missing; install the Rust toolchain (rustup) and gcc" >&2
+        exit 1
+    fi
+done
+
+step "format"
+cargo fmt --all -- --check
+
+step "clippy (default build, all features, every target)"
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+for crate in atlasboost-core atlasboost-sim; do
+    cargo clippy -p "$crate" --all-targets -- -D warnings
+done
+
+step "docs (no broken links, every public item documented)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
+step "tests"
+cargo test --workspace
+
+step "benchmarks run once each (criterion --test mode), so they cannot rot"
+cargo bench -p atlasboost-benches -- --test
+
+step "the README's main-job command"
+cargo run --quiet -p atlasboost-cli -- ranktable --sim 8 --server-id 10.0.0.1 -o - >/dev/null
+
+echo
+echo "scripts/test.sh: all checks passed"
