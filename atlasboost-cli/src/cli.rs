@@ -93,8 +93,13 @@ pub struct RanktableArgs {
     #[arg(long, value_name = "CHIP", value_parser = chip_parser())]
     pub chip: Option<Chip>,
 
-    /// Output file; `-` for standard output [default: hccl_<n>p_<ids>_<server_id>.json].
-    #[arg(short, long, value_name = "PATH")]
+    /// Output file (`-` for standard output); default `hccl_<n>p_<ids>_<server_id>.json`.
+    #[arg(
+        short,
+        long,
+        value_name = "PATH",
+        help = "Output file; `-` for standard output [default: hccl_<n>p_<ids>_<server_id>.json]"
+    )]
     pub output: Option<PathBuf>,
 }
 
@@ -109,8 +114,13 @@ pub struct MergeArgs {
     #[arg(long, value_name = "CHIP", default_value = "910", value_parser = chip_parser())]
     pub chip: Chip,
 
-    /// Output file; `-` for standard output [default: hccl_<S>s_<N>p.json].
-    #[arg(short, long, value_name = "PATH")]
+    /// Output file (`-` for standard output); default `hccl_<S>s_<N>p.json`.
+    #[arg(
+        short,
+        long,
+        value_name = "PATH",
+        help = "Output file; `-` for standard output [default: hccl_<S>s_<N>p.json]"
+    )]
     pub output: Option<PathBuf>,
 }
 
