@@ -30,7 +30,14 @@ step "docs (no broken links, every public item documented)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 step "tests"
-cargo test --workspace
+log=$(mktemp)
+trap 'rm -f "$log" "$log.total"' EXIT
+cargo test --workspace 2>&1 | tee "$log"
+# One closing line over every test binary, so the total is plain to see.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1); if ($i ~ /^ignored/) s += $(i-1) } }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s; if (p == 0) exit 1 }' "$log" > "$log.total" ||
+    { echo "scripts/test.sh: cargo test ran no test" >&2; exit 1; }
+totals=$(cat "$log.total")
 
 step "benchmarks run once each (criterion --test mode), so they cannot rot"
 cargo bench -p atlasboost-benches -- --test
@@ -40,3 +47,4 @@ cargo run --quiet -p atlasboost-cli -- ranktable --sim 8 --server-id 10.0.0.1 -o
 
 echo
 echo "scripts/test.sh: all checks passed"
+echo "$totals"

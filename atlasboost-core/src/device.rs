@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, parse_name};
 
 /// One NPU of one host, as a probe reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -135,10 +135,7 @@ impl FromStr for Chip {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        Chip::ALL
-            .into_iter()
-            .find(|c| c.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| Error::invalid_value("chip", s, "expected one of 910, 910b, 910_93"))
+        parse_name(&Chip::ALL, Chip::as_str, "chip", s)
     }
 }
 

@@ -163,6 +163,23 @@ impl Error {
     }
 }
 
+/// Parses one of a fixed set of names (`--chip`, `--format`, `--framework`), ignoring case; the
+/// error lists every accepted name.
+pub(crate) fn parse_name<T: Copy>(
+    all: &[T],
+    name: impl Fn(T) -> &'static str,
+    what: &str,
+    s: &str,
+) -> Result<T> {
+    all.iter()
+        .copied()
+        .find(|v| name(*v).eq_ignore_ascii_case(s))
+        .ok_or_else(|| {
+            let names: Vec<&str> = all.iter().map(|v| name(*v)).collect();
+            Error::invalid_value(what, s, format!("expected one of {}", names.join(", ")))
+        })
+}
+
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use crate::env_vars::EnvVars;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, parse_name};
 use crate::ranktable::{RankEntry, RankTable};
 use crate::world::World;
 
@@ -49,16 +49,7 @@ impl FromStr for Framework {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        Framework::ALL
-            .into_iter()
-            .find(|f| f.as_str() == s)
-            .ok_or_else(|| {
-                Error::invalid_value(
-                    "framework",
-                    s,
-                    "expected one of tensorflow, mindspore, pytorch",
-                )
-            })
+        parse_name(&Framework::ALL, Framework::as_str, "framework", s)
     }
 }
 

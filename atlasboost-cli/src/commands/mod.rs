@@ -32,13 +32,28 @@ pub fn write_output(
     }
     write_table(path, table, chip)?;
     printer.status(&format!(
-        "wrote {} ({} server{}, {} rank{}, format {}, rules for {chip})",
+        "wrote {} ({})",
         path.display(),
-        table.server_count(),
-        if table.server_count() == 1 { "" } else { "s" },
-        table.rank_count(),
-        if table.rank_count() == 1 { "" } else { "s" },
-        table.format(),
+        summary(table, chip)
     ));
     Ok(())
+}
+
+/// `2 servers, 16 ranks, format 1.0, rules for 910`: what a table is, for status lines.
+pub fn summary(table: &RankTable, chip: Chip) -> String {
+    format!(
+        "{}, {}, format {}, rules for {chip}",
+        counted(table.server_count(), "server"),
+        counted(table.rank_count(), "rank"),
+        table.format(),
+    )
+}
+
+/// `1 server`, `2 servers`.
+pub fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }

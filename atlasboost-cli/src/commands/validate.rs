@@ -6,6 +6,7 @@ use atlasboost_core::Error;
 use atlasboost_core::ranktable::{RankTable, Violation, validate_value};
 use serde::Serialize;
 
+use super::{counted, summary};
 use crate::cli::ValidateArgs;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -67,20 +68,11 @@ pub fn run(args: &ValidateArgs, printer: &Printer) -> Result<u8, CliError> {
         s.push('\n');
         s
     } else if let Some(t) = &table {
-        format!(
-            "{file}: valid rank table (format {}, {} server{}, {} rank{}, rules for {})\n",
-            t.format(),
-            t.server_count(),
-            if t.server_count() == 1 { "" } else { "s" },
-            t.rank_count(),
-            if t.rank_count() == 1 { "" } else { "s" },
-            args.chip
-        )
+        format!("{file}: valid rank table ({})\n", summary(t, args.chip))
     } else {
         let mut s = format!(
-            "{file}: invalid rank table, {} problem{} (rules for {}):\n",
-            violations.len(),
-            if violations.len() == 1 { "" } else { "s" },
+            "{file}: invalid rank table, {} (rules for {}):\n",
+            counted(violations.len(), "problem"),
             args.chip
         );
         for v in &violations {

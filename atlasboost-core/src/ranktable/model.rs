@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::validate::validate_value;
 use crate::device::Chip;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, parse_name};
 
 /// The `status` a table must have before HCCL uses it.
 pub const STATUS_COMPLETED: &str = "completed";
@@ -58,10 +58,7 @@ impl FromStr for Format {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        Format::ALL
-            .into_iter()
-            .find(|f| f.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| Error::invalid_value("format", s, "expected one of 1.0, 1.2, legacy"))
+        parse_name(&Format::ALL, Format::as_str, "format", s)
     }
 }
 
