@@ -4,7 +4,9 @@ use std::hint::black_box;
 
 use atlasboost_benches::cluster;
 use atlasboost_core::Chip;
-use atlasboost_core::ranktable::{BuildOptions, RankTable, build_table, validate_value};
+use atlasboost_core::ranktable::{
+    BuildOptions, RankTable, build_table, validate_table, validate_value,
+};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn ranktable(c: &mut Criterion) {
@@ -26,6 +28,9 @@ fn ranktable(c: &mut Criterion) {
             let t = build_table(black_box(&devices), &opts).map(|t| t.to_json_pretty());
             black_box(t.map(|s| s.len()).unwrap_or_default())
         })
+    });
+    g.bench_function("validate_table", |b| {
+        b.iter(|| black_box(validate_table(black_box(&table), Chip::Ascend910).len()))
     });
     g.bench_function("validate_value", |b| {
         b.iter(|| black_box(validate_value(black_box(&value), Chip::Ascend910).len()))

@@ -1,6 +1,6 @@
 //! The builder: from the devices gathered from every host to one rank table.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use serde_json::Map;
 
@@ -122,7 +122,7 @@ fn group_servers<'a>(
             unhealthy.join(", ")
         )));
     }
-    let mut by_server: BTreeMap<&str, Vec<&Device>> = BTreeMap::new();
+    let mut by_server: HashMap<&str, Vec<&Device>> = HashMap::new();
     for d in devices {
         by_server.entry(d.server_id.as_str()).or_default().push(d);
     }
@@ -139,7 +139,11 @@ fn group_servers<'a>(
         }
     }
     let mut servers: Vec<(&str, Vec<&Device>)> = match &opts.order {
-        RankOrder::ServerId => by_server.into_iter().collect(),
+        RankOrder::ServerId => {
+            let mut servers: Vec<_> = by_server.into_iter().collect();
+            servers.sort_unstable_by_key(|(server, _)| *server);
+            servers
+        }
         RankOrder::Hosts(hosts) => {
             if opts.format == Format::Legacy {
                 return Err(Error::Build(
@@ -157,7 +161,7 @@ fn group_servers<'a>(
                     None => return Err(Error::Build(format!("host {h} reported no devices"))),
                 }
             }
-            if let Some(extra) = by_server.keys().next() {
+            if let Some(extra) = by_server.keys().min() {
                 return Err(Error::Build(format!(
                     "devices of host {extra} were gathered, but it is not in the host list"
                 )));

@@ -25,6 +25,9 @@ pub(super) trait Node<'a>: Copy {
     fn at(self, i: usize) -> Option<Self>;
     /// The JSON kind (`number`, `array`, ...) and a short rendering, for messages.
     fn describe(self) -> (&'static str, String);
+    /// The members of an object that the typed model keeps as extras (for a JSON object: all of
+    /// them). Optional keys the model has no field for can only be among these.
+    fn others(self) -> Option<&'a Map<String, Value>>;
 }
 
 /// The kind of a JSON value, as messages name it.
@@ -58,6 +61,10 @@ impl<'a> Node<'a> for &'a Value {
 
     fn at(self, i: usize) -> Option<Self> {
         self.as_array()?.get(i)
+    }
+
+    fn others(self) -> Option<&'a Map<String, Value>> {
+        self.as_object()
     }
 
     fn describe(self) -> (&'static str, String) {
@@ -217,6 +224,17 @@ impl<'a> Node<'a> for Typed<'a> {
             Typed::Groups(l) => l.get(i).map(Typed::Group),
             Typed::Instances(l) => l.get(i).map(Typed::Instance),
             Typed::LegacyDevices(l) => l.get(i).map(Typed::LegacyDevice),
+            _ => None,
+        }
+    }
+
+    fn others(self) -> Option<&'a Map<String, Value>> {
+        match self {
+            Typed::Json(v) => v.as_object(),
+            Typed::Cluster(t) => Some(&t.extra),
+            Typed::Server(e) => Some(&e.extra),
+            Typed::Device(d) => Some(&d.extra),
+            Typed::Legacy(t) => Some(&t.extra),
             _ => None,
         }
     }

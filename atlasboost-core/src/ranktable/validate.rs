@@ -8,7 +8,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::model::{Format, RankTable, STATUS_COMPLETED};
 use super::node::{Node, Typed};
@@ -250,23 +250,7 @@ impl Validator {
         required: bool,
     ) -> Option<&'a str> {
         match obj.get(key) {
-            Some(node) => {
-                let s = node.as_str();
-                if s.is_none() {
-                    let (kind, text) = node.describe();
-                    let hint = if kind == "number" {
-                        format!(" (write \"{text}\")")
-                    } else {
-                        String::new()
-                    };
-                    self.push(
-                        format!("{}.{key}", path()),
-                        Rule::NotString,
-                        format!("must be a JSON string, found {kind} {text}{hint}"),
-                    );
-                }
-                s
-            }
+            Some(node) => self.scalar(node, || format!("{}.{key}", path())),
             None if required => {
                 self.push(
                     path(),
@@ -277,6 +261,29 @@ impl Validator {
             }
             None => None,
         }
+    }
+
+    /// A value that must be a string; reports it at `path` if it is not.
+    fn scalar<'a, N: Node<'a>>(
+        &mut self,
+        node: N,
+        path: impl FnOnce() -> String,
+    ) -> Option<&'a str> {
+        let s = node.as_str();
+        if s.is_none() {
+            let (kind, text) = node.describe();
+            let hint = if kind == "number" {
+                format!(" (write \"{text}\")")
+            } else {
+                String::new()
+            };
+            self.push(
+                path(),
+                Rule::NotString,
+                format!("must be a JSON string, found {kind} {text}{hint}"),
+            );
+        }
+        s
     }
 
     /// A decimal-number string field.
@@ -582,22 +589,42 @@ impl Validator {
         }
     }
 
-    fn port<'a, N: Node<'a>>(&mut self, obj: N, key: &str, path: &dyn Fn() -> String) {
-        if let Some(s) = self.string(obj, key, path, false) {
-            match parse_decimal(s) {
-                Some(p) if (1..=65535).contains(&p) => {}
-                _ => self.push(
-                    format!("{}.{key}", path()),
-                    Rule::Port,
-                    format!("{s:?} is not a port in 1..65535"),
-                ),
+    /// The optional per-device keys HCCL reads: ports and backup IPs. Only the members the
+    /// typed model does not interpret can hold them, so a table without extras costs nothing.
+    fn optional_device_keys(&mut self, others: &Map<String, Value>, loc: Loc) {
+        for (key, value) in others {
+            let port = matches!(
+                key.as_str(),
+                "device_port" | "device_vnic_port" | "host_port" | "backup_device_port"
+            );
+            if !port && key != "backup_device_ip" {
+                continue;
+            }
+            let Some(s) = self.scalar(value, || loc.key(key)) else {
+                continue;
+            };
+            if port {
+                if !parse_decimal(s).is_some_and(|p| (1..=65535).contains(&p)) {
+                    self.push(
+                        loc.key(key),
+                        Rule::Port,
+                        format!("{s:?} is not a port in 1..65535"),
+                    );
+                }
+            } else if s.split(',').any(|p| p.trim().parse::<IpAddr>().is_err()) {
+                self.push(
+                    loc.key(key),
+                    Rule::InvalidIp,
+                    format!("{s:?} is not a valid IPv4 or IPv6 address"),
+                );
             }
         }
     }
 
     fn server_id<'a, N: Node<'a>>(&mut self, obj: N, path: &dyn Fn() -> String) -> Option<&'a str> {
         let id = self.string(obj, "server_id", path, true)?;
-        if id.is_empty() || id.chars().count() > MAX_SERVER_ID_LEN {
+        if id.is_empty() || (id.len() > MAX_SERVER_ID_LEN && id.chars().count() > MAX_SERVER_ID_LEN)
+        {
             self.push(
                 format!("{}.server_id", path()),
                 Rule::ServerId,
@@ -712,22 +739,8 @@ impl Validator {
                     None if dobj.get("device_ip").is_none() => missing_ip.push(loc),
                     None => {}
                 }
-                if let Some(b) = self.string(dobj, "backup_device_ip", &dpath, false)
-                    && b.split(',').any(|p| p.trim().parse::<IpAddr>().is_err())
-                {
-                    self.push(
-                        loc.key("backup_device_ip"),
-                        Rule::InvalidIp,
-                        format!("{b:?} is not a valid IPv4 or IPv6 address"),
-                    );
-                }
-                for port in [
-                    "device_port",
-                    "device_vnic_port",
-                    "host_port",
-                    "backup_device_port",
-                ] {
-                    self.port(dobj, port, &dpath);
+                if let Some(others) = dobj.others() {
+                    self.optional_device_keys(others, loc);
                 }
                 match self.decimal(dobj, "rank_id", &dpath, true) {
                     Some(r) => ranks.push((r, si, loc)),
