@@ -35,15 +35,6 @@ fn ranktable(c: &mut Criterion) {
     g.bench_function("validate_value", |b| {
         b.iter(|| black_box(validate_value(black_box(&value), Chip::Ascend910).len()))
     });
-    g.bench_function("to_value", |b| {
-        b.iter(|| {
-            black_box(
-                serde_json::to_value(&table)
-                    .map(|v| v.is_object())
-                    .unwrap_or_default(),
-            )
-        })
-    });
     g.bench_function("serialize", |b| {
         b.iter(|| black_box(table.to_json_pretty().len()))
     });
