@@ -74,7 +74,7 @@ pub struct DeviceArgs {
     pub devices: Option<DeviceList>,
 
     /// This server's id in the table [default: this host's primary IPv4 address].
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = parse_server_id)]
     pub server_id: Option<String>,
 }
 
@@ -110,9 +110,9 @@ pub struct MergeArgs {
     #[arg(required = true, num_args = 2.., value_name = "TABLE.json")]
     pub inputs: Vec<PathBuf>,
 
-    /// Validation rules for the inputs and the result.
-    #[arg(long, value_name = "CHIP", default_value = "910", value_parser = chip_parser())]
-    pub chip: Chip,
+    /// Validation rules for the inputs and the result [default: 910_93 for version 1.2, else 910].
+    #[arg(long, value_name = "CHIP", value_parser = chip_parser())]
+    pub chip: Option<Chip>,
 
     /// Output file (`-` for standard output); default `hccl_<S>s_<N>p.json`.
     #[arg(
@@ -131,9 +131,9 @@ pub struct ValidateArgs {
     #[arg(value_name = "FILE.json")]
     pub file: PathBuf,
 
-    /// Which chip's rules to apply.
-    #[arg(long, value_name = "CHIP", default_value = "910", value_parser = chip_parser())]
-    pub chip: Chip,
+    /// Which chip's rules to apply [default: 910_93 for version 1.2, else 910].
+    #[arg(long, value_name = "CHIP", value_parser = chip_parser())]
+    pub chip: Option<Chip>,
 
     /// Print the result as JSON.
     #[arg(long)]
@@ -154,6 +154,25 @@ pub struct ProbeArgs {
 
 fn parse_device_list(s: &str) -> Result<DeviceList, String> {
     s.parse().map_err(|e: atlasboost_core::Error| e.to_string())
+}
+
+/// A server id ends up in file names and in every worker's table: no blanks, no control
+/// characters, and the 64-byte limit HCCL applies.
+fn parse_server_id(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if let Some(c) = s.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("must not contain {c:?}"));
+    }
+    if s.len() > atlasboost_core::ranktable::MAX_SERVER_ID_LEN {
+        return Err(format!(
+            "has {} bytes; HCCL accepts at most {}",
+            s.len(),
+            atlasboost_core::ranktable::MAX_SERVER_ID_LEN
+        ));
+    }
+    Ok(s.to_string())
 }
 
 fn chip_parser() -> impl TypedValueParser<Value = Chip> {

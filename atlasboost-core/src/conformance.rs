@@ -57,7 +57,7 @@ fn payload(round: usize, index: usize) -> Vec<u8> {
     let len = (index * 7 + round * 13) % 97;
     let mut p = format!("round {round} from {index};").into_bytes();
     p.extend((0..len).map(|i| (i ^ index ^ round) as u8));
-    if (round + index) % 5 == 0 {
+    if (round + index).is_multiple_of(5) {
         p.clear();
     }
     p

@@ -157,17 +157,21 @@ pub trait DeviceProbe: Send + Sync {
 
 /// A set of physical device ids as given on the command line: `0-3`, `0,1,4`, `0-1,6-7`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceList(BTreeSet<u32>);
+pub struct DeviceList {
+    ids: BTreeSet<u32>,
+    /// The list as the user wrote it, for messages.
+    text: String,
+}
 
 impl DeviceList {
     /// The ids, ascending.
     pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.0.iter().copied()
+        self.ids.iter().copied()
     }
 
     /// Whether the list holds `id`.
     pub fn contains(&self, id: u32) -> bool {
-        self.0.contains(&id)
+        self.ids.contains(&id)
     }
 }
 
@@ -206,7 +210,10 @@ impl FromStr for DeviceList {
                 }
             }
         }
-        Ok(DeviceList(ids))
+        Ok(DeviceList {
+            ids,
+            text: s.to_string(),
+        })
     }
 }
 
@@ -228,13 +235,10 @@ pub fn select_devices(devices: Vec<Device>, list: &DeviceList) -> Result<Vec<Dev
         let have: Vec<String> = devices.iter().map(|d| d.physical_id.to_string()).collect();
         return Err(Error::invalid_value(
             "--devices",
-            list.ids()
-                .map(|i| i.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
+            list.text.clone(),
             format!(
                 "{server} has no device {} (it has: {})",
-                missing.join(", "),
+                abbreviate(&missing),
                 if have.is_empty() {
                     "none".to_string()
                 } else {
@@ -247,6 +251,20 @@ pub fn select_devices(devices: Vec<Device>, list: &DeviceList) -> Result<Vec<Dev
         .into_iter()
         .filter(|d| list.contains(d.physical_id))
         .collect())
+}
+
+/// `1, 2, 3`, or `8, 9, 10, 11, 12, 13, 14, 15, ... (1017 in all)` for long lists.
+fn abbreviate(items: &[String]) -> String {
+    const SHOWN: usize = 8;
+    if items.len() <= SHOWN {
+        items.join(", ")
+    } else {
+        format!(
+            "{}, ... ({} in all)",
+            items[..SHOWN].join(", "),
+            items.len()
+        )
+    }
 }
 
 #[cfg(test)]

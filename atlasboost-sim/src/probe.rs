@@ -125,10 +125,11 @@ impl FromStr for HostFault {
 /// Simulated devices of one host.
 ///
 /// Device `p` of host `a.b.c.d` has IP `10.c.d.(p+1)` (IPv4) or `fd00::a.b:c.d:0:p` (IPv6);
-/// a host named otherwise is hashed into the same space. IPv4 addresses are therefore unique
-/// across hosts whose last two octets differ (every `127.0.x.y` host of a test, every /16
-/// cluster); IPv6 ones across all IPv4 hosts. A clash is never silent: the validator reports
-/// duplicate device IPs.
+/// a host named otherwise is hashed (FNV-1a, 32 bits) into the host part. IPv4 addresses
+/// therefore differ between hosts whose last two octets differ (every `127.0.x.y` host of a
+/// test, every host of one /16); IPv6 ones between any two IPv4 hosts. No IPv4 scheme can do
+/// better: 2^32 hosts times 255 devices do not fit in 2^32 addresses. A clash is never silent:
+/// the validator reports duplicate device IPs.
 ///
 /// Simulated devices are never picked by accident: only `--sim N`, `ATLASBOOST_SIM=N` or this
 /// constructor select them.
@@ -178,17 +179,28 @@ impl SimProbe {
     ///
     /// [`Error::InvalidValue`] naming the variable when its value is malformed.
     pub fn with_faults_from_env(mut self) -> Result<Self> {
-        if let Ok(spec) = std::env::var(EnvVars::ATLASBOOST_SIM_FAULTS) {
-            let faults = parse_faults(&spec).map_err(|e| {
-                Error::invalid_value(EnvVars::ATLASBOOST_SIM_FAULTS, spec.clone(), e.to_string())
-            })?;
-            self.faults.extend(faults);
+        let name = EnvVars::ATLASBOOST_SIM_FAULTS;
+        match std::env::var(name) {
+            Ok(spec) => {
+                let faults = parse_faults(&spec)
+                    .map_err(|e| Error::invalid_value(name, spec.clone(), e.to_string()))?;
+                self.faults.extend(faults);
+            }
+            Err(std::env::VarError::NotPresent) => {}
+            Err(std::env::VarError::NotUnicode(raw)) => {
+                return Err(Error::invalid_value(
+                    name,
+                    raw.to_string_lossy(),
+                    "is not valid UTF-8",
+                ));
+            }
         }
         Ok(self)
     }
 
-    /// The IP simulated device `physical_id` of `server_id` has.
-    pub fn device_ip(server_id: &str, physical_id: u32, ipv6: bool) -> IpAddr {
+    /// The IP simulated device `physical_id` of `server_id` has (ids go up to 254, since a host
+    /// has at most 255 devices).
+    pub fn device_ip(server_id: &str, physical_id: u8, ipv6: bool) -> IpAddr {
         let host = match server_id.parse::<Ipv4Addr>() {
             Ok(ip) => u32::from(ip),
             Err(_) => fnv1a(server_id.as_bytes()),
@@ -203,11 +215,11 @@ impl SimProbe {
                 u16::from_be_bytes([a, b]),
                 u16::from_be_bytes([c, d]),
                 0,
-                physical_id as u16,
+                u16::from(physical_id),
             ))
         } else {
             let [_, _, c, d] = host.to_be_bytes();
-            IpAddr::V4(Ipv4Addr::new(10, c, d, (physical_id + 1) as u8))
+            IpAddr::V4(Ipv4Addr::new(10, c, d, physical_id.saturating_add(1)))
         }
     }
 
@@ -234,22 +246,23 @@ impl DeviceProbe for SimProbe {
             return Err(fail(SimError::BadCount(self.count)));
         }
         let a3 = self.chip.to_ascii_lowercase().contains("910_93");
-        let mut devices: Vec<Device> = (0..self.count)
+        // 1..=255 devices: every id fits in a u8, and so does id + 1.
+        let mut devices: Vec<Device> = (0..self.count as u8)
             .map(|p| Device {
                 server_id: self.server_id.clone(),
-                logical_id: p,
-                physical_id: p,
+                logical_id: u32::from(p),
+                physical_id: u32::from(p),
                 ip: Some(Self::device_ip(&self.server_id, p, self.ipv6)),
                 chip: self.chip.clone(),
                 health: Health::Healthy,
-                super_device_id: a3.then_some(p),
+                super_device_id: a3.then_some(u32::from(p)),
                 super_pod_id: a3.then(|| self.server_id.clone()),
             })
             .collect();
         for fault in self.faults() {
-            let target = |id: u32| -> Result<usize> {
+            let target = |id: u32| -> Result<u8> {
                 if id < self.count {
-                    Ok(id as usize)
+                    Ok(id as u8)
                 } else {
                     Err(fail(SimError::NoSuchDevice {
                         physical_id: id,
@@ -261,16 +274,24 @@ impl DeviceProbe for SimProbe {
                 SimFault::ProbeFails { message } => {
                     return Err(fail(SimError::Injected(message.clone())));
                 }
-                SimFault::NoIp { physical_id } => devices[target(*physical_id)?].ip = None,
+                SimFault::NoIp { physical_id } => {
+                    devices[usize::from(target(*physical_id)?)].ip = None;
+                }
                 SimFault::Unhealthy { physical_id, code } => {
-                    devices[target(*physical_id)?].health = Health::from_code(*code);
+                    devices[usize::from(target(*physical_id)?)].health = Health::from_code(*code);
                 }
                 SimFault::DuplicateIp {
                     physical_id,
                     of_server,
                 } => {
-                    devices[target(*physical_id)?].ip =
-                        Some(Self::device_ip(of_server, *physical_id, self.ipv6));
+                    let id = target(*physical_id)?;
+                    if *of_server == self.server_id {
+                        return Err(fail(SimError::BadFault {
+                            fault: format!("dup-ip:{physical_id}={of_server}"),
+                            reason: "copies the IP of its own host, which changes nothing".into(),
+                        }));
+                    }
+                    devices[usize::from(id)].ip = Some(Self::device_ip(of_server, id, self.ipv6));
                 }
             }
         }

@@ -14,9 +14,6 @@ use crate::host::primary_ipv4;
 /// [`CliError::Failure`] when no address can be found (the message says to pass `--server-id`).
 pub fn server_id(args: &DeviceArgs) -> Result<String, CliError> {
     match &args.server_id {
-        Some(id) if id.trim().is_empty() => {
-            Err(CliError::Usage("--server-id must not be empty".into()))
-        }
         Some(id) => Ok(id.clone()),
         None => primary_ipv4()
             .map(|ip| ip.to_string())

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use atlasboost_core::ranktable::{MergeInput, RankTable, merge_tables, read_table};
+use atlasboost_core::Chip;
+use atlasboost_core::ranktable::{MergeInput, RankTable, default_chip, merge_tables, read_json};
 
 use super::write_output;
 use crate::cli::MergeArgs;
@@ -17,18 +18,24 @@ use crate::printer::Printer;
 /// (both named), or a merged table that breaks a rule.
 pub fn run(args: &MergeArgs, printer: &Printer) -> Result<(), CliError> {
     let mut inputs = Vec::with_capacity(args.inputs.len());
+    let mut chip = args.chip;
     for path in &args.inputs {
+        let value = read_json(path)?;
+        // Without --chip, the first input's version decides the rules for all.
+        let rules = *chip.get_or_insert_with(|| default_chip(&value));
+        let name = path.display().to_string();
         inputs.push(MergeInput {
-            name: path.display().to_string(),
-            table: read_table(path, args.chip)?,
+            table: RankTable::from_value(value, &name, rules)?,
+            name,
         });
     }
-    let merged = merge_tables(&inputs, args.chip)?;
+    let chip = chip.unwrap_or(Chip::Ascend910);
+    let merged = merge_tables(&inputs, chip)?;
     let path = args
         .output
         .clone()
         .unwrap_or_else(|| default_file_name(&merged));
-    write_output(&path, &merged, args.chip, printer)
+    write_output(&path, &merged, chip, printer)
 }
 
 /// `hccl_<S>s_<N>p.json`, the name `merge_hccl.py` gives.

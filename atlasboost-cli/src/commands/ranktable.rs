@@ -20,16 +20,25 @@ pub fn run(args: &RanktableArgs, printer: &Printer) -> Result<(), CliError> {
     let server_id = server_id(&args.devices)?;
     printer.detail(&format!("server_id: {server_id}"));
     let probe = make_probe(&args.devices, &server_id)?;
-    let (table, chip) = local_table(
-        probe.as_ref(),
-        args.devices.devices.as_ref(),
-        args.format,
-        args.chip,
-    )?;
+    write_local_table(args, probe.as_ref(), &server_id, printer)
+}
+
+/// Probes with `probe`, builds this server's table and writes it where `args` say.
+///
+/// # Errors
+///
+/// As [`run`]; on any error nothing is written and an existing file is left as it was.
+pub fn write_local_table(
+    args: &RanktableArgs,
+    probe: &dyn DeviceProbe,
+    server_id: &str,
+    printer: &Printer,
+) -> Result<(), CliError> {
+    let (table, chip) = local_table(probe, args.devices.devices.as_ref(), args.format, args.chip)?;
     let path = args
         .output
         .clone()
-        .unwrap_or_else(|| default_file_name(&table, &server_id));
+        .unwrap_or_else(|| default_file_name(&table, server_id));
     write_output(&path, &table, chip, printer)
 }
 
@@ -76,9 +85,11 @@ pub fn default_file_name(table: &RankTable, server_id: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use atlasboost_core::{Device, Error, Health};
+    use clap::Parser;
     use mockall::mock;
 
     use super::*;
+    use crate::cli::{Cli, Command};
 
     mock! {
         Probe {}
@@ -102,24 +113,62 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_failing_halfway_writes_nothing_and_names_the_host() {
-        // The driver answered for the first devices, then failed: the probe reports an error
-        // and no partial table may come out of it.
+    fn a_probe_failing_halfway_leaves_the_existing_table_untouched() {
+        // First run: the driver answers for every device and the table is written. Second
+        // run: the driver answers for devices 0-3, then fails on device 4. Only a mock can
+        // make one probe behave both ways; the second run must not touch the first table.
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("rank_table.json");
+        let cli = Cli::try_parse_from([
+            "atlasboost",
+            "ranktable",
+            "--server-id",
+            "10.0.0.1",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .unwrap();
+        let Command::Ranktable(args) = cli.command else {
+            panic!("ranktable expected")
+        };
+        let mut seq = mockall::Sequence::new();
         let mut probe = MockProbe::new();
         probe.expect_name().return_const("dsmi".to_string());
-        probe.expect_probe().times(1).returning(|| {
-            Err(Error::Probe {
-                probe: "dsmi".into(),
-                server_id: "10.0.0.1".into(),
-                source: "dsmi_get_device_ip_address(device 4) returned 8".into(),
-            })
-        });
-        let err = local_table(&probe, None, Format::V1_0, None).unwrap_err();
+        probe
+            .expect_probe()
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(|| Ok((0..8).map(device).collect()));
+        probe
+            .expect_probe()
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(|| {
+                Err(Error::Probe {
+                    probe: "dsmi".into(),
+                    server_id: "10.0.0.1".into(),
+                    source: "dsmi_get_device_ip_address(device 4) returned 8".into(),
+                })
+            });
+        let quiet = Printer::new(true, false);
+        write_local_table(&args, &probe, "10.0.0.1", &quiet).unwrap();
+        let first = std::fs::read(&out).unwrap();
+        let err = write_local_table(&args, &probe, "10.0.0.1", &quiet).unwrap_err();
         let text = atlasboost_core::exchange::error_chain(&err);
         assert!(
             text.contains("10.0.0.1") && text.contains("device 4"),
             "{text}"
         );
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            first,
+            "the old table is intact"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["rank_table.json"], "no temporary file is left");
     }
 
     #[test]

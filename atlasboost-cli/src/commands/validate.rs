@@ -1,9 +1,6 @@
 //! `atlasboost validate`: every rule HCCL applies, every violation listed.
 
-use std::fs;
-
-use atlasboost_core::Error;
-use atlasboost_core::ranktable::{RankTable, Violation, validate_value};
+use atlasboost_core::ranktable::{RankTable, Violation, default_chip, read_json, validate_value};
 use serde::Serialize;
 
 use super::{counted, summary};
@@ -33,21 +30,14 @@ struct Report<'a> {
 ///
 /// A file that cannot be read, or is not JSON (with the parser's line and column): exit 125.
 pub fn run(args: &ValidateArgs, printer: &Printer) -> Result<u8, CliError> {
-    let text = fs::read_to_string(&args.file).map_err(|source| Error::Io {
-        action: "cannot read",
-        path: args.file.clone(),
-        source,
-    })?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|source| Error::Json {
-        path: args.file.clone(),
-        source,
-    })?;
-    let violations = validate_value(&value, args.chip);
+    let value = read_json(&args.file)?;
+    let chip = args.chip.unwrap_or_else(|| default_chip(&value));
+    let violations = validate_value(&value, chip);
     let table = if violations.is_empty() {
         Some(RankTable::from_value(
             value,
             &args.file.display().to_string(),
-            args.chip,
+            chip,
         )?)
     } else {
         None
@@ -57,7 +47,7 @@ pub fn run(args: &ValidateArgs, printer: &Printer) -> Result<u8, CliError> {
         let report = Report {
             file,
             valid: table.is_some(),
-            chip: args.chip.as_str(),
+            chip: chip.as_str(),
             format: table.as_ref().map(|t| t.format().as_str()),
             servers: table.as_ref().map(RankTable::server_count),
             ranks: table.as_ref().map(RankTable::rank_count),
@@ -68,12 +58,12 @@ pub fn run(args: &ValidateArgs, printer: &Printer) -> Result<u8, CliError> {
         s.push('\n');
         s
     } else if let Some(t) = &table {
-        format!("{file}: valid rank table ({})\n", summary(t, args.chip))
+        format!("{file}: valid rank table ({})\n", summary(t, chip))
     } else {
         let mut s = format!(
             "{file}: invalid rank table, {} (rules for {}):\n",
             counted(violations.len(), "problem"),
-            args.chip
+            chip
         );
         for v in &violations {
             s.push_str(&format!("  {v}\n"));

@@ -1263,3 +1263,153 @@ proptest! {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// odd inputs (found in review)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn validate_refuses_a_directory_an_empty_file_and_non_utf8_bytes_naming_them() {
+    let dir = tempdir();
+    fs::create_dir(dir.path().join("tables.json")).unwrap();
+    run(dir.path(), &["validate", "tables.json"])
+        .expect_code(FAILURE)
+        .stderr_has(&["tables.json"]);
+    fs::write(dir.path().join("empty.json"), b"").unwrap();
+    run(dir.path(), &["validate", "empty.json"])
+        .expect_code(FAILURE)
+        .stderr_has(&["empty.json", "line 1", "column 0"]);
+    fs::write(
+        dir.path().join("latin1.json"),
+        b"{\"status\": \"compl\xe9ted\"}",
+    )
+    .unwrap();
+    run(dir.path(), &["validate", "latin1.json"])
+        .expect_code(FAILURE)
+        .stderr_has(&["latin1.json", "line 1", "column"]);
+}
+
+#[test]
+fn validate_and_merge_apply_a3_rules_to_version_1_2_by_default() {
+    let dir = tempdir();
+    for (id, file) in [("10.0.0.1", "a.json"), ("10.0.0.2", "b.json")] {
+        sim_table(
+            dir.path(),
+            id,
+            "16",
+            file,
+            &["--format", "1.2", "--sim-chip", "910_9391"],
+        );
+    }
+    // 16 devices per server: 910 rules would refuse them, 910_93 rules accept them.
+    run(dir.path(), &["validate", "a.json"])
+        .expect_code(SUCCESS)
+        .stdout_has(&["rules for 910_93"]);
+    run(dir.path(), &["validate", "a.json", "--chip", "910"]).expect_code(INVALID_TABLE);
+    run(dir.path(), &["merge", "a.json", "b.json", "-o", "ab.json"]).expect_code(SUCCESS);
+    let merged = read_json(&dir.path().join("ab.json"));
+    assert_eq!(str_at(&merged, "/server_count"), "2");
+    assert_eq!(merged["super_pod_list"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn a_server_id_with_blanks_or_too_long_is_a_usage_error() {
+    let dir = tempdir();
+    let long = "x".repeat(65);
+    for bad in [" 10.0.0.1", "10.0.0.1\n", "", long.as_str()] {
+        run(dir.path(), &["ranktable", "--sim", "8", "--server-id", bad])
+            .expect_code(USAGE)
+            .stderr_has(&["--server-id"]);
+    }
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_huge_devices_range_is_named_as_typed_and_abbreviated() {
+    let dir = tempdir();
+    let out = run(
+        dir.path(),
+        &[
+            "ranktable",
+            "--sim",
+            "8",
+            "--server-id",
+            "h",
+            "--devices",
+            "0-1024",
+        ],
+    );
+    out.expect_code(FAILURE).stderr_has(&[
+        "\"0-1024\"",
+        "(1017 in all)",
+        "it has: 0,1,2,3,4,5,6,7",
+    ]);
+    assert!(
+        out.stderr.len() < 400,
+        "message stays short:\n{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn sim_faults_that_cannot_apply_are_errors_not_panics_or_silence() {
+    let dir = tempdir();
+    // A device id far beyond the host's devices.
+    run_env(
+        dir.path(),
+        &["probe", "--sim", "4", "--server-id", "10.0.0.1"],
+        &[(FAULTS, "dup-ip:4294967295=10.0.0.2")],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&["no device 4294967295"]);
+    // Copying the host's own IP would change nothing: say so.
+    run_env(
+        dir.path(),
+        &["probe", "--sim", "4", "--server-id", "10.0.0.1"],
+        &[(FAULTS, "dup-ip:1=10.0.0.1")],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&["its own host"]);
+}
+
+#[test]
+fn sim_faults_that_are_not_utf8_are_an_error_naming_the_variable() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempdir();
+    let mut cmd = command(
+        dir.path(),
+        &["ranktable", "--sim", "8", "--server-id", "h", "-o", "-"],
+    );
+    cmd.env(FAULTS, std::ffi::OsStr::from_bytes(b"no-ip:\xff"));
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    assert_eq!(out.status.code(), Some(FAILURE));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(FAULTS) && stderr.contains("UTF-8"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no table on stdout");
+}
+
+#[test]
+fn merge_keeps_top_level_keys_and_refuses_conflicting_ones() {
+    let dir = tempdir();
+    let a = sim_table(dir.path(), "10.0.0.1", "8", "a.json", &[]);
+    let b = sim_table(dir.path(), "10.0.0.2", "8", "b.json", &[]);
+    let with_key = |path: &Path, value: &str| {
+        let mut t = read_json(path);
+        t["deploy_note"] = Value::from(value);
+        fs::write(path, serde_json::to_vec(&t).unwrap()).unwrap();
+    };
+    with_key(&b, "rack 7");
+    run(dir.path(), &["merge", "a.json", "b.json", "-o", "ab.json"]).expect_code(SUCCESS);
+    assert_eq!(
+        read_json(&dir.path().join("ab.json"))["deploy_note"],
+        "rack 7"
+    );
+    with_key(&a, "rack 9");
+    run(dir.path(), &["merge", "a.json", "b.json", "-o", "ab2.json"])
+        .expect_code(FAILURE)
+        .stderr_has(&["deploy_note", "a.json", "b.json"]);
+    assert!(!dir.path().join("ab2.json").exists());
+}

@@ -233,6 +233,7 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
                 pods.push(SuperPodEntry {
                     super_pod_id: pod_id,
                     server_list: Vec::new(),
+                    extra: Map::new(),
                 });
                 pods.len() - 1
             });
@@ -267,20 +268,23 @@ fn legacy_table(servers: &[(&str, Vec<&Device>)]) -> RankTable {
                 .map(|d| LegacyDeviceEntry {
                     device_id: d.physical_id.to_string(),
                     device_ip: d.ip.map(|ip| ip.to_string()),
+                    extra: Map::new(),
                 })
                 .collect(),
             pod_name: i.to_string(),
             server_id: server_id.to_string(),
+            extra: Map::new(),
         })
         .collect();
     let device_count: usize = servers.iter().map(|(_, d)| d.len()).sum();
     RankTable::Legacy(LegacyTable {
         group_count: "1".into(),
         group_list: vec![GroupEntry {
-            group_name: LEGACY_GROUP_NAME.into(),
+            group_name: Some(LEGACY_GROUP_NAME.into()),
             device_count: device_count.to_string(),
             instance_count: instance_list.len().to_string(),
             instance_list,
+            extra: Map::new(),
         }],
         status: STATUS_COMPLETED.into(),
         extra: Map::new(),

@@ -74,6 +74,27 @@ pub fn merge_tables(inputs: &[MergeInput], chip: Chip) -> Result<RankTable> {
         }
     }
 
+    // Top-level keys this model does not interpret are kept; two inputs may not disagree on one.
+    let mut extra = serde_json::Map::new();
+    let mut extra_owner: HashMap<&str, &str> = HashMap::new();
+    for (name, t) in &tables {
+        for (key, value) in &t.extra {
+            match extra.get(key) {
+                Some(existing) if existing != value => {
+                    return Err(Error::Merge(format!(
+                        "key {key:?} is {existing} in {} but {value} in {name}",
+                        extra_owner.get(key.as_str()).copied().unwrap_or_default()
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    extra.insert(key.clone(), value.clone());
+                    extra_owner.insert(key, name);
+                }
+            }
+        }
+    }
+
     let mut server_list = Vec::new();
     let mut pods: Vec<SuperPodEntry> = Vec::new();
     let mut rank = 0usize;
@@ -99,7 +120,7 @@ pub fn merge_tables(inputs: &[MergeInput], chip: Chip) -> Result<RankTable> {
         server_list,
         super_pod_list: first.super_pod_list.as_ref().map(|_| pods),
         status: STATUS_COMPLETED.into(),
-        extra: first.extra.clone(),
+        extra,
     });
     let violations = validate_table(&merged, chip);
     if violations.is_empty() {

@@ -15,8 +15,10 @@ pub use model::{
     LEGACY_GROUP_NAME, LegacyDeviceEntry, LegacyTable, RankEntry, RankTable, STATUS_COMPLETED,
     ServerEntry, SuperPodEntry, SuperPodServer,
 };
-pub use validate::{MAX_SERVER_ID_LEN, Rule, Violation, validate_table, validate_value};
-pub use write::{read_table, write_atomically, write_table};
+pub use validate::{
+    MAX_SERVER_ID_LEN, Rule, Violation, default_chip, validate_table, validate_value,
+};
+pub use write::{read_json, read_table, write_atomically, write_table};
 
 #[cfg(test)]
 mod proptests;

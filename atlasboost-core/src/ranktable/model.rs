@@ -132,6 +132,9 @@ pub struct SuperPodEntry {
     pub super_pod_id: String,
     /// Its servers, by `server_id`.
     pub server_list: Vec<SuperPodServer>,
+    /// Keys this model does not interpret.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// A server reference inside a SuperPoD.
@@ -158,14 +161,18 @@ pub struct LegacyTable {
 /// A group of the legacy format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroupEntry {
-    /// The group's name.
-    pub group_name: String,
+    /// The group's name (HCCL merges every group into `hccl_world_group`; it may be absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_name: Option<String>,
     /// The number of devices over all instances.
     pub device_count: String,
     /// The number of instances.
     pub instance_count: String,
     /// The instances (pods); atlasboost writes one per server.
     pub instance_list: Vec<InstanceEntry>,
+    /// Keys this model does not interpret.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// An instance (pod) of the legacy format.
@@ -177,6 +184,9 @@ pub struct InstanceEntry {
     pub pod_name: String,
     /// The server the pod runs on.
     pub server_id: String,
+    /// Keys this model does not interpret.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// A device of the legacy format (no `rank_id`: HCCL derives ranks).
@@ -187,6 +197,9 @@ pub struct LegacyDeviceEntry {
     /// The device's RoCE IP, required with more than one instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_ip: Option<String>,
+    /// Keys this model does not interpret.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// One rank of a table, with the numbers parsed: what a worker needs to find itself.
@@ -218,7 +231,17 @@ impl RankTable {
     /// [`Error::Json`] when the text is not JSON (with line and column), [`Error::Invalid`] with
     /// every violation when it is JSON but not a valid table for `chip`.
     pub fn parse(text: &str, origin: &Path, chip: Chip) -> Result<RankTable> {
-        let value: Value = serde_json::from_str(text).map_err(|source| Error::Json {
+        RankTable::parse_bytes(text.as_bytes(), origin, chip)
+    }
+
+    /// Parses and validates a table from raw bytes (bytes that are not UTF-8 are a JSON error
+    /// with line and column, like any other).
+    ///
+    /// # Errors
+    ///
+    /// As [`RankTable::parse`].
+    pub fn parse_bytes(bytes: &[u8], origin: &Path, chip: Chip) -> Result<RankTable> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|source| Error::Json {
             path: origin.to_path_buf(),
             source,
         })?;
@@ -230,7 +253,7 @@ impl RankTable {
     /// # Errors
     ///
     /// [`Error::Invalid`] with every violation.
-    pub fn from_value(value: Value, origin: &str, chip: Chip) -> Result<RankTable> {
+    pub fn from_value(mut value: Value, origin: &str, chip: Chip) -> Result<RankTable> {
         let violations = validate_value(&value, chip);
         if !violations.is_empty() {
             return Err(Error::Invalid {
@@ -239,7 +262,20 @@ impl RankTable {
             });
         }
         let typed = if value.get("version").is_some() {
-            serde_json::from_value(value).map(RankTable::Cluster)
+            // HCCL reads super_pod_list only in version 1.2; elsewhere keep it verbatim, like
+            // any key it ignores.
+            let ignored_pods = match value.as_object_mut() {
+                Some(top) if top.get("version").and_then(Value::as_str) != Some("1.2") => {
+                    top.remove("super_pod_list")
+                }
+                _ => None,
+            };
+            serde_json::from_value(value).map(|mut t: ClusterTable| {
+                if let Some(pods) = ignored_pods {
+                    t.extra.insert("super_pod_list".into(), pods);
+                }
+                RankTable::Cluster(t)
+            })
         } else {
             serde_json::from_value(value).map(RankTable::Legacy)
         };

@@ -166,7 +166,7 @@ impl<'a> Node<'a> for Typed<'a> {
             Typed::Pod(p) => match key {
                 "super_pod_id" => s(&p.super_pod_id),
                 "server_list" => Some(Typed::PodServers(&p.server_list)),
-                _ => None,
+                _ => extra(&p.extra, key),
             },
             Typed::PodServer(p) => match key {
                 "server_id" => s(&p.server_id),
@@ -179,22 +179,22 @@ impl<'a> Node<'a> for Typed<'a> {
                 _ => extra(&t.extra, key),
             },
             Typed::Group(g) => match key {
-                "group_name" => s(&g.group_name),
+                "group_name" => opt(&g.group_name),
                 "device_count" => s(&g.device_count),
                 "instance_count" => s(&g.instance_count),
                 "instance_list" => Some(Typed::Instances(&g.instance_list)),
-                _ => None,
+                _ => extra(&g.extra, key),
             },
             Typed::Instance(i) => match key {
                 "devices" => Some(Typed::LegacyDevices(&i.devices)),
                 "pod_name" => s(&i.pod_name),
                 "server_id" => s(&i.server_id),
-                _ => None,
+                _ => extra(&i.extra, key),
             },
             Typed::LegacyDevice(d) => match key {
                 "device_id" => s(&d.device_id),
                 "device_ip" => opt(&d.device_ip),
-                _ => None,
+                _ => extra(&d.extra, key),
             },
             _ => None,
         }
@@ -235,6 +235,10 @@ impl<'a> Node<'a> for Typed<'a> {
             Typed::Server(e) => Some(&e.extra),
             Typed::Device(d) => Some(&d.extra),
             Typed::Legacy(t) => Some(&t.extra),
+            Typed::Pod(p) => Some(&p.extra),
+            Typed::Group(g) => Some(&g.extra),
+            Typed::Instance(i) => Some(&i.extra),
+            Typed::LegacyDevice(d) => Some(&d.extra),
             _ => None,
         }
     }

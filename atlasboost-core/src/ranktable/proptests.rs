@@ -96,7 +96,7 @@ fn any_json() -> impl Strategy<Value = Value> {
         Just("device_port"),
         Just("x"),
     ];
-    leaf.prop_recursive(4, 64, 8, move |inner| {
+    leaf.prop_recursive(8, 256, 8, move |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
             proptest::collection::vec((key.clone(), inner), 0..6).prop_map(|kv| {
@@ -191,8 +191,62 @@ proptest! {
                 let _ = table.to_json_pretty();
             }
             Err(Error::Invalid { violations: v, .. }) => {
-                prop_assert!(!v.is_empty());
+                // Refused only for what the validator reports: the typed model accepts every
+                // table the validator passes.
+                prop_assert!(!violations.is_empty(), "validator passed but the model refused: {v:?}");
                 prop_assert!(v.iter().all(|x| x.path.starts_with('$') && !x.message.is_empty()));
+            }
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+
+    #[test]
+    fn near_valid_tables_never_panic_and_model_agrees(
+        devices in cluster(),
+        format in prop_oneof![Just(Format::V1_0), Just(Format::Legacy)],
+        edits in proptest::collection::vec(
+            (any::<prop::sample::Index>(), any::<prop::sample::Index>(), 0u8..4, any_json()),
+            1..4,
+        ),
+        chip in prop_oneof![Just(Chip::Ascend910), Just(Chip::Ascend910B), Just(Chip::Ascend910_93)],
+    ) {
+        let table = build_table(&devices, &BuildOptions { format, ..BuildOptions::default() }).unwrap();
+        let mut value = serde_json::to_value(&table).unwrap();
+        for (pick, key_pick, op, replacement) in edits {
+            // Every node of the document, by JSON pointer; edit one of them.
+            let mut pointers = Vec::new();
+            collect_pointers(&value, "", &mut pointers);
+            let target = pick.get(&pointers).clone();
+            let Some(node) = value.pointer_mut(&target) else { continue };
+            match op {
+                0 => *node = replacement,
+                1 => {
+                    if let Some(obj) = node.as_object_mut() && !obj.is_empty() {
+                        let keys: Vec<String> = obj.keys().cloned().collect();
+                        obj.remove(key_pick.get(&keys));
+                    }
+                }
+                2 => {
+                    if let Some(arr) = node.as_array_mut() && let Some(first) = arr.first().cloned() {
+                        arr.push(first);
+                    }
+                }
+                _ => {
+                    if let Some(obj) = node.as_object_mut() {
+                        obj.insert("super_pod_list".into(), replacement);
+                    }
+                }
+            }
+        }
+        let violations = validate_value(&value, chip);
+        match RankTable::from_value(value, "fuzz", chip) {
+            Ok(t) => {
+                prop_assert!(violations.is_empty());
+                let _ = t.ranks();
+                prop_assert_eq!(validate_table(&t, chip), Vec::new());
+            }
+            Err(Error::Invalid { violations: v, .. }) => {
+                prop_assert!(!violations.is_empty(), "validator passed but the model refused: {v:?}");
             }
             Err(e) => prop_assert!(false, "unexpected error {e}"),
         }
@@ -212,6 +266,24 @@ proptest! {
             violations.iter().any(|v| v.rule == Rule::NotString && v.path == path),
             "no not-string violation at {}: {:?}", path, violations
         );
+    }
+}
+
+/// The JSON pointer of every node of `v`, the root included.
+fn collect_pointers(v: &Value, pointer: &str, out: &mut Vec<String>) {
+    out.push(pointer.to_string());
+    match v {
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                collect_pointers(x, &format!("{pointer}/{i}"), out);
+            }
+        }
+        Value::Object(o) => {
+            for (k, x) in o {
+                collect_pointers(x, &format!("{pointer}/{k}"), out);
+            }
+        }
+        _ => {}
     }
 }
 

@@ -132,6 +132,15 @@ impl Rule {
     }
 }
 
+/// The chip whose rules apply to a table when the user names none: 910_93 for version 1.2
+/// (only Atlas A3 reads it), 910 otherwise.
+pub fn default_chip(value: &Value) -> Chip {
+    match value.get("version").and_then(Value::as_str) {
+        Some(v) if v == Format::V1_2.as_str() => Chip::Ascend910_93,
+        _ => Chip::Ascend910,
+    }
+}
+
 /// Validates a typed table (e.g. one the builder made) for `chip`.
 pub fn validate_table(table: &RankTable, chip: Chip) -> Vec<Violation> {
     match table {
@@ -623,14 +632,14 @@ impl Validator {
 
     fn server_id<'a, N: Node<'a>>(&mut self, obj: N, path: &dyn Fn() -> String) -> Option<&'a str> {
         let id = self.string(obj, "server_id", path, true)?;
-        if id.is_empty() || (id.len() > MAX_SERVER_ID_LEN && id.chars().count() > MAX_SERVER_ID_LEN)
-        {
+        // HCCL limits the length of the C++ string: bytes, not characters.
+        if id.is_empty() || id.len() > MAX_SERVER_ID_LEN {
             self.push(
                 format!("{}.server_id", path()),
                 Rule::ServerId,
                 format!(
-                    "server_id {id:?} has {} characters; it must have 1 to {MAX_SERVER_ID_LEN}",
-                    id.chars().count()
+                    "server_id {id:?} has {} bytes; it must have 1 to {MAX_SERVER_ID_LEN}",
+                    id.len()
                 ),
             );
         }
@@ -762,7 +771,13 @@ impl Validator {
             self.server_topology(&seen_devices, &list_path, &sid);
         }
 
-        if server_total > 1 {
+        // Version 1.2 needs device IPs only across super pods: inside one, HCCS connects them.
+        let single_pod = format == Format::V1_2
+            && top
+                .get("super_pod_list")
+                .and_then(|p| p.len())
+                .is_some_and(|n| n == 1);
+        if server_total > 1 && !single_pod {
             for loc in missing_ip {
                 self.push(
                     loc.path(),

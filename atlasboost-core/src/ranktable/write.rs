@@ -74,6 +74,23 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Reads a JSON file (bytes that are not UTF-8 are a JSON error with line and column).
+///
+/// # Errors
+///
+/// [`Error::Io`] if it cannot be read, [`Error::Json`] if it is not JSON.
+pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let bytes = fs::read(path).map_err(|source| Error::Io {
+        action: "cannot read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Reads a table file and validates it for `chip`.
 ///
 /// # Errors
@@ -81,10 +98,5 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
 /// [`Error::Io`] if it cannot be read, [`Error::Json`] if it is not JSON (line and column),
 /// [`Error::Invalid`] with every violation.
 pub fn read_table(path: &Path, chip: Chip) -> Result<RankTable> {
-    let text = fs::read_to_string(path).map_err(|source| Error::Io {
-        action: "cannot read",
-        path: path.to_path_buf(),
-        source,
-    })?;
-    RankTable::parse(&text, path, chip)
+    RankTable::from_value(read_json(path)?, &path.display().to_string(), chip)
 }
