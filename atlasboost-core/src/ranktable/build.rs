@@ -1,6 +1,7 @@
 //! The builder: from the devices gathered from every host to one rank table.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 use serde_json::Map;
 
@@ -215,10 +216,10 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
                 None
             };
             device.push(DeviceEntry {
-                device_id: d.physical_id.to_string(),
-                device_ip: d.ip.map(|ip| ip.to_string()),
+                device_id: decimal(d.physical_id as usize),
+                device_ip: d.ip.map(ip_text),
                 super_device_id,
-                rank_id: rank.to_string(),
+                rank_id: decimal(rank),
                 extra: Map::new(),
             });
             rank += 1;
@@ -266,8 +267,8 @@ fn legacy_table(servers: &[(&str, Vec<&Device>)]) -> RankTable {
             devices: devs
                 .iter()
                 .map(|d| LegacyDeviceEntry {
-                    device_id: d.physical_id.to_string(),
-                    device_ip: d.ip.map(|ip| ip.to_string()),
+                    device_id: decimal(d.physical_id as usize),
+                    device_ip: d.ip.map(ip_text),
                     extra: Map::new(),
                 })
                 .collect(),
@@ -289,4 +290,65 @@ fn legacy_table(servers: &[(&str, Vec<&Device>)]) -> RankTable {
         status: STATUS_COMPLETED.into(),
         extra: Map::new(),
     })
+}
+
+/// `n` in decimal. The builder writes two of these per rank; going around `fmt` makes building
+/// a 32,768-rank table measurably faster.
+fn decimal(n: usize) -> String {
+    let mut s = String::with_capacity(8);
+    push_decimal(&mut s, n);
+    s
+}
+
+fn push_decimal(s: &mut String, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    s.extend(digits[i..].iter().map(|&b| char::from(b)));
+}
+
+/// An address as text: IPv4 without `fmt` (one per rank, see [`decimal`]), IPv6 as usual.
+fn ip_text(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut s = String::with_capacity(15);
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    s.push('.');
+                }
+                push_decimal(&mut s, usize::from(octet));
+            }
+            s
+        }
+        IpAddr::V6(_) => ip.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_formatting_matches_display() {
+        for n in [0usize, 7, 10, 99, 100, 4095, 32_767, 1 << 40, usize::MAX] {
+            assert_eq!(decimal(n), n.to_string());
+        }
+        for ip in [
+            "0.0.0.0",
+            "10.0.1.1",
+            "192.168.100.255",
+            "255.255.255.255",
+            "fd00::a01:203:0:1",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+    }
 }

@@ -302,7 +302,9 @@ impl RankTable {
 
     /// The table as JSON, indented by four spaces like `hccl_tools.py`, ending in a newline.
     pub fn to_json_pretty(&self) -> String {
-        let mut out = Vec::with_capacity(256);
+        // About 110 bytes per rank in this layout: size the buffer once instead of regrowing
+        // (and copying) it a dozen times for a large cluster.
+        let mut out = Vec::with_capacity(256 + 128 * self.rank_count());
         let formatter = serde_json::ser::PrettyFormatter::with_indent(b"    ");
         let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
         // Serializing string-only structs and maps into a Vec cannot fail.

@@ -381,25 +381,14 @@ impl Validator {
         &mut self,
         s: &str,
         loc: Loc,
-        ips: &mut HashMap<IpAddr, Loc>,
+        ips: &mut Vec<(IpAddr, Loc)>,
         families: &mut Families,
     ) {
         for part in s.split(',') {
             let part = part.trim();
             match part.parse::<IpAddr>() {
                 Ok(ip) => {
-                    if let Some(first) = ips.get(&ip) {
-                        self.push(
-                            loc.key("device_ip"),
-                            Rule::DuplicateDeviceIp,
-                            format!(
-                                "device_ip {ip} is already used at {}",
-                                first.key("device_ip")
-                            ),
-                        );
-                    } else {
-                        ips.insert(ip, loc);
-                    }
+                    ips.push((ip, loc));
                     families.note(ip.is_ipv6(), || loc.key("device_ip"));
                 }
                 Err(_) => self.push(
@@ -407,6 +396,27 @@ impl Validator {
                     Rule::InvalidIp,
                     format!("{part:?} is not a valid IPv4 or IPv6 address"),
                 ),
+            }
+        }
+    }
+
+    /// Every device IP appears once in the cluster. `ips` is in document order; a stable sort
+    /// keeps it within each address, so the first use is the one named. (Sorting costs less
+    /// than hashing 32,768 addresses.)
+    fn duplicate_ips(&mut self, mut ips: Vec<(IpAddr, Loc)>) {
+        ips.sort_by_key(|&(ip, _)| ip);
+        let mut first: Option<(IpAddr, Loc)> = None;
+        for (ip, loc) in ips {
+            match first {
+                Some((fip, floc)) if fip == ip => self.push(
+                    loc.key("device_ip"),
+                    Rule::DuplicateDeviceIp,
+                    format!(
+                        "device_ip {ip} is already used at {}",
+                        floc.key("device_ip")
+                    ),
+                ),
+                _ => first = Some((ip, loc)),
             }
         }
     }
@@ -681,7 +691,7 @@ impl Validator {
             .filter_map(|(_, s)| s.get("device").and_then(|d| d.len()))
             .sum();
         let mut server_ids: HashMap<&str, usize> = HashMap::with_capacity(server_total);
-        let mut ips: HashMap<IpAddr, Loc> = HashMap::with_capacity(expected_devices);
+        let mut ips: Vec<(IpAddr, Loc)> = Vec::with_capacity(expected_devices);
         let mut device_families = Families::default();
         let mut host_families = Families::default();
         // (rank_id, server index, where) of every readable rank_id.
@@ -786,6 +796,7 @@ impl Validator {
                 );
             }
         }
+        self.duplicate_ips(ips);
         self.ip_families(device_families, server_total);
         self.ip_families(host_families, server_total);
         self.equal_counts(&counts);
@@ -950,7 +961,7 @@ impl Validator {
             .filter_map(|(_, g)| g.get("instance_list").and_then(|l| l.len()))
             .sum();
         let mut pods: HashMap<String, String> = HashMap::new();
-        let mut ips: HashMap<IpAddr, Loc> = HashMap::new();
+        let mut ips: Vec<(IpAddr, Loc)> = Vec::new();
         let mut families = Families::default();
         // Per server (in order of first appearance): its id, the devices list of its first
         // instance (where per-server facts are reported), and its devices.
@@ -1043,6 +1054,7 @@ impl Validator {
             self.server_topology(devices, list_path, sid);
             counts.push((list_path.clone(), sid.clone(), devices.len()));
         }
+        self.duplicate_ips(ips);
         self.ip_families(families, per_server.len());
         self.equal_counts(&counts);
     }
