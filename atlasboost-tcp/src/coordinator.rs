@@ -1,0 +1,517 @@
+//! The coordinator: binds a ROUTER socket, collects one contribution per participant and round,
+//! and answers everyone when the round is complete, or tells everyone why it failed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::wire::{self, Frame, Kind, Secret};
+use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, zmq_err};
+
+/// How long the coordinator waits between checks of its stop flag and deadlines.
+const TICK: Duration = Duration::from_millis(50);
+/// How long closing the socket may take to deliver answers still queued.
+const LINGER_MS: i32 = 2_000;
+/// How many refused frames the coordinator remembers (it counts all of them).
+const DROP_LOG_LEN: usize = 100;
+
+/// What the coordinator answers when a round is complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replies {
+    /// The same bytes for everyone (encoded and signed once, whatever the world size).
+    Same(Vec<u8>),
+    /// One answer per participant, by index: e.g. only its own assignment.
+    Each(Vec<Vec<u8>>),
+}
+
+/// Computes a round's answers from the payloads of all participants (by index).
+pub type Combiner = Box<dyn FnMut(u64, &[Vec<u8>]) -> Result<Replies, String> + Send>;
+
+/// How to run a coordinator.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// Where to bind, e.g. `tcp://127.0.0.1:0` (port 0: any free port; see
+    /// [`Coordinator::endpoint`]).
+    pub bind: String,
+    /// How many participants take part (indices `0..world`).
+    pub world: usize,
+    /// The job's id; frames of other jobs are refused.
+    pub job_id: String,
+    /// The job's secret; frames not signed with it are refused.
+    pub secret: Secret,
+    /// How long a round may take, counted from its first contribution (the first round: from
+    /// the start).
+    pub timeout: Duration,
+    /// The largest frame accepted, in bytes.
+    pub max_message: usize,
+    /// Names of the participants by index (e.g. host names), used in error messages.
+    pub names: Vec<String>,
+}
+
+impl CoordinatorConfig {
+    /// A configuration with the default size limit and no participant names.
+    pub fn new(
+        bind: impl Into<String>,
+        world: usize,
+        job_id: impl Into<String>,
+        secret: Secret,
+        timeout: Duration,
+    ) -> Self {
+        CoordinatorConfig {
+            bind: bind.into(),
+            world,
+            job_id: job_id.into(),
+            secret,
+            timeout,
+            max_message: DEFAULT_MAX_MESSAGE,
+            names: Vec::new(),
+        }
+    }
+}
+
+/// What a coordinator did, returned by [`Coordinator::finish`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Rounds completed.
+    pub rounds: u64,
+    /// Why the rendezvous failed, if it did (the text every participant was sent).
+    pub failure: Option<String>,
+    /// Frames refused (wrong secret, garbage, another job, too large, ...).
+    pub dropped: u64,
+    /// The first refused frames: who sent them and why.
+    pub drop_log: Vec<String>,
+}
+
+/// Shared between the coordinator thread and its handle.
+#[derive(Debug, Default)]
+struct Shared {
+    stop: AtomicBool,
+    rounds: AtomicU64,
+    dropped: AtomicU64,
+    drop_log: Mutex<Vec<String>>,
+    failure: Mutex<Option<String>>,
+}
+
+/// A running coordinator; stops when [`finish`](Coordinator::finish)ed or dropped.
+pub struct Coordinator {
+    endpoint: String,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Coordinator {
+    /// Binds and starts a coordinator whose rounds are all-gathers: everyone receives every
+    /// payload, in index order.
+    ///
+    /// # Errors
+    ///
+    /// [`TcpError::Config`] for a world of 0, [`TcpError::Zmq`] if the address cannot be bound.
+    pub fn start(config: CoordinatorConfig) -> Result<Coordinator, TcpError> {
+        Coordinator::start_with(
+            config,
+            Box::new(|_, payloads| Ok(Replies::Same(wire::pack_list(payloads)))),
+        )
+    }
+
+    /// Binds and starts a coordinator whose answers `combiner` computes.
+    ///
+    /// # Errors
+    ///
+    /// As [`Coordinator::start`].
+    pub fn start_with(
+        config: CoordinatorConfig,
+        combiner: Combiner,
+    ) -> Result<Coordinator, TcpError> {
+        if config.world == 0 || config.world > u32::MAX as usize {
+            return Err(TcpError::Config(format!(
+                "a rendezvous needs 1 to {} participants, not {}",
+                u32::MAX,
+                config.world
+            )));
+        }
+        let ctx = zmq::Context::new();
+        let socket = ctx
+            .socket(zmq::ROUTER)
+            .map_err(zmq_err("create a ROUTER socket"))?;
+        socket
+            .set_maxmsgsize(config.max_message as i64)
+            .map_err(zmq_err("set the message size limit"))?;
+        socket
+            .set_linger(LINGER_MS)
+            .map_err(zmq_err("set the linger time"))?;
+        // Many participants connect at once: let the kernel queue them.
+        socket
+            .set_backlog(4096)
+            .map_err(zmq_err("set the listen backlog"))?;
+        socket
+            .bind(&config.bind)
+            .map_err(zmq_err(&format!("bind {}", config.bind)))?;
+        let endpoint = match socket.get_last_endpoint() {
+            Ok(Ok(e)) => e,
+            _ => config.bind.clone(),
+        };
+        let shared = Arc::new(Shared::default());
+        let thread = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("atlasboost-coordinator".into())
+                .spawn(move || {
+                    let mut state = State::new(config, combiner, socket, shared);
+                    state.run();
+                    drop(ctx);
+                })
+                .map_err(|e| {
+                    TcpError::Config(format!("cannot start the coordinator thread: {e}"))
+                })?
+        };
+        Ok(Coordinator {
+            endpoint,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address participants connect to, with the port actually bound.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Rounds completed so far.
+    pub fn rounds(&self) -> u64 {
+        self.shared.rounds.load(Ordering::Acquire)
+    }
+
+    /// Frames refused so far.
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Acquire)
+    }
+
+    /// Why the rendezvous failed, once it has.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.shared.failure).clone()
+    }
+
+    /// Stops the coordinator (after delivering answers still queued) and reports what it did.
+    pub fn finish(mut self) -> Report {
+        self.stop();
+        Report {
+            rounds: self.rounds(),
+            failure: self.failure(),
+            dropped: self.dropped(),
+            drop_log: lock(&self.shared.drop_log).clone(),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            // A panic in the coordinator thread has already been reported by the runtime;
+            // there is nothing more to recover here.
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One participant's contribution to the current round.
+struct Slot {
+    routing: Vec<u8>,
+    peer: String,
+    payload: Vec<u8>,
+}
+
+/// The coordinator thread's state.
+struct State {
+    config: CoordinatorConfig,
+    combiner: Combiner,
+    socket: zmq::Socket,
+    shared: Arc<Shared>,
+    round: u64,
+    slots: Vec<Option<Slot>>,
+    arrived: usize,
+    deadline: Option<Instant>,
+    failed: Option<String>,
+}
+
+impl State {
+    fn new(
+        config: CoordinatorConfig,
+        combiner: Combiner,
+        socket: zmq::Socket,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let world = config.world;
+        let deadline = Some(Instant::now() + config.timeout);
+        State {
+            config,
+            combiner,
+            socket,
+            shared,
+            round: 1,
+            slots: (0..world).map(|_| None).collect(),
+            arrived: 0,
+            deadline,
+            failed: None,
+        }
+    }
+
+    fn run(&mut self) {
+        while !self.shared.stop.load(Ordering::Acquire) {
+            let wait = self.deadline.map_or(TICK, |d| {
+                d.saturating_duration_since(Instant::now()).min(TICK)
+            });
+            // A poll error (interrupted) just means: look again.
+            let _ = self.socket.poll(zmq::POLLIN, wait.as_millis() as i64);
+            while let Some((routing, data)) = self.receive() {
+                self.handle(routing, data);
+            }
+            if self.failed.is_none() && self.deadline.is_some_and(|d| Instant::now() >= d) {
+                self.time_out();
+            }
+        }
+    }
+
+    /// The next `[routing id, data]` envelope, if one is waiting. Envelopes of another shape
+    /// are consumed and logged.
+    fn receive(&mut self) -> Option<(Vec<u8>, zmq::Message)> {
+        loop {
+            let routing = self.socket.recv_msg(zmq::DONTWAIT).ok()?;
+            if !routing.get_more() {
+                self.refuse("unknown", "envelope without data".into());
+                continue;
+            }
+            let data = self.socket.recv_msg(zmq::DONTWAIT).ok()?;
+            if data.get_more() {
+                // A DEALER sends one frame per message; drain and refuse the rest.
+                while self
+                    .socket
+                    .recv_msg(zmq::DONTWAIT)
+                    .is_ok_and(|m| m.get_more())
+                {}
+                self.refuse("unknown", "message of more than one frame".into());
+                continue;
+            }
+            return Some((routing.to_vec(), data));
+        }
+    }
+
+    fn refuse(&self, peer: &str, why: String) {
+        self.shared.dropped.fetch_add(1, Ordering::AcqRel);
+        let mut log = lock(&self.shared.drop_log);
+        if log.len() < DROP_LOG_LEN {
+            log.push(format!("{peer}: {why}"));
+        }
+    }
+
+    fn handle(&mut self, routing: Vec<u8>, mut data: zmq::Message) {
+        let peer = data.gets("Peer-Address").unwrap_or("unknown").to_string();
+        let frame = match wire::decode(
+            &self.config.secret,
+            &self.config.job_id,
+            self.config.max_message,
+            &data,
+        ) {
+            Ok(f) => f,
+            Err(why) => return self.refuse(&peer, why.to_string()),
+        };
+        if frame.kind != Kind::Join {
+            return self.refuse(&peer, format!("unexpected {:?} frame", frame.kind));
+        }
+        let (index, round) = (frame.index as usize, frame.round);
+        let world = self.config.world;
+        let payload = frame.payload.to_vec();
+        if let Some(why) = self.failed.clone() {
+            return self.send_failure(&routing, frame.index, &why);
+        }
+        if index >= world {
+            let why = format!(
+                "participant at {peer} claims index {index}, outside this job's {world} participants (0..{})",
+                world - 1
+            );
+            self.send_failure(&routing, frame.index, &why);
+            return self.fail(why);
+        }
+        if frame.world as usize != world {
+            let why = format!(
+                "participant {} at {peer} expects {} participants, the coordinator {world}",
+                self.name(index),
+                frame.world
+            );
+            self.send_failure(&routing, frame.index, &why);
+            return self.fail(why);
+        }
+        if round < self.round {
+            return self.refuse(
+                &peer,
+                format!("stale frame of round {round} (now {})", self.round),
+            );
+        }
+        if round > self.round {
+            let why = format!(
+                "participant {} at {peer} is in round {round}, the others in round {}",
+                self.name(index),
+                self.round
+            );
+            self.send_failure(&routing, frame.index, &why);
+            return self.fail(why);
+        }
+        match &self.slots[index] {
+            Some(slot) if slot.routing != routing => {
+                let why = format!(
+                    "two participants claim index {index}: {} and {peer}",
+                    slot.peer
+                );
+                self.send_failure(&routing, frame.index, &why);
+                return self.fail(why);
+            }
+            Some(_) => return self.refuse(&peer, format!("repeated frame of round {round}")),
+            None => {}
+        }
+        self.slots[index] = Some(Slot {
+            routing,
+            peer,
+            payload,
+        });
+        self.arrived += 1;
+        if self.arrived == 1 && self.round > 1 {
+            self.deadline = Some(Instant::now() + self.config.timeout);
+        }
+        if self.arrived == world {
+            self.complete();
+        }
+    }
+
+    fn complete(&mut self) {
+        let mut slots: Vec<Slot> = self.slots.iter_mut().filter_map(Option::take).collect();
+        let payloads: Vec<Vec<u8>> = slots
+            .iter_mut()
+            .map(|s| std::mem::take(&mut s.payload))
+            .collect();
+        let replies = (self.combiner)(self.round, &payloads);
+        let world = self.config.world as u32;
+        match replies {
+            Ok(Replies::Same(bytes)) => {
+                let frame = self.encode(Kind::Result, BROADCAST, &bytes);
+                for s in &slots {
+                    self.send(&s.routing, &frame);
+                }
+            }
+            Ok(Replies::Each(each)) if each.len() == slots.len() => {
+                for (i, (s, bytes)) in slots.iter().zip(&each).enumerate() {
+                    let frame = self.encode(Kind::Result, i as u32, bytes);
+                    self.send(&s.routing, &frame);
+                }
+            }
+            Ok(Replies::Each(each)) => {
+                let why = format!(
+                    "the coordinator computed {} answers for {world} participants",
+                    each.len()
+                );
+                self.fail_slots(&slots, why);
+                return;
+            }
+            Err(why) => {
+                self.fail_slots(
+                    &slots,
+                    format!("round {} cannot be answered: {why}", self.round),
+                );
+                return;
+            }
+        }
+        self.shared.rounds.store(self.round, Ordering::Release);
+        self.round += 1;
+        self.arrived = 0;
+        self.deadline = None;
+    }
+
+    fn time_out(&mut self) {
+        let missing: Vec<usize> = (0..self.config.world)
+            .filter(|i| self.slots[*i].is_none())
+            .collect();
+        let shown: Vec<String> = missing.iter().take(16).map(|i| self.name(*i)).collect();
+        let more = if missing.len() > shown.len() {
+            format!(" and {} more", missing.len() - shown.len())
+        } else {
+            String::new()
+        };
+        let why = format!(
+            "timed out after {:?} in round {} waiting for participant{} {}{more} ({} of {} arrived)",
+            self.config.timeout,
+            self.round,
+            if missing.len() == 1 { "" } else { "s" },
+            shown.join(", "),
+            self.arrived,
+            self.config.world
+        );
+        self.fail(why);
+    }
+
+    /// Fails the rendezvous: everyone in the current round is told why, and so is everyone who
+    /// comes later.
+    fn fail(&mut self, why: String) {
+        let slots: Vec<Slot> = self.slots.iter_mut().filter_map(Option::take).collect();
+        self.fail_slots(&slots, why);
+    }
+
+    fn fail_slots(&mut self, slots: &[Slot], why: String) {
+        for s in slots {
+            self.send_failure(&s.routing, BROADCAST, &why);
+        }
+        *lock(&self.shared.failure) = Some(why.clone());
+        self.failed = Some(why);
+        self.arrived = 0;
+        self.deadline = None;
+    }
+
+    fn send_failure(&self, routing: &[u8], index: u32, why: &str) {
+        let frame = self.encode(Kind::Failure, index, why.as_bytes());
+        self.send(routing, &frame);
+    }
+
+    fn encode(&self, kind: Kind, index: u32, payload: &[u8]) -> Vec<u8> {
+        wire::encode(
+            &self.config.secret,
+            &Frame {
+                kind,
+                round: self.round,
+                index,
+                world: self.config.world as u32,
+                job_id: &self.config.job_id,
+                payload,
+            },
+        )
+    }
+
+    fn send(&self, routing: &[u8], frame: &[u8]) {
+        // A participant that went away cannot be answered; the others still are.
+        if self.socket.send(routing, zmq::SNDMORE).is_ok() {
+            let _ = self.socket.send(frame, 0);
+        }
+    }
+
+    /// `3 (node-3)` when names were given, else `3`.
+    fn name(&self, index: usize) -> String {
+        match self.config.names.get(index) {
+            Some(n) if !n.is_empty() => format!("{index} ({n})"),
+            _ => index.to_string(),
+        }
+    }
+}

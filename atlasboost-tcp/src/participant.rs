@@ -1,0 +1,240 @@
+//! A participant: a DEALER socket connected to the coordinator, implementing `Rendezvous`.
+
+use std::time::{Duration, Instant};
+
+use atlasboost_core::{Error, Rendezvous};
+
+use crate::wire::{self, Frame, Kind, Secret};
+use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, zmq_err};
+
+/// How to join a rendezvous.
+#[derive(Debug, Clone)]
+pub struct ParticipantConfig {
+    /// The coordinator's address, e.g. `tcp://10.0.0.1:29400`.
+    pub endpoint: String,
+    /// This participant's index, `0..world`.
+    pub index: usize,
+    /// How many participants take part.
+    pub world: usize,
+    /// The job's id.
+    pub job_id: String,
+    /// The job's secret.
+    pub secret: Secret,
+    /// How long to wait for the coordinator's answer in each round. Give participants a little
+    /// longer than the coordinator, so its message naming who is missing arrives first.
+    pub timeout: Duration,
+    /// The largest answer accepted, in bytes.
+    pub max_message: usize,
+}
+
+impl ParticipantConfig {
+    /// A configuration with the default size limit.
+    pub fn new(
+        endpoint: impl Into<String>,
+        index: usize,
+        world: usize,
+        job_id: impl Into<String>,
+        secret: Secret,
+        timeout: Duration,
+    ) -> Self {
+        ParticipantConfig {
+            endpoint: endpoint.into(),
+            index,
+            world,
+            job_id: job_id.into(),
+            secret,
+            timeout,
+            max_message: DEFAULT_MAX_MESSAGE,
+        }
+    }
+}
+
+/// One participant of a ZeroMQ rendezvous.
+pub struct ZmqRendezvous {
+    config: ParticipantConfig,
+    // The socket must close before its context: fields drop in declaration order.
+    socket: zmq::Socket,
+    _ctx: zmq::Context,
+    /// The round of the last contribution sent (0 before the first).
+    round: u64,
+    /// Frames ignored because they did not authenticate or did not belong here.
+    ignored: u64,
+}
+
+impl std::fmt::Debug for ZmqRendezvous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZmqRendezvous")
+            .field("endpoint", &self.config.endpoint)
+            .field("index", &self.config.index)
+            .field("world", &self.config.world)
+            .field("round", &self.round)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZmqRendezvous {
+    /// Connects to the coordinator (in a context of its own). Connecting does not wait: the
+    /// coordinator may start later, within the first round's timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`TcpError::Config`] for an index outside the world, [`TcpError::Zmq`] for a malformed
+    /// endpoint.
+    pub fn connect(config: ParticipantConfig) -> Result<ZmqRendezvous, TcpError> {
+        ZmqRendezvous::connect_in(&zmq::Context::new(), config)
+    }
+
+    /// Connects within an existing context (many participants in one process share one; a
+    /// context holds at most 1,023 sockets).
+    ///
+    /// # Errors
+    ///
+    /// As [`ZmqRendezvous::connect`].
+    pub fn connect_in(
+        ctx: &zmq::Context,
+        config: ParticipantConfig,
+    ) -> Result<ZmqRendezvous, TcpError> {
+        if config.world == 0 || config.index >= config.world || config.world > u32::MAX as usize {
+            return Err(TcpError::Config(format!(
+                "participant index {} is outside a world of {}",
+                config.index, config.world
+            )));
+        }
+        let socket = ctx
+            .socket(zmq::DEALER)
+            .map_err(zmq_err("create a DEALER socket"))?;
+        socket
+            .set_linger(0)
+            .map_err(zmq_err("set the linger time"))?;
+        socket
+            .set_maxmsgsize(config.max_message as i64)
+            .map_err(zmq_err("set the message size limit"))?;
+        socket
+            .connect(&config.endpoint)
+            .map_err(zmq_err(&format!("connect to {}", config.endpoint)))?;
+        Ok(ZmqRendezvous {
+            config,
+            socket,
+            _ctx: ctx.clone(),
+            round: 0,
+            ignored: 0,
+        })
+    }
+
+    /// Frames ignored so far (not authentic, or not for this participant and round).
+    pub fn ignored(&self) -> u64 {
+        self.ignored
+    }
+
+    /// Sends this participant's contribution to the next round. With
+    /// [`receive_answer`](Self::receive_answer), this lets one thread drive many participants.
+    ///
+    /// # Errors
+    ///
+    /// [`TcpError::Zmq`] if the frame cannot be queued.
+    pub fn send_contribution(&mut self, payload: &[u8]) -> Result<(), TcpError> {
+        self.round += 1;
+        let frame = wire::encode(
+            &self.config.secret,
+            &Frame {
+                kind: Kind::Join,
+                round: self.round,
+                index: self.config.index as u32,
+                world: self.config.world as u32,
+                job_id: &self.config.job_id,
+                payload,
+            },
+        );
+        self.socket
+            .send(frame, 0)
+            .map_err(zmq_err("send a contribution"))
+    }
+
+    /// Waits for the coordinator's answer to the round last contributed to.
+    ///
+    /// # Errors
+    ///
+    /// [`TcpError::Failed`] with the coordinator's reason (who was missing, who clashed),
+    /// [`TcpError::NoAnswer`] when nothing came within the timeout.
+    pub fn receive_answer(&mut self) -> Result<Vec<u8>, TcpError> {
+        let deadline = Instant::now() + self.config.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(TcpError::NoAnswer {
+                    endpoint: self.config.endpoint.clone(),
+                    round: self.round,
+                    after: self.config.timeout,
+                });
+            }
+            let ready = self
+                .socket
+                .poll(zmq::POLLIN, left.as_millis().max(1) as i64)
+                .map_err(zmq_err("wait for the coordinator"))?;
+            if ready == 0 {
+                continue;
+            }
+            let msg = self
+                .socket
+                .recv_msg(0)
+                .map_err(zmq_err("receive the coordinator's answer"))?;
+            let frame = match wire::decode(
+                &self.config.secret,
+                &self.config.job_id,
+                self.config.max_message,
+                &msg,
+            ) {
+                Ok(f) => f,
+                Err(_) => {
+                    self.ignored += 1;
+                    continue;
+                }
+            };
+            let mine = frame.index == BROADCAST || frame.index as usize == self.config.index;
+            match frame.kind {
+                Kind::Failure if mine => {
+                    return Err(TcpError::Failed(
+                        String::from_utf8_lossy(frame.payload).into_owned(),
+                    ));
+                }
+                Kind::Result if mine && frame.round == self.round => {
+                    return Ok(frame.payload.to_vec());
+                }
+                _ => self.ignored += 1,
+            }
+        }
+    }
+
+    /// Sends `payload` and returns the coordinator's answer for this participant.
+    ///
+    /// # Errors
+    ///
+    /// As [`send_contribution`](Self::send_contribution) and
+    /// [`receive_answer`](Self::receive_answer).
+    pub fn exchange(&mut self, payload: &[u8]) -> Result<Vec<u8>, TcpError> {
+        self.send_contribution(payload)?;
+        self.receive_answer()
+    }
+}
+
+impl Rendezvous for ZmqRendezvous {
+    fn index(&self) -> usize {
+        self.config.index
+    }
+
+    fn size(&self) -> usize {
+        self.config.world
+    }
+
+    fn all_gather(&mut self, payload: &[u8]) -> atlasboost_core::Result<Vec<Vec<u8>>> {
+        let answer = self.exchange(payload).map_err(Error::from)?;
+        let list = wire::unpack_list(&answer)
+            .filter(|l| l.len() == self.config.world)
+            .ok_or(TcpError::BadAnswer { round: self.round })?;
+        Ok(list)
+    }
+
+    fn barrier(&mut self) -> atlasboost_core::Result<()> {
+        self.exchange(&[]).map(drop).map_err(Error::from)
+    }
+}
