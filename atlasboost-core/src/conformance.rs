@@ -83,9 +83,12 @@ pub fn check_participant(rdv: &mut dyn Rendezvous) -> Result<RankTable, String> 
     })?;
 
     for round in 0..8 {
-        let got = rdv
-            .all_gather(&payload(round, index))
-            .map_err(|e| format!("participant {index}: all_gather round {round} failed: {e}"))?;
+        let got = rdv.all_gather(&payload(round, index)).map_err(|e| {
+            format!(
+                "participant {index}: all_gather round {round} failed: {}",
+                crate::exchange::error_chain(&e)
+            )
+        })?;
         expect(got.len() == size, || {
             format!(
                 "round {round}: got {} payloads for {size} participants",
@@ -102,16 +105,22 @@ pub fn check_participant(rdv: &mut dyn Rendezvous) -> Result<RankTable, String> 
         }
         if round % 3 == 0 {
             rdv.barrier().map_err(|e| {
-                format!("participant {index}: barrier after round {round} failed: {e}")
+                format!(
+                    "participant {index}: barrier after round {round} failed: {}",
+                    crate::exchange::error_chain(&e)
+                )
             })?;
         }
     }
 
     // A payload larger than socket buffers, different per participant.
     let big = |i: usize| -> Vec<u8> { (0..BIG).map(|k| (k % 251) as u8 ^ i as u8).collect() };
-    let got = rdv
-        .all_gather(&big(index))
-        .map_err(|e| format!("participant {index}: {BIG}-byte all_gather failed: {e}"))?;
+    let got = rdv.all_gather(&big(index)).map_err(|e| {
+        format!(
+            "participant {index}: {BIG}-byte all_gather failed: {}",
+            crate::exchange::error_chain(&e)
+        )
+    })?;
     expect(got.len() == size, || {
         format!("participant {index}: {} large payloads", got.len())
     })?;
@@ -133,7 +142,12 @@ pub fn check_participant(rdv: &mut dyn Rendezvous) -> Result<RankTable, String> 
         &|d| Ok(d),
         &BuildOptions::default(),
     )
-    .map_err(|e| format!("participant {index}: gathering devices failed: {e}"))?;
+    .map_err(|e| {
+        format!(
+            "participant {index}: gathering devices failed: {}",
+            crate::exchange::error_chain(&e)
+        )
+    })?;
     expect(
         table.rank_count() == size * DEVICES_PER_HOST as usize,
         || {
@@ -150,14 +164,21 @@ pub fn check_participant(rdv: &mut dyn Rendezvous) -> Result<RankTable, String> 
 
     // Everyone built the same bytes.
     let json = table.to_json_pretty();
-    let all = rdv
-        .all_gather(json.as_bytes())
-        .map_err(|e| format!("participant {index}: comparing tables failed: {e}"))?;
+    let all = rdv.all_gather(json.as_bytes()).map_err(|e| {
+        format!(
+            "participant {index}: comparing tables failed: {}",
+            crate::exchange::error_chain(&e)
+        )
+    })?;
     expect(all.iter().all(|t| *t == all[0]), || {
         format!("participant {index}: participants built different tables")
     })?;
-    rdv.barrier()
-        .map_err(|e| format!("participant {index}: final barrier failed: {e}"))?;
+    rdv.barrier().map_err(|e| {
+        format!(
+            "participant {index}: final barrier failed: {}",
+            crate::exchange::error_chain(&e)
+        )
+    })?;
     Ok(table)
 }
 

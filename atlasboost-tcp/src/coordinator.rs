@@ -10,7 +10,7 @@ use crate::wire::{self, Frame, Kind, Secret};
 use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, zmq_err};
 
 /// How long the coordinator waits between checks of its stop flag and deadlines.
-const TICK: Duration = Duration::from_millis(50);
+const TICK: Duration = Duration::from_millis(5);
 /// How long closing the socket may take to deliver answers still queued.
 const LINGER_MS: i32 = 2_000;
 /// How many refused frames the coordinator remembers (it counts all of them).
@@ -142,8 +142,11 @@ impl Coordinator {
         let socket = ctx
             .socket(zmq::ROUTER)
             .map_err(zmq_err("create a ROUTER socket"))?;
+        // ZeroMQ itself cuts off a sender whose frame exceeds twice the limit (without telling
+        // us, so those are not counted); frames between the limit and that are refused and
+        // logged like any other bad frame.
         socket
-            .set_maxmsgsize(config.max_message as i64)
+            .set_maxmsgsize(config.max_message.saturating_mul(2).min(i64::MAX as usize) as i64)
             .map_err(zmq_err("set the message size limit"))?;
         socket
             .set_linger(LINGER_MS)
@@ -227,6 +230,19 @@ impl Drop for Coordinator {
     }
 }
 
+/// `127.0.0.1 (pid 4242 #0)`: the sender's address (ZeroMQ gives the IP only) and the routing
+/// id an atlasboost participant chooses, which tells processes of one host apart.
+fn describe_peer(data: &mut zmq::Message, routing: &[u8]) -> String {
+    let ip = data
+        .gets("Peer-Address")
+        .unwrap_or("unknown address")
+        .to_string();
+    match std::str::from_utf8(routing) {
+        Ok(id) if id.starts_with("pid ") => format!("{ip} ({id})"),
+        _ => ip,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -234,7 +250,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// One participant's contribution to the current round.
 struct Slot {
     routing: Vec<u8>,
-    peer: String,
     payload: Vec<u8>,
 }
 
@@ -246,6 +261,8 @@ struct State {
     shared: Arc<Shared>,
     round: u64,
     slots: Vec<Option<Slot>>,
+    /// Who first used each index (routing id, description), for the whole job.
+    owners: Vec<Option<(Vec<u8>, String)>>,
     arrived: usize,
     deadline: Option<Instant>,
     failed: Option<String>,
@@ -267,6 +284,7 @@ impl State {
             shared,
             round: 1,
             slots: (0..world).map(|_| None).collect(),
+            owners: vec![None; world],
             arrived: 0,
             deadline,
             failed: None,
@@ -298,15 +316,16 @@ impl State {
                 self.refuse("unknown", "envelope without data".into());
                 continue;
             }
-            let data = self.socket.recv_msg(zmq::DONTWAIT).ok()?;
+            let mut data = self.socket.recv_msg(zmq::DONTWAIT).ok()?;
             if data.get_more() {
                 // A DEALER sends one frame per message; drain and refuse the rest.
+                let peer = describe_peer(&mut data, &routing);
                 while self
                     .socket
                     .recv_msg(zmq::DONTWAIT)
                     .is_ok_and(|m| m.get_more())
                 {}
-                self.refuse("unknown", "message of more than one frame".into());
+                self.refuse(&peer, "message of more than one frame".into());
                 continue;
             }
             return Some((routing.to_vec(), data));
@@ -322,7 +341,7 @@ impl State {
     }
 
     fn handle(&mut self, routing: Vec<u8>, mut data: zmq::Message) {
-        let peer = data.gets("Peer-Address").unwrap_or("unknown").to_string();
+        let peer = describe_peer(&mut data, &routing);
         let frame = match wire::decode(
             &self.config.secret,
             &self.config.job_id,
@@ -337,26 +356,38 @@ impl State {
         }
         let (index, round) = (frame.index as usize, frame.round);
         let world = self.config.world;
-        let payload = frame.payload.to_vec();
         if let Some(why) = self.failed.clone() {
             return self.send_failure(&routing, frame.index, &why);
         }
-        if index >= world {
-            let why = format!(
+        let clash = if index >= world {
+            Some(format!(
                 "participant at {peer} claims index {index}, outside this job's {world} participants (0..{})",
                 world - 1
-            );
-            self.send_failure(&routing, frame.index, &why);
-            return self.fail(why);
-        }
-        if frame.world as usize != world {
-            let why = format!(
+            ))
+        } else if frame.world as usize != world {
+            Some(format!(
                 "participant {} at {peer} expects {} participants, the coordinator {world}",
                 self.name(index),
                 frame.world
-            );
-            self.send_failure(&routing, frame.index, &why);
-            return self.fail(why);
+            ))
+        } else {
+            match &self.owners[index] {
+                // An index belongs to the first participant that used it, for the whole job.
+                Some((owner, owner_peer)) if *owner != routing => Some(format!(
+                    "two participants claim index {index}: {owner_peer} and {peer}"
+                )),
+                _ if round > self.round => Some(format!(
+                    "participant {} at {peer} is in round {round}, the others in round {}",
+                    self.name(index),
+                    self.round
+                )),
+                _ => None,
+            }
+        };
+        if let Some(why) = clash {
+            // Record the failure before anyone hears of it, so `failure()` never lags.
+            self.fail(why.clone());
+            return self.send_failure(&routing, frame.index, &why);
         }
         if round < self.round {
             return self.refuse(
@@ -364,32 +395,14 @@ impl State {
                 format!("stale frame of round {round} (now {})", self.round),
             );
         }
-        if round > self.round {
-            let why = format!(
-                "participant {} at {peer} is in round {round}, the others in round {}",
-                self.name(index),
-                self.round
-            );
-            self.send_failure(&routing, frame.index, &why);
-            return self.fail(why);
+        if self.slots[index].is_some() {
+            return self.refuse(&peer, format!("repeated frame of round {round}"));
         }
-        match &self.slots[index] {
-            Some(slot) if slot.routing != routing => {
-                let why = format!(
-                    "two participants claim index {index}: {} and {peer}",
-                    slot.peer
-                );
-                self.send_failure(&routing, frame.index, &why);
-                return self.fail(why);
-            }
-            Some(_) => return self.refuse(&peer, format!("repeated frame of round {round}")),
-            None => {}
+        if self.owners[index].is_none() {
+            self.owners[index] = Some((routing.clone(), peer.clone()));
         }
-        self.slots[index] = Some(Slot {
-            routing,
-            peer,
-            payload,
-        });
+        let payload = frame.payload.to_vec();
+        self.slots[index] = Some(Slot { routing, payload });
         self.arrived += 1;
         if self.arrived == 1 && self.round > 1 {
             self.deadline = Some(Instant::now() + self.config.timeout);
@@ -472,10 +485,10 @@ impl State {
     }
 
     fn fail_slots(&mut self, slots: &[Slot], why: String) {
+        *lock(&self.shared.failure) = Some(why.clone());
         for s in slots {
             self.send_failure(&s.routing, BROADCAST, &why);
         }
-        *lock(&self.shared.failure) = Some(why.clone());
         self.failed = Some(why);
         self.arrived = 0;
         self.deadline = None;

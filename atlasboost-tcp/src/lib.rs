@@ -50,6 +50,8 @@ use std::time::Duration;
 pub use coordinator::{Combiner, Coordinator, CoordinatorConfig, Replies, Report};
 pub use participant::{ParticipantConfig, ZmqRendezvous};
 pub use wire::Secret;
+/// A ZeroMQ context, for [`ZmqRendezvous::connect_in`] (many participants in one process).
+pub use zmq::Context;
 
 /// The index a coordinator's frame carries when it is for every participant.
 pub const BROADCAST: u32 = u32::MAX;

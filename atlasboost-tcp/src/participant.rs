@@ -1,5 +1,6 @@
 //! A participant: a DEALER socket connected to the coordinator, implementing `Rendezvous`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use atlasboost_core::{Error, Rendezvous};
@@ -106,6 +107,17 @@ impl ZmqRendezvous {
         socket
             .set_linger(0)
             .map_err(zmq_err("set the linger time"))?;
+        // A routing id that names this process lets the coordinator tell apart two
+        // participants of one host (it sees only their IP address).
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = format!(
+            "pid {} #{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        socket
+            .set_identity(id.as_bytes())
+            .map_err(zmq_err("set the routing id"))?;
         socket
             .set_maxmsgsize(config.max_message as i64)
             .map_err(zmq_err("set the message size limit"))?;

@@ -1,0 +1,49 @@
+//! One in-process coordinator with 512 and 4,096 simulated hosts of 8 devices, on loopback.
+//!
+//! Each iteration is a whole rendezvous: bind, connect every participant, one round, close.
+//! Two answers are measured: the all-gather a launch needs (every host gets every host's
+//! devices: O(N²) bytes) and the per-host answer of library mode (the coordinator builds the
+//! table and each host gets its own entry: O(N) bytes).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use atlasboost_benches::{Answer, host_payloads, run_rendezvous};
+use criterion::{BenchmarkId, Criterion, criterion_group};
+
+fn rendezvous(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rendezvous");
+    g.sample_size(10);
+    g.warm_up_time(Duration::from_millis(500));
+    for hosts in [512u32, 4096] {
+        let payloads = host_payloads(hosts);
+        for (name, answer) in [
+            ("all_gather", Answer::Everything),
+            ("own_entry", Answer::OwnEntry),
+        ] {
+            g.bench_with_input(BenchmarkId::new(name, hosts), &payloads, |b, p| {
+                b.iter(|| match run_rendezvous(black_box(p), answer) {
+                    Ok(bytes) => bytes,
+                    Err(why) => panic!("rendezvous of {hosts} hosts failed: {why}"),
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, rendezvous);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // The process's peak resident memory, for docs/PERFORMANCE.md.
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
+        && let Some(line) = status.lines().find(|l| l.starts_with("VmHWM"))
+    {
+        eprintln!(
+            "peak memory of the benchmark process: {}",
+            line.trim_start_matches("VmHWM:").trim()
+        );
+    }
+}
