@@ -63,6 +63,7 @@ pub fn host_payloads(hosts: u32) -> Vec<Vec<u8>> {
 pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, String> {
     use std::time::Duration;
 
+    use atlasboost_core::exchange::HostReport;
     use atlasboost_core::ranktable::{BuildOptions, RankTable, build_table};
     use atlasboost_tcp::{
         Coordinator, CoordinatorConfig, ParticipantConfig, Replies, Secret, ZmqRendezvous,
@@ -78,10 +79,16 @@ pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, Str
         Answer::OwnEntry => Coordinator::start_with(
             config,
             Box::new(|_, payloads| {
+                // Parse every host's report once, build the table, answer each host with its
+                // own server entry.
+                let mut hosts = Vec::with_capacity(payloads.len());
                 let mut devices = Vec::new();
                 for p in payloads {
                     match serde_json::from_slice(p) {
-                        Ok(atlasboost_core::exchange::HostReport::Devices(d)) => devices.extend(d),
+                        Ok(HostReport::Devices(d)) => {
+                            hosts.push(d.first().map(|d| d.server_id.clone()).unwrap_or_default());
+                            devices.extend(d);
+                        }
                         _ => return Err("a payload is not a host report".into()),
                     }
                 }
@@ -90,8 +97,7 @@ pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, Str
                 let RankTable::Cluster(t) = table else {
                     return Err("format 1.0 expected".into());
                 };
-                // Servers come back sorted by server_id; answer each host with its own entry.
-                let mut by_id: std::collections::HashMap<&str, Vec<u8>> = t
+                let mut entries: std::collections::HashMap<&str, Vec<u8>> = t
                     .server_list
                     .iter()
                     .map(|s| {
@@ -101,20 +107,9 @@ pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, Str
                         )
                     })
                     .collect();
-                let each = payloads
+                let each = hosts
                     .iter()
-                    .map(|p| {
-                        let id = serde_json::from_slice::<atlasboost_core::exchange::HostReport>(p)
-                            .ok()
-                            .and_then(|r| match r {
-                                atlasboost_core::exchange::HostReport::Devices(d) => {
-                                    d.first().map(|d| d.server_id.clone())
-                                }
-                                _ => None,
-                            })
-                            .unwrap_or_default();
-                        by_id.remove(id.as_str()).unwrap_or_default()
-                    })
+                    .map(|h| entries.remove(h.as_str()).unwrap_or_default())
                     .collect();
                 Ok(Replies::Each(each))
             }),

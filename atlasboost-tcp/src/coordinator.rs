@@ -139,6 +139,9 @@ impl Coordinator {
             )));
         }
         let ctx = zmq::Context::new();
+        // Accepting and handshaking thousands of connections is the I/O threads' work.
+        ctx.set_io_threads(2)
+            .map_err(zmq_err("set the number of I/O threads"))?;
         let socket = ctx
             .socket(zmq::ROUTER)
             .map_err(zmq_err("create a ROUTER socket"))?;
