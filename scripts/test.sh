@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls this), on a fresh machine.
 #
-# What it needs: the Rust toolchain (cargo, rustfmt, clippy) and a C linker, which every
-# machine of this project has. No Debian or Python package is needed yet; when one is
-# (OpenMPI, sshd, the Python bindings), it is installed here, never by hand.
+# What it needs: the Rust toolchain (cargo, rustfmt, clippy) and a C/C++ compiler, which every
+# machine of this project has (libzmq is built from source by the zmq crate). No Debian or
+# Python package is needed yet; when one is (OpenMPI, sshd, the Python bindings), it is
+# installed here, never by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-for tool in cargo rustfmt cargo-clippy cc; do
+for tool in cargo rustfmt cargo-clippy cc c++; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         echo "scripts/test.sh: $tool is missing; install the Rust toolchain (rustup) and gcc" >&2
         exit 1
@@ -22,7 +23,7 @@ cargo fmt --all -- --check
 step "clippy (default build, all features, every target)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-for crate in atlasboost-core atlasboost-sim; do
+for crate in atlasboost-core atlasboost-sim atlasboost-tcp; do
     cargo clippy -p "$crate" --all-targets -- -D warnings
 done
 

@@ -16,7 +16,7 @@ fn rendezvous(c: &mut Criterion) {
     g.sample_size(10);
     g.warm_up_time(Duration::from_millis(500));
     // The all-gather of 4,096 hosts moves 15 GB through loopback and queues most of it in
-    // memory (about a minute and 12 GB per run): only with ATLASBOOST_BENCH_HEAVY=1.
+    // memory (about a minute and 16 GB per run): only with ATLASBOOST_BENCH_HEAVY=1.
     let heavy = std::env::var_os("ATLASBOOST_BENCH_HEAVY").is_some_and(|v| v == "1");
     for hosts in [512u32, 4096] {
         let payloads = host_payloads(hosts);

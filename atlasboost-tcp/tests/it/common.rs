@@ -84,14 +84,7 @@ pub fn payloads(world: usize, round: usize) -> Vec<Vec<u8>> {
 
 /// An error and all its sources, joined with ": " (what a user would see in a log).
 pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+    atlasboost_core::exchange::error_chain(e)
 }
 
 /// A port that was free a moment ago (bound on loopback, read, released).
