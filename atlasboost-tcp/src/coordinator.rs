@@ -11,8 +11,11 @@ use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, zmq_err};
 
 /// How long the coordinator waits between checks of its stop flag and deadlines.
 const TICK: Duration = Duration::from_millis(5);
-/// How long closing the socket may take to deliver answers still queued.
-const LINGER_MS: i32 = 2_000;
+/// The longest closing the socket may take to deliver answers still queued (no longer than
+/// the round timeout either).
+const LINGER_MS: i32 = 30_000;
+/// How many frames the coordinator handles before it looks at its clock and stop flag again.
+const BATCH: usize = 256;
 /// How many refused frames the coordinator remembers (it counts all of them).
 const DROP_LOG_LEN: usize = 100;
 
@@ -138,6 +141,7 @@ impl Coordinator {
                 config.world
             )));
         }
+        check_limits(&config.job_id, config.max_message)?;
         let ctx = zmq::Context::new();
         // Accepting and handshaking thousands of connections is the I/O threads' work.
         ctx.set_io_threads(2)
@@ -152,7 +156,7 @@ impl Coordinator {
             .set_maxmsgsize(config.max_message.saturating_mul(2).min(i64::MAX as usize) as i64)
             .map_err(zmq_err("set the message size limit"))?;
         socket
-            .set_linger(LINGER_MS)
+            .set_linger(config.timeout.as_millis().min(LINGER_MS as u128) as i32)
             .map_err(zmq_err("set the linger time"))?;
         // Many participants connect at once: let the kernel queue them.
         socket
@@ -246,6 +250,23 @@ fn describe_peer(data: &mut zmq::Message, routing: &[u8]) -> String {
     }
 }
 
+/// Refuses a job id the wire format cannot carry and a size limit over 4 GiB.
+pub(crate) fn check_limits(job_id: &str, max_message: usize) -> Result<(), TcpError> {
+    if job_id.len() > wire::MAX_JOB_ID {
+        return Err(TcpError::Config(format!(
+            "job id of {} bytes; at most {} fit in a frame",
+            job_id.len(),
+            wire::MAX_JOB_ID
+        )));
+    }
+    if max_message > u32::MAX as usize {
+        return Err(TcpError::Config(format!(
+            "a size limit of {max_message} bytes; frames are limited to 4 GiB"
+        )));
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -301,12 +322,24 @@ impl State {
             });
             // A poll error (interrupted) just means: look again.
             let _ = self.socket.poll(zmq::POLLIN, wait.as_millis() as i64);
-            while let Some((routing, data)) = self.receive() {
+            // A bounded batch, so a flood of frames cannot starve the deadline and stop checks.
+            for _ in 0..BATCH {
+                let Some((routing, data)) = self.receive() else {
+                    break;
+                };
                 self.handle(routing, data);
             }
             if self.failed.is_none() && self.deadline.is_some_and(|d| Instant::now() >= d) {
                 self.time_out();
             }
+        }
+        if self.failed.is_none() && self.arrived > 0 {
+            // Those waiting in this round would otherwise wait out their own timeouts.
+            let why = format!(
+                "the coordinator was stopped in round {} with {} of {} participants arrived",
+                self.round, self.arrived, self.config.world
+            );
+            self.fail(why);
         }
     }
 
@@ -354,6 +387,18 @@ impl State {
             Ok(f) => f,
             Err(why) => return self.refuse(&peer, why.to_string()),
         };
+        if frame.kind == Kind::Abort
+            && (frame.index as usize) < self.config.world
+            && self.failed.is_none()
+        {
+            let why = format!(
+                "participant {} at {peer} gave up in round {}: {}",
+                self.name(frame.index as usize),
+                frame.round,
+                String::from_utf8_lossy(frame.payload)
+            );
+            return self.fail(why);
+        }
         if frame.kind != Kind::Join {
             return self.refuse(&peer, format!("unexpected {:?} frame", frame.kind));
         }
@@ -423,6 +468,21 @@ impl State {
             .collect();
         let replies = (self.combiner)(self.round, &payloads);
         let world = self.config.world as u32;
+        // An answer a participant would refuse as too large must fail the round for everyone,
+        // before anyone is answered.
+        let largest = match &replies {
+            Ok(Replies::Same(b)) => b.len(),
+            Ok(Replies::Each(each)) => each.iter().map(Vec::len).max().unwrap_or(0),
+            Err(_) => 0,
+        };
+        if largest + 1024 > self.config.max_message {
+            let why = format!(
+                "round {} needs an answer of {largest} bytes, over the {}-byte limit",
+                self.round, self.config.max_message
+            );
+            self.fail_slots(&slots, why);
+            return;
+        }
         match replies {
             Ok(Replies::Same(bytes)) => {
                 let frame = self.encode(Kind::Result, BROADCAST, &bytes);

@@ -95,6 +95,7 @@ impl ZmqRendezvous {
         ctx: &zmq::Context,
         config: ParticipantConfig,
     ) -> Result<ZmqRendezvous, TcpError> {
+        crate::coordinator::check_limits(&config.job_id, config.max_message)?;
         if config.world == 0 || config.index >= config.world || config.world > u32::MAX as usize {
             return Err(TcpError::Config(format!(
                 "participant index {} is outside a world of {}",
@@ -108,12 +109,15 @@ impl ZmqRendezvous {
             .set_linger(0)
             .map_err(zmq_err("set the linger time"))?;
         // A routing id that names this process lets the coordinator tell apart two
-        // participants of one host (it sees only their IP address).
+        // participants of one host (it sees only their IP address); the random part keeps two
+        // hosts with the same pid (pid 1 in every container) apart, and a stranger from
+        // taking a participant's id first.
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let id = format!(
-            "pid {} #{}",
+            "pid {} #{} {:016x}",
             std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            random_u64()
         );
         socket
             .set_identity(id.as_bytes())
@@ -173,6 +177,7 @@ impl ZmqRendezvous {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                self.abort(&format!("no answer within {:?}", self.config.timeout));
                 return Err(TcpError::NoAnswer {
                     endpoint: self.config.endpoint.clone(),
                     round: self.round,
@@ -217,6 +222,24 @@ impl ZmqRendezvous {
         }
     }
 
+    /// Tells the coordinator this participant gives up on the round, so that it fails the
+    /// round for everyone rather than let the others succeed without it. Best effort: the
+    /// coordinator may be the one that is gone.
+    fn abort(&self, why: &str) {
+        let frame = wire::encode(
+            &self.config.secret,
+            &Frame {
+                kind: Kind::Abort,
+                round: self.round,
+                index: self.config.index as u32,
+                world: self.config.world as u32,
+                job_id: &self.config.job_id,
+                payload: why.as_bytes(),
+            },
+        );
+        let _ = self.socket.send(frame, zmq::DONTWAIT);
+    }
+
     /// Sends `payload` and returns the coordinator's answer for this participant.
     ///
     /// # Errors
@@ -248,5 +271,17 @@ impl Rendezvous for ZmqRendezvous {
 
     fn barrier(&mut self) -> atlasboost_core::Result<()> {
         self.exchange(&[]).map(drop).map_err(Error::from)
+    }
+}
+
+/// 64 random bits for the routing id; the clock if the random source cannot be read.
+fn random_u64() -> u64 {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
     }
 }

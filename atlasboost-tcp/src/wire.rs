@@ -4,7 +4,7 @@
 //! offset  size  field
 //! 0       4     magic "ABRZ"
 //! 4       1     protocol version (1)
-//! 5       1     kind: 1 join (participant -> coordinator), 2 result, 3 failure
+//! 5       1     kind: 1 join, 4 abort (participant -> coordinator); 2 result, 3 failure
 //! 6       2     reserved, 0
 //! 8       8     round, little-endian (1 for the first exchange)
 //! 16      4     participant index
@@ -15,7 +15,8 @@
 //! ```
 //!
 //! Both directions are authenticated, so a participant cannot be fed a forged table either.
-//! Integers are little-endian. Anything that does not decode exactly is refused with a reason.
+//! Integers are little-endian. Anything that does not decode exactly is refused with a reason;
+//! the cheap structural checks come before the HMAC, so garbage costs little to refuse.
 
 use std::fmt;
 
@@ -30,12 +31,27 @@ pub const VERSION: u8 = 1;
 const TAG_LEN: usize = 32;
 /// Bytes before the job id.
 const FIXED_LEN: usize = 26;
+/// The longest job id, in bytes.
+pub const MAX_JOB_ID: usize = 255;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// The shared secret of one job: 32 random bytes. Its `Debug` output never shows it.
-#[derive(Clone, PartialEq, Eq)]
+/// The shared secret of one job: 32 random bytes. Its `Debug` output never shows it, and
+/// comparing two takes the same time wherever they differ.
+#[derive(Clone)]
 pub struct Secret([u8; 32]);
+
+impl PartialEq for Secret {
+    fn eq(&self, other: &Secret) -> bool {
+        self.0
+            .iter()
+            .zip(other.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+impl Eq for Secret {}
 
 impl Secret {
     /// A secret from the operating system's random source.
@@ -54,7 +70,7 @@ impl Secret {
     /// variable), or `None` if `text` is not that.
     pub fn from_hex(text: &str) -> Option<Secret> {
         let text = text.trim();
-        if text.len() != 64 || !text.is_ascii() {
+        if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let mut bytes = [0u8; 32];
@@ -98,6 +114,9 @@ pub enum Kind {
     Result = 2,
     /// The coordinator's report that the rendezvous failed; the payload is the reason (UTF-8).
     Failure = 3,
+    /// A participant gave up waiting; the payload is why. The coordinator fails the round for
+    /// everyone, so no participant fails alone while the others succeed.
+    Abort = 4,
 }
 
 /// A decoded frame.
@@ -163,8 +182,7 @@ pub fn encode(secret: &Secret, frame: &Frame<'_>) -> Vec<u8> {
     out.extend_from_slice(&frame.round.to_le_bytes());
     out.extend_from_slice(&frame.index.to_le_bytes());
     out.extend_from_slice(&frame.world.to_le_bytes());
-    // Job ids are short names; a longer one is cut rather than wrapped around.
-    let job = &job[..job.len().min(usize::from(u16::MAX))];
+    // Configurations refuse job ids over MAX_JOB_ID bytes, so the length fits.
     out.extend_from_slice(&(job.len() as u16).to_le_bytes());
     out.extend_from_slice(job);
     out.extend_from_slice(&(frame.payload.len() as u32).to_le_bytes());
@@ -203,16 +221,17 @@ pub fn decode<'a>(
         return Err(Refused::Version(bytes[4]));
     }
     let (body, tag) = bytes.split_at(bytes.len() - TAG_LEN);
-    let mut mac = secret.mac();
-    mac.update(body);
-    mac.verify_slice(tag).map_err(|_| Refused::Authentication)?;
 
     let kind = match body[5] {
         1 => Kind::Join,
         2 => Kind::Result,
         3 => Kind::Failure,
+        4 => Kind::Abort,
         k => return Err(Refused::Kind(k)),
     };
+    if body[6] != 0 || body[7] != 0 {
+        return Err(Refused::Malformed("reserved bytes are not zero"));
+    }
     let u32_at =
         |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
     let mut round = [0u8; 8];
@@ -231,6 +250,10 @@ pub fn decode<'a>(
             "payload length does not match the frame",
         ));
     }
+    // The frame is well formed: now the (costlier) signature, then whose job it is.
+    let mut mac = secret.mac();
+    mac.update(body);
+    mac.verify_slice(tag).map_err(|_| Refused::Authentication)?;
     if frame_job != job_id {
         return Err(Refused::OtherJob(frame_job.to_string()));
     }

@@ -444,3 +444,51 @@ fn a_timeout_lists_exactly_the_participants_that_never_arrived() {
         }
     }
 }
+
+/// A participant that gives up (here: its timeout is shorter than the coordinator's) makes the
+/// round fail for everyone, instead of failing alone while the others succeed.
+#[test]
+fn a_participant_that_gives_up_fails_the_round_for_everyone() {
+    use atlasboost_tcp::ParticipantConfig;
+    let secret = Secret::from_bytes([9; 32]);
+    let coordinator = Coordinator::start(CoordinatorConfig::new(
+        "tcp://127.0.0.1:0",
+        3,
+        "abort",
+        secret.clone(),
+        Duration::from_secs(20),
+    ))
+    .unwrap();
+    let endpoint = coordinator.endpoint().to_string();
+    // Participant 0 waits 300 ms only; participant 1 waits long; participant 2 never comes.
+    let mut impatient = ZmqRendezvous::connect(ParticipantConfig::new(
+        &endpoint,
+        0,
+        3,
+        "abort",
+        secret.clone(),
+        Duration::from_millis(300),
+    ))
+    .unwrap();
+    let patient_config =
+        ParticipantConfig::new(&endpoint, 1, 3, "abort", secret, Duration::from_secs(20));
+    let started = std::time::Instant::now();
+    let patient = std::thread::spawn(move || {
+        let mut p = ZmqRendezvous::connect(patient_config).unwrap();
+        p.exchange(b"patient")
+    });
+    let e = impatient.exchange(b"impatient").unwrap_err();
+    assert!(matches!(e, TcpError::NoAnswer { .. }), "{e:?}");
+    let e = patient.join().unwrap().unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("participant 0") && text.contains("gave up"),
+        "{text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "told long before its own timeout"
+    );
+    let report = coordinator.finish();
+    assert!(report.failure.unwrap_or_default().contains("gave up"));
+}
