@@ -274,14 +274,25 @@ impl Rendezvous for ZmqRendezvous {
     }
 }
 
-/// 64 random bits for the routing id; the clock if the random source cannot be read.
+/// 64 random bits for the routing id: read once per process (from the random source, or the
+/// clock if it cannot be read), then stepped by a large odd constant, so thousands of
+/// participants in one process cost one read.
 fn random_u64() -> u64 {
     use std::io::Read;
-    let mut bytes = [0u8; 8];
-    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)) {
-        Ok(()) => u64::from_le_bytes(bytes),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    }
+    use std::sync::OnceLock;
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static STEP: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)) {
+            Ok(()) => u64::from_le_bytes(bytes),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        }
+    });
+    seed.wrapping_add(
+        STEP.fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    )
 }
