@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::shared::SharedMessage;
 use crate::wire::{self, Frame, Kind, Secret};
 use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, zmq_err};
 
@@ -486,8 +487,17 @@ impl State {
         match replies {
             Ok(Replies::Same(bytes)) => {
                 let frame = self.encode(Kind::Result, BROADCAST, &bytes);
-                for s in &slots {
-                    self.send(&s.routing, &frame);
+                match SharedMessage::new(&frame) {
+                    Ok(mut shared) => {
+                        drop(frame);
+                        for s in &slots {
+                            shared.send_to(&mut self.socket, &s.routing);
+                        }
+                    }
+                    Err(e) => {
+                        self.fail_slots(&slots, format!("round {}: {e}", self.round));
+                        return;
+                    }
                 }
             }
             Ok(Replies::Each(each)) if each.len() == slots.len() => {

@@ -43,6 +43,7 @@
 
 mod coordinator;
 mod participant;
+mod shared;
 pub mod wire;
 
 use std::time::Duration;
