@@ -150,17 +150,7 @@ impl ZmqRendezvous {
     /// [`TcpError::Zmq`] if the frame cannot be queued.
     pub fn send_contribution(&mut self, payload: &[u8]) -> Result<(), TcpError> {
         self.round += 1;
-        let frame = wire::encode(
-            &self.config.secret,
-            &Frame {
-                kind: Kind::Join,
-                round: self.round,
-                index: self.config.index as u32,
-                world: self.config.world as u32,
-                job_id: &self.config.job_id,
-                payload,
-            },
-        );
+        let frame = self.frame(Kind::Join, payload);
         self.socket
             .send(frame, 0)
             .map_err(zmq_err("send a contribution"))
@@ -226,18 +216,24 @@ impl ZmqRendezvous {
     /// round for everyone rather than let the others succeed without it. Best effort: the
     /// coordinator may be the one that is gone.
     fn abort(&self, why: &str) {
-        let frame = wire::encode(
+        let _ = self
+            .socket
+            .send(self.frame(Kind::Abort, why.as_bytes()), zmq::DONTWAIT);
+    }
+
+    /// This participant's signed frame of `kind` for the current round.
+    fn frame(&self, kind: Kind, payload: &[u8]) -> Vec<u8> {
+        wire::encode(
             &self.config.secret,
             &Frame {
-                kind: Kind::Abort,
+                kind,
                 round: self.round,
                 index: self.config.index as u32,
                 world: self.config.world as u32,
                 job_id: &self.config.job_id,
-                payload: why.as_bytes(),
+                payload,
             },
-        );
-        let _ = self.socket.send(frame, zmq::DONTWAIT);
+        )
     }
 
     /// Sends `payload` and returns the coordinator's answer for this participant.

@@ -1,6 +1,7 @@
 //! `atlasboost validate`: every rule HCCL applies, every violation listed.
 
-use atlasboost_core::ranktable::{RankTable, Violation, default_chip, read_json, validate_value};
+use atlasboost_core::Error;
+use atlasboost_core::ranktable::{RankTable, Violation, default_chip, read_json};
 use serde::Serialize;
 
 use super::{counted, summary};
@@ -32,16 +33,13 @@ struct Report<'a> {
 pub fn run(args: &ValidateArgs, printer: &Printer) -> Result<u8, CliError> {
     let value = read_json(&args.file)?;
     let chip = args.chip.unwrap_or_else(|| default_chip(&value));
-    let violations = validate_value(&value, chip);
-    let table = if violations.is_empty() {
-        Some(RankTable::from_value(
-            value,
-            &args.file.display().to_string(),
-            chip,
-        )?)
-    } else {
-        None
-    };
+    // One validation: `from_value` returns every violation when the table is invalid.
+    let (table, violations) =
+        match RankTable::from_value(value, &args.file.display().to_string(), chip) {
+            Ok(t) => (Some(t), Vec::new()),
+            Err(Error::Invalid { violations, .. }) => (None, violations),
+            Err(e) => return Err(e.into()),
+        };
     let file = args.file.display().to_string();
     let text = if args.json {
         let report = Report {
