@@ -2,9 +2,10 @@
 # The whole test suite, as CI runs it (.ci/run calls this), on a fresh machine.
 #
 # What it needs: the Rust toolchain (cargo, rustfmt, clippy) and a C/C++ compiler, which every
-# machine of this project has (libzmq is built from source by the zmq crate). No Debian or
-# Python package is needed yet; when one is (OpenMPI, sshd, the Python bindings), it is
-# installed here, never by hand.
+# machine of this project has (libzmq is built from source by the zmq crate), and python3 for
+# the example workers the end-to-end tests launch; python3 is installed from Debian's packages
+# if it is missing. Whatever else a test needs (OpenMPI, sshd, the Python bindings) is
+# installed here too, never by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,12 @@ for tool in cargo rustfmt cargo-clippy cc c++; do
         exit 1
     fi
 done
+
+if ! command -v python3 >/dev/null 2>&1; then
+    step "installing python3 (the example workers are Python)"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3
+fi
 
 step "format"
 cargo fmt --all -- --check
@@ -43,8 +50,19 @@ totals=$(cat "$log.total")
 step "benchmarks run once each (criterion --test mode), so they cannot rot"
 cargo bench -p atlasboost-benches -- --test
 
+step "the side-by-side comparison script runs (tiny sizes; no mpirun needed)"
+python3 benches/compare.py output --only atlasboost,raw --runs 1 --lines 2000 \
+    --atlasboost target/debug/atlasboost >/dev/null
+python3 benches/compare.py memory --ranks 16 --seconds 1 --atlasboost target/debug/atlasboost >/dev/null
+
 step "the README's main-job command"
-cargo run --quiet -p atlasboost-cli -- ranktable --sim 8 --server-id 10.0.0.1 -o - >/dev/null
+out=$(mktemp)
+cargo run --quiet -p atlasboost-cli -- run --sim 8 -H 127.0.0.1:4,127.0.0.2:4 -- \
+    python3 examples/train.py >"$out" 2>&1 ||
+    { cat "$out"; echo "scripts/test.sh: the main-job command failed" >&2; exit 1; }
+grep -q '^\[7\]<stdout>:step 5/5' "$out" && grep -q 'succeeded, 0 failed' "$out" ||
+    { cat "$out"; echo "scripts/test.sh: the main job did not finish as it should" >&2; exit 1; }
+rm -f "$out" rank_table.json
 
 echo
 echo "scripts/test.sh: all checks passed"

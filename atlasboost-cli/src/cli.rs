@@ -1,8 +1,11 @@
 //! The command line (SPEC §5), as clap types.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use atlasboost_core::ranktable::Format;
+use atlasboost_core::worker_env::Framework;
 use atlasboost_core::{Chip, DeviceList};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -35,6 +38,12 @@ pub enum Command {
     Validate(ValidateArgs),
     /// List this server's devices.
     Probe(ProbeArgs),
+    /// Launch a job: one worker per NPU on every host, with a rank table and live output.
+    Run(Box<RunArgs>),
+    /// Internal: the lifeline process of a launch, which stops the job's process groups when
+    /// the launcher dies.
+    #[command(hide = true)]
+    Guard,
 }
 
 /// Where devices come from (`--probe`).
@@ -50,9 +59,9 @@ pub enum ProbeKind {
     Sim,
 }
 
-/// Device discovery options shared by `ranktable` and `probe` (SPEC §3).
-#[derive(Debug, Args)]
-pub struct DeviceArgs {
+/// Device discovery options shared by `run`, `ranktable` and `probe` (SPEC §3).
+#[derive(Debug, Clone, Args)]
+pub struct DiscoveryArgs {
     /// Where to find devices.
     #[arg(long, value_enum, default_value_t = ProbeKind::Auto)]
     pub probe: ProbeKind,
@@ -72,6 +81,14 @@ pub struct DeviceArgs {
     /// Only these physical devices, e.g. 0-3 or 0,1,4.
     #[arg(long, value_name = "LIST", value_parser = parse_device_list)]
     pub devices: Option<DeviceList>,
+}
+
+/// Device discovery on this host only (`ranktable`, `probe`): discovery and the server id.
+#[derive(Debug, Args)]
+pub struct DeviceArgs {
+    /// Device discovery.
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
 
     /// This server's id in the table [default: this host's primary IPv4 address].
     #[arg(long, value_name = "ID", value_parser = parse_server_id)]
@@ -152,6 +169,190 @@ pub struct ProbeArgs {
     pub json: bool,
 }
 
+/// `atlasboost run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Total workers [default: every slot, or every device]; `-np N` works too.
+    #[arg(short = 'n', long = "np", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub np: Option<u32>,
+
+    /// Hosts, as host[:slots],... (a host without slots uses all its devices).
+    #[arg(short = 'H', long, value_name = "LIST", conflicts_with = "hostfile")]
+    pub hosts: Option<String>,
+
+    /// A file of hosts: lines `host slots=N`, `host:N` or `host`; `#` starts a comment.
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
+
+    /// Device discovery on every host.
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
+
+    /// Which framework's variables to set.
+    #[arg(long, value_name = "NAME", default_value = "tensorflow", value_parser = framework_parser())]
+    pub framework: Framework,
+
+    /// Where every host writes the cluster rank table (relative to --wdir).
+    #[arg(long, value_name = "PATH", default_value = "rank_table.json")]
+    pub rank_table: PathBuf,
+
+    /// Rank table format.
+    #[arg(long, value_name = "FORMAT", default_value = "1.0", value_parser = format_parser())]
+    pub format: Format,
+
+    /// Server order in the table: by server id, or as the hosts are listed.
+    #[arg(long, value_enum, value_name = "ORDER", default_value_t = RankOrderArg::ServerId)]
+    pub rank_order: RankOrderArg,
+
+    /// Export a variable to every worker: NAME=VALUE, or NAME for this shell's value.
+    #[arg(short = 'x', long = "env", value_name = "NAME[=VALUE]", value_parser = parse_export)]
+    pub env: Vec<(String, Option<String>)>,
+
+    /// The workers' directory on every host [default: the current directory].
+    #[arg(long, value_name = "DIR")]
+    pub wdir: Option<PathBuf>,
+
+    /// Also write DIR/rank.<rank>/stdout.log and stderr.log.
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+
+    /// Print workers' lines without the `[rank]<stream>:` prefix.
+    #[arg(long)]
+    pub no_tag: bool,
+
+    /// Start every line with its time (ISO 8601, UTC).
+    #[arg(long)]
+    pub timestamp: bool,
+
+    /// Show only these ranks on the console, e.g. 0 or 0-3,8 (log files keep all).
+    #[arg(long, value_name = "LIST", value_parser = parse_rank_list)]
+    pub ranks: Option<RankList>,
+
+    /// Seconds to wait for every host to join.
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = parse_seconds)]
+    pub rendezvous_timeout: Duration,
+
+    /// Seconds between SIGTERM and SIGKILL when stopping workers.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_grace)]
+    pub grace: Duration,
+
+    /// The command each worker runs, and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// `--rank-order`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RankOrderArg {
+    /// Servers sorted by server id (what MindSpore and HCCL's legacy parser expect).
+    ServerId,
+    /// Servers in the order the hosts are listed.
+    Hosts,
+}
+
+/// A set of ranks (`--ranks`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankList {
+    /// The ranks, in order.
+    pub ranks: std::collections::BTreeSet<u32>,
+    /// As typed, for messages.
+    pub text: String,
+}
+
+/// The mpirun/horovodrun spelling `-np N` (one dash, two letters) is not something clap parses:
+/// turn it into `--np` before `--`, only for `run`.
+pub fn normalize_args(args: Vec<OsString>) -> Vec<OsString> {
+    let Some(run) = args.iter().position(|a| a == "run") else {
+        return args;
+    };
+    let mut seen_dashes = false;
+    args.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            if a == "--" {
+                seen_dashes = true;
+            }
+            if i > run && !seen_dashes && a == "-np" {
+                OsString::from("--np")
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+fn parse_export(s: &str) -> Result<(String, Option<String>), String> {
+    let (name, value) = match s.split_once('=') {
+        Some((n, v)) => (n, Some(v.to_string())),
+        None => (s, None),
+    };
+    let valid = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !valid {
+        return Err(format!(
+            "{name:?} is not a variable name (letters, digits and _, not starting with a digit)"
+        ));
+    }
+    if value.as_deref().is_some_and(|v| v.contains('\0')) {
+        return Err("a value cannot contain a NUL byte".into());
+    }
+    Ok((name.to_string(), value))
+}
+
+fn parse_rank_list(s: &str) -> Result<RankList, String> {
+    let mut ranks = std::collections::BTreeSet::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let num = |t: &str| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{t:?} is not a rank (expected e.g. 0 or 0-3,8)"))
+        };
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(part)?, num(part)?),
+        };
+        if lo > hi {
+            return Err(format!("range {part} runs backwards"));
+        }
+        if hi - lo > 1 << 20 {
+            return Err(format!("range {part} is larger than any job"));
+        }
+        ranks.extend(lo..=hi);
+    }
+    Ok(RankList {
+        ranks,
+        text: s.to_string(),
+    })
+}
+
+/// Seconds, possibly fractional (`0.5`); more than 0.
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    match parse_grace(s)? {
+        d if d.is_zero() => Err("must be more than 0".into()),
+        d => Ok(d),
+    }
+}
+
+/// Seconds, possibly fractional; 0 is allowed.
+fn parse_grace(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+        return Err(format!("{s} seconds is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn framework_parser() -> impl TypedValueParser<Value = Framework> {
+    PossibleValuesParser::new(Framework::ALL.map(Framework::as_str))
+        .try_map(|s| s.parse::<Framework>().map_err(|e| e.to_string()))
+}
+
 fn parse_device_list(s: &str) -> Result<DeviceList, String> {
     s.parse().map_err(|e: atlasboost_core::Error| e.to_string())
 }
@@ -194,5 +395,46 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn dash_np_is_the_np_option_before_the_command_only() {
+        assert_eq!(
+            normalize_args(os(&["atlasboost", "run", "-np", "4", "--", "x", "-np"])),
+            os(&["atlasboost", "run", "--np", "4", "--", "x", "-np"])
+        );
+        assert_eq!(
+            normalize_args(os(&["atlasboost", "validate", "-np"])),
+            os(&["atlasboost", "validate", "-np"])
+        );
+    }
+
+    #[test]
+    fn rank_lists_and_seconds_parse_or_say_why() {
+        let list = parse_rank_list("0-2,7").unwrap();
+        assert_eq!(list.ranks.into_iter().collect::<Vec<_>>(), vec![0, 1, 2, 7]);
+        assert!(parse_rank_list("3-1").unwrap_err().contains("backwards"));
+        assert!(parse_rank_list("a").unwrap_err().contains("\"a\""));
+        assert_eq!(parse_grace("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_seconds("0.5").unwrap(), Duration::from_millis(500));
+        assert!(parse_seconds("0").is_err());
+        assert!(parse_grace("-1").is_err());
+        assert!(parse_grace("inf").is_err());
+    }
+
+    #[test]
+    fn exported_variables_are_checked() {
+        assert_eq!(
+            parse_export("A_1=x=y").unwrap(),
+            ("A_1".into(), Some("x=y".into()))
+        );
+        assert_eq!(parse_export("HOME").unwrap(), ("HOME".into(), None));
+        assert!(parse_export("1A=x").is_err());
+        assert!(parse_export("=x").is_err());
+        assert!(parse_export("A-B").is_err());
     }
 }

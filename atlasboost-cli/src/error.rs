@@ -17,6 +17,17 @@ pub enum CliError {
     /// Anything else atlasboost could not do; exit 125.
     #[error("{0}")]
     Failure(String),
+    /// A worker's command could not be started; exit 127 if it was not found, 126 if it cannot
+    /// be executed.
+    #[error("cannot start {} on host {host}: {}", program.to_string_lossy(), spawn_reason(reason))]
+    Spawn {
+        /// The command.
+        program: std::ffi::OsString,
+        /// The host.
+        host: String,
+        /// Why (not kept as a source: the message already says it).
+        reason: io::Error,
+    },
     /// Standard output could not be written (a closed pipe is not reported).
     #[error("cannot write to standard output")]
     Stdout(#[source] io::Error),
@@ -27,6 +38,10 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_) => ExitCodes::USAGE,
+            CliError::Spawn { reason, .. } => match reason.kind() {
+                io::ErrorKind::NotFound => ExitCodes::NOT_FOUND,
+                _ => ExitCodes::CANNOT_EXECUTE,
+            },
             CliError::Core(_) | CliError::Failure(_) | CliError::Stdout(_) => ExitCodes::FAILURE,
         }
     }
@@ -34,5 +49,14 @@ impl CliError {
     /// True for a closed standard output (`atlasboost probe | head`), which is not an error.
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, CliError::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// `command not found`, `permission denied`: what a shell would say.
+fn spawn_reason(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::NotFound => "command not found".into(),
+        io::ErrorKind::PermissionDenied => "permission denied (not executable)".into(),
+        _ => e.to_string(),
     }
 }

@@ -1,7 +1,9 @@
 //! The `atlasboost` command, as a library so tests can drive its parts.
 //!
-//! Today: `ranktable`, `merge`, `validate` and `probe` (the commands that need no launch).
-//! The launcher (`run`, `agent`) comes in later modules of this crate.
+//! - [`commands`]: `ranktable`, `merge`, `validate` and `probe`, the commands that need no
+//!   launch;
+//! - [`launch`]: `atlasboost run` on this machine's hosts (plan, rendezvous, workers, output,
+//!   signals). Remote hosts over ssh (`atlasboost agent`) are not built yet.
 #![deny(missing_docs)]
 
 pub mod cli;
@@ -9,6 +11,7 @@ pub mod commands;
 pub mod error;
 pub mod exit;
 pub mod host;
+pub mod launch;
 pub mod printer;
 
 use std::process::ExitCode;
@@ -22,7 +25,7 @@ use crate::printer::Printer;
 
 /// Parses the command line, runs the command, prints any error, and returns the exit code.
 pub fn main_entry() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cli::normalize_args(std::env::args_os().collect()));
     let printer = Printer::new(cli.quiet, cli.verbose);
     let result = match &cli.command {
         Command::Ranktable(args) => {
@@ -31,6 +34,8 @@ pub fn main_entry() -> ExitCode {
         Command::Merge(args) => commands::merge::run(args, &printer).map(|()| ExitCodes::SUCCESS),
         Command::Validate(args) => commands::validate::run(args, &printer),
         Command::Probe(args) => commands::probe::run(args, &printer).map(|()| ExitCodes::SUCCESS),
+        Command::Run(args) => launch::run(args, &printer),
+        Command::Guard => Ok(launch::lifeline::guard_main()),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -29,6 +29,16 @@ impl Printer {
         }
     }
 
+    /// An error on stderr: printed even with `--quiet`.
+    pub fn error(&self, message: &str) {
+        eprintln!("{message}");
+    }
+
+    /// Whether `--quiet` was given (no progress displays either).
+    pub fn is_quiet(&self) -> bool {
+        self.quiet
+    }
+
     /// A result on stdout (always printed: it is what the user asked for).
     ///
     /// # Errors

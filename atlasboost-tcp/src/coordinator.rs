@@ -92,6 +92,8 @@ pub struct Report {
 struct Shared {
     stop: AtomicBool,
     rounds: AtomicU64,
+    /// Participants arrived in the current round.
+    joined: AtomicU64,
     dropped: AtomicU64,
     drop_log: Mutex<Vec<String>>,
     failure: Mutex<Option<String>>,
@@ -199,6 +201,11 @@ impl Coordinator {
     /// Rounds completed so far.
     pub fn rounds(&self) -> u64 {
         self.shared.rounds.load(Ordering::Acquire)
+    }
+
+    /// Participants that have contributed to the round in progress (for progress displays).
+    pub fn joined(&self) -> u64 {
+        self.shared.joined.load(Ordering::Acquire)
     }
 
     /// Frames refused so far.
@@ -453,6 +460,9 @@ impl State {
         let payload = frame.payload.to_vec();
         self.slots[index] = Some(Slot { routing, payload });
         self.arrived += 1;
+        self.shared
+            .joined
+            .store(self.arrived as u64, Ordering::Release);
         if self.arrived == 1 && self.round > 1 {
             self.deadline = Some(Instant::now() + self.config.timeout);
         }
@@ -525,6 +535,7 @@ impl State {
         self.shared.rounds.store(self.round, Ordering::Release);
         self.round += 1;
         self.arrived = 0;
+        self.shared.joined.store(0, Ordering::Release);
         self.deadline = None;
     }
 
@@ -564,6 +575,7 @@ impl State {
         }
         self.failed = Some(why);
         self.arrived = 0;
+        self.shared.joined.store(0, Ordering::Release);
         self.deadline = None;
     }
 

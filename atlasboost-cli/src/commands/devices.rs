@@ -3,7 +3,7 @@
 use atlasboost_core::{Device, DeviceList, DeviceProbe, select_devices};
 use atlasboost_sim::SimProbe;
 
-use crate::cli::{DeviceArgs, ProbeKind};
+use crate::cli::{DeviceArgs, DiscoveryArgs, ProbeKind};
 use crate::error::CliError;
 use crate::host::primary_ipv4;
 
@@ -27,7 +27,7 @@ pub fn server_id(args: &DeviceArgs) -> Result<String, CliError> {
 ///
 /// [`CliError::Usage`] for options that contradict each other; [`CliError::Failure`] for a
 /// probe that this build does not have yet.
-pub fn make_probe(args: &DeviceArgs, server_id: &str) -> Result<Box<dyn DeviceProbe>, CliError> {
+pub fn make_probe(args: &DiscoveryArgs, server_id: &str) -> Result<Box<dyn DeviceProbe>, CliError> {
     match (args.probe, args.sim) {
         (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => Ok(Box::new(
             SimProbe::new(server_id, n)

@@ -22,8 +22,8 @@ struct Report<'a> {
 /// The probe's errors, or a `--devices` id the host does not have.
 pub fn run(args: &ProbeArgs, printer: &Printer) -> Result<(), CliError> {
     let server_id = server_id(&args.devices)?;
-    let probe = make_probe(&args.devices, &server_id)?;
-    let devices = local_devices(probe.as_ref(), args.devices.devices.as_ref())?;
+    let probe = make_probe(&args.devices.discovery, &server_id)?;
+    let devices = local_devices(probe.as_ref(), args.devices.discovery.devices.as_ref())?;
     let text = if args.json {
         let report = Report {
             server_id: &server_id,

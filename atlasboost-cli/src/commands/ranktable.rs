@@ -19,7 +19,7 @@ use crate::printer::Printer;
 pub fn run(args: &RanktableArgs, printer: &Printer) -> Result<(), CliError> {
     let server_id = server_id(&args.devices)?;
     printer.detail(&format!("server_id: {server_id}"));
-    let probe = make_probe(&args.devices, &server_id)?;
+    let probe = make_probe(&args.devices.discovery, &server_id)?;
     write_local_table(args, probe.as_ref(), &server_id, printer)
 }
 
@@ -34,7 +34,12 @@ pub fn write_local_table(
     server_id: &str,
     printer: &Printer,
 ) -> Result<(), CliError> {
-    let (table, chip) = local_table(probe, args.devices.devices.as_ref(), args.format, args.chip)?;
+    let (table, chip) = local_table(
+        probe,
+        args.devices.discovery.devices.as_ref(),
+        args.format,
+        args.chip,
+    )?;
     let path = args
         .output
         .clone()

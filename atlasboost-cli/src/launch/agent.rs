@@ -1,0 +1,414 @@
+//! The agent of one host (SPEC §6): probe, join the rendezvous, receive the cluster table,
+//! write it. The launcher is the coordinator and decides the table for everyone, so every host
+//! writes the same bytes.
+//!
+//! Local hosts run [`run_agent`] on a thread of the launcher; a remote host will run the same
+//! function inside `atlasboost agent`.
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use atlasboost_core::exchange::{HostReport, error_chain};
+use atlasboost_core::ranktable::{
+    BuildOptions, RankOrder, RankTable, build_table, chip_of_devices,
+};
+use atlasboost_core::{Chip, Device, select_devices};
+use atlasboost_tcp::{Combiner, ParticipantConfig, Replies, Secret, ZmqRendezvous};
+use serde::{Deserialize, Serialize};
+
+use super::plan::{HostPlan, Offer, assign_workers};
+use crate::cli::DiscoveryArgs;
+use crate::commands::devices::make_probe;
+use crate::error::CliError;
+
+/// What an agent sends the launcher.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct AgentReport {
+    /// Its devices, or why it has none.
+    pub host: HostReport,
+    /// A port that was free on the host (used as `MASTER_PORT` if the host is the first node).
+    pub free_port: u16,
+}
+
+/// What the launcher answers every agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchAnswer {
+    /// The cluster table, as every host writes it.
+    pub table: String,
+    /// The chip whose rules the table was checked against.
+    pub chip: String,
+    /// The first node's address.
+    pub master_addr: String,
+    /// A free port on the first node.
+    pub master_port: u16,
+}
+
+/// How the launcher turns the agents' reports into the table.
+#[derive(Debug, Clone)]
+pub struct TablePolicy {
+    /// The hosts, by rendezvous index.
+    pub hosts: Vec<HostPlan>,
+    /// `-n`.
+    pub np: Option<u32>,
+    /// Format and order (`RankOrder::Hosts` is filled in from `hosts`).
+    pub build: BuildOptions,
+}
+
+/// The coordinator's combiner of a launch: one round, in which every agent reports and all
+/// receive the same [`LaunchAnswer`].
+pub fn launch_combiner(policy: TablePolicy) -> Combiner {
+    Box::new(move |_, payloads| {
+        decide(&policy, payloads)
+            .map(|answer| Replies::Same(serde_json::to_vec(&answer).unwrap_or_default()))
+    })
+}
+
+/// Builds the table from every host's report: the first failed probe fails the launch, naming
+/// its host.
+fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<LaunchAnswer, String> {
+    let mut offers = Vec::with_capacity(payloads.len());
+    let mut ports = Vec::with_capacity(payloads.len());
+    for (host, bytes) in policy.hosts.iter().zip(payloads) {
+        let report: AgentReport = serde_json::from_slice(bytes).map_err(|e| {
+            format!(
+                "host {} sent a report atlasboost cannot read: {e}",
+                host.describe()
+            )
+        })?;
+        match report.host {
+            HostReport::Devices(devices) => offers.push(Offer {
+                host: host.describe(),
+                slots: host.slots,
+                devices,
+            }),
+            HostReport::ProbeFailed { message, .. } => {
+                return Err(format!("host {}: {message}", host.describe()));
+            }
+        }
+        ports.push((host.server_id.clone(), report.free_port));
+    }
+    let devices = assign_workers(offers, policy.np)?;
+    let mut build = policy.build.clone();
+    if let RankOrder::Hosts(order) = &mut build.order {
+        *order = policy
+            .hosts
+            .iter()
+            .filter(|h| devices.iter().any(|d| d.server_id == h.server_id))
+            .map(|h| h.server_id.clone())
+            .collect();
+    }
+    let chip = chip_of_devices(&devices).map_err(|e| error_chain(&e))?;
+    let table = build_table(&devices, &build).map_err(|e| error_chain(&e))?;
+    let first = table
+        .ranks()
+        .map_err(|e| error_chain(&e))?
+        .into_iter()
+        .find(|r| r.node_rank == 0)
+        .map(|r| r.server_id)
+        .ok_or("the table has no ranks")?;
+    let master_port = ports
+        .iter()
+        .find(|(s, _)| *s == first)
+        .map_or(0, |(_, p)| *p);
+    Ok(LaunchAnswer {
+        table: table.to_json_pretty(),
+        chip: chip.as_str().to_string(),
+        master_addr: first,
+        master_port,
+    })
+}
+
+/// Everything one agent needs.
+#[derive(Debug, Clone)]
+pub struct AgentJob {
+    /// Its index in the rendezvous (the host's position in the host list).
+    pub index: usize,
+    /// The number of hosts.
+    pub hosts: usize,
+    /// Its host's server id.
+    pub server_id: String,
+    /// How to find devices.
+    pub discovery: DiscoveryArgs,
+    /// The coordinator.
+    pub endpoint: String,
+    /// The job's id.
+    pub job_id: String,
+    /// The job's secret.
+    pub secret: Secret,
+    /// How long to wait for the launcher's answer.
+    pub timeout: Duration,
+    /// Where to write the table (absolute).
+    pub table_path: PathBuf,
+}
+
+/// What an agent has once the table is written.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The cluster table.
+    pub table: RankTable,
+    /// The launcher's answer (first node, port).
+    pub answer: LaunchAnswer,
+    /// This host's devices (for their logical ids).
+    pub devices: Vec<Device>,
+}
+
+/// Runs one host's agent up to the point where its workers can start.
+///
+/// `written` lists tables already written by agents of this process: several local hosts
+/// share one file system and write the table once.
+///
+/// # Errors
+///
+/// The rendezvous's error (which names the failing host when another host failed), a table
+/// that does not parse, or one that cannot be written.
+pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Prepared, CliError> {
+    let devices = probe(&job.discovery, &job.server_id);
+    let host = match &devices {
+        Ok(d) => HostReport::Devices(d.clone()),
+        Err(e) => HostReport::ProbeFailed {
+            server_id: job.server_id.clone(),
+            message: error_chain(e),
+        },
+    };
+    let report = AgentReport {
+        host,
+        free_port: free_port(&job.server_id),
+    };
+    let payload = serde_json::to_vec(&report)
+        .map_err(|e| CliError::Failure(format!("cannot encode the host report: {e}")))?;
+    let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
+        &job.endpoint,
+        job.index,
+        job.hosts,
+        &job.job_id,
+        job.secret.clone(),
+        job.timeout,
+    ))
+    .map_err(atlasboost_core::Error::from)?;
+    let bytes = rdv
+        .exchange(&payload)
+        .map_err(atlasboost_core::Error::from)?;
+    let answer: LaunchAnswer = serde_json::from_slice(&bytes)
+        .map_err(|e| CliError::Failure(format!("the launcher's answer cannot be read: {e}")))?;
+    let chip: Chip = answer.chip.parse()?;
+    let table = RankTable::parse(&answer.table, Path::new("<the launcher's answer>"), chip)?;
+    let mut done = written.lock().unwrap_or_else(|p| p.into_inner());
+    if done.insert(job.table_path.clone()) {
+        atlasboost_core::ranktable::write_atomically(&job.table_path, answer.table.as_bytes())?;
+    }
+    drop(done);
+    Ok(Prepared {
+        table,
+        answer,
+        devices: devices.unwrap_or_default(),
+    })
+}
+
+fn probe(discovery: &DiscoveryArgs, server_id: &str) -> Result<Vec<Device>, CliError> {
+    let probe = make_probe(discovery, server_id)?;
+    let devices = probe.probe()?;
+    if devices.is_empty() {
+        return Err(CliError::Failure(format!(
+            "the {} probe found no devices",
+            probe.name()
+        )));
+    }
+    Ok(match &discovery.devices {
+        Some(list) => select_devices(devices, list)?,
+        None => devices,
+    })
+}
+
+/// A port nobody listens on right now (the kernel's pick), for `MASTER_PORT`; 0 if none.
+fn free_port(addr: &str) -> u16 {
+    TcpListener::bind((addr, 0))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
+        .and_then(|l| l.local_addr())
+        .map_or(0, |a| a.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use atlasboost_core::DeviceProbe;
+    use atlasboost_sim::SimProbe;
+
+    use super::*;
+
+    fn host(ip: &str, slots: Option<u32>) -> HostPlan {
+        HostPlan {
+            name: ip.into(),
+            server_id: ip.into(),
+            slots,
+            local: true,
+        }
+    }
+
+    fn report(ip: &str, devices: u32, port: u16) -> Vec<u8> {
+        let devices = SimProbe::new(ip, devices).probe().unwrap();
+        serde_json::to_vec(&AgentReport {
+            host: HostReport::Devices(devices),
+            free_port: port,
+        })
+        .unwrap()
+    }
+
+    fn policy(hosts: Vec<HostPlan>, np: Option<u32>, order: RankOrder) -> TablePolicy {
+        TablePolicy {
+            hosts,
+            np,
+            build: BuildOptions {
+                order,
+                ..BuildOptions::default()
+            },
+        }
+    }
+
+    fn servers(answer: &LaunchAnswer) -> Vec<(String, usize)> {
+        let table: serde_json::Value = serde_json::from_str(&answer.table).unwrap();
+        table["server_list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["server_id"].as_str().unwrap().to_string(),
+                    s["device"].as_array().unwrap().len(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_table_follows_slots_and_the_host_order() {
+        let hosts = vec![host("127.0.0.2", Some(4)), host("127.0.0.1", None)];
+        let payloads = [report("127.0.0.2", 8, 2002), report("127.0.0.1", 4, 2001)];
+
+        let by_id = decide(&policy(hosts.clone(), None, RankOrder::ServerId), &payloads).unwrap();
+        assert_eq!(
+            servers(&by_id),
+            vec![("127.0.0.1".into(), 4), ("127.0.0.2".into(), 4)]
+        );
+        // The first node of the table gives MASTER_ADDR, and its own free port.
+        assert_eq!(
+            (by_id.master_addr.as_str(), by_id.master_port),
+            ("127.0.0.1", 2001)
+        );
+
+        let listed = decide(
+            &policy(hosts, None, RankOrder::Hosts(Vec::new())),
+            &payloads,
+        )
+        .unwrap();
+        assert_eq!(
+            servers(&listed),
+            vec![("127.0.0.2".into(), 4), ("127.0.0.1".into(), 4)]
+        );
+        assert_eq!(
+            (listed.master_addr.as_str(), listed.master_port),
+            ("127.0.0.2", 2002)
+        );
+    }
+
+    #[test]
+    fn a_host_left_without_workers_is_not_in_the_table() {
+        let hosts = vec![host("127.0.0.1", Some(2)), host("127.0.0.2", Some(2))];
+        let payloads = [report("127.0.0.1", 8, 1), report("127.0.0.2", 8, 2)];
+        let answer = decide(
+            &policy(hosts, Some(2), RankOrder::Hosts(Vec::new())),
+            &payloads,
+        )
+        .unwrap();
+        assert_eq!(servers(&answer), vec![("127.0.0.1".into(), 2)]);
+    }
+
+    #[test]
+    fn a_failed_probe_or_a_garbled_report_names_its_host() {
+        let hosts = vec![host("127.0.0.1", None), host("127.0.0.2", None)];
+        let failed = serde_json::to_vec(&AgentReport {
+            host: HostReport::ProbeFailed {
+                server_id: "127.0.0.2".into(),
+                message: "the driver said no".into(),
+            },
+            free_port: 0,
+        })
+        .unwrap();
+        let why = decide(
+            &policy(hosts.clone(), None, RankOrder::ServerId),
+            &[report("127.0.0.1", 2, 1), failed],
+        )
+        .unwrap_err();
+        assert_eq!(why, "host 127.0.0.2: the driver said no");
+
+        let why = decide(
+            &policy(hosts, None, RankOrder::ServerId),
+            &[report("127.0.0.1", 2, 1), b"{not json".to_vec()],
+        )
+        .unwrap_err();
+        assert!(
+            why.starts_with("host 127.0.0.2 sent a report atlasboost cannot read"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn an_agent_writes_the_table_the_launcher_decided() {
+        use atlasboost_tcp::{Coordinator, CoordinatorConfig};
+
+        let dir = tempfile::tempdir().unwrap();
+        let secret = Secret::random().unwrap();
+        let timeout = Duration::from_secs(20);
+        let hosts = vec![host("127.0.0.1", Some(2)), host("127.0.0.2", Some(2))];
+        let coordinator = Coordinator::start_with(
+            CoordinatorConfig::new("tcp://127.0.0.1:0", 2, "t", secret.clone(), timeout),
+            launch_combiner(policy(hosts.clone(), None, RankOrder::ServerId)),
+        )
+        .unwrap();
+        let written = Mutex::new(HashSet::new());
+        let path = dir.path().join("table.json");
+        let results: Vec<Result<Prepared, CliError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = hosts
+                .iter()
+                .enumerate()
+                .map(|(index, h)| {
+                    let job = AgentJob {
+                        index,
+                        hosts: 2,
+                        server_id: h.server_id.clone(),
+                        discovery: DiscoveryArgs {
+                            probe: crate::cli::ProbeKind::Sim,
+                            sim: Some(4),
+                            sim_chip: "910".into(),
+                            sim_ipv6: false,
+                            devices: None,
+                        },
+                        endpoint: coordinator.endpoint().to_string(),
+                        job_id: "t".into(),
+                        secret: secret.clone(),
+                        timeout,
+                        table_path: path.clone(),
+                    };
+                    let written = &written;
+                    s.spawn(move || run_agent(&job, written))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let prepared: Vec<Prepared> = results.into_iter().map(Result::unwrap).collect();
+        let on_disk = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(on_disk, prepared[0].answer.table);
+        assert_eq!(prepared[0].table.rank_count(), 4);
+        assert_eq!(
+            prepared[1].devices.len(),
+            4,
+            "the probe's devices, before slots"
+        );
+        assert_eq!(
+            written.lock().unwrap().len(),
+            1,
+            "one file system, one write"
+        );
+    }
+}

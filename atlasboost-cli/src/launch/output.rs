@@ -1,0 +1,388 @@
+//! Workers' output (SPEC §7): bytes from pipes cut into lines, tagged, and written whole to the
+//! console and to per-rank log files.
+//!
+//! Everything here runs on the supervisor's one thread, so lines from different workers can
+//! never interleave: a line is appended to a buffer whole, and buffers are written with
+//! `write_all` on a descriptor of our own (not `std::io::Stdout`, whose line buffering would
+//! cost one system call per line).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::error::CliError;
+
+/// A line longer than this is passed on in pieces of this size, so that a worker printing
+/// without newlines cannot make the launcher hold unbounded memory.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// How many of a worker's last stderr lines are kept for the failure report.
+pub const TAIL_LINES: usize = 10;
+
+/// A tail line longer than this is shortened in the failure report.
+const TAIL_LINE_BYTES: usize = 512;
+
+/// Which of a worker's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+impl Stream {
+    /// `stdout` or `stderr`, as in tags and log file names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Cuts a byte stream into lines ending in `\n`, `\r` or `\r\n`, across reads.
+#[derive(Debug, Default)]
+pub struct LineSplitter {
+    partial: Vec<u8>,
+    /// The last read ended in `\r`: a `\n` starting the next one belongs to it.
+    after_cr: bool,
+}
+
+impl LineSplitter {
+    /// Feeds bytes; `emit` gets every line they complete, without its terminator.
+    pub fn feed(&mut self, mut data: &[u8], emit: &mut impl FnMut(&[u8])) {
+        if std::mem::take(&mut self.after_cr) && data.first() == Some(&b'\n') {
+            data = &data[1..];
+        }
+        while let Some(i) = memchr::memchr2(b'\n', b'\r', data) {
+            if self.partial.is_empty() {
+                emit(&data[..i]);
+            } else {
+                self.partial.extend_from_slice(&data[..i]);
+                emit(&self.partial);
+                self.partial.clear();
+            }
+            let mut next = i + 1;
+            if data[i] == b'\r' {
+                match data.get(next) {
+                    Some(b'\n') => next += 1,
+                    Some(_) => {}
+                    None => self.after_cr = true,
+                }
+            }
+            data = &data[next..];
+        }
+        self.partial.extend_from_slice(data);
+        while self.partial.len() >= MAX_LINE {
+            let rest = self.partial.split_off(MAX_LINE);
+            emit(&self.partial);
+            self.partial = rest;
+        }
+    }
+
+    /// The stream ended: a last line without terminator is still a line.
+    pub fn finish(&mut self, emit: &mut impl FnMut(&[u8])) {
+        if !self.partial.is_empty() {
+            emit(&self.partial);
+            self.partial = Vec::new();
+        }
+    }
+}
+
+/// A descriptor written with whole buffers; once its reader is gone (`| head`), output to it
+/// is dropped and the job goes on.
+#[derive(Debug)]
+struct Sink {
+    file: File,
+    buf: Vec<u8>,
+    closed: bool,
+}
+
+impl Sink {
+    fn new(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Sink> {
+        Ok(Sink {
+            file: File::from(fd.try_clone_to_owned()?),
+            buf: Vec::with_capacity(1 << 16),
+            closed: false,
+        })
+    }
+
+    fn flush(&mut self) {
+        if !self.closed && !self.buf.is_empty() && (&self.file).write_all(&self.buf).is_err() {
+            self.closed = true;
+        }
+        self.buf.clear();
+    }
+}
+
+/// How the console shows workers' lines.
+#[derive(Debug, Clone, Default)]
+pub struct OutputOptions {
+    /// Prefix `[rank]<stream>:`.
+    pub tag: bool,
+    /// Prefix the time.
+    pub timestamp: bool,
+    /// Show only these ranks on the console.
+    pub ranks: Option<BTreeSet<u32>>,
+    /// Also write `DIR/rank.<rank>/{stdout,stderr}.log`.
+    pub log_dir: Option<PathBuf>,
+}
+
+/// One worker's part of the output.
+#[derive(Debug)]
+struct Lane {
+    tags: [Vec<u8>; 2],
+    shown: bool,
+    logs: Option<[BufWriter<File>; 2]>,
+    tail: VecDeque<Vec<u8>>,
+}
+
+/// The console and log files of a launch.
+#[derive(Debug)]
+pub struct Output {
+    out: Sink,
+    err: Sink,
+    options: OutputOptions,
+    stamp: Vec<u8>,
+    lanes: Vec<Lane>,
+}
+
+impl Output {
+    /// Output for workers of these ranks (by worker index); creates the log directories.
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::Failure`] naming a log file that cannot be created, or a console that
+    /// cannot be duplicated.
+    pub fn new(options: OutputOptions, ranks: &[u32]) -> Result<Output, CliError> {
+        let console = |e: io::Error| CliError::Failure(format!("cannot use the console: {e}"));
+        let mut lanes = Vec::with_capacity(ranks.len());
+        for &rank in ranks {
+            let logs = match &options.log_dir {
+                Some(dir) => Some(open_logs(dir, rank)?),
+                None => None,
+            };
+            lanes.push(Lane {
+                tags: [
+                    format!("[{rank}]<stdout>:").into_bytes(),
+                    format!("[{rank}]<stderr>:").into_bytes(),
+                ],
+                shown: options.ranks.as_ref().is_none_or(|r| r.contains(&rank)),
+                logs,
+                tail: VecDeque::new(),
+            });
+        }
+        let mut output = Output {
+            out: Sink::new(io::stdout().as_fd()).map_err(console)?,
+            err: Sink::new(io::stderr().as_fd()).map_err(console)?,
+            options,
+            stamp: Vec::new(),
+            lanes,
+        };
+        output.tick();
+        Ok(output)
+    }
+
+    /// Takes the time for the lines that follow (once per batch of reads, not per line).
+    pub fn tick(&mut self) {
+        if self.options.timestamp {
+            self.stamp.clear();
+            self.stamp
+                .extend_from_slice(iso8601(SystemTime::now()).as_bytes());
+            self.stamp.push(b' ');
+        }
+    }
+
+    /// One complete line of worker `lane`.
+    pub fn line(&mut self, lane: usize, stream: Stream, line: &[u8]) {
+        let Some(l) = self.lanes.get_mut(lane) else {
+            return;
+        };
+        let i = stream as usize;
+        if let Some(logs) = &mut l.logs {
+            // A full disk must not stop the job; the console still has the line.
+            let _ = logs[i]
+                .write_all(line)
+                .and_then(|()| logs[i].write_all(b"\n"));
+        }
+        if stream == Stream::Stderr {
+            if l.tail.len() == TAIL_LINES {
+                l.tail.pop_front();
+            }
+            l.tail
+                .push_back(line[..line.len().min(TAIL_LINE_BYTES)].to_vec());
+        }
+        if !l.shown {
+            return;
+        }
+        let sink = match stream {
+            Stream::Stdout => &mut self.out,
+            Stream::Stderr => &mut self.err,
+        };
+        sink.buf.extend_from_slice(&self.stamp);
+        if self.options.tag {
+            sink.buf.extend_from_slice(&l.tags[i]);
+        }
+        sink.buf.extend_from_slice(line);
+        sink.buf.push(b'\n');
+        if sink.buf.len() >= 1 << 16 {
+            sink.flush();
+        }
+    }
+
+    /// A message of atlasboost's own on stderr, after the workers' lines so far.
+    pub fn message(&mut self, text: &str) {
+        self.out.flush();
+        self.err.buf.extend_from_slice(text.as_bytes());
+        self.err.buf.push(b'\n');
+        self.err.flush();
+    }
+
+    /// Writes what is buffered (at the end of each batch of reads, so output is live).
+    pub fn flush(&mut self) {
+        self.out.flush();
+        self.err.flush();
+        for l in &mut self.lanes {
+            if let Some(logs) = &mut l.logs {
+                let _ = logs[0].flush();
+                let _ = logs[1].flush();
+            }
+        }
+    }
+
+    /// The last stderr lines of worker `lane`, oldest first.
+    pub fn tail(&self, lane: usize) -> Vec<String> {
+        self.lanes.get(lane).map_or_else(Vec::new, |l| {
+            l.tail
+                .iter()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .collect()
+        })
+    }
+}
+
+fn open_logs(dir: &Path, rank: u32) -> Result<[BufWriter<File>; 2], CliError> {
+    let dir = dir.join(format!("rank.{rank}"));
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        CliError::Failure(format!(
+            "cannot create log directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let open = |stream: Stream| {
+        let path = dir.join(format!("{}.log", stream.as_str()));
+        File::create(&path)
+            .map(|f| BufWriter::with_capacity(1 << 15, f))
+            .map_err(|e| CliError::Failure(format!("cannot create {}: {e}", path.display())))
+    };
+    Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
+}
+
+/// `2026-11-30T04:36:20.123Z`.
+pub fn iso8601(t: SystemTime) -> String {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, day) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn split(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+        let mut s = LineSplitter::default();
+        let mut lines = Vec::new();
+        for c in chunks {
+            s.feed(c, &mut |l| lines.push(l.to_vec()));
+        }
+        s.finish(&mut |l| lines.push(l.to_vec()));
+        lines
+    }
+
+    fn owned(lines: &[&[u8]]) -> Vec<Vec<u8>> {
+        lines.iter().map(|l| l.to_vec()).collect()
+    }
+
+    #[test]
+    fn lines_end_in_newline_carriage_return_or_both() {
+        assert_eq!(split(&[b"a\nb\rc\r\nd"]), owned(&[b"a", b"b", b"c", b"d"]));
+        assert_eq!(split(&[b"a\r", b"\nb\n"]), owned(&[b"a", b"b"]));
+        assert_eq!(split(&[b"a\r", b"b\n"]), owned(&[b"a", b"b"]));
+        assert_eq!(split(&[b"\n\n"]), owned(&[b"", b""]));
+        assert_eq!(
+            split(&[b"ab", b"c", b"\xff\xfe\n"]),
+            owned(&[b"abc\xff\xfe"])
+        );
+    }
+
+    #[test]
+    fn endless_lines_come_out_in_bounded_pieces() {
+        let big = vec![b'x'; MAX_LINE * 2 + 5];
+        let lines = split(&[&big]);
+        assert_eq!(
+            lines.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![MAX_LINE, MAX_LINE, 5]
+        );
+    }
+
+    proptest! {
+        /// However the bytes are cut into reads, the lines are the same.
+        #[test]
+        fn reads_do_not_change_the_lines(
+            text in proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'a'), any::<u8>()], 0..200),
+            cuts in proptest::collection::vec(0usize..200, 0..10),
+        ) {
+            let whole = split(&[&text]);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(text.len())).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut start = 0;
+            for c in cuts {
+                pieces.push(&text[start..c]);
+                start = c;
+            }
+            pieces.push(&text[start..]);
+            prop_assert_eq!(split(&pieces), whole);
+        }
+    }
+
+    #[test]
+    fn times_are_iso_8601_utc() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_013_380_123);
+        assert_eq!(iso8601(t), "2026-11-30T04:36:20.123Z");
+        assert_eq!(iso8601(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        // A leap day.
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(iso8601(t), "2000-02-29T00:00:00.000Z");
+    }
+}

@@ -1,0 +1,427 @@
+//! The plan of a launch: which hosts, how many workers each may run, which of them are this
+//! machine (SPEC §5, §6).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::path::Path;
+
+use atlasboost_core::Device;
+
+use crate::error::CliError;
+use crate::host::primary_ipv4;
+
+/// A host as the user wrote it, before it is resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    /// The name or address as written.
+    pub name: String,
+    /// Its slot count, if given.
+    pub slots: Option<u32>,
+    /// Where it was written, for messages: `-H` or `hosts.txt:3`.
+    pub origin: String,
+}
+
+/// A host of the launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPlan {
+    /// The name as the user wrote it.
+    pub name: String,
+    /// Its `server_id` in the table: its IPv4 address.
+    pub server_id: String,
+    /// How many workers it may run; `None`: one per device it has.
+    pub slots: Option<u32>,
+    /// Whether it is this machine (its agent runs inside the launcher).
+    pub local: bool,
+}
+
+impl HostPlan {
+    /// `127.0.0.2`, or `node1 (10.0.0.1)` when the name is not the address.
+    pub fn describe(&self) -> String {
+        if self.name == self.server_id {
+            self.name.clone()
+        } else {
+            format!("{} ({})", self.name, self.server_id)
+        }
+    }
+}
+
+/// Parses `-H host[:slots],...`.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] naming the element that is not a host or has a bad slot count.
+pub fn parse_host_list(list: &str) -> Result<Vec<HostSpec>, CliError> {
+    list.split(',')
+        .map(|item| {
+            let item = item.trim();
+            let (name, slots) = match item.split_once(':') {
+                Some((name, slots)) => (name, Some(slots)),
+                None => (item, None),
+            };
+            host_spec(name, slots, "-H")
+                .map_err(|why| CliError::Usage(format!("-H {list:?}: {item:?} {why}")))
+        })
+        .collect()
+}
+
+/// Reads a hostfile: `host slots=N`, `host:N` or `host` per line; `#` starts a comment.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] naming the file and line of a malformed entry, or the file if it
+/// cannot be read or lists no host.
+pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Usage(format!("cannot read hostfile {}: {e}", path.display())))?;
+    let mut hosts = Vec::new();
+    for (n, raw) in text.lines().enumerate() {
+        let origin = format!("{}:{}", path.display(), n + 1);
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |why: String| CliError::Usage(format!("{origin}: {line:?} {why}"));
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        let (name, mut slots) = match first.split_once(':') {
+            Some((name, slots)) => (name, Some(slots)),
+            None => (first, None),
+        };
+        for word in words {
+            match word.split_once('=') {
+                Some(("slots", n)) if slots.is_none() => slots = Some(n),
+                Some(("slots", _)) => return Err(bad("gives the slot count twice".into())),
+                // mpirun's hostfiles may cap oversubscription; one worker per NPU has no use
+                // for it, and ignoring it silently would be worse.
+                _ => {
+                    return Err(bad(format!(
+                        "has {word:?}; expected `host slots=N`, `host:N` or `host`"
+                    )));
+                }
+            }
+        }
+        hosts.push(host_spec(name, slots, &origin).map_err(bad)?);
+    }
+    if hosts.is_empty() {
+        return Err(CliError::Usage(format!(
+            "hostfile {} lists no host",
+            path.display()
+        )));
+    }
+    Ok(hosts)
+}
+
+fn host_spec(name: &str, slots: Option<&str>, origin: &str) -> Result<HostSpec, String> {
+    if name.is_empty() {
+        return Err("has no host name".into());
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+    {
+        return Err(format!(
+            "is not a host name or IPv4 address (it contains {c:?})"
+        ));
+    }
+    let slots = match slots {
+        None => None,
+        Some(s) => match s.parse::<u32>() {
+            Ok(0) => return Err("has 0 slots; a host needs at least 1".into()),
+            Ok(n) => Some(n),
+            Err(_) => return Err(format!("has slot count {s:?}, not a positive number")),
+        },
+    };
+    Ok(HostSpec {
+        name: name.to_string(),
+        slots,
+        origin: origin.to_string(),
+    })
+}
+
+/// Resolves every host to its IPv4 address and finds out which are this machine.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] for a host that does not resolve to an IPv4 address, or two entries
+/// that are the same server.
+pub fn resolve_hosts(specs: &[HostSpec]) -> Result<Vec<HostPlan>, CliError> {
+    let local = local_addresses();
+    let mut seen: HashMap<Ipv4Addr, &HostSpec> = HashMap::new();
+    let mut plans = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let ip = resolve_ipv4(&spec.name).map_err(|why| {
+            CliError::Usage(format!("host {:?} ({}): {why}", spec.name, spec.origin))
+        })?;
+        if let Some(first) = seen.insert(ip, spec) {
+            return Err(CliError::Usage(format!(
+                "host {:?} ({}) and host {:?} ({}) are the same server, {ip}; list each server once",
+                first.name, first.origin, spec.name, spec.origin
+            )));
+        }
+        plans.push(HostPlan {
+            name: spec.name.clone(),
+            server_id: ip.to_string(),
+            slots: spec.slots,
+            local: ip.is_loopback() || local.contains(&IpAddr::V4(ip)),
+        });
+    }
+    Ok(plans)
+}
+
+/// The single host of a launch without `-H` or `--hostfile`: this machine, named by its
+/// primary IPv4 address as `ranktable` does.
+///
+/// # Errors
+///
+/// [`CliError::Failure`] when this machine has no usable IPv4 address.
+pub fn this_machine() -> Result<HostPlan, CliError> {
+    let ip = primary_ipv4().map_err(|why| CliError::Failure(format!("{why} (or -H 127.0.0.1)")))?;
+    Ok(HostPlan {
+        name: ip.to_string(),
+        server_id: ip.to_string(),
+        slots: None,
+        local: true,
+    })
+}
+
+fn resolve_ipv4(name: &str) -> Result<Ipv4Addr, String> {
+    if let Ok(ip) = name.parse::<Ipv4Addr>() {
+        return Ok(ip);
+    }
+    let addrs = (name, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot be resolved: {e}"))?;
+    addrs
+        .filter_map(|a| match a.ip() {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(_) => None,
+        })
+        .next()
+        .ok_or_else(|| "resolves to no IPv4 address; server ids are IPv4 addresses".into())
+}
+
+fn local_addresses() -> Vec<IpAddr> {
+    let Ok(ifaces) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    ifaces
+        .filter_map(|i| i.address)
+        .filter_map(|a| a.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())))
+        .collect()
+}
+
+/// Checks `-n` against slot counts known before any probe: more workers than slots is a
+/// command line that contradicts itself.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] when `-n` exceeds the slots of hosts that all have slot counts.
+pub fn check_np(hosts: &[HostPlan], np: Option<u32>) -> Result<(), CliError> {
+    let Some(np) = np else { return Ok(()) };
+    let slots: Option<u64> = hosts.iter().map(|h| h.slots.map(u64::from)).sum();
+    match slots {
+        Some(total) if u64::from(np) > total => Err(CliError::Usage(format!(
+            "-n {np} is more than the {total} slots of {} (one worker per NPU)",
+            crate::commands::counted(hosts.len(), "host")
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// What one host offers, for [`assign_workers`].
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// The host, for messages.
+    pub host: String,
+    /// Its slot count, if given.
+    pub slots: Option<u32>,
+    /// Its usable devices, by physical id.
+    pub devices: Vec<Device>,
+}
+
+/// Decides which devices run a worker: each host's first `slots` devices (all without slots),
+/// then, with `-n`, hosts are filled in order until `n` workers are placed (as mpirun maps by
+/// slot).
+///
+/// # Errors
+///
+/// A message naming a host with fewer devices than slots, or `-n` beyond every device.
+pub fn assign_workers(offers: Vec<Offer>, np: Option<u32>) -> Result<Vec<Device>, String> {
+    let mut left = np.map(u64::from);
+    let mut capacity = 0u64;
+    let mut chosen = Vec::new();
+    for mut offer in offers {
+        offer.devices.sort_by_key(|d| d.physical_id);
+        let have = offer.devices.len();
+        let take = match offer.slots {
+            Some(s) if s as usize > have => {
+                return Err(format!(
+                    "host {} has {} usable device{}, fewer than its {s} slots",
+                    offer.host,
+                    have,
+                    if have == 1 { "" } else { "s" }
+                ));
+            }
+            Some(s) => s as usize,
+            None => have,
+        };
+        capacity += take as u64;
+        let take = match &mut left {
+            Some(n) => {
+                let t = (*n).min(take as u64);
+                *n -= t;
+                t as usize
+            }
+            None => take,
+        };
+        chosen.extend(offer.devices.into_iter().take(take));
+    }
+    match (np, left) {
+        (Some(np), Some(n)) if n > 0 => Err(format!(
+            "-n {np} is more than the {capacity} devices the hosts offer (one worker per NPU)"
+        )),
+        _ => Ok(chosen),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use atlasboost_core::Health;
+
+    use super::*;
+
+    fn usage(e: CliError) -> String {
+        match e {
+            CliError::Usage(m) => m,
+            other => panic!("expected a usage error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn host_lists_take_slots_or_not() {
+        let hosts = parse_host_list("127.0.0.1:4, node-1").unwrap();
+        assert_eq!(hosts[0].name, "127.0.0.1");
+        assert_eq!(hosts[0].slots, Some(4));
+        assert_eq!(hosts[1].name, "node-1");
+        assert_eq!(hosts[1].slots, None);
+    }
+
+    #[test]
+    fn bad_host_list_elements_are_named() {
+        let m = usage(parse_host_list("a:4,b:x").unwrap_err());
+        assert!(m.contains("\"b:x\"") && m.contains("\"x\""), "{m}");
+        let m = usage(parse_host_list("a:0").unwrap_err());
+        assert!(m.contains("0 slots"), "{m}");
+        let m = usage(parse_host_list("a,,b").unwrap_err());
+        assert!(m.contains("no host name"), "{m}");
+        let m = usage(parse_host_list("a b").unwrap_err());
+        assert!(m.contains("' '"), "{m}");
+    }
+
+    #[test]
+    fn hostfiles_accept_three_forms_and_name_bad_lines() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(
+            f,
+            "# cluster\n\n127.0.0.1 slots=2  # first\n127.0.0.2:3\n127.0.0.3"
+        )
+        .unwrap();
+        let hosts = parse_hostfile(f.path()).unwrap();
+        let got: Vec<_> = hosts.iter().map(|h| (h.name.as_str(), h.slots)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("127.0.0.1", Some(2)),
+                ("127.0.0.2", Some(3)),
+                ("127.0.0.3", None)
+            ]
+        );
+        assert!(hosts[1].origin.ends_with(":4"), "{}", hosts[1].origin);
+
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "127.0.0.1 slots=2\n127.0.0.2 max_slots=4").unwrap();
+        let m = usage(parse_hostfile(f.path()).unwrap_err());
+        assert!(m.contains(":2:") && m.contains("max_slots=4"), "{m}");
+
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "127.0.0.1 slots=two").unwrap();
+        let m = usage(parse_hostfile(f.path()).unwrap_err());
+        assert!(m.contains(":1:") && m.contains("\"two\""), "{m}");
+
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "# nothing").unwrap();
+        assert!(usage(parse_hostfile(f.path()).unwrap_err()).contains("no host"));
+    }
+
+    #[test]
+    fn loopback_hosts_are_local_and_distinct_servers() {
+        let plans = resolve_hosts(&parse_host_list("127.0.0.1:2,127.0.0.2").unwrap()).unwrap();
+        assert!(plans.iter().all(|p| p.local));
+        assert_eq!(plans[1].server_id, "127.0.0.2");
+        let m = usage(resolve_hosts(&parse_host_list("127.0.0.1,localhost").unwrap()).unwrap_err());
+        assert!(m.contains("same server"), "{m}");
+    }
+
+    #[test]
+    fn np_beyond_known_slots_is_refused_up_front() {
+        let plans = resolve_hosts(&parse_host_list("127.0.0.1:2,127.0.0.2:2").unwrap()).unwrap();
+        assert!(check_np(&plans, Some(4)).is_ok());
+        assert!(usage(check_np(&plans, Some(5)).unwrap_err()).contains("-n 5"));
+        let open = resolve_hosts(&parse_host_list("127.0.0.1:2,127.0.0.2").unwrap()).unwrap();
+        assert!(check_np(&open, Some(50)).is_ok(), "unknown until probed");
+    }
+
+    fn offer(host: &str, slots: Option<u32>, n: u32) -> Offer {
+        Offer {
+            host: host.into(),
+            slots,
+            devices: (0..n)
+                .rev()
+                .map(|p| Device {
+                    server_id: host.into(),
+                    logical_id: p,
+                    physical_id: p,
+                    ip: None,
+                    chip: "910".into(),
+                    health: Health::Healthy,
+                    super_device_id: None,
+                    super_pod_id: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn placed(devices: &[Device]) -> Vec<(String, u32)> {
+        devices
+            .iter()
+            .map(|d| (d.server_id.clone(), d.physical_id))
+            .collect()
+    }
+
+    #[test]
+    fn workers_fill_hosts_in_order() {
+        let got = assign_workers(vec![offer("a", Some(2), 8), offer("b", None, 3)], None).unwrap();
+        let want: Vec<(String, u32)> = [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2)]
+            .iter()
+            .map(|&(h, p)| (h.to_string(), p))
+            .collect();
+        assert_eq!(placed(&got), want);
+        let got =
+            assign_workers(vec![offer("a", Some(2), 8), offer("b", None, 3)], Some(3)).unwrap();
+        assert_eq!(placed(&got), want[..3].to_vec());
+    }
+
+    #[test]
+    fn too_few_devices_is_named() {
+        let e = assign_workers(vec![offer("a", Some(9), 8)], None).unwrap_err();
+        assert!(
+            e.contains("host a has 8 usable devices, fewer than its 9 slots"),
+            "{e}"
+        );
+        let e =
+            assign_workers(vec![offer("a", None, 8), offer("b", None, 8)], Some(17)).unwrap_err();
+        assert!(e.contains("-n 17") && e.contains("16 devices"), "{e}");
+    }
+}

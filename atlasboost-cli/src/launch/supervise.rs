@@ -1,0 +1,570 @@
+//! Starting the workers and watching them until the job ends (SPEC §7, §8).
+//!
+//! One thread does everything: it polls the workers' pipes and a signalfd (SIGCHLD, SIGINT,
+//! SIGTERM, SIGHUP), so a worker's exit, a Ctrl-C and a line of output are all handled in the
+//! order they happen, without locks. Workers run in process groups of their own; stopping one
+//! means signalling its group (its own children included), SIGTERM first, SIGKILL after the
+//! grace time. Nothing is ever signalled by name.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal, killpg};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use super::lifeline::Lifeline;
+use super::output::{LineSplitter, Output, Stream};
+use crate::error::CliError;
+use crate::exit::ExitCodes;
+
+/// The signals the launcher handles itself, through a signalfd.
+const HANDLED: [Signal; 4] = [
+    Signal::SIGCHLD,
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+];
+
+/// How long the output of stopped workers is still read after SIGKILL (a process outside
+/// their groups may hold their pipes open).
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// The launcher's signals, blocked and readable from a descriptor. Create it before any
+/// thread starts, so that every thread inherits the blocked mask.
+#[derive(Debug)]
+pub struct Signals {
+    fd: SignalFd,
+}
+
+impl Signals {
+    /// Blocks the handled signals in this thread (and the threads it starts) and opens a
+    /// signalfd for them.
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::Failure`] if the mask or the signalfd cannot be set up.
+    pub fn block() -> Result<Signals, CliError> {
+        let mut set = SigSet::empty();
+        for s in HANDLED {
+            set.add(s);
+        }
+        set.thread_block()
+            .map_err(|e| CliError::Failure(format!("cannot block signals: {e}")))?;
+        let fd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(|e| CliError::Failure(format!("cannot open a signalfd: {e}")))?;
+        Ok(Signals { fd })
+    }
+
+    /// The signals received since the last call, in order.
+    pub fn pending(&self) -> Vec<Signal> {
+        let mut got = Vec::new();
+        while let Ok(Some(info)) = self.fd.read_signal() {
+            if let Ok(s) = Signal::try_from(info.ssi_signo as i32) {
+                got.push(s);
+            }
+        }
+        got
+    }
+
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// One worker to start.
+#[derive(Debug, Clone)]
+pub struct WorkerPlan {
+    /// Its rank.
+    pub rank: u32,
+    /// Its host, for messages.
+    pub host: String,
+    /// Its (logical) device id.
+    pub device: u32,
+    /// Variables to set.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+/// How the workers run.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    /// The command and its arguments.
+    pub command: Vec<OsString>,
+    /// The workers' directory.
+    pub wdir: PathBuf,
+    /// SIGTERM to SIGKILL.
+    pub grace: Duration,
+}
+
+/// How a worker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// It exited with this code.
+    Exited(i32),
+    /// A signal ended it.
+    Signaled(Signal),
+}
+
+impl Ending {
+    /// The exit code that reports it: the code, or 128 + the signal's number.
+    pub fn code(self) -> u8 {
+        match self {
+            Ending::Exited(c) => (c & 0xff) as u8,
+            Ending::Signaled(s) => 128u8.wrapping_add(s as u8),
+        }
+    }
+
+    /// `exit 0`, `exit 3`, `SIGKILL`.
+    pub fn describe(self) -> String {
+        match self {
+            Ending::Exited(c) => format!("exit {c}"),
+            Ending::Signaled(s) => s.as_str().to_string(),
+        }
+    }
+
+    fn failed(self) -> bool {
+        self != Ending::Exited(0)
+    }
+}
+
+/// What became of one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerResult {
+    /// Its rank.
+    pub rank: u32,
+    /// Its host.
+    pub host: String,
+    /// Its device.
+    pub device: u32,
+    /// How it ended (`None`: it never started).
+    pub ending: Option<Ending>,
+    /// How long it ran.
+    pub run_time: Duration,
+    /// It ended after atlasboost began stopping the job (a failure elsewhere, or a signal).
+    pub stopped: bool,
+    /// Its last stderr lines.
+    pub tail: Vec<String>,
+}
+
+/// How the job ended.
+#[derive(Debug)]
+pub struct JobResult {
+    /// Every worker, in rank order.
+    pub workers: Vec<WorkerResult>,
+    /// The index (in `workers`) of the first worker to fail.
+    pub first_failure: Option<usize>,
+    /// The signal that stopped the launcher, if one did first.
+    pub interrupted: Option<Signal>,
+    /// The launcher's exit code.
+    pub exit_code: u8,
+}
+
+struct Running {
+    pid: Pid,
+    started: Instant,
+    ended: Option<(Instant, Ending)>,
+    /// Its process group has no process left (so its id must never be signalled again).
+    group_gone: bool,
+}
+
+struct Pipe {
+    lane: usize,
+    stream: Stream,
+    fd: OwnedFd,
+    split: LineSplitter,
+}
+
+/// Starts every worker and supervises them to the end.
+///
+/// # Errors
+///
+/// [`CliError::Spawn`] when the command cannot be started (the workers started before it are
+/// stopped first).
+pub fn run_workers(
+    plan: &RunPlan,
+    workers: &[WorkerPlan],
+    output: &mut Output,
+    signals: &Signals,
+    lifeline: &mut Lifeline,
+) -> Result<JobResult, CliError> {
+    let mut running: Vec<Running> = Vec::with_capacity(workers.len());
+    let mut pipes: Vec<Pipe> = Vec::with_capacity(workers.len() * 2);
+    for (lane, w) in workers.iter().enumerate() {
+        match spawn(plan, w) {
+            Ok((pid, out, err)) => {
+                lifeline.watch(pid.as_raw());
+                running.push(Running {
+                    pid,
+                    started: Instant::now(),
+                    ended: None,
+                    group_gone: false,
+                });
+                for (stream, fd) in [(Stream::Stdout, out), (Stream::Stderr, err)] {
+                    pipes.push(Pipe {
+                        lane,
+                        stream,
+                        fd,
+                        split: LineSplitter::default(),
+                    });
+                }
+            }
+            Err(e) => {
+                let mut sup = Supervisor::new(plan, workers, running, pipes, lifeline);
+                sup.stop(Signal::SIGKILL);
+                sup.finish_quietly(signals, output);
+                return Err(CliError::Spawn {
+                    program: plan.command.first().cloned().unwrap_or_default(),
+                    host: w.host.clone(),
+                    reason: e,
+                });
+            }
+        }
+    }
+    let mut sup = Supervisor::new(plan, workers, running, pipes, lifeline);
+    sup.run(signals, output);
+    Ok(sup.result(output))
+}
+
+/// Starts one worker in a process group of its own, stdin closed, output on pipes.
+fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> {
+    let (program, args) = plan
+        .command
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
+    let launcher = nix::unistd::getpid();
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(&plan.wdir)
+        .envs(w.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid,
+    // sigprocmask. No allocation, no locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The launcher may have died between fork and prctl: then nobody would kill us.
+            if nix::unistd::getppid() != launcher {
+                return Err(io::Error::other("the launcher is gone"));
+            }
+            SigSet::empty().thread_set_mask()?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let pid = Pid::from_raw(child.id() as i32);
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(io::Error::other("no pipes"));
+    };
+    let (out, err) = (OwnedFd::from(out), OwnedFd::from(err));
+    for fd in [&out, &err] {
+        // Bigger pipes mean fewer, larger reads; non-blocking reads let one poll drain them.
+        let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(1 << 20));
+        let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+    }
+    Ok((pid, out, err))
+}
+
+struct Supervisor<'a> {
+    plan: &'a RunPlan,
+    workers: &'a [WorkerPlan],
+    running: Vec<Running>,
+    pipes: Vec<Pipe>,
+    lifeline: &'a mut Lifeline,
+    first_failure: Option<usize>,
+    interrupted: Option<Signal>,
+    /// When the stop began and whether SIGKILL has followed.
+    stopping: Option<(Instant, bool)>,
+    drain_until: Option<Instant>,
+    buf: Vec<u8>,
+}
+
+impl<'a> Supervisor<'a> {
+    fn new(
+        plan: &'a RunPlan,
+        workers: &'a [WorkerPlan],
+        running: Vec<Running>,
+        pipes: Vec<Pipe>,
+        lifeline: &'a mut Lifeline,
+    ) -> Self {
+        Supervisor {
+            plan,
+            workers,
+            running,
+            pipes,
+            lifeline,
+            first_failure: None,
+            interrupted: None,
+            stopping: None,
+            drain_until: None,
+            buf: vec![0; 1 << 16],
+        }
+    }
+
+    fn run(&mut self, signals: &Signals, output: &mut Output) {
+        loop {
+            let all_ended = self.running.iter().all(|r| r.ended.is_some());
+            if all_ended {
+                self.check_groups();
+                let groups_gone = self.running.iter().all(|r| r.group_gone);
+                if self.stopping.is_none() && !groups_gone {
+                    let left: Vec<String> = self
+                        .running
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| !r.group_gone)
+                        .map(|(i, _)| self.workers[i].rank.to_string())
+                        .collect();
+                    output.message(&format!(
+                        "atlasboost: every worker has exited; stopping what they left running \
+                         (the process groups of rank{} {})",
+                        if left.len() == 1 { "" } else { "s" },
+                        left.join(", ")
+                    ));
+                    self.stop(Signal::SIGTERM);
+                }
+                let drained =
+                    self.pipes.is_empty() || self.drain_until.is_some_and(|t| Instant::now() >= t);
+                if drained && (groups_gone || self.drain_until.is_some()) {
+                    break;
+                }
+            }
+            self.escalate();
+            let timeout = if self.stopping.is_some() || all_ended {
+                PollTimeout::from(50u8)
+            } else {
+                PollTimeout::NONE
+            };
+            self.poll_once(signals, output, timeout);
+        }
+        // Lines still in the splitters of pipes we gave up on.
+        for p in &mut self.pipes {
+            p.split.finish(&mut |l| output.line(p.lane, p.stream, l));
+        }
+        self.pipes.clear();
+        output.flush();
+    }
+
+    /// Waits for output, exits or signals once, and handles what came.
+    fn poll_once(&mut self, signals: &Signals, output: &mut Output, timeout: PollTimeout) {
+        let ready: Vec<usize> = {
+            let mut fds = Vec::with_capacity(self.pipes.len() + 1);
+            fds.push(PollFd::new(signals.fd(), PollFlags::POLLIN));
+            for p in &self.pipes {
+                fds.push(PollFd::new(p.fd.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, timeout) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => return,
+            }
+            fds.iter()
+                .enumerate()
+                .filter_map(|(i, f)| f.revents().filter(|r| !r.is_empty()).map(|_| i))
+                .collect()
+        };
+        output.tick();
+        let mut closed = Vec::new();
+        for i in ready {
+            if i == 0 {
+                for s in signals.pending() {
+                    self.on_signal(s, output);
+                }
+                continue;
+            }
+            if !Self::read_pipe(&mut self.buf, &mut self.pipes[i - 1], output) {
+                closed.push(i - 1);
+            }
+        }
+        for i in closed.into_iter().rev() {
+            self.pipes.swap_remove(i);
+        }
+        output.flush();
+    }
+
+    /// Reads what a pipe has; false at its end.
+    fn read_pipe(buf: &mut [u8], p: &mut Pipe, output: &mut Output) -> bool {
+        // A bounded number of reads per poll keeps one chatty worker from starving the rest.
+        for _ in 0..16 {
+            match nix::unistd::read(&p.fd, buf) {
+                Ok(0) => {
+                    p.split.finish(&mut |l| output.line(p.lane, p.stream, l));
+                    return false;
+                }
+                Ok(n) => p
+                    .split
+                    .feed(&buf[..n], &mut |l| output.line(p.lane, p.stream, l)),
+                Err(Errno::EAGAIN) => return true,
+                Err(Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    fn on_signal(&mut self, s: Signal, output: &mut Output) {
+        match s {
+            Signal::SIGCHLD => self.reap(output),
+            _ if self.interrupted.is_some() || self.first_failure.is_some() => {
+                if self.stopping.is_some_and(|(_, killed)| !killed) {
+                    output.message(&format!(
+                        "atlasboost: got {} again; killing every worker now",
+                        s.as_str()
+                    ));
+                    self.kill_now();
+                }
+            }
+            _ => {
+                let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+                output.message(&format!(
+                    "atlasboost: got {}; passing it on to {live} worker{} \
+                     (SIGKILL in {:.0?}; {} again to kill now)",
+                    s.as_str(),
+                    if live == 1 { "" } else { "s" },
+                    self.plan.grace,
+                    s.as_str()
+                ));
+                self.interrupted = Some(s);
+                self.stop(s);
+            }
+        }
+    }
+
+    /// Collects every child that has exited (workers, and their orphans: the launcher is a
+    /// subreaper).
+    fn reap(&mut self, output: &mut Output) {
+        loop {
+            let status = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(s) => s,
+            };
+            let (pid, ending) = match status {
+                WaitStatus::Exited(pid, code) => (pid, Ending::Exited(code)),
+                WaitStatus::Signaled(pid, sig, _) => (pid, Ending::Signaled(sig)),
+                _ => continue,
+            };
+            if pid.as_raw() as u32 == self.lifeline.pid() {
+                output.message(
+                    "atlasboost: warning: the lifeline process exited early; if the launcher \
+                     is killed now, workers' children may survive it",
+                );
+                continue;
+            }
+            let Some(i) = self.running.iter().position(|r| r.pid == pid) else {
+                continue;
+            };
+            self.running[i].ended = Some((Instant::now(), ending));
+            if ending.failed() && self.first_failure.is_none() && self.interrupted.is_none() {
+                self.first_failure = Some(i);
+                let w = &self.workers[i];
+                let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+                output.message(&format!(
+                    "atlasboost: rank {} (host {}, device {}) failed ({}); stopping the other \
+                     {live} worker{}",
+                    w.rank,
+                    w.host,
+                    w.device,
+                    ending.describe(),
+                    if live == 1 { "" } else { "s" }
+                ));
+                self.stop(Signal::SIGTERM);
+            }
+        }
+    }
+
+    /// Sends `signal` to every worker's group, and starts the grace time.
+    fn stop(&mut self, signal: Signal) {
+        if self.stopping.is_none() {
+            self.stopping = Some((Instant::now(), false));
+        }
+        self.signal_groups(signal);
+        if signal == Signal::SIGKILL {
+            self.kill_now();
+        }
+    }
+
+    fn kill_now(&mut self) {
+        self.signal_groups(Signal::SIGKILL);
+        self.stopping = Some((self.stopping.map_or(Instant::now(), |s| s.0), true));
+        self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
+    }
+
+    /// SIGKILL once the grace time is over.
+    fn escalate(&mut self) {
+        if let Some((since, false)) = self.stopping
+            && since.elapsed() >= self.plan.grace
+        {
+            self.kill_now();
+        }
+    }
+
+    fn signal_groups(&mut self, signal: Signal) {
+        for r in &mut self.running {
+            if !r.group_gone && killpg(r.pid, signal) == Err(Errno::ESRCH) {
+                r.group_gone = true;
+                self.lifeline.forget(r.pid.as_raw());
+            }
+        }
+    }
+
+    /// Marks the groups with no process left.
+    fn check_groups(&mut self) {
+        for r in &mut self.running {
+            if !r.group_gone && r.ended.is_some() && killpg(r.pid, None) == Err(Errno::ESRCH) {
+                r.group_gone = true;
+                self.lifeline.forget(r.pid.as_raw());
+            }
+        }
+    }
+
+    /// After a failed start: wait (bounded) for the workers already started to die.
+    fn finish_quietly(&mut self, signals: &Signals, output: &mut Output) {
+        let until = Instant::now() + DRAIN_AFTER_KILL;
+        while Instant::now() < until && self.running.iter().any(|r| r.ended.is_none()) {
+            self.poll_once(signals, output, PollTimeout::from(50u8));
+        }
+        self.check_groups();
+    }
+
+    fn result(&self, output: &Output) -> JobResult {
+        let workers: Vec<WorkerResult> = self
+            .workers
+            .iter()
+            .zip(&self.running)
+            .enumerate()
+            .map(|(lane, (w, r))| WorkerResult {
+                rank: w.rank,
+                host: w.host.clone(),
+                device: w.device,
+                ending: r.ended.map(|(_, e)| e),
+                run_time: r
+                    .ended
+                    .map_or_else(|| r.started.elapsed(), |(t, _)| t - r.started),
+                stopped: Some(lane) != self.first_failure
+                    && matches!((r.ended, self.stopping), (Some((t, _)), Some((since, _))) if t >= since),
+                tail: output.tail(lane),
+            })
+            .collect();
+        let exit_code = match (self.interrupted, self.first_failure) {
+            (Some(s), _) => 128u8.wrapping_add(s as u8),
+            (None, Some(i)) => workers[i].ending.map_or(ExitCodes::FAILURE, Ending::code),
+            (None, None) => ExitCodes::SUCCESS,
+        };
+        JobResult {
+            workers,
+            first_failure: self.first_failure,
+            interrupted: self.interrupted,
+            exit_code,
+        }
+    }
+}

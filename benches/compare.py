@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmarks of `atlasboost run` against OpenMPI's `mpirun` (Python 3 stdlib only).
+
+    python3 benches/compare.py launch [--runs 20]
+    python3 benches/compare.py output [--runs 3] [--lines 250000] [--ranks 8]
+    python3 benches/compare.py memory [--ranks 64] [--seconds 5]
+
+- launch: wall time of starting 8 ranks of `true` and waiting for them
+  (target: atlasboost/mpirun median <= 1.0).
+- output: 8 ranks each print LINES lines as fast as they can; every launcher's stdout goes to a
+  file, and the file must hold every line (targets: atlasboost line rate >= 4x mpirun's with
+  --tag-output, and atlasboost time <= 3x a raw `sh` pipe with no launcher at all).
+- memory: the launcher's own peak resident memory while 64 ranks print continuously
+  (target < 64 MiB).
+
+Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
+output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
+--allow-run-as-root, which these commands pass; --oversubscribe lets 8 ranks share fewer cores.
+The exact command lines and the machine are printed first, for docs/PERFORMANCE.md.
+`--only` restricts a benchmark to some of its contenders (e.g. `--only mpirun,raw`).
+"""
+
+import argparse
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ATLASBOOST = REPO / "target" / "release" / "atlasboost"
+MPIRUN_FLAGS = ["--allow-run-as-root", "--oversubscribe"]
+# One line as a training script prints it; every rank prints it LINES times.
+OUTPUT_LINE = "step 000123 loss 2.345678 lr 0.000100 throughput 1234.5 samples/s"
+MEMORY_LINE = "step 000123 loss 2.345678"
+MEMORY_LINES_PER_RANK = 2_000_000
+DEVICES_PER_HOST = 8
+
+
+def die(msg):
+    print(f"compare.py: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def generator(line, lines):
+    """The shell pipeline each rank runs: `line` printed `lines` times."""
+    return f"yes {shlex.quote(line)} | head -n {lines}"
+
+
+# ---------------------------------------------------------------- tools and machine
+
+
+def find_atlasboost(path):
+    p = Path(path) if path else DEFAULT_ATLASBOOST
+    if not (p.is_file() and os.access(p, os.X_OK)):
+        if path:
+            die(f"--atlasboost {path}: no such executable file")
+        die(f"no atlasboost executable at {p}; build it with `cargo build --release -p atlasboost-cli` in {REPO}")
+    return str(p)
+
+
+def find_mpirun():
+    p = shutil.which("mpirun")
+    if not p:
+        die("mpirun not found; install OpenMPI: apt-get install -y openmpi-bin libopenmpi-dev")
+    return p
+
+
+def first_line(cmd):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+        text = (out.stdout or out.stderr).strip()
+        return text.splitlines()[0] if text else "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def proc_field(path, key):
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def print_machine(tools):
+    nproc = len(os.sched_getaffinity(0))
+    print("## machine")
+    print(f"date:       {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"nproc:      {nproc} ({proc_field('/proc/cpuinfo', 'model name')})")
+    mem_kib = proc_field("/proc/meminfo", "MemTotal").split()[0]
+    mem = f"{int(mem_kib) / 2**20:.1f} GiB" if mem_kib.isdigit() else "?"
+    try:
+        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        load = "?"
+    print(f"memory:     {mem}")
+    print(f"kernel:     {platform.system()} {os.uname().release}")
+    print(f"load:       {load} (1, 5, 15 min, at start)")
+    print(f"python:     {platform.python_version()}")
+    for name, exe in tools.items():
+        print(f"{name + ':':<12}{exe} ({first_line([exe, '--version'])})")
+    print()
+
+
+def show(cmd):
+    """A command line to paste into a shell; double quotes where they read better than shlex's."""
+    def quote(arg):
+        if "'" in arg and not any(c in arg for c in '"$`\\!'):
+            return f'"{arg}"'
+        return shlex.quote(arg)
+    return " ".join(quote(a) for a in cmd)
+
+
+def print_commands(cmds):
+    print("## commands")
+    for name, cmd in cmds.items():
+        print(f"{name}: {show(cmd)}")
+    print()
+
+
+def print_table(header, rows):
+    """A small aligned table: the first column left-aligned, the others right-aligned."""
+    rows = [header] + rows
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
+    for n, r in enumerate(rows):
+        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        print("  ".join(cells).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def verdict(ok):
+    return "met" if ok else "NOT MET"
+
+
+def selected(only, names):
+    if not only:
+        return list(names)
+    chosen = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in names]
+    if unknown:
+        die(f"--only: unknown {', '.join(unknown)}; choose from {', '.join(names)}")
+    return [n for n in names if n in chosen]
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_checked(name, cmd, stdout, stderr_path=None):
+    """Run `cmd` to completion and return its wall time in seconds; fail loudly unless it exits 0."""
+    if stderr_path is None:
+        start = time.perf_counter()
+        rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.DEVNULL).returncode
+        elapsed = time.perf_counter() - start
+        tail = "(stderr discarded; run the command by hand to see it)"
+    else:
+        with open(stderr_path, "wb") as err:
+            start = time.perf_counter()
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err).returncode
+            elapsed = time.perf_counter() - start
+        tail = Path(stderr_path).read_text(errors="replace")[-2000:] or "(stderr empty)"
+    if rc != 0:
+        die(f"{name} exited with {rc}: {show(cmd)}\n{tail}")
+    return elapsed
+
+
+def check_lines(name, path, expected, line):
+    """Count the lines of `path` and those that arrived whole; return (bytes, torn lines).
+
+    Every line must arrive: a benchmark that loses lines is wrong, so a short count is fatal.
+    A torn line (pieces of two ranks' lines glued together) is reported, not fatal: mpirun
+    --tag-output tags each chunk it reads rather than each line, and the raw pipe interleaves
+    whatever blocks `head` writes.
+    """
+    data = Path(path).read_bytes()
+    total = data.count(b"\n")
+    whole = data.count(line.encode() + b"\n")
+    if total != expected:
+        die(f"{name} wrote {total} lines to {path}, expected {expected}; first line: {data[:200].splitlines()[:1]}")
+    return len(data), total - whole
+
+
+def scratch_dir():
+    """tmpfs if there is one, to keep the disk out of the measurement."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def ms(seconds):
+    return f"{seconds * 1000:.1f}"
+
+
+# ---------------------------------------------------------------- launch
+
+
+def cmd_launch(args):
+    if args.runs < 1:
+        die("--runs must be at least 1")
+    names = selected(args.only, ["atlasboost", "mpirun"])
+    tools, cmds = {}, {}
+    if "atlasboost" in names:
+        tools["atlasboost"] = find_atlasboost(args.atlasboost)
+        cmds["atlasboost"] = [tools["atlasboost"], "run", "-q", "--sim", "8", "--", "true"]
+    if "mpirun" in names:
+        tools["mpirun"] = find_mpirun()
+        cmds["mpirun"] = [tools["mpirun"], *MPIRUN_FLAGS, "-np", "8", "true"]
+    print("# launch: start 8 ranks of `true` and wait for them\n")
+    print_machine(tools)
+    print_commands(cmds)
+    print(f"{args.runs} runs of each, alternating, after 2 warm-up runs of each; stdout and stderr to /dev/null\n")
+
+    times = {n: [] for n in names}
+    for _ in range(2):
+        for n in names:
+            run_checked(n, cmds[n], subprocess.DEVNULL)
+    for _ in range(args.runs):
+        for n in names:
+            times[n].append(run_checked(n, cmds[n], subprocess.DEVNULL))
+
+    rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
+    print_table(["launcher", "median ms", "min ms", "max ms"], rows)
+    if len(names) == 2:
+        ratio = statistics.median(times["atlasboost"]) / statistics.median(times["mpirun"])
+        print(f"\natlasboost/mpirun median: {ratio:.2f} (target <= 1.0: {verdict(ratio <= 1.0)})")
+
+
+# ---------------------------------------------------------------- output
+
+
+def cmd_output(args):
+    if args.runs < 1 or args.lines < 1 or args.ranks < 1:
+        die("--runs, --lines and --ranks must be at least 1")
+    names = selected(args.only, ["atlasboost", "mpirun", "raw"])
+    gen = generator(OUTPUT_LINE, args.lines)
+    tools, cmds = {}, {}
+    if "atlasboost" in names:
+        tools["atlasboost"] = find_atlasboost(args.atlasboost)
+        cmds["atlasboost"] = [tools["atlasboost"], "run", "-q", "--sim", str(args.ranks), "--", "sh", "-c", gen]
+    if "mpirun" in names:
+        tools["mpirun"] = find_mpirun()
+        cmds["mpirun"] = [tools["mpirun"], *MPIRUN_FLAGS, "--tag-output", "-np", str(args.ranks), "sh", "-c", gen]
+    if "raw" in names:
+        # The same ranks with no launcher: one shell starts them all on one shared pipe, untagged.
+        cmds["raw"] = ["sh", "-c", f"{gen} & " * args.ranks + "wait"]
+    expected = args.ranks * args.lines
+    where = scratch_dir() or tempfile.gettempdir()
+    print(f"# output: {args.ranks} ranks x {args.lines} lines, stdout to a file in {where}\n")
+    print_machine(tools)
+    print_commands(cmds)
+    print(f"{args.runs} runs, the contenders alternating within each; every file must hold all {expected:,} lines\n")
+
+    times = {n: [] for n in names}
+    sizes, torn = {}, {n: 0 for n in names}
+    with tempfile.TemporaryDirectory(prefix="atlasboost-bench-", dir=scratch_dir()) as tmp:
+        for _ in range(args.runs):
+            for n in names:
+                out_path, err_path = os.path.join(tmp, f"{n}.out"), os.path.join(tmp, f"{n}.err")
+                with open(out_path, "wb") as out:
+                    times[n].append(run_checked(n, cmds[n], out, err_path))
+                sizes[n], t = check_lines(n, out_path, expected, OUTPUT_LINE)
+                torn[n] = max(torn[n], t)
+                os.remove(out_path)
+
+    med = {n: statistics.median(t) for n, t in times.items()}
+    rate = {n: expected / med[n] for n in names}
+    rows = [
+        [n, f"{med[n]:.3f}", f"{min(times[n]):.3f}", f"{max(times[n]):.3f}", f"{rate[n]:,.0f}",
+         f"{sizes[n] / med[n] / 2**20:.0f}", f"{torn[n]:,}"]
+        for n in names
+    ]
+    print_table(["way", "median s", "min s", "max s", "lines/s", "MiB/s", "torn lines"], rows)
+    print(f"(torn lines: the most, over the runs, that did not arrive whole out of {expected:,})")
+    print()
+    if "atlasboost" in names and "mpirun" in names:
+        r = rate["atlasboost"] / rate["mpirun"]
+        print(f"atlasboost rate / mpirun rate: {r:.2f} (target >= 4: {verdict(r >= 4)})")
+    if "atlasboost" in names and "raw" in names:
+        r = med["atlasboost"] / med["raw"]
+        print(f"atlasboost time / raw time:    {r:.2f} (target <= 3: {verdict(r <= 3)})")
+    if "mpirun" in names and "raw" in names:
+        print(f"mpirun time / raw time:        {med['mpirun'] / med['raw']:.2f} (for reference)")
+    if torn.get("atlasboost"):
+        print(f"WARNING: atlasboost tore {torn['atlasboost']:,} lines; it should deliver every line whole")
+
+
+# ---------------------------------------------------------------- memory
+
+
+def memory_hosts(ranks):
+    """ceil(ranks/8) hosts 127.0.0.1, 127.0.0.2, ... of 8 slots each, the last with the remainder."""
+    hosts, left = [], ranks
+    for i in range(math.ceil(ranks / DEVICES_PER_HOST)):
+        slots = min(DEVICES_PER_HOST, left)
+        hosts.append(f"127.0.0.{i + 1}:{slots}")
+        left -= slots
+    return ",".join(hosts)
+
+
+def read_status_kib(pid):
+    """VmHWM and VmRSS of `pid` in KiB, or None once it is gone or a zombie (no Vm* lines)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("VmHWM", "VmRSS")))
+        return int(fields["VmHWM"].split()[0]), int(fields["VmRSS"].split()[0])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def cmd_memory(args):
+    if not 1 <= args.ranks <= 253 * DEVICES_PER_HOST:
+        die("--ranks must be between 1 and 2024 (hosts are 127.0.0.1 .. 127.0.0.253)")
+    atlasboost = find_atlasboost(args.atlasboost)
+    gen = generator(MEMORY_LINE, MEMORY_LINES_PER_RANK)
+    cmd = [atlasboost, "run", "-q", "--sim", str(DEVICES_PER_HOST), "-H", memory_hosts(args.ranks),
+           "--no-tag", "--", "sh", "-c", gen]
+    print(f"# memory: the launcher's peak resident memory, {args.ranks} ranks printing continuously\n")
+    print_machine({"atlasboost": atlasboost})
+    print_commands({"atlasboost": cmd})
+    print(f"stdout to /dev/null; /proc/<pid>/status sampled every 50 ms; SIGINT after {args.seconds} s\n")
+
+    # We read VmHWM, the kernel's high-water mark of the launcher's own resident memory: it
+    # catches a peak that falls between two samples, which VmRSS alone would miss. wait4()'s
+    # ru_maxrss is no good here: the kernel folds into it the peak of every descendant the
+    # launcher has reaped, so it reports max(launcher, largest worker) -- a worker's footprint
+    # (a real training script's is gigabytes), not the launcher's.
+    hwm = rss = samples = 0
+    interrupted = False
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        start = time.perf_counter()
+        try:
+            while proc.poll() is None:
+                status = read_status_kib(proc.pid)
+                if status:
+                    samples += 1
+                    hwm, rss = max(hwm, status[0]), max(rss, status[1])
+                elapsed = time.perf_counter() - start
+                if not interrupted and elapsed >= args.seconds:
+                    proc.send_signal(signal.SIGINT)
+                    interrupted = True
+                elif interrupted and elapsed >= args.seconds + 30:
+                    die("the launcher did not stop within 30 s of SIGINT")  # killed by `finally`
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        elapsed = time.perf_counter() - start
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")[-2000:]
+    if not interrupted and proc.returncode != 0:
+        die(f"atlasboost exited with {proc.returncode} before the end of the sampling:\n{stderr}")
+    if samples == 0:
+        die(f"no sample of /proc/<pid>/status was taken; the launcher ended at once:\n{stderr}")
+
+    rc = proc.returncode
+    code = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+    how = f"stopped with SIGINT after {args.seconds} s ({code})" if interrupted else "exited 0 by itself"
+    print(f"launcher {how}, {elapsed:.1f} s, {samples} samples\n")
+    print_table(["launcher", "peak VmHWM MiB", "max VmRSS MiB"], [["atlasboost", f"{hwm / 1024:.1f}", f"{rss / 1024:.1f}"]])
+    print(f"\npeak {hwm / 1024:.1f} MiB (target < 64 MiB: {verdict(hwm < 64 * 1024)})")
+
+
+# ---------------------------------------------------------------- main
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+
+    def add(name, help, only):
+        s = sub.add_parser(name, help=help, description=help)
+        s.add_argument("--atlasboost", metavar="PATH", help=f"the atlasboost binary (default {DEFAULT_ATLASBOOST})")
+        if only:
+            s.add_argument("--only", metavar="LIST", help=f"only these, comma-separated: {only}")
+        return s
+
+    s = add("launch", "Time starting 8 ranks of `true`: atlasboost run vs mpirun.", "atlasboost,mpirun")
+    s.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
+    s.set_defaults(func=cmd_launch)
+
+    s = add("output", "Line throughput of 8 chatty ranks: atlasboost run vs mpirun --tag-output vs a raw pipe.",
+            "atlasboost,mpirun,raw")
+    s.add_argument("--runs", type=int, default=3, help="runs of each (default 3)")
+    s.add_argument("--lines", type=int, default=250_000, help="lines per rank (default 250000)")
+    s.add_argument("--ranks", type=int, default=8, help="ranks (default 8)")
+    s.set_defaults(func=cmd_output)
+
+    s = add("memory", "Peak resident memory of the atlasboost launcher with many chatty ranks.", None)
+    s.add_argument("--ranks", type=int, default=64, help="ranks, 8 per simulated host (default 64)")
+    s.add_argument("--seconds", type=float, default=5, help="SIGINT the launcher after this long (default 5)")
+    s.set_defaults(func=cmd_memory)
+
+    args = p.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # results in order with errors, even through a pipe
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
