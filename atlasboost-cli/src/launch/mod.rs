@@ -277,8 +277,14 @@ fn join(
         }
         match rx.recv_timeout(Duration::from_millis(20)) {
             Ok((i, r)) => {
+                // An agent that fails outside the round (its table cannot be written, say)
+                // ends the wait: the others would only wait for the timeout.
+                let failed = r.is_err();
                 results[i] = Some(r);
                 left -= 1;
+                if failed {
+                    break;
+                }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -312,6 +318,13 @@ fn join(
         .or(failure)
     {
         return Err(CliError::Failure(why));
+    }
+    if let Some(Some(Err(e))) = results
+        .iter_mut()
+        .find(|r| matches!(r, Some(Err(_))))
+        .map(Option::take)
+    {
+        return Err(e);
     }
     let mut prepared = Vec::with_capacity(hosts.len());
     for (host, r) in hosts.iter().zip(results) {

@@ -334,9 +334,32 @@ impl<'a> Supervisor<'a> {
                     ));
                     self.stop(Signal::SIGTERM);
                 }
+                if groups_gone && !self.pipes.is_empty() && self.drain_until.is_none() {
+                    // Every group is empty, yet a pipe is open: a process that left its group
+                    // (setsid) holds it. Read what comes for a while, not forever.
+                    self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
+                }
                 let drained =
                     self.pipes.is_empty() || self.drain_until.is_some_and(|t| Instant::now() >= t);
                 if drained && (groups_gone || self.drain_until.is_some()) {
+                    if !self.pipes.is_empty() {
+                        let mut ranks: Vec<u32> = self
+                            .pipes
+                            .iter()
+                            .map(|p| self.workers[p.lane].rank)
+                            .collect();
+                        ranks.dedup();
+                        output.message(&format!(
+                            "atlasboost: warning: a process outside the workers' process groups \
+                             (started with setsid?) still holds the output of rank {}; no longer \
+                             reading it",
+                            ranks
+                                .iter()
+                                .map(u32::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ));
+                    }
                     break;
                 }
             }
@@ -418,7 +441,7 @@ impl<'a> Supervisor<'a> {
             _ if self.interrupted.is_some() || self.first_failure.is_some() => {
                 if self.stopping.is_some_and(|(_, killed)| !killed) {
                     output.message(&format!(
-                        "atlasboost: got {} again; killing every worker now",
+                        "atlasboost: got {} while stopping the workers; killing them now",
                         s.as_str()
                     ));
                     self.kill_now();
