@@ -40,7 +40,13 @@ impl CliError {
             CliError::Usage(_) => ExitCodes::USAGE,
             CliError::Spawn { reason, .. } => match reason.kind() {
                 io::ErrorKind::NotFound => ExitCodes::NOT_FOUND,
-                _ => ExitCodes::CANNOT_EXECUTE,
+                io::ErrorKind::PermissionDenied | io::ErrorKind::IsADirectory => {
+                    ExitCodes::CANNOT_EXECUTE
+                }
+                // ENOEXEC: not a binary and no #! line.
+                _ if reason.raw_os_error() == Some(8) => ExitCodes::CANNOT_EXECUTE,
+                // Out of descriptors or memory: atlasboost's failure, not the command's.
+                _ => ExitCodes::FAILURE,
             },
             CliError::Core(_) | CliError::Failure(_) | CliError::Stdout(_) => ExitCodes::FAILURE,
         }

@@ -67,6 +67,8 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         return Err(CliError::Usage("the command to run is empty".into()));
     }
 
+    // Every worker takes two pipes; a job of many local ranks must not hit the soft limit.
+    supervise::raise_fd_limit();
     let signals = Signals::block()?;
     // Orphaned children of workers are re-parented to the launcher, which reaps them.
     let _ = nix::sys::prctl::set_child_subreaper(true);

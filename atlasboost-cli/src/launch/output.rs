@@ -112,11 +112,30 @@ impl Sink {
     }
 
     fn flush(&mut self) {
-        if !self.closed && !self.buf.is_empty() && (&self.file).write_all(&self.buf).is_err() {
-            self.closed = true;
+        if !self.closed && !self.buf.is_empty() {
+            self.closed = write_fully(&self.file, &self.buf).is_err();
         }
         self.buf.clear();
     }
+}
+
+/// Writes all of `buf`, also to a descriptor someone left non-blocking: on `EAGAIN` it waits
+/// until the reader makes room, as a blocking write would.
+fn write_fully(file: &File, mut buf: &[u8]) -> io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    while !buf.is_empty() {
+        match (&*file).write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLOUT)];
+                poll(&mut fds, PollTimeout::NONE).map_err(io::Error::from)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// How the console shows workers' lines.

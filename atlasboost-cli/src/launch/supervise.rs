@@ -12,11 +12,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{SigSet, Signal, killpg};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -78,6 +80,20 @@ impl Signals {
 
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// The launcher's limit of open files before [`raise_fd_limit`].
+static ORIGINAL_FD_LIMIT: OnceLock<(u64, u64)> = OnceLock::new();
+
+/// Raises the launcher's soft limit of open files to the hard limit (every worker takes two
+/// pipes, so many local ranks would hit a soft limit of 1,024); workers get the original back.
+pub fn raise_fd_limit() {
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok()
+    {
+        let _ = ORIGINAL_FD_LIMIT.set((soft, hard));
     }
 }
 
@@ -259,6 +275,10 @@ fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> 
                 return Err(io::Error::other("the launcher is gone"));
             }
             SigSet::empty().thread_set_mask()?;
+            // Workers get the limit of open files the launcher was given.
+            if let Some(&(soft, hard)) = ORIGINAL_FD_LIMIT.get() {
+                setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
+            }
             Ok(())
         });
     }
@@ -286,6 +306,8 @@ struct Supervisor<'a> {
     interrupted: Option<Signal>,
     /// When the stop began and whether SIGKILL has followed.
     stopping: Option<(Instant, bool)>,
+    /// What the workers left behind has been sent SIGTERM.
+    leftovers_stopped: bool,
     drain_until: Option<Instant>,
     buf: Vec<u8>,
 }
@@ -307,6 +329,7 @@ impl<'a> Supervisor<'a> {
             first_failure: None,
             interrupted: None,
             stopping: None,
+            leftovers_stopped: false,
             drain_until: None,
             buf: vec![0; 1 << 16],
         }
@@ -317,8 +340,12 @@ impl<'a> Supervisor<'a> {
             let all_ended = self.running.iter().all(|r| r.ended.is_some());
             if all_ended {
                 self.check_groups();
-                let groups_gone = self.running.iter().all(|r| r.group_gone);
-                if self.stopping.is_none() && !groups_gone {
+                let orphans = orphans(self.lifeline.pid());
+                let groups_gone = self.running.iter().all(|r| r.group_gone) && orphans.is_empty();
+                if !self.leftovers_stopped && !groups_gone {
+                    // Whatever the workers left: processes in their groups, and orphans of
+                    // theirs that left the groups (setsid) and were re-parented to the launcher.
+                    self.leftovers_stopped = true;
                     let left: Vec<String> = self
                         .running
                         .iter()
@@ -326,13 +353,30 @@ impl<'a> Supervisor<'a> {
                         .filter(|(_, r)| !r.group_gone)
                         .map(|(i, _)| self.workers[i].rank.to_string())
                         .collect();
+                    let mut what = Vec::new();
+                    if !left.is_empty() {
+                        what.push(format!(
+                            "the process groups of rank{} {}",
+                            if left.len() == 1 { "" } else { "s" },
+                            left.join(", ")
+                        ));
+                    }
+                    if !orphans.is_empty() {
+                        let n = orphans.len();
+                        what.push(format!(
+                            "{n} process{} outside them",
+                            if n == 1 { "" } else { "es" }
+                        ));
+                    }
                     output.message(&format!(
-                        "atlasboost: every worker has exited; stopping what they left running \
-                         (the process groups of rank{} {})",
-                        if left.len() == 1 { "" } else { "s" },
-                        left.join(", ")
+                        "atlasboost: every worker has exited; stopping what they left running ({})",
+                        what.join(", and ")
                     ));
-                    self.stop(Signal::SIGTERM);
+                    if self.stopping.is_none() {
+                        self.stopping = Some((Instant::now(), false));
+                    }
+                    self.signal_groups(Signal::SIGTERM);
+                    signal_orphans(self.lifeline.pid(), Signal::SIGTERM);
                 }
                 if groups_gone && !self.pipes.is_empty() && self.drain_until.is_none() {
                     // Every group is empty, yet a pipe is open: a process that left its group
@@ -468,7 +512,12 @@ impl<'a> Supervisor<'a> {
     fn reap(&mut self, output: &mut Output) {
         loop {
             let status = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(WaitStatus::StillAlive) | Err(_) => {
+                    // A group whose last process was just reaped may have its id reused from
+                    // now on: mark it gone (and tell the lifeline) before anything signals it.
+                    self.check_groups();
+                    return;
+                }
                 Ok(s) => s,
             };
             let (pid, ending) = match status {
@@ -518,6 +567,7 @@ impl<'a> Supervisor<'a> {
 
     fn kill_now(&mut self) {
         self.signal_groups(Signal::SIGKILL);
+        signal_orphans(self.lifeline.pid(), Signal::SIGKILL);
         self.stopping = Some((self.stopping.map_or(Instant::now(), |s| s.0), true));
         self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
     }
@@ -589,5 +639,32 @@ impl<'a> Supervisor<'a> {
             interrupted: self.interrupted,
             exit_code,
         }
+    }
+}
+
+/// Processes whose parent is the launcher, other than its workers and the lifeline: orphans of
+/// the workers' children (the launcher is their subreaper).
+fn orphans(lifeline: u32) -> Vec<Pid> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != lifeline && parent_of(pid) == Some(me))
+        .map(|pid| Pid::from_raw(pid as i32))
+        .collect()
+}
+
+/// The parent of `pid`, from `/proc/<pid>/stat` (the field after the parenthesised name).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Signals the orphans (not the workers: they are signalled through their groups).
+fn signal_orphans(lifeline: u32, signal: Signal) {
+    for pid in orphans(lifeline) {
+        let _ = nix::sys::signal::kill(pid, signal);
     }
 }

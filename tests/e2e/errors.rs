@@ -1,0 +1,200 @@
+//! Bad input (SPEC: exit codes): each ends with its exit code and one `error:` line that names
+//! the culprit, before any worker runs.
+
+use atlasboost_e2e::{Finished, Run};
+
+/// The worker of these tests: it must never get to run.
+const RAN: [&str; 4] = ["--", "sh", "-c", "echo WORKER-RAN"];
+
+/// Runs `atlasboost run ARGS` in a directory where `setup` wrote its files.
+fn run_with(args: &[&str], setup: impl FnOnce(&Run)) -> Finished {
+    let run = Run::new(["run"]).args(args);
+    setup(&run);
+    run.run()
+}
+
+fn assert_error(r: &Finished, code: i32, culprits: &[&str]) {
+    r.assert_code(code);
+    let errors = r.error_lines();
+    assert_eq!(
+        errors.len(),
+        1,
+        "exactly one line starting with `error:`\n{}",
+        r.describe()
+    );
+    for c in culprits {
+        assert!(
+            errors[0].contains(c),
+            "the error names {c:?}: {}\n{}",
+            errors[0],
+            r.describe()
+        );
+    }
+    assert!(
+        !r.out().contains("WORKER-RAN"),
+        "no worker may run\n{}",
+        r.describe()
+    );
+}
+
+fn usage(args: &[&str], culprits: &[&str]) {
+    let args: Vec<&str> = args.iter().chain(RAN.iter()).copied().collect();
+    assert_error(&run_with(&args, |_| {}), 2, culprits);
+}
+
+#[test]
+fn an_unknown_option_value_is_a_usage_error() {
+    usage(
+        &["--sim", "2", "-H", "127.0.0.1", "--framework", "foo"],
+        &["foo", "--framework"],
+    );
+}
+
+#[test]
+fn a_bad_host_list_is_a_usage_error() {
+    usage(&["--sim", "2", "-H", "127.0.0.1:x"], &["127.0.0.1:x"]);
+    usage(
+        &["--sim", "2", "-H", "127.0.0.1:2,127.0.0.2:0"],
+        &["127.0.0.2:0"],
+    );
+}
+
+#[test]
+fn a_bad_hostfile_line_is_named_by_file_and_line() {
+    let r = run_with(
+        &[
+            "--sim",
+            "2",
+            "--hostfile",
+            "hosts.txt",
+            RAN[0],
+            RAN[1],
+            RAN[2],
+            RAN[3],
+        ],
+        |run| {
+            run.file(
+                "hosts.txt",
+                "# comment\n127.0.0.1 slots=2\n127.0.0.2 slots=two\n",
+                false,
+            );
+        },
+    );
+    assert_error(&r, 2, &["hosts.txt:3", "two"]);
+    let r = run_with(
+        &[
+            "--sim",
+            "2",
+            "--hostfile",
+            "hosts.txt",
+            RAN[0],
+            RAN[1],
+            RAN[2],
+            RAN[3],
+        ],
+        |run| {
+            run.file(
+                "hosts.txt",
+                "127.0.0.1 slots=2\n127.0.0.2 max_slots=4\n",
+                false,
+            );
+        },
+    );
+    assert_error(&r, 2, &["hosts.txt:2", "max_slots"]);
+    usage(
+        &["--sim", "2", "--hostfile", "no-such-hostfile"],
+        &["no-such-hostfile"],
+    );
+}
+
+#[test]
+fn more_workers_than_slots_is_a_usage_error() {
+    usage(
+        &["--sim", "4", "-n", "9", "-H", "127.0.0.1:4,127.0.0.2:4"],
+        &["9"],
+    );
+    usage(
+        &["--sim", "4", "-np", "9", "-H", "127.0.0.1:4,127.0.0.2:4"],
+        &["9"],
+    );
+}
+
+#[test]
+fn a_bad_export_is_a_usage_error() {
+    usage(
+        &["--sim", "2", "-H", "127.0.0.1", "-x", "1BAD=x"],
+        &["1BAD"],
+    );
+    usage(
+        &[
+            "--sim",
+            "2",
+            "-H",
+            "127.0.0.1",
+            "-x",
+            "ATLASBOOST_E2E_SURELY_UNSET_VARIABLE",
+        ],
+        &["ATLASBOOST_E2E_SURELY_UNSET_VARIABLE"],
+    );
+}
+
+#[test]
+fn a_device_the_host_lacks_is_an_atlasboost_failure() {
+    let args: Vec<&str> = ["--sim", "8", "-H", "127.0.0.1", "--devices", "9"]
+        .iter()
+        .chain(RAN.iter())
+        .copied()
+        .collect();
+    let r = run_with(&args, |_| {});
+    assert_error(&r, 125, &["127.0.0.1", "--devices", "9"]);
+}
+
+#[test]
+fn a_host_that_is_not_this_machine_is_refused() {
+    // 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address.
+    let args: Vec<&str> = ["--sim", "2", "-H", "127.0.0.1:2,192.0.2.1:2"]
+        .iter()
+        .chain(RAN.iter())
+        .copied()
+        .collect();
+    assert_error(&run_with(&args, |_| {}), 125, &["192.0.2.1"]);
+}
+
+#[test]
+fn a_command_that_does_not_exist_exits_127() {
+    let r = run_with(
+        &[
+            "--sim",
+            "2",
+            "-H",
+            "127.0.0.1",
+            "--",
+            "atlasboost-e2e-no-such-command",
+        ],
+        |_| {},
+    );
+    assert_error(&r, 127, &["atlasboost-e2e-no-such-command"]);
+    let r = run_with(
+        &["--sim", "2", "-H", "127.0.0.1", "--", "./missing.sh"],
+        |_| {},
+    );
+    assert_error(&r, 127, &["missing.sh"]);
+}
+
+#[test]
+fn a_command_that_is_not_executable_exits_126() {
+    let r = run_with(
+        &["--sim", "2", "-H", "127.0.0.1", "--", "./not-executable.sh"],
+        |run| {
+            run.file("not-executable.sh", "#!/bin/sh\necho WORKER-RAN\n", false);
+        },
+    );
+    assert_error(&r, 126, &["not-executable.sh"]);
+    let r = run_with(
+        &["--sim", "2", "-H", "127.0.0.1", "--", "./a-directory"],
+        |run| {
+            std::fs::create_dir(run.dir().join("a-directory")).unwrap();
+        },
+    );
+    assert_error(&r, 126, &["a-directory"]);
+}

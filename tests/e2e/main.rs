@@ -1,0 +1,44 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! End-to-end tests: the real `atlasboost` binary launching real workers.
+//!
+//! Each module is one part of the contract of `atlasboost run`: what workers see
+//! ([`cluster`]), how a failure ends the job ([`failure`]), signals to the launcher
+//! ([`signals`]), that nothing of a job outlives it ([`lifetime`]), the workers' output
+//! ([`output`]) and bad input ([`errors`]).
+
+mod cluster;
+mod errors;
+mod failure;
+mod lifetime;
+mod output;
+mod signals;
+
+use std::collections::BTreeMap;
+
+/// The stdout lines of rank `rank` (`[rank]<stdout>:` removed).
+pub fn rank_lines(out: &str, rank: u32, stream: &str) -> Vec<String> {
+    let tag = format!("[{rank}]<{stream}>:");
+    out.lines()
+        .filter_map(|l| l.strip_prefix(&tag))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The tagged lines of a stream, by rank (lines without a `[rank]<stream>:` tag are left out).
+pub fn lines_by_rank(text: &str, stream: &str) -> BTreeMap<u32, Vec<String>> {
+    let mut by_rank: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for l in text.lines() {
+        if let Some((rank, rest)) = split_tag(l, stream) {
+            by_rank.entry(rank).or_default().push(rest.to_string());
+        }
+    }
+    by_rank
+}
+
+/// `[3]<stdout>:text` -> (3, "text").
+pub fn split_tag<'a>(line: &'a str, stream: &str) -> Option<(u32, &'a str)> {
+    let rest = line.strip_prefix('[')?;
+    let (rank, rest) = rest.split_once(']')?;
+    let rest = rest.strip_prefix(&format!("<{stream}>:"))?;
+    Some((rank.parse().ok()?, rest))
+}

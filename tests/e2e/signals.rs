@@ -1,0 +1,184 @@
+//! Signals to the launcher (SPEC: exit codes): SIGINT and SIGTERM are passed on to every
+//! worker's group, SIGKILL follows after `--grace`, a second SIGINT kills at once.
+
+use std::time::{Duration, Instant};
+
+use atlasboost_e2e::{LAUNCH_MARK, Launch, Run, assert_no_process_with_env};
+use nix::sys::signal::Signal;
+
+/// A Python worker that says `ready` and sleeps a minute: SIGINT ends it with
+/// KeyboardInterrupt, SIGTERM kills it.
+const SLEEPER: &str = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n";
+
+/// A Python worker that survives SIGINT: it prints `got SIGINT` each time and goes on.
+const STUBBORN: &str = r#"
+import signal, sys, time
+def on_int(signum, frame):
+    print("got SIGINT", flush=True)
+signal.signal(signal.SIGINT, on_int)
+print("ready", flush=True)
+deadline = time.time() + 60
+while time.time() < deadline:
+    time.sleep(0.05)
+"#;
+
+fn start(ranks: &str, grace: &str, worker: &[&str]) -> Launch {
+    Run::new([
+        "run",
+        "--sim",
+        ranks,
+        "-H",
+        "127.0.0.1",
+        "--grace",
+        grace,
+        "--",
+    ])
+    .args(worker)
+    .timeout(Duration::from_secs(60))
+    .spawn()
+}
+
+/// Everything the launch started (lifeline, workers) is gone soon after it exited.
+fn assert_all_gone(mark: &str, context: &str) {
+    assert_no_process_with_env(LAUNCH_MARK, mark, Duration::from_secs(3), context);
+}
+
+#[test]
+fn sigint_is_passed_to_the_workers_and_exits_130() {
+    let mut launch = start("4", "30", &["python3", "-c", SLEEPER]);
+    launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(20));
+    let mark = launch.mark().to_string();
+    let sent = Instant::now();
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let took = sent.elapsed();
+    r.assert_code(130);
+    assert!(
+        took < Duration::from_secs(10),
+        "workers end on SIGINT at once (--grace 30, sleep 60), yet the launcher took {took:?}\n{}",
+        r.describe()
+    );
+    for rank in 0..4 {
+        assert!(
+            r.err()
+                .contains(&format!("[{rank}]<stderr>:KeyboardInterrupt")),
+            "rank {rank} got SIGINT (KeyboardInterrupt)\n{}",
+            r.describe()
+        );
+    }
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "{}", r.describe());
+    assert!(errors[0].contains("SIGINT"), "{errors:?}");
+    assert_all_gone(&mark, "after SIGINT");
+}
+
+/// The workers are shells with a background child each: SIGTERM reaches the whole group.
+#[test]
+fn sigterm_is_passed_to_the_workers_and_their_children_and_exits_143() {
+    let mut launch = start(
+        "2",
+        "30",
+        &[
+            "sh",
+            "-c",
+            "sleep 300 & echo ready; sleep 300; echo 'not stopped'",
+        ],
+    );
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
+    let mark = launch.mark().to_string();
+    let sent = Instant::now();
+    launch.signal(Signal::SIGTERM);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let took = sent.elapsed();
+    r.assert_code(143);
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?}\n{}",
+        r.describe()
+    );
+    assert_all_gone(&mark, "after SIGTERM");
+}
+
+#[test]
+fn a_second_sigint_kills_at_once() {
+    let mut launch = start("2", "60", &["python3", "-c", STUBBORN]);
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
+    let mark = launch.mark().to_string();
+    launch.signal(Signal::SIGINT);
+    // Both workers got the first SIGINT and go on.
+    launch.wait_for_lines("]<stdout>:got SIGINT", 2, Duration::from_secs(10));
+    assert!(
+        launch.is_running(),
+        "the launcher waits --grace 60 for workers that survive SIGINT"
+    );
+    let sent = Instant::now();
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let took = sent.elapsed();
+    r.assert_code(130);
+    assert!(
+        took < Duration::from_secs(5),
+        "a second SIGINT kills at once (not after --grace 60), yet it took {took:?}\n{}",
+        r.describe()
+    );
+    assert_all_gone(&mark, "after a second SIGINT");
+}
+
+#[test]
+fn workers_ignoring_sigint_are_killed_after_the_grace_time() {
+    let mut launch = start(
+        "2",
+        "1",
+        &[
+            "sh",
+            "-c",
+            "trap '' INT; echo ready; sleep 60; echo 'not killed'",
+        ],
+    );
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
+    let mark = launch.mark().to_string();
+    let sent = Instant::now();
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(30));
+    let took = sent.elapsed();
+    r.assert_code(130);
+    assert!(
+        took < Duration::from_secs(10),
+        "--grace 1: SIGKILL a second after SIGINT, yet it took {took:?}\n{}",
+        r.describe()
+    );
+    assert!(!r.out().contains("not killed"), "{}", r.describe());
+    assert_all_gone(&mark, "after SIGINT and the grace time");
+}
+
+/// A background child of a shell worker ignores SIGINT (POSIX: asynchronous lists of a
+/// non-interactive shell do). After SIGINT every worker exits, and the child still runs: the
+/// launcher must stop it as it stops any leftover (SIGTERM, which it does not ignore) rather
+/// than wait out `--grace` for SIGKILL.
+#[test]
+fn after_sigint_a_leftover_grandchild_is_stopped_without_waiting_the_grace_time() {
+    let mut launch = start(
+        "2",
+        "10",
+        &[
+            "sh",
+            "-c",
+            "sleep 300 & exec python3 -c \"import time; print('ready', flush=True); time.sleep(100)\"",
+        ],
+    );
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
+    let mark = launch.mark().to_string();
+    let sent = Instant::now();
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(30));
+    let took = sent.elapsed();
+    r.assert_code(130);
+    assert!(
+        took < Duration::from_secs(5),
+        "every worker exited on SIGINT at once; their background children (which ignore \
+         SIGINT, not SIGTERM) should then be stopped with SIGTERM, yet the launcher took \
+         {took:?} (--grace 10)\n{}",
+        r.describe()
+    );
+    assert_all_gone(&mark, "after SIGINT");
+}
