@@ -40,6 +40,10 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Launch a job: one worker per NPU on every host, with a rank table and live output.
     Run(Box<RunArgs>),
+    /// Internal: the remote side of a launch, started by `atlasboost run` over ssh; reads its
+    /// configuration on standard input.
+    #[command(hide = true)]
+    Agent,
     /// Internal: the lifeline process of a launch, which stops the job's process groups when
     /// the launcher dies.
     #[command(hide = true)]
@@ -177,7 +181,7 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub np: Option<u32>,
 
-    /// Hosts, as host[:slots],... (a host without slots uses all its devices).
+    /// Hosts: a comma-separated list of HOST or HOST:SLOTS (a host without slots uses all its devices).
     #[arg(short = 'H', long, value_name = "LIST", conflicts_with = "hostfile")]
     pub hosts: Option<String>,
 
@@ -213,11 +217,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub wdir: Option<PathBuf>,
 
-    /// Also write DIR/rank.<rank>/stdout.log and stderr.log.
+    /// Also write each rank's stdout.log and stderr.log in DIR/rank.N/.
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
 
-    /// Print workers' lines without the `[rank]<stream>:` prefix.
+    /// Print workers' lines without the rank and stream prefix.
     #[arg(long)]
     pub no_tag: bool,
 
@@ -236,6 +240,23 @@ pub struct RunArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping workers.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_grace)]
     pub grace: Duration,
+
+    /// ssh port of the remote hosts [default: ssh's own, e.g. from ~/.ssh/config].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub ssh_port: Option<u16>,
+
+    /// ssh identity file for the remote hosts.
+    #[arg(long, value_name = "FILE")]
+    pub ssh_identity: Option<PathBuf>,
+
+    /// Path of atlasboost on the remote hosts [default: this executable's path].
+    #[arg(long, value_name = "PATH")]
+    pub remote_atlasboost: Option<PathBuf>,
+
+    /// The address remote hosts reach the launcher at [default: this machine's address on the
+    /// route to the first remote host].
+    #[arg(long, value_name = "ADDR")]
+    pub rendezvous_addr: Option<std::net::IpAddr>,
 
     /// The command each worker runs, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]

@@ -28,6 +28,15 @@ pub enum CliError {
         /// Why (not kept as a source: the message already says it).
         reason: io::Error,
     },
+    /// A remote host's agent failed; its message names the host, and `code` is the exit code
+    /// it calls for (126/127 for a command that cannot be started there).
+    #[error("{message}")]
+    Remote {
+        /// What the agent said.
+        message: String,
+        /// The exit code.
+        code: u8,
+    },
     /// Standard output could not be written (a closed pipe is not reported).
     #[error("cannot write to standard output")]
     Stdout(#[source] io::Error),
@@ -38,6 +47,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_) => ExitCodes::USAGE,
+            CliError::Remote { code, .. } => *code,
             CliError::Spawn { reason, .. } => match reason.kind() {
                 io::ErrorKind::NotFound => ExitCodes::NOT_FOUND,
                 io::ErrorKind::PermissionDenied | io::ErrorKind::IsADirectory => {
@@ -65,4 +75,16 @@ fn spawn_reason(e: &io::Error) -> String {
         io::ErrorKind::PermissionDenied => "permission denied (not executable)".into(),
         _ => e.to_string(),
     }
+}
+
+/// An error and its causes on one line (`a: b: c`), for messages that cross to another host.
+pub fn one_line(e: &CliError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }

@@ -35,6 +35,7 @@ pub fn main_entry() -> ExitCode {
         Command::Validate(args) => commands::validate::run(args, &printer),
         Command::Probe(args) => commands::probe::run(args, &printer).map(|()| ExitCodes::SUCCESS),
         Command::Run(args) => launch::run(args, &printer),
+        Command::Agent => Ok(launch::agent::agent_main()),
         Command::Guard => Ok(launch::lifeline::guard_main()),
     };
     match result {

@@ -175,6 +175,13 @@ impl DeviceList {
     }
 }
 
+impl fmt::Display for DeviceList {
+    /// The list as it was typed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 impl FromStr for DeviceList {
     type Err = Error;
 

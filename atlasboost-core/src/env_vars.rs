@@ -76,6 +76,11 @@ impl EnvVars {
     pub const ATLASBOOST_SIM_FAULTS: &'static str = "ATLASBOOST_SIM_FAULTS";
     /// The DSMI driver library to load (a file path).
     pub const ATLASBOOST_DSMI_LIB: &'static str = "ATLASBOOST_DSMI_LIB";
+    /// Extra arguments for every `ssh` the launcher runs, split on whitespace (e.g.
+    /// `-F /path/ssh_config`): for tests and unusual set-ups.
+    pub const ATLASBOOST_SSH_OPTIONS: &'static str = "ATLASBOOST_SSH_OPTIONS";
+    /// `1`: reach every host over ssh, this machine's own addresses too (tests).
+    pub const ATLASBOOST_SSH_ALL_HOSTS: &'static str = "ATLASBOOST_SSH_ALL_HOSTS";
     /// The hccn.conf to read.
     pub const ATLASBOOST_HCCN_CONF: &'static str = "ATLASBOOST_HCCN_CONF";
 }

@@ -6,23 +6,31 @@
 //! function inside `atlasboost agent`.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
+use std::io::{BufRead, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
     BuildOptions, RankOrder, RankTable, build_table, chip_of_devices,
 };
+use atlasboost_core::worker_env::{Framework, WorkerSpec, worker_env};
 use atlasboost_core::{Chip, Device, select_devices};
 use atlasboost_tcp::{Combiner, ParticipantConfig, Replies, Secret, ZmqRendezvous};
 use serde::{Deserialize, Serialize};
 
+use super::channel::{self, Up};
+use super::lifeline::Lifeline;
+use super::output::Output;
 use super::plan::{HostPlan, Offer, assign_workers};
-use crate::cli::DiscoveryArgs;
+use super::supervise::{self, RunPlan, Signals, WorkerPlan};
+use crate::cli::{DiscoveryArgs, ProbeKind};
 use crate::commands::devices::make_probe;
 use crate::error::CliError;
+use crate::exit::ExitCodes;
 
 /// What an agent sends the launcher.
 #[derive(Debug, Serialize, Deserialize)]
@@ -59,16 +67,31 @@ pub struct TablePolicy {
 
 /// The coordinator's combiner of a launch: one round, in which every agent reports and all
 /// receive the same [`LaunchAnswer`].
-pub fn launch_combiner(policy: TablePolicy) -> Combiner {
+///
+/// What it decided (the answer, and the devices that run a worker) is also left in `decided`,
+/// for the launcher, which may have no local host of its own.
+pub fn launch_combiner(policy: TablePolicy, decided: Arc<Mutex<Option<Decision>>>) -> Combiner {
     Box::new(move |_, payloads| {
-        decide(&policy, payloads)
-            .map(|answer| Replies::Same(serde_json::to_vec(&answer).unwrap_or_default()))
+        let decision = decide(&policy, payloads)?;
+        let reply = serde_json::to_vec(&decision.answer)
+            .map_err(|e| format!("cannot encode the answer: {e}"))?;
+        *decided.lock().unwrap_or_else(|p| p.into_inner()) = Some(decision);
+        Ok(Replies::Same(reply))
     })
+}
+
+/// What the launcher decided in the rendezvous.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// What every host received.
+    pub answer: LaunchAnswer,
+    /// The devices that run a worker, on every host.
+    pub devices: Vec<Device>,
 }
 
 /// Builds the table from every host's report: the first failed probe fails the launch, naming
 /// its host.
-fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<LaunchAnswer, String> {
+fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String> {
     let mut offers = Vec::with_capacity(payloads.len());
     let mut ports = Vec::with_capacity(payloads.len());
     for (host, bytes) in policy.hosts.iter().zip(payloads) {
@@ -113,11 +136,14 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<LaunchAnswer, St
         .iter()
         .find(|(s, _)| *s == first)
         .map_or(0, |(_, p)| *p);
-    Ok(LaunchAnswer {
-        table: table.to_json_pretty(),
-        chip: chip.as_str().to_string(),
-        master_addr: first,
-        master_port,
+    Ok(Decision {
+        answer: LaunchAnswer {
+            table: table.to_json_pretty(),
+            chip: chip.as_str().to_string(),
+            master_addr: first,
+            master_port,
+        },
+        devices,
     })
 }
 
@@ -230,6 +256,256 @@ fn free_port(addr: &str) -> u16 {
         .map_or(0, |a| a.port())
 }
 
+/// How every host's workers run: the same for all hosts of a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerSettings {
+    /// `tensorflow`, `mindspore` or `pytorch`.
+    pub framework: String,
+    /// The command and its arguments.
+    pub command: Vec<OsString>,
+    /// The workers' directory.
+    pub wdir: PathBuf,
+    /// Where the table is written (absolute).
+    pub rank_table: PathBuf,
+    /// Variables set on top of the host's environment and the job's: `-x` exports and, for
+    /// remote hosts, the launcher's variables that SPEC §9 forwards.
+    pub env: Vec<(OsString, OsString)>,
+    /// SIGTERM to SIGKILL, in milliseconds.
+    pub grace_ms: u64,
+}
+
+/// Everything a remote agent needs, sent as one JSON line on its standard input.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentConfig {
+    /// Its index in the rendezvous.
+    pub index: usize,
+    /// The number of hosts.
+    pub hosts: usize,
+    /// Its host's server id.
+    pub server_id: String,
+    /// Its host, as the launcher names it in messages.
+    pub host: String,
+    /// The device-discovery options, as command-line arguments (`--sim 8`, `--devices 0-3`).
+    pub discovery: Vec<String>,
+    /// The coordinator.
+    pub endpoint: String,
+    /// The job's id.
+    pub job_id: String,
+    /// The job's secret, in hex.
+    pub secret: String,
+    /// How long to wait for the launcher's answer, in milliseconds.
+    pub timeout_ms: u64,
+    /// How the workers run.
+    pub workers: WorkerSettings,
+}
+
+/// The workers of one host: one per table entry of the host, in rank order, with their
+/// environment (SPEC §9; `inherited` says which variables the worker inherits, for the ones
+/// set only when unset).
+///
+/// # Errors
+///
+/// The table's or the environment's errors (a table that does not name this host's devices).
+pub fn host_workers(
+    prepared: &Prepared,
+    server_id: &str,
+    host: &str,
+    settings: &WorkerSettings,
+    job_id: &str,
+    inherited: &dyn Fn(&str) -> bool,
+) -> Result<Vec<WorkerPlan>, CliError> {
+    let framework: Framework = settings.framework.parse()?;
+    let table = &prepared.table;
+    let mut workers = Vec::new();
+    for entry in table.ranks()?.iter().filter(|e| e.server_id == server_id) {
+        let logical_id = prepared
+            .devices
+            .iter()
+            .find(|d| d.physical_id == entry.physical_id)
+            .map_or(entry.physical_id, |d| d.logical_id);
+        let env = worker_env(&WorkerSpec {
+            table,
+            table_path: &settings.rank_table,
+            server_id,
+            physical_id: entry.physical_id,
+            logical_id,
+            framework,
+            job_id,
+            master_addr: &prepared.answer.master_addr,
+            master_port: prepared.answer.master_port,
+        })?;
+        let mut vars: Vec<(OsString, OsString)> = env
+            .set
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        vars.extend(
+            env.set_if_unset
+                .into_iter()
+                .filter(|(k, _)| !inherited(k) && !settings.env.iter().any(|(n, _)| n == k))
+                .map(|(k, v)| (k.into(), v.into())),
+        );
+        // What the user exports wins over what atlasboost would set.
+        vars.extend(settings.env.iter().cloned());
+        workers.push(WorkerPlan {
+            rank: env.world.rank,
+            host: host.to_string(),
+            device: logical_id,
+            env: vars,
+            local: true,
+        });
+    }
+    workers.sort_by_key(|w| w.rank);
+    Ok(workers)
+}
+
+/// The discovery options as arguments, for a remote agent to parse as the launcher did.
+pub fn discovery_args(d: &DiscoveryArgs) -> Vec<String> {
+    let mut args = vec![
+        "--probe".to_string(),
+        match d.probe {
+            ProbeKind::Auto => "auto",
+            ProbeKind::Dsmi => "dsmi",
+            ProbeKind::Hccn => "hccn",
+            ProbeKind::Sim => "sim",
+        }
+        .to_string(),
+    ];
+    if let Some(n) = d.sim {
+        args.extend(["--sim".into(), n.to_string()]);
+        args.extend(["--sim-chip".into(), d.sim_chip.clone()]);
+        if d.sim_ipv6 {
+            args.push("--sim-ipv6".into());
+        }
+    }
+    if let Some(list) = &d.devices {
+        args.extend(["--devices".into(), list.to_string()]);
+    }
+    args
+}
+
+/// Parses what [`discovery_args`] made.
+fn parse_discovery(args: &[String]) -> Result<DiscoveryArgs, CliError> {
+    #[derive(clap::Parser)]
+    struct Discovery {
+        #[command(flatten)]
+        d: DiscoveryArgs,
+    }
+    let argv = std::iter::once("agent".to_string()).chain(args.iter().cloned());
+    <Discovery as clap::Parser>::try_parse_from(argv)
+        .map(|p| p.d)
+        .map_err(|e| CliError::Usage(format!("the launcher's discovery options: {e}")))
+}
+
+/// `atlasboost agent`: the remote side of a launch. Reads its [`AgentConfig`] from the first
+/// line of standard input, then speaks the [`channel`] protocol on standard
+/// output until its workers are done. Returns its exit code.
+pub fn agent_main() -> u8 {
+    let mut up = std::io::stdout().lock();
+    let mut say = |m: &Up| {
+        let mut frame = Vec::new();
+        channel::encode(m, &mut frame);
+        let _ = up.write_all(&frame).and_then(|()| up.flush());
+    };
+    let mut line = String::new();
+    let config: AgentConfig = match std::io::stdin().lock().read_line(&mut line) {
+        Ok(n) if n > 0 => match serde_json::from_str(&line) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!(
+                    "atlasboost agent: the configuration on standard input is not valid: {e}"
+                );
+                return ExitCodes::USAGE;
+            }
+        },
+        _ => {
+            eprintln!(
+                "atlasboost agent: no configuration on standard input; this command is started \
+                 by `atlasboost run`, not by hand"
+            );
+            return ExitCodes::USAGE;
+        }
+    };
+    drop(line);
+    let hello = {
+        let mut out = std::io::stdout().lock();
+        out.write_all(channel::HELLO).and_then(|()| out.flush())
+    };
+    if hello.is_err() {
+        return ExitCodes::FAILURE;
+    }
+    match run_remote(&config) {
+        Ok(code) => code,
+        Err(e) => {
+            let code = e.exit_code();
+            say(&Up::Failed {
+                code,
+                message: crate::error::one_line(&e),
+            });
+            code
+        }
+    }
+}
+
+/// The agent's work once it has its configuration.
+fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
+    let settings = &config.workers;
+    if !settings.wdir.is_dir() {
+        return Err(CliError::Failure(format!(
+            "the worker directory {} does not exist here (--wdir, or the launcher's current \
+             directory)",
+            settings.wdir.display()
+        )));
+    }
+    let discovery = parse_discovery(&config.discovery)?;
+    let secret = Secret::from_hex(&config.secret)
+        .ok_or_else(|| CliError::Usage("the job's secret is not hex".into()))?;
+    supervise::raise_fd_limit();
+    let signals = Signals::block()?;
+    let _ = nix::sys::prctl::set_child_subreaper(true);
+    let mut lifeline = Lifeline::start()?;
+    let job = AgentJob {
+        index: config.index,
+        hosts: config.hosts,
+        server_id: config.server_id.clone(),
+        discovery,
+        endpoint: config.endpoint.clone(),
+        job_id: config.job_id.clone(),
+        secret,
+        timeout: Duration::from_millis(config.timeout_ms),
+        table_path: settings.rank_table.clone(),
+    };
+    let prepared = run_agent(&job, &Mutex::new(HashSet::new()))?;
+    let workers = host_workers(
+        &prepared,
+        &config.server_id,
+        &config.host,
+        settings,
+        &config.job_id,
+        &|k| std::env::var_os(k).is_some(),
+    )?;
+    let mut output = Output::upstream(&workers.iter().map(|w| w.rank).collect::<Vec<_>>())?;
+    output.send(&Up::Ready);
+    let plan = RunPlan {
+        command: settings.command.clone(),
+        wdir: settings.wdir.clone(),
+        grace: Duration::from_millis(settings.grace_ms),
+    };
+    let upstream = supervise::Upstream::stdin()?;
+    let result = supervise::run_workers(
+        &plan,
+        &workers,
+        &mut output,
+        &signals,
+        &mut lifeline,
+        supervise::Role::Agent(upstream),
+    );
+    lifeline.close();
+    result?;
+    output.send(&Up::Done);
+    Ok(ExitCodes::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use atlasboost_core::DeviceProbe;
@@ -266,6 +542,10 @@ mod tests {
         }
     }
 
+    fn decide_answer(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<LaunchAnswer, String> {
+        decide(policy, payloads).map(|d| d.answer)
+    }
+
     fn servers(answer: &LaunchAnswer) -> Vec<(String, usize)> {
         let table: serde_json::Value = serde_json::from_str(&answer.table).unwrap();
         table["server_list"]
@@ -286,7 +566,9 @@ mod tests {
         let hosts = vec![host("127.0.0.2", Some(4)), host("127.0.0.1", None)];
         let payloads = [report("127.0.0.2", 8, 2002), report("127.0.0.1", 4, 2001)];
 
-        let by_id = decide(&policy(hosts.clone(), None, RankOrder::ServerId), &payloads).unwrap();
+        let by_id = decide(&policy(hosts.clone(), None, RankOrder::ServerId), &payloads)
+            .unwrap()
+            .answer;
         assert_eq!(
             servers(&by_id),
             vec![("127.0.0.1".into(), 4), ("127.0.0.2".into(), 4)]
@@ -297,7 +579,7 @@ mod tests {
             ("127.0.0.1", 2001)
         );
 
-        let listed = decide(
+        let listed = decide_answer(
             &policy(hosts, None, RankOrder::Hosts(Vec::new())),
             &payloads,
         )
@@ -316,7 +598,7 @@ mod tests {
     fn a_host_left_without_workers_is_not_in_the_table() {
         let hosts = vec![host("127.0.0.1", Some(2)), host("127.0.0.2", Some(2))];
         let payloads = [report("127.0.0.1", 8, 1), report("127.0.0.2", 8, 2)];
-        let answer = decide(
+        let answer = decide_answer(
             &policy(hosts, Some(2), RankOrder::Hosts(Vec::new())),
             &payloads,
         )
@@ -335,14 +617,14 @@ mod tests {
             free_port: 0,
         })
         .unwrap();
-        let why = decide(
+        let why = decide_answer(
             &policy(hosts.clone(), None, RankOrder::ServerId),
             &[report("127.0.0.1", 2, 1), failed],
         )
         .unwrap_err();
         assert_eq!(why, "host 127.0.0.2: the driver said no");
 
-        let why = decide(
+        let why = decide_answer(
             &policy(hosts, None, RankOrder::ServerId),
             &[report("127.0.0.1", 2, 1), b"{not json".to_vec()],
         )
@@ -363,7 +645,10 @@ mod tests {
         let hosts = vec![host("127.0.0.1", Some(2)), host("127.0.0.2", Some(2))];
         let coordinator = Coordinator::start_with(
             CoordinatorConfig::new("tcp://127.0.0.1:0", 2, "t", secret.clone(), timeout),
-            launch_combiner(policy(hosts.clone(), None, RankOrder::ServerId)),
+            launch_combiner(
+                policy(hosts.clone(), None, RankOrder::ServerId),
+                Arc::default(),
+            ),
         )
         .unwrap();
         let written = Mutex::new(HashSet::new());

@@ -10,31 +10,38 @@
 //! Hosts on other machines (over ssh) are not supported yet: the launcher refuses them.
 
 pub mod agent;
+pub mod channel;
 pub mod lifeline;
 pub mod output;
 pub mod plan;
+pub mod remote;
 pub mod supervise;
 
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::IsTerminal;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use atlasboost_core::EnvVars;
-use atlasboost_core::ranktable::{BuildOptions, RankOrder};
-use atlasboost_core::worker_env::{WorkerSpec, worker_env};
+use atlasboost_core::ranktable::{BuildOptions, RankOrder, RankTable};
 use atlasboost_tcp::{Coordinator, CoordinatorConfig, Secret};
 use nix::sys::signal::Signal;
 
-use self::agent::{AgentJob, Prepared, TablePolicy, launch_combiner, run_agent};
+use self::agent::{
+    AgentConfig, AgentJob, Decision, Prepared, TablePolicy, WorkerSettings, discovery_args,
+    host_workers, launch_combiner, run_agent,
+};
+use self::channel::Up;
 use self::lifeline::Lifeline;
 use self::output::{Output, OutputOptions};
 use self::plan::{
     HostPlan, check_np, parse_host_list, parse_hostfile, resolve_hosts, this_machine,
 };
-use self::supervise::{JobResult, RunPlan, Signals, WorkerPlan, WorkerResult, run_workers};
+use self::remote::{Remote, SshOptions};
+use self::supervise::{JobResult, Role, RunPlan, Signals, WorkerPlan, WorkerResult, run_workers};
 use crate::cli::{RankOrderArg, RunArgs};
 use crate::commands::counted;
 use crate::commands::devices::make_probe;
@@ -60,12 +67,14 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let hosts = plan_hosts(args)?;
     // Refuse what cannot work before anything starts.
     make_probe(&args.discovery, &hosts[0].server_id)?;
-    let wdir = worker_dir(args)?;
+    let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
     if args.command.first().is_none_or(|c| c.is_empty()) {
         return Err(CliError::Usage("the command to run is empty".into()));
     }
+    let bind = rendezvous_address(args, &hosts)?;
+    printer.detail(&format!("atlasboost: rendezvous at {bind}"));
 
     // Every worker takes two pipes; a job of many local ranks must not hit the soft limit.
     supervise::raise_fd_limit();
@@ -75,8 +84,23 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let mut lifeline = Lifeline::start()?;
 
     let job_id = format!("ab-{}", &random_hex()?[..12]);
-    let prepared = match join(args, &hosts, &job_id, &table_path, &signals, printer)? {
-        Joined::Ready(p) => p,
+    let settings = WorkerSettings {
+        framework: args.framework.to_string(),
+        command: args.command.clone(),
+        wdir: wdir.clone(),
+        rank_table: table_path.clone(),
+        env: exports,
+        grace_ms: args.grace.as_millis() as u64,
+    };
+    let launch = Launch {
+        args,
+        hosts: &hosts,
+        job_id: &job_id,
+        bind: &bind,
+        settings: &settings,
+    };
+    let joined = match join(&launch, &signals, printer)? {
+        Joined::Ready(j) => j,
         Joined::Interrupted(s) => {
             printer.status(&format!(
                 "atlasboost: stopped by {} while the hosts were joining",
@@ -86,8 +110,7 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
             return Ok(128u8.wrapping_add(s as u8));
         }
     };
-    let table = &prepared[0].table;
-    let workers = plan_workers(args, &hosts, &prepared, &table_path, &job_id, &exports)?;
+    let workers = plan_workers(&launch, &joined)?;
     if let Some(list) = &args.ranks
         && let Some(bad) = list.ranks.iter().find(|r| **r as usize >= workers.len())
     {
@@ -101,7 +124,7 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     printer.status(&format!(
         "atlasboost: {} on {}, rank table {} (ready in {} ms)",
         counted(workers.len(), "rank"),
-        counted(table.server_count(), "server"),
+        counted(joined.table.server_count(), "server"),
         table_path.display(),
         started.elapsed().as_millis()
     ));
@@ -119,38 +142,88 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         wdir,
         grace: args.grace,
     };
-    let result = run_workers(&run_plan, &workers, &mut output, &signals, &mut lifeline);
+    let result = run_workers(
+        &run_plan,
+        &workers,
+        &mut output,
+        &signals,
+        &mut lifeline,
+        Role::Launcher(joined.remotes),
+    );
     lifeline.close();
     let result = result?;
     report(&result, started.elapsed(), printer);
     Ok(result.exit_code)
 }
 
+/// What every step of a launch needs to know.
+struct Launch<'a> {
+    args: &'a RunArgs,
+    hosts: &'a [HostPlan],
+    job_id: &'a str,
+    /// The coordinator's address (no port).
+    bind: &'a IpAddr,
+    settings: &'a WorkerSettings,
+}
+
 fn plan_hosts(args: &RunArgs) -> Result<Vec<HostPlan>, CliError> {
-    let hosts = match (&args.hosts, &args.hostfile) {
+    let mut hosts = match (&args.hosts, &args.hostfile) {
         (Some(list), _) => resolve_hosts(&parse_host_list(list)?)?,
         (None, Some(file)) => resolve_hosts(&parse_hostfile(file)?)?,
         (None, None) => vec![this_machine()?],
     };
     check_np(&hosts, args.np)?;
-    if let Some(h) = hosts.iter().find(|h| !h.local) {
-        return Err(CliError::Failure(format!(
-            "host {} is not this machine; launching on other machines (over ssh) is not built \
-             yet in this version of atlasboost",
-            h.describe()
-        )));
+    // Tests reach this machine's own addresses over ssh, as if they were other machines.
+    if std::env::var_os(EnvVars::ATLASBOOST_SSH_ALL_HOSTS).is_some_and(|v| v == "1") {
+        for h in &mut hosts {
+            h.local = false;
+        }
     }
     Ok(hosts)
 }
 
-fn worker_dir(args: &RunArgs) -> Result<PathBuf, CliError> {
+/// Where the coordinator listens: `--rendezvous-addr`; else, with remote hosts, this machine's
+/// address on the route to the first of them; else loopback.
+fn rendezvous_address(args: &RunArgs, hosts: &[HostPlan]) -> Result<IpAddr, CliError> {
+    if let Some(a) = args.rendezvous_addr {
+        return Ok(a);
+    }
+    let Some(remote) = hosts.iter().find(|h| !h.local) else {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    };
+    let target: IpAddr = remote
+        .server_id
+        .parse()
+        .map_err(|_| CliError::Failure(format!("host {} has no IP address", remote.describe())))?;
+    let ours = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+        .and_then(|s| s.connect((target, 9)).and_then(|()| s.local_addr()))
+        .map_err(|e| {
+            CliError::Failure(format!(
+                "no route to host {} ({e}); pass --rendezvous-addr",
+                remote.describe()
+            ))
+        })?
+        .ip();
+    if ours.is_loopback() && !target.is_loopback() {
+        return Err(CliError::Failure(format!(
+            "the route to host {} leaves from loopback address {ours}, which that host cannot \
+             reach; pass --rendezvous-addr",
+            remote.describe()
+        )));
+    }
+    Ok(ours)
+}
+
+/// The workers' directory, absolute. It must exist here when a host is this machine; remote
+/// agents check it on their hosts.
+fn worker_dir(args: &RunArgs, check_here: bool) -> Result<PathBuf, CliError> {
     let cwd = std::env::current_dir()
         .map_err(|e| CliError::Failure(format!("cannot read the current directory: {e}")))?;
     let dir = match &args.wdir {
         Some(d) => cwd.join(d),
         None => cwd,
     };
-    if !dir.is_dir() {
+    if check_here && !dir.is_dir() {
         return Err(CliError::Usage(format!(
             "--wdir {}: not a directory",
             dir.display()
@@ -178,6 +251,27 @@ fn resolve_exports(
         .collect()
 }
 
+/// The launcher's variables that remote workers receive too (SPEC §9).
+fn forwarded_env() -> Vec<(OsString, OsString)> {
+    const NAMES: [&str; 3] = ["PATH", "LD_LIBRARY_PATH", "PYTHONPATH"];
+    const PREFIXES: [&str; 8] = [
+        "ASCEND_",
+        "HCCL_",
+        "GE_",
+        "MS_",
+        "TF_",
+        "NCCL_",
+        "OMP_",
+        "ATLASBOOST_",
+    ];
+    std::env::vars_os()
+        .filter(|(k, _)| {
+            k.to_str()
+                .is_some_and(|k| NAMES.contains(&k) || PREFIXES.iter().any(|p| k.starts_with(p)))
+        })
+        .collect()
+}
+
 fn random_hex() -> Result<String, CliError> {
     Secret::random()
         .map(|s| s.to_hex())
@@ -187,26 +281,37 @@ fn random_hex() -> Result<String, CliError> {
 /// How the join ended.
 enum Joined {
     /// Every host has its table.
-    Ready(Vec<Prepared>),
+    Ready(Box<JoinedHosts>),
     /// A signal came first.
     Interrupted(Signal),
 }
 
-/// Runs the coordinator and every local agent until each host has written the table.
-fn join(
-    args: &RunArgs,
-    hosts: &[HostPlan],
-    job_id: &str,
-    table_path: &std::path::Path,
-    signals: &Signals,
-    printer: &Printer,
-) -> Result<Joined, CliError> {
+/// Every host after the rendezvous.
+struct JoinedHosts {
+    /// The cluster table.
+    table: RankTable,
+    /// What the launcher decided.
+    decision: Decision,
+    /// Local hosts' agents' results, by host index.
+    local: Vec<Option<Prepared>>,
+    /// Remote hosts' sessions.
+    remotes: Vec<Remote>,
+}
+
+/// Runs the coordinator, every local agent and every remote agent's ssh session until each
+/// host has written the table.
+fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joined, CliError> {
+    let (args, hosts) = (launch.args, launch.hosts);
     let secret = Secret::random()
         .map_err(|e| CliError::Failure(format!("cannot make the job's secret: {e}")))?;
+    let bind = match launch.bind {
+        IpAddr::V4(ip) => format!("tcp://{ip}:0"),
+        IpAddr::V6(ip) => format!("tcp://[{ip}]:0"),
+    };
     let mut config = CoordinatorConfig::new(
-        "tcp://127.0.0.1:0",
+        bind,
         hosts.len(),
-        job_id,
+        launch.job_id,
         secret.clone(),
         args.rendezvous_timeout,
     );
@@ -225,7 +330,8 @@ fn join(
     };
     // The policy's own words, without the coordinator's framing, for the error message.
     let refusal: Arc<Mutex<Option<String>>> = Arc::default();
-    let mut combiner = launch_combiner(policy);
+    let decided: Arc<Mutex<Option<Decision>>> = Arc::default();
+    let mut combiner = launch_combiner(policy, Arc::clone(&decided));
     let seen = Arc::clone(&refusal);
     let coordinator = Coordinator::start_with(
         config,
@@ -236,20 +342,58 @@ fn join(
         }),
     )
     .map_err(atlasboost_core::Error::from)?;
+    let endpoint = coordinator.endpoint().to_string();
+    printer.detail(&format!("atlasboost: coordinator at {endpoint}"));
+
+    // Remote sessions first: ssh takes the longest to get going.
+    let ssh = SshOptions {
+        port: args.ssh_port,
+        identity: args.ssh_identity.clone(),
+        remote_atlasboost: match &args.remote_atlasboost {
+            Some(p) => p.clone(),
+            None => std::env::current_exe().map_err(|e| {
+                CliError::Failure(format!("cannot find this executable's path: {e}"))
+            })?,
+        },
+    };
+    let mut remote_settings = launch.settings.clone();
+    remote_settings.env = forwarded_env();
+    remote_settings
+        .env
+        .extend(launch.settings.env.iter().cloned());
+    let mut remotes = Vec::new();
+    let mut remote_index = Vec::new();
+    for (index, host) in hosts.iter().enumerate().filter(|(_, h)| !h.local) {
+        let config = AgentConfig {
+            index,
+            hosts: hosts.len(),
+            server_id: host.server_id.clone(),
+            host: host.describe(),
+            discovery: discovery_args(&args.discovery),
+            endpoint: endpoint.clone(),
+            job_id: launch.job_id.to_string(),
+            secret: secret.to_hex(),
+            timeout_ms: (args.rendezvous_timeout + AGENT_SLACK).as_millis() as u64,
+            workers: remote_settings.clone(),
+        };
+        remotes.push(Remote::start(&host.name, &host.describe(), &ssh, &config)?);
+        remote_index.push(index);
+    }
 
     let written = Arc::new(Mutex::new(HashSet::new()));
     let (tx, rx) = mpsc::channel();
-    for (index, host) in hosts.iter().enumerate() {
+    let mut left = 0;
+    for (index, host) in hosts.iter().enumerate().filter(|(_, h)| h.local) {
         let job = AgentJob {
             index,
             hosts: hosts.len(),
             server_id: host.server_id.clone(),
             discovery: args.discovery.clone(),
-            endpoint: coordinator.endpoint().to_string(),
-            job_id: job_id.to_string(),
+            endpoint: endpoint.clone(),
+            job_id: launch.job_id.to_string(),
             secret: secret.clone(),
             timeout: args.rendezvous_timeout + AGENT_SLACK,
-            table_path: table_path.to_path_buf(),
+            table_path: launch.settings.rank_table.clone(),
         };
         let (tx, written) = (tx.clone(), Arc::clone(&written));
         std::thread::Builder::new()
@@ -258,15 +402,20 @@ fn join(
                 let _ = tx.send((index, run_agent(&job, &written)));
             })
             .map_err(|e| CliError::Failure(format!("cannot start an agent thread: {e}")))?;
+        left += 1;
     }
     drop(tx);
 
     let progress = std::io::stderr().is_terminal() && !printer.is_quiet();
     let started = Instant::now();
     let mut shown = false;
-    let mut results: Vec<Option<Result<Prepared, CliError>>> = hosts.iter().map(|_| None).collect();
-    let mut left = hosts.len();
-    while left > 0 {
+    let mut local: Vec<Option<Prepared>> = hosts.iter().map(|_| None).collect();
+    // A local agent's error, and a remote host's own diagnosis (ssh's words), which beats the
+    // coordinator's "it never joined".
+    let mut failure: Option<CliError> = None;
+    let mut remote_failure: Option<CliError> = None;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
         if let Some(s) = signals
             .pending()
             .into_iter()
@@ -277,19 +426,37 @@ fn join(
             }
             return Ok(Joined::Interrupted(s));
         }
-        match rx.recv_timeout(Duration::from_millis(20)) {
+        let remotes_ready = remotes.iter().all(|r| r.ready);
+        if left == 0 && remotes_ready {
+            break;
+        }
+        if coordinator.failure().is_some() && left == 0 {
+            break;
+        }
+        let wait = if left > 0 { 20 } else { 0 };
+        match rx.recv_timeout(Duration::from_millis(wait)) {
             Ok((i, r)) => {
-                // An agent that fails outside the round (its table cannot be written, say)
-                // ends the wait: the others would only wait for the timeout.
-                let failed = r.is_err();
-                results[i] = Some(r);
                 left -= 1;
-                if failed {
-                    break;
+                match r {
+                    Ok(p) => local[i] = Some(p),
+                    // An agent that fails outside the round (its table cannot be written, say)
+                    // ends the wait: the others would only wait for the timeout.
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Disconnected) => left = 0,
+        }
+        if let Some(e) = check_remotes(&mut remotes, &mut buf, printer) {
+            remote_failure = Some(e);
+            break;
+        }
+        if left == 0 && !remotes.is_empty() {
+            // Only remote hosts left to hear from: wait on their output, not on a clock.
+            wait_readable(&remotes, Duration::from_millis(20));
         }
         if progress && started.elapsed() > Duration::from_secs(1) {
             eprint!(
@@ -305,7 +472,7 @@ fn join(
     if shown {
         eprintln!();
     }
-    let failure = coordinator.failure();
+    let coordinator_failure = coordinator.failure();
     let report = coordinator.finish();
     printer.detail(&format!(
         "atlasboost: rendezvous of {} took {} ms ({} foreign frames dropped)",
@@ -313,94 +480,158 @@ fn join(
         started.elapsed().as_millis(),
         report.dropped
     ));
+    if let Some(e) = remote_failure {
+        return Err(e);
+    }
     if let Some(why) = refusal
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take()
-        .or(failure)
+        .or(coordinator_failure)
     {
         return Err(CliError::Failure(why));
     }
-    if let Some(Some(Err(e))) = results
-        .iter_mut()
-        .find(|r| matches!(r, Some(Err(_))))
-        .map(Option::take)
-    {
+    if let Some(e) = failure {
         return Err(e);
     }
-    let mut prepared = Vec::with_capacity(hosts.len());
-    for (host, r) in hosts.iter().zip(results) {
-        match r {
-            Some(Ok(p)) => prepared.push(p),
-            Some(Err(e)) => return Err(e),
-            None => {
-                return Err(CliError::Failure(format!(
-                    "the agent of host {} stopped without an answer",
-                    host.describe()
+    let decision = decided
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .ok_or_else(|| CliError::Failure("the rendezvous ended without a table".into()))?;
+    let chip: atlasboost_core::Chip = decision.answer.chip.parse()?;
+    let table = RankTable::parse(
+        &decision.answer.table,
+        std::path::Path::new("<the launcher's table>"),
+        chip,
+    )?;
+    Ok(Joined::Ready(Box::new(JoinedHosts {
+        table,
+        decision,
+        local,
+        remotes,
+    })))
+}
+
+/// Reads what the remote sessions said while the launcher waits for them to be ready.
+/// Returns the first failure: a session that ended, or an agent that reported one.
+fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> Option<CliError> {
+    for r in remotes.iter_mut() {
+        while let Some(lines) = r.read_err(buf) {
+            if lines.is_empty() {
+                break;
+            }
+            for l in lines {
+                printer.detail(&format!("atlasboost: host {}: {l}", r.host));
+            }
+        }
+        match r.read_out(buf) {
+            Ok(Some(messages)) => {
+                for m in messages {
+                    match m {
+                        Up::Ready => r.ready = true,
+                        Up::Failed { code, message } => {
+                            return Some(CliError::Remote {
+                                message: about_host(&r.host, &message),
+                                code,
+                            });
+                        }
+                        other => r.backlog.push(other),
+                    }
+                }
+            }
+            Ok(None) => {
+                // Drain what ssh said last, for the message.
+                while r.read_err(buf).is_some_and(|l| !l.is_empty()) {}
+                let what = if r.greeted() {
+                    "its agent stopped before the job started"
+                } else {
+                    "ssh could not start atlasboost agent there"
+                };
+                return Some(CliError::Failure(format!(
+                    "host {}: {what}; ssh said: {}",
+                    r.host,
+                    r.err_tail()
+                )));
+            }
+            Err(why) => {
+                return Some(CliError::Failure(format!(
+                    "host {}: its agent sent something that is not the protocol: {why}",
+                    r.host
                 )));
             }
         }
     }
-    Ok(Joined::Ready(prepared))
+    None
 }
 
-/// One worker per table entry of every local host, in rank order, with its environment.
-fn plan_workers(
-    args: &RunArgs,
-    hosts: &[HostPlan],
-    prepared: &[Prepared],
-    table_path: &std::path::Path,
-    job_id: &str,
-    exports: &[(OsString, OsString)],
-) -> Result<Vec<WorkerPlan>, CliError> {
-    let table = &prepared[0].table;
-    let answer = &prepared[0].answer;
-    let ranks = table.ranks()?;
-    let mut workers = Vec::with_capacity(ranks.len());
-    for (host, p) in hosts.iter().zip(prepared) {
-        for entry in ranks.iter().filter(|e| e.server_id == host.server_id) {
-            let logical_id = p
-                .devices
-                .iter()
-                .find(|d| d.physical_id == entry.physical_id)
-                .map_or(entry.physical_id, |d| d.logical_id);
-            let env = worker_env(&WorkerSpec {
-                table,
-                table_path,
-                server_id: &host.server_id,
-                physical_id: entry.physical_id,
-                logical_id,
-                framework: args.framework,
-                job_id,
-                master_addr: &answer.master_addr,
-                master_port: answer.master_port,
-            })?;
-            let mut vars: Vec<(OsString, OsString)> = env
-                .set
-                .into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect();
-            vars.extend(
-                env.set_if_unset
-                    .into_iter()
-                    .filter(|(k, _)| std::env::var_os(k).is_none())
-                    .map(|(k, v)| (k.into(), v.into())),
-            );
-            // What the user exports wins over what atlasboost would set.
-            vars.extend(exports.iter().cloned());
-            workers.push(WorkerPlan {
-                rank: env.world.rank,
-                host: host.describe(),
-                device: logical_id,
-                env: vars,
-            });
+/// `host X: message`, unless the message already names the host.
+pub(crate) fn about_host(host: &str, message: &str) -> String {
+    if message.contains(&format!("host {host}")) {
+        message.to_string()
+    } else {
+        format!("host {host}: {message}")
+    }
+}
+
+/// Waits until a remote session has something to read, or `timeout`.
+fn wait_readable(remotes: &[Remote], timeout: Duration) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let mut fds: Vec<PollFd<'_>> = remotes
+        .iter()
+        .flat_map(|r| r.out.iter().chain(r.err.iter()))
+        .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+        .collect();
+    let _ = poll(
+        &mut fds,
+        PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX),
+    );
+}
+
+/// Every worker of the job, in rank order: local ones with their environment, remote ones
+/// (started by their agents) for output and the summary.
+fn plan_workers(launch: &Launch<'_>, joined: &JoinedHosts) -> Result<Vec<WorkerPlan>, CliError> {
+    let mut workers = Vec::new();
+    for (index, host) in launch.hosts.iter().enumerate() {
+        if let Some(prepared) = &joined.local[index] {
+            workers.extend(host_workers(
+                prepared,
+                &host.server_id,
+                &host.describe(),
+                launch.settings,
+                launch.job_id,
+                &|k| std::env::var_os(k).is_some(),
+            )?);
         }
     }
+    for entry in joined.table.ranks()? {
+        let Some(host) = launch
+            .hosts
+            .iter()
+            .find(|h| h.server_id == entry.server_id && !h.local)
+        else {
+            continue;
+        };
+        let device = joined
+            .decision
+            .devices
+            .iter()
+            .find(|d| d.server_id == entry.server_id && d.physical_id == entry.physical_id)
+            .map_or(entry.physical_id, |d| d.logical_id);
+        workers.push(WorkerPlan {
+            rank: entry.rank,
+            host: host.describe(),
+            device,
+            env: Vec::new(),
+            local: false,
+        });
+    }
     workers.sort_by_key(|w| w.rank);
-    // The table's own variable names, so a reader of this code finds where they are set.
     debug_assert!(
         workers
             .iter()
+            .filter(|w| w.local)
             .all(|w| w.env.iter().any(|(k, _)| k == EnvVars::RANK_TABLE_FILE))
     );
     Ok(workers)
@@ -450,7 +681,15 @@ fn report(result: &JobResult, elapsed: Duration, printer: &Printer) {
         text.push_str(&format!("  (the other {succeeded} ranks succeeded)\n"));
     }
     printer.status(text.trim_end());
-    if let Some(s) = result.interrupted {
+    if let Some(h) = &result.host_failure {
+        printer.error(&format!(
+            "error: host {} failed first: {}",
+            h.host,
+            h.message
+                .strip_prefix(&format!("host {}: ", h.host))
+                .unwrap_or(&h.message)
+        ));
+    } else if let Some(s) = result.interrupted {
         printer.error(&format!(
             "error: stopped by {}; exit code {}",
             s.as_str(),

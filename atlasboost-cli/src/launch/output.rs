@@ -154,6 +154,7 @@ pub struct OutputOptions {
 /// One worker's part of the output.
 #[derive(Debug)]
 struct Lane {
+    rank: u32,
     tags: [Vec<u8>; 2],
     shown: bool,
     logs: Option<[BufWriter<File>; 2]>,
@@ -168,6 +169,8 @@ pub struct Output {
     options: OutputOptions,
     stamp: Vec<u8>,
     lanes: Vec<Lane>,
+    /// A remote agent's output: every line goes to the launcher as a frame on stdout.
+    upstream: bool,
 }
 
 impl Output {
@@ -186,6 +189,7 @@ impl Output {
                 None => None,
             };
             lanes.push(Lane {
+                rank,
                 tags: [
                     format!("[{rank}]<stdout>:").into_bytes(),
                     format!("[{rank}]<stderr>:").into_bytes(),
@@ -201,9 +205,29 @@ impl Output {
             options,
             stamp: Vec::new(),
             lanes,
+            upstream: false,
         };
         output.tick();
         Ok(output)
+    }
+
+    /// A remote agent's output: lines become [`channel`](super::channel) frames on stdout.
+    ///
+    /// # Errors
+    ///
+    /// As [`Output::new`].
+    pub fn upstream(ranks: &[u32]) -> Result<Output, CliError> {
+        let mut output = Output::new(OutputOptions::default(), ranks)?;
+        output.upstream = true;
+        Ok(output)
+    }
+
+    /// Sends a message to the launcher now (an agent's output only).
+    pub fn send(&mut self, message: &super::channel::Up) {
+        if self.upstream {
+            super::channel::encode(message, &mut self.out.buf);
+            self.out.flush();
+        }
     }
 
     /// Takes the time for the lines that follow (once per batch of reads, not per line).
@@ -222,6 +246,13 @@ impl Output {
             return;
         };
         let i = stream as usize;
+        if self.upstream {
+            super::channel::encode_line(l.rank, stream, line, &mut self.out.buf);
+            if self.out.buf.len() >= 1 << 16 {
+                self.out.flush();
+            }
+            return;
+        }
         if let Some(logs) = &mut l.logs {
             // A full disk must not stop the job; the console still has the line.
             let _ = logs[i]
@@ -255,6 +286,13 @@ impl Output {
 
     /// A message of atlasboost's own on stderr, after the workers' lines so far.
     pub fn message(&mut self, text: &str) {
+        if self.upstream {
+            // stderr goes to the launcher's console, tagged with the host.
+            self.err.buf.extend_from_slice(text.as_bytes());
+            self.err.buf.push(b'\n');
+            self.err.flush();
+            return;
+        }
         self.out.flush();
         self.err.buf.extend_from_slice(text.as_bytes());
         self.err.buf.push(b'\n');

@@ -24,8 +24,10 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
 use super::lifeline::Lifeline;
 use super::output::{LineSplitter, Output, Stream};
+use super::remote::Remote;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 
@@ -40,6 +42,10 @@ const HANDLED: [Signal; 4] = [
 /// How long the output of stopped workers is still read after SIGKILL (a process outside
 /// their groups may hold their pipes open).
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// How long an agent whose launcher is gone gives its workers between SIGTERM and SIGKILL, so
+/// that they are gone within 5 s of the launcher.
+const LAUNCHER_LOST_GRACE: Duration = Duration::from_secs(1);
 
 /// The launcher's signals, blocked and readable from a descriptor. Create it before any
 /// thread starts, so that every thread inherits the blocked mask.
@@ -97,7 +103,7 @@ pub fn raise_fd_limit() {
     }
 }
 
-/// One worker to start.
+/// One worker to start (or, in the launcher, one worker a remote agent starts).
 #[derive(Debug, Clone)]
 pub struct WorkerPlan {
     /// Its rank.
@@ -108,6 +114,8 @@ pub struct WorkerPlan {
     pub device: u32,
     /// Variables to set.
     pub env: Vec<(OsString, OsString)>,
+    /// Started here; `false`: started by the agent of `host`, over ssh.
+    pub local: bool,
 }
 
 /// How the workers run.
@@ -128,6 +136,8 @@ pub enum Ending {
     Exited(i32),
     /// A signal ended it.
     Signaled(Signal),
+    /// Its host was lost; how it ended is unknown.
+    Lost,
 }
 
 impl Ending {
@@ -136,14 +146,16 @@ impl Ending {
         match self {
             Ending::Exited(c) => (c & 0xff) as u8,
             Ending::Signaled(s) => 128u8.wrapping_add(s as u8),
+            Ending::Lost => ExitCodes::FAILURE,
         }
     }
 
-    /// `exit 0`, `exit 3`, `SIGKILL`.
+    /// `exit 0`, `exit 3`, `SIGKILL`, `host lost`.
     pub fn describe(self) -> String {
         match self {
             Ending::Exited(c) => format!("exit {c}"),
             Ending::Signaled(s) => s.as_str().to_string(),
+            Ending::Lost => "host lost".into(),
         }
     }
 
@@ -171,6 +183,17 @@ pub struct WorkerResult {
     pub tail: Vec<String>,
 }
 
+/// A host that failed the job: its agent could not start its workers, or it was lost.
+#[derive(Debug, Clone)]
+pub struct HostFailure {
+    /// The host.
+    pub host: String,
+    /// What happened.
+    pub message: String,
+    /// The exit code it calls for (125; 126 or 127 for a command that cannot be started).
+    pub code: u8,
+}
+
 /// How the job ended.
 #[derive(Debug)]
 pub struct JobResult {
@@ -178,14 +201,57 @@ pub struct JobResult {
     pub workers: Vec<WorkerResult>,
     /// The index (in `workers`) of the first worker to fail.
     pub first_failure: Option<usize>,
+    /// The host that failed the job first, if a host did rather than a worker.
+    pub host_failure: Option<HostFailure>,
     /// The signal that stopped the launcher, if one did first.
     pub interrupted: Option<Signal>,
     /// The launcher's exit code.
     pub exit_code: u8,
 }
 
+/// Who supervises: the launcher (with the sessions of its remote hosts), or a remote agent
+/// (which answers to the launcher over its standard streams).
+#[derive(Debug)]
+pub enum Role {
+    /// The launcher; it decides the job's fate.
+    Launcher(Vec<Remote>),
+    /// A remote agent; it reports exits and obeys the launcher's commands.
+    Agent(Upstream),
+}
+
+/// An agent's line to its launcher: commands in on stdin (frames go out through [`Output`]).
+#[derive(Debug)]
+pub struct Upstream {
+    fd: Option<OwnedFd>,
+    split: LineSplitter,
+    last_heard: Instant,
+    lost: bool,
+}
+
+impl Upstream {
+    /// Reads commands from this process's standard input.
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::Failure`] if standard input cannot be duplicated.
+    pub fn stdin() -> Result<Upstream, CliError> {
+        let fd = io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| CliError::Failure(format!("cannot use standard input: {e}")))?;
+        let _ = fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+        Ok(Upstream {
+            fd: Some(fd),
+            split: LineSplitter::default(),
+            last_heard: Instant::now(),
+            lost: false,
+        })
+    }
+}
+
 struct Running {
-    pid: Pid,
+    /// `None` for a worker of a remote host.
+    pid: Option<Pid>,
     started: Instant,
     ended: Option<(Instant, Ending)>,
     /// Its process group has no process left (so its id must never be signalled again).
@@ -199,7 +265,17 @@ struct Pipe {
     split: LineSplitter,
 }
 
-/// Starts every worker and supervises them to the end.
+/// Where a polled descriptor comes from.
+#[derive(Clone, Copy)]
+enum Source {
+    Signals,
+    Upstream,
+    Pipe(usize),
+    RemoteOut(usize),
+    RemoteErr(usize),
+}
+
+/// Starts every local worker and supervises the job to the end.
 ///
 /// # Errors
 ///
@@ -211,15 +287,35 @@ pub fn run_workers(
     output: &mut Output,
     signals: &Signals,
     lifeline: &mut Lifeline,
+    role: Role,
 ) -> Result<JobResult, CliError> {
     let mut running: Vec<Running> = Vec::with_capacity(workers.len());
     let mut pipes: Vec<Pipe> = Vec::with_capacity(workers.len() * 2);
+    let mut failed = None;
     for (lane, w) in workers.iter().enumerate() {
+        if !w.local {
+            running.push(Running {
+                pid: None,
+                started: Instant::now(),
+                ended: None,
+                group_gone: true,
+            });
+            continue;
+        }
+        if failed.is_some() {
+            running.push(Running {
+                pid: None,
+                started: Instant::now(),
+                ended: None,
+                group_gone: true,
+            });
+            continue;
+        }
         match spawn(plan, w) {
             Ok((pid, out, err)) => {
                 lifeline.watch(pid.as_raw());
                 running.push(Running {
-                    pid,
+                    pid: Some(pid),
                     started: Instant::now(),
                     ended: None,
                     group_gone: false,
@@ -234,18 +330,27 @@ pub fn run_workers(
                 }
             }
             Err(e) => {
-                let mut sup = Supervisor::new(plan, workers, running, pipes, lifeline);
-                sup.stop(Signal::SIGKILL);
-                sup.finish_quietly(signals, output);
-                return Err(CliError::Spawn {
+                failed = Some(CliError::Spawn {
                     program: plan.command.first().cloned().unwrap_or_default(),
                     host: w.host.clone(),
                     reason: e,
                 });
+                running.push(Running {
+                    pid: None,
+                    started: Instant::now(),
+                    ended: None,
+                    group_gone: true,
+                });
             }
         }
     }
-    let mut sup = Supervisor::new(plan, workers, running, pipes, lifeline);
+    let mut sup = Supervisor::new(plan, workers, running, pipes, lifeline, role);
+    if let Some(e) = failed {
+        sup.stop(Signal::SIGKILL);
+        sup.finish_quietly(signals, output);
+        return Err(e);
+    }
+    sup.replay_backlog(output);
     sup.run(signals, output);
     Ok(sup.result(output))
 }
@@ -266,7 +371,7 @@ fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> 
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid,
-    // sigprocmask. No allocation, no locks.
+    // sigprocmask, setrlimit. No allocation, no locks.
     unsafe {
         cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
@@ -302,13 +407,18 @@ struct Supervisor<'a> {
     running: Vec<Running>,
     pipes: Vec<Pipe>,
     lifeline: &'a mut Lifeline,
+    role: Role,
     first_failure: Option<usize>,
+    host_failure: Option<HostFailure>,
     interrupted: Option<Signal>,
     /// When the stop began and whether SIGKILL has followed.
     stopping: Option<(Instant, bool)>,
+    /// The grace time of the stop in progress (shorter when the launcher is lost).
+    grace: Duration,
     /// What the workers left behind has been sent SIGTERM.
     leftovers_stopped: bool,
     drain_until: Option<Instant>,
+    next_heartbeat: Instant,
     buf: Vec<u8>,
 }
 
@@ -319,6 +429,7 @@ impl<'a> Supervisor<'a> {
         running: Vec<Running>,
         pipes: Vec<Pipe>,
         lifeline: &'a mut Lifeline,
+        role: Role,
     ) -> Self {
         Supervisor {
             plan,
@@ -326,89 +437,57 @@ impl<'a> Supervisor<'a> {
             running,
             pipes,
             lifeline,
+            role,
             first_failure: None,
+            host_failure: None,
             interrupted: None,
             stopping: None,
+            grace: plan.grace,
             leftovers_stopped: false,
             drain_until: None,
+            next_heartbeat: Instant::now(),
             buf: vec![0; 1 << 16],
+        }
+    }
+
+    fn is_agent(&self) -> bool {
+        matches!(self.role, Role::Agent(_))
+    }
+
+    /// Processes that are the launcher's children but neither workers nor orphans.
+    fn own_children(&self) -> Vec<u32> {
+        let mut own = vec![self.lifeline.pid()];
+        if let Role::Launcher(remotes) = &self.role {
+            own.extend(remotes.iter().map(Remote::pid));
+        }
+        own
+    }
+
+    /// Whether every remote host is finished with (done, or lost).
+    fn remotes_finished(&self) -> bool {
+        match &self.role {
+            Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
+            Role::Agent(_) => true,
         }
     }
 
     fn run(&mut self, signals: &Signals, output: &mut Output) {
         loop {
             let all_ended = self.running.iter().all(|r| r.ended.is_some());
-            if all_ended {
-                self.check_groups();
-                let orphans = orphans(self.lifeline.pid());
-                let groups_gone = self.running.iter().all(|r| r.group_gone) && orphans.is_empty();
-                if !self.leftovers_stopped && !groups_gone {
-                    // Whatever the workers left: processes in their groups, and orphans of
-                    // theirs that left the groups (setsid) and were re-parented to the launcher.
-                    self.leftovers_stopped = true;
-                    let left: Vec<String> = self
-                        .running
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, r)| !r.group_gone)
-                        .map(|(i, _)| self.workers[i].rank.to_string())
-                        .collect();
-                    let mut what = Vec::new();
-                    if !left.is_empty() {
-                        what.push(format!(
-                            "the process groups of rank{} {}",
-                            if left.len() == 1 { "" } else { "s" },
-                            left.join(", ")
-                        ));
-                    }
-                    if !orphans.is_empty() {
-                        let n = orphans.len();
-                        what.push(format!(
-                            "{n} process{} outside them",
-                            if n == 1 { "" } else { "es" }
-                        ));
-                    }
-                    output.message(&format!(
-                        "atlasboost: every worker has exited; stopping what they left running ({})",
-                        what.join(", and ")
-                    ));
-                    if self.stopping.is_none() {
-                        self.stopping = Some((Instant::now(), false));
-                    }
-                    self.signal_groups(Signal::SIGTERM);
-                    signal_orphans(self.lifeline.pid(), Signal::SIGTERM);
-                }
-                if groups_gone && !self.pipes.is_empty() && self.drain_until.is_none() {
-                    // Every group is empty, yet a pipe is open: a process that left its group
-                    // (setsid) holds it. Read what comes for a while, not forever.
-                    self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
-                }
-                let drained =
-                    self.pipes.is_empty() || self.drain_until.is_some_and(|t| Instant::now() >= t);
-                if drained && (groups_gone || self.drain_until.is_some()) {
-                    if !self.pipes.is_empty() {
-                        let mut ranks: Vec<u32> = self
-                            .pipes
-                            .iter()
-                            .map(|p| self.workers[p.lane].rank)
-                            .collect();
-                        ranks.dedup();
-                        output.message(&format!(
-                            "atlasboost: warning: a process outside the workers' process groups \
-                             (started with setsid?) still holds the output of rank {}; no longer \
-                             reading it",
-                            ranks
-                                .iter()
-                                .map(u32::to_string)
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ));
-                    }
-                    break;
-                }
+            if all_ended && self.wrap_up(output) && self.remotes_finished() {
+                break;
             }
             self.escalate();
-            let timeout = if self.stopping.is_some() || all_ended {
+            self.heartbeats(output);
+            let mut wait = self
+                .next_heartbeat
+                .saturating_duration_since(Instant::now());
+            if self.stopping.is_some() || all_ended {
+                wait = wait.min(Duration::from_millis(50));
+            }
+            let timeout = if self.has_peers() {
+                PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX)
+            } else if self.stopping.is_some() || all_ended {
                 PollTimeout::from(50u8)
             } else {
                 PollTimeout::NONE
@@ -423,36 +502,196 @@ impl<'a> Supervisor<'a> {
         output.flush();
     }
 
-    /// Waits for output, exits or signals once, and handles what came.
+    fn has_peers(&self) -> bool {
+        match &self.role {
+            Role::Launcher(remotes) => !remotes.is_empty(),
+            Role::Agent(_) => true,
+        }
+    }
+
+    /// Once every worker has ended: stops what they left running, and says whether the local
+    /// side is finished (groups empty, pipes drained or given up on).
+    fn wrap_up(&mut self, output: &mut Output) -> bool {
+        self.check_groups();
+        let own = self.own_children();
+        let orphans = orphans(&own);
+        let groups_gone = self.running.iter().all(|r| r.group_gone) && orphans.is_empty();
+        if !self.leftovers_stopped && !groups_gone {
+            // Whatever the workers left: processes in their groups, and orphans of theirs that
+            // left the groups (setsid) and were re-parented to the launcher.
+            self.leftovers_stopped = true;
+            let left: Vec<String> = self
+                .running
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| !r.group_gone)
+                .map(|(i, _)| self.workers[i].rank.to_string())
+                .collect();
+            let mut what = Vec::new();
+            if !left.is_empty() {
+                what.push(format!(
+                    "the process groups of rank{} {}",
+                    if left.len() == 1 { "" } else { "s" },
+                    left.join(", ")
+                ));
+            }
+            if !orphans.is_empty() {
+                let n = orphans.len();
+                what.push(format!(
+                    "{n} process{} outside them",
+                    if n == 1 { "" } else { "es" }
+                ));
+            }
+            output.message(&format!(
+                "atlasboost: every worker has exited; stopping what they left running ({})",
+                what.join(", and ")
+            ));
+            if self.stopping.is_none() {
+                self.stopping = Some((Instant::now(), false));
+            }
+            self.signal_groups(Signal::SIGTERM);
+            signal_orphans(&own, Signal::SIGTERM);
+        }
+        if groups_gone && !self.pipes.is_empty() && self.drain_until.is_none() {
+            // Every group is empty, yet a pipe is open: a process that left its group
+            // (setsid) holds it. Read what comes for a while, not forever.
+            self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
+        }
+        let drained =
+            self.pipes.is_empty() || self.drain_until.is_some_and(|t| Instant::now() >= t);
+        let finished = drained && (groups_gone || self.drain_until.is_some());
+        if finished && !self.pipes.is_empty() {
+            let mut ranks: Vec<u32> = self
+                .pipes
+                .iter()
+                .map(|p| self.workers[p.lane].rank)
+                .collect();
+            ranks.dedup();
+            output.message(&format!(
+                "atlasboost: warning: a process outside the workers' process groups \
+                 (started with setsid?) still holds the output of rank {}; no longer \
+                 reading it",
+                ranks
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            for p in &mut self.pipes {
+                p.split.finish(&mut |l| output.line(p.lane, p.stream, l));
+            }
+            self.pipes.clear();
+        }
+        finished
+    }
+
+    /// Sends heartbeats when due, and notices peers that stopped sending theirs.
+    fn heartbeats(&mut self, output: &mut Output) {
+        let now = Instant::now();
+        let due = now >= self.next_heartbeat;
+        if due {
+            self.next_heartbeat = now + HEARTBEAT;
+        }
+        let mut lost = Vec::new();
+        let mut upstream_lost = false;
+        match &mut self.role {
+            Role::Launcher(remotes) => {
+                for (h, r) in remotes.iter_mut().enumerate() {
+                    if r.done || r.lost.is_some() {
+                        continue;
+                    }
+                    if due {
+                        r.send(Down::Heartbeat);
+                    }
+                    if r.last_heard.elapsed() > LOST_AFTER {
+                        lost.push((
+                            h,
+                            format!(
+                                "its agent sent nothing for {:.0?} (heartbeats stopped)",
+                                r.last_heard.elapsed()
+                            ),
+                        ));
+                    }
+                }
+            }
+            Role::Agent(up) => {
+                if due {
+                    output.send(&Up::Heartbeat);
+                }
+                if !up.lost && up.last_heard.elapsed() > LOST_AFTER {
+                    upstream_lost = true;
+                }
+            }
+        }
+        for (h, why) in lost {
+            self.host_lost(h, why, output);
+        }
+        if upstream_lost {
+            self.upstream_lost("no heartbeat from the launcher", output);
+        }
+    }
+
+    /// Waits for output, exits, signals or messages once, and handles what came.
     fn poll_once(&mut self, signals: &Signals, output: &mut Output, timeout: PollTimeout) {
-        let ready: Vec<usize> = {
-            let mut fds = Vec::with_capacity(self.pipes.len() + 1);
+        let ready: Vec<Source> = {
+            let mut fds = Vec::with_capacity(self.pipes.len() + 4);
+            let mut sources = Vec::with_capacity(self.pipes.len() + 4);
             fds.push(PollFd::new(signals.fd(), PollFlags::POLLIN));
-            for p in &self.pipes {
+            sources.push(Source::Signals);
+            match &self.role {
+                Role::Agent(up) => {
+                    if let Some(fd) = &up.fd {
+                        fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                        sources.push(Source::Upstream);
+                    }
+                }
+                Role::Launcher(remotes) => {
+                    for (h, r) in remotes.iter().enumerate() {
+                        if let Some(fd) = &r.out {
+                            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                            sources.push(Source::RemoteOut(h));
+                        }
+                        if let Some(fd) = &r.err {
+                            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                            sources.push(Source::RemoteErr(h));
+                        }
+                    }
+                }
+            }
+            for (i, p) in self.pipes.iter().enumerate() {
                 fds.push(PollFd::new(p.fd.as_fd(), PollFlags::POLLIN));
+                sources.push(Source::Pipe(i));
             }
             match poll(&mut fds, timeout) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(_) => return,
             }
             fds.iter()
-                .enumerate()
-                .filter_map(|(i, f)| f.revents().filter(|r| !r.is_empty()).map(|_| i))
+                .zip(&sources)
+                .filter(|(f, _)| f.revents().is_some_and(|r| !r.is_empty()))
+                .map(|(_, s)| *s)
                 .collect()
         };
         output.tick();
         let mut closed = Vec::new();
-        for i in ready {
-            if i == 0 {
-                for s in signals.pending() {
-                    self.on_signal(s, output);
+        for source in ready {
+            match source {
+                Source::Signals => {
+                    for s in signals.pending() {
+                        self.on_signal(s, output);
+                    }
                 }
-                continue;
-            }
-            if !Self::read_pipe(&mut self.buf, &mut self.pipes[i - 1], output) {
-                closed.push(i - 1);
+                Source::Upstream => self.read_upstream(output),
+                Source::RemoteOut(h) => self.read_remote(h, output),
+                Source::RemoteErr(h) => self.read_remote_err(h, output),
+                Source::Pipe(i) => {
+                    if !Self::read_pipe(&mut self.buf, &mut self.pipes[i], output) {
+                        closed.push(i);
+                    }
+                }
             }
         }
+        closed.sort_unstable();
         for i in closed.into_iter().rev() {
             self.pipes.swap_remove(i);
         }
@@ -479,10 +718,218 @@ impl<'a> Supervisor<'a> {
         true
     }
 
+    /// Messages read while the launcher waited for the rendezvous.
+    fn replay_backlog(&mut self, output: &mut Output) {
+        let Role::Launcher(remotes) = &mut self.role else {
+            return;
+        };
+        let backlogs: Vec<(usize, Vec<Up>)> = remotes
+            .iter_mut()
+            .enumerate()
+            .map(|(h, r)| (h, std::mem::take(&mut r.backlog)))
+            .collect();
+        for (h, messages) in backlogs {
+            for m in messages {
+                self.on_remote(h, m, output);
+            }
+        }
+    }
+
+    /// The launcher's commands, in an agent.
+    fn read_upstream(&mut self, output: &mut Output) {
+        let Role::Agent(up) = &mut self.role else {
+            return;
+        };
+        let Some(fd) = &up.fd else { return };
+        let mut lines = Vec::new();
+        let mut ended = false;
+        match nix::unistd::read(fd, &mut self.buf) {
+            Ok(0) => ended = true,
+            Ok(n) => {
+                up.last_heard = Instant::now();
+                up.split
+                    .feed(&self.buf[..n], &mut |l| lines.push(l.to_vec()));
+            }
+            Err(Errno::EAGAIN | Errno::EINTR) => {}
+            Err(_) => ended = true,
+        }
+        if ended {
+            up.fd = None;
+        }
+        for line in lines {
+            match Down::parse(&String::from_utf8_lossy(&line)) {
+                Ok(Down::Heartbeat) => {}
+                Ok(Down::Signal(s)) => {
+                    if s == Signal::SIGKILL {
+                        self.kill_now();
+                    } else {
+                        self.stop(s);
+                    }
+                }
+                Err(why) => output.message(&format!("atlasboost agent: ignoring {why}")),
+            }
+        }
+        if ended {
+            self.upstream_lost("the launcher's connection closed", output);
+        }
+    }
+
+    /// The launcher is gone: stop every worker, quickly.
+    fn upstream_lost(&mut self, why: &str, output: &mut Output) {
+        let Role::Agent(up) = &mut self.role else {
+            return;
+        };
+        if up.lost {
+            return;
+        }
+        up.lost = true;
+        if self.running.iter().all(|r| r.ended.is_some()) {
+            return;
+        }
+        output.message(&format!(
+            "atlasboost agent: {why}; stopping the workers (SIGKILL in {:.0?})",
+            LAUNCHER_LOST_GRACE
+        ));
+        self.grace = self.grace.min(LAUNCHER_LOST_GRACE);
+        self.stop(Signal::SIGTERM);
+    }
+
+    fn read_remote(&mut self, h: usize, output: &mut Output) {
+        let Role::Launcher(remotes) = &mut self.role else {
+            return;
+        };
+        match remotes[h].read_out(&mut self.buf) {
+            Ok(Some(messages)) => {
+                for m in messages {
+                    self.on_remote(h, m, output);
+                }
+            }
+            Ok(None) => {
+                let r = &remotes[h];
+                if !r.done && r.lost.is_none() {
+                    let why = format!(
+                        "its ssh session ended before its workers did; ssh said: {}",
+                        r.err_tail()
+                    );
+                    self.host_lost(h, why, output);
+                }
+            }
+            Err(why) => {
+                let why = format!("its agent sent something that is not the protocol: {why}");
+                self.host_lost(h, why, output);
+            }
+        }
+    }
+
+    fn read_remote_err(&mut self, h: usize, output: &mut Output) {
+        let Role::Launcher(remotes) = &mut self.role else {
+            return;
+        };
+        if let Some(lines) = remotes[h].read_err(&mut self.buf) {
+            let host = remotes[h].host.clone();
+            for l in lines {
+                output.message(&format!("atlasboost: host {host}: {l}"));
+            }
+        }
+    }
+
+    fn on_remote(&mut self, h: usize, message: Up, output: &mut Output) {
+        let host = match &self.role {
+            Role::Launcher(remotes) => remotes[h].host.clone(),
+            Role::Agent(_) => return,
+        };
+        match message {
+            Up::Heartbeat | Up::Ready => {}
+            Up::Line { rank, stream, line } => {
+                if let Some(lane) = self.lane_of(rank, &host) {
+                    output.line(lane, stream, &line);
+                }
+            }
+            Up::Exited { rank, ending } => {
+                if let Some(lane) = self.lane_of(rank, &host) {
+                    self.worker_ended(lane, ending, output);
+                }
+            }
+            Up::Failed { code, message } => {
+                if let Role::Launcher(remotes) = &mut self.role {
+                    remotes[h].done = true;
+                }
+                self.fail_host(h, message, code, output);
+            }
+            Up::Done => {
+                if let Role::Launcher(remotes) = &mut self.role {
+                    remotes[h].done = true;
+                }
+            }
+        }
+    }
+
+    /// The lane of a rank that `host` reports on (never another host's rank).
+    fn lane_of(&self, rank: u32, host: &str) -> Option<usize> {
+        self.workers
+            .binary_search_by_key(&rank, |w| w.rank)
+            .ok()
+            .filter(|&i| !self.workers[i].local && self.workers[i].host == host)
+    }
+
+    /// A host is lost: its workers' fate is unknown, and the job fails.
+    fn host_lost(&mut self, h: usize, why: String, output: &mut Output) {
+        if let Role::Launcher(remotes) = &mut self.role {
+            if remotes[h].lost.is_some() || remotes[h].done {
+                return;
+            }
+            remotes[h].lost = Some(why.clone());
+            remotes[h].hang_up();
+        }
+        self.fail_host(h, why, ExitCodes::FAILURE, output);
+    }
+
+    fn fail_host(&mut self, h: usize, why: String, code: u8, output: &mut Output) {
+        let Role::Launcher(remotes) = &self.role else {
+            return;
+        };
+        let host = remotes[h].host.clone();
+        let now = Instant::now();
+        for (w, r) in self.workers.iter().zip(&mut self.running) {
+            if !w.local && w.host == host && r.ended.is_none() {
+                r.ended = Some((now, Ending::Lost));
+            }
+        }
+        if self.first_failure.is_some() || self.host_failure.is_some() || self.interrupted.is_some()
+        {
+            return;
+        }
+        let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+        let why = why
+            .strip_prefix(&format!("host {host}: "))
+            .unwrap_or(&why)
+            .to_string();
+        if live > 0 {
+            output.message(&format!(
+                "atlasboost: host {host} failed: {why}; stopping the other {live} worker{}",
+                if live == 1 { "" } else { "s" }
+            ));
+        }
+        self.host_failure = Some(HostFailure {
+            host,
+            message: why,
+            code,
+        });
+        self.stop(Signal::SIGTERM);
+    }
+
     fn on_signal(&mut self, s: Signal, output: &mut Output) {
         match s {
             Signal::SIGCHLD => self.reap(output),
-            _ if self.interrupted.is_some() || self.first_failure.is_some() => {
+            // An agent takes orders from its launcher; a signal from elsewhere (sshd's SIGHUP
+            // when the session ends) means the launcher is gone.
+            _ if self.is_agent() => {
+                self.upstream_lost(&format!("got {}", s.as_str()), output);
+            }
+            _ if self.interrupted.is_some()
+                || self.first_failure.is_some()
+                || self.host_failure.is_some() =>
+            {
                 if self.stopping.is_some_and(|(_, killed)| !killed) {
                     output.message(&format!(
                         "atlasboost: got {} while stopping the workers; killing them now",
@@ -503,6 +950,8 @@ impl<'a> Supervisor<'a> {
                 ));
                 self.interrupted = Some(s);
                 self.stop(s);
+                // What the workers leave behind is stopped as soon as they have all exited.
+                self.leftovers_stopped = false;
             }
         }
     }
@@ -532,34 +981,54 @@ impl<'a> Supervisor<'a> {
                 );
                 continue;
             }
-            let Some(i) = self.running.iter().position(|r| r.pid == pid) else {
+            let Some(i) = self.running.iter().position(|r| r.pid == Some(pid)) else {
                 continue;
             };
-            self.running[i].ended = Some((Instant::now(), ending));
-            if ending.failed() && self.first_failure.is_none() && self.interrupted.is_none() {
-                self.first_failure = Some(i);
-                let w = &self.workers[i];
-                let live = self.running.iter().filter(|r| r.ended.is_none()).count();
-                output.message(&format!(
-                    "atlasboost: rank {} (host {}, device {}) failed ({}); stopping the other \
-                     {live} worker{}",
-                    w.rank,
-                    w.host,
-                    w.device,
-                    ending.describe(),
-                    if live == 1 { "" } else { "s" }
-                ));
-                self.stop(Signal::SIGTERM);
-            }
+            self.worker_ended(i, ending, output);
         }
     }
 
-    /// Sends `signal` to every worker's group, and starts the grace time.
+    /// A worker ended: an agent reports it; the launcher fails the job if it failed first.
+    fn worker_ended(&mut self, i: usize, ending: Ending, output: &mut Output) {
+        if self.running[i].ended.is_some() {
+            return;
+        }
+        self.running[i].ended = Some((Instant::now(), ending));
+        if self.is_agent() {
+            output.send(&Up::Exited {
+                rank: self.workers[i].rank,
+                ending,
+            });
+            return;
+        }
+        if ending.failed()
+            && self.first_failure.is_none()
+            && self.host_failure.is_none()
+            && self.interrupted.is_none()
+        {
+            self.first_failure = Some(i);
+            let w = &self.workers[i];
+            let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+            output.message(&format!(
+                "atlasboost: rank {} (host {}, device {}) failed ({}); stopping the other \
+                 {live} worker{}",
+                w.rank,
+                w.host,
+                w.device,
+                ending.describe(),
+                if live == 1 { "" } else { "s" }
+            ));
+            self.stop(Signal::SIGTERM);
+        }
+    }
+
+    /// Sends `signal` to every worker (local groups, remote agents), and starts the grace time.
     fn stop(&mut self, signal: Signal) {
         if self.stopping.is_none() {
             self.stopping = Some((Instant::now(), false));
         }
         self.signal_groups(signal);
+        self.signal_remotes(signal);
         if signal == Signal::SIGKILL {
             self.kill_now();
         }
@@ -567,7 +1036,8 @@ impl<'a> Supervisor<'a> {
 
     fn kill_now(&mut self) {
         self.signal_groups(Signal::SIGKILL);
-        signal_orphans(self.lifeline.pid(), Signal::SIGKILL);
+        self.signal_remotes(Signal::SIGKILL);
+        signal_orphans(&self.own_children(), Signal::SIGKILL);
         self.stopping = Some((self.stopping.map_or(Instant::now(), |s| s.0), true));
         self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
     }
@@ -575,17 +1045,28 @@ impl<'a> Supervisor<'a> {
     /// SIGKILL once the grace time is over.
     fn escalate(&mut self) {
         if let Some((since, false)) = self.stopping
-            && since.elapsed() >= self.plan.grace
+            && since.elapsed() >= self.grace
         {
             self.kill_now();
         }
     }
 
+    fn signal_remotes(&mut self, signal: Signal) {
+        if let Role::Launcher(remotes) = &mut self.role {
+            for r in remotes.iter_mut().filter(|r| !r.done && r.lost.is_none()) {
+                r.send(Down::Signal(signal));
+            }
+        }
+    }
+
     fn signal_groups(&mut self, signal: Signal) {
         for r in &mut self.running {
-            if !r.group_gone && killpg(r.pid, signal) == Err(Errno::ESRCH) {
+            if let Some(pid) = r.pid
+                && !r.group_gone
+                && killpg(pid, signal) == Err(Errno::ESRCH)
+            {
                 r.group_gone = true;
-                self.lifeline.forget(r.pid.as_raw());
+                self.lifeline.forget(pid.as_raw());
             }
         }
     }
@@ -593,9 +1074,13 @@ impl<'a> Supervisor<'a> {
     /// Marks the groups with no process left.
     fn check_groups(&mut self) {
         for r in &mut self.running {
-            if !r.group_gone && r.ended.is_some() && killpg(r.pid, None) == Err(Errno::ESRCH) {
+            if let Some(pid) = r.pid
+                && !r.group_gone
+                && r.ended.is_some()
+                && killpg(pid, None) == Err(Errno::ESRCH)
+            {
                 r.group_gone = true;
-                self.lifeline.forget(r.pid.as_raw());
+                self.lifeline.forget(pid.as_raw());
             }
         }
     }
@@ -603,7 +1088,12 @@ impl<'a> Supervisor<'a> {
     /// After a failed start: wait (bounded) for the workers already started to die.
     fn finish_quietly(&mut self, signals: &Signals, output: &mut Output) {
         let until = Instant::now() + DRAIN_AFTER_KILL;
-        while Instant::now() < until && self.running.iter().any(|r| r.ended.is_none()) {
+        while Instant::now() < until
+            && self
+                .running
+                .iter()
+                .any(|r| r.pid.is_some() && r.ended.is_none())
+        {
             self.poll_once(signals, output, PollTimeout::from(50u8));
         }
         self.check_groups();
@@ -628,29 +1118,32 @@ impl<'a> Supervisor<'a> {
                 tail: output.tail(lane),
             })
             .collect();
-        let exit_code = match (self.interrupted, self.first_failure) {
-            (Some(s), _) => 128u8.wrapping_add(s as u8),
-            (None, Some(i)) => workers[i].ending.map_or(ExitCodes::FAILURE, Ending::code),
-            (None, None) => ExitCodes::SUCCESS,
+        let exit_code = match (self.interrupted, &self.host_failure, self.first_failure) {
+            (Some(s), _, _) => 128u8.wrapping_add(s as u8),
+            (None, Some(h), _) => h.code,
+            (None, None, Some(i)) => workers[i].ending.map_or(ExitCodes::FAILURE, Ending::code),
+            (None, None, None) => ExitCodes::SUCCESS,
         };
         JobResult {
             workers,
             first_failure: self.first_failure,
+            host_failure: self.host_failure.clone(),
             interrupted: self.interrupted,
             exit_code,
         }
     }
 }
 
-/// Processes whose parent is the launcher, other than its workers and the lifeline: orphans of
-/// the workers' children (the launcher is their subreaper).
-fn orphans(lifeline: u32) -> Vec<Pid> {
+/// Processes whose parent is the launcher, other than `own` (the lifeline, ssh sessions):
+/// orphans of the workers' children, since the launcher is their subreaper. Called once every
+/// worker has been reaped.
+fn orphans(own: &[u32]) -> Vec<Pid> {
     let me = std::process::id();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != lifeline && parent_of(pid) == Some(me))
+        .filter(|&pid| !own.contains(&pid) && parent_of(pid) == Some(me))
         .map(|pid| Pid::from_raw(pid as i32))
         .collect()
 }
@@ -663,8 +1156,8 @@ fn parent_of(pid: u32) -> Option<u32> {
 }
 
 /// Signals the orphans (not the workers: they are signalled through their groups).
-fn signal_orphans(lifeline: u32, signal: Signal) {
-    for pid in orphans(lifeline) {
+fn signal_orphans(own: &[u32], signal: Signal) {
+    for pid in orphans(own) {
         let _ = nix::sys::signal::kill(pid, signal);
     }
 }

@@ -1,0 +1,352 @@
+//! The channel between the launcher and a remote agent: ssh's standard streams.
+//!
+//! Why ssh's streams and not a second ZeroMQ socket: they are already there, authenticated
+//! and encrypted, with flow control; the launcher needs no port reachable from the hosts for
+//! output; and the session's end *is* the liveness signal in both directions (plus heartbeats,
+//! for a network that goes silent without closing anything).
+//!
+//! - **Down** (launcher → agent, the agent's stdin): text lines. The first is the
+//!   [`AgentConfig`](super::agent::AgentConfig) as JSON, which carries the job's secret, so the
+//!   secret is never on a command line or in a file. Then `hb` (heartbeat) once a second, and
+//!   `sig <n>` to pass signal `n` to every worker's process group. End of input means the
+//!   launcher is gone.
+//! - **Up** (agent → launcher, the agent's stdout): [`HELLO`], then binary frames
+//!   `kind (1 byte) | rank (u32, big-endian) | length (u32, big-endian) | payload`. Bytes before
+//!   `HELLO` (a login script that prints) are skipped and reported.
+
+use super::output::Stream;
+use super::supervise::Ending;
+use crate::exit::ExitCodes;
+
+/// What an agent writes before its first frame.
+pub const HELLO: &[u8] = b"\x00atlasboost-agent-1\n";
+
+/// The largest payload of a frame: a line piece (1 MiB) with room for a message.
+pub const MAX_PAYLOAD: usize = super::output::MAX_LINE + 4096;
+
+/// How often each side sends a heartbeat.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Silence for this long means the other side is lost.
+pub const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// A message from an agent to the launcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Up {
+    /// Still here.
+    Heartbeat,
+    /// The table is written; the workers are starting.
+    Ready,
+    /// A line a worker printed (without its terminator).
+    Line {
+        /// The worker's rank.
+        rank: u32,
+        /// Which stream.
+        stream: Stream,
+        /// The bytes.
+        line: Vec<u8>,
+    },
+    /// A worker ended.
+    Exited {
+        /// Its rank.
+        rank: u32,
+        /// How.
+        ending: Ending,
+    },
+    /// The agent failed (before or while starting workers) and exits with `code`.
+    Failed {
+        /// The exit code the launcher should use (125, 126, 127).
+        code: u8,
+        /// What happened.
+        message: String,
+    },
+    /// Every worker has ended and been cleaned up; the agent exits.
+    Done,
+}
+
+const HEARTBEAT_KIND: u8 = b'h';
+const READY: u8 = b'r';
+const STDOUT: u8 = b'o';
+const STDERR: u8 = b'e';
+const EXIT_CODE: u8 = b'x';
+const EXIT_SIGNAL: u8 = b'k';
+const FAILED: u8 = b'f';
+const DONE: u8 = b'd';
+
+/// Appends the frame of `message` to `out`.
+pub fn encode(message: &Up, out: &mut Vec<u8>) {
+    let (kind, rank, payload): (u8, u32, &[u8]) = match message {
+        Up::Heartbeat => (HEARTBEAT_KIND, 0, &[]),
+        Up::Ready => (READY, 0, &[]),
+        Up::Line { rank, stream, line } => (
+            match stream {
+                Stream::Stdout => STDOUT,
+                Stream::Stderr => STDERR,
+            },
+            *rank,
+            line,
+        ),
+        Up::Exited { rank, ending } => {
+            let (kind, value) = match ending {
+                Ending::Exited(c) => (EXIT_CODE, *c),
+                Ending::Signaled(s) => (EXIT_SIGNAL, *s as i32),
+                // Only the launcher knows a host is lost; an agent never says it of itself.
+                Ending::Lost => (EXIT_CODE, i32::from(ExitCodes::FAILURE)),
+            };
+            return frame(kind, *rank, &value.to_be_bytes(), out);
+        }
+        Up::Failed { code, message } => (FAILED, u32::from(*code), message.as_bytes()),
+        Up::Done => (DONE, 0, &[]),
+    };
+    frame(kind, rank, payload, out);
+}
+
+/// A line frame without building an [`Up`] (the hot path of remote output).
+pub fn encode_line(rank: u32, stream: Stream, line: &[u8], out: &mut Vec<u8>) {
+    let kind = match stream {
+        Stream::Stdout => STDOUT,
+        Stream::Stderr => STDERR,
+    };
+    frame(kind, rank, line, out);
+}
+
+fn frame(kind: u8, rank: u32, payload: &[u8], out: &mut Vec<u8>) {
+    out.push(kind);
+    out.extend_from_slice(&rank.to_be_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Reads frames from an agent's stdout, in whatever pieces they arrive.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    start: usize,
+    greeted: bool,
+    /// Bytes seen before [`HELLO`] (kept up to 4 KiB, for the error message).
+    pub noise: Vec<u8>,
+}
+
+impl Decoder {
+    /// Feeds bytes; returns the complete messages, or what is wrong with the stream.
+    ///
+    /// # Errors
+    ///
+    /// A message saying what is malformed (an unknown kind, an oversized frame).
+    pub fn feed(&mut self, data: &[u8]) -> Result<Vec<Up>, String> {
+        self.buf.extend_from_slice(data);
+        if !self.greeted {
+            match self.buf.windows(HELLO.len()).position(|w| w == HELLO) {
+                Some(i) => {
+                    self.keep_noise(i);
+                    self.start = i + HELLO.len();
+                    self.greeted = true;
+                }
+                None => {
+                    // Keep a tail that could be the start of HELLO.
+                    let keep = self.buf.len().min(HELLO.len() - 1);
+                    let cut = self.buf.len() - keep;
+                    self.keep_noise(cut);
+                    self.buf.drain(..cut);
+                    return Ok(Vec::new());
+                }
+            }
+        }
+        let mut got = Vec::new();
+        loop {
+            let rest = &self.buf[self.start..];
+            if rest.len() < 9 {
+                break;
+            }
+            let kind = rest[0];
+            let rank = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]);
+            let len = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) as usize;
+            if len > MAX_PAYLOAD {
+                return Err(format!("a frame of {len} bytes, more than {MAX_PAYLOAD}"));
+            }
+            if rest.len() < 9 + len {
+                break;
+            }
+            let payload = &rest[9..9 + len];
+            got.push(decode(kind, rank, payload)?);
+            self.start += 9 + len;
+        }
+        // Compact once the consumed part dominates, so the buffer stays near one frame.
+        if self.start > 0 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        Ok(got)
+    }
+
+    /// Whether [`HELLO`] has been seen.
+    pub fn greeted(&self) -> bool {
+        self.greeted
+    }
+
+    fn keep_noise(&mut self, upto: usize) {
+        let room = 4096usize.saturating_sub(self.noise.len());
+        self.noise.extend_from_slice(&self.buf[..upto.min(room)]);
+    }
+}
+
+fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
+    let value = || {
+        <[u8; 4]>::try_from(payload)
+            .map(i32::from_be_bytes)
+            .map_err(|_| format!("an exit frame with {} bytes", payload.len()))
+    };
+    Ok(match kind {
+        HEARTBEAT_KIND => Up::Heartbeat,
+        READY => Up::Ready,
+        STDOUT | STDERR => Up::Line {
+            rank,
+            stream: if kind == STDOUT {
+                Stream::Stdout
+            } else {
+                Stream::Stderr
+            },
+            line: payload.to_vec(),
+        },
+        EXIT_CODE => Up::Exited {
+            rank,
+            ending: Ending::Exited(value()?),
+        },
+        EXIT_SIGNAL => Up::Exited {
+            rank,
+            ending: Ending::Signaled(
+                nix::sys::signal::Signal::try_from(value()?)
+                    .map_err(|_| "an exit frame with an unknown signal".to_string())?,
+            ),
+        },
+        FAILED => Up::Failed {
+            code: u8::try_from(rank).unwrap_or(125),
+            message: String::from_utf8_lossy(payload).into_owned(),
+        },
+        DONE => Up::Done,
+        other => return Err(format!("a frame of unknown kind {other:#04x}")),
+    })
+}
+
+/// A line the launcher sends down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Down {
+    /// Still here.
+    Heartbeat,
+    /// Pass this signal to every worker.
+    Signal(nix::sys::signal::Signal),
+}
+
+impl Down {
+    /// The line, with its newline.
+    pub fn line(self) -> String {
+        match self {
+            Down::Heartbeat => "hb\n".into(),
+            Down::Signal(s) => format!("sig {}\n", s as i32),
+        }
+    }
+
+    /// Parses one line (without its newline).
+    ///
+    /// # Errors
+    ///
+    /// The line, when it is not a command.
+    pub fn parse(line: &str) -> Result<Down, String> {
+        match line.split_once(' ') {
+            None if line == "hb" => Ok(Down::Heartbeat),
+            Some(("sig", n)) => n
+                .parse::<i32>()
+                .ok()
+                .and_then(|n| nix::sys::signal::Signal::try_from(n).ok())
+                .map(Down::Signal)
+                .ok_or_else(|| format!("unknown signal in {line:?}")),
+            _ => Err(format!("unknown command {line:?}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nix::sys::signal::Signal;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn all() -> Vec<Up> {
+        vec![
+            Up::Heartbeat,
+            Up::Ready,
+            Up::Line {
+                rank: 7,
+                stream: Stream::Stderr,
+                line: b"\xffno utf-8\r".to_vec(),
+            },
+            Up::Line {
+                rank: 0,
+                stream: Stream::Stdout,
+                line: Vec::new(),
+            },
+            Up::Exited {
+                rank: 3,
+                ending: Ending::Exited(-1),
+            },
+            Up::Exited {
+                rank: 4,
+                ending: Ending::Signaled(Signal::SIGKILL),
+            },
+            Up::Failed {
+                code: 127,
+                message: "cannot start x".into(),
+            },
+            Up::Done,
+        ]
+    }
+
+    proptest! {
+        /// Whatever junk comes first and however the stream is cut, the messages come out.
+        #[test]
+        fn frames_survive_any_cutting(
+            junk in proptest::collection::vec(1u8..=255, 0..50),
+            cuts in proptest::collection::vec(0usize..400, 0..12),
+        ) {
+            let mut bytes = junk.clone();
+            bytes.extend_from_slice(HELLO);
+            for m in all() {
+                encode(&m, &mut bytes);
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.push(bytes.len());
+            cuts.sort_unstable();
+            let mut d = Decoder::default();
+            let mut got = Vec::new();
+            let mut from = 0;
+            for c in cuts {
+                got.extend(d.feed(&bytes[from..c]).unwrap());
+                from = c;
+            }
+            prop_assert_eq!(got, all());
+            prop_assert_eq!(d.noise, junk);
+        }
+    }
+
+    #[test]
+    fn malformed_frames_are_refused() {
+        let mut d = Decoder::default();
+        let mut bytes = HELLO.to_vec();
+        bytes.extend_from_slice(&[b'?', 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(d.feed(&bytes).unwrap_err().contains("unknown kind"));
+        let mut d = Decoder::default();
+        let mut bytes = HELLO.to_vec();
+        bytes.extend_from_slice(&[b'o', 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+        assert!(d.feed(&bytes).unwrap_err().contains("more than"));
+    }
+
+    #[test]
+    fn commands_round_trip_and_strangers_are_named() {
+        for c in [Down::Heartbeat, Down::Signal(Signal::SIGTERM)] {
+            assert_eq!(Down::parse(c.line().trim_end()), Ok(c));
+        }
+        assert!(Down::parse("sig 99999").unwrap_err().contains("99999"));
+        assert!(Down::parse("rm -rf").unwrap_err().contains("rm -rf"));
+    }
+}

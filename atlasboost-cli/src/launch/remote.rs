@@ -1,0 +1,305 @@
+//! The launcher's side of a remote host: one `ssh` session running `atlasboost agent`.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Instant;
+
+use atlasboost_core::EnvVars;
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::sys::signal::Signal;
+
+use super::agent::AgentConfig;
+use super::channel::{Decoder, Down, Up};
+use super::output::LineSplitter;
+use crate::error::CliError;
+
+/// How many of ssh's (and the agent's) last stderr lines are kept for error messages.
+const ERR_TAIL: usize = 10;
+
+/// How to reach the remote hosts.
+#[derive(Debug, Clone, Default)]
+pub struct SshOptions {
+    /// `--ssh-port`.
+    pub port: Option<u16>,
+    /// `--ssh-identity`.
+    pub identity: Option<PathBuf>,
+    /// Where atlasboost is on the remote hosts.
+    pub remote_atlasboost: PathBuf,
+}
+
+/// One remote host's session, as the launcher sees it.
+#[derive(Debug)]
+pub struct Remote {
+    /// The host, as messages name it.
+    pub host: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    /// The agent's stdout (frames), until it ends.
+    pub out: Option<OwnedFd>,
+    /// ssh's and the agent's stderr, until it ends.
+    pub err: Option<OwnedFd>,
+    decoder: Decoder,
+    err_split: LineSplitter,
+    err_tail: VecDeque<String>,
+    /// Messages read before the supervisor started.
+    pub backlog: Vec<Up>,
+    /// The agent has written the table and is starting its workers.
+    pub ready: bool,
+    /// The agent reported that all its workers are done.
+    pub done: bool,
+    /// Why the host is lost, once it is.
+    pub lost: Option<String>,
+    /// When the agent was last heard from.
+    pub last_heard: Instant,
+}
+
+impl Remote {
+    /// Starts `ssh host <remote atlasboost> agent` and sends the agent its configuration on
+    /// standard input (the only place the job's secret travels).
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::Failure`] if `ssh` cannot be started.
+    pub fn start(
+        host_name: &str,
+        host: &str,
+        ssh: &SshOptions,
+        config: &AgentConfig,
+    ) -> Result<Remote, CliError> {
+        let mut cmd = Command::new("ssh");
+        cmd.args(ssh_args(host_name, ssh));
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Not in the launcher's group: a Ctrl-C reaches the agents through the channel,
+            // after the launcher decided what to do with it.
+            .process_group(0);
+        // SAFETY: only prctl between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| CliError::Failure(format!("cannot start ssh for host {host}: {e}")))?;
+        let (stdin, out, err) = (
+            child.stdin.take(),
+            child.stdout.take().map(OwnedFd::from),
+            child.stderr.take().map(OwnedFd::from),
+        );
+        for fd in out.iter().chain(err.iter()) {
+            let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+        }
+        let mut remote = Remote {
+            host: host.to_string(),
+            child,
+            stdin,
+            out,
+            err,
+            decoder: Decoder::default(),
+            err_split: LineSplitter::default(),
+            err_tail: VecDeque::new(),
+            backlog: Vec::new(),
+            ready: false,
+            done: false,
+            lost: None,
+            last_heard: Instant::now(),
+        };
+        let mut line = serde_json::to_vec(config)
+            .map_err(|e| CliError::Failure(format!("cannot encode the agent's settings: {e}")))?;
+        line.push(b'\n');
+        remote.write(&line);
+        Ok(remote)
+    }
+
+    /// The ssh process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a command; a session that is gone is noticed when its output ends.
+    pub fn send(&mut self, command: Down) {
+        self.write(command.line().as_bytes());
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        if let Some(s) = &mut self.stdin
+            && s.write_all(bytes).and_then(|()| s.flush()).is_err()
+        {
+            self.stdin = None;
+        }
+    }
+
+    /// Closes the agent's standard input: it stops its workers and exits.
+    pub fn hang_up(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Reads what the agent sent. `Ok(None)` at the end of its output.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong with a stream that is not the agent protocol.
+    pub fn read_out(&mut self, buf: &mut [u8]) -> Result<Option<Vec<Up>>, String> {
+        let Some(fd) = &self.out else {
+            return Ok(None);
+        };
+        let mut got = Vec::new();
+        for _ in 0..16 {
+            match nix::unistd::read(fd, buf) {
+                Ok(0) => {
+                    self.out = None;
+                    return if got.is_empty() {
+                        Ok(None)
+                    } else {
+                        Ok(Some(got))
+                    };
+                }
+                Ok(n) => {
+                    self.last_heard = Instant::now();
+                    got.extend(self.decoder.feed(&buf[..n])?);
+                }
+                Err(Errno::EAGAIN) => break,
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(format!("cannot read from ssh: {e}")),
+            }
+        }
+        Ok(Some(got))
+    }
+
+    /// Reads ssh's stderr: the complete lines, which are also kept for error messages.
+    /// `None` at its end.
+    pub fn read_err(&mut self, buf: &mut [u8]) -> Option<Vec<String>> {
+        let fd = self.err.as_ref()?;
+        let mut lines = Vec::new();
+        let mut ended = false;
+        match nix::unistd::read(fd, buf) {
+            Ok(0) => ended = true,
+            Ok(n) => self.err_split.feed(&buf[..n], &mut |l| {
+                lines.push(String::from_utf8_lossy(l).into_owned());
+            }),
+            Err(Errno::EAGAIN | Errno::EINTR) => {}
+            Err(_) => ended = true,
+        }
+        if ended {
+            self.err_split
+                .finish(&mut |l| lines.push(String::from_utf8_lossy(l).into_owned()));
+            self.err = None;
+        }
+        for l in &lines {
+            if self.err_tail.len() == ERR_TAIL {
+                self.err_tail.pop_front();
+            }
+            self.err_tail.push_back(l.clone());
+        }
+        if ended && lines.is_empty() {
+            None
+        } else {
+            Some(lines)
+        }
+    }
+
+    /// ssh's last stderr lines, joined for a message (`(nothing on stderr)` if none).
+    pub fn err_tail(&self) -> String {
+        let noise = String::from_utf8_lossy(&self.decoder.noise);
+        let mut parts: Vec<String> = self.err_tail.iter().cloned().collect();
+        if !noise.trim().is_empty() {
+            parts.push(format!(
+                "(before the agent spoke, stdout had: {})",
+                noise.trim()
+            ));
+        }
+        if parts.is_empty() {
+            "(nothing on stderr)".into()
+        } else {
+            parts.join(" | ")
+        }
+    }
+
+    /// Whether the agent has greeted the launcher (so ssh and the remote atlasboost work).
+    pub fn greeted(&self) -> bool {
+        self.decoder.greeted()
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        // The agent stops its workers when its input closes; ssh itself is ours to end.
+        self.hang_up();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `ssh -T -o BatchMode=yes ... host exec '<atlasboost>' agent`.
+fn ssh_args(host: &str, ssh: &SshOptions) -> Vec<OsString> {
+    let mut args: Vec<OsString> = ["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    // ssh's own keep-alive: a silent network ends the session (the agent then stops its
+    // workers), besides the launcher's heartbeats.
+    for o in ["ServerAliveInterval=2", "ServerAliveCountMax=2"] {
+        args.extend([OsString::from("-o"), OsString::from(o)]);
+    }
+    if let Some(port) = ssh.port {
+        args.extend([OsString::from("-p"), OsString::from(port.to_string())]);
+    }
+    if let Some(id) = &ssh.identity {
+        args.extend([OsString::from("-i"), id.clone().into_os_string()]);
+    }
+    if let Some(extra) = std::env::var_os(EnvVars::ATLASBOOST_SSH_OPTIONS) {
+        args.extend(
+            extra
+                .to_string_lossy()
+                .split_whitespace()
+                .map(OsString::from),
+        );
+    }
+    args.push("--".into());
+    args.push(host.into());
+    args.push(format!("exec {} agent", shell_quote(&ssh.remote_atlasboost)).into());
+    args
+}
+
+/// `'path'`, with any `'` escaped, for the remote shell.
+fn shell_quote(path: &Path) -> String {
+    format!("'{}'", path.to_string_lossy().replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_remote_command_is_quoted_for_the_shell() {
+        assert_eq!(
+            shell_quote(Path::new("/opt/a b/it's")),
+            r"'/opt/a b/it'\''s'"
+        );
+        let args = ssh_args(
+            "node1",
+            &SshOptions {
+                port: Some(2222),
+                identity: Some("/k".into()),
+                remote_atlasboost: "/usr/bin/atlasboost".into(),
+            },
+        );
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let tail = &args[args.len() - 3..];
+        assert_eq!(tail, ["--", "node1", "exec '/usr/bin/atlasboost' agent"]);
+        assert!(args.windows(2).any(|w| w == ["-p", "2222"]));
+        assert!(args.windows(2).any(|w| w == ["-o", "BatchMode=yes"]));
+    }
+}
