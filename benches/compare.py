@@ -4,6 +4,7 @@
     python3 benches/compare.py launch [--runs 20]
     python3 benches/compare.py output [--runs 3] [--lines 250000] [--ranks 8]
     python3 benches/compare.py memory [--ranks 64] [--seconds 5]
+    python3 benches/compare.py ssh [--runs 10] [--hosts 3]
 
 - launch: wall time of starting 8 ranks of `true` and waiting for them
   (target: atlasboost/mpirun median <= 1.0).
@@ -12,6 +13,9 @@
   --tag-output, and atlasboost time <= 3x a raw `sh` pipe with no launcher at all).
 - memory: the launcher's own peak resident memory while 64 ranks print continuously
   (target < 64 MiB).
+- ssh: the time from the launcher's start to the last worker started, for 1, 2 and 3 hosts x 4
+  workers reached over ssh (a real sshd on 127.0.0.2-4, started by the script), against mpirun
+  over the same ssh set-up (`--mca plm_rsh_agent`). Needs openssh-server.
 
 Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
 output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
@@ -375,6 +379,114 @@ def cmd_memory(args):
 # ---------------------------------------------------------------- main
 
 
+# ---------------------------------------------------------------- ssh
+
+
+SSH_HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_sshd(tmp):
+    """A real OpenSSH server on a free port of 127.0.0.2-4, with generated keys.
+
+    Returns (sshd process, path of an ssh_config that reaches it)."""
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(sshd):
+        die("sshd not found: apt-get install -y openssh-server")
+    for key in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / key)], check=True)
+    shutil.copy(tmp / "client_key.pub", tmp / "authorized_keys")
+    port = free_port()
+    listen = "".join(f"ListenAddress {h}\n" for h in SSH_HOSTS)
+    (tmp / "sshd_config").write_text(
+        f"Port {port}\n{listen}HostKey {tmp}/host_key\nAuthorizedKeysFile {tmp}/authorized_keys\n"
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+        f"KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile {tmp}/sshd.pid\n"
+    )
+    (tmp / "ssh_config").write_text(
+        f"Host *\n  Port {port}\n  IdentityFile {tmp}/client_key\n  IdentitiesOnly yes\n"
+        "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+    )
+    os.makedirs("/run/sshd", exist_ok=True)
+    proc = subprocess.Popen([sshd, "-D", "-f", str(tmp / "sshd_config"), "-E", str(tmp / "sshd.log")])
+    import socket
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection((SSH_HOSTS[0], port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                die(f"sshd did not start; its log: {(tmp / 'sshd.log').read_text()}")
+            time.sleep(0.05)
+    return proc, tmp / "ssh_config"
+
+
+def cmd_ssh(args):
+    """Time from the launcher's start to the last worker started, over ssh."""
+    if args.runs < 1:
+        die("--runs must be at least 1")
+    names = selected(args.only, ["atlasboost", "mpirun"])
+    tools = {}
+    if "atlasboost" in names:
+        tools["atlasboost"] = find_atlasboost(args.atlasboost)
+    if "mpirun" in names:
+        tools["mpirun"] = find_mpirun()
+    print("# ssh: time from the launcher's start to the last of N hosts x 4 workers started\n")
+    print_machine(tools)
+    with tempfile.TemporaryDirectory(prefix="atlasboost-ssh-bench-") as d:
+        tmp = Path(d)
+        sshd, config = start_sshd(tmp)
+        try:
+            stamps = tmp / "stamps"
+            # Each worker appends the time it started, in ns since the epoch.
+            worker = ["sh", "-c", f"date +%s%N >> {stamps}"]
+            env = dict(os.environ, ATLASBOOST_SSH_ALL_HOSTS="1", ATLASBOOST_SSH_OPTIONS=f"-F {config}")
+            rows, ratios = [], []
+            for hosts in range(1, args.hosts + 1):
+                hl = ",".join(f"{h}:4" for h in SSH_HOSTS[:hosts])
+                cmds = {
+                    "atlasboost": [str(tools.get("atlasboost")), "run", "-q", "--sim", "4", "-H", hl, "--", *worker],
+                    "mpirun": [str(tools.get("mpirun")), *MPIRUN_FLAGS, "--mca", "plm_rsh_agent",
+                               f"ssh -F {config}", "-H", hl, "-np", str(4 * hosts), *worker],
+                }
+                if hosts == 1:
+                    print_commands({n: cmds[n] for n in names})
+                started = {n: [] for n in names}
+                for i in range(args.runs + 1):
+                    for n in names:
+                        stamps.write_text("")
+                        t0 = time.time_ns()
+                        r = subprocess.run(cmds[n], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                        if r.returncode != 0:
+                            die(f"{n} with {hosts} hosts exited {r.returncode}: {r.stderr.decode(errors='replace')}")
+                        got = [int(x) for x in stamps.read_text().split()]
+                        if len(got) != 4 * hosts:
+                            die(f"{n} with {hosts} hosts started {len(got)} workers, not {4 * hosts}")
+                        if i > 0:  # the first round warms up
+                            started[n].append((max(got) - t0) / 1e9)
+                for n in names:
+                    t = started[n]
+                    rows.append([f"{hosts} x 4", n, ms(statistics.median(t)), ms(min(t)), ms(max(t))])
+                if len(names) == 2:
+                    ratio = statistics.median(started["atlasboost"]) / statistics.median(started["mpirun"])
+                    ratios.append((hosts, ratio))
+            print(f"{args.runs} runs of each, alternating, after one warm-up run of each\n")
+            print_table(["hosts", "launcher", "median ms", "min ms", "max ms"], rows)
+            for hosts, ratio in ratios:
+                print(f"{hosts} host(s): atlasboost/mpirun median {ratio:.2f}")
+        finally:
+            sshd.kill()
+            sshd.wait()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
@@ -401,6 +513,12 @@ def main():
     s.add_argument("--ranks", type=int, default=64, help="ranks, 8 per simulated host (default 64)")
     s.add_argument("--seconds", type=float, default=5, help="SIGINT the launcher after this long (default 5)")
     s.set_defaults(func=cmd_memory)
+
+    s = add("ssh", "Time to all workers started on 1..3 hosts x 4 over ssh: atlasboost run vs mpirun.",
+            "atlasboost,mpirun")
+    s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
+    s.add_argument("--hosts", type=int, default=3, choices=[1, 2, 3], help="up to this many hosts (default 3)")
+    s.set_defaults(func=cmd_ssh)
 
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # results in order with errors, even through a pipe

@@ -2,10 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls this), on a fresh machine.
 #
 # What it needs: the Rust toolchain (cargo, rustfmt, clippy) and a C/C++ compiler, which every
-# machine of this project has (libzmq is built from source by the zmq crate), and python3 for
-# the example workers the end-to-end tests launch; python3 is installed from Debian's packages
-# if it is missing. Whatever else a test needs (OpenMPI, sshd, the Python bindings) is
-# installed here too, never by hand.
+# machine of this project has (libzmq is built from source by the zmq crate). The Debian
+# packages the tests need are installed below when missing, never by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,10 +16,18 @@ for tool in cargo rustfmt cargo-clippy cc c++; do
     fi
 done
 
-if ! command -v python3 >/dev/null 2>&1; then
-    step "installing python3 (the example workers are Python)"
+# Debian packages the tests use: python3 (the example workers), openssh-server and
+# openssh-client (remote hosts are reached through a real sshd), iproute2 (the network
+# namespaces of tests/netns-cluster.sh). Installed only when missing.
+missing=()
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+if [ ${#missing[@]} -gt 0 ]; then
+    step "installing ${missing[*]} from Debian's packages"
     apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
 step "format"
@@ -46,6 +52,10 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-
      END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s; if (p == 0) exit 1 }' "$log" > "$log.total" ||
     { echo "scripts/test.sh: cargo test ran no test" >&2; exit 1; }
 totals=$(cat "$log.total")
+
+step "a 3-server job across network namespaces, over ssh (skips, saying why, where not allowed)"
+cargo build --quiet -p atlasboost-cli
+bash tests/netns-cluster.sh
 
 step "benchmarks run once each (criterion --test mode), so they cannot rot"
 cargo bench -p atlasboost-benches -- --test

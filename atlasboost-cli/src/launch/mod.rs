@@ -540,6 +540,9 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> O
                     }
                 }
             }
+            // A fast job may be over on a host before the others are ready: what it said is in
+            // the backlog, and the supervisor judges it.
+            Ok(None) if r.ready => {}
             Ok(None) => {
                 // Drain what ssh said last, for the message.
                 while r.read_err(buf).is_some_and(|l| !l.is_empty()) {}

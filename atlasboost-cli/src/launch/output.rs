@@ -287,7 +287,9 @@ impl Output {
     /// A message of atlasboost's own on stderr, after the workers' lines so far.
     pub fn message(&mut self, text: &str) {
         if self.upstream {
-            // stderr goes to the launcher's console, tagged with the host.
+            // stderr goes to the launcher's console, where it is prefixed with
+            // `atlasboost: host <host>:` already.
+            let text = text.strip_prefix("atlasboost: ").unwrap_or(text);
             self.err.buf.extend_from_slice(text.as_bytes());
             self.err.buf.push(b'\n');
             self.err.flush();

@@ -57,6 +57,8 @@ pub struct Remote {
     pub lost: Option<String>,
     /// When the agent was last heard from.
     pub last_heard: Instant,
+    /// The supervisor has reaped the ssh process (its pid may belong to someone else now).
+    pub reaped: bool,
 }
 
 impl Remote {
@@ -112,6 +114,7 @@ impl Remote {
             done: false,
             lost: None,
             last_heard: Instant::now(),
+            reaped: false,
         };
         let mut line = serde_json::to_vec(config)
             .map_err(|e| CliError::Failure(format!("cannot encode the agent's settings: {e}")))?;
@@ -234,8 +237,10 @@ impl Drop for Remote {
     fn drop(&mut self) {
         // The agent stops its workers when its input closes; ssh itself is ours to end.
         self.hang_up();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if !self.reaped {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

@@ -258,6 +258,17 @@ struct Running {
     group_gone: bool,
 }
 
+/// What a read of a pipe found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PipeState {
+    /// Nothing more for now.
+    Empty,
+    /// Maybe more: the read limit was reached.
+    More,
+    /// The pipe is closed.
+    Ended,
+}
+
 struct Pipe {
     lane: usize,
     stream: Stream,
@@ -700,22 +711,42 @@ impl<'a> Supervisor<'a> {
 
     /// Reads what a pipe has; false at its end.
     fn read_pipe(buf: &mut [u8], p: &mut Pipe, output: &mut Output) -> bool {
-        // A bounded number of reads per poll keeps one chatty worker from starving the rest.
+        Self::read_some(buf, p, output) != PipeState::Ended
+    }
+
+    /// Up to 16 reads: a bounded number per poll keeps one chatty worker from starving the rest.
+    fn read_some(buf: &mut [u8], p: &mut Pipe, output: &mut Output) -> PipeState {
         for _ in 0..16 {
             match nix::unistd::read(&p.fd, buf) {
                 Ok(0) => {
                     p.split.finish(&mut |l| output.line(p.lane, p.stream, l));
-                    return false;
+                    return PipeState::Ended;
                 }
                 Ok(n) => p
                     .split
                     .feed(&buf[..n], &mut |l| output.line(p.lane, p.stream, l)),
-                Err(Errno::EAGAIN) => return true,
+                Err(Errno::EAGAIN) => return PipeState::Empty,
                 Err(Errno::EINTR) => {}
-                Err(_) => return false,
+                Err(_) => return PipeState::Ended,
             }
         }
-        true
+        PipeState::More
+    }
+
+    /// Reads everything a worker that just exited left in its pipes, so that its last lines
+    /// come before anything said about its exit.
+    ///
+    /// The pipes stay in the list (the poll in progress holds their indices); one at its end
+    /// reads as ended again on the next poll, and is removed then.
+    fn drain_lane(&mut self, lane: usize, output: &mut Output) {
+        for p in self.pipes.iter_mut().filter(|p| p.lane == lane) {
+            // Bounded: a child of the worker may still be writing to the same pipe.
+            for _ in 0..64 {
+                if Self::read_some(&mut self.buf, p, output) != PipeState::More {
+                    break;
+                }
+            }
+        }
     }
 
     /// Messages read while the launcher waited for the rendezvous.
@@ -731,6 +762,16 @@ impl<'a> Supervisor<'a> {
         for (h, messages) in backlogs {
             for m in messages {
                 self.on_remote(h, m, output);
+            }
+            if let Role::Launcher(remotes) = &self.role {
+                let r = &remotes[h];
+                if r.out.is_none() && !r.done {
+                    let why = format!(
+                        "its ssh session ended before its workers did; ssh said: {}",
+                        r.err_tail()
+                    );
+                    self.host_lost(h, why, output);
+                }
             }
         }
     }
@@ -981,6 +1022,12 @@ impl<'a> Supervisor<'a> {
                 );
                 continue;
             }
+            if let Role::Launcher(remotes) = &mut self.role
+                && let Some(r) = remotes.iter_mut().find(|r| r.pid() == pid.as_raw() as u32)
+            {
+                r.reaped = true;
+                continue;
+            }
             let Some(i) = self.running.iter().position(|r| r.pid == Some(pid)) else {
                 continue;
             };
@@ -994,6 +1041,9 @@ impl<'a> Supervisor<'a> {
             return;
         }
         self.running[i].ended = Some((Instant::now(), ending));
+        if self.running[i].pid.is_some() {
+            self.drain_lane(i, output);
+        }
         if self.is_agent() {
             output.send(&Up::Exited {
                 rank: self.workers[i].rank,

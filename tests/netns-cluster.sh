@@ -1,0 +1,334 @@
+#!/usr/bin/env bash
+# A real 3-server `atlasboost run` over ssh, each server a Linux network namespace.
+#
+# What it proves: with hosts that are NOT this machine's addresses, `atlasboost run` (from the
+# root namespace) reaches every host through ssh by itself, starts `atlasboost agent` there,
+# picks as rendezvous address its own address on the route to the hosts (the bridge address),
+# agrees on one rank table with all three agents over the network, and runs 4 workers on each
+# host, each in its host's namespace. Checked afterwards: exit 0; 12 tagged worker lines, 4 per
+# server on devices 0-3; each worker really ran in its server's namespace; the table names
+# exactly the three servers; every copy of the table any worker read is byte-identical to the
+# final one; `atlasboost validate` accepts it; `-v` shows the expected rendezvous address.
+#
+# Topology: a bridge abbr<pid> in the root namespace with 10.213.S.1/24, and namespaces
+# abns1-<pid>..abns3-<pid>, each joined to the bridge by a veth pair, with 10.213.S.11..13 and
+# its own sshd on port 22. S is the first 10.213.S.0/24 subnet not in use (0 normally), so
+# parallel runs do not collide. Everything it creates is removed on exit, whatever the outcome.
+#
+# How to run (as root; it builds nothing):
+#     cargo build -p atlasboost-cli && tests/netns-cluster.sh
+# ATLASBOOST_BIN overrides the binary (default: target/debug/atlasboost of this repo);
+# NETNS_CLUSTER_VERBOSE=1 also prints the launcher's output.
+# Exit 0 with "netns-cluster: ok: ..." on success, exit 0 with "netns-cluster: skipped: <why>"
+# when the machine cannot do it (not root, no netns/veth/bridge, no sshd, ssh, ssh-keygen or
+# python3), non-zero with "netns-cluster: FAILED: <why>" otherwise.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=${ATLASBOOST_BIN:-$repo/target/debug/atlasboost}
+id=$$
+br=abbr$id
+namespaces=("abns1-$id" "abns2-$id" "abns3-$id")
+sshd=/usr/sbin/sshd
+started=$SECONDS
+tmp=
+net=
+run_pid=
+
+say() { printf 'netns-cluster: %s\n' "$*"; }
+skip() { say "skipped: $*"; exit 0; }
+die() { say "FAILED: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+# Cleanup: every exit path, and safe to run when set-up stopped half-way.
+# ---------------------------------------------------------------------------------------------
+cleanup() {
+    local rc=$? i n pid pids
+    set +e
+    # The launcher (under `timeout`), if this script is stopped while it runs.
+    if [[ -n $run_pid ]]; then
+        kill "$run_pid" 2>/dev/null
+        wait "$run_pid" 2>/dev/null
+    fi
+    for i in 1 2 3; do
+        n=${namespaces[i - 1]}
+        # The sshd listeners we started, by the pids they wrote.
+        if [[ -n $tmp && -s $tmp/sshd-$i.pid ]]; then
+            pid=$(<"$tmp/sshd-$i.pid")
+            [[ $pid =~ ^[0-9]+$ ]] && kill "$pid" 2>/dev/null
+        fi
+        # Whatever else still runs inside our own namespace (ssh sessions, agents, workers)
+        # was started by this run.
+        if ip netns list 2>/dev/null | grep -qw -- "$n"; then
+            pids=$(ip netns pids "$n" 2>/dev/null)
+            # shellcheck disable=SC2086 # a list of pids
+            [[ -n $pids ]] && kill $pids 2>/dev/null
+        fi
+    done
+    for i in 1 2 3; do
+        n=${namespaces[i - 1]}
+        if ip netns list 2>/dev/null | grep -qw -- "$n"; then
+            for _ in $(seq 50); do
+                [[ -z $(ip netns pids "$n" 2>/dev/null) ]] && break
+                sleep 0.1
+            done
+            pids=$(ip netns pids "$n" 2>/dev/null)
+            # shellcheck disable=SC2086 # a list of pids
+            [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
+            ip netns del "$n" || say "warning: cannot delete namespace $n" >&2
+        fi
+        ip link del "abv${i}r$id" 2>/dev/null
+    done
+    ip link del "$br" 2>/dev/null
+    [[ -n $tmp && -d $tmp ]] && rm -rf -- "$tmp"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Prints a log file, indented, for a failure message.
+show() {
+    local f
+    for f in "$@"; do
+        [[ -s $f ]] || continue
+        printf -- '--- %s\n' "${f#"$tmp"/}" >&2
+        sed 's/^/  /' "$f" >&2
+    done
+}
+
+# `tcp_probe reachable|open HOST PORT SECONDS`: waits until HOST:PORT answers (a refusal counts
+# for `reachable`: the host is there) or the time is up.
+tcp_probe() {
+    python3 - "$@" <<'EOF'
+import socket, sys, time
+want, host, port, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+deadline, last = time.monotonic() + secs, "nothing"
+while time.monotonic() < deadline:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        sys.exit(0)
+    except ConnectionRefusedError as e:
+        if want == "reachable":
+            sys.exit(0)
+        last = e
+    except OSError as e:
+        last = e
+    time.sleep(0.1)
+print(f"{host}:{port}: {last}", file=sys.stderr)
+sys.exit(1)
+EOF
+}
+
+# ---------------------------------------------------------------------------------------------
+# 1. Preconditions: what is missing or not permitted is a skip.
+# ---------------------------------------------------------------------------------------------
+[[ $(id -u) == 0 ]] || skip "needs root (network namespaces and sshd)"
+for tool in ip ssh ssh-keygen python3 timeout; do
+    command -v "$tool" >/dev/null 2>&1 || skip "$tool is not installed"
+done
+[[ -x $sshd ]] || skip "$sshd is not installed (openssh-server)"
+probe_ns=abns0-$id
+if ! err=$(ip netns add "$probe_ns" 2>&1); then
+    skip "ip netns add is not permitted here: $err"
+fi
+ip netns del "$probe_ns"
+if ! err=$(ip link add "abv0r$id" type veth peer name "abv0n$id" 2>&1); then
+    skip "cannot create a veth pair here: $err"
+fi
+ip link del "abv0r$id"
+if ! err=$(ip link add "$br" type bridge 2>&1); then
+    skip "cannot create a bridge here: $err"
+fi
+ip link del "$br"
+[[ -x $bin ]] || die "$bin is not there; build it with: cargo build -p atlasboost-cli"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/netns-cluster.XXXXXX")
+# ATLASBOOST_SSH_OPTIONS is split on white space, so the ssh_config path must have none.
+[[ $tmp =~ [[:space:]] ]] && die "the temporary directory '$tmp' has white space in its path"
+mkdir -p "$tmp/ssh" "$tmp/work" "$tmp/seen"
+
+# ---------------------------------------------------------------------------------------------
+# 2. Topology: bridge + 3 namespaces; the root namespace is 10.213.S.1 on the bridge.
+# ---------------------------------------------------------------------------------------------
+{
+    # Pick a free 10.213.S.0/24 and claim it (with the bridge address) under a lock, so that
+    # parallel runs get different subnets.
+    if command -v flock >/dev/null 2>&1; then
+        exec 9>"${TMPDIR:-/tmp}/atlasboost-netns-cluster.lock"
+        flock -w 30 9 || die "cannot take the subnet lock"
+    fi
+    used=$(ip -4 -o addr show | awk '{print $4}')
+    for s in $(seq 0 255); do
+        grep -q "^10\.213\.$s\." <<<"$used" || { net=10.213.$s; break; }
+    done
+    [[ -n $net ]] || die "every 10.213.S.0/24 subnet is in use"
+    ip link add "$br" type bridge
+    ip addr add "$net.1/24" dev "$br"
+    ip link set "$br" up
+    if command -v flock >/dev/null 2>&1; then
+        flock -u 9
+        exec 9>&-
+    fi
+}
+ips=()
+hosts=()
+for i in 1 2 3; do
+    n=${namespaces[i - 1]}
+    ip_i=$net.1$i
+    ips+=("$ip_i")
+    hosts+=("$ip_i:4")
+    ip netns add "$n"
+    ip link add "abv${i}r$id" type veth peer name "abv${i}n$id" netns "$n"
+    ip link set "abv${i}r$id" master "$br" up
+    ip -n "$n" link set lo up
+    ip -n "$n" addr add "$ip_i/24" dev "abv${i}n$id"
+    ip -n "$n" link set "abv${i}n$id" up
+done
+for ip_i in "${ips[@]}"; do
+    # Nothing listens yet: a refusal proves the path both ways.
+    err=$(tcp_probe reachable "$ip_i" 22 10 2>&1) ||
+        die "$ip_i is not reachable from the root namespace after 10 s: $err"
+done
+say "topology: bridge $br $net.1/24, namespaces ${namespaces[*]} at ${ips[*]}"
+
+# ---------------------------------------------------------------------------------------------
+# 3. Keys and one sshd per namespace.
+# ---------------------------------------------------------------------------------------------
+ssh-keygen -q -t ed25519 -N '' -C netns-cluster-host -f "$tmp/ssh/host_ed25519"
+ssh-keygen -q -t ed25519 -N '' -C netns-cluster-client -f "$tmp/ssh/client_ed25519"
+cp "$tmp/ssh/client_ed25519.pub" "$tmp/ssh/authorized_keys"
+cat >"$tmp/ssh/ssh_config" <<EOF
+Host *
+    User root
+    IdentityFile $tmp/ssh/client_ed25519
+    IdentitiesOnly yes
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    GlobalKnownHostsFile /dev/null
+    LogLevel ERROR
+EOF
+mkdir -p /run/sshd # sshd's privilege-separation directory; shared, so never removed
+for i in 1 2 3; do
+    cat >"$tmp/sshd-$i.conf" <<EOF
+ListenAddress ${ips[i - 1]}
+Port 22
+HostKey $tmp/ssh/host_ed25519
+AuthorizedKeysFile $tmp/ssh/authorized_keys
+PubkeyAuthentication yes
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+PrintLastLog no
+PidFile $tmp/sshd-$i.pid
+EOF
+    err=$("$sshd" -t -f "$tmp/sshd-$i.conf" 2>&1) || die "sshd rejects its configuration: $err"
+    # sshd forks into the background once it listens, and writes its pid file.
+    ip netns exec "${namespaces[i - 1]}" "$sshd" -f "$tmp/sshd-$i.conf" -E "$tmp/sshd-$i.log" ||
+        { show "$tmp/sshd-$i.log"; die "sshd did not start in ${namespaces[i - 1]}"; }
+done
+for i in 1 2 3; do
+    err=$(tcp_probe open "${ips[i - 1]}" 22 15 2>&1) ||
+        { show "$tmp/sshd-$i.log"; die "sshd in ${namespaces[i - 1]} does not accept after 15 s: $err"; }
+    # A plain ssh first, so that a key or config problem is reported as such.
+    err=$(timeout 20 ssh -F "$tmp/ssh/ssh_config" -o BatchMode=yes -T "${ips[i - 1]}" true 2>&1) ||
+        { show "$tmp/sshd-$i.log"; die "ssh to ${ips[i - 1]} fails: $err"; }
+done
+say "sshd up in each namespace, key login works"
+
+# ---------------------------------------------------------------------------------------------
+# 4. The job: 12 workers, 4 per namespace. The namespaces share the file system, so each worker
+#    keeps a copy of the table it read, and the inode of the network namespace it runs in.
+# ---------------------------------------------------------------------------------------------
+cat >"$tmp/worker.sh" <<EOF
+set -eu
+cp "\$RANK_TABLE_FILE" "$tmp/seen/\$ATLASBOOST_SERVER_ID-\$RANK_ID.json"
+netns=\$(stat -L -c %i /proc/self/ns/net)
+echo "ok rank \$RANK_ID server \$ATLASBOOST_SERVER_ID device \$DEVICE_ID netns \$netns"
+EOF
+host_list=$(IFS=,; echo "${hosts[*]}")
+# In the background and waited for, so that a signal to this script is acted on at once.
+(
+    cd "$tmp"
+    unset ATLASBOOST_SSH_ALL_HOSTS
+    export ATLASBOOST_SSH_OPTIONS="-F $tmp/ssh/ssh_config"
+    exec timeout -k 10 120 \
+        "$bin" run -v --sim 4 -H "$host_list" --wdir "$tmp/work" -- sh "$tmp/worker.sh"
+) >"$tmp/run.out" 2>"$tmp/run.err" &
+run_pid=$!
+rc=0
+wait "$run_pid" || rc=$?
+run_pid=
+fail() {
+    show "$tmp/run.out" "$tmp/run.err" "$tmp"/sshd-*.log
+    die "$*"
+}
+[[ $rc == 0 ]] || fail "atlasboost run exited $rc$([[ $rc == 124 ]] && echo ' (timed out after 120 s)')"
+
+# ---------------------------------------------------------------------------------------------
+# 5. Checks.
+# ---------------------------------------------------------------------------------------------
+table=$tmp/work/rank_table.json
+grep -qxF "atlasboost: rendezvous at $net.1" "$tmp/run.err" ||
+    fail "-v does not show 'atlasboost: rendezvous at $net.1'"
+grep -q '12 succeeded, 0 failed' "$tmp/run.err" || fail "the summary is not '12 succeeded, 0 failed'"
+[[ -s $table ]] || fail "no rank table at $table"
+
+# Worker lines, per rank: exactly ranks 0-11 once each; 4 per server, on devices 0-3; each in
+# the namespace of its server.
+ns_inodes=()
+for n in "${namespaces[@]}"; do ns_inodes+=("$(stat -L -c %i "/run/netns/$n")"); done
+err=$(python3 - "$tmp/run.out" "$table" "${ips[*]}" "${ns_inodes[*]}" <<'EOF'
+import collections, json, re, sys
+out, table_path, ips, inodes = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
+netns_of = dict(zip(ips, inodes))
+lines = [l for l in open(out) if "<stdout>:ok rank" in l]
+pat = re.compile(r"^\[(\d+)\]<stdout>:ok rank (\d+) server (\S+) device (\d+) netns (\d+)$")
+problems, ranks, per_server = [], collections.Counter(), collections.defaultdict(set)
+for l in lines:
+    m = pat.match(l.rstrip("\n"))
+    if not m:
+        problems.append(f"unexpected worker line: {l.rstrip()}")
+        continue
+    tag, rank, server, device, netns = m.groups()
+    if tag != rank:
+        problems.append(f"tag [{tag}] on the line of rank {rank}")
+    ranks[int(rank)] += 1
+    per_server[server].add(int(device))
+    if netns_of.get(server) != netns:
+        problems.append(f"rank {rank} of server {server} ran in netns inode {netns}, "
+                        f"not {netns_of.get(server)}")
+if sorted(ranks.elements()) != list(range(12)):
+    problems.append(f"ranks seen (with repeats): {sorted(ranks.elements())}, want 0-11 once each")
+for ip in ips:
+    if per_server.get(ip) != {0, 1, 2, 3}:
+        problems.append(f"server {ip} ran devices {sorted(per_server.get(ip, ()))}, want 0-3")
+t = json.load(open(table_path))
+sids = [s["server_id"] for s in t["server_list"]]
+if sorted(sids) != sorted(ips):
+    problems.append(f"table server_ids {sids}, want {ips}")
+if t.get("server_count") != "3":
+    problems.append(f"table server_count {t.get('server_count')!r}, want \"3\"")
+ndev = sum(len(s["device"]) for s in t["server_list"])
+if ndev != 12:
+    problems.append(f"table has {ndev} devices, want 12")
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+EOF
+) || fail "worker output or table is wrong:"$'\n'"$err"
+
+# Every copy any worker read, on any host, is the final table, byte for byte.
+copies=("$tmp"/seen/*.json)
+[[ ${#copies[@]} == 12 ]] || fail "want 12 copies of the table from the workers, found ${#copies[@]}"
+for c in "${copies[@]}"; do
+    cmp -s "$table" "$c" || fail "the table read by ${c##*/} differs from $table"
+done
+
+err=$("$bin" validate "$table" 2>&1) || fail "atlasboost validate refuses the table: $err"
+
+[[ ${NETNS_CLUSTER_VERBOSE:-} == 1 ]] && show "$tmp/run.out" "$tmp/run.err"
+say "ok: 12 ranks on 3 namespaced servers (${ips[*]}) over ssh, rendezvous at $net.1;" \
+    "one table, 12 identical copies, valid; $((SECONDS - started)) s"
