@@ -85,6 +85,10 @@ pub struct DiscoveryArgs {
     /// Only these physical devices, e.g. 0-3 or 0,1,4.
     #[arg(long, value_name = "LIST", value_parser = parse_device_list)]
     pub devices: Option<DeviceList>,
+
+    /// The hccn.conf to read [default: $ATLASBOOST_HCCN_CONF, else /etc/hccn.conf].
+    #[arg(long, value_name = "PATH")]
+    pub hccn_conf: Option<PathBuf>,
 }
 
 /// Device discovery on this host only (`ranktable`, `probe`): discovery and the server id.

@@ -18,20 +18,20 @@ impl Printer {
     /// A status line on stderr, unless `--quiet`.
     pub fn status(&self, message: &str) {
         if !self.quiet {
-            eprintln!("{message}");
+            say(message);
         }
     }
 
     /// A detail on stderr, only with `--verbose`.
     pub fn detail(&self, message: &str) {
         if self.verbose && !self.quiet {
-            eprintln!("{message}");
+            say(message);
         }
     }
 
     /// An error on stderr: printed even with `--quiet`.
     pub fn error(&self, message: &str) {
-        eprintln!("{message}");
+        say(message);
     }
 
     /// Whether `--quiet` was given (no progress displays either).
@@ -49,4 +49,13 @@ impl Printer {
         out.write_all(text.as_bytes())?;
         out.flush()
     }
+}
+
+/// A line on stderr. A closed stderr loses the message but does not stop atlasboost (which
+/// `eprintln!` would, by panicking): a launcher must go on supervising its workers.
+fn say(message: &str) {
+    let mut err = io::stderr().lock();
+    let _ = err
+        .write_all(message.as_bytes())
+        .and_then(|()| err.write_all(b"\n"));
 }

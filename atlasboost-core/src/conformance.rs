@@ -239,3 +239,63 @@ pub fn run_in_threads(
     }
     Ok(())
 }
+
+/// The checks every [`DeviceProbe`] backend passes (sim, dsmi against the fake driver, hccn):
+/// a non-empty name; the same devices on a second call; every device on `server_id`; logical
+/// ids exactly `0..n`; physical ids, and device IPs where present, unique; a chip name the
+/// validator knows; and a table built from the healthy devices that validates.
+///
+/// Returns the devices, for the backend's own checks.
+///
+/// # Errors
+///
+/// A description of the first check that failed.
+pub fn check_probe(probe: &dyn DeviceProbe, server_id: &str) -> Result<Vec<Device>, String> {
+    expect(!probe.name().is_empty(), || "the probe has no name".into())?;
+    let devices = probe
+        .probe()
+        .map_err(|e| format!("{} probe failed: {e}", probe.name()))?;
+    let again = probe
+        .probe()
+        .map_err(|e| format!("{} probe failed the second time: {e}", probe.name()))?;
+    expect(devices == again, || {
+        format!("two probes disagree:\n{devices:?}\n{again:?}")
+    })?;
+    let mut logical: Vec<u32> = devices.iter().map(|d| d.logical_id).collect();
+    logical.sort_unstable();
+    expect(logical.iter().copied().eq(0..devices.len() as u32), || {
+        format!("logical ids are {logical:?}, not 0..{}", devices.len())
+    })?;
+    let mut physical: Vec<u32> = devices.iter().map(|d| d.physical_id).collect();
+    physical.sort_unstable();
+    physical.dedup();
+    expect(physical.len() == devices.len(), || {
+        "two devices share a physical id".into()
+    })?;
+    let mut ips: Vec<IpAddr> = devices.iter().filter_map(|d| d.ip).collect();
+    let with_ip = ips.len();
+    ips.sort_unstable();
+    ips.dedup();
+    expect(ips.len() == with_ip, || "two devices share an IP".into())?;
+    for d in &devices {
+        expect(d.server_id == server_id, || {
+            format!(
+                "device {} is on {:?}, not {server_id:?}",
+                d.physical_id, d.server_id
+            )
+        })?;
+        expect(crate::Chip::from_driver_name(&d.chip).is_some(), || {
+            format!("device {} reports unknown chip {:?}", d.physical_id, d.chip)
+        })?;
+    }
+    let usable: Vec<Device> = devices
+        .iter()
+        .filter(|d| d.health.is_healthy() && d.ip.is_some())
+        .cloned()
+        .collect();
+    if !usable.is_empty() {
+        crate::ranktable::build_table(&usable, &BuildOptions::default())
+            .map_err(|e| format!("the devices do not make a valid table: {e}"))?;
+    }
+    Ok(devices)
+}

@@ -81,6 +81,17 @@ impl EnvVars {
     pub const ATLASBOOST_SSH_OPTIONS: &'static str = "ATLASBOOST_SSH_OPTIONS";
     /// `1`: reach every host over ssh, this machine's own addresses too (tests).
     pub const ATLASBOOST_SSH_ALL_HOSTS: &'static str = "ATLASBOOST_SSH_ALL_HOSTS";
+    /// The fake driver (tests): how many devices it serves (default 8).
+    pub const ATLASBOOST_FAKE_DSMI_DEVICES: &'static str = "ATLASBOOST_FAKE_DSMI_DEVICES";
+    /// The fake driver: the physical id of each logical device, e.g. `4,5,6,7` (default: the
+    /// same as the logical id).
+    pub const ATLASBOOST_FAKE_DSMI_PHYSICAL: &'static str = "ATLASBOOST_FAKE_DSMI_PHYSICAL";
+    /// The fake driver: the chip name it reports (default `910`).
+    pub const ATLASBOOST_FAKE_DSMI_CHIP: &'static str = "ATLASBOOST_FAKE_DSMI_CHIP";
+    /// The fake driver: `v4` (default) or `v6` device addresses.
+    pub const ATLASBOOST_FAKE_DSMI_IP: &'static str = "ATLASBOOST_FAKE_DSMI_IP";
+    /// The fake driver: faults to inject (see `atlasboost-sim/fake-dsmi`).
+    pub const ATLASBOOST_FAKE_DSMI_FAULTS: &'static str = "ATLASBOOST_FAKE_DSMI_FAULTS";
     /// The hccn.conf to read.
     pub const ATLASBOOST_HCCN_CONF: &'static str = "ATLASBOOST_HCCN_CONF";
 }

@@ -311,6 +311,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_probe_conformance_suite_passes() {
+        for probe in [
+            SimProbe::new("127.0.0.1", 8),
+            SimProbe::new("127.0.0.1", 16).with_chip("910B3"),
+            SimProbe::new("127.0.0.1", 8).with_ipv6(true),
+        ] {
+            let devices = atlasboost_core::conformance::check_probe(&probe, "127.0.0.1").unwrap();
+            assert!(!devices.is_empty());
+        }
+    }
+
+    #[test]
     fn ips_are_deterministic_and_distinct_across_hosts() {
         let a = SimProbe::new("127.0.0.1", 8).probe().unwrap();
         let b = SimProbe::new("127.0.0.2", 8).probe().unwrap();

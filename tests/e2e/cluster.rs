@@ -4,20 +4,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use atlasboost_e2e::{Run, unique};
+use atlasboost_e2e::{Finished, Run, unique};
 use serde_json::Value;
 
 use crate::split_tag;
 
 /// A worker that reports everything it was given as one JSON line: its environment, its cwd,
 /// the rank table it read from RANK_TABLE_FILE, and the table entry with its RANK_ID.
-const REPORTER: &str = r#"
+/// (`ssh` runs it on remote hosts too, with the variables the launcher forwards.)
+pub(crate) const REPORTER: &str = r#"
 import json, os, sys
 names = ["RANK_TABLE_FILE", "RANK_ID", "RANK_SIZE", "DEVICE_ID", "ASCEND_DEVICE_ID", "RANK",
          "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
          "MASTER_PORT", "JOB_ID", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "ATLASBOOST_JOB_ID",
          "ATLASBOOST_SERVER_ID", "ATLASBOOST_PHYSICAL_ID", "ATLASBOOST_E2E_X",
-         "ATLASBOOST_E2E_EQ"]
+         "ATLASBOOST_E2E_EQ", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "ATLASBOOST_E2E_FWD",
+         "HCCL_E2E_X", "HCCL_E2E_OVERRIDE", "E2E_UNRELATED", "E2E_BY_NAME"]
 env = {n: os.environ.get(n) for n in names}
 with open(os.environ["RANK_TABLE_FILE"]) as f:
     table = json.load(f)
@@ -47,7 +49,7 @@ fn reports(out: &str) -> BTreeMap<u32, Value> {
     got
 }
 
-fn s<'a>(v: &'a Value, key: &str) -> &'a str {
+pub(crate) fn s<'a>(v: &'a Value, key: &str) -> &'a str {
     v["env"][key]
         .as_str()
         .unwrap_or_else(|| panic!("{key} is not set in {v}"))
@@ -87,6 +89,13 @@ fn two_hosts_of_four_devices_get_a_consistent_table_and_environment() {
         .args(["--", "python3"])
         .args([&script])
         .run();
+    check_two_hosts(&r, ["127.0.0.1", "127.0.0.2"], &x);
+}
+
+/// Checks a run of [`REPORTER`] on two hosts of four devices, `-x ATLASBOOST_E2E_X=x -x
+/// ATLASBOOST_E2E_EQ=a=b`: it exits 0, every rank reports once, and the table on disk, the
+/// workers' environment and the summary agree. Returns the reports, by rank.
+pub(crate) fn check_two_hosts(r: &Finished, hosts: [&str; 2], x: &str) -> BTreeMap<u32, Value> {
     r.assert_code(0);
     let got = reports(&r.out());
     let ctx = r.describe();
@@ -175,7 +184,7 @@ fn two_hosts_of_four_devices_get_a_consistent_table_and_environment() {
         .collect();
     assert_eq!(
         ids,
-        BTreeSet::from(["127.0.0.1", "127.0.0.2"]),
+        BTreeSet::from(hosts),
         "two distinct servers: {on_disk}"
     );
     let ips: Vec<&str> = servers
@@ -241,6 +250,7 @@ fn two_hosts_of_four_devices_get_a_consistent_table_and_environment() {
         !r.out().lines().any(|l| l.starts_with("atlasboost:")),
         "atlasboost's own messages go to stderr\n{ctx}"
     );
+    got
 }
 
 #[test]

@@ -150,8 +150,9 @@ fn a_device_the_host_lacks_is_an_atlasboost_failure() {
 }
 
 #[test]
-fn a_host_that_is_not_this_machine_is_refused() {
-    // 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address.
+fn a_remote_host_ssh_cannot_reach_is_named() {
+    // 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address, never reachable, so the
+    // launcher's ssh to it fails (at once, or after ssh's ConnectTimeout).
     let args: Vec<&str> = ["--sim", "2", "-H", "127.0.0.1:2,192.0.2.1:2"]
         .iter()
         .chain(RAN.iter())

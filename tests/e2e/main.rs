@@ -4,7 +4,7 @@
 //! Each module is one part of the contract of `atlasboost run`: what workers see
 //! ([`cluster`]), how a failure ends the job ([`failure`]), signals to the launcher
 //! ([`signals`]), that nothing of a job outlives it ([`lifetime`]), the workers' output
-//! ([`output`]) and bad input ([`errors`]).
+//! ([`output`]), bad input ([`errors`]), and remote hosts reached over ssh ([`ssh`]).
 
 mod cluster;
 mod errors;
@@ -12,6 +12,7 @@ mod failure;
 mod lifetime;
 mod output;
 mod signals;
+mod ssh;
 
 use std::collections::BTreeMap;
 

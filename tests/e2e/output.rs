@@ -12,6 +12,19 @@ const LINES: u64 = 100_000;
 /// Checks that `text` has, for each of `ranks`, exactly the lines `rank R <word> 0..LINES` in
 /// order, tagged `[R]<stream>:`; other lines must be atlasboost's own (when `own_allowed`).
 fn check_bulk(r: &Finished, text: &str, stream: &str, word: &str, ranks: u32, own_allowed: bool) {
+    check_bulk_lines(r, text, stream, word, ranks, own_allowed, LINES);
+}
+
+/// [`check_bulk`] with `lines` lines per rank instead of `LINES`.
+pub(crate) fn check_bulk_lines(
+    r: &Finished,
+    text: &str,
+    stream: &str,
+    word: &str,
+    ranks: u32,
+    own_allowed: bool,
+    lines: u64,
+) {
     let mut next = vec![0u64; ranks as usize];
     for (n, line) in text.lines().enumerate() {
         let Some((rank, rest)) = split_tag(line, stream) else {
@@ -34,8 +47,8 @@ fn check_bulk(r: &Finished, text: &str, stream: &str, word: &str, ranks: u32, ow
         next[rank as usize] += 1;
     }
     assert!(
-        next.iter().all(|&n| n == LINES),
-        "{stream}: lines per rank {next:?}, expected {LINES} each\n{}",
+        next.iter().all(|&n| n == lines),
+        "{stream}: lines per rank {next:?}, expected {lines} each\n{}",
         r.describe()
     );
 }

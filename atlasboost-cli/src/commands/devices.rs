@@ -1,6 +1,9 @@
 //! Picking the device probe (SPEC §3) and listing this host's devices.
 
-use atlasboost_core::{Device, DeviceList, DeviceProbe, select_devices};
+use std::path::{Path, PathBuf};
+
+use atlasboost_core::{Device, DeviceList, DeviceProbe, EnvVars, select_devices};
+use atlasboost_dsmi::{DsmiProbe, HCCN_CONF, HccnProbe};
 use atlasboost_sim::SimProbe;
 
 use crate::cli::{DeviceArgs, DiscoveryArgs, ProbeKind};
@@ -21,12 +24,13 @@ pub fn server_id(args: &DeviceArgs) -> Result<String, CliError> {
     }
 }
 
-/// The probe the options ask for. Simulated devices only with `--sim N`.
+/// The probe the options ask for (SPEC §3). Simulated devices only with `--sim N`; `auto`
+/// takes the driver if it loads, else hccn.conf if it exists, and never simulated devices.
 ///
 /// # Errors
 ///
-/// [`CliError::Usage`] for options that contradict each other; [`CliError::Failure`] for a
-/// probe that this build does not have yet.
+/// [`CliError::Usage`] for options that contradict each other; [`CliError::Failure`] when the
+/// asked-for source cannot be used, saying what was tried.
 pub fn make_probe(args: &DiscoveryArgs, server_id: &str) -> Result<Box<dyn DeviceProbe>, CliError> {
     match (args.probe, args.sim) {
         (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => Ok(Box::new(
@@ -42,18 +46,49 @@ pub fn make_probe(args: &DiscoveryArgs, server_id: &str) -> Result<Box<dyn Devic
             "--sim asks for simulated devices but --probe {} asks for real ones; pass one of them",
             probe_name(kind)
         ))),
-        (kind @ (ProbeKind::Dsmi | ProbeKind::Hccn), None) => Err(CliError::Failure(format!(
-            "the {} probe is not built yet in this version of atlasboost; \
-             pass --sim N to use N simulated devices",
-            probe_name(kind)
-        ))),
-        (ProbeKind::Auto, None) => Err(CliError::Failure(
-            "found no devices: the dsmi probe (driver library) and the hccn probe \
-             (/etc/hccn.conf) are not built yet in this version of atlasboost; \
-             pass --sim N to use N simulated devices"
-                .into(),
-        )),
+        (ProbeKind::Dsmi, None) => DsmiProbe::load(server_id)
+            .map(|p| Box::new(p) as Box<dyn DeviceProbe>)
+            .map_err(|e| CliError::Failure(format!("--probe dsmi: {e}"))),
+        (ProbeKind::Hccn, None) => {
+            let path = hccn_conf(args);
+            if !path.exists() {
+                return Err(CliError::Failure(format!(
+                    "--probe hccn: {} does not exist (--hccn-conf PATH reads another file)",
+                    path.display()
+                )));
+            }
+            hccn_probe(server_id, &path)
+        }
+        (ProbeKind::Auto, None) => {
+            let dsmi = match DsmiProbe::load(server_id) {
+                Ok(p) => return Ok(Box::new(p)),
+                Err(e) => e,
+            };
+            let path = hccn_conf(args);
+            if path.exists() {
+                return hccn_probe(server_id, &path);
+            }
+            Err(CliError::Failure(format!(
+                "found no device source: {dsmi}; and {} does not exist. On a machine without \
+                 NPUs, pass --sim N to use N simulated devices",
+                path.display()
+            )))
+        }
     }
+}
+
+/// `--hccn-conf`, else `$ATLASBOOST_HCCN_CONF`, else `/etc/hccn.conf`.
+fn hccn_conf(args: &DiscoveryArgs) -> PathBuf {
+    args.hccn_conf
+        .clone()
+        .or_else(|| std::env::var_os(EnvVars::ATLASBOOST_HCCN_CONF).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(HCCN_CONF))
+}
+
+fn hccn_probe(server_id: &str, path: &Path) -> Result<Box<dyn DeviceProbe>, CliError> {
+    HccnProbe::new(server_id, path)
+        .map(|p| Box::new(p) as Box<dyn DeviceProbe>)
+        .map_err(|e| CliError::Failure(format!("--probe hccn: {e}")))
 }
 
 fn probe_name(kind: ProbeKind) -> &'static str {

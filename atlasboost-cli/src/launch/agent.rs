@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -381,6 +382,9 @@ pub fn discovery_args(d: &DiscoveryArgs) -> Vec<String> {
     if let Some(list) = &d.devices {
         args.extend(["--devices".into(), list.to_string()]);
     }
+    if let Some(path) = &d.hccn_conf {
+        args.extend(["--hccn-conf".into(), path.to_string_lossy().into_owned()]);
+    }
     args
 }
 
@@ -412,14 +416,16 @@ pub fn agent_main() -> u8 {
         Ok(n) if n > 0 => match serde_json::from_str(&line) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!(
+                let _ = writeln!(
+                    std::io::stderr(),
                     "atlasboost agent: the configuration on standard input is not valid: {e}"
                 );
                 return ExitCodes::USAGE;
             }
         },
         _ => {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "atlasboost agent: no configuration on standard input; this command is started \
                  by `atlasboost run`, not by hand"
             );
@@ -445,6 +451,48 @@ pub fn agent_main() -> u8 {
             code
         }
     }
+}
+
+/// Until the returned flag is set, a thread watches standard input: if the launcher's end
+/// closes (the launcher was killed while the hosts were joining), the agent exits at once
+/// instead of waiting out the rendezvous timeout. It only polls; it reads nothing.
+fn watch_for_hang_up() -> Arc<AtomicBool> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+
+    let joined = Arc::new(AtomicBool::new(false));
+    let done = Arc::clone(&joined);
+    let spawned = std::thread::Builder::new()
+        .name("hang-up watch".into())
+        .spawn(move || {
+            let stdin = std::io::stdin();
+            while !done.load(Ordering::Acquire) {
+                // No event is asked for: poll still reports the hang-up (POLLHUP: the pipe's
+                // writer, or the socket's peer, is gone). Input is never read here, it is the
+                // supervisor's, so data waiting does not wake this loop.
+                let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::empty())];
+                let events = match poll(&mut fds, PollTimeout::from(100u8)) {
+                    Ok(n) if n > 0 => fds[0].revents().unwrap_or(PollFlags::empty()),
+                    _ => continue,
+                };
+                if events.contains(PollFlags::POLLHUP) {
+                    // Best effort: stderr went with the launcher (`eprintln!` would panic).
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "atlasboost agent: the launcher's connection closed while the hosts \
+                         were joining; exiting"
+                    );
+                    std::process::exit(i32::from(ExitCodes::FAILURE));
+                }
+                // POLLERR or POLLNVAL: nothing to watch; the rendezvous timeout still applies.
+                break;
+            }
+        });
+    if spawned.is_err() {
+        // Without the watch, the rendezvous timeout still ends the wait.
+        joined.store(true, Ordering::Release);
+    }
+    joined
 }
 
 /// The agent's work once it has its configuration.
@@ -475,7 +523,10 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
         timeout: Duration::from_millis(config.timeout_ms),
         table_path: settings.rank_table.clone(),
     };
-    let prepared = run_agent(&job, &Mutex::new(HashSet::new()))?;
+    let joined = watch_for_hang_up();
+    let prepared = run_agent(&job, &Mutex::new(HashSet::new()));
+    joined.store(true, Ordering::Release);
+    let prepared = prepared?;
     let workers = host_workers(
         &prepared,
         &config.server_id,
@@ -667,6 +718,7 @@ mod tests {
                             sim: Some(4),
                             sim_chip: "910".into(),
                             sim_ipv6: false,
+                            hccn_conf: None,
                             devices: None,
                         },
                         endpoint: coordinator.endpoint().to_string(),

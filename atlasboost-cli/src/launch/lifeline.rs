@@ -110,7 +110,13 @@ pub fn guard_main() -> u8 {
             ("-", Ok(pgid)) => {
                 groups.remove(&pgid);
             }
-            _ => eprintln!("atlasboost guard: ignoring {line:?} on the lifeline"),
+            // Best effort: the launcher's stderr may be gone (`eprintln!` would panic).
+            _ => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "atlasboost guard: ignoring {line:?} on the lifeline"
+                );
+            }
         }
     }
     for pgid in groups {

@@ -659,7 +659,7 @@ fn report(result: &JobResult, elapsed: Duration, printer: &Printer) {
         .unwrap_or(4)
         .max(4);
     text.push_str(&format!(
-        "  {:>5}  {:<host_width$}  {:>6}  {:<16}  {:>9}\n",
+        "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>9}\n",
         "rank", "host", "device", "status", "time"
     ));
     let full = result.workers.len() <= FULL_SUMMARY_MAX;
@@ -671,7 +671,7 @@ fn report(result: &JobResult, elapsed: Duration, printer: &Printer) {
         };
         if full || w.ending.is_some_and(|e| e.code() != 0) {
             text.push_str(&format!(
-                "  {:>5}  {:<host_width$}  {:>6}  {:<16}  {:>7.2} s\n",
+                "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>7.2} s\n",
                 w.rank,
                 w.host,
                 w.device,

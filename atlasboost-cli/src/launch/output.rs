@@ -11,13 +11,16 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::error::CliError;
 
 /// A line longer than this is passed on in pieces of this size, so that a worker printing
 /// without newlines cannot make the launcher hold unbounded memory.
 pub const MAX_LINE: usize = 1 << 20;
+
+/// A write that takes this long means the reader is not keeping up.
+const STALL: Duration = Duration::from_millis(250);
 
 /// How many of a worker's last stderr lines are kept for the failure report.
 pub const TAIL_LINES: usize = 10;
@@ -55,15 +58,23 @@ pub struct LineSplitter {
 impl LineSplitter {
     /// Feeds bytes; `emit` gets every line they complete, without its terminator.
     pub fn feed(&mut self, mut data: &[u8], emit: &mut impl FnMut(&[u8])) {
+        if data.is_empty() {
+            // Nothing to learn about a `\r` the last read ended in.
+            return;
+        }
         if std::mem::take(&mut self.after_cr) && data.first() == Some(&b'\n') {
             data = &data[1..];
         }
         while let Some(i) = memchr::memchr2(b'\n', b'\r', data) {
             if self.partial.is_empty() {
-                emit(&data[..i]);
+                for piece in pieces(&data[..i]) {
+                    emit(piece);
+                }
             } else {
                 self.partial.extend_from_slice(&data[..i]);
-                emit(&self.partial);
+                for piece in pieces(&self.partial) {
+                    emit(piece);
+                }
                 self.partial.clear();
             }
             let mut next = i + 1;
@@ -93,6 +104,13 @@ impl LineSplitter {
     }
 }
 
+/// A line in pieces of at most [`MAX_LINE`] bytes (one piece for an empty line).
+fn pieces(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let empty: &[u8] = &[];
+    line.chunks(MAX_LINE)
+        .chain(line.is_empty().then_some(empty))
+}
+
 /// A descriptor written with whole buffers; once its reader is gone (`| head`), output to it
 /// is dropped and the job goes on.
 #[derive(Debug)]
@@ -100,6 +118,8 @@ struct Sink {
     file: File,
     buf: Vec<u8>,
     closed: bool,
+    /// A write had to wait for the reader (see [`Output::take_stall`]).
+    stalled: bool,
 }
 
 impl Sink {
@@ -108,12 +128,17 @@ impl Sink {
             file: File::from(fd.try_clone_to_owned()?),
             buf: Vec::with_capacity(1 << 16),
             closed: false,
+            stalled: false,
         })
     }
 
     fn flush(&mut self) {
         if !self.closed && !self.buf.is_empty() {
+            let started = Instant::now();
             self.closed = write_fully(&self.file, &self.buf).is_err();
+            if started.elapsed() >= STALL {
+                self.stalled = true;
+            }
         }
         self.buf.clear();
     }
@@ -289,7 +314,10 @@ impl Output {
         if self.upstream {
             // stderr goes to the launcher's console, where it is prefixed with
             // `atlasboost: host <host>:` already.
-            let text = text.strip_prefix("atlasboost: ").unwrap_or(text);
+            let text = text
+                .strip_prefix("atlasboost agent: ")
+                .or_else(|| text.strip_prefix("atlasboost: "))
+                .unwrap_or(text);
             self.err.buf.extend_from_slice(text.as_bytes());
             self.err.buf.push(b'\n');
             self.err.flush();
@@ -311,6 +339,13 @@ impl Output {
                 let _ = logs[1].flush();
             }
         }
+    }
+
+    /// Whether writing had to wait for a slow reader (a console nobody reads, a paused
+    /// terminal) since the last call. Peers could not be heard meanwhile, so their silence
+    /// must not count against them.
+    pub fn take_stall(&mut self) -> bool {
+        std::mem::take(&mut self.out.stalled) | std::mem::take(&mut self.err.stalled)
     }
 
     /// The last stderr lines of worker `lane`, oldest first.

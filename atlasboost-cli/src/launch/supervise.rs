@@ -599,6 +599,14 @@ impl<'a> Supervisor<'a> {
     /// Sends heartbeats when due, and notices peers that stopped sending theirs.
     fn heartbeats(&mut self, output: &mut Output) {
         let now = Instant::now();
+        if output.take_stall() {
+            // Blocked on our own output, we could neither hear nor be heard: start afresh.
+            self.next_heartbeat = now;
+            match &mut self.role {
+                Role::Launcher(remotes) => remotes.iter_mut().for_each(|r| r.last_heard = now),
+                Role::Agent(up) => up.last_heard = now,
+            }
+        }
         let due = now >= self.next_heartbeat;
         if due {
             self.next_heartbeat = now + HEARTBEAT;
@@ -827,6 +835,12 @@ impl<'a> Supervisor<'a> {
         if self.running.iter().all(|r| r.ended.is_some()) {
             return;
         }
+        // Said as a failure too, so that a launcher that comes back knows why its workers
+        // ended (rather than blaming the first one to die of the SIGTERM).
+        output.send(&Up::Failed {
+            code: ExitCodes::FAILURE,
+            message: format!("{why}; the agent stopped its workers"),
+        });
         output.message(&format!(
             "atlasboost agent: {why}; stopping the workers (SIGKILL in {:.0?})",
             LAUNCHER_LOST_GRACE

@@ -1055,14 +1055,21 @@ fn probe_sim_without_sim_n_is_a_usage_error() {
 }
 
 #[test]
-fn probe_dsmi_is_not_built_yet_and_suggests_sim() {
+fn probe_dsmi_without_a_driver_lists_every_path_tried() {
     let dir = tempdir();
-    run(
+    // cargo puts target/debug, where the fake driver is built, on LD_LIBRARY_PATH.
+    run_env(
         dir.path(),
         &["ranktable", "--probe", "dsmi", "--server-id", "h"],
+        &[("LD_LIBRARY_PATH", "")],
     )
     .expect_code(FAILURE)
-    .stderr_has(&["dsmi", "not built yet", "--sim"]);
+    .stderr_has(&[
+        "--probe dsmi",
+        "/usr/local/Ascend/driver/lib64/driver/libdrvdsmi_host.so (not there)",
+        "/usr/local/Ascend/driver/lib64/libdrvdsmi.so (not there)",
+        "ATLASBOOST_DSMI_LIB",
+    ]);
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 
@@ -1073,7 +1080,7 @@ fn probe_auto_without_devices_suggests_sim() {
         &["ranktable", "--server-id", "h"][..],
         &["probe", "--server-id", "h"][..],
     ] {
-        run(dir.path(), args)
+        run_env(dir.path(), args, &[("LD_LIBRARY_PATH", "")])
             .expect_code(FAILURE)
             .stderr_has(&["dsmi", "hccn", "--sim"]);
     }
@@ -1413,4 +1420,182 @@ fn merge_keeps_top_level_keys_and_refuses_conflicting_ones() {
         .expect_code(FAILURE)
         .stderr_has(&["deploy_note", "a.json", "b.json"]);
     assert!(!dir.path().join("ab2.json").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// real device sources: the fake driver (atlasboost-sim/fake-dsmi) and hccn.conf
+// ---------------------------------------------------------------------------------------------
+
+/// The fake driver cargo built next to the binary under test.
+fn fake_driver() -> String {
+    let lib = Path::new(env!("CARGO_BIN_EXE_atlasboost"))
+        .parent()
+        .unwrap()
+        .join("libdrvdsmi_host.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build -p atlasboost-fake-dsmi` first",
+        lib.display()
+    );
+    lib.to_string_lossy().into_owned()
+}
+
+/// What `hccl_tools.py --device_num "[0,4)" --server_ip 10.0.0.1` writes for a server whose
+/// hccn.conf gives devices 0-3 the addresses 192.168.100.101-104 (hccl_tools falls back to
+/// hccn.conf's `address_<id>` lines; `rank_id`s count up in device order, as strings).
+const HCCL_TOOLS_4P: &str = r#"{
+    "version": "1.0",
+    "server_count": "1",
+    "server_list": [
+        {
+            "server_id": "10.0.0.1",
+            "device": [
+                {"device_id": "0", "device_ip": "192.168.100.101", "rank_id": "0"},
+                {"device_id": "1", "device_ip": "192.168.100.102", "rank_id": "1"},
+                {"device_id": "2", "device_ip": "192.168.100.103", "rank_id": "2"},
+                {"device_id": "3", "device_ip": "192.168.100.104", "rank_id": "3"}
+            ],
+            "host_nic_ip": "reserve"
+        }
+    ],
+    "status": "completed"
+}"#;
+
+#[test]
+fn the_driver_and_hccn_conf_give_the_table_hccl_tools_writes() {
+    let dir = tempdir();
+    let conf = dir.path().join("hccn.conf");
+    std::fs::write(
+        &conf,
+        (0..4)
+            .map(|p| {
+                format!(
+                    "address_{p}=192.168.100.{}\nnetmask_{p}=255.255.255.0\n",
+                    101 + p
+                )
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    let from_driver = run_env(
+        dir.path(),
+        &[
+            "ranktable",
+            "--probe",
+            "dsmi",
+            "--server-id",
+            "10.0.0.1",
+            "-o",
+            "-",
+        ],
+        &[
+            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+            ("ATLASBOOST_FAKE_DSMI_DEVICES", "4"),
+        ],
+    );
+    from_driver.expect_code(SUCCESS);
+    let from_hccn = run(
+        dir.path(),
+        &[
+            "ranktable",
+            "--probe",
+            "hccn",
+            "--hccn-conf",
+            conf.to_str().unwrap(),
+            "--server-id",
+            "10.0.0.1",
+            "-o",
+            "-",
+        ],
+    );
+    from_hccn.expect_code(SUCCESS);
+    assert_eq!(
+        from_driver.stdout, from_hccn.stdout,
+        "dsmi and hccn agree byte for byte"
+    );
+    let got: serde_json::Value = serde_json::from_str(&from_driver.stdout).unwrap();
+    let want: serde_json::Value = serde_json::from_str(HCCL_TOOLS_4P).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn auto_takes_the_driver_then_hccn_conf() {
+    let dir = tempdir();
+    let out = run_env(
+        dir.path(),
+        &["probe", "--server-id", "h", "--json"],
+        &[
+            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+            ("ATLASBOOST_FAKE_DSMI_PHYSICAL", "4,5,6,7"),
+        ],
+    );
+    out.expect_code(SUCCESS);
+    let devices: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let text = devices.to_string();
+    assert!(text.contains("\"dsmi\""), "{text}");
+    assert!(text.contains("192.168.100.105"), "{text}");
+
+    let conf = dir.path().join("hccn.conf");
+    std::fs::write(&conf, "address_0=10.1.0.1\naddress_1=10.1.0.2\n").unwrap();
+    let out = run_env(
+        dir.path(),
+        &[
+            "probe",
+            "--server-id",
+            "h",
+            "--hccn-conf",
+            conf.to_str().unwrap(),
+        ],
+        &[("LD_LIBRARY_PATH", "")],
+    );
+    out.expect_code(SUCCESS);
+    assert!(
+        out.stdout.contains("2 devices (hccn probe)"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn run_with_the_driver_writes_physical_ids_and_gives_workers_logical_ones() {
+    let dir = tempdir();
+    // Each worker prints its rank, its logical device and the device_id of its table entry.
+    let worker = r#"import json, os
+t = json.load(open(os.environ["RANK_TABLE_FILE"]))
+entry = [d for s in t["server_list"] for d in s["device"] if d["rank_id"] == os.environ["RANK_ID"]][0]
+print("rank", os.environ["RANK_ID"], "logical", os.environ["DEVICE_ID"], "physical", entry["device_id"])
+"#;
+    let out = run_env(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--probe",
+            "dsmi",
+            "-H",
+            "127.0.0.1",
+            "--",
+            "python3",
+            "-c",
+            worker,
+        ],
+        &[
+            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+            ("ATLASBOOST_FAKE_DSMI_PHYSICAL", "4,5,6,7"),
+        ],
+    );
+    out.expect_code(SUCCESS);
+    let mut got: Vec<String> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once(":").map(|(_, rest)| rest.to_string()))
+        .collect();
+    got.sort();
+    let want: Vec<String> = (0..4)
+        .map(|r| format!("rank {r} logical {r} physical {}", r + 4))
+        .collect();
+    assert_eq!(got, want, "{}", out.stdout);
+    let table = fs::read_to_string(dir.path().join("rank_table.json")).unwrap();
+    run(dir.path(), &["validate", "rank_table.json"]).expect_code(SUCCESS);
+    assert!(table.contains("\"device_id\": \"7\""), "{table}");
 }

@@ -1,0 +1,321 @@
+//! The safe layer over the driver's DSMI functions.
+
+use std::ffi::{c_int, c_uint};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use atlasboost_core::{Device, DeviceProbe, EnvVars, Error, Health};
+use libloading::Library;
+
+use crate::DsmiError;
+use crate::raw::{self, ChipInfo, IpAddrT};
+use crate::visible::VisibleDevices;
+
+/// The library names, in the order tried in each directory.
+const NAMES: [&str; 2] = ["libdrvdsmi_host.so", "libdrvdsmi.so"];
+
+/// Where the driver's libraries live on an Ascend server.
+const DRIVER_DIRS: [&str; 2] = [
+    "/usr/local/Ascend/driver/lib64/driver",
+    "/usr/local/Ascend/driver/lib64",
+];
+
+/// The most devices a driver may report (what Ascend's device plugin accepts).
+const MAX_DEVICES: c_int = 64;
+
+/// The chip assumed when the driver has no `dsmi_get_chip_info` (a 910-era driver).
+const CHIP_WITHOUT_CHIP_INFO: &str = "910";
+
+/// The library paths to try, in order (SPEC §3): `$ATLASBOOST_DSMI_LIB` alone when set;
+/// else each directory of `$LD_LIBRARY_PATH`, then the driver's own directories, each with
+/// `libdrvdsmi_host.so` first and `libdrvdsmi.so` second.
+pub fn library_candidates() -> Vec<PathBuf> {
+    if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB) {
+        return vec![PathBuf::from(file)];
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|v| {
+            std::env::split_paths(&v)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.extend(DRIVER_DIRS.iter().map(PathBuf::from));
+    dirs.iter()
+        .flat_map(|d| NAMES.iter().map(move |n| d.join(n)))
+        .collect()
+}
+
+/// The driver's functions, resolved one by one.
+#[derive(Debug, Clone, Copy)]
+struct Functions {
+    count: raw::GetDeviceCount,
+    list: raw::ListDevice,
+    phyid: raw::GetPhyidFromLogicid,
+    ip: raw::GetDeviceIpAddress,
+    chip: Option<raw::GetChipInfo>,
+    health: Option<raw::GetDeviceHealth>,
+}
+
+/// Devices from the Ascend driver (SPEC §3, `--probe dsmi`).
+#[derive(Debug)]
+pub struct DsmiProbe {
+    server_id: String,
+    path: PathBuf,
+    functions: Functions,
+    visible: VisibleDevices,
+    // Last: the functions above point into it.
+    _library: Library,
+}
+
+impl DsmiProbe {
+    /// Loads the driver library from the first of [`library_candidates`] that loads.
+    ///
+    /// # Errors
+    ///
+    /// [`DsmiError::NotFound`] listing every path tried and why it failed;
+    /// [`DsmiError::MissingSymbol`] for a library without a required function;
+    /// [`DsmiError::BadVisible`] for a malformed `ASCEND_RT_VISIBLE_DEVICES`.
+    pub fn load(server_id: &str) -> Result<DsmiProbe, DsmiError> {
+        let mut tried = Vec::new();
+        for path in library_candidates() {
+            if !path.exists() {
+                tried.push(format!("{} (not there)", path.display()));
+                continue;
+            }
+            // A library that does not load or lacks a function is noted, and the search goes
+            // on: a later candidate may be the real driver.
+            match DsmiProbe::load_from(server_id, &path) {
+                Ok(p) => return Ok(p),
+                Err(DsmiError::NotFound { tried: why }) => tried.extend(why),
+                Err(DsmiError::MissingSymbol { symbol, .. }) => {
+                    tried.push(format!("{} (has no function {symbol})", path.display()));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(DsmiError::NotFound { tried })
+    }
+
+    /// Loads the driver library at `path`.
+    ///
+    /// # Errors
+    ///
+    /// As [`DsmiProbe::load`].
+    pub fn load_from(server_id: &str, path: &Path) -> Result<DsmiProbe, DsmiError> {
+        // SAFETY: loading a library runs its initialisers. The driver's (and the fake
+        // driver's) have no preconditions; this is the documented way to use DSMI.
+        let library = unsafe { Library::new(path) }.map_err(|e| DsmiError::NotFound {
+            tried: vec![format!("{} ({e})", path.display())],
+        })?;
+        let functions = Functions {
+            count: required(&library, path, "dsmi_get_device_count")?,
+            list: required(&library, path, "dsmi_list_device")?,
+            phyid: required(&library, path, "dsmi_get_phyid_from_logicid")?,
+            ip: required(&library, path, "dsmi_get_device_ip_address")?,
+            chip: optional(&library, "dsmi_get_chip_info"),
+            health: optional(&library, "dsmi_get_device_health"),
+        };
+        Ok(DsmiProbe {
+            server_id: server_id.to_string(),
+            path: path.to_path_buf(),
+            functions,
+            visible: VisibleDevices::from_env()?,
+            _library: library,
+        })
+    }
+
+    /// The library in use.
+    pub fn library(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the driver has the optional functions (chip name, health).
+    pub fn has_chip_and_health(&self) -> (bool, bool) {
+        (
+            self.functions.chip.is_some(),
+            self.functions.health.is_some(),
+        )
+    }
+
+    fn devices(&self) -> Result<Vec<Device>, DsmiError> {
+        let f = self.functions;
+        let mut count: c_int = 0;
+        // SAFETY: the function writes one int through a valid pointer (the header's contract).
+        check("dsmi_get_device_count", None, unsafe {
+            (f.count)(&mut count)
+        })?;
+        if !(0..=MAX_DEVICES).contains(&count) {
+            return Err(DsmiError::Nonsense {
+                function: "dsmi_get_device_count",
+                what: format!("{count} devices (expected 0 to {MAX_DEVICES})"),
+            });
+        }
+        let mut ids: Vec<c_int> = vec![0; count as usize];
+        // SAFETY: the buffer holds `count` ints, as the function is told.
+        check("dsmi_list_device", None, unsafe {
+            (f.list)(ids.as_mut_ptr(), count)
+        })?;
+        let mut devices = Vec::with_capacity(ids.len());
+        for &logical in &ids {
+            let Ok(logical) = u32::try_from(logical) else {
+                return Err(DsmiError::Nonsense {
+                    function: "dsmi_list_device",
+                    what: format!("device id {logical}"),
+                });
+            };
+            devices.push(self.device(logical)?);
+        }
+        Ok(devices)
+    }
+
+    fn device(&self, logical: u32) -> Result<Device, DsmiError> {
+        let f = self.functions;
+        let id = logical as c_int;
+        let mut physical: c_uint = 0;
+        // SAFETY: one unsigned int written through a valid pointer.
+        check("dsmi_get_phyid_from_logicid", Some(logical), unsafe {
+            (f.phyid)(logical, &mut physical)
+        })?;
+        let (mut ip, mut mask) = (IpAddrT::default(), IpAddrT::default());
+        // SAFETY: two valid ip_addr_t (20 bytes, checked at compile time) to write into.
+        check("dsmi_get_device_ip_address", Some(logical), unsafe {
+            (f.ip)(id, raw::DSMI_ROCE_PORT, 0, &mut ip, &mut mask)
+        })?;
+        let chip = match f.chip {
+            Some(get) => {
+                let mut info = ChipInfo::default();
+                // SAFETY: a valid 96-byte struct to write into.
+                check("dsmi_get_chip_info", Some(logical), unsafe {
+                    get(id, &mut info)
+                })?;
+                raw::c_field(&info.chip_name)
+            }
+            None => CHIP_WITHOUT_CHIP_INFO.to_string(),
+        };
+        let health = match f.health {
+            Some(get) => {
+                let mut code: c_uint = 0;
+                // SAFETY: one unsigned int written through a valid pointer.
+                check("dsmi_get_device_health", Some(logical), unsafe {
+                    get(id, &mut code)
+                })?;
+                Health::from_code(code)
+            }
+            // A driver without the function cannot report trouble; HCCL will, if there is any.
+            None => Health::Healthy,
+        };
+        Ok(Device {
+            server_id: self.server_id.clone(),
+            logical_id: logical,
+            physical_id: physical,
+            ip: address(&ip)?,
+            chip,
+            health,
+            super_device_id: None,
+            super_pod_id: None,
+        })
+    }
+}
+
+impl DeviceProbe for DsmiProbe {
+    fn name(&self) -> &str {
+        "dsmi"
+    }
+
+    fn probe(&self) -> atlasboost_core::Result<Vec<Device>> {
+        let wrap = |e: DsmiError| Error::Probe {
+            probe: "dsmi".into(),
+            server_id: self.server_id.clone(),
+            source: e.into(),
+        };
+        let devices = self.devices().map_err(wrap)?;
+        // The driver already shows only what a container runtime mounted; the CANN runtime's
+        // own filter still applies to the workers.
+        self.visible.apply_runtime(devices).map_err(wrap)
+    }
+}
+
+fn required<T: Copy>(library: &Library, path: &Path, symbol: &'static str) -> Result<T, DsmiError> {
+    optional(library, symbol).ok_or_else(|| DsmiError::MissingSymbol {
+        library: path.to_path_buf(),
+        symbol,
+    })
+}
+
+fn optional<T: Copy>(library: &Library, symbol: &str) -> Option<T> {
+    // SAFETY: `T` is the function's pointer type from the header (see `raw`); the pointer is
+    // used only while `library` is loaded (both live in the same `DsmiProbe`).
+    unsafe { library.get::<T>(symbol.as_bytes()) }
+        .ok()
+        .map(|s| *s)
+}
+
+fn check(function: &'static str, device: Option<u32>, code: c_int) -> Result<(), DsmiError> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(DsmiError::Call {
+            function,
+            device,
+            code,
+        })
+    }
+}
+
+/// The RoCE address; `None` for a port with no address (all zeros).
+fn address(ip: &IpAddrT) -> Result<Option<IpAddr>, DsmiError> {
+    let addr = match ip.ip_type {
+        raw::IPADDR_TYPE_V4 => IpAddr::V4(Ipv4Addr::new(
+            ip.u_addr[0],
+            ip.u_addr[1],
+            ip.u_addr[2],
+            ip.u_addr[3],
+        )),
+        raw::IPADDR_TYPE_V6 => IpAddr::V6(Ipv6Addr::from(ip.u_addr)),
+        other => {
+            return Err(DsmiError::Nonsense {
+                function: "dsmi_get_device_ip_address",
+                what: format!("address type {other} (expected 0 for IPv4 or 1 for IPv6)"),
+            });
+        }
+    };
+    Ok((!addr.is_unspecified()).then_some(addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_decode_in_dotted_order_and_zero_is_none() {
+        let mut ip = IpAddrT::default();
+        ip.u_addr[..4].copy_from_slice(&[192, 168, 100, 101]);
+        assert_eq!(
+            address(&ip).unwrap(),
+            Some(IpAddr::from([192, 168, 100, 101]))
+        );
+        assert_eq!(address(&IpAddrT::default()).unwrap(), None);
+        ip.ip_type = raw::IPADDR_TYPE_V6;
+        ip.u_addr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
+        assert_eq!(address(&ip).unwrap(), Some("fd00::1".parse().unwrap()));
+        ip.ip_type = 2;
+        assert!(
+            address(&ip)
+                .unwrap_err()
+                .to_string()
+                .contains("address type 2")
+        );
+    }
+
+    #[test]
+    fn error_codes_name_the_function_device_and_meaning() {
+        let e = check("dsmi_get_device_health", Some(3), 2).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "dsmi_get_device_health(device 3) returned 2 (INVALID_DEVICE: no such device)"
+        );
+        let e = check("dsmi_get_device_count", None, -8005).unwrap_err();
+        assert_eq!(e.to_string(), "dsmi_get_device_count() returned -8005");
+    }
+}

@@ -1,0 +1,218 @@
+//! `/etc/hccn.conf`: `key_<physical id>=value` lines, of which `address_<id>` is the device's
+//! RoCE IP (what `hccl_tools.py` falls back to).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use atlasboost_core::{Device, DeviceProbe, Error, Health};
+
+use crate::DsmiError;
+use crate::visible::VisibleDevices;
+
+/// The chip hccn.conf servers are assumed to have: the file does not say (pass `--chip` to
+/// validate for another).
+const CHIP: &str = "910";
+
+/// The largest physical id accepted (Ascend servers have at most 16 NPUs; 64 leaves room).
+const MAX_PHYSICAL_ID: u32 = 63;
+
+/// Parses hccn.conf text into `physical id → address`. Other `key_<id>=value` lines
+/// (`netmask_0`, `gateway_0`, `arp_0`, ...) are checked for shape and otherwise ignored.
+///
+/// # Errors
+///
+/// [`DsmiError::BadHccnConf`] listing every malformed line, bad address, bad id, and
+/// duplicate (address or id), with line numbers.
+pub fn parse_hccn_conf(text: &str, path: &Path) -> Result<BTreeMap<u32, IpAddr>, DsmiError> {
+    let mut addresses: BTreeMap<u32, (IpAddr, usize)> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line_no = n + 1;
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            problems.push(format!("line {line_no}: {line:?} is not key_<id>=value"));
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        let Some((name, id)) = key.rsplit_once('_') else {
+            problems.push(format!("line {line_no}: key {key:?} has no _<id> suffix"));
+            continue;
+        };
+        let id = match id.parse::<u32>() {
+            Ok(id) if id <= MAX_PHYSICAL_ID => id,
+            _ => {
+                problems.push(format!(
+                    "line {line_no}: {key:?} does not end in a device id 0-{MAX_PHYSICAL_ID}"
+                ));
+                continue;
+            }
+        };
+        if name != "address" {
+            continue;
+        }
+        let ip: IpAddr = match value.parse() {
+            Ok(ip) => ip,
+            Err(_) => {
+                problems.push(format!(
+                    "line {line_no}: address_{id}={value:?} is not an IPv4 or IPv6 address"
+                ));
+                continue;
+            }
+        };
+        if let Some((_, first)) = addresses.get(&id) {
+            problems.push(format!(
+                "line {line_no}: address_{id} is given again (first on line {first})"
+            ));
+            continue;
+        }
+        if let Some((other, (_, first))) = addresses.iter().find(|(_, (a, _))| *a == ip) {
+            problems.push(format!(
+                "line {line_no}: address_{id}={ip} is also device {other}'s address (line {first})"
+            ));
+            continue;
+        }
+        addresses.insert(id, (ip, line_no));
+    }
+    if problems.is_empty() && addresses.is_empty() {
+        problems.push("no address_<id>= line: no device addresses".into());
+    }
+    if !problems.is_empty() {
+        return Err(DsmiError::BadHccnConf {
+            path: path.to_path_buf(),
+            problems,
+        });
+    }
+    Ok(addresses
+        .into_iter()
+        .map(|(id, (ip, _))| (id, ip))
+        .collect())
+}
+
+/// Devices from hccn.conf (SPEC §3, `--probe hccn`): one per `address_<id>` line, logical ids
+/// in physical order, then filtered and renumbered by the visible-devices variables.
+#[derive(Debug, Clone)]
+pub struct HccnProbe {
+    server_id: String,
+    path: PathBuf,
+    visible: VisibleDevices,
+}
+
+impl HccnProbe {
+    /// A probe reading `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`DsmiError::BadVisible`] for a malformed visible-devices variable.
+    pub fn new(server_id: &str, path: &Path) -> Result<HccnProbe, DsmiError> {
+        Ok(HccnProbe {
+            server_id: server_id.to_string(),
+            path: path.to_path_buf(),
+            visible: VisibleDevices::from_env()?,
+        })
+    }
+
+    /// The file it reads.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn devices(&self) -> Result<Vec<Device>, DsmiError> {
+        let text = std::fs::read_to_string(&self.path).map_err(|source| DsmiError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
+        let devices = parse_hccn_conf(&text, &self.path)?
+            .into_iter()
+            .enumerate()
+            .map(|(logical, (physical, ip))| Device {
+                server_id: self.server_id.clone(),
+                logical_id: logical as u32,
+                physical_id: physical,
+                ip: Some(ip),
+                chip: CHIP.into(),
+                health: Health::Healthy,
+                super_device_id: None,
+                super_pod_id: None,
+            })
+            .collect();
+        let devices = self.visible.apply_physical(devices)?;
+        self.visible.apply_runtime(devices)
+    }
+}
+
+impl DeviceProbe for HccnProbe {
+    fn name(&self) -> &str {
+        "hccn"
+    }
+
+    fn probe(&self) -> atlasboost_core::Result<Vec<Device>> {
+        self.devices().map_err(|e| Error::Probe {
+            probe: "hccn".into(),
+            server_id: self.server_id.clone(),
+            source: e.into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn parse(text: &str) -> Result<BTreeMap<u32, IpAddr>, String> {
+        parse_hccn_conf(text, Path::new("hccn.conf")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_real_910_file_parses() {
+        let text = "address_0=29.1.137.205\nnetmask_0=255.255.0.0\nnetdetect_0=29.1.0.1\n\
+                    gateway_0=29.1.0.1\nsend_arp_status_0=1\n\n# comment\naddress_1=29.1.137.206\n\
+                    arp_1=-i eth1 -s 29.1.137.205 aa:bb:cc:dd:ee:ff\n";
+        let got = parse(text).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[&1], IpAddr::from([29, 1, 137, 206]));
+    }
+
+    #[test]
+    fn every_problem_is_listed_with_its_line() {
+        let text = "address_0=10.0.0.1\naddress_0=10.0.0.2\naddress_1=10.0.0.1\n\
+                    address_2=10.0.0.300\naddress_x=1.2.3.4\nnonsense\nnetmask=1\n";
+        let e = parse(text).unwrap_err();
+        for want in [
+            "line 2: address_0 is given again (first on line 1)",
+            "line 3: address_1=10.0.0.1 is also device 0's address (line 1)",
+            "line 4: address_2=\"10.0.0.300\" is not an IPv4 or IPv6 address",
+            "line 5: \"address_x\" does not end in a device id",
+            "line 6: \"nonsense\" is not key_<id>=value",
+            "line 7: key \"netmask\" has no _<id> suffix",
+        ] {
+            assert!(e.contains(want), "{want:?} missing from:\n{e}");
+        }
+        assert!(
+            parse("# empty\n")
+                .unwrap_err()
+                .contains("no address_<id>= line")
+        );
+    }
+
+    proptest! {
+        /// Any text gives a map or an error, never a panic.
+        #[test]
+        fn never_panics(text in ".{0,400}") {
+            let _ = parse(&text);
+        }
+
+        /// Lines of the right shape in any order give back every address.
+        #[test]
+        fn well_formed_files_round_trip(ids in proptest::collection::btree_set(0u32..16, 1..8)) {
+            let text: String = ids.iter().rev().map(|i| format!("address_{i}=10.9.0.{}\nnetmask_{i}=255.255.255.0\n", i + 1)).collect();
+            let got = parse(&text).unwrap();
+            prop_assert_eq!(got.keys().copied().collect::<Vec<_>>(), ids.iter().copied().collect::<Vec<_>>());
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Real device discovery for atlasboost: the Ascend driver's DSMI C API, loaded at run time,
+//! and `/etc/hccn.conf`.
+//!
+//! - [`DsmiProbe`] loads `libdrvdsmi_host.so` (fallback `libdrvdsmi.so`) with `libloading` and
+//!   lists the devices the driver shows this process: logical id, physical id, RoCE IP, chip,
+//!   health. Each symbol is resolved on its own, so a driver without an optional function
+//!   (`dsmi_get_chip_info`, `dsmi_get_device_health`) still works.
+//! - [`HccnProbe`] reads `address_<physical id>=<ip>` lines from `/etc/hccn.conf`.
+//! - [`VisibleDevices`]: `ASCEND_VISIBLE_DEVICES` (physical ids a container runtime made
+//!   visible) and `ASCEND_RT_VISIBLE_DEVICES` (logical ids the CANN runtime shows a process)
+//!   filter and renumber what a probe found.
+//!
+//! ```no_run
+//! use atlasboost_core::DeviceProbe;
+//! use atlasboost_dsmi::DsmiProbe;
+//!
+//! let probe = DsmiProbe::load("10.0.0.1")?; // fails, listing every path tried, without a driver
+//! for d in probe.probe()? {
+//!     println!("{} -> physical {} at {:?}", d.logical_id, d.physical_id, d.ip);
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! This crate never simulates devices (that is `atlasboost-sim`, and its fake driver library)
+//! and never guesses: a driver error is an error naming the function, the device and the code.
+#![deny(missing_docs)]
+
+mod dsmi;
+mod hccn;
+mod raw;
+mod visible;
+
+use std::path::PathBuf;
+
+pub use dsmi::{DsmiProbe, library_candidates};
+pub use hccn::{HccnProbe, parse_hccn_conf};
+pub use visible::VisibleDevices;
+
+/// The default location of hccn.conf.
+pub const HCCN_CONF: &str = "/etc/hccn.conf";
+
+/// Errors of real device discovery.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DsmiError {
+    /// No driver library could be loaded.
+    #[error(
+        "cannot load the Ascend driver library; tried: {}. Set ATLASBOOST_DSMI_LIB to the \
+         library's path or add its directory to LD_LIBRARY_PATH",
+        tried.join("; ")
+    )]
+    NotFound {
+        /// Every path tried, with why it failed.
+        tried: Vec<String>,
+    },
+    /// The library lacks a function atlasboost cannot do without.
+    #[error("the driver library {} has no function {symbol}", library.display())]
+    MissingSymbol {
+        /// The library.
+        library: PathBuf,
+        /// The function.
+        symbol: &'static str,
+    },
+    /// A driver function returned an error code.
+    #[error("{function}({}) returned {code}{}", device.map_or(String::new(), |d| format!("device {d}")), meaning(*code))]
+    Call {
+        /// The C function.
+        function: &'static str,
+        /// The (logical) device it was called for, if any.
+        device: Option<u32>,
+        /// Its return code.
+        code: i32,
+    },
+    /// The driver answered something impossible (a count out of range, an unknown address type).
+    #[error("{function} answered {what}")]
+    Nonsense {
+        /// The C function.
+        function: &'static str,
+        /// What it answered.
+        what: String,
+    },
+    /// hccn.conf is malformed; every problem is listed with its line.
+    #[error("{} is not a valid hccn.conf:{}", path.display(), problems.iter().map(|p| format!("\n  {p}")).collect::<String>())]
+    BadHccnConf {
+        /// The file.
+        path: PathBuf,
+        /// `line 3: ...` for every problem.
+        problems: Vec<String>,
+    },
+    /// hccn.conf cannot be read.
+    #[error("cannot read {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A visible-devices variable is malformed or names a device that is not there.
+    #[error("{variable}={value:?}: {reason}")]
+    BadVisible {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// ` (INVALID_DEVICE: no such device)` for the driver's known codes.
+fn meaning(code: i32) -> String {
+    let text = match code {
+        1 => "NO_DEVICE: no device",
+        2 => "INVALID_DEVICE: no such device",
+        3 => "INVALID_VALUE: invalid value",
+        4 => "INVALID_HANDLE",
+        6 => "OUT_OF_MEMORY",
+        7 => "INNER_ERR: the driver's internal error",
+        8 => "PARA_ERROR: bad parameter",
+        9 => "UNINIT: the driver is not initialised",
+        11 => "NOT_EXIST: does not exist",
+        13 => "BUSY: the device is busy",
+        16 => "WAIT_TIMEOUT",
+        17 => "IOCRL_FAIL: an ioctl to the driver failed",
+        46 => "OPER_NOT_PERMITTED: not permitted",
+        51 => "TRY_AGAIN",
+        0xfffe => "NOT_SUPPORT: not supported by this driver or device",
+        _ => return String::new(),
+    };
+    format!(" ({text})")
+}

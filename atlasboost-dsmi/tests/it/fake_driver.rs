@@ -1,0 +1,220 @@
+//! The fake driver serves devices chosen through environment variables, read at each call.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use atlasboost_core::conformance::check_probe;
+use atlasboost_core::{Device, DeviceProbe, EnvVars, Health};
+use atlasboost_dsmi::DsmiProbe;
+
+use crate::Env;
+
+/// `target/<profile>/<name>`, built by `cargo build` (the workspace's default members).
+fn built(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build -p atlasboost-fake-dsmi -p atlasboost-fake-dsmi-old` first",
+        lib.display()
+    );
+    lib
+}
+
+fn fake() -> PathBuf {
+    built("libdrvdsmi_host.so")
+}
+
+fn probe_with(vars: &[(&str, &str)]) -> atlasboost_core::Result<Vec<Device>> {
+    let _env = Env::set(vars);
+    DsmiProbe::load_from("10.0.0.1", &fake()).unwrap().probe()
+}
+
+fn error_with(vars: &[(&str, &str)]) -> String {
+    let e = probe_with(vars).expect_err("the probe should fail");
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[test]
+fn eight_910_devices_pass_the_conformance_suite() {
+    let _env = Env::set(&[]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    assert_eq!(probe.name(), "dsmi");
+    assert_eq!(probe.has_chip_and_health(), (true, true));
+    let devices = check_probe(&probe, "10.0.0.1").unwrap();
+    assert_eq!(devices.len(), 8);
+    for d in &devices {
+        assert_eq!(d.logical_id, d.physical_id);
+        assert_eq!(
+            d.ip,
+            Some(IpAddr::from([192, 168, 100, 101 + d.physical_id as u8]))
+        );
+        assert_eq!(d.chip, "910");
+        assert_eq!(d.health, Health::Healthy);
+    }
+}
+
+#[test]
+fn ipv6_addresses_come_through_the_union() {
+    let devices = probe_with(&[(EnvVars::ATLASBOOST_FAKE_DSMI_IP, "v6")]).unwrap();
+    assert_eq!(devices.len(), 8);
+    for d in &devices {
+        assert!(
+            matches!(d.ip, Some(IpAddr::V6(v6)) if v6.segments()[0] == 0xfd00),
+            "{d:?}"
+        );
+    }
+    let mut ips: Vec<_> = devices.iter().map(|d| d.ip).collect();
+    ips.dedup();
+    assert_eq!(ips.len(), 8, "distinct addresses");
+}
+
+#[test]
+fn a_container_sees_physical_4_to_7_as_logical_0_to_3() {
+    let _env = Env::set(&[(EnvVars::ATLASBOOST_FAKE_DSMI_PHYSICAL, "4,5,6,7")]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    let devices = check_probe(&probe, "10.0.0.1").unwrap();
+    let ids: Vec<(u32, u32)> = devices
+        .iter()
+        .map(|d| (d.logical_id, d.physical_id))
+        .collect();
+    assert_eq!(ids, vec![(0, 4), (1, 5), (2, 6), (3, 7)]);
+    assert_eq!(devices[0].ip, Some(IpAddr::from([192, 168, 100, 105])));
+}
+
+#[test]
+fn the_runtime_visible_devices_filter_and_renumber() {
+    let devices = probe_with(&[(EnvVars::ASCEND_RT_VISIBLE_DEVICES, "1,3")]).unwrap();
+    let ids: Vec<(u32, u32)> = devices
+        .iter()
+        .map(|d| (d.logical_id, d.physical_id))
+        .collect();
+    assert_eq!(ids, vec![(0, 1), (1, 3)]);
+    let _env = Env::set(&[(EnvVars::ASCEND_RT_VISIBLE_DEVICES, "3,1")]);
+    let e = DsmiProbe::load_from("10.0.0.1", &fake())
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("ASCEND_RT_VISIBLE_DEVICES=\"3,1\": "), "{e}");
+    drop(_env);
+    let e = error_with(&[(EnvVars::ASCEND_RT_VISIBLE_DEVICES, "1,9")]);
+    assert!(
+        e.contains("names device 9, which this host does not have"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_chip_name_decides_the_rules() {
+    let devices = probe_with(&[
+        (EnvVars::ATLASBOOST_FAKE_DSMI_CHIP, "910B3"),
+        (EnvVars::ATLASBOOST_FAKE_DSMI_DEVICES, "16"),
+    ])
+    .unwrap();
+    assert_eq!(devices.len(), 16);
+    assert!(devices.iter().all(|d| d.chip == "910B3"));
+}
+
+#[test]
+fn every_failing_function_is_named_with_its_device_and_code() {
+    for (fault, want) in [
+        (
+            "fail:dsmi_get_device_count=9",
+            "dsmi_get_device_count() returned 9 (UNINIT",
+        ),
+        (
+            "fail:dsmi_list_device=1",
+            "dsmi_list_device() returned 1 (NO_DEVICE",
+        ),
+        (
+            "fail:dsmi_get_phyid_from_logicid@2=2",
+            "dsmi_get_phyid_from_logicid(device 2) returned 2 (INVALID_DEVICE",
+        ),
+        (
+            "fail:dsmi_get_device_ip_address@1=65534",
+            "dsmi_get_device_ip_address(device 1) returned 65534 (NOT_SUPPORT",
+        ),
+        (
+            "fail:dsmi_get_chip_info=8",
+            "dsmi_get_chip_info(device 0) returned 8 (PARA_ERROR",
+        ),
+        (
+            "fail:dsmi_get_device_health@3=13",
+            "dsmi_get_device_health(device 3) returned 13 (BUSY",
+        ),
+        (
+            "fail:dsmi_get_device_count=-8005",
+            "dsmi_get_device_count() returned -8005",
+        ),
+    ] {
+        let e = error_with(&[(EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS, fault)]);
+        assert!(e.contains(want), "{fault}: {e}");
+        assert!(
+            e.contains("dsmi probe failed on host 10.0.0.1"),
+            "{fault}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_device_without_an_address_or_health_is_reported_not_hidden() {
+    let devices = probe_with(&[(
+        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS,
+        "no-ip:3;unhealthy:5=2",
+    )])
+    .unwrap();
+    assert_eq!(devices.len(), 8, "no device is dropped");
+    assert_eq!(devices[3].ip, None);
+    assert_eq!(devices[5].health, Health::Unhealthy { code: 2 });
+    assert_eq!(devices[4].health, Health::Healthy);
+}
+
+#[test]
+fn an_old_driver_without_the_optional_functions_still_works() {
+    let _env = Env::set(&[(EnvVars::ATLASBOOST_FAKE_DSMI_DEVICES, "4")]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &built("libdrvdsmi.so")).unwrap();
+    assert_eq!(probe.has_chip_and_health(), (false, false));
+    let devices = check_probe(&probe, "10.0.0.1").unwrap();
+    assert_eq!(devices.len(), 4);
+    assert!(
+        devices
+            .iter()
+            .all(|d| d.chip == "910" && d.health == Health::Healthy)
+    );
+}
+
+#[test]
+fn a_library_without_the_required_functions_is_named() {
+    let _env = Env::set(&[]);
+    // The C library is on every Linux machine and has no DSMI function.
+    let e = DsmiProbe::load_from("h", std::path::Path::new("libc.so.6")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the driver library libc.so.6 has no function dsmi_get_device_count"
+    );
+}
+
+#[test]
+fn the_search_lists_every_path_it_tried() {
+    let _env = Env::set(&[(
+        EnvVars::ATLASBOOST_DSMI_LIB,
+        "/nonexistent/libdrvdsmi_host.so",
+    )]);
+    let e = DsmiProbe::load("h").unwrap_err().to_string();
+    assert!(
+        e.contains("tried: /nonexistent/libdrvdsmi_host.so (not there)"),
+        "{e}"
+    );
+    assert!(e.contains("ATLASBOOST_DSMI_LIB"), "{e}");
+    drop(_env);
+
+    let _env = Env::set(&[(EnvVars::ATLASBOOST_DSMI_LIB, fake().to_str().unwrap())]);
+    let probe = DsmiProbe::load("h").unwrap();
+    assert_eq!(probe.library(), fake());
+}

@@ -1,0 +1,71 @@
+//! `HccnProbe` on real-looking files and broken ones.
+
+use std::io::Write;
+use std::net::IpAddr;
+
+use atlasboost_core::DeviceProbe;
+use atlasboost_core::EnvVars;
+use atlasboost_core::conformance::check_probe;
+use atlasboost_dsmi::HccnProbe;
+
+use crate::Env;
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn a_file_with_every_key_passes_the_conformance_suite() {
+    let mut text = String::new();
+    for p in 0..8 {
+        text.push_str(&format!(
+            "address_{p}=29.1.{}.{}\nnetmask_{p}=255.255.0.0\nnetdetect_{p}=29.1.0.1\n\
+             gateway_{p}=29.1.0.1\nsend_arp_status_{p}=1\ntls_enable_{p}=0\n\
+             arp_{p}=-i eth{p} -s 29.1.137.{p} 00:11:22:33:44:{p:02x}\n",
+            137 + p / 8,
+            200 + p
+        ));
+    }
+    let f = file(&text);
+    let _env = Env::set(&[]);
+    let probe = HccnProbe::new("10.0.0.1", f.path()).unwrap();
+    assert_eq!(probe.name(), "hccn");
+    let devices = check_probe(&probe, "10.0.0.1").unwrap();
+    assert_eq!(devices.len(), 8);
+    assert_eq!(devices[6].physical_id, 6);
+    assert_eq!(devices[6].ip, Some(IpAddr::from([29, 1, 137, 206])));
+}
+
+#[test]
+fn a_broken_file_is_reported_with_line_numbers() {
+    let f = file("address_0=10.0.0.1\naddress_1=10.0.0.999\n");
+    let _env = Env::set(&[]);
+    let e = HccnProbe::new("h", f.path()).unwrap().probe().unwrap_err();
+    let text = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(text.contains("hccn probe failed on host h"), "{text}");
+    assert!(text.contains("line 2: address_1=\"10.0.0.999\""), "{text}");
+}
+
+#[test]
+fn a_container_mount_filters_and_renumbers_the_file_s_devices() {
+    let text: String = (0..8)
+        .map(|p| format!("address_{p}=10.1.0.{}\n", p + 1))
+        .collect();
+    let f = file(&text);
+    let _env = Env::set(&[
+        (EnvVars::ASCEND_VISIBLE_DEVICES, "4-7"),
+        (EnvVars::ASCEND_RT_VISIBLE_DEVICES, "1,2"),
+    ]);
+    let devices = HccnProbe::new("h", f.path()).unwrap().probe().unwrap();
+    let ids: Vec<(u32, u32)> = devices
+        .iter()
+        .map(|d| (d.logical_id, d.physical_id))
+        .collect();
+    assert_eq!(ids, vec![(0, 5), (1, 6)]);
+    drop(_env);
+    let _env = Env::set(&[(EnvVars::ASCEND_VISIBLE_DEVICES, "0,x")]);
+    let e = HccnProbe::new("h", f.path()).unwrap_err().to_string();
+    assert!(e.starts_with("ASCEND_VISIBLE_DEVICES=\"0,x\""), "{e}");
+}

@@ -1,0 +1,1119 @@
+//! Remote hosts (SPEC: remote hosts): `atlasboost run` reaches every host that is not this
+//! machine with the system `ssh` and runs `atlasboost agent` there.
+//!
+//! A real OpenSSH server ([`Sshd`], one per test) listens on 127.0.0.1-3, and
+//! `ATLASBOOST_SSH_ALL_HOSTS=1` makes the launcher reach even this machine's own addresses over
+//! ssh, as if 127.0.0.2 and 127.0.0.3 were two other machines; `ATLASBOOST_SSH_OPTIONS=-F
+//! <ssh_config>` points ssh at the server and its key. "Remote" workers are then processes of
+//! this machine, below the server, which the tests can see in `/proc`.
+//!
+//! Without OpenSSH (`/usr/sbin/sshd`, `ssh`, `ssh-keygen`) each test says that it skips, on
+//! the real stderr, and passes having tested nothing; `ATLASBOOST_E2E_REQUIRE_SSHD=1` makes
+//! that a failure.
+//!
+//! Not tested here: a job of local *and* remote hosts. With `ATLASBOOST_SSH_ALL_HOSTS=1` every
+//! host is remote, and without it every 127.0.0.x is local; a second machine (or network
+//! namespace) would be needed.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use atlasboost_e2e::{
+    Finished, LAUNCH_MARK, Launch, ProcStat, Run, Sshd, assert_no_process_with_env, atlasboost_bin,
+    cmdline, descendants, example, kill_marked, pids_with_env, proc_stat, unique, wait_until,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::cluster::{REPORTER, check_two_hosts, s};
+use crate::output::check_bulk_lines;
+
+/// The variable (`-x`) that marks every worker of a test, and so everything they start.
+const MARK: &str = "ATLASBOOST_E2E_MARK";
+
+/// Two "remote" hosts of four devices each (with `--sim 4`).
+const TWO_BY_FOUR: &str = "127.0.0.2:4,127.0.0.3:4";
+
+/// Two "remote" hosts of two devices each (with `--sim 2`).
+const TWO_BY_TWO: &str = "127.0.0.2:2,127.0.0.3:2";
+
+/// The worker of the tests where none may run.
+const RAN: [&str; 4] = ["--", "sh", "-c", "echo WORKER-RAN"];
+
+/// A Python worker that says `ready` and sleeps a minute: SIGINT ends it with
+/// KeyboardInterrupt.
+const SLEEPER: &str = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n";
+
+/// Starts this test's sshd, or returns from the test (which then passes) when OpenSSH is not
+/// installed; [`Sshd::start`] has said so loudly.
+macro_rules! sshd_or_skip {
+    () => {
+        match Sshd::start() {
+            Some(sshd) => sshd,
+            None => return,
+        }
+    };
+}
+
+/// Kills whatever is left with the marker when a test ends, passing or not.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        kill_marked(MARK, &self.0);
+    }
+}
+
+/// `atlasboost run ARGS -x MARK=mark`, reaching every host with ssh through `sshd`.
+fn over_ssh(sshd: &Sshd, mark: &str, args: &[&str]) -> Run {
+    over_ssh_with(&sshd.ssh_config(), mark, args)
+}
+
+/// [`over_ssh`] with another client configuration.
+fn over_ssh_with(ssh_config: &Path, mark: &str, args: &[&str]) -> Run {
+    let config = ssh_config.display().to_string();
+    assert!(
+        !config.contains(char::is_whitespace),
+        "ATLASBOOST_SSH_OPTIONS is split at whitespace: {config}"
+    );
+    Run::new(["run"])
+        .args(args)
+        .args(["-x", &format!("{MARK}={mark}")])
+        .env("ATLASBOOST_SSH_ALL_HOSTS", "1")
+        .env("ATLASBOOST_SSH_OPTIONS", format!("-F {config}"))
+}
+
+/// The end of the server's log, for messages.
+fn sshd_log(sshd: &Sshd) -> String {
+    let log = sshd.log();
+    let start = log.len().saturating_sub(3000);
+    let start = (start..=log.len())
+        .find(|&i| log.is_char_boundary(i))
+        .unwrap_or(log.len());
+    format!("--- sshd log ---\n{}", &log[start..])
+}
+
+/// Everything about a finished run, and the server's log.
+fn ctx(r: &Finished, sshd: &Sshd) -> String {
+    format!("{}\n{}", r.describe(), sshd_log(sshd))
+}
+
+/// The launcher binary's path as the launcher sees itself (`/proc/self/exe`): the default
+/// remote path.
+fn bin() -> String {
+    let b = atlasboost_bin();
+    b.canonicalize().unwrap_or(b).display().to_string()
+}
+
+/// The `atlasboost agent` processes that run the workers marked `mark`: the workers'
+/// parents whose command line is `<bin> agent`.
+fn agents_of(mark: &str) -> BTreeSet<i32> {
+    let bin = bin();
+    pids_with_env(MARK, mark)
+        .iter()
+        .map(|p| p.ppid)
+        .filter(|&pid| cmdline(pid).is_some_and(|c| c == [bin.as_str(), "agent"]))
+        .collect()
+}
+
+/// Waits (at most 10 s) until `n` processes have the marker: every worker and grandchild.
+fn wait_for_processes(mark: &str, n: usize) -> Vec<ProcStat> {
+    let mut procs = Vec::new();
+    let all_up = wait_until(Duration::from_secs(10), || {
+        procs = pids_with_env(MARK, mark);
+        procs.len() >= n
+    });
+    assert!(all_up, "expected {n} marked processes, found {procs:#?}");
+    procs
+}
+
+/// Waits up to `timeout` until none of `agents` is still an `atlasboost agent`.
+///
+/// # Panics
+///
+/// When one is, listing them (and killing them).
+fn assert_agents_gone(agents: &BTreeSet<i32>, timeout: Duration, context: &str) {
+    let bin = bin();
+    let live = || -> Vec<i32> {
+        agents
+            .iter()
+            .copied()
+            .filter(|&pid| {
+                proc_stat(pid).is_some_and(|p| p.alive())
+                    && cmdline(pid).is_some_and(|c| c == [bin.as_str(), "agent"])
+            })
+            .collect()
+    };
+    if wait_until(timeout, || live().is_empty()) {
+        return;
+    }
+    let left = live();
+    for &pid in &left {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    panic!("{context}: {timeout:?} later, agents {left:?} still run");
+}
+
+/// Everything of the job is gone within `timeout`: the marked workers and their children, the
+/// agents, every ssh session's processes.
+fn assert_job_gone(
+    sshd: &Sshd,
+    mark: &str,
+    agents: &BTreeSet<i32>,
+    timeout: Duration,
+    context: &str,
+) {
+    let start = Instant::now();
+    assert_no_process_with_env(MARK, mark, timeout, context);
+    let left = || timeout.saturating_sub(start.elapsed());
+    assert_agents_gone(agents, left(), context);
+    sshd.assert_no_sessions(left(), context);
+}
+
+/// The exactly one `error:` line of a run that failed with 125 because of host `127.0.0.2` or
+/// `127.0.0.3`, before any worker ran; it must contain every one of `culprits`.
+fn assert_host_error(r: &Finished, sshd: &Sshd, culprits: &[&str]) -> String {
+    let ctx = ctx(r, sshd);
+    assert_eq!(r.code(), Some(125), "expected exit code 125\n{ctx}");
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    let line = errors[0].clone();
+    assert!(
+        line.starts_with("error: host 127.0.0.2: ") || line.starts_with("error: host 127.0.0.3: "),
+        "the error names the host: {line}\n{ctx}"
+    );
+    for c in culprits {
+        assert!(line.contains(c), "the error says {c:?}: {line}\n{ctx}");
+    }
+    assert!(!r.out().contains("WORKER-RAN"), "no worker may run\n{ctx}");
+    line
+}
+
+/// The Python interpreter itself, not a wrapper that changes PATH before it runs it (pyenv's
+/// shims prepend their directories): for the test that compares PATH.
+fn python() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "python3 -c: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Every `len`-digit (or longer) run of hex digits in `bytes`.
+fn hex_runs(bytes: &[u8], len: usize) -> Vec<String> {
+    bytes
+        .split(|b| !b.is_ascii_hexdigit())
+        .filter(|run| run.len() >= len)
+        .map(|run| String::from_utf8_lossy(run).into_owned())
+        .collect()
+}
+
+#[test]
+fn two_remote_hosts_get_the_table_the_environment_and_the_forwarded_variables() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-cluster");
+    let _cleanup = Cleanup(mark.clone());
+    let (x, fwd) = (unique("x"), unique("fwd"));
+    let path = format!(
+        "/nonexistent-{}:{}",
+        unique("path"),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let (ld, py) = (
+        format!("/nonexistent-{}", unique("ld")),
+        format!("/nonexistent-{}", unique("py")),
+    );
+    let run = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "4", "-H", TWO_BY_FOUR, "--grace", "1"],
+    );
+    let script = run.file("report.py", REPORTER, false);
+    let r = run
+        .args(["-x", &format!("ATLASBOOST_E2E_X={x}")])
+        .args([
+            "-x",
+            "ATLASBOOST_E2E_EQ=a=b",
+            "-x",
+            "HCCL_E2E_OVERRIDE=from-x",
+        ])
+        .args(["-x", "E2E_BY_NAME"])
+        .env("ATLASBOOST_E2E_FWD", &fwd)
+        .env("HCCL_E2E_X", "y")
+        .env("HCCL_E2E_OVERRIDE", "from-env")
+        .env("E2E_UNRELATED", "z")
+        .env("E2E_BY_NAME", "by-name")
+        .env("PATH", &path)
+        .env("LD_LIBRARY_PATH", &ld)
+        .env("PYTHONPATH", &py)
+        .args(["--", &python()])
+        .args([&script])
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx}");
+    // The same checks as for two local hosts: the table on disk (written by both agents, in
+    // the launcher's directory, which is the same file system here), RANK_ID, DEVICE_ID, ...
+    let got = check_two_hosts(&r, ["127.0.0.2", "127.0.0.3"], &x);
+    for (rank, v) in &got {
+        let var = |name: &str| v["env"][name].as_str().map(str::to_string);
+        assert_eq!(
+            s(v, "ATLASBOOST_E2E_FWD"),
+            fwd,
+            "rank {rank}: ATLASBOOST_* of the launcher's environment is forwarded: {v}"
+        );
+        assert_eq!(
+            s(v, "HCCL_E2E_X"),
+            "y",
+            "rank {rank}: HCCL_* is forwarded: {v}"
+        );
+        assert_eq!(
+            s(v, "HCCL_E2E_OVERRIDE"),
+            "from-x",
+            "rank {rank}: -x wins over a forwarded variable: {v}"
+        );
+        assert_eq!(
+            s(v, "E2E_BY_NAME"),
+            "by-name",
+            "rank {rank}: -x NAME takes the launcher's value: {v}"
+        );
+        assert_eq!(s(v, "PATH"), path, "rank {rank}: PATH is forwarded: {v}");
+        assert_eq!(s(v, "LD_LIBRARY_PATH"), ld, "rank {rank}: {v}");
+        assert_eq!(s(v, "PYTHONPATH"), py, "rank {rank}: {v}");
+        assert_eq!(
+            var("E2E_UNRELATED"),
+            None,
+            "rank {rank}: a variable outside the forwarded names and prefixes stays behind: {v}"
+        );
+    }
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &BTreeSet::new(),
+        Duration::from_secs(3),
+        "after the job",
+    );
+}
+
+/// While a remote job runs, neither `ps` nor `/proc/*/cmdline` shows the job's secret (64 hex
+/// digits): the agent's command line is `<bin> agent`, the rest comes on its stdin.
+#[test]
+fn the_secret_is_on_no_command_line_and_the_agent_is_just_bin_agent() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-secret");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "1"],
+    )
+    .args(["--", "sh", "-c", "echo ready; exec sleep 60"])
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(20));
+    wait_for_processes(&mark, 4);
+    let bin = bin();
+    let agents = agents_of(&mark);
+    assert_eq!(
+        agents.len(),
+        2,
+        "every worker's parent is one of two `{bin} agent` processes: {:#?}",
+        pids_with_env(MARK, &mark)
+            .iter()
+            .map(|p| (p.pid, p.ppid, cmdline(p.ppid)))
+            .collect::<Vec<_>>()
+    );
+
+    // The job's processes: the launcher and what it started (ssh, the lifeline), everything
+    // the server runs (sessions, agents, their lifelines, workers).
+    let launcher = launch.pid();
+    let mut job: Vec<ProcStat> = descendants(launcher);
+    job.extend(proc_stat(launcher));
+    job.extend(sshd.sessions());
+    let clients: Vec<Vec<String>> = job
+        .iter()
+        .filter(|p| p.ppid == launcher && p.comm == "ssh")
+        .filter_map(|p| cmdline(p.pid))
+        .collect();
+    assert_eq!(clients.len(), 2, "one ssh per host: {clients:#?}");
+    let remote_command = format!("exec '{bin}' agent");
+    let mut hosts = BTreeSet::new();
+    for c in &clients {
+        let tail = &c[c.len().saturating_sub(3)..];
+        assert!(
+            tail.len() == 3 && tail[0] == "--" && tail[2] == remote_command,
+            "ssh's command line ends with `-- HOST {remote_command}`: {c:?}"
+        );
+        hosts.insert(tail[1].clone());
+    }
+    assert_eq!(
+        hosts,
+        BTreeSet::from(["127.0.0.2".to_string(), "127.0.0.3".to_string()])
+    );
+
+    let mut on_command_lines = Vec::new();
+    let mut in_environments = Vec::new();
+    let own_env: String = std::env::vars_os()
+        .map(|(k, v)| format!("{}={}\n", k.to_string_lossy(), v.to_string_lossy()))
+        .collect();
+    for p in &job {
+        let args = cmdline(p.pid).unwrap_or_default();
+        for run in hex_runs(args.join(" ").as_bytes(), 64) {
+            on_command_lines.push(format!("pid {} {args:?}: {run}", p.pid));
+        }
+        let environ = std::fs::read(format!("/proc/{}/environ", p.pid)).unwrap_or_default();
+        for run in hex_runs(&environ, 64) {
+            if !own_env.contains(&run) {
+                in_environments.push(format!("pid {} {args:?}: {run}", p.pid));
+            }
+        }
+    }
+    assert!(
+        job.len() >= 2 + 2 + 4,
+        "the job's processes were found: {job:#?}"
+    );
+    assert!(
+        on_command_lines.is_empty(),
+        "64 hex digits (the job's secret?) on command lines: {on_command_lines:#?}"
+    );
+    assert!(
+        in_environments.is_empty(),
+        "64 hex digits (the job's secret?) in environments: {in_environments:#?}"
+    );
+
+    launch.signal(Signal::SIGTERM);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    assert_eq!(r.code(), Some(143), "{}", ctx(&r, &sshd));
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &agents,
+        Duration::from_secs(3),
+        "after SIGTERM",
+    );
+}
+
+/// The workers' output crosses ssh framed: every line once, whole, in order, tagged with its
+/// rank, on its stream.
+#[test]
+fn remote_output_arrives_whole_once_in_order_and_tagged() {
+    const LINES: u64 = 20_000;
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-output");
+    let _cleanup = Cleanup(mark.clone());
+    let script = format!(
+        r#"
+import os, sys
+r = os.environ["RANK_ID"]
+for i in range({LINES}):
+    sys.stdout.write(f"rank {{r}} line {{i}}\n")
+    sys.stderr.write(f"rank {{r}} err {{i}}\n")
+"#
+    );
+    let r = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
+        .args(["--", "python3", "-c", &script])
+        .timeout(Duration::from_secs(60))
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx}");
+    check_bulk_lines(&r, &r.out(), "stdout", "line", 4, false, LINES);
+    check_bulk_lines(&r, &r.err(), "stderr", "err", 4, true, LINES);
+    sshd.assert_no_sessions(Duration::from_secs(3), "after the job");
+}
+
+/// A line longer than 1 MiB is passed on in pieces of 1 MiB (SPEC: output), from a remote
+/// worker as from a local one. Written so that the agent has read 1 MiB - 1 bytes of it when
+/// the rest comes, with the newline, in one read: the piece must still be cut at 1 MiB (and
+/// fit in the channel's frames, whose payload is at most 1 MiB + 4 KiB).
+#[test]
+fn a_remote_line_longer_than_1_mib_comes_in_1_mib_pieces() {
+    const PIECE: usize = 1 << 20;
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-long-line");
+    let _cleanup = Cleanup(mark.clone());
+    let script = format!(
+        r#"
+import sys, time
+sys.stdout.write("y" * ({PIECE} - 1)); sys.stdout.flush()
+time.sleep(0.5)
+sys.stdout.write("y" * 60000 + "\n"); sys.stdout.flush()
+sys.stdout.write("y" * (2 * {PIECE} + 5) + "\n"); sys.stdout.flush()
+print("after", flush=True)
+"#
+    );
+    let r = over_ssh(&sshd, &mark, &["--sim", "1", "-H", "127.0.0.2:1"])
+        .args(["--", "python3", "-c", &script])
+        .timeout(Duration::from_secs(60))
+        .run();
+    let lines = crate::rank_lines(&r.out(), 0, "stdout");
+    let shape: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            if !l.is_empty() && l.bytes().all(|b| b == b'y') {
+                format!("{} y", l.len())
+            } else {
+                l.clone()
+            }
+        })
+        .collect();
+    let lost = r.error_lines();
+    assert_eq!(
+        r.code(),
+        Some(0),
+        "the job failed: {lost:?}
+rank 0's lines: {shape:?}"
+    );
+    assert_eq!(
+        shape,
+        [
+            format!("{PIECE} y"),
+            "59999 y".to_string(),
+            format!("{PIECE} y"),
+            format!("{PIECE} y"),
+            "5 y".to_string(),
+            "after".to_string()
+        ],
+        "{}",
+        ctx(&r, &sshd)
+    );
+}
+
+#[test]
+fn a_failing_remote_rank_gives_its_exit_code_and_stops_every_host() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-fail");
+    let _cleanup = Cleanup(mark.clone());
+    let train = example("train.py");
+    // 300 steps of 0.1 s: the other ranks would run 30 s if they were not stopped.
+    let r = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "4", "-H", TWO_BY_FOUR, "--grace", "5"],
+    )
+    .args(["--", "python3"])
+    .args([train.as_os_str()])
+    .args(["--fail-rank", "5", "--exit-code", "7"])
+    .args(["--steps", "300", "--sleep", "0.1"])
+    .timeout(Duration::from_secs(60))
+    .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(7), "rank 5's exit code\n{ctx}");
+    assert!(
+        r.elapsed < Duration::from_secs(15),
+        "the other ranks (30 s of steps) were not stopped: the run took {:?}\n{ctx}",
+        r.elapsed
+    );
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    assert!(
+        errors[0].starts_with("error: rank 5 (host 127.0.0.3, device 1) failed first: exit 7"),
+        "the error names rank 5, its host and device: {}\n{ctx}",
+        errors[0]
+    );
+    let err = r.err();
+    let report = &err[err.find(&errors[0]).unwrap_or(0)..];
+    assert!(
+        report.contains("rank 5: failing on purpose (--fail-rank) at step 2"),
+        "the error shows rank 5's last stderr line\n{ctx}"
+    );
+    // None but rank 5 got to the end on its own (some may not have printed anything yet when
+    // they were stopped: rank 5 fails 0.1 s after it starts).
+    for (rank, lines) in &crate::lines_by_rank(&r.out(), "stdout") {
+        assert!(
+            !lines.iter().any(|l| l.starts_with("step 300/300")),
+            "rank {rank} was stopped, not finished\n{ctx}"
+        );
+    }
+    let rows: Vec<&str> = err
+        .lines()
+        .filter(|l| l.trim_start().starts_with(char::is_numeric) && l.contains("127.0.0."))
+        .collect();
+    assert_eq!(rows.len(), 8, "a summary row per rank\n{ctx}");
+    for row in rows {
+        let words: Vec<&str> = row.split_whitespace().collect();
+        if words[0] == "5" {
+            assert!(row.contains("exit 7"), "{row}");
+        } else {
+            assert!(
+                !row.contains("exit 0"),
+                "rank {} was stopped: {row}",
+                words[0]
+            );
+        }
+    }
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &BTreeSet::new(),
+        Duration::from_secs(3),
+        "after the failed job",
+    );
+}
+
+#[test]
+fn a_command_missing_on_the_remote_hosts_exits_127() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-127");
+    let _cleanup = Cleanup(mark.clone());
+    let r = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "1", "-H", "127.0.0.2:1,127.0.0.3:1"],
+    )
+    .args(["--", "atlasboost-e2e-no-such-command"])
+    .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(127), "{ctx}");
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    assert!(
+        errors[0].contains("atlasboost-e2e-no-such-command") && errors[0].contains("127.0.0."),
+        "the error names the command and a host: {}\n{ctx}",
+        errors[0]
+    );
+    sshd.assert_no_sessions(Duration::from_secs(3), "after the job");
+}
+
+/// Starts 2 hosts × 2 workers that each fork a `sleep` and print `ready`; returns once all 8
+/// processes run, with the agents.
+fn start_forking_job(sshd: &Sshd, mark: &str, grace: &str) -> (Launch, BTreeSet<i32>) {
+    let mut launch = over_ssh(
+        sshd,
+        mark,
+        &["--sim", "2", "-H", TWO_BY_TWO, "--grace", grace],
+    )
+    .args(["--", "sh", "-c"])
+    .args(["sleep 300 & echo ready; sleep 300; echo 'not stopped'"])
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(20));
+    let procs = wait_for_processes(mark, 8);
+    let agents = agents_of(mark);
+    assert_eq!(agents.len(), 2, "two agents run the workers: {procs:#?}");
+    (launch, agents)
+}
+
+/// The ssh process of one host dies mid-job: the job fails (125) naming that host, the other
+/// host's workers are stopped, and that host's agent stops its own when its stdin closes.
+#[test]
+fn a_killed_ssh_session_fails_the_job_and_stops_the_workers_of_both_hosts() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-lost");
+    let _cleanup = Cleanup(mark.clone());
+    // --grace 30: nothing may wait for SIGKILL.
+    let (launch, agents) = start_forking_job(&sshd, &mark, "30");
+    let launcher = launch.pid();
+    let session: Vec<i32> = descendants(launcher)
+        .into_iter()
+        .filter(|p| p.ppid == launcher && p.comm == "ssh")
+        .filter(|p| cmdline(p.pid).is_some_and(|c| c.iter().any(|a| a == "127.0.0.2")))
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(session.len(), 1, "one ssh process for 127.0.0.2");
+    let killed = Instant::now();
+    kill(Pid::from_raw(session[0]), Signal::SIGKILL).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");
+    assert!(
+        r.elapsed < Duration::from_secs(30),
+        "the launcher did not wait for --grace 30\n{ctx}"
+    );
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    assert!(
+        errors[0].starts_with(
+            "error: host 127.0.0.2 failed first: its ssh session ended before its workers did"
+        ),
+        "the error names the host: {}\n{ctx}",
+        errors[0]
+    );
+    assert!(!r.out().contains("not stopped"), "{ctx}");
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &agents,
+        Duration::from_secs(5).saturating_sub(killed.elapsed()),
+        "after ssh to 127.0.0.2 was killed",
+    );
+}
+
+/// `kill -9` of the launcher: its ssh processes die with it (PR_SET_PDEATHSIG), each agent's
+/// stdin closes, and the agents stop their workers and the workers' children.
+#[test]
+fn kill_9_of_the_launcher_leaves_nothing_on_any_host() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-kill9");
+    let _cleanup = Cleanup(mark.clone());
+    let (launch, agents) = start_forking_job(&sshd, &mark, "30");
+    let launch_mark = launch.mark().to_string();
+    let killed = Instant::now();
+    launch.signal(Signal::SIGKILL);
+    let r = launch.wait_at_most(Duration::from_secs(5));
+    assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
+    // SPEC: within 5 s (an agent stops its workers with 1 s of grace once its stdin closes, or
+    // once the launcher's heartbeats have been missing for 4 s). 2 s more: the ssh client's
+    // death must reach sshd and the agent over TCP, on a busy 2-core machine.
+    let budget = Duration::from_secs(7);
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &agents,
+        budget.saturating_sub(killed.elapsed()),
+        "after kill -9 of the launcher",
+    );
+    assert_no_process_with_env(
+        LAUNCH_MARK,
+        &launch_mark,
+        budget.saturating_sub(killed.elapsed()),
+        "the launcher's own processes after its kill -9",
+    );
+    assert!(!r.out().contains("not stopped"), "{}", r.describe());
+}
+
+#[test]
+fn sigint_reaches_the_remote_workers_and_exits_130() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-sigint");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "30"],
+    )
+    .args(["--", "python3", "-c", SLEEPER])
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(20));
+    wait_for_processes(&mark, 4);
+    let agents = agents_of(&mark);
+    assert_eq!(agents.len(), 2);
+    let sent = Instant::now();
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let took = sent.elapsed();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(130), "{ctx}");
+    assert!(
+        took < Duration::from_secs(10),
+        "workers end on SIGINT at once (--grace 30, sleep 60), yet the launcher took \
+         {took:?}\n{ctx}"
+    );
+    for rank in 0..4 {
+        assert!(
+            r.err()
+                .contains(&format!("[{rank}]<stderr>:KeyboardInterrupt")),
+            "rank {rank} got SIGINT (KeyboardInterrupt)\n{ctx}"
+        );
+    }
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "{ctx}");
+    assert!(errors[0].contains("SIGINT"), "{errors:?}");
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &agents,
+        Duration::from_secs(3),
+        "after SIGINT",
+    );
+}
+
+/// atlasboost missing at the remote path: ssh's (the remote shell's) words, at once, not after
+/// the rendezvous timeout.
+#[test]
+fn atlasboost_missing_on_the_remote_host_is_reported_at_once() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-nobin");
+    let _cleanup = Cleanup(mark.clone());
+    let r = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
+        .args(["--remote-atlasboost", "/nonexistent/atlasboost"])
+        .args(["--rendezvous-timeout", "60"])
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    assert_host_error(
+        &r,
+        &sshd,
+        &[
+            "ssh could not start atlasboost agent there; ssh said:",
+            "/nonexistent/atlasboost",
+            "No such file or directory",
+        ],
+    );
+    assert!(
+        r.elapsed < Duration::from_secs(20),
+        "reported after {:?}: the launcher waited for the rendezvous (--rendezvous-timeout 60)",
+        r.elapsed
+    );
+    sshd.assert_no_sessions(Duration::from_secs(3), "after the failed start");
+}
+
+/// A host that refuses the key (not in `authorized_keys`).
+#[test]
+fn a_host_refusing_the_key_is_reported_at_once() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-refused");
+    let _cleanup = Cleanup(mark.clone());
+    let stranger = sshd.new_key("stranger_key");
+    let config = sshd.write_client_config("ssh_config_stranger", Some(&stranger), true);
+    let r = over_ssh_with(&config, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
+        .args(["--rendezvous-timeout", "60"])
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    assert_host_error(
+        &r,
+        &sshd,
+        &[
+            "ssh could not start atlasboost agent there; ssh said:",
+            "Permission denied",
+        ],
+    );
+    assert!(r.elapsed < Duration::from_secs(20), "{}", ctx(&r, &sshd));
+}
+
+/// The worker directory is checked where the workers run: with only remote hosts, by their
+/// agents.
+#[test]
+fn a_worker_directory_missing_on_the_remote_hosts_fails_before_any_worker() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-wdir");
+    let _cleanup = Cleanup(mark.clone());
+    let wdir = format!("/nonexistent-{}", unique("wdir"));
+    let r = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
+        .args(["--wdir", &wdir, "--rendezvous-timeout", "60"])
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    assert_host_error(
+        &r,
+        &sshd,
+        &[
+            &format!("the worker directory {wdir} does not exist"),
+            "--wdir",
+        ],
+    );
+    assert!(r.elapsed < Duration::from_secs(20), "{}", ctx(&r, &sshd));
+    sshd.assert_no_sessions(Duration::from_secs(3), "after the failed start");
+}
+
+/// `--ssh-port`, `--ssh-identity` and `--remote-atlasboost` reach ssh and the remote shell:
+/// the client configuration has neither port nor key, and the remote path has a space and a
+/// quote.
+#[test]
+fn ssh_port_identity_and_a_remote_path_that_needs_quoting() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-options");
+    let _cleanup = Cleanup(mark.clone());
+    let config = sshd.write_client_config("ssh_config_bare", None, false);
+    let port = sshd.port().to_string();
+    let key = sshd.client_key();
+    let run = over_ssh_with(
+        &config,
+        &mark,
+        &["--sim", "1", "-H", "127.0.0.2:1,127.0.0.3:1"],
+    );
+    let odd: PathBuf = run.dir().join("odd dir").join("it's atlasboost");
+    std::fs::create_dir_all(odd.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(atlasboost_bin(), &odd).unwrap();
+    let r = run
+        .args(["--ssh-port", &port, "--ssh-identity"])
+        .args([key.as_os_str()])
+        .args(["--remote-atlasboost"])
+        .args([odd.as_os_str()])
+        .args(["--", "sh", "-c"])
+        .args([r#"echo "agent: $(tr '\0' '|' < /proc/$PPID/cmdline)""#])
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx}");
+    for rank in 0..2 {
+        let lines = crate::rank_lines(&r.out(), rank, "stdout");
+        assert_eq!(
+            lines,
+            [format!("agent: {}|agent|", odd.display())],
+            "rank {rank}'s parent is `{} agent`\n{ctx}",
+            odd.display()
+        );
+    }
+}
+
+/// A launcher that stops (SIGSTOP) sends no heartbeats: after 4 s each agent takes it for
+/// gone and stops its workers, though the ssh sessions are still open.
+#[test]
+fn agents_stop_their_workers_when_the_launchers_heartbeats_stop() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-stopped");
+    let _cleanup = Cleanup(mark.clone());
+    let (launch, agents) = start_forking_job(&sshd, &mark, "30");
+    let stopped = Instant::now();
+    launch.signal(Signal::SIGSTOP);
+    // 4 s without heartbeats, 1 s of grace, 2 s of slack for a busy machine.
+    let gone = wait_until(Duration::from_secs(7), || {
+        pids_with_env(MARK, &mark).is_empty()
+    });
+    let took = stopped.elapsed();
+    launch.signal(Signal::SIGCONT);
+    assert!(
+        gone,
+        "the launcher has been stopped for {took:?}; its agents still run the workers: {:#?}",
+        pids_with_env(MARK, &mark)
+    );
+    assert!(
+        took > Duration::from_secs(3),
+        "the workers ended after {took:?}, before any heartbeat was missed"
+    );
+    let r = launch.wait_at_most(Duration::from_secs(15));
+    let ctx = ctx(&r, &sshd);
+    assert!(
+        r.code().is_some_and(|c| c != 0),
+        "the job failed, with an exit code\n{ctx}"
+    );
+    assert_eq!(r.error_lines().len(), 1, "one `error:` line\n{ctx}");
+    assert!(!r.out().contains("not stopped"), "{ctx}");
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &agents,
+        Duration::from_secs(3),
+        "after the launcher resumed",
+    );
+}
+
+/// The launcher's stdout is a pipe nobody reads for 6 s (a terminal paused with Ctrl-S,
+/// `| less` before scrolling, a slow log shipper): writing to it blocks, as it does with local
+/// workers, and every line must still arrive once it is read. Being slow to print is not
+/// losing a host: neither side may take the other for gone because the launcher was blocked
+/// on its own console.
+#[test]
+fn a_console_blocked_for_a_while_loses_neither_hosts_nor_lines() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-slow-console");
+    let _cleanup = Cleanup(mark.clone());
+    let r = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "1", "-H", "127.0.0.2:1,127.0.0.3:1"],
+    )
+    .args(["--", "seq", "1", "100000"])
+    .nonblocking_stdout(Duration::from_secs(6))
+    .timeout(Duration::from_secs(60))
+    .run();
+    let ctx = ctx(&r, &sshd);
+    let by_rank = crate::lines_by_rank(&r.out(), "stdout");
+    let counts: Vec<usize> = (0..2)
+        .map(|rank| by_rank.get(&rank).map_or(0, Vec::len))
+        .collect();
+    assert_eq!(
+        r.code(),
+        Some(0),
+        "stdout not read for 6 s; lines per rank that arrived: {counts:?} of 100000\n\
+         --- stderr ---\n{}",
+        r.err()
+    );
+    let want: Vec<String> = (1..=100_000).map(|i| i.to_string()).collect();
+    for rank in 0..2 {
+        assert!(
+            by_rank.get(&rank) == Some(&want),
+            "rank {rank}: {} of 100000 lines arrived\n{ctx}",
+            counts[rank as usize]
+        );
+    }
+    sshd.assert_no_sessions(Duration::from_secs(3), "after the job");
+}
+
+/// A script that stands in for atlasboost on the "remote" hosts (`--remote-atlasboost`):
+/// `prelude` first (shell commands), then `exec <bin> "$@"`. On 127.0.0.3 (the server address
+/// of its ssh session) it never starts the agent but reads its stdin to the end: a host that
+/// is slow to join, and goes away with its session.
+fn wrapper(run: &Run, prelude: &str, slow_3: bool) -> PathBuf {
+    let slow = if slow_3 {
+        "case \"$SSH_CONNECTION\" in *' 127.0.0.3 '*) cat >/dev/null; exit 0 ;; esac\n"
+    } else {
+        ""
+    };
+    run.file(
+        "remote-atlasboost.sh",
+        format!("#!/bin/sh\n{slow}{prelude}\nexec '{}' \"$@\"\n", bin()),
+        true,
+    )
+}
+
+/// The `atlasboost agent` processes below the server now.
+fn agents_below(sshd: &Sshd) -> BTreeSet<i32> {
+    let bin = bin();
+    sshd.sessions()
+        .iter()
+        .map(|p| p.pid)
+        .filter(|&pid| cmdline(pid).is_some_and(|c| c == [bin.as_str(), "agent"]))
+        .collect()
+}
+
+/// A host that never joins: the rendezvous times out, naming it.
+#[test]
+fn a_remote_host_that_never_joins_times_out_naming_it() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-nojoin");
+    let _cleanup = Cleanup(mark.clone());
+    let run = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "1", "-H", "127.0.0.2:1,127.0.0.3:1"],
+    );
+    let slow = wrapper(&run, "", true);
+    let r = run
+        .args(["--rendezvous-timeout", "2", "--remote-atlasboost"])
+        .args([&slow])
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(125), "{ctx}");
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    assert!(
+        errors[0].contains("127.0.0.3") && !errors[0].contains("127.0.0.2"),
+        "the error names the host that did not join, and only it: {}\n{ctx}",
+        errors[0]
+    );
+    assert!(
+        r.elapsed < Duration::from_secs(10),
+        "--rendezvous-timeout 2, yet {:?}\n{ctx}",
+        r.elapsed
+    );
+    assert!(!r.out().contains("WORKER-RAN"), "{ctx}");
+    // 127.0.0.2's agent waits for the rendezvous 2 s more than the launcher at most.
+    sshd.assert_no_sessions(Duration::from_secs(5), "after the rendezvous timed out");
+}
+
+/// `kill -9` of the launcher while a host is still joining: the agents already waiting in the
+/// rendezvous must go too (their stdin has closed), not wait for their own rendezvous timeout
+/// (`--rendezvous-timeout`, 120 s by default).
+#[test]
+fn kill_9_of_the_launcher_while_a_host_joins_leaves_no_agent() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-kill9-join");
+    let _cleanup = Cleanup(mark.clone());
+    let run = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "1", "-H", "127.0.0.2:1,127.0.0.3:1"],
+    );
+    let slow = wrapper(&run, "", true);
+    let launch = run
+        .args(["--rendezvous-timeout", "60", "--remote-atlasboost"])
+        .args([&slow])
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    let mut agents = BTreeSet::new();
+    let found = wait_until(Duration::from_secs(20), || {
+        agents = agents_below(&sshd);
+        !agents.is_empty()
+    });
+    assert!(found, "127.0.0.2's agent starts\n{}", sshd_log(&sshd));
+    // Let it get into the rendezvous (it has nothing else to do than probe and connect).
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = Instant::now();
+    launch.signal(Signal::SIGKILL);
+    let r = launch.wait_at_most(Duration::from_secs(5));
+    assert_eq!(r.status.code(), None, "{}", r.describe());
+    // As for kill -9 mid-job: 5 s, and 2 s for the news to cross ssh on a busy machine.
+    assert_agents_gone(
+        &agents,
+        Duration::from_secs(7).saturating_sub(killed.elapsed()),
+        "127.0.0.2's agent, waiting in the rendezvous (--rendezvous-timeout 60), after kill -9 \
+         of the launcher",
+    );
+    sshd.assert_no_sessions(
+        Duration::from_secs(7).saturating_sub(killed.elapsed()),
+        "after kill -9 of the launcher during the rendezvous",
+    );
+}
+
+/// A login script that prints on stdout before the agent starts (a banner, a `.bashrc` that
+/// echoes) must not break the channel, nor reach the workers' output.
+#[test]
+fn a_login_banner_on_stdout_does_not_break_the_channel() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-banner");
+    let _cleanup = Cleanup(mark.clone());
+    let run = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "1", "-H", "127.0.0.2:1,127.0.0.3:1"],
+    );
+    // Noise, including a start of the agent's greeting that is not one.
+    let noisy = wrapper(
+        &run,
+        "echo 'Welcome to a remote host'; printf '\\000atlasboost-agent'; echo ' (not yet)'",
+        false,
+    );
+    let r = run
+        .args(["--remote-atlasboost"])
+        .args([&noisy])
+        .args(["--", "sh", "-c", "echo \"rank $RANK_ID here\""])
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx}");
+    for rank in 0..2 {
+        assert_eq!(
+            crate::rank_lines(&r.out(), rank, "stdout"),
+            [format!("rank {rank} here")],
+            "{ctx}"
+        );
+    }
+    assert!(
+        !r.out().contains("Welcome") && !r.out().contains("not yet"),
+        "the banner is not workers' output\n{ctx}"
+    );
+    sshd.assert_no_sessions(Duration::from_secs(3), "after the job");
+}
+
+/// The value of `name` in the environment of `pid`.
+fn env_of(pid: i32, name: &str) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{name}=");
+    environ
+        .split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The agent of one host is killed (SIGKILL, say the OOM killer): its lifeline stops that
+/// host's workers, the launcher names the host and stops the other host's.
+#[test]
+fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-agent-killed");
+    let _cleanup = Cleanup(mark.clone());
+    let (launch, agents) = start_forking_job(&sshd, &mark, "30");
+    let of_3: BTreeSet<i32> = pids_with_env(MARK, &mark)
+        .iter()
+        .filter(|p| agents.contains(&p.ppid))
+        .filter(|p| env_of(p.pid, "ATLASBOOST_SERVER_ID").as_deref() == Some("127.0.0.3"))
+        .map(|p| p.ppid)
+        .collect();
+    assert_eq!(of_3.len(), 1, "one agent runs 127.0.0.3's workers");
+    let agent = *of_3.iter().next().unwrap();
+    let killed = Instant::now();
+    kill(Pid::from_raw(agent), Signal::SIGKILL).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    assert!(
+        errors[0].starts_with("error: host 127.0.0.3 failed first"),
+        "the error names the host: {}\n{ctx}",
+        errors[0]
+    );
+    assert!(!r.out().contains("not stopped"), "{ctx}");
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &agents,
+        Duration::from_secs(5).saturating_sub(killed.elapsed()),
+        "after 127.0.0.3's agent was killed",
+    );
+}
