@@ -269,6 +269,18 @@ enum PipeState {
     Ended,
 }
 
+impl Running {
+    /// A worker with no process of this launcher's: a remote host's, or one never started.
+    fn elsewhere() -> Running {
+        Running {
+            pid: None,
+            started: Instant::now(),
+            ended: None,
+            group_gone: true,
+        }
+    }
+}
+
 struct Pipe {
     lane: usize,
     stream: Stream,
@@ -304,22 +316,9 @@ pub fn run_workers(
     let mut pipes: Vec<Pipe> = Vec::with_capacity(workers.len() * 2);
     let mut failed = None;
     for (lane, w) in workers.iter().enumerate() {
-        if !w.local {
-            running.push(Running {
-                pid: None,
-                started: Instant::now(),
-                ended: None,
-                group_gone: true,
-            });
-            continue;
-        }
-        if failed.is_some() {
-            running.push(Running {
-                pid: None,
-                started: Instant::now(),
-                ended: None,
-                group_gone: true,
-            });
+        // A remote host's worker, or one after a failed start: no process here.
+        if !w.local || failed.is_some() {
+            running.push(Running::elsewhere());
             continue;
         }
         match spawn(plan, w) {
@@ -346,12 +345,7 @@ pub fn run_workers(
                     host: w.host.clone(),
                     reason: e,
                 });
-                running.push(Running {
-                    pid: None,
-                    started: Instant::now(),
-                    ended: None,
-                    group_gone: true,
-                });
+                running.push(Running::elsewhere());
             }
         }
     }

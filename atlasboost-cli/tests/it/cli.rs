@@ -1599,3 +1599,43 @@ print("rank", os.environ["RANK_ID"], "logical", os.environ["DEVICE_ID"], "physic
     run(dir.path(), &["validate", "rank_table.json"]).expect_code(SUCCESS);
     assert!(table.contains("\"device_id\": \"7\""), "{table}");
 }
+
+#[test]
+fn driver_faults_show_in_the_table_or_the_error() {
+    let dir = tempdir();
+    let driver = |fault: &str| {
+        run_env(
+            dir.path(),
+            &[
+                "ranktable",
+                "--probe",
+                "dsmi",
+                "--server-id",
+                "10.0.0.1",
+                "-o",
+                "-",
+            ],
+            &[
+                ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+                ("ATLASBOOST_FAKE_DSMI_FAULTS", fault),
+            ],
+        )
+    };
+    // An unhealthy device is named, with the driver's code.
+    driver("unhealthy:5=2")
+        .expect_code(FAILURE)
+        .stderr_has(&["device 5 of host 10.0.0.1", "(2)"]);
+    // A device without an address: a single server's table may leave device_ip out (HCCL
+    // needs it only between servers), so the entry is written without one.
+    let out = driver("no-ip:3");
+    out.expect_code(SUCCESS);
+    let table: Value = serde_json::from_str(&out.stdout).unwrap();
+    let devices = table["server_list"][0]["device"].as_array().unwrap();
+    assert_eq!(devices[3]["device_id"], "3");
+    assert!(devices[3].get("device_ip").is_none(), "{}", out.stdout);
+    assert_eq!(devices[4]["device_ip"], "192.168.100.105");
+    // A failing driver call is named with its code.
+    driver("fail:dsmi_get_device_ip_address@6=13")
+        .expect_code(FAILURE)
+        .stderr_has(&["dsmi_get_device_ip_address(device 6) returned 13 (BUSY"]);
+}
