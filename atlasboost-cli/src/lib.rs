@@ -2,8 +2,8 @@
 //!
 //! - [`commands`]: `ranktable`, `merge`, `validate` and `probe`, the commands that need no
 //!   launch;
-//! - [`launch`]: `atlasboost run` on this machine's hosts (plan, rendezvous, workers, output,
-//!   signals). Remote hosts over ssh (`atlasboost agent`) are not built yet.
+//! - [`launch`]: `atlasboost run` (plan, rendezvous, workers, output, signals), on this
+//!   machine's hosts and, over ssh, on others (`atlasboost agent`).
 #![deny(missing_docs)]
 
 pub mod cli;
@@ -48,12 +48,15 @@ pub fn main_entry() -> ExitCode {
     }
 }
 
-/// Prints `error: ...` and one `caused by:` line per source.
+/// Prints `error: ...` and one `caused by:` line per source (on a closed stderr: nothing, and
+/// no panic; the exit code still tells).
 fn report(e: &CliError) {
-    eprintln!("error: {e}");
+    use std::io::Write;
+    let mut text = format!("error: {e}\n");
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
-        eprintln!("  caused by: {s}");
+        text.push_str(&format!("  caused by: {s}\n"));
         source = s.source();
     }
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }

@@ -11,6 +11,7 @@ mod errors;
 mod failure;
 mod lifetime;
 mod output;
+mod relay;
 mod signals;
 mod ssh;
 

@@ -2,8 +2,8 @@
 //! write it. The launcher is the coordinator and decides the table for everyone, so every host
 //! writes the same bytes.
 //!
-//! Local hosts run [`run_agent`] on a thread of the launcher; a remote host will run the same
-//! function inside `atlasboost agent`.
+//! Local hosts run [`run_agent`] on a thread of the launcher; a remote host runs the same
+//! function inside `atlasboost agent` ([`agent_main`]).
 
 use std::collections::HashSet;
 use std::ffi::OsString;

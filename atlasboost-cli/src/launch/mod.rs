@@ -7,7 +7,8 @@
 //! their agent on a thread of the launcher. Then [`supervise::run_workers`] starts one worker
 //! per table entry and watches them to the end.
 //!
-//! Hosts on other machines (over ssh) are not supported yet: the launcher refuses them.
+//! Hosts on other machines are reached over ssh ([`remote`]): one session per host runs
+//! `atlasboost agent`, the same agent code, which reports over the [`channel`].
 
 pub mod agent;
 pub mod channel;
@@ -64,6 +65,9 @@ const FULL_SUMMARY_MAX: usize = 64;
 /// (126/127).
 pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let started = Instant::now();
+    // Before anything can start a thread (the driver library's initialisers, when it is
+    // loaded below, may): every thread must inherit the blocked mask.
+    let signals = Signals::block()?;
     let hosts = plan_hosts(args)?;
     // Refuse what cannot work before anything starts.
     make_probe(&args.discovery, &hosts[0].server_id)?;
@@ -73,12 +77,35 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     if args.command.first().is_none_or(|c| c.is_empty()) {
         return Err(CliError::Usage("the command to run is empty".into()));
     }
+    // What can be checked before any host starts a worker is checked now.
+    if let Some(dir) = &args.log_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            CliError::Failure(format!(
+                "cannot create log directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
+    let known_size = args.np.map(u64::from).or_else(|| {
+        hosts
+            .iter()
+            .map(|h| h.slots.map(u64::from))
+            .sum::<Option<u64>>()
+    });
+    if let (Some(list), Some(size)) = (&args.ranks, known_size)
+        && let Some(bad) = list.ranks.iter().find(|r| u64::from(**r) >= size)
+    {
+        return Err(CliError::Usage(format!(
+            "--ranks {}: rank {bad} is not in this job of {size} ranks (0-{})",
+            list.text,
+            size - 1
+        )));
+    }
     let bind = rendezvous_address(args, &hosts)?;
     printer.detail(&format!("atlasboost: rendezvous at {bind}"));
 
     // Every worker takes two pipes; a job of many local ranks must not hit the soft limit.
     supervise::raise_fd_limit();
-    let signals = Signals::block()?;
     // Orphaned children of workers are re-parented to the launcher, which reaps them.
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let mut lifeline = Lifeline::start()?;
@@ -408,6 +435,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
 
     let progress = std::io::stderr().is_terminal() && !printer.is_quiet();
     let started = Instant::now();
+    let join_limit = args.rendezvous_timeout + AGENT_SLACK + AGENT_SLACK;
     let mut shown = false;
     let mut local: Vec<Option<Prepared>> = hosts.iter().map(|_| None).collect();
     // A local agent's error, and a remote host's own diagnosis (ssh's words), which beats the
@@ -422,7 +450,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             .find(|s| *s != Signal::SIGCHLD)
         {
             if shown {
-                eprintln!();
+                to_stderr("\n");
             }
             return Ok(Joined::Interrupted(s));
         }
@@ -458,19 +486,45 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             // Only remote hosts left to hear from: wait on their output, not on a clock.
             wait_readable(&remotes, Duration::from_millis(20));
         }
+        if started.elapsed() > join_limit {
+            // The round itself is bounded by the coordinator; this bounds what comes after it
+            // (a host that never says it wrote the table: a hung file system, a stalled link).
+            let waiting: Vec<String> = hosts
+                .iter()
+                .enumerate()
+                .filter(|(i, h)| {
+                    if h.local {
+                        local[*i].is_none()
+                    } else {
+                        remote_index
+                            .iter()
+                            .position(|r| r == i)
+                            .is_some_and(|r| !remotes[r].ready)
+                    }
+                })
+                .map(|(_, h)| h.describe())
+                .collect();
+            failure = Some(CliError::Failure(format!(
+                "host{} {} did not report the table written within {:.0?}",
+                if waiting.len() == 1 { "" } else { "s" },
+                waiting.join(", "),
+                join_limit
+            )));
+            break;
+        }
         if progress && started.elapsed() > Duration::from_secs(1) {
-            eprint!(
+            to_stderr(&format!(
                 "\ratlasboost: hosts joined: {}/{} ({:.0?}, timeout {:.0?})",
                 coordinator.joined(),
                 hosts.len(),
                 started.elapsed(),
                 args.rendezvous_timeout
-            );
+            ));
             shown = true;
         }
     }
     if shown {
-        eprintln!();
+        to_stderr("\n");
     }
     let coordinator_failure = coordinator.failure();
     let report = coordinator.finish();
@@ -566,6 +620,13 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> O
         }
     }
     None
+}
+
+/// Progress text on stderr; a closed stderr is not worth a panic.
+fn to_stderr(text: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
 }
 
 /// `host X: message`, unless the message already names the host.

@@ -120,6 +120,8 @@ struct Sink {
     closed: bool,
     /// A write had to wait for the reader (see [`Output::take_stall`]).
     stalled: bool,
+    /// How long a write may wait for a reader that takes nothing (`None`: for ever).
+    deadline: Option<Duration>,
 }
 
 impl Sink {
@@ -129,13 +131,14 @@ impl Sink {
             buf: Vec::with_capacity(1 << 16),
             closed: false,
             stalled: false,
+            deadline: None,
         })
     }
 
     fn flush(&mut self) {
         if !self.closed && !self.buf.is_empty() {
             let started = Instant::now();
-            self.closed = write_fully(&self.file, &self.buf).is_err();
+            self.closed = write_fully(&self.file, &self.buf, self.deadline).is_err();
             if started.elapsed() >= STALL {
                 self.stalled = true;
             }
@@ -146,7 +149,10 @@ impl Sink {
 
 /// Writes all of `buf`, also to a descriptor someone left non-blocking: on `EAGAIN` it waits
 /// until the reader makes room, as a blocking write would.
-fn write_fully(file: &File, mut buf: &[u8]) -> io::Result<()> {
+///
+/// With a `deadline`, a reader that takes no byte for that long is given up on (`TimedOut`):
+/// that is how an agent notices a launcher that vanished without closing the connection.
+fn write_fully(file: &File, mut buf: &[u8], deadline: Option<Duration>) -> io::Result<()> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     while !buf.is_empty() {
         match (&*file).write(buf) {
@@ -154,7 +160,12 @@ fn write_fully(file: &File, mut buf: &[u8]) -> io::Result<()> {
             Ok(n) => buf = &buf[n..],
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLOUT)];
-                poll(&mut fds, PollTimeout::NONE).map_err(io::Error::from)?;
+                let timeout = deadline.map_or(PollTimeout::NONE, |d| {
+                    PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
+                });
+                if poll(&mut fds, timeout).map_err(io::Error::from)? == 0 {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -244,7 +255,21 @@ impl Output {
     pub fn upstream(ranks: &[u32]) -> Result<Output, CliError> {
         let mut output = Output::new(OutputOptions::default(), ranks)?;
         output.upstream = true;
+        // The launcher reads this; if it stops reading for as long as it may stay silent, it
+        // is gone (a machine that lost its network closes nothing), and the agent must not
+        // block for ever holding its workers.
+        let _ = nix::fcntl::fcntl(
+            &output.out.file,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        );
+        output.out.deadline = Some(super::channel::LOST_AFTER);
         Ok(output)
+    }
+
+    /// An agent's launcher stopped reading (or its connection is gone): nothing more can be
+    /// sent.
+    pub fn upstream_closed(&self) -> bool {
+        self.upstream && self.out.closed
     }
 
     /// Sends a message to the launcher now (an agent's output only).

@@ -62,6 +62,12 @@ impl Signals {
     ///
     /// [`CliError::Failure`] if the mask or the signalfd cannot be set up.
     pub fn block() -> Result<Signals, CliError> {
+        // An ignored SIGCHLD, inherited across exec from a parent that set it (Python's
+        // `signal(SIGCHLD, SIG_IGN)`), would make the kernel reap the workers unseen. The other
+        // signals keep their inherited disposition: `nohup` ignoring SIGHUP is respected.
+        // SAFETY: the default disposition installs no handler code.
+        unsafe { nix::sys::signal::signal(Signal::SIGCHLD, nix::sys::signal::SigHandler::SigDfl) }
+            .map_err(|e| CliError::Failure(format!("cannot reset SIGCHLD: {e}")))?;
         let mut set = SigSet::empty();
         for s in HANDLED {
             set.add(s);
@@ -606,7 +612,7 @@ impl<'a> Supervisor<'a> {
             self.next_heartbeat = now + HEARTBEAT;
         }
         let mut lost = Vec::new();
-        let mut upstream_lost = false;
+        let mut upstream_lost = None;
         match &mut self.role {
             Role::Launcher(remotes) => {
                 for (h, r) in remotes.iter_mut().enumerate() {
@@ -631,16 +637,18 @@ impl<'a> Supervisor<'a> {
                 if due {
                     output.send(&Up::Heartbeat);
                 }
-                if !up.lost && up.last_heard.elapsed() > LOST_AFTER {
-                    upstream_lost = true;
+                if !up.lost && output.upstream_closed() {
+                    upstream_lost = Some("the launcher stopped reading what this host sends");
+                } else if !up.lost && up.last_heard.elapsed() > LOST_AFTER {
+                    upstream_lost = Some("no heartbeat from the launcher");
                 }
             }
         }
         for (h, why) in lost {
             self.host_lost(h, why, output);
         }
-        if upstream_lost {
-            self.upstream_lost("no heartbeat from the launcher", output);
+        if let Some(why) = upstream_lost {
+            self.upstream_lost(why, output);
         }
     }
 
@@ -852,6 +860,17 @@ impl<'a> Supervisor<'a> {
                 for m in messages {
                     self.on_remote(h, m, output);
                 }
+                // The same read may have met the end of the session.
+                if let Role::Launcher(remotes) = &self.role {
+                    let r = &remotes[h];
+                    if r.out.is_none() && !r.done && r.lost.is_none() {
+                        let why = format!(
+                            "its ssh session ended before its workers did; ssh said: {}",
+                            r.err_tail()
+                        );
+                        self.host_lost(h, why, output);
+                    }
+                }
             }
             Ok(None) => {
                 let r = &remotes[h];
@@ -1039,6 +1058,12 @@ impl<'a> Supervisor<'a> {
             let Some(i) = self.running.iter().position(|r| r.pid == Some(pid)) else {
                 continue;
             };
+            // Its group may be empty now, its id free for reuse: find out before anything
+            // (the stop a failure starts) signals it.
+            if killpg(pid, None) == Err(Errno::ESRCH) {
+                self.running[i].group_gone = true;
+                self.lifeline.forget(pid.as_raw());
+            }
             self.worker_ended(i, ending, output);
         }
     }

@@ -1639,3 +1639,27 @@ fn driver_faults_show_in_the_table_or_the_error() {
         .expect_code(FAILURE)
         .stderr_has(&["dsmi_get_device_ip_address(device 6) returned 13 (BUSY"]);
 }
+
+#[test]
+fn run_sees_its_workers_exit_even_if_started_with_sigchld_ignored() {
+    // A parent that ignores SIGCHLD passes that on across exec; the kernel would then reap the
+    // workers unseen, and the launcher would wait for ever. `timeout` bounds this test.
+    let dir = tempdir();
+    let bin = env!("CARGO_BIN_EXE_atlasboost");
+    let script = format!(
+        "import os, signal\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n\
+         os.execv({bin:?}, [{bin:?}, 'run', '-q', '--sim', '1', '-H', '127.0.0.1', '--', 'sh', '-c', 'exit 3'])\n"
+    );
+    let out = Command::new("timeout")
+        .args(["20", "python3", "-c", &script])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python3");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the worker's exit code, not a hang (124): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

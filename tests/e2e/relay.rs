@@ -1,0 +1,98 @@
+//! The launcher–agent channel through a fake `ssh`: a script first on `PATH` that runs the
+//! remote command here, through a relay that can cut the stream or stop reading it. These are
+//! the failures a real network makes (a session that ends with its last data; a launcher
+//! machine that vanishes without closing anything), without a network.
+
+use std::time::Duration;
+
+use atlasboost_e2e::{LAUNCH_MARK, Run, assert_no_process_with_env, kill_marked, unique};
+
+/// Runs the remote command (its last argument) here. `E2E_CUT_AFTER=N`: pass N bytes of the
+/// agent's output, then end it. `E2E_STALL_AFTER=N`: pass N bytes, then stop reading without
+/// closing (a partitioned network).
+const FAKE_SSH: &str = r#"#!/bin/sh
+for a; do last="$a"; done
+if [ -n "$E2E_CUT_AFTER" ]; then
+  sh -c "$last" | head -c "$E2E_CUT_AFTER"
+elif [ -n "$E2E_STALL_AFTER" ]; then
+  sh -c "$last" | { head -c "$E2E_STALL_AFTER"; exec sleep 60; }
+else
+  exec sh -c "$last"
+fi
+"#;
+
+/// Workers that print without pause, marked so that they can be found.
+const CHATTY: [&str; 4] = ["--", "sh", "-c", "while :; do echo a line of output; done"];
+
+/// A launch of 2 "remote" hosts through the fake ssh; `worker` marks the workers.
+fn through_relay(relay: (&str, &str), worker: &str) -> Run {
+    let run = Run::new([
+        "run",
+        "--sim",
+        "1",
+        "-H",
+        "127.0.0.2:1,127.0.0.3:1",
+        "--grace",
+        "1",
+        "-x",
+    ])
+    .args([format!("E2E_WORKER={worker}")]);
+    let ssh = run.file("fakebin/ssh", FAKE_SSH, true);
+    let path = format!(
+        "{}:{}",
+        ssh.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    run.env("PATH", path)
+        .env("ATLASBOOST_SSH_ALL_HOSTS", "1")
+        .env(relay.0, relay.1)
+        .args(CHATTY)
+        .timeout(Duration::from_secs(40))
+}
+
+#[test]
+fn a_session_that_ends_with_its_last_data_is_seen_as_ended() {
+    let worker = unique("relay-cut");
+    let run = through_relay(("E2E_CUT_AFTER", "300000"), &worker);
+    let mark = run.mark().to_string();
+    let r = run.run();
+    kill_marked(LAUNCH_MARK, &mark);
+    r.assert_code(125);
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "{}", r.describe());
+    assert!(
+        errors[0].contains("its ssh session ended before its workers did"),
+        "the end of the session is named, not a heartbeat timeout: {}",
+        r.describe()
+    );
+    assert_no_process_with_env(
+        "E2E_WORKER",
+        &worker,
+        Duration::from_secs(7),
+        "after a cut session",
+    );
+}
+
+#[test]
+fn an_agent_whose_launcher_stops_reading_stops_its_workers() {
+    let worker = unique("relay-stall");
+    let run = through_relay(("E2E_STALL_AFTER", "300000"), &worker);
+    let mark = run.mark().to_string();
+    let r = run.run();
+    // The launcher hears nothing more from the stalled hosts: lost, named.
+    r.assert_code(125);
+    assert!(
+        r.err().contains("failed first"),
+        "a host is named as lost: {}",
+        r.describe()
+    );
+    // The agents cannot write; after LOST_AFTER (4 s) they give up and stop their workers,
+    // though the relay still holds their output open.
+    assert_no_process_with_env(
+        "E2E_WORKER",
+        &worker,
+        Duration::from_secs(10),
+        "workers of agents whose launcher stopped reading",
+    );
+    kill_marked(LAUNCH_MARK, &mark);
+}
