@@ -327,28 +327,10 @@ fn parse_export(s: &str) -> Result<(String, Option<String>), String> {
 }
 
 fn parse_rank_list(s: &str) -> Result<RankList, String> {
-    let mut ranks = std::collections::BTreeSet::new();
-    for part in s.split(',') {
-        let part = part.trim();
-        let num = |t: &str| {
-            t.trim()
-                .parse::<u32>()
-                .map_err(|_| format!("{t:?} is not a rank (expected e.g. 0 or 0-3,8)"))
-        };
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (num(a)?, num(b)?),
-            None => (num(part)?, num(part)?),
-        };
-        if lo > hi {
-            return Err(format!("range {part} runs backwards"));
-        }
-        if hi - lo > 1 << 20 {
-            return Err(format!("range {part} is larger than any job"));
-        }
-        ranks.extend(lo..=hi);
-    }
     Ok(RankList {
-        ranks,
+        ranks: atlasboost_core::parse_id_list(s, "rank", 1 << 20)?
+            .into_iter()
+            .collect(),
         text: s.to_string(),
     })
 }

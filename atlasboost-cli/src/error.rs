@@ -76,15 +76,3 @@ fn spawn_reason(e: &io::Error) -> String {
         _ => e.to_string(),
     }
 }
-
-/// An error and its causes on one line (`a: b: c`), for messages that cross to another host.
-pub fn one_line(e: &CliError) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}

@@ -51,12 +51,11 @@ pub fn main_entry() -> ExitCode {
 /// Prints `error: ...` and one `caused by:` line per source (on a closed stderr: nothing, and
 /// no panic; the exit code still tells).
 fn report(e: &CliError) {
-    use std::io::Write;
     let mut text = format!("error: {e}\n");
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         text.push_str(&format!("  caused by: {s}\n"));
         source = s.source();
     }
-    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+    printer::to_stderr(&text);
 }

@@ -51,11 +51,14 @@ impl Printer {
     }
 }
 
-/// A line on stderr. A closed stderr loses the message but does not stop atlasboost (which
-/// `eprintln!` would, by panicking): a launcher must go on supervising its workers.
+/// A line on stderr.
 fn say(message: &str) {
+    to_stderr(&format!("{message}\n"));
+}
+
+/// Text on stderr, flushed. A closed stderr loses it but does not stop atlasboost (which
+/// `eprintln!` would, by panicking): a launcher must go on supervising its workers.
+pub fn to_stderr(text: &str) {
     let mut err = io::stderr().lock();
-    let _ = err
-        .write_all(message.as_bytes())
-        .and_then(|()| err.write_all(b"\n"));
+    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
 }

@@ -186,42 +186,61 @@ impl FromStr for DeviceList {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let bad = |reason: String| Error::invalid_value("device list", s, reason);
-        let mut ids = BTreeSet::new();
-        for part in s.split(',') {
-            let part = part.trim();
-            if part.is_empty() {
-                return Err(bad("empty element (expected e.g. 0-3 or 0,1,4)".into()));
-            }
-            let parse = |t: &str| {
-                t.trim()
-                    .parse::<u32>()
-                    .map_err(|_| bad(format!("{t:?} is not a device id")))
-            };
-            let (lo, hi) = match part.split_once('-') {
-                Some((a, b)) => (parse(a)?, parse(b)?),
-                None => {
-                    let id = parse(part)?;
-                    (id, id)
-                }
-            };
-            if lo > hi {
-                return Err(bad(format!("range {part} runs backwards")));
-            }
-            if hi - lo > 1024 {
-                return Err(bad(format!("range {part} is larger than any server")));
-            }
-            for id in lo..=hi {
-                if !ids.insert(id) {
-                    return Err(bad(format!("device {id} is listed twice")));
-                }
-            }
-        }
+        let ids = parse_id_list(s, "device", 1024)
+            .map_err(|reason| Error::invalid_value("device list", s, reason))?;
         Ok(DeviceList {
-            ids,
+            ids: ids.into_iter().collect(),
             text: s.to_string(),
         })
     }
+}
+
+/// Parses an id list as users write them (`0-3`, `0,1,4`, `0-1,6-7`): the ids in the order
+/// written. The one parser behind `--devices`, `--ranks` and the visible-devices variables.
+///
+/// # Errors
+///
+/// Why the text is not a list, naming the element: an empty element, a word that is not a
+/// number, a range that runs backwards or spans more than `max_span` ids, an id given twice.
+/// `what` names the ids in the messages (`device`, `rank`).
+pub fn parse_id_list(
+    text: &str,
+    what: &str,
+    max_span: u32,
+) -> std::result::Result<Vec<u32>, String> {
+    let mut ids = Vec::new();
+    let mut seen = BTreeSet::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err("empty element (expected e.g. 0-3 or 0,1,4)".into());
+        }
+        let parse = |t: &str| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{t:?} is not a {what} id"))
+        };
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (parse(a)?, parse(b)?),
+            None => {
+                let id = parse(part)?;
+                (id, id)
+            }
+        };
+        if lo > hi {
+            return Err(format!("range {part} runs backwards"));
+        }
+        if hi - lo > max_span {
+            return Err(format!("range {part} spans more than {max_span} {what}s"));
+        }
+        for id in lo..=hi {
+            if !seen.insert(id) {
+                return Err(format!("{what} {id} is listed twice"));
+            }
+            ids.push(id);
+        }
+    }
+    Ok(ids)
 }
 
 /// Keeps the devices whose physical id is in `list`.
@@ -292,7 +311,7 @@ mod tests {
             ("a", "\"a\" is not a device id"),
             ("3-1", "backwards"),
             ("1,1", "listed twice"),
-            ("0-99999", "larger"),
+            ("0-99999", "spans more than 1024 devices"),
             ("-1", "\"\" is not a device id"),
         ] {
             let err = input.parse::<DeviceList>().unwrap_err().to_string();

@@ -45,7 +45,7 @@ mod rendezvous;
 pub mod worker_env;
 mod world;
 
-pub use device::{Chip, Device, DeviceList, DeviceProbe, Health, select_devices};
+pub use device::{Chip, Device, DeviceList, DeviceProbe, Health, parse_id_list, select_devices};
 pub use env_vars::EnvVars;
 pub use error::{BoxError, Error, Result};
 pub use rendezvous::Rendezvous;

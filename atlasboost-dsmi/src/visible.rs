@@ -123,34 +123,11 @@ fn pick(
 
 /// `0-3`, `1,3`, `0-2,4`: ids in the order written.
 fn parse_list(variable: &'static str, value: &str) -> Result<Vec<u32>, DsmiError> {
-    let bad = |reason: String| DsmiError::BadVisible {
+    atlasboost_core::parse_id_list(value, "device", 64).map_err(|reason| DsmiError::BadVisible {
         variable,
         value: value.to_string(),
         reason,
-    };
-    let mut ids = Vec::new();
-    for part in value.split(',') {
-        let part = part.trim();
-        let num = |t: &str| {
-            t.trim()
-                .parse::<u32>()
-                .map_err(|_| bad(format!("{t:?} is not a device id")))
-        };
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (num(a)?, num(b)?),
-            None => (num(part)?, num(part)?),
-        };
-        if lo > hi || hi - lo > 64 {
-            return Err(bad(format!("{part:?} is not a range of device ids")));
-        }
-        for id in lo..=hi {
-            if ids.contains(&id) {
-                return Err(bad(format!("device {id} is listed twice")));
-            }
-            ids.push(id);
-        }
-    }
-    Ok(ids)
+    })
 }
 
 fn join(ids: &[u32]) -> String {
@@ -214,7 +191,7 @@ mod tests {
             "{e}"
         );
         let e = parse_list(EnvVars::ASCEND_VISIBLE_DEVICES, "3-1").unwrap_err();
-        assert!(e.to_string().contains("not a range"), "{e}");
+        assert!(e.to_string().contains("range 3-1 runs backwards"), "{e}");
         let v = VisibleDevices {
             physical: Some(vec![9]),
             runtime: None,

@@ -446,7 +446,7 @@ pub fn agent_main() -> u8 {
             let code = e.exit_code();
             say(&Up::Failed {
                 code,
-                message: crate::error::one_line(&e),
+                message: error_chain(&e),
             });
             code
         }

@@ -47,7 +47,7 @@ use crate::cli::{RankOrderArg, RunArgs};
 use crate::commands::counted;
 use crate::commands::devices::make_probe;
 use crate::error::CliError;
-use crate::printer::Printer;
+use crate::printer::{Printer, to_stderr};
 
 /// How much longer an agent waits for the launcher's answer than the launcher waits for the
 /// agents, so that a timeout is reported by the one that knows who is missing.
@@ -622,13 +622,6 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> O
     None
 }
 
-/// Progress text on stderr; a closed stderr is not worth a panic.
-fn to_stderr(text: &str) {
-    use std::io::Write;
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
-}
-
 /// `host X: message`, unless the message already names the host.
 pub(crate) fn about_host(host: &str, message: &str) -> String {
     if message.contains(&format!("host {host}")) {
@@ -748,10 +741,7 @@ fn report(result: &JobResult, elapsed: Duration, printer: &Printer) {
     if let Some(h) = &result.host_failure {
         printer.error(&format!(
             "error: host {} failed first: {}",
-            h.host,
-            h.message
-                .strip_prefix(&format!("host {}: ", h.host))
-                .unwrap_or(&h.message)
+            h.host, h.message
         ));
     } else if let Some(s) = result.interrupted {
         printer.error(&format!(

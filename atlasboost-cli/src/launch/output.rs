@@ -310,11 +310,15 @@ impl Output {
                 .and_then(|()| logs[i].write_all(b"\n"));
         }
         if stream == Stream::Stderr {
-            if l.tail.len() == TAIL_LINES {
-                l.tail.pop_front();
-            }
-            l.tail
-                .push_back(line[..line.len().min(TAIL_LINE_BYTES)].to_vec());
+            // Once the tail is full, the oldest line's buffer is reused: no allocation per line.
+            let mut kept = if l.tail.len() == TAIL_LINES {
+                l.tail.pop_front().unwrap_or_default()
+            } else {
+                Vec::with_capacity(TAIL_LINE_BYTES)
+            };
+            kept.clear();
+            kept.extend_from_slice(&line[..line.len().min(TAIL_LINE_BYTES)]);
+            l.tail.push_back(kept);
         }
         if !l.shown {
             return;

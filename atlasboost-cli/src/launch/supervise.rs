@@ -773,16 +773,7 @@ impl<'a> Supervisor<'a> {
             for m in messages {
                 self.on_remote(h, m, output);
             }
-            if let Role::Launcher(remotes) = &self.role {
-                let r = &remotes[h];
-                if r.out.is_none() && !r.done {
-                    let why = format!(
-                        "its ssh session ended before its workers did; ssh said: {}",
-                        r.err_tail()
-                    );
-                    self.host_lost(h, why, output);
-                }
-            }
+            self.check_session_end(h, output);
         }
     }
 
@@ -856,36 +847,32 @@ impl<'a> Supervisor<'a> {
             return;
         };
         match remotes[h].read_out(&mut self.buf) {
-            Ok(Some(messages)) => {
-                for m in messages {
+            Ok(messages) => {
+                for m in messages.into_iter().flatten() {
                     self.on_remote(h, m, output);
                 }
-                // The same read may have met the end of the session.
-                if let Role::Launcher(remotes) = &self.role {
-                    let r = &remotes[h];
-                    if r.out.is_none() && !r.done && r.lost.is_none() {
-                        let why = format!(
-                            "its ssh session ended before its workers did; ssh said: {}",
-                            r.err_tail()
-                        );
-                        self.host_lost(h, why, output);
-                    }
-                }
-            }
-            Ok(None) => {
-                let r = &remotes[h];
-                if !r.done && r.lost.is_none() {
-                    let why = format!(
-                        "its ssh session ended before its workers did; ssh said: {}",
-                        r.err_tail()
-                    );
-                    self.host_lost(h, why, output);
-                }
+                // The read may have met the end of the session, with or without data.
+                self.check_session_end(h, output);
             }
             Err(why) => {
                 let why = format!("its agent sent something that is not the protocol: {why}");
                 self.host_lost(h, why, output);
             }
+        }
+    }
+
+    /// A session whose output has ended before its agent said it was done: the host is lost.
+    fn check_session_end(&mut self, h: usize, output: &mut Output) {
+        let Role::Launcher(remotes) = &self.role else {
+            return;
+        };
+        let r = &remotes[h];
+        if r.out.is_none() && !r.done && r.lost.is_none() {
+            let why = format!(
+                "its ssh session ended before its workers did; ssh said: {}",
+                r.err_tail()
+            );
+            self.host_lost(h, why, output);
         }
     }
 
@@ -968,10 +955,6 @@ impl<'a> Supervisor<'a> {
             return;
         }
         let live = self.running.iter().filter(|r| r.ended.is_none()).count();
-        let why = why
-            .strip_prefix(&format!("host {host}: "))
-            .unwrap_or(&why)
-            .to_string();
         if live > 0 {
             output.message(&format!(
                 "atlasboost: host {host} failed: {why}; stopping the other {live} worker{}",

@@ -32,14 +32,7 @@ fn probe_with(vars: &[(&str, &str)]) -> atlasboost_core::Result<Vec<Device>> {
 
 fn error_with(vars: &[(&str, &str)]) -> String {
     let e = probe_with(vars).expect_err("the probe should fail");
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+    atlasboost_core::exchange::error_chain(&e)
 }
 
 #[test]
