@@ -142,3 +142,79 @@ pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, Str
         None => Ok(received),
     }
 }
+
+/// The floor under [`run_rendezvous`]: the same number of TCP connections on loopback, each
+/// sending a payload and reading a 1 KiB answer, with plain blocking sockets (one thread
+/// accepting, one connecting) and no ZeroMQ, framing or authentication. Returns the bytes
+/// answered.
+///
+/// # Errors
+///
+/// Any socket error, as text.
+pub fn run_tcp_floor(payloads: &[Vec<u8>]) -> Result<usize, String> {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrIn, bind, listen, socket,
+    };
+
+    const ANSWER: usize = 1024;
+    fn err(what: &'static str) -> impl Fn(std::io::Error) -> String {
+        move |e| format!("{what}: {e}")
+    }
+    // The standard listener's backlog (128) would drop connections and retry after 1 s; the
+    // coordinator asks for 4,096 too.
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| format!("socket: {e}"))?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::new(127, 0, 0, 1, 0),
+    )
+    .map_err(|e| format!("bind: {e}"))?;
+    let backlog = Backlog::new(4096).map_err(|e| format!("backlog: {e}"))?;
+    listen(&fd, backlog).map_err(|e| format!("listen: {e}"))?;
+    let listener = TcpListener::from(fd);
+    let addr: SocketAddr = listener.local_addr().map_err(err("local address"))?;
+    let sizes: Vec<usize> = payloads.iter().map(Vec::len).collect();
+    let server = std::thread::spawn(move || -> Result<(), String> {
+        let mut peers = Vec::with_capacity(sizes.len());
+        let mut buf = vec![0u8; sizes.iter().copied().max().unwrap_or(0)];
+        for _ in &sizes {
+            let (s, _) = listener.accept().map_err(err("accept"))?;
+            s.set_nodelay(true).map_err(err("nodelay"))?;
+            peers.push(s);
+        }
+        // Connections are accepted in the order they were made, so sizes line up.
+        for (s, n) in peers.iter_mut().zip(&sizes) {
+            s.read_exact(&mut buf[..*n])
+                .map_err(err("read a request"))?;
+        }
+        for s in &mut peers {
+            s.write_all(&[1u8; ANSWER]).map_err(err("answer"))?;
+        }
+        Ok(())
+    });
+    let mut clients = Vec::with_capacity(payloads.len());
+    for p in payloads {
+        let mut s = TcpStream::connect(addr).map_err(err("connect"))?;
+        s.set_nodelay(true).map_err(err("nodelay"))?;
+        s.write_all(p).map_err(err("send a request"))?;
+        clients.push(s);
+    }
+    let mut answer = [0u8; ANSWER];
+    let mut received = 0;
+    for s in &mut clients {
+        s.read_exact(&mut answer).map_err(err("read the answer"))?;
+        received += ANSWER;
+    }
+    server
+        .join()
+        .map_err(|_| "the accepting thread panicked".to_string())??;
+    Ok(received)
+}

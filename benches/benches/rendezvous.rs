@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use atlasboost_benches::{Answer, host_payloads, run_rendezvous};
+use atlasboost_benches::{Answer, host_payloads, run_rendezvous, run_tcp_floor};
 use criterion::{BenchmarkId, Criterion, criterion_group};
 
 fn rendezvous(c: &mut Criterion) {
@@ -20,6 +20,13 @@ fn rendezvous(c: &mut Criterion) {
     let heavy = std::env::var_os("ATLASBOOST_BENCH_HEAVY").is_some_and(|v| v == "1");
     for hosts in [512u32, 4096] {
         let payloads = host_payloads(hosts);
+        // What the kernel alone costs for as many connections: the floor under the others.
+        g.bench_with_input(BenchmarkId::new("tcp_floor", hosts), &payloads, |b, p| {
+            b.iter(|| match run_tcp_floor(black_box(p)) {
+                Ok(bytes) => bytes,
+                Err(why) => panic!("{hosts} plain TCP connections failed: {why}"),
+            })
+        });
         for (name, answer) in [
             ("all_gather", Answer::Everything),
             ("own_entry", Answer::OwnEntry),
