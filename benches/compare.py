@@ -5,6 +5,7 @@
     python3 benches/compare.py output [--runs 3] [--lines 250000] [--ranks 8]
     python3 benches/compare.py memory [--ranks 64] [--seconds 5]
     python3 benches/compare.py ssh [--runs 10] [--hosts 3]
+    python3 benches/compare.py init [--runs 10]
 
 - launch: wall time of starting 8 ranks of `true` and waiting for them
   (target: atlasboost/mpirun median <= 1.0).
@@ -16,6 +17,10 @@
 - ssh: the time from the launcher's start to the last worker started, for 1, 2 and 3 hosts x 4
   workers reached over ssh (a real sshd on 127.0.0.2-4, started by the script), against mpirun
   over the same ssh set-up (`--mca plm_rsh_agent`). Needs openssh-server.
+- init: library mode. 8 example workers (examples/init_worker.rs) calling init() under
+  `atlasboost run` and under `mpirun` (MPI rendezvous), against a C program doing only
+  MPI_Init + MPI_Allgather + MPI_Finalize under mpirun (target: atlasboost run < 0.5x the bare
+  MPI program). Needs `cargo build --release -p atlasboost-examples --features mpi` and mpicc.
 
 Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
 output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
@@ -237,6 +242,82 @@ def cmd_launch(args):
     if len(names) == 2:
         ratio = statistics.median(times["atlasboost"]) / statistics.median(times["mpirun"])
         print(f"\natlasboost/mpirun median: {ratio:.2f} (target <= 1.0: {verdict(ratio <= 1.0)})")
+
+
+# ---------------------------------------------------------------- init (library mode)
+
+BARE_MPI_C = r"""
+#include <mpi.h>
+#include <stdlib.h>
+/* What every MPI program pays before its first useful collective. */
+int main(int argc, char **argv) {
+    int rank, size;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int *all = malloc(sizeof(int) * size);
+    MPI_Allgather(&rank, 1, MPI_INT, all, 1, MPI_INT, MPI_COMM_WORLD);
+    int ok = 1;
+    for (int i = 0; i < size; i++) ok &= all[i] == i;
+    free(all);
+    MPI_Finalize();
+    return ok ? 0 : 1;
+}
+"""
+
+
+def find_init_worker(path):
+    p = Path(path) if path else REPO / "target" / "release" / "init-worker"
+    if not (p.is_file() and os.access(p, os.X_OK)):
+        die(f"no init-worker at {p}; build it with `cargo build --release -p atlasboost-examples --features mpi` in {REPO}")
+    return str(p)
+
+
+def cmd_init(args):
+    if args.runs < 1:
+        die("--runs must be at least 1")
+    names = selected(args.only, ["atlasboost", "mpirun-init", "bare-mpi"])
+    tmp = tempfile.mkdtemp(prefix="atlasboost-init-", dir=scratch_dir())
+    tools, cmds = {}, {}
+    worker = find_init_worker(args.init_worker)
+    if "atlasboost" in names:
+        tools["atlasboost"] = find_atlasboost(args.atlasboost)
+        cmds["atlasboost"] = [tools["atlasboost"], "run", "-q", "--sim", "8", "--wdir", tmp, "--", worker]
+    if names != ["atlasboost"]:
+        tools["mpirun"] = find_mpirun()
+    if "mpirun-init" in names:
+        cmds["mpirun-init"] = [tools["mpirun"], *MPIRUN_FLAGS, "-np", "8", "-x", "ATLASBOOST_SIM=8",
+                               "-x", f"ATLASBOOST_RANK_TABLE_FILE={tmp}/rank_table_mpi.json", worker]
+    if "bare-mpi" in names:
+        mpicc = shutil.which("mpicc")
+        if not mpicc:
+            die("mpicc not found; install it: apt-get install -y libopenmpi-dev")
+        src = Path(tmp) / "bare_mpi.c"
+        src.write_text(BARE_MPI_C)
+        exe = Path(tmp) / "bare_mpi"
+        subprocess.run([mpicc, "-O2", "-o", str(exe), str(src)], check=True)
+        tools["mpicc"] = mpicc
+        cmds["bare-mpi"] = [tools["mpirun"], *MPIRUN_FLAGS, "-np", "8", str(exe)]
+    print("# init: 8 workers start, learn their rank and device, and have a rank table (or an all-gather)\n")
+    print_machine(tools)
+    print_commands(cmds)
+    print(f"{args.runs} runs of each, alternating, after 2 warm-up runs of each; stdout and stderr to /dev/null\n")
+    times = {n: [] for n in names}
+    for _ in range(2):
+        for n in names:
+            run_checked(n, cmds[n], subprocess.DEVNULL)
+    for _ in range(args.runs):
+        for n in names:
+            times[n].append(run_checked(n, cmds[n], subprocess.DEVNULL))
+    shutil.rmtree(tmp, ignore_errors=True)
+    rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
+    print_table(["contender", "median ms", "min ms", "max ms"], rows)
+    if "bare-mpi" in names:
+        base = statistics.median(times["bare-mpi"])
+        for n in [n for n in names if n != "bare-mpi"]:
+            ratio = statistics.median(times[n]) / base
+            target = f" (target < 0.5: {verdict(ratio < 0.5)})" if n == "atlasboost" else ""
+            print(f"{n}/bare-mpi median: {ratio:.2f}{target}")
 
 
 # ---------------------------------------------------------------- output
@@ -501,6 +582,12 @@ def main():
     s = add("launch", "Time starting 8 ranks of `true`: atlasboost run vs mpirun.", "atlasboost,mpirun")
     s.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
     s.set_defaults(func=cmd_launch)
+
+    s = add("init", "Library mode: 8 init-workers under atlasboost run and under mpirun vs a bare MPI "
+            "program (MPI_Init + MPI_Allgather + MPI_Finalize).", "atlasboost,mpirun-init,bare-mpi")
+    s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
+    s.add_argument("--init-worker", metavar="PATH", help="the init-worker (default target/release/init-worker)")
+    s.set_defaults(func=cmd_init)
 
     s = add("output", "Line throughput of 8 chatty ranks: atlasboost run vs mpirun --tag-output vs a raw pipe.",
             "atlasboost,mpirun,raw")

@@ -30,9 +30,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of each stream a panic message shows (the end of it).
 const SHOWN_BYTES: usize = 4000;
 
-/// Variables the launcher sets for workers "unless set": removed from the launcher's own
-/// environment so that the test machine's environment cannot change what the tests see.
-const HERMETIC: [&str; 12] = [
+/// Variables the launcher sets for workers "unless set", and other launchers' variables:
+/// removed from the launched program's environment so that the test machine's environment
+/// cannot change what the tests see.
+const HERMETIC: [&str; 22] = [
     "OMP_NUM_THREADS",
     "PYTHONUNBUFFERED",
     "RANK_TABLE_FILE",
@@ -45,6 +46,17 @@ const HERMETIC: [&str; 12] = [
     "LOCAL_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
+    // Other launchers' variables, which init() would take for its own launch.
+    "ATLASBOOST_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
 ];
 
 /// The `atlasboost` binary under test: `$ATLASBOOST_BIN`, else the one cargo built next to
@@ -68,6 +80,23 @@ pub fn atlasboost_bin() -> PathBuf {
     assert!(
         bin.is_file(),
         "no atlasboost binary at {}: run `cargo build -p atlasboost-cli` first, or set ATLASBOOST_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// The example worker that calls `init()` (`examples/init_worker.rs`), built next to
+/// atlasboost by `cargo build --workspace` (with MPI support by `cargo build -p
+/// atlasboost-examples --features mpi`).
+///
+/// # Panics
+///
+/// When it has not been built, with the command that builds it.
+pub fn init_worker_bin() -> PathBuf {
+    let bin = atlasboost_bin().with_file_name("init-worker");
+    assert!(
+        bin.is_file(),
+        "no init-worker at {}: run `cargo build -p atlasboost-examples` first",
         bin.display()
     );
     bin
@@ -124,6 +153,8 @@ fn shown(bytes: &[u8]) -> String {
 /// fresh temporary directory) and time limit.
 #[derive(Debug)]
 pub struct Run {
+    /// The program: `None` is atlasboost.
+    program: Option<PathBuf>,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     dir: tempfile::TempDir,
@@ -145,6 +176,7 @@ impl Run {
         S: AsRef<OsStr>,
     {
         Run {
+            program: None,
             args: args.into_iter().map(|a| a.as_ref().to_owned()).collect(),
             env: Vec::new(),
             dir: tempfile::Builder::new()
@@ -155,6 +187,14 @@ impl Run {
             mark: unique("launch"),
             nonblocking_stdout: None,
         }
+    }
+
+    /// Runs `program` (with the arguments given to [`Run::new`]) instead of atlasboost, with
+    /// the same limits, environment clean-up and collection of output.
+    #[must_use]
+    pub fn program(mut self, program: impl Into<PathBuf>) -> Run {
+        self.program = Some(program.into());
+        self
     }
 
     /// Adds arguments.
@@ -229,7 +269,8 @@ impl Run {
     ///
     /// If it cannot be started.
     pub fn spawn(self) -> Launch {
-        let mut cmd = Command::new(atlasboost_bin());
+        let program = self.program.clone().unwrap_or_else(atlasboost_bin);
+        let mut cmd = Command::new(&program);
         cmd.args(&self.args)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
@@ -253,7 +294,10 @@ impl Run {
             cmd.env(k, v);
         }
         let described = format!(
-            "atlasboost {}",
+            "{} {}",
+            program
+                .file_name()
+                .map_or_else(|| program.to_string_lossy(), |n| n.to_string_lossy()),
             self.args
                 .iter()
                 .map(|a| a.to_string_lossy())

@@ -262,6 +262,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR")]
     pub rendezvous_addr: Option<std::net::IpAddr>,
 
+    /// Start the workers with mpirun; their init() does the rendezvous over MPI.
+    #[arg(long)]
+    pub mpi: bool,
+
     /// The command each worker runs, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,

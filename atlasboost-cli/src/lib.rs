@@ -3,7 +3,8 @@
 //! - [`commands`]: `ranktable`, `merge`, `validate` and `probe`, the commands that need no
 //!   launch;
 //! - [`launch`]: `atlasboost run` (plan, rendezvous, workers, output, signals), on this
-//!   machine's hosts and, over ssh, on others (`atlasboost agent`).
+//!   machine's hosts and, over ssh, on others (`atlasboost agent`);
+//! - [`init`]: library mode, `init()` inside a worker started by any launcher.
 #![deny(missing_docs)]
 
 pub mod cli;
@@ -11,9 +12,11 @@ pub mod commands;
 pub mod error;
 pub mod exit;
 pub mod host;
+pub mod init;
 pub mod launch;
 pub mod printer;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -23,9 +26,50 @@ use crate::error::CliError;
 use crate::exit::ExitCodes;
 use crate::printer::Printer;
 
+/// How atlasboost starts itself again (the lifeline's `guard`, remote hosts' `agent`): set
+/// once by [`main_with`]; by default this executable.
+static SELF_COMMAND: std::sync::OnceLock<Vec<OsString>> = std::sync::OnceLock::new();
+
+/// The command that runs atlasboost again: this executable, or what [`main_with`] was given.
+///
+/// # Errors
+///
+/// [`CliError::Failure`] when this executable's path cannot be read.
+pub fn self_command() -> Result<Vec<OsString>, CliError> {
+    if let Some(c) = SELF_COMMAND.get() {
+        return Ok(c.clone());
+    }
+    std::env::current_exe()
+        .map(|p| vec![p.into_os_string()])
+        .map_err(|e| CliError::Failure(format!("cannot find the atlasboost executable: {e}")))
+}
+
 /// Parses the command line, runs the command, prints any error, and returns the exit code.
 pub fn main_entry() -> ExitCode {
-    let cli = Cli::parse_from(cli::normalize_args(std::env::args_os().collect()));
+    ExitCode::from(run_command_line(std::env::args_os().collect()))
+}
+
+/// [`main_entry`] for an embedding program (the Python package's `atlasboost` script):
+/// `args` is the whole command line, `self_command` how to start atlasboost again (e.g.
+/// `python3 -m atlasboost`). Returns the exit code. A usage error or `--help` prints and
+/// returns too, rather than exiting the embedding process.
+pub fn main_with(args: Vec<OsString>, self_command: Vec<OsString>) -> u8 {
+    if !self_command.is_empty() {
+        // A second call keeps the first command: both come from the same program.
+        let _ = SELF_COMMAND.set(self_command);
+    }
+    run_command_line(args)
+}
+
+fn run_command_line(args: Vec<OsString>) -> u8 {
+    let cli = match Cli::try_parse_from(cli::normalize_args(args)) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints help, versions and usage errors itself, with its own exit codes.
+            let _ = e.print();
+            return if e.use_stderr() { ExitCodes::USAGE } else { ExitCodes::SUCCESS };
+        }
+    };
     let printer = Printer::new(cli.quiet, cli.verbose);
     let result = match &cli.command {
         Command::Ranktable(args) => {
@@ -39,11 +83,11 @@ pub fn main_entry() -> ExitCode {
         Command::Guard => Ok(launch::lifeline::guard_main()),
     };
     match result {
-        Ok(code) => ExitCode::from(code),
-        Err(e) if e.is_broken_pipe() => ExitCode::from(ExitCodes::SUCCESS),
+        Ok(code) => code,
+        Err(e) if e.is_broken_pipe() => ExitCodes::SUCCESS,
         Err(e) => {
             report(&e);
-            ExitCode::from(e.exit_code())
+            e.exit_code()
         }
     }
 }

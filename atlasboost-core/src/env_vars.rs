@@ -68,6 +68,17 @@ impl EnvVars {
     /// The job's id.
     pub const ATLASBOOST_JOB_ID: &'static str = "ATLASBOOST_JOB_ID";
 
+    /// Library mode: how long the rendezvous may take, in seconds (default 120).
+    pub const ATLASBOOST_RENDEZVOUS_TIMEOUT: &'static str = "ATLASBOOST_RENDEZVOUS_TIMEOUT";
+    /// Library mode: the port of the ZeroMQ rendezvous at `MASTER_ADDR` (default
+    /// `MASTER_PORT` + 1, else 29401).
+    pub const ATLASBOOST_RENDEZVOUS_PORT: &'static str = "ATLASBOOST_RENDEZVOUS_PORT";
+    /// Library mode: the job's secret (64 hex digits) for the ZeroMQ rendezvous.
+    pub const ATLASBOOST_SECRET: &'static str = "ATLASBOOST_SECRET";
+
+    /// `atlasboost run --mpi`: the mpirun to run (a path; default `mpirun` from `PATH`).
+    pub const ATLASBOOST_MPIRUN: &'static str = "ATLASBOOST_MPIRUN";
+
     /// Which probe library mode uses: `auto`, `dsmi`, `hccn`, `sim`.
     pub const ATLASBOOST_PROBE: &'static str = "ATLASBOOST_PROBE";
     /// Simulated devices per host (implies the `sim` probe).

@@ -126,6 +126,10 @@ pub enum Error {
         reason: String,
     },
 
+    /// A launcher's variables are partly set, malformed or contradict each other.
+    #[error("{0}")]
+    LaunchEnv(String),
+
     /// A worker's device is not in the rank table it is given.
     #[error("device with physical id {physical_id} of server {server_id} is not in the rank table")]
     NotInTable {

@@ -8,6 +8,8 @@
 //! - [`ranktable`]: the HCCL rank-table formats (`1.0`, `1.2`, legacy), the builder, the
 //!   validator that reports every violation with its JSON path, merge, and the atomic writer.
 //! - [`worker_env`]: the variables each worker gets, as a pure function.
+//! - [`launch_context`]: how a worker was started (atlasboost, Open MPI, MPICH, Slurm,
+//!   torchrun), read from its environment.
 //!
 //! ```
 //! use std::net::IpAddr;
@@ -40,6 +42,7 @@ mod device;
 pub mod env_vars;
 mod error;
 pub mod exchange;
+pub mod launch_context;
 pub mod ranktable;
 mod rendezvous;
 pub mod worker_env;

@@ -9,7 +9,10 @@
 mod cluster;
 mod errors;
 mod failure;
+mod library;
 mod lifetime;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod output;
 mod relay;
 mod signals;

@@ -32,10 +32,10 @@ impl Lifeline {
     ///
     /// [`CliError::Failure`] if the guard cannot be started.
     pub fn start() -> Result<Lifeline, CliError> {
-        let exe = std::env::current_exe().map_err(|e| {
-            CliError::Failure(format!("cannot find the atlasboost executable: {e}"))
-        })?;
+        let command = crate::self_command()?;
+        let exe = std::path::PathBuf::from(&command[0]);
         let mut guard = Command::new(&exe)
+            .args(&command[1..])
             .arg("guard")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

@@ -13,6 +13,7 @@
 pub mod agent;
 pub mod channel;
 pub mod lifeline;
+pub mod mpi;
 pub mod output;
 pub mod plan;
 pub mod remote;
@@ -64,6 +65,9 @@ const FULL_SUMMARY_MAX: usize = 64;
 /// Bad input (exit 2), atlasboost's own failures (125), a command that cannot be started
 /// (126/127).
 pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
+    if args.mpi {
+        return mpi::run_mpi(args, printer);
+    }
     let started = Instant::now();
     // Before anything can start a thread (the driver library's initialisers, when it is
     // loaded below, may): every thread must inherit the blocked mask.
@@ -377,10 +381,8 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         port: args.ssh_port,
         identity: args.ssh_identity.clone(),
         remote_atlasboost: match &args.remote_atlasboost {
-            Some(p) => p.clone(),
-            None => std::env::current_exe().map_err(|e| {
-                CliError::Failure(format!("cannot find this executable's path: {e}"))
-            })?,
+            Some(p) => vec![p.clone().into_os_string()],
+            None => crate::self_command()?,
         },
     };
     let mut remote_settings = launch.settings.clone();

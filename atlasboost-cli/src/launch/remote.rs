@@ -29,8 +29,9 @@ pub struct SshOptions {
     pub port: Option<u16>,
     /// `--ssh-identity`.
     pub identity: Option<PathBuf>,
-    /// Where atlasboost is on the remote hosts.
-    pub remote_atlasboost: PathBuf,
+    /// The command that runs atlasboost on the remote hosts (its path, or e.g. `python3 -m
+    /// atlasboost` for the Python package's launcher); `agent` is appended.
+    pub remote_atlasboost: Vec<OsString>,
 }
 
 /// One remote host's session, as the launcher sees it.
@@ -271,7 +272,12 @@ fn ssh_args(host: &str, ssh: &SshOptions) -> Vec<OsString> {
     }
     args.push("--".into());
     args.push(host.into());
-    args.push(format!("exec {} agent", shell_quote(&ssh.remote_atlasboost)).into());
+    let command: Vec<String> = ssh
+        .remote_atlasboost
+        .iter()
+        .map(|a| shell_quote(Path::new(a)))
+        .collect();
+    args.push(format!("exec {} agent", command.join(" ")).into());
     args
 }
 
@@ -295,7 +301,7 @@ mod tests {
             &SshOptions {
                 port: Some(2222),
                 identity: Some("/k".into()),
-                remote_atlasboost: "/usr/bin/atlasboost".into(),
+                remote_atlasboost: vec!["/usr/bin/atlasboost".into()],
             },
         );
         let args: Vec<String> = args

@@ -1,0 +1,454 @@
+//! How a worker process was started, read from its environment (SPEC §10).
+//!
+//! Each launcher leaves its own variables: `atlasboost run` its `ATLASBOOST_*` ones, Open MPI
+//! `OMPI_COMM_WORLD_*`, MPICH's Hydra `PMI_*`, Slurm's `srun` `SLURM_*`, torchrun `RANK` and
+//! friends. [`detect`] reads them through a lookup function (so tests need no process
+//! environment) and checks them: a family of variables that is only partly set, a value that
+//! is not a number, or a rank outside the world is an error naming the variables, never a
+//! silent rank 0 (a typo like `SLURM_LOCAL_ID` once put every rank of a job on device 0).
+//!
+//! When several families are set, the most specific launcher wins: `atlasboost run`, then
+//! torchrun (it usually runs inside another launcher's task, e.g. `srun torchrun ...`), then
+//! Open MPI and MPICH (under Slurm, their processes inherit `SLURM_*` from the daemon's task),
+//! then Slurm.
+
+use std::fmt;
+
+use crate::env_vars::EnvVars;
+use crate::error::{Error, Result};
+
+/// Which launcher started this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Launcher {
+    /// `atlasboost run`: the table is written and every value is in `ATLASBOOST_*`.
+    Atlasboost,
+    /// torchrun (or anything setting `RANK`, `WORLD_SIZE`, `LOCAL_RANK`).
+    Torchrun,
+    /// Open MPI's `mpirun`.
+    OpenMpi,
+    /// MPICH's Hydra (`mpiexec`), Intel MPI.
+    Mpich,
+    /// Slurm's `srun`.
+    Slurm,
+}
+
+impl Launcher {
+    /// The launcher's name in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Launcher::Atlasboost => "atlasboost run",
+            Launcher::Torchrun => "torchrun",
+            Launcher::OpenMpi => "Open MPI",
+            Launcher::Mpich => "MPICH",
+            Launcher::Slurm => "Slurm",
+        }
+    }
+
+    /// Whether its processes can rendezvous over MPI (when MPI support is built in).
+    pub fn is_mpi(self) -> bool {
+        matches!(self, Launcher::OpenMpi | Launcher::Mpich)
+    }
+}
+
+impl fmt::Display for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A process's place in its job, as its launcher described it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchContext {
+    /// Who started the process.
+    pub launcher: Launcher,
+    /// Its rank among all processes, as the launcher numbers them.
+    pub rank: u32,
+    /// How many processes the job has.
+    pub size: u32,
+    /// Its index among the processes of its host.
+    pub local_rank: u32,
+    /// How many processes run on its host, when the launcher says.
+    pub local_size: Option<u32>,
+    /// Its host's index, when the launcher says.
+    pub node_rank: Option<u32>,
+    /// The first host's address: `MASTER_ADDR`, or under Slurm the first host of the node
+    /// list.
+    pub master_addr: Option<String>,
+    /// `MASTER_PORT`, when set.
+    pub master_port: Option<u16>,
+}
+
+/// One launcher's variables: those that must all be set, and optional ones.
+struct Family {
+    launcher: Launcher,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+    local_size: Option<&'static str>,
+    node_rank: Option<&'static str>,
+}
+
+/// In order of precedence (see the module's documentation).
+const FAMILIES: [Family; 5] = [
+    Family {
+        launcher: Launcher::Atlasboost,
+        rank: EnvVars::ATLASBOOST_RANK,
+        size: EnvVars::ATLASBOOST_SIZE,
+        local_rank: EnvVars::ATLASBOOST_LOCAL_RANK,
+        local_size: Some(EnvVars::ATLASBOOST_LOCAL_SIZE),
+        node_rank: Some(EnvVars::ATLASBOOST_NODE_RANK),
+    },
+    Family {
+        launcher: Launcher::Torchrun,
+        rank: EnvVars::RANK,
+        size: EnvVars::WORLD_SIZE,
+        local_rank: EnvVars::LOCAL_RANK,
+        local_size: Some(EnvVars::LOCAL_WORLD_SIZE),
+        node_rank: Some(EnvVars::GROUP_RANK),
+    },
+    Family {
+        launcher: Launcher::OpenMpi,
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+        // OMPI_COMM_WORLD_NODE_RANK counts across every job on the node: not a host index.
+        node_rank: None,
+    },
+    Family {
+        launcher: Launcher::Mpich,
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: "MPI_LOCALRANKID",
+        local_size: Some("MPI_LOCALNRANKS"),
+        node_rank: None,
+    },
+    Family {
+        launcher: Launcher::Slurm,
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+        local_size: None,
+        node_rank: Some("SLURM_NODEID"),
+    },
+];
+
+/// Reads how this process was started from its environment.
+///
+/// Returns `None` when no launcher's variables are set (a process started by hand: a world
+/// of one).
+///
+/// # Errors
+///
+/// [`Error::LaunchEnv`] naming the variables, when a launcher's variables are only partly set,
+/// are not numbers, or disagree (a rank outside the world, a local rank outside the host's
+/// processes).
+pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchContext>> {
+    // An empty variable counts as unset: `RANK=` is how scripts often clear one.
+    let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+    let Some(family) = FAMILIES.iter().find(|f| {
+        [f.rank, f.size, f.local_rank]
+            .iter()
+            .any(|n| get(n).is_some())
+    }) else {
+        return Ok(None);
+    };
+    let required = [family.rank, family.size, family.local_rank];
+    let missing: Vec<&str> = required
+        .iter()
+        .copied()
+        .filter(|n| get(n).is_none())
+        .collect();
+    if !missing.is_empty() {
+        let set: Vec<String> = required
+            .iter()
+            .filter_map(|n| get(n).map(|v| format!("{n}={v}")))
+            .collect();
+        return Err(Error::LaunchEnv(format!(
+            "{} is set but {} {} not: {} needs all of {} to tell this process's place in the job",
+            set.join(", "),
+            missing.join(" and "),
+            if missing.len() == 1 { "is" } else { "are" },
+            family.launcher,
+            required.join(", ")
+        )));
+    }
+    let number = |name: &str| -> Result<Option<u32>> {
+        get(name)
+            .map(|v| {
+                v.trim().parse::<u32>().map_err(|_| {
+                    Error::LaunchEnv(format!(
+                        "{name}={v} is not a number ({} sets it to a count or an index)",
+                        family.launcher
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let need = |name: &str| -> Result<u32> {
+        number(name)?.ok_or_else(|| Error::LaunchEnv(format!("{name} is not set")))
+    };
+    let rank = need(family.rank)?;
+    let size = need(family.size)?;
+    let local_rank = need(family.local_rank)?;
+    let local_size = family.local_size.map(number).transpose()?.flatten();
+    let node_rank = family.node_rank.map(number).transpose()?.flatten();
+    if size == 0 || rank >= size {
+        return Err(Error::LaunchEnv(format!(
+            "{}={rank} is not a rank of a job of {}={size}",
+            family.rank, family.size
+        )));
+    }
+    if let (Some(n), Some(name)) = (local_size, family.local_size)
+        && (local_rank >= n || n > size)
+    {
+        return Err(Error::LaunchEnv(format!(
+            "{}={local_rank} and {name}={n} disagree (a local rank must be below the host's \
+             process count, which must not exceed {}={size})",
+            family.local_rank, family.size
+        )));
+    }
+    if local_rank >= size {
+        return Err(Error::LaunchEnv(format!(
+            "{}={local_rank} is not below {}={size}",
+            family.local_rank, family.size
+        )));
+    }
+    let master_port = get(EnvVars::MASTER_PORT)
+        .map(|v| {
+            v.trim().parse::<u16>().map_err(|_| {
+                Error::LaunchEnv(format!(
+                    "{}={v} is not a TCP port (1-65535)",
+                    EnvVars::MASTER_PORT
+                ))
+            })
+        })
+        .transpose()?;
+    let master_addr = get(EnvVars::MASTER_ADDR)
+        .map(|v| v.trim().to_string())
+        .or_else(|| {
+            (family.launcher == Launcher::Slurm)
+                .then(|| {
+                    get("SLURM_STEP_NODELIST")
+                        .or_else(|| get("SLURM_JOB_NODELIST"))
+                        .or_else(|| get("SLURM_NODELIST"))
+                })
+                .flatten()
+                .and_then(|list| first_slurm_host(&list))
+        });
+    Ok(Some(LaunchContext {
+        launcher: family.launcher,
+        rank,
+        size,
+        local_rank,
+        local_size,
+        node_rank,
+        master_addr,
+        master_port,
+    }))
+}
+
+/// [`detect`] on this process's environment.
+///
+/// # Errors
+///
+/// As [`detect`].
+pub fn detect_from_env() -> Result<Option<LaunchContext>> {
+    detect(&|name| std::env::var(name).ok())
+}
+
+/// The first host of a Slurm node list: `node[03-05,9],gpu1` gives `node03`. Slurm places
+/// task 0 on the first node of the step.
+fn first_slurm_host(list: &str) -> Option<String> {
+    let first = list.split(',').next()?.trim();
+    let host = match first.split_once('[') {
+        // `node[03-05` (the split at ',' cut the bracket): the prefix and the first number,
+        // keeping its zero padding.
+        Some((prefix, range)) => {
+            let start = range.split(['-', ']']).next()?;
+            format!("{prefix}{start}")
+        }
+        None => first.to_string(),
+    };
+    (!host.is_empty()).then_some(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn detect_in(vars: &[(&str, &str)]) -> Result<Option<LaunchContext>> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        detect(&move |n| map.get(n).cloned())
+    }
+
+    fn message(vars: &[(&str, &str)]) -> String {
+        match detect_in(vars) {
+            Err(e) => e.to_string(),
+            Ok(c) => panic!("expected an error for {vars:?}, got {c:?}"),
+        }
+    }
+
+    #[test]
+    fn nothing_set_is_a_world_of_one() {
+        assert_eq!(detect_in(&[("HOME", "/root")]).ok(), Some(None));
+        // Empty values count as unset.
+        assert_eq!(
+            detect_in(&[("RANK", ""), ("SLURM_PROCID", " ")]).ok(),
+            Some(None)
+        );
+    }
+
+    #[test]
+    fn torchrun() {
+        let c = detect_in(&[
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("GROUP_RANK", "1"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .ok()
+        .flatten();
+        assert_eq!(
+            c,
+            Some(LaunchContext {
+                launcher: Launcher::Torchrun,
+                rank: 5,
+                size: 8,
+                local_rank: 1,
+                local_size: Some(4),
+                node_rank: Some(1),
+                master_addr: Some("10.0.0.1".into()),
+                master_port: Some(29500),
+            })
+        );
+    }
+
+    #[test]
+    fn open_mpi_and_mpich() {
+        let ompi = detect_in(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "3"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_COMM_WORLD_NODE_RANK", "7"),
+        ])
+        .ok()
+        .flatten()
+        .map(|c| (c.launcher, c.rank, c.local_rank, c.local_size, c.node_rank));
+        assert_eq!(ompi, Some((Launcher::OpenMpi, 3, 3, Some(4), None)));
+        let mpich = detect_in(&[
+            ("PMI_RANK", "2"),
+            ("PMI_SIZE", "16"),
+            ("MPI_LOCALRANKID", "2"),
+        ])
+        .ok()
+        .flatten()
+        .map(|c| (c.launcher, c.rank, c.size, c.local_size));
+        assert_eq!(mpich, Some((Launcher::Mpich, 2, 16, None)));
+    }
+
+    #[test]
+    fn slurm_takes_the_first_node_of_the_step_as_master() {
+        let c = detect_in(&[
+            ("SLURM_PROCID", "9"),
+            ("SLURM_NTASKS", "16"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "4"),
+            ("SLURM_STEP_NODELIST", "npu[07-10,12],gpu1"),
+        ])
+        .ok()
+        .flatten()
+        .map(|c| (c.launcher, c.rank, c.node_rank, c.master_addr));
+        assert_eq!(
+            c,
+            Some((Launcher::Slurm, 9, Some(4), Some("npu07".to_string())))
+        );
+        assert_eq!(first_slurm_host("a1"), Some("a1".into()));
+        assert_eq!(first_slurm_host("x[3]"), Some("x3".into()));
+        assert_eq!(first_slurm_host(""), None);
+    }
+
+    #[test]
+    fn the_innermost_launcher_wins() {
+        // srun torchrun ...: torchrun's worker also inherits the srun task's variables.
+        let c = detect_in(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("RANK", "9"),
+            ("WORLD_SIZE", "16"),
+            ("LOCAL_RANK", "1"),
+        ]);
+        assert_eq!(
+            c.ok().flatten().map(|c| (c.launcher, c.rank)),
+            Some((Launcher::Torchrun, 9))
+        );
+        // mpirun under Slurm: the ranks inherit the daemon task's SLURM_* variables.
+        let c = detect_in(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_LOCALID", "0"),
+            ("OMPI_COMM_WORLD_RANK", "6"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "2"),
+        ]);
+        assert_eq!(
+            c.ok().flatten().map(|c| (c.launcher, c.rank)),
+            Some((Launcher::OpenMpi, 6))
+        );
+    }
+
+    #[test]
+    fn a_half_set_family_names_what_is_missing() {
+        let m = message(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8")]);
+        assert!(m.contains("SLURM_PROCID=3, SLURM_NTASKS=8 is set"), "{m}");
+        assert!(m.contains("SLURM_LOCALID is not"), "{m}");
+        let m = message(&[("RANK", "0")]);
+        assert!(m.contains("WORLD_SIZE and LOCAL_RANK are not"), "{m}");
+        assert!(
+            m.contains("torchrun needs all of RANK, WORLD_SIZE, LOCAL_RANK"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let m = message(&[
+            ("PMI_RANK", "two"),
+            ("PMI_SIZE", "4"),
+            ("MPI_LOCALRANKID", "0"),
+        ]);
+        assert!(m.contains("PMI_RANK=two is not a number"), "{m}");
+        let m = message(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0")]);
+        assert!(
+            m.contains("RANK=4 is not a rank of a job of WORLD_SIZE=4"),
+            "{m}"
+        );
+        let m = message(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ]);
+        assert!(
+            m.contains("LOCAL_RANK=2 and LOCAL_WORLD_SIZE=2 disagree"),
+            "{m}"
+        );
+        let m = message(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_PORT", "70000"),
+        ]);
+        assert!(m.contains("MASTER_PORT=70000 is not a TCP port"), "{m}");
+    }
+}

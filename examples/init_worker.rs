@@ -1,0 +1,75 @@
+//! A native worker that calls `init()` and says where it stands.
+//!
+//! Start it under any launcher; on a machine without NPUs give it simulated devices:
+//!
+//! ```sh
+//! cargo build -p atlasboost-examples --features mpi
+//! ATLASBOOST_SIM=8 mpirun -np 4 -x ATLASBOOST_SIM target/debug/init-worker
+//! atlasboost run --sim 8 -n 4 -- target/debug/init-worker
+//! atlasboost run --mpi --sim 8 -n 4 -- target/debug/init-worker
+//! ```
+//!
+//! It prints one line: `rank=<table rank> launcher_rank=<n> size=<n> local_rank=<n>
+//! device=<logical id> physical=<id> server=<server_id> table=<path> via=<how>
+//! rank_id=<RANK_ID after export>`.
+//!
+//! `--exit-before-init RANK` makes the process of that launcher rank exit with status 3 before
+//! calling `init()` (to test that the others do not hang).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use atlasboost_cli::init::{InitOptions, init};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let exit_rank = match args.as_slice() {
+        [] => None,
+        [flag, rank] if flag == "--exit-before-init" => match rank.parse::<u32>() {
+            Ok(r) => Some(r),
+            Err(_) => return fail(&format!("--exit-before-init {rank}: not a rank")),
+        },
+        _ => return fail("usage: init-worker [--exit-before-init RANK]"),
+    };
+    if let Some(r) = exit_rank
+        && atlasboost_cli::init::launcher_rank_from_env() == Some(r)
+    {
+        println!("launcher rank {r} exits before init()");
+        return ExitCode::from(3);
+    }
+    let job = match init(&InitOptions::default()) {
+        Ok(j) => j,
+        Err(e) => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                text.push_str(": ");
+                text.push_str(&s.to_string());
+                source = s.source();
+            }
+            return fail(&text);
+        }
+    };
+    // SAFETY: this program starts no thread of its own, and init() has stopped its own.
+    unsafe { job.export_env() };
+    println!(
+        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={}",
+        job.world.rank,
+        job.launcher_rank,
+        job.world.size,
+        job.world.local_rank,
+        job.device_id,
+        job.physical_id,
+        job.server_id,
+        job.table_path.display(),
+        job.agreement,
+        std::env::var("RANK_ID").unwrap_or_default(),
+    );
+    ExitCode::SUCCESS
+}
+
+fn fail(message: &str) -> ExitCode {
+    // A closed stderr must not turn the error into a panic.
+    let _ = writeln!(std::io::stderr(), "init-worker: error: {message}");
+    ExitCode::FAILURE
+}

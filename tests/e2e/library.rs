@@ -1,0 +1,292 @@
+//! Library mode: the example worker's `init()` under `atlasboost run`, with the variables
+//! torchrun and `srun` set (ZeroMQ rendezvous), and under `mpirun` (module `mpi`, with the
+//! e2e crate's `mpi` feature and an MPI-enabled worker).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use atlasboost_e2e::{Finished, Launch, Run, init_worker_bin};
+use serde_json::Value;
+
+/// One `init-worker` line, as `key=value` pairs.
+pub(crate) type Report = BTreeMap<String, String>;
+
+/// Parses the `rank=... launcher_rank=...` line of an init-worker (after any tag).
+pub(crate) fn parse_report(line: &str) -> Option<Report> {
+    let start = line.find("rank=")?;
+    let fields: Report = line[start..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    fields.contains_key("launcher_rank").then_some(fields)
+}
+
+/// The field `key` of a report, as a number.
+pub(crate) fn num(r: &Report, key: &str) -> u32 {
+    r.get(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number {key} in {r:?}"))
+}
+
+/// Checks what every process of a job reported against the table on disk: it is valid (by
+/// `atlasboost validate`), everyone names the same file, the table has one entry per process,
+/// and each process's `RANK_ID` is the `rank_id` of its own device on its own server.
+pub(crate) fn check_job(reports: &[Report], size: usize, via: &str) {
+    assert_eq!(reports.len(), size, "one report per process: {reports:?}");
+    let path = &reports[0]["table"];
+    assert!(
+        reports.iter().all(|r| &r["table"] == path),
+        "every process names the same table: {reports:?}"
+    );
+    Run::new(["validate", path.as_str()]).run().assert_code(0);
+    let table: Value = serde_json::from_str(
+        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {path}: {e}")),
+    )
+    .unwrap_or_else(|e| panic!("{path} is not JSON: {e}"));
+    let entries: Vec<(String, String, String)> = table["server_list"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no server_list in {table}"))
+        .iter()
+        .flat_map(|s| {
+            let server = s["server_id"].as_str().unwrap_or_default().to_string();
+            s["device"].as_array().into_iter().flatten().map(move |d| {
+                (
+                    server.clone(),
+                    d["device_id"].as_str().unwrap_or_default().to_string(),
+                    d["rank_id"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+        })
+        .collect();
+    assert_eq!(entries.len(), size, "one table entry per process: {table}");
+    let mut launcher_ranks: Vec<u32> = reports.iter().map(|r| num(r, "launcher_rank")).collect();
+    launcher_ranks.sort_unstable();
+    assert_eq!(launcher_ranks, (0..size as u32).collect::<Vec<_>>());
+    for r in reports {
+        assert_eq!(r["via"], via, "{r:?}");
+        assert_eq!(num(r, "size") as usize, size, "{r:?}");
+        let mine: Vec<&(String, String, String)> = entries
+            .iter()
+            .filter(|(server, device, _)| *server == r["server"] && *device == r["physical"])
+            .collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "its device is in the table once: {r:?} in {table}"
+        );
+        assert_eq!(
+            mine[0].2, r["rank_id"],
+            "RANK_ID is its device's rank_id: {r:?}"
+        );
+        assert_eq!(
+            mine[0].2, r["rank"],
+            "rank() is its device's rank_id: {r:?}"
+        );
+    }
+}
+
+/// Starts `size` init-workers with the variables `vars(rank)`, all writing one table in the
+/// first one's directory; returns them in rank order.
+fn start_workers(
+    size: u32,
+    args: &[&str],
+    timeout: Duration,
+    vars: impl Fn(u32) -> Vec<(String, String)>,
+) -> (Vec<Launch>, std::path::PathBuf) {
+    let mut launches = Vec::new();
+    let mut table = None;
+    for rank in 0..size {
+        let mut run = Run::new(args)
+            .program(init_worker_bin())
+            .timeout(timeout)
+            .env("ATLASBOOST_SIM", "8");
+        let path = table
+            .get_or_insert_with(|| run.dir().join("rank_table.json"))
+            .clone();
+        run = run.env("ATLASBOOST_RANK_TABLE_FILE", &path);
+        for (k, v) in vars(rank) {
+            run = run.env(k, v);
+        }
+        launches.push(run.spawn());
+    }
+    (launches, table.unwrap_or_default())
+}
+
+/// A free port for `MASTER_PORT` (its + 1 is the rendezvous's).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+fn torchrun_vars(rank: u32, size: u32, per_host: u32, port: u16) -> Vec<(String, String)> {
+    [
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", size.to_string()),
+        ("LOCAL_RANK", (rank % per_host).to_string()),
+        ("LOCAL_WORLD_SIZE", per_host.to_string()),
+        ("GROUP_RANK", (rank / per_host).to_string()),
+        ("MASTER_ADDR", "127.0.0.1".to_string()),
+        ("MASTER_PORT", port.to_string()),
+        // Two processes per simulated host: 127.0.0.1, 127.0.0.2, ...
+        (
+            "ATLASBOOST_SERVER_ID",
+            format!("127.0.0.{}", rank / per_host + 1),
+        ),
+        ("ATLASBOOST_RENDEZVOUS_TIMEOUT", "20".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn reports_of(finished: &[Finished]) -> Vec<Report> {
+    finished
+        .iter()
+        .map(|f| {
+            f.assert_code(0);
+            f.out()
+                .lines()
+                .find_map(parse_report)
+                .unwrap_or_else(|| panic!("no report line: {}", f.describe()))
+        })
+        .collect()
+}
+
+#[test]
+fn init_with_torchrun_variables_meets_over_zeromq() {
+    let port = free_port();
+    let (launches, _) = start_workers(4, &[], Duration::from_secs(60), |r| {
+        torchrun_vars(r, 4, 2, port)
+    });
+    let finished: Vec<Finished> = launches.into_iter().map(Launch::wait).collect();
+    let reports = reports_of(&finished);
+    check_job(&reports, 4, "Zmq");
+    let servers: std::collections::BTreeSet<&str> =
+        reports.iter().map(|r| r["server"].as_str()).collect();
+    assert_eq!(servers.len(), 2, "two simulated hosts: {reports:?}");
+}
+
+#[test]
+fn init_with_srun_variables_takes_the_master_from_the_node_list() {
+    let port = free_port();
+    let (launches, _) = start_workers(2, &[], Duration::from_secs(60), |r| {
+        [
+            ("SLURM_PROCID", r.to_string()),
+            ("SLURM_NTASKS", "2".to_string()),
+            ("SLURM_LOCALID", r.to_string()),
+            ("SLURM_NODEID", "0".to_string()),
+            ("SLURM_STEP_NODELIST", "localhost".to_string()),
+            ("SLURM_JOB_ID", format!("{port}")),
+            ("ATLASBOOST_RENDEZVOUS_PORT", port.to_string()),
+            ("ATLASBOOST_RENDEZVOUS_TIMEOUT", "20".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    });
+    let finished: Vec<Finished> = launches.into_iter().map(Launch::wait).collect();
+    check_job(&reports_of(&finished), 2, "Zmq");
+}
+
+#[test]
+fn init_under_atlasboost_run_reads_the_launch() {
+    let r = Run::new(["run", "--sim", "8", "-H", "127.0.0.1:2,127.0.0.2:2", "--"])
+        .args([init_worker_bin()])
+        .run();
+    r.assert_code(0);
+    let reports: Vec<Report> = r.out().lines().filter_map(parse_report).collect();
+    check_job(&reports, 4, "Launch");
+    for rep in &reports {
+        assert_eq!(rep["rank"], rep["launcher_rank"], "{rep:?}");
+    }
+}
+
+#[test]
+fn a_rank_that_exits_before_init_fails_the_others_in_time() {
+    let port = free_port();
+    let (launches, _) = start_workers(
+        3,
+        &["--exit-before-init", "2"],
+        Duration::from_secs(30),
+        |r| {
+            let mut v = torchrun_vars(r, 3, 3, port);
+            v.retain(|(k, _)| k != "ATLASBOOST_RENDEZVOUS_TIMEOUT");
+            v.push(("ATLASBOOST_RENDEZVOUS_TIMEOUT".into(), "3".into()));
+            v
+        },
+    );
+    let finished: Vec<Finished> = launches.into_iter().map(Launch::wait).collect();
+    finished[2].assert_code(3);
+    for f in &finished[..2] {
+        f.assert_code(1);
+        let err = f.err();
+        assert!(
+            err.contains(
+                "timed out after 3s in round 1 waiting for participant 2 (2 of 3 arrived)"
+            ),
+            "{}",
+            f.describe()
+        );
+    }
+}
+
+#[test]
+fn two_processes_on_one_device_are_both_named() {
+    let port = free_port();
+    // LOCAL_RANK 0 for both: the mistake a wrong variable makes.
+    let (launches, _) = start_workers(2, &[], Duration::from_secs(60), |r| {
+        let mut v = torchrun_vars(r, 2, 2, port);
+        v.retain(|(k, _)| k != "LOCAL_RANK");
+        v.push(("LOCAL_RANK".into(), "0".into()));
+        v
+    });
+    for f in launches.into_iter().map(Launch::wait) {
+        f.assert_code(1);
+        assert!(
+            f.err()
+                .contains("ranks 0 and 1 both claim device 0 (physical id 0) of host 127.0.0.1"),
+            "{}",
+            f.describe()
+        );
+    }
+}
+
+#[test]
+fn a_half_set_slurm_environment_names_the_missing_variable() {
+    let f = Run::new::<[&str; 0], &str>([])
+        .program(init_worker_bin())
+        .env("SLURM_PROCID", "1")
+        .env("SLURM_NTASKS", "4")
+        .env("ATLASBOOST_SIM", "8")
+        .run();
+    f.assert_code(1);
+    assert!(f.err().contains("SLURM_LOCALID is not"), "{}", f.describe());
+    assert!(
+        !Path::new(&f.dir().join("rank_table.json")).exists(),
+        "no table written"
+    );
+}
+
+#[test]
+fn started_by_hand_it_is_a_world_of_one() {
+    let f = Run::new::<[&str; 0], &str>([])
+        .program(init_worker_bin())
+        .env("ATLASBOOST_SIM", "8")
+        .run();
+    f.assert_code(0);
+    assert!(
+        f.err().contains("running as a world of one"),
+        "{}",
+        f.describe()
+    );
+    let r = f
+        .out()
+        .lines()
+        .find_map(parse_report)
+        .unwrap_or_else(|| panic!("no report: {}", f.describe()));
+    check_job(&[r], 1, "Alone");
+}

@@ -1,0 +1,85 @@
+//! Library mode under Open MPI: `init()` does its rendezvous over MPI, started by `mpirun`
+//! directly and by `atlasboost run --mpi`. Needs Open MPI and an init-worker built with MPI
+//! support (`cargo build -p atlasboost-examples --features mpi`); compiled with this crate's
+//! `mpi` feature only.
+
+use std::time::Duration;
+
+use atlasboost_e2e::{Run, init_worker_bin};
+
+use crate::library::{Report, check_job, parse_report};
+
+/// `mpirun`'s own options for this machine: root, and more ranks than its 2 cores.
+const MPIRUN_ROOT: [&str; 2] = ["--allow-run-as-root", "--oversubscribe"];
+
+fn reports(out: &str) -> Vec<Report> {
+    out.lines().filter_map(parse_report).collect()
+}
+
+#[test]
+fn mpirun_np_4_agrees_on_one_table() {
+    let run = Run::new(["-np", "4"])
+        .program("mpirun")
+        .args(MPIRUN_ROOT)
+        .timeout(Duration::from_secs(60));
+    let table = run.dir().join("rank_table.json");
+    let f = run
+        .args(["-x", "ATLASBOOST_SIM=8", "-x"])
+        .args([format!("ATLASBOOST_RANK_TABLE_FILE={}", table.display())])
+        .args([init_worker_bin()])
+        .run();
+    f.assert_code(0);
+    let reports = reports(&f.out());
+    check_job(&reports, 4, "Mpi");
+    for r in &reports {
+        assert_eq!(r["local_rank"], r["physical"], "one host: {r:?}");
+    }
+}
+
+#[test]
+fn atlasboost_run_mpi_runs_mpirun_and_keeps_its_tags() {
+    let f = Run::new(["-v", "run", "--mpi", "--sim", "8", "-n", "4", "--"])
+        .args([init_worker_bin()])
+        .timeout(Duration::from_secs(60))
+        .run();
+    f.assert_code(0);
+    let err = f.err();
+    assert!(
+        err.contains("mpirun -np 4 -H localhost:4 -bind-to none -map-by slot --tag-output --mca btl_tcp_if_exclude lo,docker0"),
+        "-v prints the mpirun command: {}",
+        f.describe()
+    );
+    assert!(err.contains("-x ATLASBOOST_SIM=8"), "{err}");
+    let out = f.out();
+    for line in out.lines().filter(|l| l.contains("rank=")) {
+        assert!(line.starts_with("[1,"), "mpirun's tag: {line}");
+    }
+    check_job(&reports(&out), 4, "Mpi");
+}
+
+#[test]
+fn under_mpirun_a_rank_exiting_before_init_ends_the_job() {
+    let f = Run::new([
+        "run",
+        "--mpi",
+        "--sim",
+        "8",
+        "-n",
+        "4",
+        "--rendezvous-timeout",
+        "10",
+        "--",
+    ])
+    .args([init_worker_bin()])
+    .args(["--exit-before-init", "2"])
+    .timeout(Duration::from_secs(60))
+    .run();
+    // mpirun stops the others and reports the status of the first rank to fail (a hang would
+    // end in the run's time limit, which fails the test).
+    f.assert_code(3);
+    assert!(
+        f.out().contains("launcher rank 2 exits before init()"),
+        "{}",
+        f.describe()
+    );
+}
