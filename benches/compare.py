@@ -270,7 +270,8 @@ def find_init_worker(path):
     p = Path(path) if path else REPO / "target" / "release" / "init-worker"
     if not (p.is_file() and os.access(p, os.X_OK)):
         die(f"no init-worker at {p}; build it with `cargo build --release -p atlasboost-examples --features mpi` in {REPO}")
-    return str(p)
+    # Absolute: the workers run in another directory.
+    return str(p.resolve())
 
 
 def cmd_init(args):
