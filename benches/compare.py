@@ -20,7 +20,7 @@
 - init: library mode. 8 example workers (examples/init_worker.rs) calling init() under
   `atlasboost run` and under `mpirun` (MPI rendezvous), against a C program doing only
   MPI_Init + MPI_Allgather + MPI_Finalize under mpirun (target: atlasboost run < 0.5x the bare
-  MPI program). Needs `cargo build --release -p atlasboost-examples --features mpi` and mpicc.
+  MPI program). Needs `cargo build --release -p atlasboost-examples --examples --features mpi` and mpicc.
 
 Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
 output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
@@ -267,9 +267,9 @@ int main(int argc, char **argv) {
 
 
 def find_init_worker(path):
-    p = Path(path) if path else REPO / "target" / "release" / "init-worker"
+    p = Path(path) if path else REPO / "target" / "release" / "examples" / "init-worker"
     if not (p.is_file() and os.access(p, os.X_OK)):
-        die(f"no init-worker at {p}; build it with `cargo build --release -p atlasboost-examples --features mpi` in {REPO}")
+        die(f"no init-worker at {p}; build it with `cargo build --release -p atlasboost-examples --examples --features mpi` in {REPO}")
     # Absolute: the workers run in another directory.
     return str(p.resolve())
 
@@ -587,7 +587,7 @@ def main():
     s = add("init", "Library mode: 8 init-workers under atlasboost run and under mpirun vs a bare MPI "
             "program (MPI_Init + MPI_Allgather + MPI_Finalize).", "atlasboost,mpirun-init,bare-mpi")
     s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
-    s.add_argument("--init-worker", metavar="PATH", help="the init-worker (default target/release/init-worker)")
+    s.add_argument("--init-worker", metavar="PATH", help="the init-worker (default target/release/examples/init-worker)")
     s.set_defaults(func=cmd_init)
 
     s = add("output", "Line throughput of 8 chatty ranks: atlasboost run vs mpirun --tag-output vs a raw pipe.",

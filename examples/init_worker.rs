@@ -3,10 +3,10 @@
 //! Start it under any launcher; on a machine without NPUs give it simulated devices:
 //!
 //! ```sh
-//! cargo build -p atlasboost-examples --features mpi
-//! ATLASBOOST_SIM=8 mpirun -np 4 -x ATLASBOOST_SIM target/debug/init-worker
-//! atlasboost run --sim 8 -n 4 -- target/debug/init-worker
-//! atlasboost run --mpi --sim 8 -n 4 -- target/debug/init-worker
+//! cargo build -p atlasboost-examples --examples --features mpi
+//! ATLASBOOST_SIM=8 mpirun -np 4 -x ATLASBOOST_SIM target/debug/examples/init-worker
+//! atlasboost run --sim 8 -n 4 -- target/debug/examples/init-worker
+//! atlasboost run --mpi --sim 8 -n 4 -- target/debug/examples/init-worker
 //! ```
 //!
 //! It prints one line: `rank=<table rank> launcher_rank=<n> size=<n> local_rank=<n>

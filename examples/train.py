@@ -7,6 +7,17 @@ steps of a decreasing fake loss. No NPU, no framework: Python 3's standard libra
 
     atlasboost run --sim 8 -H 127.0.0.1:4,127.0.0.2:4 -- python3 examples/train.py
 
+Where the atlasboost package is installed (`pip install ./bindings/python`), it starts as the
+original tool's workers did, and prints one more line saying where init() put it:
+
+    import atlasboost.tensorflow.mpi_ops as atlasboost
+    atlasboost.init(frame="tensorflow")
+    atlasboost.set_device_id(atlasboost.local_rank())
+
+init() sets the same variables, so the rest is the same; and then any launcher will do:
+
+    ATLASBOOST_SIM=4 mpirun -np 4 python3 examples/train.py     (a package built with MPI)
+
 Make one rank fail, to see how the launcher reports it and stops the others:
 
     atlasboost run --sim 8 -- python3 examples/train.py --steps 10 --fail-rank 3 --exit-code 7
@@ -18,6 +29,11 @@ import math
 import os
 import sys
 import time
+
+try:
+    import atlasboost.tensorflow.mpi_ops as atlasboost
+except ImportError:  # not installed: the standard library only
+    atlasboost = None
 
 REQUIRED = ("RANK_ID", "RANK_SIZE", "DEVICE_ID", "RANK_TABLE_FILE")
 
@@ -41,6 +57,19 @@ def server_count(table):
 
 def main():
     args = parse_args()
+    if atlasboost is not None:
+        try:
+            atlasboost.init(frame="tensorflow")
+            atlasboost.set_device_id(atlasboost.local_rank())
+        except atlasboost.AtlasBoostError as e:
+            print(f"train.py: atlasboost.init() failed: {e}", file=sys.stderr)
+            return 2
+        print(
+            f"atlasboost.init(): rank {atlasboost.rank()}/{atlasboost.size()}, local rank "
+            f"{atlasboost.local_rank()}/{atlasboost.local_size()}, device {atlasboost.device_id()}, "
+            f"launcher rank {atlasboost.launcher_rank()}",
+            flush=True,
+        )
     for name in REQUIRED:
         if not os.environ.get(name):
             print(f"train.py: {name} is not set or empty; start me with `atlasboost run`", file=sys.stderr)

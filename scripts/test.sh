@@ -66,7 +66,7 @@ trap 'rm -f "$log" "$log.total"' EXIT
 ATLASBOOST_E2E_REQUIRE_SSHD=1 cargo test --workspace 2>&1 | tee "$log"
 # Library mode under Open MPI: the example worker rebuilt with MPI support, then the e2e
 # tests that run it under mpirun and `atlasboost run --mpi`.
-cargo build --quiet -p atlasboost-examples --features mpi
+cargo build --quiet -p atlasboost-examples --examples --features mpi
 cargo test -p atlasboost-e2e --features mpi --test e2e -- mpi:: 2>&1 | tee -a "$log"
 # One closing line over every test binary, so the total is plain to see.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1); if ($i ~ /^ignored/) s += $(i-1) } }
@@ -87,7 +87,7 @@ python3 benches/compare.py output --only atlasboost,raw --runs 1 --lines 2000 \
     --atlasboost target/debug/atlasboost >/dev/null
 python3 benches/compare.py memory --ranks 16 --seconds 1 --atlasboost target/debug/atlasboost >/dev/null
 python3 benches/compare.py init --runs 1 --atlasboost target/debug/atlasboost \
-    --init-worker target/debug/init-worker >/dev/null
+    --init-worker target/debug/examples/init-worker >/dev/null
 
 step "the README's main-job command"
 out=$(mktemp)

@@ -85,18 +85,18 @@ pub fn atlasboost_bin() -> PathBuf {
     bin
 }
 
-/// The example worker that calls `init()` (`examples/init_worker.rs`), built next to
-/// atlasboost by `cargo build --workspace` (with MPI support by `cargo build -p
-/// atlasboost-examples --features mpi`).
+/// The example worker that calls `init()` (`examples/init_worker.rs`), which `cargo test`
+/// builds into `target/<profile>/examples/` (with MPI support: `cargo build -p
+/// atlasboost-examples --examples --features mpi`).
 ///
 /// # Panics
 ///
 /// When it has not been built, with the command that builds it.
 pub fn init_worker_bin() -> PathBuf {
-    let bin = atlasboost_bin().with_file_name("init-worker");
+    let bin = atlasboost_bin().with_file_name("examples").join("init-worker");
     assert!(
         bin.is_file(),
-        "no init-worker at {}: run `cargo build -p atlasboost-examples` first",
+        "no init-worker at {}: run `cargo build -p atlasboost-examples --examples` first",
         bin.display()
     );
     bin

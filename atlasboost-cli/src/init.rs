@@ -78,9 +78,12 @@ impl From<atlasboost_core::Error> for InitError {
         use atlasboost_core::Error as E;
         let message = error_chain(&e);
         match e {
-            E::Rendezvous { temporary, .. } => InitError::Rendezvous {
+            E::Rendezvous {
+                temporary, source, ..
+            } => InitError::Rendezvous {
                 message,
-                timed_out: temporary,
+                // ZeroMQ's timeouts are retryable, MPI's are not, but both are timeouts.
+                timed_out: temporary || is_mpi_timeout(source.as_ref()),
             },
             E::BadPayload { .. } => InitError::Rendezvous {
                 message,
@@ -92,6 +95,19 @@ impl From<atlasboost_core::Error> for InitError {
             _ => InitError::RankTable(message),
         }
     }
+}
+
+#[cfg(feature = "mpi")]
+fn is_mpi_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(
+        e.downcast_ref::<atlasboost_mpi::MpiError>(),
+        Some(atlasboost_mpi::MpiError::Timeout { .. })
+    )
+}
+
+#[cfg(not(feature = "mpi"))]
+fn is_mpi_timeout(_: &(dyn std::error::Error + 'static)) -> bool {
+    false
 }
 
 /// What [`init`] may be told; everything else comes from the environment.
@@ -458,7 +474,7 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
 fn mpi_rendezvous(c: &LaunchContext, shared: &Shared) -> Result<Job, InitError> {
     let rdv = atlasboost_mpi::MpiRendezvous::world(shared.timeout).map_err(|e| {
         InitError::Rendezvous {
-            timed_out: false,
+            timed_out: matches!(e, atlasboost_mpi::MpiError::Timeout { .. }),
             message: format!("cannot join MPI's world: {}", error_chain(&e)),
         }
     })?;

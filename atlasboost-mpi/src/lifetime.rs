@@ -1,0 +1,96 @@
+//! The process's MPI universe: initialised at most once, finalised at most once.
+//!
+//! One lock guards it, and every rendezvous holds the lock while it joins (so two threads of a
+//! process never start the joining collectives at the same time) and while it is dropped.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use mpi::Threading;
+use mpi::environment::Universe;
+
+use crate::MpiError;
+
+/// What the process knows about MPI's lifetime.
+pub(crate) struct Lifetime {
+    /// The universe, when atlasboost initialised MPI; dropping it finalises MPI.
+    universe: Option<Universe>,
+    /// How many rendezvous are alive.
+    live: usize,
+    /// The first operation of the process that timed out (its name and round), if any.
+    poisoned: Option<(&'static str, u64)>,
+}
+
+static LIFETIME: Mutex<Lifetime> = Mutex::new(Lifetime {
+    universe: None,
+    live: 0,
+    poisoned: None,
+});
+
+/// Takes the lock. A panic while it was held leaves the counts as they were, so a poisoned lock
+/// is used as is.
+pub(crate) fn lock() -> MutexGuard<'static, Lifetime> {
+    LIFETIME.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Lifetime {
+    /// Makes sure MPI is initialised, and returns whether atlasboost initialised it (and so
+    /// finalises it when the last rendezvous is dropped).
+    ///
+    /// # Errors
+    ///
+    /// [`MpiError::Poisoned`] after a timeout in this process, [`MpiError::Finalized`] after
+    /// finalisation.
+    pub(crate) fn acquire(&mut self) -> Result<bool, MpiError> {
+        if let Some((op, round)) = self.poisoned {
+            return Err(MpiError::Poisoned { op, round });
+        }
+        if mpi::is_finalized() {
+            return Err(MpiError::Finalized);
+        }
+        if self.universe.is_some() {
+            return Ok(true);
+        }
+        if mpi::is_initialized() {
+            return Ok(false);
+        }
+        // `None` when someone else initialised MPI since the check above (another thread,
+        // outside this lock): then it is theirs.
+        match mpi::initialize_with_threading(Threading::Multiple) {
+            Some((universe, _granted)) => {
+                self.universe = Some(universe);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Counts a new rendezvous.
+    pub(crate) fn register(&mut self) {
+        self.live += 1;
+    }
+
+    /// Records a timeout: from now on no rendezvous can be started, and MPI is not finalised
+    /// (`MPI_Finalize` would wait for the missing rank, possibly forever).
+    pub(crate) fn poison(&mut self, op: &'static str, round: u64) {
+        self.poisoned.get_or_insert((op, round));
+    }
+
+    /// Forgets a dropped rendezvous; finalises MPI after the last one if atlasboost initialised
+    /// it, no operation timed out, and `may_call_mpi` (MPI may be called from this thread).
+    pub(crate) fn release(&mut self, may_call_mpi: bool) {
+        self.live = self.live.saturating_sub(1);
+        if self.live > 0 || self.poisoned.is_some() || !may_call_mpi {
+            return;
+        }
+        if let Some(universe) = self.universe.take() {
+            if mpi::is_finalized() {
+                // The application finalised MPI behind atlasboost's back; a second
+                // MPI_Finalize would be an error.
+                std::mem::forget(universe);
+            } else {
+                // Dropping the universe calls MPI_Finalize.
+                drop(universe);
+            }
+        }
+    }
+}
