@@ -68,8 +68,13 @@ ATLASBOOST_E2E_REQUIRE_SSHD=1 cargo test --workspace 2>&1 | tee "$log"
 # tests that run it under mpirun and `atlasboost run --mpi`.
 cargo build --quiet -p atlasboost-examples --examples --features mpi
 cargo test -p atlasboost-e2e --features mpi --test e2e -- mpi:: 2>&1 | tee -a "$log"
+# The Python package (bindings/python): built by pip and maturin in a virtual environment,
+# with MPI support, then its pytest suite. (The C ABI's tests, bindings/c, ran above with the
+# workspace; scripts/test-c.sh runs them alone.)
+bash scripts/test-python.sh 2>&1 | tee -a "$log"
 # One closing line over every test binary, so the total is plain to see.
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1); if ($i ~ /^ignored/) s += $(i-1) } }
+# cargo's "test result:" lines and pytest's "=== 75 passed, 1 skipped in 9.1s ===" line.
+awk '/^test result:/ || /^=+ .* in [0-9.]+s/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1); if ($i ~ /^(ignored|skipped)/) s += $(i-1) } }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s; if (p == 0) exit 1 }' "$log" > "$log.total" ||
     { echo "scripts/test.sh: cargo test ran no test" >&2; exit 1; }
 totals=$(cat "$log.total")

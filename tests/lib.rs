@@ -93,7 +93,9 @@ pub fn atlasboost_bin() -> PathBuf {
 ///
 /// When it has not been built, with the command that builds it.
 pub fn init_worker_bin() -> PathBuf {
-    let bin = atlasboost_bin().with_file_name("examples").join("init-worker");
+    let bin = atlasboost_bin()
+        .with_file_name("examples")
+        .join("init-worker");
     assert!(
         bin.is_file(),
         "no init-worker at {}: run `cargo build -p atlasboost-examples --examples` first",

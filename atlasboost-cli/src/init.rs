@@ -478,6 +478,17 @@ fn mpi_rendezvous(c: &LaunchContext, shared: &Shared) -> Result<Job, InitError> 
             message: format!("cannot join MPI's world: {}", error_chain(&e)),
         }
     })?;
+    if rdv.size() != c.size as usize {
+        // E.g. OMPI_COMM_WORLD_* set by hand: MPI_Init then makes a world of one.
+        return Err(InitError::LaunchContext(format!(
+            "{} says this job has {} processes, but MPI's world has {}: was this process \
+             started by {}'s launcher (mpirun)?",
+            c.launcher,
+            c.size,
+            rdv.size(),
+            c.launcher
+        )));
+    }
     // MPI's own numbering is the truth; the variables only told us MPI started us.
     let rank = rdv.index() as u32;
     let local_rank = rdv.local_rank() as u32;
@@ -822,7 +833,9 @@ fn job_id() -> String {
     let raw = env(EnvVars::ATLASBOOST_JOB_ID)
         .or_else(|| env("TORCHELASTIC_RUN_ID"))
         .or_else(|| env("SLURM_JOB_ID").map(|id| format!("slurm-{id}")))
-        .or_else(|| env("OMPI_MCA_orte_ess_jobid").map(|id| format!("ompi-{id}")))
+        // Open MPI 4 names its job in these (`OMPI_MCA_orte_ess_jobid` was Open MPI 3's).
+        .or_else(|| env("OMPI_MCA_ess_base_jobid").map(|id| format!("ompi-{id}")))
+        .or_else(|| env("PMIX_NAMESPACE").map(|ns| format!("pmix-{ns}")))
         .or_else(|| {
             env(EnvVars::MASTER_ADDR)
                 .map(|a| format!("job-{a}-{}", env(EnvVars::MASTER_PORT).unwrap_or_default()))

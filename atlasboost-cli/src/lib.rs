@@ -67,7 +67,11 @@ fn run_command_line(args: Vec<OsString>) -> u8 {
         Err(e) => {
             // clap prints help, versions and usage errors itself, with its own exit codes.
             let _ = e.print();
-            return if e.use_stderr() { ExitCodes::USAGE } else { ExitCodes::SUCCESS };
+            return if e.use_stderr() {
+                ExitCodes::USAGE
+            } else {
+                ExitCodes::SUCCESS
+            };
         }
     };
     let printer = Printer::new(cli.quiet, cli.verbose);

@@ -83,3 +83,22 @@ fn under_mpirun_a_rank_exiting_before_init_ends_the_job() {
         f.describe()
     );
 }
+
+#[test]
+fn open_mpi_variables_without_mpirun_are_named() {
+    let f = Run::new::<[&str; 0], &str>([])
+        .program(init_worker_bin())
+        .env("OMPI_COMM_WORLD_RANK", "0")
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .env("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+        .env("ATLASBOOST_SIM", "8")
+        .timeout(Duration::from_secs(60))
+        .run();
+    f.assert_code(1);
+    assert!(
+        f.err()
+            .contains("Open MPI says this job has 2 processes, but MPI's world has 1"),
+        "{}",
+        f.describe()
+    );
+}

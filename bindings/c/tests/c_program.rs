@@ -1,0 +1,408 @@
+//! The C ABI as C sees it: `tests/c/test_init.c` compiled with the system C compiler (`cc`, or
+//! `$CC`) against `libatlasboost.so` from this test's target directory, then run under
+//! `atlasboost run`, alone, and where `init` must fail. The program checks each answer itself
+//! (it prints `ok: ...` per check and exits 1 on the first mismatch); these tests check its exit
+//! status and its last lines.
+//!
+//! Every process runs with a time limit: past it, it is killed and the test fails with what it
+//! printed.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long any one process (compiler, launcher, program) may take.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Variables that would make `init` take the test machine's environment for a launcher's, or
+/// that the launcher sets for workers only where unset: removed from every process started here
+/// (with every `ATLASBOOST_*` variable but `ATLASBOOST_BIN`).
+const HERMETIC: [&str; 20] = [
+    "RANK_TABLE_FILE",
+    "RANK_ID",
+    "RANK_SIZE",
+    "DEVICE_ID",
+    "ASCEND_DEVICE_ID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+];
+
+/// `target/<profile>/deps`, where this test executable is, and where cargo put
+/// `libatlasboost.so` when it built the library for this test.
+fn deps_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("no current_exe: {e}"));
+    exe.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| panic!("{} has no parent directory", exe.display()))
+}
+
+/// The directory with `libatlasboost.so`: next to this test (`deps/`), else `target/<profile>`
+/// (where `cargo build -p atlasboost-c` puts it).
+fn library_dir() -> PathBuf {
+    let deps = deps_dir();
+    let candidates = [
+        deps.clone(),
+        deps.parent().map(Path::to_path_buf).unwrap_or_default(),
+    ];
+    candidates
+        .iter()
+        .find(|d| d.join("libatlasboost.so").is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "no libatlasboost.so in {} or its parent: run `cargo build -p atlasboost-c`",
+                deps.display()
+            )
+        })
+}
+
+/// The launcher: `$ATLASBOOST_BIN`, else `target/<profile>/atlasboost`.
+fn atlasboost_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("ATLASBOOST_BIN") {
+        return PathBuf::from(p);
+    }
+    let bin = deps_dir()
+        .parent()
+        .map(|profile| profile.join("atlasboost"))
+        .unwrap_or_default();
+    assert!(
+        bin.is_file(),
+        "no atlasboost binary at {}: run `cargo build -p atlasboost-cli` first (scripts/test-c.sh \
+         does), or set ATLASBOOST_BIN",
+        bin.display()
+    );
+    bin
+}
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What a finished process left.
+#[derive(Debug)]
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    what: String,
+}
+
+impl Finished {
+    fn show(&self) -> String {
+        format!(
+            "{}: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.what, self.status, self.stdout, self.stderr
+        )
+    }
+
+    fn assert_success(&self) -> &Finished {
+        assert!(self.status.success(), "{}", self.show());
+        self
+    }
+
+    fn assert_stdout_has(&self, text: &str) -> &Finished {
+        assert!(self.stdout.contains(text), "no {text:?} in {}", self.show());
+        self
+    }
+
+    fn assert_stderr_has(&self, text: &str) -> &Finished {
+        assert!(self.stderr.contains(text), "no {text:?} in {}", self.show());
+        self
+    }
+}
+
+/// Runs `cmd` in `dir` with the environment cleaned (see [`HERMETIC`]), stdin closed and its
+/// output in files of `dir`; kills it and fails the test after [`LIMIT`].
+fn run(mut cmd: Command, dir: &Path) -> Finished {
+    let set_by_test: Vec<_> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
+    for (name, _) in std::env::vars_os() {
+        let n = name.to_string_lossy();
+        let launcher_variable =
+            (n.starts_with("ATLASBOOST_") && n != "ATLASBOOST_BIN") || HERMETIC.contains(&&*n);
+        if launcher_variable && !set_by_test.contains(&name) {
+            cmd.env_remove(&name);
+        }
+    }
+    let what = format!(
+        "{} {}",
+        cmd.get_program().to_string_lossy(),
+        cmd.get_args()
+            .map(OsStr::to_string_lossy)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let out_path = dir.join("stdout.txt");
+    let err_path = dir.join("stderr.txt");
+    let file = |p: &Path| {
+        std::fs::File::create(p).unwrap_or_else(|e| panic!("cannot create {}: {e}", p.display()))
+    };
+    cmd.current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(file(&out_path))
+        .stderr(file(&err_path));
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let status = wait_bounded(child, &what);
+    let read =
+        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    let (stdout, stderr) = (read(&out_path), read(&err_path));
+    let Some(status) = status else {
+        panic!(
+            "{what} did not finish within {LIMIT:?}: killed\n--- stdout ---\n{stdout}\n--- stderr \
+             ---\n{stderr}"
+        );
+    };
+    Finished {
+        status,
+        stdout,
+        stderr,
+        what,
+    }
+}
+
+/// Waits for `child` at most [`LIMIT`]; past it kills it (SIGKILL: a launcher's lifeline then
+/// stops its workers) and returns `None`.
+fn wait_bounded(mut child: Child, what: &str) -> Option<ExitStatus> {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            Err(e) => panic!("cannot wait for {what}: {e}"),
+        }
+    }
+}
+
+/// `$var`, else `default`: the C compiler is `$CC`, else `cc`.
+fn compiler(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_string())
+}
+
+/// Fails the test, saying what to install, when `program` cannot be run.
+fn require(program: &str, what: &str, var: &str) {
+    let found = Command::new(program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
+        .and_then(|child| wait_bounded(child, program))
+        .is_some_and(|status| status.success());
+    assert!(
+        found,
+        "these tests need {what}: `{program}` cannot be run (install gcc and g++, e.g. \
+         `apt-get install gcc g++`, or name another one in ${var})"
+    );
+}
+
+/// A temporary directory for one test: the program, its table and its output.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("atlasboost-c-test-")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("cannot make a temporary directory: {e}"))
+}
+
+/// Compiles `tests/c/test_init.c` (strict C99, warnings are errors) into `dir`, linked to the
+/// library found by [`library_dir`], which the program finds again through its rpath.
+fn compile_test_program(dir: &Path) -> PathBuf {
+    let cc = compiler("CC", "cc");
+    require(&cc, "a C compiler", "CC");
+    let lib = library_dir();
+    let out = dir.join("test_init");
+    let mut cmd = Command::new(&cc);
+    cmd.args(["-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(crate_dir().join("tests").join("c").join("test_init.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-latlasboost")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&out);
+    run(cmd, dir).assert_success();
+    out
+}
+
+#[test]
+fn every_rank_of_a_launched_job_sees_its_own_place() {
+    let dir = scratch();
+    let program = compile_test_program(dir.path());
+    let mut cmd = Command::new(atlasboost_bin());
+    cmd.args(["run", "--sim", "4", "-H", "127.0.0.1:2,127.0.0.2:2", "--"])
+        .arg(&program)
+        .arg("launched");
+    let finished = run(cmd, dir.path());
+    finished.assert_success();
+    for rank in 0..4 {
+        finished.assert_stdout_has(&format!("test_init: launched: rank {rank}: "));
+    }
+    let passed = finished
+        .stdout
+        .lines()
+        .filter(|l| l.contains("test_init: launched: rank ") && l.ends_with(" checks passed"))
+        .count();
+    assert_eq!(passed, 4, "{}", finished.show());
+    assert!(!finished.stderr.contains("FAILED"), "{}", finished.show());
+    assert!(dir.path().join("rank_table.json").is_file());
+}
+
+#[test]
+fn before_init_every_call_says_to_call_init_first() {
+    let dir = scratch();
+    let program = compile_test_program(dir.path());
+    let mut cmd = Command::new(&program);
+    cmd.arg("before-init");
+    run(cmd, dir.path())
+        .assert_success()
+        .assert_stdout_has(
+            "ok: rank() before init returns ATLASBOOST_ERR_NOT_INITIALIZED (got -1 = \
+             ATLASBOOST_ERR_NOT_INITIALIZED; last error: atlasboost is not initialised: call \
+             init() first)",
+        )
+        .assert_stdout_has("ok: rank_table_file() is NULL before init")
+        .assert_stdout_has("expected one of tensorflow, mindspore, pytorch")
+        .assert_stdout_has("ok: init(\"caffe\") returns ATLASBOOST_ERR_INVALID_ARGUMENT")
+        .assert_stdout_has("test_init: before-init: ");
+    // Nothing was initialised, so nothing was written.
+    assert!(!dir.path().join("rank_table.json").exists());
+}
+
+#[test]
+fn alone_with_simulated_devices_init_makes_a_world_of_one() {
+    let dir = scratch();
+    let program = compile_test_program(dir.path());
+    let mut cmd = Command::new(&program);
+    cmd.arg("alone")
+        .env("ATLASBOOST_PROBE", "sim")
+        .env("ATLASBOOST_SIM", "2");
+    run(cmd, dir.path())
+        .assert_success()
+        .assert_stdout_has("test_init: alone: ")
+        .assert_stderr_has("world of one");
+    assert!(dir.path().join("rank_table.json").is_file());
+}
+
+#[test]
+fn a_failed_init_returns_the_code_of_its_kind() {
+    let dir = scratch();
+    let program = compile_test_program(dir.path());
+    // A free port on loopback that nobody answers on: the rendezvous times out.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port().to_string())
+        .unwrap_or_else(|e| panic!("no free port: {e}"));
+    let cases: [(&str, &[(&str, &str)]); 3] = [
+        (
+            "ATLASBOOST_ERR_CONFIG",
+            &[("ATLASBOOST_FRAMEWORK", "caffe")],
+        ),
+        (
+            "ATLASBOOST_ERR_LAUNCH_CONTEXT",
+            &[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")],
+        ),
+        (
+            "ATLASBOOST_ERR_RENDEZVOUS_TIMEOUT",
+            &[
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("LOCAL_RANK", "1"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("ATLASBOOST_RENDEZVOUS_PORT", &port),
+                ("ATLASBOOST_RENDEZVOUS_TIMEOUT", "1"),
+                ("ATLASBOOST_PROBE", "sim"),
+                ("ATLASBOOST_SIM", "2"),
+            ],
+        ),
+    ];
+    for (code, env) in cases {
+        let mut cmd = Command::new(&program);
+        cmd.args(["init-fails", code]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(cmd, dir.path())
+            .assert_success()
+            .assert_stdout_has(&format!("ok: init(NULL) returns {code}"))
+            .assert_stdout_has("test_init: init-fails: ");
+    }
+}
+
+#[test]
+fn the_program_fails_on_a_mismatch() {
+    // Not under a launcher, "launched" finds no RANK_ID: the program must say so and exit 1,
+    // or the tests above could pass without checking anything.
+    let dir = scratch();
+    let program = compile_test_program(dir.path());
+    let mut cmd = Command::new(&program);
+    cmd.arg("launched");
+    let finished = run(cmd, dir.path());
+    assert_eq!(finished.status.code(), Some(1), "{}", finished.show());
+    finished.assert_stderr_has("test_init: FAILED (launched): RANK_ID is not set");
+}
+
+#[test]
+fn the_header_compiles_and_links_as_cpp() {
+    let dir = scratch();
+    let cxx = compiler("CXX", "c++");
+    require(&cxx, "a C++ compiler", "CXX");
+    let source = dir.path().join("uses_header.cpp");
+    std::fs::write(
+        &source,
+        "#include \"atlasboost.h\"\n\
+         #include <cstdio>\n\
+         int main() {\n\
+             int rc = atlasboost_rank();\n\
+             std::printf(\"%s %s\\n\", atlasboost_error_name(rc), atlasboost_last_error());\n\
+             return rc == ATLASBOOST_ERR_NOT_INITIALIZED ? 0 : 1;\n\
+         }\n",
+    )
+    .unwrap_or_else(|e| panic!("cannot write {}: {e}", source.display()));
+    let lib = library_dir();
+    let out = dir.path().join("uses_header");
+    let mut cmd = Command::new(&cxx);
+    cmd.args([
+        "-std=c++11",
+        "-Wall",
+        "-Wextra",
+        "-pedantic",
+        "-Werror",
+        "-I",
+    ])
+    .arg(crate_dir().join("include"))
+    .arg(&source)
+    .arg("-L")
+    .arg(&lib)
+    .arg("-latlasboost")
+    .arg(format!("-Wl,-rpath,{}", lib.display()))
+    .arg("-o")
+    .arg(&out);
+    // Linking proves the declarations are extern "C" in C++ (no mangled names).
+    run(cmd, dir.path()).assert_success();
+    run(Command::new(&out), dir.path())
+        .assert_success()
+        .assert_stdout_has(
+            "ATLASBOOST_ERR_NOT_INITIALIZED atlasboost is not initialised: call init() first",
+        );
+}

@@ -1,0 +1,143 @@
+"""The library-mode API, shared by `atlasboost` and its framework submodules.
+
+The work is done in Rust (`atlasboost._atlasboost`); this module adds what belongs to Python:
+the job's variables go to `os.environ`, and `set_device_id` tells MindSpore and torch_npu when
+they are installed. Nothing here imports a framework at import time.
+"""
+
+import os
+import sys
+
+from atlasboost import _atlasboost as _native
+
+_shutdown_at_exit = False
+
+# Annotations that newer Pythons spell `str | None` are strings here (3.9 runs this module),
+# rather than `from __future__ import annotations`, one import less for `import atlasboost`.
+
+
+def init(frame: "str | None" = None) -> None:
+    """Finds this process's place in the job and makes sure the rank table is written.
+
+    However the process was started: by `atlasboost run` (no network), by `mpirun` (a
+    rendezvous over MPI, in a package built with MPI support), by torchrun, Slurm or any
+    launcher that sets RANK/WORLD_SIZE/LOCAL_RANK and MASTER_ADDR (a ZeroMQ rendezvous with
+    rank 0 as coordinator), or by hand (a world of one, with a note on stderr).
+
+    Then sets the job's variables in `os.environ` (RANK_TABLE_FILE, RANK_ID, RANK_SIZE,
+    DEVICE_ID, ...), as the original tool did, so that the framework and child processes see
+    them. A second call keeps the first job (and its framework).
+
+    `frame` is "tensorflow", "mindspore" or "pytorch"; the default is the framework of
+    `atlasboost run --framework` (ATLASBOOST_FRAMEWORK), else "tensorflow".
+
+    Raises ConfigError (also a ValueError) for a bad `frame`, and the other AtlasBoostError
+    subclasses for a failed start. Other Python threads run while it waits.
+    """
+    global _shutdown_at_exit
+    env, env_if_unset = _native.init(frame)
+    for name, value in env:
+        os.environ[name] = value
+    for name, value in env_if_unset:
+        if name not in os.environ:
+            os.environ[name] = value
+    if not _shutdown_at_exit:
+        # Under mpirun, a process that initialised MPI must finalise it before it exits.
+        import atexit
+
+        atexit.register(_native.shutdown)
+        _shutdown_at_exit = True
+
+
+def rank() -> int:
+    """This process's rank: its `rank_id` in the rank table (RANK_ID)."""
+    return _native.rank()
+
+
+def size() -> int:
+    """The number of processes of the job (RANK_SIZE)."""
+    return _native.size()
+
+
+def local_rank() -> int:
+    """This process's rank among the processes of its host."""
+    return _native.local_rank()
+
+
+def local_size() -> int:
+    """The number of processes of this host."""
+    return _native.local_size()
+
+
+def launcher_rank() -> int:
+    """This process's rank as its launcher (mpirun, torchrun, ...) numbered it.
+
+    It may differ from `rank()`, which is the rank table's order.
+    """
+    return _native.launcher_rank()
+
+
+def device_id() -> int:
+    """The logical id of this process's device (DEVICE_ID)."""
+    return _native.device_id()
+
+
+def rank_table_file() -> str:
+    """The rank table's absolute path (RANK_TABLE_FILE)."""
+    return _native.rank_table_file()
+
+
+def set_device_id(device_id: int) -> None:
+    """Selects this process's device: `device_id` must be its entry in the rank table.
+
+    Sets DEVICE_ID and ASCEND_DEVICE_ID; if MindSpore is installed, selects the device there
+    (`mindspore.set_device("Ascend", id)`, or `set_context(device_id=id)` on older versions);
+    if torch_npu is installed, `torch.npu.set_device(id)`. A framework that is not installed
+    is not imported.
+
+    Raises DeviceError naming both devices when `device_id` is not this rank's device.
+    """
+    _native.check_device(device_id)
+    # check_device took it as an integer (`__index__`): a numpy integer becomes a plain int.
+    device_id = int(device_id)
+    value = str(device_id)
+    os.environ["DEVICE_ID"] = value
+    os.environ["ASCEND_DEVICE_ID"] = value
+    if _installed("mindspore"):
+        import mindspore
+
+        if hasattr(mindspore, "set_device"):
+            mindspore.set_device("Ascend", device_id)
+        else:
+            mindspore.set_context(device_id=device_id)
+    if _installed("torch_npu"):
+        import torch
+        import torch_npu  # noqa: F401  (adds torch.npu)
+
+        torch.npu.set_device(device_id)
+
+
+def shutdown() -> None:
+    """Ends the job: MPI is finalised if atlasboost initialised it.
+
+    Later calls need `init()` again. Before `init()` it does nothing, so that it is safe in a
+    `finally:` block. It also runs when the interpreter exits.
+    """
+    _native.shutdown()
+
+
+def mpi_built() -> bool:
+    """Whether this build meets over MPI when started by `mpirun` (the `mpi` feature)."""
+    return _native.mpi_built()
+
+
+def _installed(name: str) -> bool:
+    """Whether top-level module `name` can be imported, without importing it."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False

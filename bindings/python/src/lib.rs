@@ -1,0 +1,273 @@
+//! `atlasboost._atlasboost`, the native module of the `atlasboost` Python package.
+//!
+//! The package (`bindings/python/python/atlasboost`) is written in Python around this module:
+//! this crate only turns Python calls into calls of [`atlasboost_cli`] and its errors into
+//! Python exceptions. Library mode is `atlasboost_cli::init::session` (one process-wide job);
+//! the console script is [`atlasboost_cli::main_with`].
+//!
+//! ```python
+//! import atlasboost.tensorflow.mpi_ops as atlasboost
+//! atlasboost.init(frame="tensorflow")
+//! atlasboost.set_device_id(atlasboost.local_rank())
+//! ```
+//!
+//! What it does not do: set the environment (the Python package writes `init()`'s variables
+//! to `os.environ`, which keeps Python's view and the C environment in step), or talk to
+//! MindSpore and torch_npu (the package does, and only when they are installed). Every call
+//! that may wait (the rendezvous, a whole `atlasboost run`, MPI's finalisation) releases the
+//! GIL.
+#![deny(missing_docs)]
+
+use std::ffi::OsString;
+
+use atlasboost_cli::init::{InitError, InitOptions, Job, session};
+use atlasboost_core::worker_env::Framework;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
+
+create_exception!(
+    atlasboost,
+    AtlasBoostError,
+    PyException,
+    "The base of every error atlasboost raises."
+);
+create_exception!(
+    atlasboost,
+    LaunchContextError,
+    AtlasBoostError,
+    "A launcher's variables are partly set, malformed, or not enough to meet (no MASTER_ADDR)."
+);
+create_exception!(
+    atlasboost,
+    DeviceError,
+    AtlasBoostError,
+    "A process has no device (the probe failed, too few devices, two processes claim one), or \
+     set_device_id() was given a device that is not this rank's."
+);
+create_exception!(
+    atlasboost,
+    RendezvousError,
+    AtlasBoostError,
+    "The processes of the job could not agree on the rank table."
+);
+create_exception!(
+    atlasboost,
+    RendezvousTimeout,
+    RendezvousError,
+    "The rendezvous ran out of time: a process never arrived (the message names it when known)."
+);
+create_exception!(
+    atlasboost,
+    RankTableError,
+    AtlasBoostError,
+    "The rank table cannot be built, validated, read or written."
+);
+create_exception!(
+    atlasboost,
+    NotInitializedError,
+    AtlasBoostError,
+    "A call that needs init() came before it (or after shutdown())."
+);
+
+/// `ConfigError` derives from both [`AtlasBoostError`] and `ValueError` (a bad `frame`, a
+/// malformed `ATLASBOOST_*` value), which `create_exception!` cannot express: it is made once,
+/// with `type()`, like a Python `class ConfigError(AtlasBoostError, ValueError)`.
+static CONFIG_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+fn config_error(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+    let ty = CONFIG_ERROR.get_or_try_init(py, || -> PyResult<Py<PyType>> {
+        let bases = PyTuple::new(
+            py,
+            [
+                py.get_type::<AtlasBoostError>(),
+                py.get_type::<PyValueError>(),
+            ],
+        )?;
+        let namespace = PyDict::new(py);
+        namespace.set_item("__module__", "atlasboost")?;
+        namespace.set_item(
+            "__doc__",
+            "A value is malformed: init()'s frame, or an ATLASBOOST_* variable. Also a ValueError.",
+        )?;
+        let ty = py
+            .get_type::<PyType>()
+            .call1(("ConfigError", bases, namespace))?;
+        Ok(ty.cast_into::<PyType>()?.unbind())
+    })?;
+    Ok(ty.bind(py).clone())
+}
+
+/// An error of library mode on its way to Python.
+#[derive(Debug)]
+struct Error(InitError);
+
+impl From<InitError> for Error {
+    fn from(e: InitError) -> Self {
+        Error(e)
+    }
+}
+
+impl From<Error> for PyErr {
+    /// The one place where Rust errors become Python exceptions.
+    fn from(Error(e): Error) -> PyErr {
+        let message = e.to_string();
+        match e {
+            InitError::LaunchContext(_) => LaunchContextError::new_err(message),
+            InitError::Config(_) => Python::attach(|py| match config_error(py) {
+                Ok(ty) => PyErr::from_type(ty, message),
+                Err(e) => e,
+            }),
+            InitError::Device(_) => DeviceError::new_err(message),
+            InitError::Rendezvous {
+                timed_out: true, ..
+            } => RendezvousTimeout::new_err(message),
+            InitError::Rendezvous {
+                timed_out: false, ..
+            } => RendezvousError::new_err(message),
+            InitError::RankTable(_) => RankTableError::new_err(message),
+            InitError::NotInitialized => NotInitializedError::new_err(message),
+            // `InitError` is `#[non_exhaustive]`: a kind added later is still an
+            // AtlasBoostError until it gets its own class here.
+            _ => AtlasBoostError::new_err(message),
+        }
+    }
+}
+
+/// Variables as `(name, value)` pairs.
+type Vars = Vec<(&'static str, String)>;
+
+/// Initialises the process's job once (a second call keeps the first job), then returns its
+/// variables: `(set, set_if_unset)`.
+///
+/// `frame` is `tensorflow`, `mindspore` or `pytorch`; `None` reads `ATLASBOOST_FRAMEWORK`
+/// (default `tensorflow`).
+#[pyfunction]
+#[pyo3(signature = (frame=None))]
+fn init(py: Python<'_>, frame: Option<&str>) -> PyResult<(Vars, Vars)> {
+    let framework = frame
+        .map(str::parse::<Framework>)
+        .transpose()
+        .map_err(|e| Error(InitError::from(e)))?;
+    let opts = InitOptions { framework };
+    // The rendezvous may wait for the other processes: other Python threads run meanwhile.
+    let result = py.detach(|| {
+        session::start(&opts)?;
+        session::with(|job| (job.env.clone(), job.env_if_unset.clone()))
+    });
+    if result.is_err() {
+        // A Ctrl-C interrupts the rendezvous's wait (EINTR): KeyboardInterrupt, not a
+        // rendezvous error about an interrupted system call.
+        py.check_signals()?;
+    }
+    Ok(result.map_err(Error)?)
+}
+
+/// Runs `f` on the job, without the GIL (the job's lock may be held by an `init` that waits).
+fn with_job<T: Send>(py: Python<'_>, f: impl FnOnce(&Job) -> T + Send) -> Result<T, Error> {
+    Ok(py.detach(|| session::with(f))?)
+}
+
+/// The rank table's `rank_id` of this process.
+#[pyfunction]
+fn rank(py: Python<'_>) -> Result<u32, Error> {
+    with_job(py, |j| j.world.rank)
+}
+
+/// The number of processes of the job.
+#[pyfunction]
+fn size(py: Python<'_>) -> Result<u32, Error> {
+    with_job(py, |j| j.world.size)
+}
+
+/// This process's rank among those of its host.
+#[pyfunction]
+fn local_rank(py: Python<'_>) -> Result<u32, Error> {
+    with_job(py, |j| j.world.local_rank)
+}
+
+/// The number of processes of this host.
+#[pyfunction]
+fn local_size(py: Python<'_>) -> Result<u32, Error> {
+    with_job(py, |j| j.world.local_size)
+}
+
+/// This process's rank as its launcher numbered it (may differ from `rank()`).
+#[pyfunction]
+fn launcher_rank(py: Python<'_>) -> Result<u32, Error> {
+    with_job(py, |j| j.launcher_rank)
+}
+
+/// The logical id of this process's device (`DEVICE_ID`).
+#[pyfunction]
+fn device_id(py: Python<'_>) -> Result<u32, Error> {
+    with_job(py, |j| j.device_id)
+}
+
+/// The rank table's absolute path.
+#[pyfunction]
+fn rank_table_file(py: Python<'_>) -> Result<OsString, Error> {
+    with_job(py, |j| j.table_path.clone().into_os_string())
+}
+
+/// Checks that `device_id` (a logical id) is this rank's device in the table.
+#[pyfunction]
+fn check_device(py: Python<'_>, device_id: i64) -> Result<(), Error> {
+    with_job(py, |j| match u32::try_from(device_id) {
+        Ok(id) => j.check_device(id),
+        Err(_) => Err(InitError::Device(format!(
+            "{device_id} is not a device id: rank {}'s device is {}",
+            j.world.rank, j.device_id
+        ))),
+    })?
+    .map_err(Error)
+}
+
+/// Ends the job (MPI is finalised if atlasboost initialised it); nothing before `init`.
+#[pyfunction]
+fn shutdown(py: Python<'_>) {
+    py.detach(session::shutdown);
+}
+
+/// Whether this build does library mode's rendezvous over MPI under `mpirun`.
+#[pyfunction]
+fn mpi_built() -> bool {
+    cfg!(feature = "mpi")
+}
+
+/// Runs the atlasboost command line (`args` with the program name first) and returns its exit
+/// code; `self_command` is how atlasboost starts itself again (its lifeline, remote agents).
+#[pyfunction]
+fn main(py: Python<'_>, args: Vec<OsString>, self_command: Vec<OsString>) -> u8 {
+    py.detach(move || atlasboost_cli::main_with(args, self_command))
+}
+
+/// The module `atlasboost._atlasboost`.
+#[pymodule]
+fn _atlasboost(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("AtlasBoostError", py.get_type::<AtlasBoostError>())?;
+    m.add("ConfigError", config_error(py)?)?;
+    m.add("LaunchContextError", py.get_type::<LaunchContextError>())?;
+    m.add("DeviceError", py.get_type::<DeviceError>())?;
+    m.add("RendezvousError", py.get_type::<RendezvousError>())?;
+    m.add("RendezvousTimeout", py.get_type::<RendezvousTimeout>())?;
+    m.add("RankTableError", py.get_type::<RankTableError>())?;
+    m.add("NotInitializedError", py.get_type::<NotInitializedError>())?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(rank, m)?)?;
+    m.add_function(wrap_pyfunction!(size, m)?)?;
+    m.add_function(wrap_pyfunction!(local_rank, m)?)?;
+    m.add_function(wrap_pyfunction!(local_size, m)?)?;
+    m.add_function(wrap_pyfunction!(launcher_rank, m)?)?;
+    m.add_function(wrap_pyfunction!(device_id, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_table_file, m)?)?;
+    m.add_function(wrap_pyfunction!(check_device, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(mpi_built, m)?)?;
+    m.add_function(wrap_pyfunction!(main, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,197 @@
+"""The `atlasboost` console script and `python -m atlasboost`: the Rust command line, run in
+the Python process, with its exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ATLASBOOST, PYTHON, clean_env, run, start
+
+COMMANDS = [
+    pytest.param([ATLASBOOST], id="console-script"),
+    pytest.param([PYTHON, "-m", "atlasboost"], id="python-m"),
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help(command: list[str]) -> None:
+    r = run([*command, "--help"], timeout=30)
+    assert r.returncode == 0, r.describe()
+    assert "Usage: atlasboost [OPTIONS] <COMMAND>" in r.stdout, r.describe()
+    for sub in ("run", "ranktable", "merge", "validate", "probe"):
+        assert f"  {sub} " in r.stdout, (sub, r.stdout)
+    r = run([*command, "run", "--help"], timeout=30)
+    assert r.returncode == 0, r.describe()
+    assert "Usage: atlasboost run [OPTIONS]" in r.stdout, r.describe()
+    assert "--sim <N>" in r.stdout
+
+
+def test_version_is_the_packages() -> None:
+    import atlasboost
+
+    r = run([ATLASBOOST, "--version"], timeout=30)
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.split() == ["atlasboost", atlasboost.__version__]
+
+
+def test_a_usage_error_exits_2() -> None:
+    r = run([ATLASBOOST, "run", "--no-such-flag", "--", "true"], timeout=30)
+    assert r.returncode == 2, r.describe()
+    assert "--no-such-flag" in r.stderr, r.describe()
+    assert "Traceback" not in r.stderr, r.describe()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_small_launch(tmp_path: Path, command: list[str]) -> None:
+    code = "import os; print('hello from', os.environ['RANK_ID'], 'of', os.environ['RANK_SIZE'])"
+    r = run([*command, "run", "--sim", "2", "--", PYTHON, "-c", code], cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.describe()
+    lines = sorted(line for line in r.stdout.splitlines() if "hello" in line)
+    assert lines == ["[0]<stdout>:hello from 0 of 2", "[1]<stdout>:hello from 1 of 2"], r.describe()
+    assert "2 succeeded, 0 failed" in r.stderr, r.describe()
+    assert (tmp_path / "rank_table.json").is_file()
+
+
+def test_python3_on_path_is_this_interpreter_in_a_launch(tmp_path: Path) -> None:
+    """`atlasboost run ... -- python3 -c ...` as a user types it (python3 from PATH)."""
+    code = "import atlasboost; atlasboost.init(); print('rank', atlasboost.rank())"
+    env = clean_env(PATH=f"{Path(PYTHON).parent}:{clean_env()['PATH']}")
+    r = run([ATLASBOOST, "run", "--sim", "2", "--", "python3", "-c", code], env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.describe()
+    assert sorted(line for line in r.stdout.splitlines() if "rank" in line) == [
+        "[0]<stdout>:rank 0",
+        "[1]<stdout>:rank 1",
+    ], r.describe()
+
+
+def test_the_workers_exit_code_is_the_scripts(tmp_path: Path) -> None:
+    code = "import os, sys; sys.exit(7 if os.environ['RANK_ID'] == '1' else 0)"
+    r = run([ATLASBOOST, "run", "-q", "--sim", "2", "--", PYTHON, "-c", code], cwd=tmp_path, timeout=60)
+    assert r.returncode == 7, r.describe()
+    assert "rank 1" in r.stderr and "exit 7" in r.stderr, r.describe()
+
+
+def test_a_command_not_found_exits_127(tmp_path: Path) -> None:
+    r = run([ATLASBOOST, "run", "-q", "--sim", "1", "--", "no-such-command-atlasboost"], cwd=tmp_path, timeout=60)
+    assert r.returncode == 127, r.describe()
+
+
+def test_other_commands_work_too(tmp_path: Path) -> None:
+    out = tmp_path / "table.json"
+    r = run([ATLASBOOST, "ranktable", "--sim", "4", "--server-id", "10.1.0.1", "-o", str(out)], timeout=30)
+    assert r.returncode == 0, r.describe()
+    table = json.loads(out.read_text())
+    assert table["server_list"][0]["server_id"] == "10.1.0.1"
+    r = run([ATLASBOOST, "validate", str(out)], timeout=30)
+    assert r.returncode == 0, r.describe()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**table, "status": "pending"}))
+    r = run([ATLASBOOST, "validate", str(bad)], timeout=30)
+    assert r.returncode == 1, r.describe()
+
+
+class Lines:
+    """Reads a process's stdout lines in the background."""
+
+    def __init__(self, proc) -> None:
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    def wait_for(self, predicate, timeout: float) -> list[str]:
+        with self.changed:
+            if not self.changed.wait_for(lambda: predicate(self.lines), timeout):
+                raise AssertionError(f"not seen within {timeout} s; lines so far: {self.lines}")
+            return list(self.lines)
+
+
+# Each worker starts a grandchild in its process group, prints both pids, and waits.
+SLEEPER = "sleep 60 & echo worker $$ child $!; wait"
+
+
+def _pids(lines: list[str]) -> list[int]:
+    pids = []
+    for line in lines:
+        words = line.split(":", 1)[-1].split()
+        if words[:1] == ["worker"]:
+            pids += [int(words[1]), int(words[3])]
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _stop_all(proc, reader: Lines, pids: list[int]) -> None:
+    """Leaves nothing running or open, whatever happened (a failed test included)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    reader.thread.join(timeout=10)
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_the_script_stops_the_job(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    proc = start([ATLASBOOST, "run", "--sim", "2", "--grace", "5", "--", "sh", "-c", SLEEPER],
+                 env=clean_env(), cwd=tmp_path)
+    reader = Lines(proc)
+    pids: list[int] = []
+    try:
+        pids = _pids(reader.wait_for(lambda ls: len(_pids(ls)) == 4, timeout=30))
+        os.kill(proc.pid, sig)
+        returncode = proc.wait(timeout=30)
+        err = proc.stderr.read()
+        assert returncode == code, err
+        assert _wait_gone(pids, timeout=5) == [], f"still running: {pids}"
+    finally:
+        _stop_all(proc, reader, pids)
+
+
+def test_kill_9_of_the_script_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """The lifeline (`python -m atlasboost guard`, started by the script) stops the workers'
+    process groups when the launcher dies without a word."""
+    proc = start([ATLASBOOST, "run", "--sim", "2", "--", "sh", "-c", SLEEPER], env=clean_env(), cwd=tmp_path)
+    reader = Lines(proc)
+    pids: list[int] = []
+    try:
+        pids = _pids(reader.wait_for(lambda ls: len(_pids(ls)) == 4, timeout=30))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        # The grandchildren (sleep) are beyond PR_SET_PDEATHSIG: only the guard stops them.
+        assert _wait_gone(pids, timeout=10) == [], f"still running after kill -9 of the launcher: {pids}"
+    finally:
+        _stop_all(proc, reader, pids)

@@ -1,0 +1,217 @@
+"""The original usage snippet under each launcher: `atlasboost run`, `mpirun`, torchrun's
+variables. Every job is 4 real processes on simulated devices; the table is read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import atlasboost
+import pytest
+from helpers import (
+    ATLASBOOST,
+    PYTHON,
+    check_job,
+    clean_env,
+    finish,
+    free_port_pair,
+    report_files,
+    reports,
+    run,
+    run_python,
+    start,
+    wait_all,
+)
+
+MPIRUN = shutil.which("mpirun")
+# mpirun's options for this machine: root (CI), and more ranks than its 2 cores.
+MPIRUN_OPTIONS = ["--allow-run-as-root", "--oversubscribe"]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "host_count"),
+    [
+        pytest.param([], 1, id="one-host"),
+        pytest.param(["-H", "127.0.0.1:2,127.0.0.2:2"], 2, id="two-hosts"),
+    ],
+)
+def test_under_atlasboost_run(tmp_path: Path, worker: Path, hosts: list[str], host_count: int) -> None:
+    table = tmp_path / "rank_table.json"
+    r = run(
+        [ATLASBOOST, "run", "--sim", "4", *hosts, "--rank-table", str(table), "--", PYTHON, worker],
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.describe()
+    found = reports(r.stdout)
+    assert len(found) == 4, r.describe()
+    check_job(found, 4, table, hosts=host_count)
+    for rep in found:
+        # atlasboost run numbers ranks as the table does.
+        assert rep["launcher_rank"] == rep["rank"], rep
+        assert rep["env"]["ATLASBOOST_FRAMEWORK"] == "tensorflow", rep
+    assert "4 succeeded, 0 failed" in r.stderr, r.describe()
+
+
+def need_mpirun() -> str:
+    if MPIRUN is None:
+        if os.environ.get("ATLASBOOST_PYTHON_REQUIRE_MPI") == "1":
+            pytest.fail("mpirun is not installed, but the package was built with MPI support")
+        pytest.skip("mpirun is not installed (Debian: openmpi-bin)")
+    return MPIRUN
+
+
+def test_under_mpirun(tmp_path: Path, worker: Path) -> None:
+    """With MPI support the processes meet over MPI; without it, each says so at once."""
+    mpirun = need_mpirun()
+    table = tmp_path / "rank_table.json"
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    # No MASTER_ADDR: the processes can only meet over MPI.
+    r = run(
+        [mpirun, *MPIRUN_OPTIONS, "-np", "4", "-x", "ATLASBOOST_SIM=4",
+         "-x", f"ATLASBOOST_RANK_TABLE_FILE={table}", "-x", f"REPORT_DIR={report_dir}",
+         PYTHON, worker],
+        cwd=tmp_path,
+        timeout=90,
+    )
+    if not atlasboost.mpi_built():
+        # Each process fails at once, saying why, instead of waiting for a rendezvous.
+        assert r.returncode != 0, r.describe()
+        assert "LaunchContextError" in r.stderr, r.describe()
+        assert "MASTER_ADDR is not set" in r.stderr, r.describe()
+        assert "build with the `mpi` feature" in r.stderr, r.describe()
+        return
+    assert r.returncode == 0, r.describe()
+    found = report_files(report_dir)
+    assert len(found) == 4, r.describe()
+    check_job(found, 4, table)
+    assert sorted(int(rep["env"]["OMPI_COMM_WORLD_RANK"]) for rep in found) == [0, 1, 2, 3]
+    for rep in found:
+        assert rep["launcher_rank"] == int(rep["env"]["OMPI_COMM_WORLD_RANK"]), rep
+    # Every process finalised MPI at exit (atexit shutdown): mpirun would complain otherwise.
+    assert "exiting improperly" not in r.stderr, r.describe()
+
+
+def torchrun_env(rank: int, world: int, port: int, table: Path, **extra: str) -> dict[str, str]:
+    """The variables torchrun gives process `rank` of `world` on one host."""
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "ATLASBOOST_SIM": "4",
+        "ATLASBOOST_RANK_TABLE_FILE": str(table),
+        "ATLASBOOST_RENDEZVOUS_TIMEOUT": "30",
+        "EXPECT_LAUNCHER_RANK": str(rank),
+    }
+    return clean_env(**{**env, **extra})
+
+
+def test_under_torchrun_variables(tmp_path: Path, worker: Path) -> None:
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    # Started in reverse order: rank 0, the coordinator, comes last.
+    procs = [
+        start([PYTHON, worker], env=torchrun_env(rank, 4, port, table), cwd=tmp_path)
+        for rank in (3, 2, 1, 0)
+    ]
+    results = wait_all(procs, timeout=60)
+    for r in results:
+        assert r.returncode == 0, r.describe()
+    found = [rep for r in results for rep in reports(r.stdout)]
+    assert len(found) == 4, "\n".join(r.describe() for r in results)
+    check_job(found, 4, table)
+    for rep in found:
+        assert rep["launcher_rank"] == int(rep["env"]["EXPECT_LAUNCHER_RANK"]), rep
+        # torchrun's own MASTER_ADDR and MASTER_PORT are kept (its store uses them).
+        assert rep["env"]["MASTER_ADDR"] == "127.0.0.1", rep
+        assert rep["env"]["MASTER_PORT"] == str(port), rep
+        # RANK is the table's rank after init().
+        assert rep["env"]["RANK"] == str(rep["rank"]), rep
+
+
+def test_a_rank_that_never_comes_is_a_rendezvous_timeout(tmp_path: Path) -> None:
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    code = """
+        import json, atlasboost
+        try:
+            atlasboost.init()
+        except atlasboost.RendezvousError as e:
+            print(json.dumps([type(e).__name__, isinstance(e, atlasboost.RendezvousTimeout), str(e)]))
+    """
+    # Rank 0 of 2 alone: rank 1 never arrives.
+    env = torchrun_env(0, 2, port, table, ATLASBOOST_RENDEZVOUS_TIMEOUT="1")
+    r = run_python(code, env=env, cwd=tmp_path, timeout=30)
+    assert r.returncode == 0, r.describe()
+    kind, timed_out, message = json.loads(r.stdout.strip().splitlines()[-1])
+    assert kind == "RendezvousTimeout" and timed_out, r.describe()
+    assert "waiting for participant 1" in message, message
+
+
+def test_init_lets_other_threads_run_while_it_waits(tmp_path: Path) -> None:
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    code = """
+        import threading, time, atlasboost
+        ticks = 0
+        done = threading.Event()
+        def tick():
+            global ticks
+            while not done.is_set():
+                ticks += 1
+                time.sleep(0.01)
+        t = threading.Thread(target=tick)
+        t.start()
+        time.sleep(0.1)
+        before = ticks
+        try:
+            atlasboost.init()          # waits 1.5 s for a rank that never comes
+        except atlasboost.RendezvousTimeout:
+            pass
+        done.set()
+        t.join()
+        print(ticks - before)
+    """
+    env = torchrun_env(0, 2, port, table, ATLASBOOST_RENDEZVOUS_TIMEOUT="1.5")
+    r = run_python(code, env=env, cwd=tmp_path, timeout=30)
+    assert r.returncode == 0, r.describe()
+    # 1.5 s of 10 ms ticks: far more than none (the GIL held throughout would give 0 or 1).
+    assert int(r.stdout.split()[-1]) > 30, r.describe()
+
+
+def test_ctrl_c_stops_a_waiting_init_with_keyboard_interrupt(tmp_path: Path) -> None:
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    code = """
+        import sys, time, atlasboost
+        print("waiting", flush=True)
+        start = time.monotonic()
+        try:
+            atlasboost.init()          # rank 1 never comes: would wait 30 s
+        except BaseException as e:
+            print(type(e).__name__, type(e.__context__).__name__, round(time.monotonic() - start), flush=True)
+    """
+    env = torchrun_env(0, 2, port, table, ATLASBOOST_RENDEZVOUS_TIMEOUT="30")
+    proc = start([PYTHON, "-c", textwrap.dedent(code)], env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.5)  # inside init() by now (if not, the interrupt comes all the same)
+        proc.send_signal(signal.SIGINT)
+        r = finish(proc, timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    kind, context, seconds = r.stdout.split()
+    assert (kind, context) == ("KeyboardInterrupt", "NoneType"), r.describe()
+    assert int(seconds) < 10, r.describe()
