@@ -60,7 +60,9 @@ def main():
     if atlasboost is not None:
         try:
             atlasboost.init(frame="tensorflow")
-            atlasboost.set_device_id(atlasboost.local_rank())
+            # The original tool's scripts pass local_rank(); device_id() is also right when the
+            # job uses devices that do not start at 0 (e.g. --devices 4-7).
+            atlasboost.set_device_id(atlasboost.device_id())
         except atlasboost.AtlasBoostError as e:
             print(f"train.py: atlasboost.init() failed: {e}", file=sys.stderr)
             return 2

@@ -49,6 +49,19 @@ def init(frame: "str | None" = None) -> None:
         _shutdown_at_exit = True
 
 
+def init_for(framework: str):  # -> a function like `init`
+    """`init` for a framework's module (`atlasboost.torch`, ...): `frame` defaults to it."""
+
+    def init_framework(frame: str = framework) -> None:
+        init(frame)
+
+    init_framework.__doc__ = (
+        f'`atlasboost.init`, with `frame="{framework}"` by default.\n\n' + (init.__doc__ or "")
+    )
+    init_framework.__name__ = init_framework.__qualname__ = "init"
+    return init_framework
+
+
 def rank() -> int:
     """This process's rank: its `rank_id` in the rank table (RANK_ID)."""
     return _native.rank()

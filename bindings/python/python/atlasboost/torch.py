@@ -4,55 +4,8 @@ The same functions as `atlasboost`; `init()` defaults to `frame="pytorch"`. Impo
 module does not import PyTorch.
 """
 
-from atlasboost._atlasboost import (
-    AtlasBoostError,
-    ConfigError,
-    DeviceError,
-    LaunchContextError,
-    NotInitializedError,
-    RankTableError,
-    RendezvousError,
-    RendezvousTimeout,
-)
-from atlasboost._core import (
-    device_id,
-    launcher_rank,
-    local_rank,
-    local_size,
-    mpi_built,
-    rank,
-    rank_table_file,
-    set_device_id,
-    shutdown,
-    size,
-)
-from atlasboost._core import init as _init
+from atlasboost import *  # noqa: F403  (the same API as the package)
+from atlasboost import __all__ as __all__
+from atlasboost._core import init_for
 
-
-def init(frame: str = "pytorch") -> None:
-    """`atlasboost.init`, for PyTorch by default: finds this process's place in the job, makes
-    sure the rank table is written, and sets the job's variables in `os.environ`."""
-    _init(frame)
-
-
-__all__ = [
-    "AtlasBoostError",
-    "ConfigError",
-    "DeviceError",
-    "LaunchContextError",
-    "NotInitializedError",
-    "RankTableError",
-    "RendezvousError",
-    "RendezvousTimeout",
-    "device_id",
-    "init",
-    "launcher_rank",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "rank",
-    "rank_table_file",
-    "set_device_id",
-    "shutdown",
-    "size",
-]
+init = init_for("pytorch")
