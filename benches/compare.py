@@ -185,6 +185,19 @@ def run_checked(name, cmd, stdout, stderr_path=None):
     return elapsed
 
 
+def time_alternating(names, cmds, runs):
+    """Wall times of `runs` runs of each command, alternating, after 2 warm-up runs of each."""
+    print(f"{runs} runs of each, alternating, after 2 warm-up runs of each; stdout and stderr to /dev/null\n")
+    times = {n: [] for n in names}
+    for _ in range(2):
+        for n in names:
+            run_checked(n, cmds[n], subprocess.DEVNULL)
+    for _ in range(runs):
+        for n in names:
+            times[n].append(run_checked(n, cmds[n], subprocess.DEVNULL))
+    return times
+
+
 def check_lines(name, path, expected, line):
     """Count the lines of `path` and those that arrived whole; return (bytes, torn lines).
 
@@ -227,16 +240,7 @@ def cmd_launch(args):
     print("# launch: start 8 ranks of `true` and wait for them\n")
     print_machine(tools)
     print_commands(cmds)
-    print(f"{args.runs} runs of each, alternating, after 2 warm-up runs of each; stdout and stderr to /dev/null\n")
-
-    times = {n: [] for n in names}
-    for _ in range(2):
-        for n in names:
-            run_checked(n, cmds[n], subprocess.DEVNULL)
-    for _ in range(args.runs):
-        for n in names:
-            times[n].append(run_checked(n, cmds[n], subprocess.DEVNULL))
-
+    times = time_alternating(names, cmds, args.runs)
     rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
     print_table(["launcher", "median ms", "min ms", "max ms"], rows)
     if len(names) == 2:
@@ -302,14 +306,7 @@ def cmd_init(args):
     print("# init: 8 workers start, learn their rank and device, and have a rank table (or an all-gather)\n")
     print_machine(tools)
     print_commands(cmds)
-    print(f"{args.runs} runs of each, alternating, after 2 warm-up runs of each; stdout and stderr to /dev/null\n")
-    times = {n: [] for n in names}
-    for _ in range(2):
-        for n in names:
-            run_checked(n, cmds[n], subprocess.DEVNULL)
-    for _ in range(args.runs):
-        for n in names:
-            times[n].append(run_checked(n, cmds[n], subprocess.DEVNULL))
+    times = time_alternating(names, cmds, args.runs)
     shutil.rmtree(tmp, ignore_errors=True)
     rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
     print_table(["contender", "median ms", "min ms", "max ms"], rows)

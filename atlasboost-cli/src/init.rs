@@ -392,14 +392,21 @@ struct Shared {
     timeout: Duration,
 }
 
+impl Shared {
+    /// The settings, from the environment.
+    fn from_env(framework: Framework) -> Result<Shared, InitError> {
+        Ok(Shared {
+            framework,
+            job_id: job_id(),
+            table_path: table_path()?,
+            server_id: server_id()?,
+            timeout: timeout()?,
+        })
+    }
+}
+
 fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError> {
-    let shared = Shared {
-        framework,
-        job_id: job_id(),
-        table_path: table_path()?,
-        server_id: server_id()?,
-        timeout: timeout()?,
-    };
+    let shared = Shared::from_env(framework)?;
     if c.launcher.is_mpi() && cfg!(feature = "mpi") {
         return mpi_rendezvous(c, &shared);
     }
@@ -511,13 +518,7 @@ fn alone(framework: Framework) -> Result<Job, InitError> {
         "atlasboost: no launcher's variables are set (RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, \
          ...): running as a world of one\n",
     );
-    let shared = Shared {
-        framework,
-        job_id: job_id(),
-        table_path: table_path()?,
-        server_id: server_id()?,
-        timeout: timeout()?,
-    };
+    let shared = Shared::from_env(framework)?;
     let mut rdv = Single;
     let mut job = agree(&mut rdv, 0, 0, &shared)?;
     job.agreement = Agreement::Alone;
