@@ -58,7 +58,14 @@ pub fn main_with(args: Vec<OsString>, self_command: Vec<OsString>) -> u8 {
         // A second call keeps the first command: both come from the same program.
         let _ = SELF_COMMAND.set(self_command);
     }
-    run_command_line(args)
+    // `run` blocks the signals it handles (it reads them from a signalfd); the embedding
+    // program gets its own mask back.
+    let mask = nix::sys::signal::SigSet::thread_get_mask().ok();
+    let code = run_command_line(args);
+    if let Some(mask) = mask {
+        let _ = mask.thread_set_mask();
+    }
+    code
 }
 
 fn run_command_line(args: Vec<OsString>) -> u8 {
