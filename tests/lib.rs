@@ -33,7 +33,7 @@ const SHOWN_BYTES: usize = 4000;
 /// Variables the launcher sets for workers "unless set", and other launchers' variables:
 /// removed from the launched program's environment so that the test machine's environment
 /// cannot change what the tests see.
-const HERMETIC: [&str; 22] = [
+const HERMETIC: [&str; 29] = [
     "OMP_NUM_THREADS",
     "PYTHONUNBUFFERED",
     "RANK_TABLE_FILE",
@@ -57,6 +57,13 @@ const HERMETIC: [&str; 22] = [
     "SLURM_PROCID",
     "SLURM_NTASKS",
     "SLURM_LOCALID",
+    "SLURM_JOB_ID",
+    "LOCAL_WORLD_SIZE",
+    "ATLASBOOST_SIZE",
+    "ATLASBOOST_LOCAL_RANK",
+    "ATLASBOOST_SIM",
+    "ATLASBOOST_RENDEZVOUS_PORT",
+    "TORCHELASTIC_RUN_ID",
 ];
 
 /// The `atlasboost` binary under test: `$ATLASBOOST_BIN`, else the one cargo built next to

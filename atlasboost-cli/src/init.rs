@@ -377,8 +377,8 @@ struct Claim {
 enum Written {
     /// Another process of its host writes it.
     NotMine,
-    /// Written.
-    Done,
+    /// Written, at this path.
+    Done(PathBuf),
     /// Could not be written.
     Failed(String),
 }
@@ -410,6 +410,13 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
     if c.launcher.is_mpi() && cfg!(feature = "mpi") {
         return mpi_rendezvous(c, &shared);
     }
+    if c.size == 1 {
+        // Nobody to meet: no coordinator, no MASTER_ADDR needed.
+        let mut job = agree(&mut Single, 0, 0, &shared)?;
+        job.launcher = Some(c.launcher);
+        job.agreement = Agreement::Alone;
+        return Ok(job);
+    }
     let Some(master) = c.master_addr.clone() else {
         let hint = if c.launcher.is_mpi() {
             " (this build has no MPI support: build with the `mpi` feature to rendezvous over MPI)"
@@ -427,6 +434,7 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
         )));
     };
     let port = rendezvous_port(c)?;
+    let endpoint = format!("tcp://{}", master_endpoint(&master, port)?);
     let secret = job_secret(&shared.job_id)?;
     let coordinator =
         if c.rank == 0 {
@@ -452,7 +460,6 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
         } else {
             None
         };
-    let endpoint = format!("tcp://{}", join_host_port(&master, port));
     let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
         &endpoint,
         c.rank as usize,
@@ -593,7 +600,7 @@ fn agree(
         .min();
     let written = if writer == Some(rank) {
         match write_table(&shared.table_path, &table, chip) {
-            Ok(()) => Written::Done,
+            Ok(()) => Written::Done(shared.table_path.clone()),
             Err(e) => Written::Failed(error_chain(&e)),
         }
     } else {
@@ -605,12 +612,26 @@ fn agree(
     })?;
     let statuses = rdv.all_gather(&bytes)?;
     for (i, b) in statuses.iter().enumerate() {
-        if let Ok(Written::Failed(why)) = serde_json::from_slice::<Written>(b) {
-            let host = claims.get(i).map_or("?", |c| c.server_id.as_str());
-            return Err(InitError::RankTable(format!(
-                "rank {i} on host {host} could not write the rank table {}: {why}",
-                shared.table_path.display()
-            )));
+        let host = claims.get(i).map_or("?", |c| c.server_id.as_str());
+        match serde_json::from_slice::<Written>(b) {
+            Ok(Written::Failed(why)) => {
+                return Err(InitError::RankTable(format!(
+                    "rank {i} on host {host} could not write the rank table {}: {why}",
+                    shared.table_path.display()
+                )));
+            }
+            // The writer of this host wrote where it was told; this process must look there.
+            Ok(Written::Done(path)) if host == shared.server_id && path != shared.table_path => {
+                return Err(InitError::RankTable(format!(
+                    "rank {i} wrote host {host}'s rank table to {}, but this process (rank \
+                     {rank}) expects it at {}: give every process of a host the same absolute \
+                     {} (a relative path depends on each process's directory)",
+                    path.display(),
+                    shared.table_path.display(),
+                    EnvVars::ATLASBOOST_RANK_TABLE_FILE
+                )));
+            }
+            _ => {}
         }
     }
     let device = device.map_err(InitError::Device)?;
@@ -832,8 +853,15 @@ fn rendezvous_port(c: &LaunchContext) -> Result<u16, InitError> {
 /// becomes `-` (TensorFlow refuses other `JOB_ID`s).
 fn job_id() -> String {
     let raw = env(EnvVars::ATLASBOOST_JOB_ID)
-        .or_else(|| env("TORCHELASTIC_RUN_ID"))
-        .or_else(|| env("SLURM_JOB_ID").map(|id| format!("slurm-{id}")))
+        // torchrun's default run id is `none`: every job would share it.
+        .or_else(|| env("TORCHELASTIC_RUN_ID").filter(|id| id != "none"))
+        // Two srun steps of one allocation are two jobs.
+        .or_else(|| {
+            env("SLURM_JOB_ID").map(|id| match env("SLURM_STEP_ID") {
+                Some(step) => format!("slurm-{id}-{step}"),
+                None => format!("slurm-{id}"),
+            })
+        })
         // Open MPI 4 names its job in these (`OMPI_MCA_orte_ess_jobid` was Open MPI 3's).
         .or_else(|| env("OMPI_MCA_ess_base_jobid").map(|id| format!("ompi-{id}")))
         .or_else(|| env("PMIX_NAMESPACE").map(|ns| format!("pmix-{ns}")))
@@ -853,7 +881,12 @@ fn job_id() -> String {
         })
         .take(64)
         .collect();
-    id.trim_end_matches('-').to_string()
+    let id = id.trim_matches('-');
+    if id.is_empty() {
+        "atlasboost".into()
+    } else {
+        id.to_string()
+    }
 }
 
 /// The key every message of the rendezvous is signed with: `ATLASBOOST_SECRET` (64 hex digits)
@@ -871,19 +904,28 @@ fn job_secret(job_id: &str) -> Result<Secret, InitError> {
     Ok(Secret::derive(&format!("atlasboost job {job_id}")))
 }
 
-/// `host:port`, with IPv6 addresses in brackets.
-fn join_host_port(host: &str, port: u16) -> String {
-    match host.parse::<IpAddr>() {
-        Ok(IpAddr::V6(ip)) => SocketAddr::from((ip, port)).to_string(),
-        Ok(IpAddr::V4(ip)) => SocketAddr::from((ip, port)).to_string(),
-        // A name: ZeroMQ resolves it, but an unresolvable one is better named now.
-        Err(_) => match (host, port).to_socket_addrs() {
-            Ok(mut a) => a
-                .find(|a| a.is_ipv4())
-                .map_or_else(|| format!("{host}:{port}"), |a| a.to_string()),
-            Err(_) => format!("{host}:{port}"),
-        },
+/// `address:port` of the master, with IPv6 addresses in brackets and a name resolved now:
+/// ZeroMQ would retry an unresolvable name until the timeout without saying why.
+fn master_endpoint(host: &str, port: u16) -> Result<String, InitError> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::from((ip, port)).to_string());
     }
+    let unresolved = |why: String| {
+        InitError::LaunchContext(format!(
+            "the master {host:?} ({} or the Slurm node list) does not resolve: {why}",
+            EnvVars::MASTER_ADDR
+        ))
+    };
+    let mut addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| unresolved(e.to_string()))?
+        .collect::<Vec<_>>();
+    // IPv4 first, as the server ids are.
+    addrs.sort_by_key(|a| !a.is_ipv4());
+    addrs
+        .first()
+        .map(|a| a.to_string())
+        .ok_or_else(|| unresolved("no address".into()))
 }
 
 /// A port nobody listens on right now, for `MASTER_PORT`.

@@ -10,7 +10,13 @@
 //! When several families are set, the most specific launcher wins: `atlasboost run`, then
 //! torchrun (it usually runs inside another launcher's task, e.g. `srun torchrun ...`), then
 //! Open MPI and MPICH (under Slurm, their processes inherit `SLURM_*` from the daemon's task),
-//! then Slurm.
+//! then Slurm. Two refinements:
+//! - `atlasboost run`'s variables are inherited by anything its workers start; a torchrun or
+//!   mpirun inside a worker wins when its rank or size differs from atlasboost's.
+//! - A family only partly set gives way to a complete one after it (`srun --mpi=pmi2` sets
+//!   `PMI_RANK` and `PMI_SIZE` beside srun's variables); alone, it is an error. Slurm counts as
+//!   set only with srun's per-task `SLURM_PROCID` or `SLURM_LOCALID`: `SLURM_NTASKS` alone is
+//!   any shell of an allocation.
 
 use std::fmt;
 
@@ -77,6 +83,11 @@ pub struct LaunchContext {
     /// `MASTER_PORT`, when set.
     pub master_port: Option<u16>,
 }
+
+/// The most processes a job may have: far beyond any Ascend cluster, and few enough that a
+/// table of every process fits in memory (a typo like `WORLD_SIZE=4000000000` must not
+/// allocate one).
+pub const MAX_PROCESSES: u32 = 1 << 20;
 
 /// One launcher's variables: those that must all be set, and optional ones.
 struct Family {
@@ -146,21 +157,31 @@ const FAMILIES: [Family; 5] = [
 pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchContext>> {
     // An empty variable counts as unset: `RANK=` is how scripts often clear one.
     let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-    let Some(family) = FAMILIES.iter().find(|f| {
-        [f.rank, f.size, f.local_rank]
-            .iter()
-            .any(|n| get(n).is_some())
-    }) else {
+    let required = |f: &Family| [f.rank, f.size, f.local_rank];
+    let complete = |f: &Family| required(f).iter().all(|n| get(n).is_some());
+    let present: Vec<&Family> = FAMILIES
+        .iter()
+        .filter(|f| {
+            // `SLURM_NTASKS` alone is any shell of an allocation (`salloc`): only srun's
+            // per-task variables say that srun started this process.
+            let markers: &[&str] = if f.launcher == Launcher::Slurm {
+                &[f.rank, f.local_rank]
+            } else {
+                &[f.rank, f.size, f.local_rank]
+            };
+            markers.iter().any(|n| get(n).is_some())
+        })
+        .collect();
+    let Some(first) = present.first() else {
         return Ok(None);
     };
-    let required = [family.rank, family.size, family.local_rank];
-    let missing: Vec<&str> = required
-        .iter()
-        .copied()
-        .filter(|n| get(n).is_none())
-        .collect();
-    if !missing.is_empty() {
-        let set: Vec<String> = required
+    // A partly set family gives way to a complete one after it (`srun --mpi=pmi2` sets
+    // `PMI_RANK` and `PMI_SIZE` beside srun's own); alone, it is an error naming what is
+    // missing.
+    let Some(mut family) = present.iter().copied().find(|f| complete(f)) else {
+        let names = required(first);
+        let missing: Vec<&str> = names.iter().copied().filter(|n| get(n).is_none()).collect();
+        let set: Vec<String> = names
             .iter()
             .filter_map(|n| get(n).map(|v| format!("{n}={v}")))
             .collect();
@@ -169,9 +190,23 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
             set.join(", "),
             missing.join(" and "),
             if missing.len() == 1 { "is" } else { "are" },
-            family.launcher,
-            required.join(", ")
+            first.launcher,
+            names.join(", ")
         )));
+    };
+    // `atlasboost run`'s variables are inherited by whatever its worker starts. A torchrun or
+    // mpirun started inside a worker numbers its own processes: when its rank or size
+    // disagrees with atlasboost's, it is the inner launcher and wins.
+    if family.launcher == Launcher::Atlasboost
+        && let Some(inner) = present.iter().copied().find(|f| {
+            matches!(
+                f.launcher,
+                Launcher::Torchrun | Launcher::OpenMpi | Launcher::Mpich
+            ) && complete(f)
+                && (get(f.rank) != get(family.rank) || get(f.size) != get(family.size))
+        })
+    {
+        family = inner;
     }
     let number = |name: &str| -> Result<Option<u32>> {
         get(name)
@@ -193,6 +228,12 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
     let local_rank = need(family.local_rank)?;
     let local_size = family.local_size.map(number).transpose()?.flatten();
     let node_rank = family.node_rank.map(number).transpose()?.flatten();
+    if size > MAX_PROCESSES {
+        return Err(Error::LaunchEnv(format!(
+            "{}={size}: more processes than atlasboost supports ({MAX_PROCESSES})",
+            family.size
+        )));
+    }
     if size == 0 || rank >= size {
         return Err(Error::LaunchEnv(format!(
             "{}={rank} is not a rank of a job of {}={size}",
@@ -216,12 +257,16 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
     }
     let master_port = get(EnvVars::MASTER_PORT)
         .map(|v| {
-            v.trim().parse::<u16>().map_err(|_| {
-                Error::LaunchEnv(format!(
-                    "{}={v} is not a TCP port (1-65535)",
-                    EnvVars::MASTER_PORT
-                ))
-            })
+            v.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| {
+                    Error::LaunchEnv(format!(
+                        "{}={v} is not a TCP port (1-65535)",
+                        EnvVars::MASTER_PORT
+                    ))
+                })
         })
         .transpose()?;
     let master_addr = get(EnvVars::MASTER_ADDR)
@@ -405,6 +450,98 @@ mod tests {
             c.ok().flatten().map(|c| (c.launcher, c.rank)),
             Some((Launcher::OpenMpi, 6))
         );
+    }
+
+    #[test]
+    fn atlasboost_run_wins_unless_a_launcher_inside_a_worker_numbers_differently() {
+        let launch = [
+            ("ATLASBOOST_RANK", "3"),
+            ("ATLASBOOST_SIZE", "8"),
+            ("ATLASBOOST_LOCAL_RANK", "3"),
+            ("ATLASBOOST_LOCAL_SIZE", "4"),
+            ("ATLASBOOST_NODE_RANK", "0"),
+            // atlasboost run sets the torch-style variables too, with the same values.
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "3"),
+        ];
+        let c = detect_in(&launch).ok().flatten();
+        assert_eq!(
+            c.map(|c| (c.launcher, c.rank, c.local_size, c.node_rank)),
+            Some((Launcher::Atlasboost, 3, Some(4), Some(0)))
+        );
+        // torchrun started by that worker: its own numbering.
+        let mut inner = launch.to_vec();
+        inner.retain(|(k, _)| !["RANK", "WORLD_SIZE", "LOCAL_RANK"].contains(k));
+        inner.extend([("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")]);
+        let c = detect_in(&inner).ok().flatten();
+        assert_eq!(
+            c.map(|c| (c.launcher, c.rank, c.size)),
+            Some((Launcher::Torchrun, 1, 2))
+        );
+        // mpirun started by that worker.
+        let mut inner = launch.to_vec();
+        inner.extend([
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        ]);
+        let c = detect_in(&inner).ok().flatten();
+        assert_eq!(c.map(|c| c.launcher), Some(Launcher::OpenMpi));
+        // atlasboost run inside a Slurm batch script: the batch step's SLURM_* do not win.
+        let mut batch = launch.to_vec();
+        batch.extend([
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_LOCALID", "0"),
+        ]);
+        let c = detect_in(&batch).ok().flatten();
+        assert_eq!(c.map(|c| c.launcher), Some(Launcher::Atlasboost));
+    }
+
+    #[test]
+    fn an_allocation_shell_is_not_an_srun_task() {
+        // salloc: SLURM_NTASKS without srun's per-task variables.
+        assert_eq!(
+            detect_in(&[("SLURM_NTASKS", "4"), ("SLURM_JOB_ID", "77")]).ok(),
+            Some(None)
+        );
+    }
+
+    #[test]
+    fn a_partly_set_family_gives_way_to_a_complete_one() {
+        // srun --mpi=pmi2: PMI_RANK and PMI_SIZE, no MPI_LOCALRANKID, and srun's own.
+        let c = detect_in(&[
+            ("PMI_RANK", "5"),
+            ("PMI_SIZE", "8"),
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+        ]);
+        assert_eq!(
+            c.ok().flatten().map(|c| (c.launcher, c.rank, c.local_rank)),
+            Some((Launcher::Slurm, 5, 1))
+        );
+    }
+
+    #[test]
+    fn absurd_sizes_and_port_0_are_refused() {
+        let m = message(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4000000000"),
+            ("LOCAL_RANK", "0"),
+        ]);
+        assert!(
+            m.contains("WORLD_SIZE=4000000000: more processes than atlasboost supports"),
+            "{m}"
+        );
+        let m = message(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_PORT", "0"),
+        ]);
+        assert!(m.contains("MASTER_PORT=0 is not a TCP port"), "{m}");
     }
 
     #[test]

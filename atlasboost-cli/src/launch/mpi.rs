@@ -63,6 +63,10 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         job_id: &job_id,
         exports: &exports,
         as_root: nix::unistd::geteuid().is_root(),
+        master_port: std::net::TcpListener::bind(("0.0.0.0", 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .ok(),
     });
     printer.detail(&format!(
         "atlasboost: {}",
@@ -140,6 +144,8 @@ pub struct MpirunJob<'a> {
     pub exports: &'a [(OsString, OsString)],
     /// Whether we run as root (mpirun refuses root without `--allow-run-as-root`).
     pub as_root: bool,
+    /// A port free on this machine, for `MASTER_PORT` when the job runs here.
+    pub master_port: Option<u16>,
 }
 
 /// The `mpirun` command of SPEC §8: `-np`, `-H`, `-bind-to none -map-by slot`, `--tag-output`,
@@ -199,6 +205,19 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     ];
     if let Some(n) = args.discovery.sim {
         vars.push((EnvVars::ATLASBOOST_SIM.into(), n.to_string()));
+    }
+    // Workers built without MPI meet over ZeroMQ at rank 0's host instead: the first host
+    // (mpirun maps by slot), on a port free here when that host is this machine.
+    let exported = |name: &str| job.exports.iter().any(|(n, _)| n == name);
+    if !exported(EnvVars::MASTER_ADDR) {
+        let first = job.hosts.first().map_or("127.0.0.1", |h| h.name.as_str());
+        vars.push((EnvVars::MASTER_ADDR.into(), first.into()));
+        if job.hosts.is_empty()
+            && !exported(EnvVars::MASTER_PORT)
+            && let Some(port) = job.master_port
+        {
+            vars.push((EnvVars::MASTER_PORT.into(), port.to_string()));
+        }
     }
     if let Some(path) = &args.discovery.hccn_conf {
         vars.push((
@@ -307,6 +326,7 @@ mod tests {
             job_id: "ab-1",
             exports: &[("FOO".into(), "a b".into())],
             as_root,
+            master_port: Some(29555),
         })
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -341,6 +361,7 @@ mod tests {
             "ATLASBOOST_JOB_ID=ab-1",
             "ATLASBOOST_SIM=8",
             "ATLASBOOST_PROBE=auto",
+            "MASTER_ADDR=node1",
         ] {
             let at = cmd.iter().position(|a| a == var);
             assert!(at.is_some_and(|i| cmd[i - 1] == "-x"), "-x {var} in {text}");
@@ -356,6 +377,10 @@ mod tests {
         let text = command(&args, &[], 4, true).join(" ");
         assert!(text.contains("-np 4 -H localhost:4 "), "{text}");
         assert!(text.contains(" --allow-run-as-root "), "{text}");
+        assert!(
+            text.contains(" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29555 "),
+            "{text}"
+        );
     }
 
     #[test]

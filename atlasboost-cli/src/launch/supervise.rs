@@ -62,6 +62,17 @@ impl Signals {
     ///
     /// [`CliError::Failure`] if the mask or the signalfd cannot be set up.
     pub fn block() -> Result<Signals, CliError> {
+        // Blocking is per thread: another thread of the process (a program that embeds the
+        // launcher, e.g. the Python package's `_cli.main` called from a threaded program)
+        // would take the process's SIGCHLD and SIGINT, and the launcher would wait for ever.
+        let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
+        if threads > 1 {
+            return Err(CliError::Failure(format!(
+                "the launcher must be the only thread of its process, which has {threads}: \
+                 signals meant for it would reach the others; run the atlasboost command as a \
+                 process of its own"
+            )));
+        }
         // An ignored SIGCHLD, inherited across exec from a parent that set it (Python's
         // `signal(SIGCHLD, SIG_IGN)`), would make the kernel reap the workers unseen. The other
         // signals keep their inherited disposition: `nohup` ignoring SIGHUP is respected.

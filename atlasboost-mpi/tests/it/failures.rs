@@ -65,8 +65,10 @@ fn check_timed_out(run: &harness::Run) {
     );
     for rank in 0..3 {
         let ms: u128 = parse(&run.text(rank, "waited_ms"), "waited_ms");
+        // Not early; and ended by the timeout, not by rank 3 waking (a bound, not a speed
+        // check: a loaded machine may be slow).
         assert!(
-            (2000..4000).contains(&ms),
+            ms >= 2000 && ms < MISSING_SLEEP.as_millis(),
             "rank {rank} waited {ms} ms for a 2 s timeout\n{run}"
         );
         assert_eq!(run.text(rank, "temporary"), "false", "{run}");

@@ -156,6 +156,10 @@ int atlasboost_set_device_id(int id);
  * `atlasboost_rank_table_file()` is freed. Queries then return ATLASBOOST_ERR_NOT_INITIALIZED
  * until the next `atlasboost_init()`. The environment keeps the job's variables.
  *
+ * Under `mpirun`, call it before the program exits: a process that initialised MPI and exits
+ * without finalising it makes `mpirun` fail the job ("exiting improperly"). `atexit` is a good
+ * place for it.
+ *
  * Returns ATLASBOOST_OK, also when there was nothing to end (so it may be called twice, e.g.
  * from an `atexit` handler), or ATLASBOOST_ERR_INTERNAL.
  */

@@ -195,3 +195,17 @@ def test_kill_9_of_the_script_leaves_no_worker_behind(tmp_path: Path) -> None:
         assert _wait_gone(pids, timeout=10) == [], f"still running after kill -9 of the launcher: {pids}"
     finally:
         _stop_all(proc, reader, pids)
+
+
+def test_the_launcher_refuses_to_run_beside_other_threads(tmp_path: Path) -> None:
+    # Signals for the launcher's workers would reach the other thread and the launcher would
+    # wait for ever; it must say so instead.
+    code = (
+        "import sys, threading\n"
+        "from atlasboost import _cli\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "sys.exit(_cli.main(['-q', 'run', '--sim', '2', '--', 'true']))\n"
+    )
+    r = run([PYTHON, "-c", code], cwd=tmp_path, timeout=60)
+    assert r.returncode == 125, r.describe()
+    assert "the launcher must be the only thread of its process" in r.stderr, r.describe()
