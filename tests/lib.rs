@@ -33,7 +33,7 @@ const SHOWN_BYTES: usize = 4000;
 /// Variables the launcher sets for workers "unless set", and other launchers' variables:
 /// removed from the launched program's environment so that the test machine's environment
 /// cannot change what the tests see.
-const HERMETIC: [&str; 29] = [
+pub const HERMETIC: [&str; 29] = [
     "OMP_NUM_THREADS",
     "PYTHONUNBUFFERED",
     "RANK_TABLE_FILE",

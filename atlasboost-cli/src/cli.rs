@@ -63,6 +63,26 @@ pub enum ProbeKind {
     Sim,
 }
 
+impl ProbeKind {
+    /// The name `--probe` and `ATLASBOOST_PROBE` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeKind::Auto => "auto",
+            ProbeKind::Dsmi => "dsmi",
+            ProbeKind::Hccn => "hccn",
+            ProbeKind::Sim => "sim",
+        }
+    }
+
+    /// The kind named `name` (as [`ProbeKind::as_str`] spells it).
+    pub fn from_name(name: &str) -> Option<ProbeKind> {
+        ProbeKind::value_variants()
+            .iter()
+            .copied()
+            .find(|k| k.as_str() == name)
+    }
+}
+
 /// Device discovery options shared by `run`, `ranktable` and `probe` (SPEC §3).
 #[derive(Debug, Clone, Args)]
 pub struct DiscoveryArgs {

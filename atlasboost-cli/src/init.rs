@@ -16,7 +16,7 @@
 //!
 //! [`launch_context`]: atlasboost_core::launch_context
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -565,7 +565,7 @@ fn agree(
         let addr = env(EnvVars::MASTER_ADDR).unwrap_or_else(|| shared.server_id.clone());
         let port = env(EnvVars::MASTER_PORT)
             .and_then(|p| p.parse().ok())
-            .unwrap_or_else(free_port);
+            .unwrap_or_else(|| crate::launch::agent::free_port("0.0.0.0"));
         (addr, port)
     });
     let claim = Claim {
@@ -702,17 +702,14 @@ fn my_device(server_id: &str, local_rank: u32) -> Result<Device, String> {
 
 /// Device discovery from `ATLASBOOST_PROBE`, `ATLASBOOST_SIM` and `ATLASBOOST_HCCN_CONF`.
 fn discovery_from_env() -> Result<DiscoveryArgs, String> {
-    let probe = match env(EnvVars::ATLASBOOST_PROBE).as_deref() {
-        None | Some("auto") => ProbeKind::Auto,
-        Some("dsmi") => ProbeKind::Dsmi,
-        Some("hccn") => ProbeKind::Hccn,
-        Some("sim") => ProbeKind::Sim,
-        Some(other) => {
-            return Err(format!(
-                "{}={other}: expected auto, dsmi, hccn or sim",
+    let probe = match env(EnvVars::ATLASBOOST_PROBE) {
+        None => ProbeKind::Auto,
+        Some(name) => ProbeKind::from_name(&name).ok_or_else(|| {
+            format!(
+                "{}={name}: expected auto, dsmi, hccn or sim",
                 EnvVars::ATLASBOOST_PROBE
-            ));
-        }
+            )
+        })?,
     };
     let sim = match env(EnvVars::ATLASBOOST_SIM) {
         None => None,
@@ -926,11 +923,4 @@ fn master_endpoint(host: &str, port: u16) -> Result<String, InitError> {
         .first()
         .map(|a| a.to_string())
         .ok_or_else(|| unresolved("no address".into()))
-}
-
-/// A port nobody listens on right now, for `MASTER_PORT`.
-fn free_port() -> u16 {
-    TcpListener::bind(("0.0.0.0", 0))
-        .and_then(|l| l.local_addr())
-        .map_or(0, |a| a.port())
 }

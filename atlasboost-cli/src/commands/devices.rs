@@ -44,7 +44,7 @@ pub fn make_probe(args: &DiscoveryArgs, server_id: &str) -> Result<Box<dyn Devic
         )),
         (kind @ (ProbeKind::Dsmi | ProbeKind::Hccn), Some(_)) => Err(CliError::Usage(format!(
             "--sim asks for simulated devices but --probe {} asks for real ones; pass one of them",
-            probe_name(kind)
+            kind.as_str()
         ))),
         (ProbeKind::Dsmi, None) => DsmiProbe::load(server_id)
             .map(|p| Box::new(p) as Box<dyn DeviceProbe>)
@@ -89,15 +89,6 @@ fn hccn_probe(server_id: &str, path: &Path) -> Result<Box<dyn DeviceProbe>, CliE
     HccnProbe::new(server_id, path)
         .map(|p| Box::new(p) as Box<dyn DeviceProbe>)
         .map_err(|e| CliError::Failure(format!("--probe hccn: {e}")))
-}
-
-fn probe_name(kind: ProbeKind) -> &'static str {
-    match kind {
-        ProbeKind::Auto => "auto",
-        ProbeKind::Dsmi => "dsmi",
-        ProbeKind::Hccn => "hccn",
-        ProbeKind::Sim => "sim",
-    }
 }
 
 /// The devices of this host the job may use: the probe's, restricted to `--devices`.

@@ -28,7 +28,7 @@ use super::lifeline::Lifeline;
 use super::output::Output;
 use super::plan::{HostPlan, Offer, assign_workers};
 use super::supervise::{self, RunPlan, Signals, WorkerPlan};
-use crate::cli::{DiscoveryArgs, ProbeKind};
+use crate::cli::DiscoveryArgs;
 use crate::commands::devices::make_probe;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -249,8 +249,9 @@ fn probe(discovery: &DiscoveryArgs, server_id: &str) -> Result<Vec<Device>, CliE
     })
 }
 
-/// A port nobody listens on right now (the kernel's pick), for `MASTER_PORT`; 0 if none.
-fn free_port(addr: &str) -> u16 {
+/// A port nobody listens on right now on `addr` (the kernel's pick), for `MASTER_PORT`; 0 if
+/// none.
+pub(crate) fn free_port(addr: &str) -> u16 {
     TcpListener::bind((addr, 0))
         .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
         .and_then(|l| l.local_addr())
@@ -362,16 +363,7 @@ pub fn host_workers(
 
 /// The discovery options as arguments, for a remote agent to parse as the launcher did.
 pub fn discovery_args(d: &DiscoveryArgs) -> Vec<String> {
-    let mut args = vec![
-        "--probe".to_string(),
-        match d.probe {
-            ProbeKind::Auto => "auto",
-            ProbeKind::Dsmi => "dsmi",
-            ProbeKind::Hccn => "hccn",
-            ProbeKind::Sim => "sim",
-        }
-        .to_string(),
-    ];
+    let mut args = vec!["--probe".to_string(), d.probe.as_str().to_string()];
     if let Some(n) = d.sim {
         args.extend(["--sim".into(), n.to_string()]);
         args.extend(["--sim-chip".into(), d.sim_chip.clone()]);

@@ -114,7 +114,7 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let mut lifeline = Lifeline::start()?;
 
-    let job_id = format!("ab-{}", &random_hex()?[..12]);
+    let job_id = new_job_id()?;
     let settings = WorkerSettings {
         framework: args.framework.to_string(),
         command: args.command.clone(),
@@ -303,10 +303,12 @@ fn forwarded_env() -> Vec<(OsString, OsString)> {
         .collect()
 }
 
-fn random_hex() -> Result<String, CliError> {
-    Secret::random()
+/// A new job's id: `ab-` and 12 random hex digits.
+fn new_job_id() -> Result<String, CliError> {
+    let hex = Secret::random()
         .map(|s| s.to_hex())
-        .map_err(|e| CliError::Failure(format!("cannot read random bytes: {e}")))
+        .map_err(|e| CliError::Failure(format!("cannot read random bytes: {e}")))?;
+    Ok(format!("ab-{}", &hex[..12]))
 }
 
 /// How the join ended.

@@ -17,8 +17,8 @@ use super::lifeline::Lifeline;
 use super::output::{Output, OutputOptions};
 use super::plan::{HostSpec, parse_host_list, parse_hostfile};
 use super::supervise::{self, Role, RunPlan, Signals, WorkerPlan, run_workers};
-use super::{random_hex, resolve_exports, worker_dir};
-use crate::cli::{ProbeKind, RankOrderArg, RunArgs};
+use super::{new_job_id, resolve_exports, worker_dir};
+use crate::cli::{RankOrderArg, RunArgs};
 use crate::commands::devices::make_probe;
 use crate::error::CliError;
 use crate::printer::Printer;
@@ -52,7 +52,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let wdir = worker_dir(args, true)?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
-    let job_id = format!("ab-{}", &random_hex()?[..12]);
+    let job_id = new_job_id()?;
     let command = mpirun_command(&MpirunJob {
         program: mpirun_program(),
         np,
@@ -63,10 +63,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         job_id: &job_id,
         exports: &exports,
         as_root: nix::unistd::geteuid().is_root(),
-        master_port: std::net::TcpListener::bind(("0.0.0.0", 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .ok(),
+        master_port: Some(super::agent::free_port("0.0.0.0")).filter(|p| *p != 0),
     });
     printer.detail(&format!(
         "atlasboost: {}",
@@ -180,12 +177,6 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     if job.as_root {
         push("--allow-run-as-root");
     }
-    let probe = match args.discovery.probe {
-        ProbeKind::Auto => "auto",
-        ProbeKind::Dsmi => "dsmi",
-        ProbeKind::Hccn => "hccn",
-        ProbeKind::Sim => "sim",
-    };
     let mut vars: Vec<(String, String)> = vec![
         (
             EnvVars::ATLASBOOST_FRAMEWORK.into(),
@@ -200,7 +191,10 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
             EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT.into(),
             args.rendezvous_timeout.as_secs_f64().to_string(),
         ),
-        (EnvVars::ATLASBOOST_PROBE.into(), probe.into()),
+        (
+            EnvVars::ATLASBOOST_PROBE.into(),
+            args.discovery.probe.as_str().into(),
+        ),
         (EnvVars::PYTHONUNBUFFERED.into(), "1".into()),
     ];
     if let Some(n) = args.discovery.sim {

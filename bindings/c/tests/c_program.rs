@@ -12,34 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use atlasboost_e2e::{HERMETIC, atlasboost_bin};
+
 /// How long any one process (compiler, launcher, program) may take.
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// Variables that would make `init` take the test machine's environment for a launcher's, or
-/// that the launcher sets for workers only where unset: removed from every process started here
-/// (with every `ATLASBOOST_*` variable but `ATLASBOOST_BIN`).
-const HERMETIC: [&str; 20] = [
-    "RANK_TABLE_FILE",
-    "RANK_ID",
-    "RANK_SIZE",
-    "DEVICE_ID",
-    "ASCEND_DEVICE_ID",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-];
 
 /// `target/<profile>/deps`, where this test executable is, and where cargo put
 /// `libatlasboost.so` when it built the library for this test.
@@ -68,24 +44,6 @@ fn library_dir() -> PathBuf {
                 deps.display()
             )
         })
-}
-
-/// The launcher: `$ATLASBOOST_BIN`, else `target/<profile>/atlasboost`.
-fn atlasboost_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("ATLASBOOST_BIN") {
-        return PathBuf::from(p);
-    }
-    let bin = deps_dir()
-        .parent()
-        .map(|profile| profile.join("atlasboost"))
-        .unwrap_or_default();
-    assert!(
-        bin.is_file(),
-        "no atlasboost binary at {}: run `cargo build -p atlasboost-cli` first (scripts/test-c.sh \
-         does), or set ATLASBOOST_BIN",
-        bin.display()
-    );
-    bin
 }
 
 fn crate_dir() -> &'static Path {
@@ -125,7 +83,8 @@ impl Finished {
     }
 }
 
-/// Runs `cmd` in `dir` with the environment cleaned (see [`HERMETIC`]), stdin closed and its
+/// Runs `cmd` in `dir` with the environment cleaned (the e2e tests' [`HERMETIC`] list, and
+/// every `ATLASBOOST_*` variable), stdin closed and its
 /// output in files of `dir`; kills it and fails the test after [`LIMIT`].
 fn run(mut cmd: Command, dir: &Path) -> Finished {
     let set_by_test: Vec<_> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
