@@ -54,27 +54,26 @@ pub fn host_payloads(hosts: u32) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// One complete rendezvous on loopback: a coordinator, one participant per payload (driven
-/// from this thread), one round. Returns the bytes the participants received in all.
-///
-/// # Errors
-///
-/// Any failure of the rendezvous, as text.
-pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, String> {
+/// The benchmarks' job id and secret, shared by the coordinator and its participants.
+const JOB: &str = "bench";
+const SECRET: [u8; 32] = [7; 32];
+
+/// A coordinator on loopback (any free port) for `world` hosts, answering as `answer` says.
+fn start_coordinator(world: usize, answer: Answer) -> Result<atlasboost_tcp::Coordinator, String> {
     use std::time::Duration;
 
     use atlasboost_core::exchange::HostReport;
     use atlasboost_core::ranktable::{BuildOptions, RankTable, build_table};
-    use atlasboost_tcp::{
-        Coordinator, CoordinatorConfig, ParticipantConfig, Replies, Secret, ZmqRendezvous,
-    };
+    use atlasboost_tcp::{Coordinator, CoordinatorConfig, Replies, Secret};
 
-    let world = payloads.len();
-    let secret = Secret::from_bytes([7; 32]);
-    let timeout = Duration::from_secs(120);
-    let config =
-        CoordinatorConfig::new("tcp://127.0.0.1:0", world, "bench", secret.clone(), timeout);
-    let coordinator = match answer {
+    let config = CoordinatorConfig::new(
+        "tcp://127.0.0.1:0",
+        world,
+        JOB,
+        Secret::from_bytes(SECRET),
+        Duration::from_secs(120),
+    );
+    match answer {
         Answer::Everything => Coordinator::start(config),
         Answer::OwnEntry => Coordinator::start_with(
             config,
@@ -115,7 +114,24 @@ pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, Str
             }),
         ),
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())
+}
+
+/// One complete rendezvous on loopback: a coordinator, one participant per payload (driven
+/// from this thread), one round. Returns the bytes the participants received in all.
+///
+/// # Errors
+///
+/// Any failure of the rendezvous, as text.
+pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, String> {
+    use std::time::Duration;
+
+    use atlasboost_tcp::{ParticipantConfig, Secret, ZmqRendezvous};
+
+    let world = payloads.len();
+    let secret = Secret::from_bytes(SECRET);
+    let timeout = Duration::from_secs(120);
+    let coordinator = start_coordinator(world, answer)?;
     let endpoint = coordinator.endpoint().to_string();
     // A ZeroMQ context holds at most 1,023 sockets.
     let contexts: Vec<atlasboost_tcp::Context> = (0..world.div_ceil(1000))
@@ -123,7 +139,7 @@ pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, Str
         .collect();
     let mut participants = Vec::with_capacity(world);
     for i in 0..world {
-        let config = ParticipantConfig::new(&endpoint, i, world, "bench", secret.clone(), timeout);
+        let config = ParticipantConfig::new(&endpoint, i, world, JOB, secret.clone(), timeout);
         participants.push(
             ZmqRendezvous::connect_in(&contexts[i / 1000], config).map_err(|e| e.to_string())?,
         );
@@ -140,6 +156,212 @@ pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, Str
     match report.failure {
         Some(why) => Err(why),
         None => Ok(received),
+    }
+}
+
+/// The same rendezvous as [`run_rendezvous`] with the same real coordinator, but each
+/// participant is a plain blocking TCP socket that speaks the bytes a [`ZmqRendezvous`]
+/// puts on the wire: ZMTP 3.1's greeting and `READY` command as a DEALER with its routing id,
+/// then the signed contribution; it reads the coordinator's greeting, `READY` and answer, and
+/// checks the answer's signature, job, round and index as a participant does.
+///
+/// This is a load generator, as `wrk` is to a web server. On a cluster every participant runs
+/// on its own host; here thousands of ZeroMQ participants would share the coordinator's two
+/// cores and be measured with it ([`run_rendezvous`] does that). Their bytes on the wire are
+/// the same, so the coordinator's work is too.
+///
+/// # Errors
+///
+/// Any socket error, a malformed or unauthentic answer, or a failed rendezvous, as text.
+///
+/// [`ZmqRendezvous`]: atlasboost_tcp::ZmqRendezvous
+pub fn run_rendezvous_wire(payloads: &[Vec<u8>], answer: Answer) -> Result<Timing, String> {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    use atlasboost_tcp::wire::{self, Frame, Kind};
+    use atlasboost_tcp::{BROADCAST, DEFAULT_MAX_MESSAGE, Secret};
+
+    let world = payloads.len();
+    let secret = Secret::from_bytes(SECRET);
+    // The wire bytes are prepared before the clock starts, as each host would have them.
+    let contributions: Vec<Vec<u8>> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, payload)| {
+            let join = wire::encode(
+                &secret,
+                &Frame {
+                    kind: Kind::Join,
+                    round: 1,
+                    index: i as u32,
+                    world: world as u32,
+                    job_id: JOB,
+                    payload,
+                },
+            );
+            let mut bytes = zmtp::ready_dealer(format!("bench #{i}").as_bytes());
+            bytes.extend(zmtp::message(&join));
+            bytes
+        })
+        .collect();
+    let started = Instant::now();
+    let coordinator = start_coordinator(world, answer)?;
+    let addr = coordinator
+        .endpoint()
+        .strip_prefix("tcp://")
+        .unwrap_or(coordinator.endpoint())
+        .to_string();
+    let mut hosts = Vec::with_capacity(world);
+    for (i, rest) in contributions.into_iter().enumerate() {
+        let mut s = TcpStream::connect(&addr).map_err(|e| format!("host {i}: connect: {e}"))?;
+        s.set_nodelay(true)
+            .map_err(|e| format!("host {i}: nodelay: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|e| format!("host {i}: read timeout: {e}"))?;
+        s.write_all(&zmtp::greeting())
+            .map_err(|e| format!("host {i}: send the greeting: {e}"))?;
+        hosts.push((s, rest));
+    }
+    // libzmq drops a peer whose READY arrives with its greeting: like a DEALER, each host
+    // sends the rest once it has the coordinator's greeting.
+    for (i, (s, rest)) in hosts.iter_mut().enumerate() {
+        let mut greeting = [0u8; 64];
+        s.read_exact(&mut greeting)
+            .map_err(|e| format!("host {i}: read the greeting: {e}"))?;
+        if greeting[0] != 0xff || greeting[9] != 0x7f || greeting[10] != 3 {
+            return Err(format!("host {i}: not a ZMTP 3 greeting"));
+        }
+        s.write_all(rest)
+            .map_err(|e| format!("host {i}: send the contribution: {e}"))?;
+    }
+    let mut received = 0;
+    for (i, (s, _)) in hosts.iter_mut().enumerate() {
+        let answer = loop {
+            let (command, body) = zmtp::read_frame(s, DEFAULT_MAX_MESSAGE)
+                .map_err(|e| format!("host {i}: read a frame: {e}"))?;
+            if !command {
+                break body;
+            }
+            if !body.starts_with(b"\x05READY") {
+                return Err(format!(
+                    "host {i}: the coordinator sent the command {:?}",
+                    String::from_utf8_lossy(&body)
+                ));
+            }
+        };
+        let frame = wire::decode(&secret, JOB, DEFAULT_MAX_MESSAGE, &answer)
+            .map_err(|e| format!("host {i}: the answer is refused: {e}"))?;
+        let mine = frame.index == BROADCAST || frame.index as usize == i;
+        if frame.kind != Kind::Result || frame.round != 1 || !mine {
+            return Err(format!(
+                "host {i}: expected the result of round 1, got {:?} of round {} for index {}: {}",
+                frame.kind,
+                frame.round,
+                frame.index,
+                String::from_utf8_lossy(frame.payload)
+            ));
+        }
+        received += frame.payload.len();
+    }
+    let complete = started.elapsed();
+    drop(hosts);
+    let report = coordinator.finish();
+    match report.failure {
+        Some(why) => Err(why),
+        None => Ok(Timing {
+            complete,
+            total: started.elapsed(),
+            received,
+        }),
+    }
+}
+
+/// How long a [`run_rendezvous_wire`] took.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// From starting the coordinator until every participant held its checked answer.
+    pub complete: std::time::Duration,
+    /// The same and then closing every connection and stopping the coordinator.
+    pub total: std::time::Duration,
+    /// The answer bytes the participants received in all.
+    pub received: usize,
+}
+
+/// Just enough of ZMTP 3.1 (rfc.zeromq.org/spec/23) for [`run_rendezvous_wire`]'s participants:
+/// the NULL mechanism, a DEALER's `READY`, single-frame messages.
+mod zmtp {
+    use std::io::Read;
+
+    /// The 64-byte greeting: signature, version 3.1, mechanism NULL, as-server 0. The
+    /// signature's padding holds a length of 1 (an empty ZMTP 1.0 routing id), as libzmq's.
+    pub(crate) fn greeting() -> Vec<u8> {
+        let mut g = vec![0u8; 64];
+        g[0] = 0xff;
+        g[8] = 1;
+        g[9] = 0x7f;
+        g[10] = 3;
+        g[11] = 1;
+        g[12..16].copy_from_slice(b"NULL");
+        g
+    }
+
+    /// The `READY` command of a DEALER whose routing id is `id`.
+    pub(crate) fn ready_dealer(id: &[u8]) -> Vec<u8> {
+        let mut body = b"\x05READY".to_vec();
+        for (name, value) in [(&b"Socket-Type"[..], &b"DEALER"[..]), (b"Identity", id)] {
+            body.push(name.len() as u8);
+            body.extend(name);
+            body.extend((value.len() as u32).to_be_bytes());
+            body.extend(value);
+        }
+        frame(0x04, &body)
+    }
+
+    /// A message of one frame.
+    pub(crate) fn message(body: &[u8]) -> Vec<u8> {
+        frame(0x00, body)
+    }
+
+    fn frame(flags: u8, body: &[u8]) -> Vec<u8> {
+        let mut f = Vec::with_capacity(body.len() + 9);
+        if body.len() < 256 {
+            f.push(flags);
+            f.push(body.len() as u8);
+        } else {
+            f.push(flags | 0x02);
+            f.extend((body.len() as u64).to_be_bytes());
+        }
+        f.extend(body);
+        f
+    }
+
+    /// The next frame: whether it is a command, and its body. Multi-frame messages are
+    /// refused: the coordinator sends a participant single frames.
+    pub(crate) fn read_frame(s: &mut impl Read, max: usize) -> std::io::Result<(bool, Vec<u8>)> {
+        let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        let mut flags = [0u8; 1];
+        s.read_exact(&mut flags)?;
+        let flags = flags[0];
+        if flags & 0x01 != 0 {
+            return Err(bad("a frame of a multi-frame message".into()));
+        }
+        let len = if flags & 0x02 != 0 {
+            let mut n = [0u8; 8];
+            s.read_exact(&mut n)?;
+            u64::from_be_bytes(n)
+        } else {
+            let mut n = [0u8; 1];
+            s.read_exact(&mut n)?;
+            u64::from(n[0])
+        };
+        if len > max as u64 {
+            return Err(bad(format!("a frame of {len} bytes")));
+        }
+        let mut body = vec![0u8; len as usize];
+        s.read_exact(&mut body)?;
+        Ok((flags & 0x04 != 0, body))
     }
 }
 

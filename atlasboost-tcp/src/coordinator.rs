@@ -1,6 +1,9 @@
 //! The coordinator: binds a ROUTER socket, collects one contribution per participant and round,
 //! and answers everyone when the round is complete, or tells everyone why it failed.
 
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -10,8 +13,9 @@ use crate::shared::SharedMessage;
 use crate::wire::{self, Frame, Kind, Secret};
 use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, zmq_err};
 
-/// How long the coordinator waits between checks of its stop flag and deadlines.
-const TICK: Duration = Duration::from_millis(5);
+/// The longest the coordinator sleeps with no deadline ahead: a safety net, since stopping
+/// wakes it at once.
+const IDLE: Duration = Duration::from_secs(1);
 /// The longest closing the socket may take to deliver answers still queued (no longer than
 /// the round timeout either).
 const LINGER_MS: i32 = 30_000;
@@ -103,6 +107,8 @@ struct Shared {
 pub struct Coordinator {
     endpoint: String,
     shared: Arc<Shared>,
+    /// Written to when the coordinator should stop, so its thread does not sleep on.
+    waker: UnixStream,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -173,12 +179,17 @@ impl Coordinator {
             _ => config.bind.clone(),
         };
         let shared = Arc::new(Shared::default());
+        let (waker, wakeup) = UnixStream::pair().map_err(|e| {
+            TcpError::Config(format!(
+                "cannot create the coordinator's wake-up socket: {e}"
+            ))
+        })?;
         let thread = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name("atlasboost-coordinator".into())
                 .spawn(move || {
-                    let mut state = State::new(config, combiner, socket, shared);
+                    let mut state = State::new(config, combiner, socket, wakeup, shared);
                     state.run();
                     drop(ctx);
                 })
@@ -189,6 +200,7 @@ impl Coordinator {
         Ok(Coordinator {
             endpoint,
             shared,
+            waker,
             thread: Some(thread),
         })
     }
@@ -231,6 +243,8 @@ impl Coordinator {
 
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        // If the byte cannot be written the thread still sees the flag within IDLE.
+        let _ = (&self.waker).write(&[1]);
         if let Some(t) = self.thread.take() {
             // A panic in the coordinator thread has already been reported by the runtime;
             // there is nothing more to recover here.
@@ -290,6 +304,8 @@ struct State {
     config: CoordinatorConfig,
     combiner: Combiner,
     socket: zmq::Socket,
+    /// Readable once the coordinator should stop.
+    wakeup: UnixStream,
     shared: Arc<Shared>,
     round: u64,
     slots: Vec<Option<Slot>>,
@@ -305,6 +321,7 @@ impl State {
         config: CoordinatorConfig,
         combiner: Combiner,
         socket: zmq::Socket,
+        wakeup: UnixStream,
         shared: Arc<Shared>,
     ) -> Self {
         let world = config.world;
@@ -313,6 +330,7 @@ impl State {
             config,
             combiner,
             socket,
+            wakeup,
             shared,
             round: 1,
             slots: (0..world).map(|_| None).collect(),
@@ -325,11 +343,16 @@ impl State {
 
     fn run(&mut self) {
         while !self.shared.stop.load(Ordering::Acquire) {
-            let wait = self.deadline.map_or(TICK, |d| {
-                d.saturating_duration_since(Instant::now()).min(TICK)
+            let wait = self.deadline.map_or(IDLE, |d| {
+                d.saturating_duration_since(Instant::now()).min(IDLE)
             });
-            // A poll error (interrupted) just means: look again.
-            let _ = self.socket.poll(zmq::POLLIN, wait.as_millis() as i64);
+            let mut ready = [
+                self.socket.as_poll_item(zmq::POLLIN),
+                zmq::PollItem::from_fd(self.wakeup.as_raw_fd(), zmq::POLLIN),
+            ];
+            // Rounded up, so a deadline less than a millisecond away is not a busy loop. A
+            // poll error (interrupted) just means: look again.
+            let _ = zmq::poll(&mut ready, wait.as_micros().div_ceil(1000) as i64);
             // A bounded batch, so a flood of frames cannot starve the deadline and stop checks.
             for _ in 0..BATCH {
                 let Some((routing, data)) = self.receive() else {

@@ -4,11 +4,19 @@
 //! Two answers are measured: the all-gather a launch needs (every host gets every host's
 //! devices: O(N²) bytes) and the per-host answer of library mode (the coordinator builds the
 //! table and each host gets its own entry: O(N) bytes).
+//!
+//! The hosts are simulated two ways. `all_gather` and `own_entry` run one real
+//! `ZmqRendezvous` per host, all in this process, so their ZeroMQ work shares the
+//! coordinator's cores. The `*_wire` rows run the same coordinator against a load generator
+//! that writes the same bytes from plain sockets (`run_rendezvous_wire`); `complete` is the
+//! time until every host holds its checked answer, `with_teardown` adds closing everything.
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use atlasboost_benches::{Answer, host_payloads, run_rendezvous, run_tcp_floor};
+use atlasboost_benches::{
+    Answer, Timing, host_payloads, run_rendezvous, run_rendezvous_wire, run_tcp_floor,
+};
 use criterion::{BenchmarkId, Criterion, criterion_group};
 
 fn rendezvous(c: &mut Criterion) {
@@ -43,6 +51,20 @@ fn rendezvous(c: &mut Criterion) {
                     Err(why) => panic!("rendezvous of {hosts} hosts failed: {why}"),
                 })
             });
+            for phase in ["complete", "with_teardown"] {
+                let id = BenchmarkId::new(format!("{name}_wire/{phase}"), hosts);
+                g.bench_with_input(id, &payloads, |b, p| {
+                    b.iter_custom(|iterations| {
+                        (0..iterations)
+                            .map(|_| match run_rendezvous_wire(black_box(p), answer) {
+                                Ok(Timing { complete, .. }) if phase == "complete" => complete,
+                                Ok(Timing { total, .. }) => total,
+                                Err(why) => panic!("rendezvous of {hosts} hosts failed: {why}"),
+                            })
+                            .sum()
+                    })
+                });
+            }
         }
     }
     g.finish();
