@@ -185,7 +185,8 @@ pub fn run_rendezvous_wire(payloads: &[Vec<u8>], answer: Answer) -> Result<Timin
 
     let world = payloads.len();
     let secret = Secret::from_bytes(SECRET);
-    // The wire bytes are prepared before the clock starts, as each host would have them.
+    // Each host's join is encoded and signed before the clock starts (a few microseconds
+    // each, which on a cluster every host spends in parallel).
     let contributions: Vec<Vec<u8>> = payloads
         .iter()
         .enumerate()
@@ -206,6 +207,16 @@ pub fn run_rendezvous_wire(payloads: &[Vec<u8>], answer: Answer) -> Result<Timin
             bytes
         })
         .collect();
+    // What each host's answer must hold: its own server entry, or every host's report.
+    let server_ids: Vec<String> = payloads
+        .iter()
+        .map(|p| match serde_json::from_slice(p) {
+            Ok(atlasboost_core::exchange::HostReport::Devices(d)) => {
+                d.first().map(|d| d.server_id.clone()).unwrap_or_default()
+            }
+            _ => String::new(),
+        })
+        .collect();
     let started = Instant::now();
     let coordinator = start_coordinator(world, answer)?;
     let addr = coordinator
@@ -224,21 +235,27 @@ pub fn run_rendezvous_wire(payloads: &[Vec<u8>], answer: Answer) -> Result<Timin
             .map_err(|e| format!("host {i}: send the greeting: {e}"))?;
         hosts.push((s, rest));
     }
-    // libzmq drops a peer whose READY arrives with its greeting: like a DEALER, each host
-    // sends the rest once it has the coordinator's greeting.
+    // libzmq drops a peer that sends its READY and message together with its greeting (tried):
+    // like a DEALER, each host sends them once it has the coordinator's greeting.
     for (i, (s, rest)) in hosts.iter_mut().enumerate() {
         let mut greeting = [0u8; 64];
         s.read_exact(&mut greeting)
             .map_err(|e| format!("host {i}: read the greeting: {e}"))?;
-        if greeting[0] != 0xff || greeting[9] != 0x7f || greeting[10] != 3 {
-            return Err(format!("host {i}: not a ZMTP 3 greeting"));
+        if greeting[0] != 0xff
+            || greeting[9] != 0x7f
+            || greeting[10] != 3
+            || &greeting[12..17] != b"NULL\0"
+        {
+            return Err(format!(
+                "host {i}: not a ZMTP 3 greeting with the NULL mechanism"
+            ));
         }
         s.write_all(rest)
             .map_err(|e| format!("host {i}: send the contribution: {e}"))?;
     }
     let mut received = 0;
     for (i, (s, _)) in hosts.iter_mut().enumerate() {
-        let answer = loop {
+        let reply = loop {
             let (command, body) = zmtp::read_frame(s, DEFAULT_MAX_MESSAGE)
                 .map_err(|e| format!("host {i}: read a frame: {e}"))?;
             if !command {
@@ -251,16 +268,35 @@ pub fn run_rendezvous_wire(payloads: &[Vec<u8>], answer: Answer) -> Result<Timin
                 ));
             }
         };
-        let frame = wire::decode(&secret, JOB, DEFAULT_MAX_MESSAGE, &answer)
+        let frame = wire::decode(&secret, JOB, DEFAULT_MAX_MESSAGE, &reply)
             .map_err(|e| format!("host {i}: the answer is refused: {e}"))?;
-        let mine = frame.index == BROADCAST || frame.index as usize == i;
-        if frame.kind != Kind::Result || frame.round != 1 || !mine {
+        let addressee = match answer {
+            Answer::Everything => BROADCAST,
+            Answer::OwnEntry => i as u32,
+        };
+        if frame.kind != Kind::Result || frame.round != 1 || frame.index != addressee {
             return Err(format!(
                 "host {i}: expected the result of round 1, got {:?} of round {} for index {}: {}",
                 frame.kind,
                 frame.round,
                 frame.index,
                 String::from_utf8_lossy(frame.payload)
+            ));
+        }
+        let holds = match answer {
+            Answer::Everything => {
+                wire::unpack_list(frame.payload).is_some_and(|list| list.len() == world)
+            }
+            Answer::OwnEntry => serde_json::from_slice::<serde_json::Value>(frame.payload)
+                .is_ok_and(|entry| entry["server_id"] == server_ids[i].as_str()),
+        };
+        if !holds {
+            return Err(format!(
+                "host {i}: the answer is not {}",
+                match answer {
+                    Answer::Everything => format!("the {world} hosts' reports"),
+                    Answer::OwnEntry => format!("the entry of server {}", server_ids[i]),
+                }
             ));
         }
         received += frame.payload.len();
@@ -295,7 +331,8 @@ mod zmtp {
     use std::io::Read;
 
     /// The 64-byte greeting: signature, version 3.1, mechanism NULL, as-server 0. The
-    /// signature's padding holds a length of 1 (an empty ZMTP 1.0 routing id), as libzmq's.
+    /// signature's padding holds a length of 1 (an empty ZMTP 1.0 routing id), as a libzmq
+    /// ROUTER's does.
     pub(crate) fn greeting() -> Vec<u8> {
         let mut g = vec![0u8; 64];
         g[0] = 0xff;

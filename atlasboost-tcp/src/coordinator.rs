@@ -109,6 +109,10 @@ pub struct Coordinator {
     shared: Arc<Shared>,
     /// Written to when the coordinator should stop, so its thread does not sleep on.
     waker: UnixStream,
+    /// The other end, kept open as long as `waker` is, so a write to it can never raise
+    /// SIGPIPE in a program that has not ignored it (a C program using the C ABI). The thread
+    /// polls a duplicate.
+    _wakeup: UnixStream,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -179,17 +183,19 @@ impl Coordinator {
             _ => config.bind.clone(),
         };
         let shared = Arc::new(Shared::default());
-        let (waker, wakeup) = UnixStream::pair().map_err(|e| {
+        let wake_error = |e| {
             TcpError::Config(format!(
                 "cannot create the coordinator's wake-up socket: {e}"
             ))
-        })?;
+        };
+        let (waker, wakeup) = UnixStream::pair().map_err(wake_error)?;
+        let thread_wakeup = wakeup.try_clone().map_err(wake_error)?;
         let thread = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name("atlasboost-coordinator".into())
                 .spawn(move || {
-                    let mut state = State::new(config, combiner, socket, wakeup, shared);
+                    let mut state = State::new(config, combiner, socket, thread_wakeup, shared);
                     state.run();
                     drop(ctx);
                 })
@@ -201,6 +207,7 @@ impl Coordinator {
             endpoint,
             shared,
             waker,
+            _wakeup: wakeup,
             thread: Some(thread),
         })
     }
@@ -243,9 +250,9 @@ impl Coordinator {
 
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        // If the byte cannot be written the thread still sees the flag within IDLE.
-        let _ = (&self.waker).write(&[1]);
         if let Some(t) = self.thread.take() {
+            // If the byte cannot be written the thread still sees the flag within IDLE.
+            let _ = (&self.waker).write(&[1]);
             // A panic in the coordinator thread has already been reported by the runtime;
             // there is nothing more to recover here.
             let _ = t.join();
@@ -352,7 +359,7 @@ impl State {
             ];
             // Rounded up, so a deadline less than a millisecond away is not a busy loop. A
             // poll error (interrupted) just means: look again.
-            let _ = zmq::poll(&mut ready, wait.as_micros().div_ceil(1000) as i64);
+            let _ = zmq::poll(&mut ready, wait.as_nanos().div_ceil(1_000_000) as i64);
             // A bounded batch, so a flood of frames cannot starve the deadline and stop checks.
             for _ in 0..BATCH {
                 let Some((routing, data)) = self.receive() else {
