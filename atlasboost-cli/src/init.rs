@@ -9,10 +9,14 @@
 //!   port `ATLASBOOST_RENDEZVOUS_PORT` (default: `MASTER_PORT` + 1, else 29401);
 //! - started by hand: a world of one, with a note on stderr.
 //!
-//! In a rendezvous every process probes its host and takes the device of its local rank; the
-//! processes all-gather those claims, each builds the same table, the first process of each
-//! host writes it, and a second round tells everyone it was written (or which host could not
-//! write it).
+//! In a rendezvous every process probes its host and takes the device of its local rank and
+//! claims it. Over MPI the processes all-gather the claims and each builds the same table. Over
+//! ZeroMQ the coordinator builds it and sends all the claims only to the first process of each
+//! host, which builds the table too; the others get only their seat in it, so a job of N
+//! processes on H hosts moves O(H·N) bytes, not O(N²). When the claims are not a job (a
+//! missing device, two processes on one device) everyone gets them all and fails alike. The
+//! first process of each host writes the table, and a second round tells everyone it was
+//! written (or which host could not write it).
 //!
 //! [`launch_context`]: atlasboost_core::launch_context
 
@@ -23,9 +27,11 @@ use std::time::Duration;
 use atlasboost_core::exchange::error_chain;
 use atlasboost_core::launch_context::{self, LaunchContext, Launcher};
 use atlasboost_core::ranktable::{BuildOptions, RankTable, build_table, read_table, write_table};
-use atlasboost_core::worker_env::{Framework, WorkerSpec, worker_env};
+use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
 use atlasboost_core::{Device, EnvVars, Rendezvous, World};
-use atlasboost_tcp::{Coordinator, CoordinatorConfig, ParticipantConfig, Secret, ZmqRendezvous};
+use atlasboost_tcp::{
+    Combiner, Coordinator, CoordinatorConfig, ParticipantConfig, Replies, Secret, ZmqRendezvous,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{DiscoveryArgs, ProbeKind};
@@ -319,15 +325,12 @@ fn from_launch(c: &LaunchContext, framework: Framework) -> Result<Job, InitError
     let master_port = env(EnvVars::MASTER_PORT)
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
-    let mut job = job_from_table(
-        &table,
+    let seat = Seat::find(&table, &server_id, physical_id)?;
+    let mut job = job_at(
+        &seat,
         &table_path,
-        Placement {
-            server_id: &server_id,
-            physical_id,
-            device_id,
-            launcher_rank: c.rank,
-        },
+        device_id,
+        c.rank,
         &JobSettings {
             framework,
             job_id: &job_id,
@@ -383,6 +386,36 @@ enum Written {
     Failed(String),
 }
 
+/// What round 2 tells the processes of a host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Outcome {
+    /// The host's table was written by `writer`, at `path`.
+    Written { writer: u32, path: PathBuf },
+    /// Process `rank` on `host`, the first in rank order that failed, could not write its
+    /// host's table.
+    Failed {
+        rank: u32,
+        host: String,
+        why: String,
+    },
+}
+
+/// What the ZeroMQ coordinator sends a process that does not write its host's table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Assignment {
+    seat: Seat,
+    /// Launcher rank 0's `MASTER_ADDR` and `MASTER_PORT`.
+    master: Option<(String, u16)>,
+}
+
+/// Round 1's answer over ZeroMQ starts with one of these bytes.
+mod answer_tag {
+    /// Then every claim, as `wire::pack_list` packs them.
+    pub(super) const CLAIMS: u8 = b'C';
+    /// Then an [`Assignment`](super::Assignment) in JSON.
+    pub(super) const SEAT: u8 = b'S';
+}
+
 /// The settings every process of a rendezvous shares.
 struct Shared {
     framework: Framework,
@@ -436,19 +469,18 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
     let port = rendezvous_port(c)?;
     let endpoint = format!("tcp://{}", master_endpoint(&master, port)?);
     let secret = job_secret(&shared.job_id)?;
-    let coordinator =
-        if c.rank == 0 {
-            let config = CoordinatorConfig {
-                names: Vec::new(),
-                ..CoordinatorConfig::new(
-                    format!("tcp://0.0.0.0:{port}"),
-                    c.size as usize,
-                    &shared.job_id,
-                    secret.clone(),
-                    shared.timeout,
-                )
-            };
-            Some(Coordinator::start(config).map_err(|e| InitError::Rendezvous {
+    let coordinator = if c.rank == 0 {
+        let config = CoordinatorConfig {
+            names: Vec::new(),
+            ..CoordinatorConfig::new(
+                format!("tcp://0.0.0.0:{port}"),
+                c.size as usize,
+                &shared.job_id,
+                secret.clone(),
+                shared.timeout,
+            )
+        };
+        Some(Coordinator::start_with(config, library_combiner()).map_err(|e| InitError::Rendezvous {
             timed_out: false,
             message: format!(
                 "rank 0 cannot be the rendezvous coordinator on port {port} (set {} to another \
@@ -457,9 +489,9 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
                 error_chain(&e)
             ),
         })?)
-        } else {
-            None
-        };
+    } else {
+        None
+    };
     let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
         &endpoint,
         c.rank as usize,
@@ -472,7 +504,7 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
         timed_out: false,
         message: format!("cannot join the rendezvous at {endpoint}: {e}"),
     })?;
-    let result = agree(&mut rdv, c.rank, c.local_rank, &shared);
+    let result = agree_zmq(&mut rdv, c.rank, c.local_rank, &shared);
     drop(rdv);
     if let Some(coordinator) = coordinator {
         // Delivers the last answers before it stops.
@@ -553,13 +585,160 @@ impl Rendezvous for Single {
     }
 }
 
-/// The two rounds of every rendezvous: claims, then "written".
+/// The two rounds of a rendezvous where every process gets every claim (MPI, a world of one):
+/// claims, then "written".
 fn agree(
     rdv: &mut dyn Rendezvous,
     rank: u32,
     local_rank: u32,
     shared: &Shared,
 ) -> Result<Job, InitError> {
+    let (claim, device) = make_claim(rank, local_rank, shared);
+    let gathered = rdv.all_gather(&encode("this process's claim", &claim)?)?;
+    let mut claims = parse_claims(&gathered)?;
+    claims.sort_by_key(|c| c.rank);
+    let (table, written) = settle(&claims, rank, shared)?;
+    let statuses = rdv.all_gather(&encode("the write status", &written)?)?;
+    let statuses = parse_statuses(&statuses).map_err(rendezvous_error)?;
+    let hosts: Vec<String> = claims.iter().map(|c| c.server_id.clone()).collect();
+    let outcome = outcome_for(&shared.server_id, &statuses, &hosts).map_err(rendezvous_error)?;
+    check_outcome(outcome, rank, shared)?;
+    let device = device.map_err(InitError::Device)?;
+    let seat = Seat::find(&table, &shared.server_id, device.physical_id)?;
+    job_from_seat(&seat, shared, &device, rank, master_of(&claims))
+}
+
+/// The two rounds over ZeroMQ, whose coordinator runs [`library_combiner`]: the host's writer
+/// gets every claim and proceeds as [`agree`]; the others get only their seat.
+fn agree_zmq(
+    rdv: &mut ZmqRendezvous,
+    rank: u32,
+    local_rank: u32,
+    shared: &Shared,
+) -> Result<Job, InitError> {
+    let exchange = |rdv: &mut ZmqRendezvous, bytes: &[u8]| {
+        rdv.exchange(bytes)
+            .map_err(|e| InitError::from(atlasboost_core::Error::from(e)))
+    };
+    let (claim, device) = make_claim(rank, local_rank, shared);
+    let answer = exchange(rdv, &encode("this process's claim", &claim)?)?;
+    let (seat, written, master) = match answer.split_first() {
+        Some((&answer_tag::CLAIMS, list)) => {
+            let gathered = atlasboost_tcp::wire::unpack_list(list)
+                .filter(|l| l.len() == rdv.size())
+                .ok_or_else(|| rendezvous_error("the coordinator's claims are malformed".into()))?;
+            let claims = parse_claims(&gathered)?;
+            let (table, written) = settle(&claims, rank, shared)?;
+            let device = device.clone().map_err(InitError::Device)?;
+            let seat = Seat::find(&table, &shared.server_id, device.physical_id)?;
+            (seat, written, master_of(&claims))
+        }
+        Some((&answer_tag::SEAT, json)) => {
+            let a: Assignment = serde_json::from_slice(json).map_err(|e| {
+                rendezvous_error(format!("the coordinator's assignment is malformed: {e}"))
+            })?;
+            (a.seat, Written::NotMine, a.master)
+        }
+        _ => {
+            return Err(rendezvous_error(
+                "the coordinator's answer to the claims is neither claims nor a seat".into(),
+            ));
+        }
+    };
+    let answer = exchange(rdv, &encode("the write status", &written)?)?;
+    let outcome: Outcome = serde_json::from_slice(&answer).map_err(|e| {
+        rendezvous_error(format!("the coordinator's write outcome is malformed: {e}"))
+    })?;
+    check_outcome(outcome, rank, shared)?;
+    let device = device.map_err(InitError::Device)?;
+    job_from_seat(&seat, shared, &device, rank, master)
+}
+
+/// The ZeroMQ coordinator's answers in library mode.
+/// - Round 1: it checks the claims and builds the table as every process would. The lowest rank
+///   of each host gets every claim, to write the table. Every other process gets its
+///   [`Assignment`]. If the claims are not a job, everyone gets every claim and fails alike.
+/// - Round 2: each process gets its host's [`Outcome`].
+fn library_combiner() -> Combiner {
+    let mut hosts: Vec<String> = Vec::new();
+    Box::new(move |round, payloads| match round {
+        1 => {
+            let (replies, by_rank) = answer_claims(payloads)?;
+            hosts = by_rank;
+            Ok(replies)
+        }
+        2 => answer_statuses(payloads, &hosts),
+        _ => Err(format!("library mode has two rounds, not {round}")),
+    })
+}
+
+/// Round 1 at the coordinator: the answers, and each process's host by rank.
+fn answer_claims(payloads: &[Vec<u8>]) -> Result<(Replies, Vec<String>), String> {
+    let claims = parse_claims(payloads).map_err(|e| e.to_string())?;
+    if let Some((i, c)) = claims
+        .iter()
+        .enumerate()
+        .find(|(i, c)| c.rank as usize != *i)
+    {
+        return Err(format!("participant {i} claims to be rank {}", c.rank));
+    }
+    let hosts: Vec<String> = claims.iter().map(|c| c.server_id.clone()).collect();
+    let mut common = vec![answer_tag::CLAIMS];
+    common.extend(atlasboost_tcp::wire::pack_list(payloads));
+    let everyone = |common| (Replies::Same(common), hosts.clone());
+    // Claims that are not a job: everyone finds out as `agree` would, from every claim.
+    let Ok(devices) = check_claims(&claims) else {
+        return Ok(everyone(common));
+    };
+    let Ok(table) = build_table(&devices, &BuildOptions::default()) else {
+        return Ok(everyone(common));
+    };
+    let master = master_of(&claims);
+    let mut writers = std::collections::HashSet::new();
+    let mut own = Vec::with_capacity(claims.len());
+    for c in &claims {
+        // Ranks are in order, so the first of each host is its lowest.
+        if writers.insert(c.server_id.as_str()) {
+            own.push(None);
+            continue;
+        }
+        let assignment = c
+            .device
+            .as_ref()
+            .ok()
+            .and_then(|d| Seat::find(&table, &c.server_id, d.physical_id).ok())
+            .map(|seat| Assignment {
+                seat,
+                master: master.clone(),
+            });
+        let Some(assignment) = assignment else {
+            return Ok(everyone(common));
+        };
+        let mut bytes = vec![answer_tag::SEAT];
+        serde_json::to_writer(&mut bytes, &assignment).map_err(|e| e.to_string())?;
+        own.push(Some(bytes));
+    }
+    Ok((Replies::Mixed { common, own }, hosts))
+}
+
+/// Round 2 at the coordinator: each process's host's outcome.
+fn answer_statuses(payloads: &[Vec<u8>], hosts: &[String]) -> Result<Replies, String> {
+    let statuses = parse_statuses(payloads)?;
+    let mut by_host: std::collections::HashMap<&str, Vec<u8>> = Default::default();
+    let mut each = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        if !by_host.contains_key(host.as_str()) {
+            let outcome = outcome_for(host, &statuses, hosts)?;
+            let bytes = serde_json::to_vec(&outcome).map_err(|e| e.to_string())?;
+            by_host.insert(host, bytes);
+        }
+        each.push(by_host[host.as_str()].clone());
+    }
+    Ok(Replies::Each(each))
+}
+
+/// This process's claim, and its device (or why it has none).
+fn make_claim(rank: u32, local_rank: u32, shared: &Shared) -> (Claim, Result<Device, String>) {
     let device = my_device(&shared.server_id, local_rank);
     let master = (rank == 0).then(|| {
         let addr = env(EnvVars::MASTER_ADDR).unwrap_or_else(|| shared.server_id.clone());
@@ -575,24 +754,56 @@ fn agree(
         device: device.clone(),
         master,
     };
-    let bytes = serde_json::to_vec(&claim).map_err(|e| InitError::Rendezvous {
+    (claim, device)
+}
+
+/// `value` in JSON, for the rendezvous.
+fn encode(what: &str, value: &impl Serialize) -> Result<Vec<u8>, InitError> {
+    serde_json::to_vec(value).map_err(|e| rendezvous_error(format!("cannot encode {what}: {e}")))
+}
+
+/// A rendezvous error that is not a timeout.
+fn rendezvous_error(message: String) -> InitError {
+    InitError::Rendezvous {
         timed_out: false,
-        message: format!("cannot encode this process's claim: {e}"),
-    })?;
-    let gathered = rdv.all_gather(&bytes)?;
-    let mut claims = Vec::with_capacity(gathered.len());
-    for (i, b) in gathered.iter().enumerate() {
-        let c: Claim = serde_json::from_slice(b).map_err(|e| InitError::Rendezvous {
-            timed_out: false,
-            message: format!("rendezvous participant {i} sent something that is not a claim: {e}"),
-        })?;
-        claims.push(c);
+        message,
     }
-    claims.sort_by_key(|c| c.rank);
-    let devices = check_claims(&claims)?;
+}
+
+/// Every participant's claim, by index.
+fn parse_claims(gathered: &[Vec<u8>]) -> Result<Vec<Claim>, InitError> {
+    gathered
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            serde_json::from_slice(b).map_err(|e| {
+                rendezvous_error(format!(
+                    "rendezvous participant {i} sent something that is not a claim: {e}"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Every participant's write status, by index.
+fn parse_statuses(gathered: &[Vec<u8>]) -> Result<Vec<Written>, String> {
+    gathered
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            serde_json::from_slice(b).map_err(|e| {
+                format!("rendezvous participant {i} sent something that is not a write status: {e}")
+            })
+        })
+        .collect()
+}
+
+/// Round 1 for a process that holds every claim (in rank order): the table, after writing it
+/// if this process is the lowest rank of its host.
+fn settle(claims: &[Claim], rank: u32, shared: &Shared) -> Result<(RankTable, Written), InitError> {
+    let devices = check_claims(claims)?;
     let table = build_table(&devices, &BuildOptions::default())?;
     let chip = atlasboost_core::ranktable::chip_of_devices(&devices)?;
-    // The first process of each host writes; the others wait for the second round.
     let writer = claims
         .iter()
         .filter(|c| c.server_id == shared.server_id)
@@ -606,55 +817,63 @@ fn agree(
     } else {
         Written::NotMine
     };
-    let bytes = serde_json::to_vec(&written).map_err(|e| InitError::Rendezvous {
-        timed_out: false,
-        message: format!("cannot encode the write status: {e}"),
-    })?;
-    let statuses = rdv.all_gather(&bytes)?;
-    for (i, b) in statuses.iter().enumerate() {
-        let host = claims.get(i).map_or("?", |c| c.server_id.as_str());
-        match serde_json::from_slice::<Written>(b) {
-            Ok(Written::Failed(why)) => {
-                return Err(InitError::RankTable(format!(
-                    "rank {i} on host {host} could not write the rank table {}: {why}",
-                    shared.table_path.display()
-                )));
-            }
-            // The writer of this host wrote where it was told; this process must look there.
-            Ok(Written::Done(path)) if host == shared.server_id && path != shared.table_path => {
-                return Err(InitError::RankTable(format!(
-                    "rank {i} wrote host {host}'s rank table to {}, but this process (rank \
-                     {rank}) expects it at {}: give every process of a host the same absolute \
-                     {} (a relative path depends on each process's directory)",
-                    path.display(),
-                    shared.table_path.display(),
-                    EnvVars::ATLASBOOST_RANK_TABLE_FILE
-                )));
-            }
-            _ => {}
+    Ok((table, written))
+}
+
+/// What round 2 means for the processes of `host`: the first failure of any host, else where
+/// `host`'s writer wrote its table. `statuses` and `hosts` are by rank.
+fn outcome_for(host: &str, statuses: &[Written], hosts: &[String]) -> Result<Outcome, String> {
+    let unknown = "?".to_string();
+    for (i, status) in statuses.iter().enumerate() {
+        if let Written::Failed(why) = status {
+            return Ok(Outcome::Failed {
+                rank: i as u32,
+                host: hosts.get(i).unwrap_or(&unknown).clone(),
+                why: why.clone(),
+            });
         }
     }
-    let device = device.map_err(InitError::Device)?;
-    let (master_addr, master_port) = claims
+    statuses
         .iter()
-        .find_map(|c| c.master.clone())
-        .unwrap_or_else(|| (shared.server_id.clone(), 0));
-    job_from_table(
-        &table,
-        &shared.table_path,
-        Placement {
-            server_id: &shared.server_id,
-            physical_id: device.physical_id,
-            device_id: device.logical_id,
-            launcher_rank: rank,
-        },
-        &JobSettings {
-            framework: shared.framework,
-            job_id: &shared.job_id,
-            master_addr: &master_addr,
-            master_port,
-        },
-    )
+        .zip(hosts)
+        .enumerate()
+        .find_map(|(i, (status, h))| match status {
+            Written::Done(path) if h == host => Some(Outcome::Written {
+                writer: i as u32,
+                path: path.clone(),
+            }),
+            _ => None,
+        })
+        .ok_or_else(|| format!("no process of host {host} wrote its rank table"))
+}
+
+/// Fails this process if round 2's outcome says a table was not written, or was written
+/// somewhere this process does not look.
+fn check_outcome(outcome: Outcome, rank: u32, shared: &Shared) -> Result<(), InitError> {
+    match outcome {
+        Outcome::Failed { rank: i, host, why } => Err(InitError::RankTable(format!(
+            "rank {i} on host {host} could not write the rank table {}: {why}",
+            shared.table_path.display()
+        ))),
+        // The writer of this host wrote where it was told; this process must look there.
+        Outcome::Written { writer, path } if path != shared.table_path => {
+            Err(InitError::RankTable(format!(
+                "rank {writer} wrote host {}'s rank table to {}, but this process (rank \
+                 {rank}) expects it at {}: give every process of a host the same absolute \
+                 {} (a relative path depends on each process's directory)",
+                shared.server_id,
+                path.display(),
+                shared.table_path.display(),
+                EnvVars::ATLASBOOST_RANK_TABLE_FILE
+            )))
+        }
+        Outcome::Written { .. } => Ok(()),
+    }
+}
+
+/// Launcher rank 0's `MASTER_ADDR` and `MASTER_PORT`, from its claim.
+fn master_of(claims: &[Claim]) -> Option<(String, u16)> {
+    claims.iter().find_map(|c| c.master.clone())
 }
 
 /// Every claim's device, or an error naming the first rank without one and any two ranks
@@ -733,14 +952,6 @@ fn discovery_from_env() -> Result<DiscoveryArgs, String> {
     })
 }
 
-/// Which process and device a [`Job`] is for.
-struct Placement<'a> {
-    server_id: &'a str,
-    physical_id: u32,
-    device_id: u32,
-    launcher_rank: u32,
-}
-
 /// What a [`Job`]'s variables depend on besides the table.
 struct JobSettings<'a> {
     framework: Framework,
@@ -749,18 +960,42 @@ struct JobSettings<'a> {
     master_port: u16,
 }
 
-fn job_from_table(
-    table: &RankTable,
+/// The job of a process of a rendezvous, on `device`, at `seat`.
+fn job_from_seat(
+    seat: &Seat,
+    shared: &Shared,
+    device: &Device,
+    launcher_rank: u32,
+    master: Option<(String, u16)>,
+) -> Result<Job, InitError> {
+    let (master_addr, master_port) = master.unwrap_or_else(|| (shared.server_id.clone(), 0));
+    job_at(
+        seat,
+        &shared.table_path,
+        device.logical_id,
+        launcher_rank,
+        &JobSettings {
+            framework: shared.framework,
+            job_id: &shared.job_id,
+            master_addr: &master_addr,
+            master_port,
+        },
+    )
+}
+
+/// The job of the process with launcher rank `launcher_rank`, on logical device `device_id`
+/// at `seat`.
+fn job_at(
+    seat: &Seat,
     table_path: &Path,
-    at: Placement<'_>,
+    device_id: u32,
+    launcher_rank: u32,
     settings: &JobSettings<'_>,
 ) -> Result<Job, InitError> {
     let env = worker_env(&WorkerSpec {
-        table,
+        seat,
         table_path,
-        server_id: at.server_id,
-        physical_id: at.physical_id,
-        logical_id: at.device_id,
+        logical_id: device_id,
         framework: settings.framework,
         job_id: settings.job_id,
         master_addr: settings.master_addr,
@@ -768,12 +1003,12 @@ fn job_from_table(
     })?;
     Ok(Job {
         world: env.world,
-        launcher_rank: at.launcher_rank,
+        launcher_rank,
         launcher: None,
         agreement: Agreement::Alone,
-        server_id: at.server_id.to_string(),
-        device_id: at.device_id,
-        physical_id: at.physical_id,
+        server_id: seat.server_id.clone(),
+        device_id,
+        physical_id: seat.physical_id,
         table_path: table_path.to_path_buf(),
         env: env.set,
         env_if_unset: env.set_if_unset,
@@ -923,4 +1158,168 @@ fn master_endpoint(host: &str, port: u16) -> Result<String, InitError> {
         .first()
         .map(|a| a.to_string())
         .ok_or_else(|| unresolved("no address".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use atlasboost_core::Health;
+
+    use super::*;
+
+    /// The claims of `hosts` hosts with `per_host` processes each, in rank order, each on the
+    /// device of its local rank; rank 0 names the master.
+    fn claims(hosts: u32, per_host: u32) -> Vec<Vec<u8>> {
+        (0..hosts * per_host)
+            .map(|rank| {
+                let (host, local) = (rank / per_host, rank % per_host);
+                let server_id = format!("10.0.{host}.1");
+                let claim = Claim {
+                    rank,
+                    server_id: server_id.clone(),
+                    local_rank: local,
+                    device: Ok(Device {
+                        server_id,
+                        logical_id: local,
+                        physical_id: local,
+                        ip: Some(IpAddr::V4(Ipv4Addr::new(29, 0, host as u8, local as u8))),
+                        chip: "910".into(),
+                        health: Health::Healthy,
+                        super_device_id: None,
+                        super_pod_id: None,
+                    }),
+                    master: (rank == 0).then(|| ("10.0.0.1".to_string(), 29500)),
+                };
+                serde_json::to_vec(&claim).unwrap()
+            })
+            .collect()
+    }
+
+    /// Rank `rank`'s answer to round 1: its seat, or `None` if it got every claim.
+    fn seat_of(replies: &Replies, rank: usize) -> Option<Assignment> {
+        let Replies::Mixed { own, .. } = replies else {
+            panic!("expected a mixed answer, got {replies:?}");
+        };
+        let bytes = own[rank].as_ref()?;
+        assert_eq!(bytes[0], answer_tag::SEAT);
+        Some(serde_json::from_slice(&bytes[1..]).unwrap())
+    }
+
+    #[test]
+    fn only_the_first_process_of_each_host_is_sent_every_claim() {
+        let payloads = claims(3, 4);
+        let (replies, hosts) = answer_claims(&payloads).unwrap();
+        assert_eq!(hosts[5], "10.0.1.1");
+        let Replies::Mixed { common, .. } = &replies else {
+            panic!("expected a mixed answer, got {replies:?}");
+        };
+        assert_eq!(common[0], answer_tag::CLAIMS);
+        assert_eq!(
+            atlasboost_tcp::wire::unpack_list(&common[1..]),
+            Some(payloads.clone())
+        );
+        for rank in 0..12 {
+            match seat_of(&replies, rank) {
+                None => assert_eq!(rank % 4, 0, "rank {rank} is not its host's first"),
+                Some(a) => {
+                    assert_ne!(rank % 4, 0, "rank {rank} writes its host's table");
+                    // Servers sort by id and devices by physical id, so ranks stay in order.
+                    assert_eq!(a.seat.rank, rank as u32);
+                    assert_eq!(a.seat.server_id, format!("10.0.{}.1", rank / 4));
+                    assert_eq!(a.seat.physical_id, rank as u32 % 4);
+                    assert_eq!((a.seat.size, a.seat.node_count), (12, 3));
+                    assert_eq!(a.master, Some(("10.0.0.1".into(), 29500)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_process_that_is_not_a_writer_gets_an_answer_whose_size_does_not_grow_with_the_job() {
+        let answer_len = |hosts| {
+            let (replies, _) = answer_claims(&claims(hosts, 8)).unwrap();
+            let Replies::Mixed { own, .. } = replies else {
+                panic!("expected a mixed answer");
+            };
+            own[1].as_ref().map(Vec::len).unwrap()
+        };
+        let (small, large) = (answer_len(2), answer_len(64));
+        // Only the digits of the job's size and host count differ.
+        assert!(
+            large <= small + 4,
+            "{small} bytes for 16 ranks, {large} for 512"
+        );
+    }
+
+    #[test]
+    fn claims_that_are_not_a_job_go_to_everyone() {
+        let mut payloads = claims(2, 2);
+        // Rank 1 claims rank 0's device.
+        let mut c: Claim = serde_json::from_slice(&payloads[1]).unwrap();
+        c.device = serde_json::from_slice::<Claim>(&payloads[0])
+            .unwrap()
+            .device;
+        payloads[1] = serde_json::to_vec(&c).unwrap();
+        let (replies, _) = answer_claims(&payloads).unwrap();
+        let Replies::Same(common) = replies else {
+            panic!("expected every claim for everyone, got {replies:?}");
+        };
+        assert_eq!(common[0], answer_tag::CLAIMS);
+        let parsed = parse_claims(&atlasboost_tcp::wire::unpack_list(&common[1..]).unwrap());
+        let err = check_claims(&parsed.unwrap()).unwrap_err().to_string();
+        assert!(err.contains("ranks 0 and 1 both claim device 0"), "{err}");
+    }
+
+    #[test]
+    fn round_two_tells_each_host_where_its_table_is_or_who_failed() {
+        let hosts: Vec<String> = ["a", "a", "b", "b"].map(String::from).to_vec();
+        let status = |w: &Written| serde_json::to_vec(w).unwrap();
+        let done = |p: &str| Written::Done(PathBuf::from(p));
+        let payloads = [
+            done("/a.json"),
+            Written::NotMine,
+            done("/b.json"),
+            Written::NotMine,
+        ]
+        .iter()
+        .map(status)
+        .collect::<Vec<_>>();
+        let Replies::Each(each) = answer_statuses(&payloads, &hosts).unwrap() else {
+            panic!("expected one answer per process");
+        };
+        let outcomes: Vec<Outcome> = each
+            .iter()
+            .map(|b| serde_json::from_slice(b).unwrap())
+            .collect();
+        for (rank, (writer, path)) in [
+            (0, "/a.json"),
+            (0, "/a.json"),
+            (2, "/b.json"),
+            (2, "/b.json"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            match &outcomes[rank] {
+                Outcome::Written { writer: w, path: p } => {
+                    assert_eq!((*w, p.to_str().unwrap()), (writer, path), "rank {rank}");
+                }
+                other => panic!("rank {rank}: {other:?}"),
+            }
+        }
+        let mut payloads = payloads;
+        payloads[2] = status(&Written::Failed("disk full".into()));
+        let Replies::Each(each) = answer_statuses(&payloads, &hosts).unwrap() else {
+            panic!("expected one answer per process");
+        };
+        for (rank, bytes) in each.iter().enumerate() {
+            match serde_json::from_slice(bytes).unwrap() {
+                Outcome::Failed { rank: 2, host, why } => {
+                    assert_eq!((host.as_str(), why.as_str()), ("b", "disk full"));
+                }
+                other => panic!("rank {rank}: {other:?}"),
+            }
+        }
+    }
 }

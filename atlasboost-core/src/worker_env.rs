@@ -4,6 +4,8 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 use crate::env_vars::EnvVars;
 use crate::error::{Error, Result, parse_name};
 use crate::ranktable::{RankEntry, RankTable};
@@ -53,17 +55,67 @@ impl FromStr for Framework {
     }
 }
 
+/// Where one worker sits in the job: its device's entry in the table and the job's size. It is
+/// all a worker's environment needs from the table, so a process that is sent only its seat
+/// (library mode over ZeroMQ) needs no table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seat {
+    /// The worker's host.
+    pub server_id: String,
+    /// The physical id of the worker's device.
+    pub physical_id: u32,
+    /// Its rank.
+    pub rank: u32,
+    /// What `RANK_ID` must hold: the rank, or the `pod_name` in the legacy format.
+    pub rank_id_env: String,
+    /// Its position among its host's ranks.
+    pub local_rank: u32,
+    /// How many ranks its host has.
+    pub local_size: u32,
+    /// Its host's position in rank order.
+    pub node_rank: u32,
+    /// How many ranks the job has.
+    pub size: u32,
+    /// How many hosts the job has.
+    pub node_count: u32,
+}
+
+impl Seat {
+    /// The seat of device `physical_id` of host `server_id` in `table`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotInTable`] if the table has no such device, and the table's own errors.
+    pub fn find(table: &RankTable, server_id: &str, physical_id: u32) -> Result<Seat> {
+        let ranks = table.ranks()?;
+        let entry: &RankEntry = ranks
+            .iter()
+            .find(|e| e.server_id == server_id && e.physical_id == physical_id)
+            .ok_or_else(|| Error::NotInTable {
+                server_id: server_id.to_string(),
+                physical_id,
+            })?;
+        Ok(Seat {
+            server_id: entry.server_id.clone(),
+            physical_id: entry.physical_id,
+            rank: entry.rank,
+            rank_id_env: entry.rank_id_env.clone(),
+            local_rank: entry.local_rank,
+            local_size: entry.local_size,
+            node_rank: entry.node_rank,
+            size: ranks.len() as u32,
+            node_count: table.server_count() as u32,
+        })
+    }
+}
+
 /// Everything about one worker that the environment depends on.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec<'a> {
-    /// The cluster table.
-    pub table: &'a RankTable,
+    /// Where the worker sits in the job ([`Seat::find`] in the cluster table).
+    pub seat: &'a Seat,
     /// Where the table is on the worker's host; must be absolute.
     pub table_path: &'a Path,
-    /// The worker's host.
-    pub server_id: &'a str,
-    /// The physical id of the worker's device: which table entry is the worker's.
-    pub physical_id: u32,
     /// The logical id of that device in the worker's runtime.
     pub logical_id: u32,
     /// The framework.
@@ -87,12 +139,12 @@ pub struct WorkerEnv {
     pub set_if_unset: Vec<(&'static str, String)>,
 }
 
-/// Computes a worker's environment from the table and the worker's device.
+/// Computes a worker's environment from its seat in the table.
 ///
 /// # Errors
 ///
-/// [`Error::NotInTable`] if the worker's device is not in the table, [`Error::BadPath`] if the
-/// table path is relative, [`Error::InvalidValue`] for a job id TensorFlow would refuse.
+/// [`Error::BadPath`] if the table path is relative, [`Error::InvalidValue`] for a job id
+/// TensorFlow would refuse.
 pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     if !spec.table_path.is_absolute() {
         return Err(Error::BadPath {
@@ -101,27 +153,20 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
         });
     }
     check_job_id(spec.job_id)?;
-    let ranks = spec.table.ranks()?;
-    let entry: &RankEntry = ranks
-        .iter()
-        .find(|e| e.server_id == spec.server_id && e.physical_id == spec.physical_id)
-        .ok_or_else(|| Error::NotInTable {
-            server_id: spec.server_id.to_string(),
-            physical_id: spec.physical_id,
-        })?;
+    let seat = spec.seat;
     let world = World {
-        rank: entry.rank,
-        size: ranks.len() as u32,
-        local_rank: entry.local_rank,
-        local_size: entry.local_size,
-        node_rank: entry.node_rank,
-        node_count: spec.table.server_count() as u32,
+        rank: seat.rank,
+        size: seat.size,
+        local_rank: seat.local_rank,
+        local_size: seat.local_size,
+        node_rank: seat.node_rank,
+        node_count: seat.node_count,
     };
     let path = spec.table_path.display().to_string();
     let logical = spec.logical_id.to_string();
     let mut set = vec![
         (EnvVars::RANK_TABLE_FILE, path.clone()),
-        (EnvVars::RANK_ID, entry.rank_id_env.clone()),
+        (EnvVars::RANK_ID, seat.rank_id_env.clone()),
         (EnvVars::RANK_SIZE, world.size.to_string()),
         (EnvVars::DEVICE_ID, logical.clone()),
         (EnvVars::ASCEND_DEVICE_ID, logical.clone()),
@@ -143,9 +188,9 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
         (EnvVars::ATLASBOOST_DEVICE_ID, logical),
         (
             EnvVars::ATLASBOOST_PHYSICAL_ID,
-            spec.physical_id.to_string(),
+            seat.physical_id.to_string(),
         ),
-        (EnvVars::ATLASBOOST_SERVER_ID, spec.server_id.to_string()),
+        (EnvVars::ATLASBOOST_SERVER_ID, seat.server_id.clone()),
         (EnvVars::ATLASBOOST_RANK_TABLE_FILE, path.clone()),
         (EnvVars::ATLASBOOST_FRAMEWORK, spec.framework.to_string()),
         (EnvVars::ATLASBOOST_JOB_ID, spec.job_id.to_string()),
@@ -213,12 +258,15 @@ mod tests {
         .unwrap()
     }
 
-    fn spec<'a>(table: &'a RankTable, framework: Framework) -> WorkerSpec<'a> {
+    /// Device 6 of 10.0.0.2.
+    fn seat(table: &RankTable) -> Seat {
+        Seat::find(table, "10.0.0.2", 6).unwrap()
+    }
+
+    fn spec(seat: &Seat, framework: Framework) -> WorkerSpec<'_> {
         WorkerSpec {
-            table,
+            seat,
             table_path: Path::new("/job/rank_table.json"),
-            server_id: "10.0.0.2",
-            physical_id: 6,
             logical_id: 2,
             framework,
             job_id: "job-7",
@@ -230,7 +278,7 @@ mod tests {
     #[test]
     fn the_worker_finds_itself_in_the_table() {
         let t = table(Format::V1_0);
-        let env = worker_env(&spec(&t, Framework::Tensorflow)).unwrap();
+        let env = worker_env(&spec(&seat(&t), Framework::Tensorflow)).unwrap();
         let vars: HashMap<_, _> = env.set.iter().cloned().collect();
         // 10.0.0.2 sorts after 10.0.0.1: its devices 4..7 are ranks 4..7; device 6 is rank 6.
         assert_eq!(vars["RANK_ID"], "6");
@@ -264,13 +312,13 @@ mod tests {
     #[test]
     fn mindspore_gets_its_config_path_and_legacy_uses_pod_names() {
         let t = table(Format::V1_0);
-        let env = worker_env(&spec(&t, Framework::Mindspore)).unwrap();
+        let env = worker_env(&spec(&seat(&t), Framework::Mindspore)).unwrap();
         assert!(
             env.set
                 .contains(&("MINDSPORE_HCCL_CONFIG_PATH", "/job/rank_table.json".into()))
         );
         let t = table(Format::Legacy);
-        let env = worker_env(&spec(&t, Framework::Tensorflow)).unwrap();
+        let env = worker_env(&spec(&seat(&t), Framework::Tensorflow)).unwrap();
         assert!(
             env.set.contains(&("RANK_ID", "1".into())),
             "pod_name of the second server"
@@ -281,15 +329,14 @@ mod tests {
     #[test]
     fn bad_inputs_are_refused_with_the_culprit() {
         let t = table(Format::V1_0);
-        let mut s = spec(&t, Framework::Tensorflow);
-        s.physical_id = 1;
-        let err = worker_env(&s).unwrap_err().to_string();
+        let err = Seat::find(&t, "10.0.0.2", 1).unwrap_err().to_string();
         assert!(err.contains("physical id 1 of server 10.0.0.2"), "{err}");
-        let mut s = spec(&t, Framework::Tensorflow);
+        let seat = seat(&t);
+        let mut s = spec(&seat, Framework::Tensorflow);
         s.table_path = Path::new("rank_table.json");
         assert!(worker_env(&s).unwrap_err().to_string().contains("absolute"));
         for bad in ["", "a b", "007"] {
-            let mut s = spec(&t, Framework::Tensorflow);
+            let mut s = spec(&seat, Framework::Tensorflow);
             s.job_id = bad;
             assert!(
                 worker_env(&s).unwrap_err().to_string().contains("JOB_ID"),

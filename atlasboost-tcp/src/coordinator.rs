@@ -31,6 +31,15 @@ pub enum Replies {
     Same(Vec<u8>),
     /// One answer per participant, by index: e.g. only its own assignment.
     Each(Vec<Vec<u8>>),
+    /// `common` for the participants whose entry in `own` is `None` (encoded and signed once),
+    /// and their own answer for the others: e.g. the whole table for one process per host and
+    /// only its assignment for each of the others.
+    Mixed {
+        /// The answer shared by everyone without an answer of their own.
+        common: Vec<u8>,
+        /// By index: `Some` answer of a participant's own, or `None` for `common`.
+        own: Vec<Option<Vec<u8>>>,
+    },
 }
 
 /// Computes a round's answers from the payloads of all participants (by index).
@@ -514,6 +523,13 @@ impl State {
         let largest = match &replies {
             Ok(Replies::Same(b)) => b.len(),
             Ok(Replies::Each(each)) => each.iter().map(Vec::len).max().unwrap_or(0),
+            Ok(Replies::Mixed { common, own }) => own
+                .iter()
+                .flatten()
+                .map(Vec::len)
+                .chain([common.len()])
+                .max()
+                .unwrap_or(0),
             Err(_) => 0,
         };
         if largest + 1024 > self.config.max_message {
@@ -524,42 +540,50 @@ impl State {
             self.fail_slots(&slots, why);
             return;
         }
-        match replies {
-            Ok(Replies::Same(bytes)) => {
-                let frame = self.encode(Kind::Result, BROADCAST, &bytes);
-                match SharedMessage::new(&frame) {
-                    Ok(mut shared) => {
-                        drop(frame);
-                        for s in &slots {
-                            shared.send_to(&mut self.socket, &s.routing);
-                        }
-                    }
-                    Err(e) => {
-                        self.fail_slots(&slots, format!("round {}: {e}", self.round));
-                        return;
-                    }
-                }
-            }
-            Ok(Replies::Each(each)) if each.len() == slots.len() => {
-                for (i, (s, bytes)) in slots.iter().zip(&each).enumerate() {
-                    let frame = self.encode(Kind::Result, i as u32, bytes);
-                    self.send(&s.routing, &frame);
-                }
-            }
-            Ok(Replies::Each(each)) => {
-                let why = format!(
-                    "the coordinator computed {} answers for {world} participants",
-                    each.len()
-                );
-                self.fail_slots(&slots, why);
-                return;
-            }
+        // Everything is one mixed answer: `Same` is all common, `Each` all own.
+        let (common, own) = match replies {
+            Ok(Replies::Same(bytes)) => (bytes, vec![None; slots.len()]),
+            Ok(Replies::Each(each)) => (Vec::new(), each.into_iter().map(Some).collect()),
+            Ok(Replies::Mixed { common, own }) => (common, own),
             Err(why) => {
                 self.fail_slots(
                     &slots,
                     format!("round {} cannot be answered: {why}", self.round),
                 );
                 return;
+            }
+        };
+        if own.len() != slots.len() {
+            let why = format!(
+                "the coordinator computed {} answers for {world} participants",
+                own.len()
+            );
+            self.fail_slots(&slots, why);
+            return;
+        }
+        let mut shared = None;
+        if own.iter().any(Option::is_none) {
+            let frame = self.encode(Kind::Result, BROADCAST, &common);
+            match SharedMessage::new(&frame) {
+                Ok(message) => shared = Some(message),
+                Err(e) => {
+                    self.fail_slots(&slots, format!("round {}: {e}", self.round));
+                    return;
+                }
+            }
+        }
+        for (i, (s, answer)) in slots.iter().zip(&own).enumerate() {
+            match answer {
+                Some(bytes) => {
+                    let frame = self.encode(Kind::Result, i as u32, bytes);
+                    self.send(&s.routing, &frame);
+                }
+                // `shared` exists whenever an answer is `None`.
+                None => {
+                    if let Some(message) = shared.as_mut() {
+                        message.send_to(&mut self.socket, &s.routing);
+                    }
+                }
             }
         }
         self.shared.rounds.store(self.round, Ordering::Release);

@@ -18,7 +18,7 @@ use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
     BuildOptions, RankOrder, RankTable, build_table, chip_of_devices,
 };
-use atlasboost_core::worker_env::{Framework, WorkerSpec, worker_env};
+use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
 use atlasboost_core::{Chip, Device, select_devices};
 use atlasboost_tcp::{Combiner, ParticipantConfig, Replies, Secret, ZmqRendezvous};
 use serde::{Deserialize, Serialize};
@@ -325,11 +325,10 @@ pub fn host_workers(
             .iter()
             .find(|d| d.physical_id == entry.physical_id)
             .map_or(entry.physical_id, |d| d.logical_id);
+        let seat = Seat::find(table, server_id, entry.physical_id)?;
         let env = worker_env(&WorkerSpec {
-            table,
+            seat: &seat,
             table_path: &settings.rank_table,
-            server_id,
-            physical_id: entry.physical_id,
             logical_id,
             framework,
             job_id,

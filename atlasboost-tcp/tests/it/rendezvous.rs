@@ -139,6 +139,55 @@ fn a_custom_combiner_answers_each_participant_only_its_own_part() {
     assert_eq!((report.rounds, report.failure), (2, None));
 }
 
+#[test]
+fn a_mixed_answer_gives_some_participants_the_common_part_and_the_others_their_own() {
+    let (secret, world, job) = (secret(), 5, "job-mixed");
+    let coordinator = Coordinator::start_with(
+        CoordinatorConfig::new(LOOPBACK, world, job, secret.clone(), TIMEOUT),
+        Box::new(|round, payloads| {
+            // Even indices share the common answer, odd ones get their own.
+            Ok(Replies::Mixed {
+                common: format!("round {round}: everything").into_bytes(),
+                own: payloads
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        (i % 2 == 1).then(|| {
+                            format!("round {round}: {i} said {}", String::from_utf8_lossy(p))
+                                .into_bytes()
+                        })
+                    })
+                    .collect(),
+            })
+        }),
+    )
+    .expect("start a coordinator");
+    let endpoint = coordinator.endpoint().to_string();
+    let answers = spawn(0..world, move |i| -> Result<Vec<String>, TcpError> {
+        let mut rdv = connect(&endpoint, i, world, job, &secret, TIMEOUT);
+        (1..=2)
+            .map(|round| {
+                let answer = rdv.exchange(format!("hello {round} from {i}").as_bytes())?;
+                Ok(String::from_utf8_lossy(&answer).into_owned())
+            })
+            .collect()
+    })
+    .wait(BOUND);
+    for (i, answers) in answers.into_iter().enumerate() {
+        let answers = answers.unwrap_or_else(|e| panic!("participant {i}: {}", chain(&e)));
+        let expected = [1, 2].map(|r| {
+            if i % 2 == 1 {
+                format!("round {r}: {i} said hello {r} from {i}")
+            } else {
+                format!("round {r}: everything")
+            }
+        });
+        assert_eq!(answers, expected, "participant {i}");
+    }
+    let report = coordinator.finish();
+    assert_eq!((report.rounds, report.failure), (2, None));
+}
+
 /// Runs one round of 3 participants against a coordinator with `combiner`; returns the errors.
 fn combiner_failure(
     job: &'static str,
@@ -183,6 +232,22 @@ fn a_combiner_with_the_wrong_number_of_answers_fails_every_participant() {
         Box::new(|_, _| Ok(Replies::Each(vec![b"a".to_vec(), b"b".to_vec()]))),
     );
     let expected = "the coordinator computed 2 answers for 3 participants";
+    assert_eq!(failure.as_deref(), Some(expected));
+    assert_eq!(errors, vec![expected; 3]);
+}
+
+#[test]
+fn a_mixed_answer_with_the_wrong_number_of_own_answers_fails_every_participant() {
+    let (errors, failure) = combiner_failure(
+        "job-mixed-count",
+        Box::new(|_, _| {
+            Ok(Replies::Mixed {
+                common: b"all".to_vec(),
+                own: vec![None; 4],
+            })
+        }),
+    );
+    let expected = "the coordinator computed 4 answers for 3 participants";
     assert_eq!(failure.as_deref(), Some(expected));
     assert_eq!(errors, vec![expected; 3]);
 }
