@@ -624,14 +624,26 @@ fn agree_zmq(
     let answer = exchange(rdv, &encode("this process's claim", &claim)?)?;
     let (seat, written, master) = match answer.split_first() {
         Some((&answer_tag::CLAIMS, list)) => {
-            let gathered = atlasboost_tcp::wire::unpack_list(list)
+            let settled = atlasboost_tcp::wire::unpack_list(list)
                 .filter(|l| l.len() == rdv.size())
-                .ok_or_else(|| rendezvous_error("the coordinator's claims are malformed".into()))?;
-            let claims = parse_claims(&gathered)?;
-            let (table, written) = settle(&claims, rank, shared)?;
-            let device = device.clone().map_err(InitError::Device)?;
-            let seat = Seat::find(&table, &shared.server_id, device.physical_id)?;
-            (seat, written, master_of(&claims))
+                .ok_or_else(|| rendezvous_error("the coordinator's claims are malformed".into()))
+                .and_then(|gathered| parse_claims(&gathered))
+                .and_then(|claims| {
+                    let (table, written) = settle(&claims, rank, shared)?;
+                    let device = device.clone().map_err(InitError::Device)?;
+                    let seat = Seat::find(&table, &shared.server_id, device.physical_id)?;
+                    Ok((seat, written, master_of(&claims)))
+                });
+            match settled {
+                Ok(settled) => settled,
+                Err(e) => {
+                    // The processes given only their seat are waiting in round 2: tell them,
+                    // rather than leave them to time out.
+                    let failed = Written::Failed(e.to_string());
+                    let _ = exchange(rdv, &encode("the write status", &failed)?);
+                    return Err(e);
+                }
+            }
         }
         Some((&answer_tag::SEAT, json)) => {
             let a: Assignment = serde_json::from_slice(json).map_err(|e| {
@@ -693,26 +705,37 @@ fn answer_claims(payloads: &[Vec<u8>]) -> Result<(Replies, Vec<String>), String>
     let Ok(table) = build_table(&devices, &BuildOptions::default()) else {
         return Ok(everyone(common));
     };
+    if atlasboost_core::ranktable::chip_of_devices(&devices).is_err() {
+        return Ok(everyone(common));
+    }
     let master = master_of(&claims);
+    let Ok(seats) = Seat::all(&table) else {
+        return Ok(everyone(common));
+    };
+    let mut seats: std::collections::HashMap<(String, u32), Seat> = seats
+        .into_iter()
+        .map(|s| ((s.server_id.clone(), s.physical_id), s))
+        .collect();
     let mut writers = std::collections::HashSet::new();
     let mut own = Vec::with_capacity(claims.len());
     for c in &claims {
+        let seat = c
+            .device
+            .as_ref()
+            .ok()
+            .and_then(|d| seats.remove(&(c.server_id.clone(), d.physical_id)));
+        // Not reached for claims that passed the checks above; everyone would then fail alike.
+        let Some(seat) = seat else {
+            return Ok(everyone(common));
+        };
         // Ranks are in order, so the first of each host is its lowest.
         if writers.insert(c.server_id.as_str()) {
             own.push(None);
             continue;
         }
-        let assignment = c
-            .device
-            .as_ref()
-            .ok()
-            .and_then(|d| Seat::find(&table, &c.server_id, d.physical_id).ok())
-            .map(|seat| Assignment {
-                seat,
-                master: master.clone(),
-            });
-        let Some(assignment) = assignment else {
-            return Ok(everyone(common));
+        let assignment = Assignment {
+            seat,
+            master: master.clone(),
         };
         let mut bytes = vec![answer_tag::SEAT];
         serde_json::to_writer(&mut bytes, &assignment).map_err(|e| e.to_string())?;
@@ -1169,12 +1192,13 @@ mod tests {
     use super::*;
 
     /// The claims of `hosts` hosts with `per_host` processes each, in rank order, each on the
-    /// device of its local rank; rank 0 names the master.
+    /// device of its local rank; rank 0 names the master. The hosts' ids run backwards
+    /// (`10.0.{hosts-1}.1` first), so the table's ranks are not the launcher's.
     fn claims(hosts: u32, per_host: u32) -> Vec<Vec<u8>> {
         (0..hosts * per_host)
             .map(|rank| {
                 let (host, local) = (rank / per_host, rank % per_host);
-                let server_id = format!("10.0.{host}.1");
+                let server_id = format!("10.0.{}.1", hosts - 1 - host);
                 let claim = Claim {
                     rank,
                     server_id: server_id.clone(),
@@ -1189,7 +1213,11 @@ mod tests {
                         super_device_id: None,
                         super_pod_id: None,
                     }),
-                    master: (rank == 0).then(|| ("10.0.0.1".to_string(), 29500)),
+                    master: None,
+                };
+                let claim = Claim {
+                    master: (rank == 0).then(|| (claim.server_id.clone(), 29500)),
+                    ..claim
                 };
                 serde_json::to_vec(&claim).unwrap()
             })
@@ -1211,6 +1239,9 @@ mod tests {
         let payloads = claims(3, 4);
         let (replies, hosts) = answer_claims(&payloads).unwrap();
         assert_eq!(hosts[5], "10.0.1.1");
+        // What every process computed before: the table from every claim.
+        let all = parse_claims(&payloads).unwrap();
+        let table = build_table(&check_claims(&all).unwrap(), &BuildOptions::default()).unwrap();
         let Replies::Mixed { common, .. } = &replies else {
             panic!("expected a mixed answer, got {replies:?}");
         };
@@ -1224,12 +1255,12 @@ mod tests {
                 None => assert_eq!(rank % 4, 0, "rank {rank} is not its host's first"),
                 Some(a) => {
                     assert_ne!(rank % 4, 0, "rank {rank} writes its host's table");
-                    // Servers sort by id and devices by physical id, so ranks stay in order.
-                    assert_eq!(a.seat.rank, rank as u32);
-                    assert_eq!(a.seat.server_id, format!("10.0.{}.1", rank / 4));
-                    assert_eq!(a.seat.physical_id, rank as u32 % 4);
+                    let (server, physical) = (format!("10.0.{}.1", 2 - rank / 4), rank as u32 % 4);
+                    assert_eq!(a.seat, Seat::find(&table, &server, physical).unwrap());
+                    // Servers sort by id, so the launcher's last host is the table's first.
+                    assert_eq!(a.seat.rank, (2 - rank as u32 / 4) * 4 + physical);
                     assert_eq!((a.seat.size, a.seat.node_count), (12, 3));
-                    assert_eq!(a.master, Some(("10.0.0.1".into(), 29500)));
+                    assert_eq!(a.master, Some(("10.0.2.1".into(), 29500)));
                 }
             }
         }
@@ -1245,9 +1276,9 @@ mod tests {
             own[1].as_ref().map(Vec::len).unwrap()
         };
         let (small, large) = (answer_len(2), answer_len(64));
-        // Only the digits of the job's size and host count differ.
+        // Only digits differ: of the ranks, the sizes and the host ids (10.0.1.1, 10.0.63.1).
         assert!(
-            large <= small + 4,
+            large <= small + 16,
             "{small} bytes for 16 ranks, {large} for 512"
         );
     }

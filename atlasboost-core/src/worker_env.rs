@@ -95,7 +95,26 @@ impl Seat {
                 server_id: server_id.to_string(),
                 physical_id,
             })?;
-        Ok(Seat {
+        Ok(Seat::of(entry, ranks.len(), table.server_count()))
+    }
+
+    /// Every seat of `table`, in rank order: one pass, where [`Seat::find`] for each would be
+    /// quadratic.
+    ///
+    /// # Errors
+    ///
+    /// The table's own errors.
+    pub fn all(table: &RankTable) -> Result<Vec<Seat>> {
+        let ranks = table.ranks()?;
+        let servers = table.server_count();
+        Ok(ranks
+            .iter()
+            .map(|e| Seat::of(e, ranks.len(), servers))
+            .collect())
+    }
+
+    fn of(entry: &RankEntry, size: usize, node_count: usize) -> Seat {
+        Seat {
             server_id: entry.server_id.clone(),
             physical_id: entry.physical_id,
             rank: entry.rank,
@@ -103,9 +122,9 @@ impl Seat {
             local_rank: entry.local_rank,
             local_size: entry.local_size,
             node_rank: entry.node_rank,
-            size: ranks.len() as u32,
-            node_count: table.server_count() as u32,
-        })
+            size: size as u32,
+            node_count: node_count as u32,
+        }
     }
 }
 

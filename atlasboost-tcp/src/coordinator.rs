@@ -523,13 +523,20 @@ impl State {
         let largest = match &replies {
             Ok(Replies::Same(b)) => b.len(),
             Ok(Replies::Each(each)) => each.iter().map(Vec::len).max().unwrap_or(0),
-            Ok(Replies::Mixed { common, own }) => own
-                .iter()
-                .flatten()
-                .map(Vec::len)
-                .chain([common.len()])
-                .max()
-                .unwrap_or(0),
+            Ok(Replies::Mixed { common, own }) => {
+                // `common` counts only if someone is sent it.
+                let common = if own.iter().any(Option::is_none) {
+                    common.len()
+                } else {
+                    0
+                };
+                own.iter()
+                    .flatten()
+                    .map(Vec::len)
+                    .chain([common])
+                    .max()
+                    .unwrap_or(0)
+            }
             Err(_) => 0,
         };
         if largest + 1024 > self.config.max_message {
