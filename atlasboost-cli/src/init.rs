@@ -795,27 +795,25 @@ fn rendezvous_error(message: String) -> InitError {
 
 /// Every participant's claim, by index.
 fn parse_claims(gathered: &[Vec<u8>]) -> Result<Vec<Claim>, InitError> {
-    gathered
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            serde_json::from_slice(b).map_err(|e| {
-                rendezvous_error(format!(
-                    "rendezvous participant {i} sent something that is not a claim: {e}"
-                ))
-            })
-        })
-        .collect()
+    parse_each(gathered, "a claim").map_err(rendezvous_error)
 }
 
 /// Every participant's write status, by index.
 fn parse_statuses(gathered: &[Vec<u8>]) -> Result<Vec<Written>, String> {
+    parse_each(gathered, "a write status")
+}
+
+/// Every participant's payload as JSON of a `T`, or which participant sent something else.
+fn parse_each<T: serde::de::DeserializeOwned>(
+    gathered: &[Vec<u8>],
+    what: &str,
+) -> Result<Vec<T>, String> {
     gathered
         .iter()
         .enumerate()
         .map(|(i, b)| {
             serde_json::from_slice(b).map_err(|e| {
-                format!("rendezvous participant {i} sent something that is not a write status: {e}")
+                format!("rendezvous participant {i} sent something that is not {what}: {e}")
             })
         })
         .collect()

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use atlasboost_core::Rendezvous;
-use atlasboost_tcp::{Coordinator, CoordinatorConfig, Replies, TcpError};
+use atlasboost_tcp::{Combiner, Coordinator, CoordinatorConfig, Replies, TcpError};
 
 use crate::common::{
     BOUND, LOOPBACK, TIMEOUT, chain, connect, free_port, payload, payloads, secret, spawn,
@@ -97,23 +97,22 @@ fn many_rounds_with_payloads_from_zero_bytes_to_one_mebibyte() {
     assert_eq!(report.rounds, expected_rounds);
 }
 
-#[test]
-fn a_custom_combiner_answers_each_participant_only_its_own_part() {
-    let (secret, world, job) = (secret(), 4, "job-each");
+/// What `round {r}: {i} said hello {r} from {i}` looks like: participant `i`'s own answer.
+fn own_answer(round: u64, i: usize, payload: &[u8]) -> Vec<u8> {
+    format!(
+        "round {round}: {i} said {}",
+        String::from_utf8_lossy(payload)
+    )
+    .into_bytes()
+}
+
+/// Two rounds in which participant `i` says `hello {round} from {i}`, against a coordinator
+/// with `combiner`; each participant's answers as text. Both rounds must complete.
+fn answers_to_hello(job: &'static str, world: usize, combiner: Combiner) -> Vec<Vec<String>> {
+    let secret = secret();
     let coordinator = Coordinator::start_with(
         CoordinatorConfig::new(LOOPBACK, world, job, secret.clone(), TIMEOUT),
-        Box::new(|round, payloads| {
-            Ok(Replies::Each(
-                payloads
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| {
-                        format!("round {round}: {i} said {}", String::from_utf8_lossy(p))
-                            .into_bytes()
-                    })
-                    .collect(),
-            ))
-        }),
+        combiner,
     )
     .expect("start a coordinator");
     let endpoint = coordinator.endpoint().to_string();
@@ -127,23 +126,44 @@ fn a_custom_combiner_answers_each_participant_only_its_own_part() {
             .collect()
     })
     .wait(BOUND);
+    let report = coordinator.finish();
+    assert_eq!((report.rounds, report.failure), (2, None));
+    answers
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| a.unwrap_or_else(|e| panic!("participant {i}: {}", chain(&e))))
+        .collect()
+}
+
+#[test]
+fn a_custom_combiner_answers_each_participant_only_its_own_part() {
+    let answers = answers_to_hello(
+        "job-each",
+        4,
+        Box::new(|round, payloads| {
+            Ok(Replies::Each(
+                payloads
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| own_answer(round, i, p))
+                    .collect(),
+            ))
+        }),
+    );
     for (i, answers) in answers.into_iter().enumerate() {
-        let answers = answers.unwrap_or_else(|e| panic!("participant {i}: {}", chain(&e)));
         assert_eq!(
             answers,
             [1, 2].map(|r| format!("round {r}: {i} said hello {r} from {i}")),
             "participant {i} gets its own answer only"
         );
     }
-    let report = coordinator.finish();
-    assert_eq!((report.rounds, report.failure), (2, None));
 }
 
 #[test]
 fn a_mixed_answer_gives_some_participants_the_common_part_and_the_others_their_own() {
-    let (secret, world, job) = (secret(), 5, "job-mixed");
-    let coordinator = Coordinator::start_with(
-        CoordinatorConfig::new(LOOPBACK, world, job, secret.clone(), TIMEOUT),
+    let answers = answers_to_hello(
+        "job-mixed",
+        5,
         Box::new(|round, payloads| {
             // Even indices share the common answer, odd ones get their own.
             Ok(Replies::Mixed {
@@ -151,30 +171,12 @@ fn a_mixed_answer_gives_some_participants_the_common_part_and_the_others_their_o
                 own: payloads
                     .iter()
                     .enumerate()
-                    .map(|(i, p)| {
-                        (i % 2 == 1).then(|| {
-                            format!("round {round}: {i} said {}", String::from_utf8_lossy(p))
-                                .into_bytes()
-                        })
-                    })
+                    .map(|(i, p)| (i % 2 == 1).then(|| own_answer(round, i, p)))
                     .collect(),
             })
         }),
-    )
-    .expect("start a coordinator");
-    let endpoint = coordinator.endpoint().to_string();
-    let answers = spawn(0..world, move |i| -> Result<Vec<String>, TcpError> {
-        let mut rdv = connect(&endpoint, i, world, job, &secret, TIMEOUT);
-        (1..=2)
-            .map(|round| {
-                let answer = rdv.exchange(format!("hello {round} from {i}").as_bytes())?;
-                Ok(String::from_utf8_lossy(&answer).into_owned())
-            })
-            .collect()
-    })
-    .wait(BOUND);
+    );
     for (i, answers) in answers.into_iter().enumerate() {
-        let answers = answers.unwrap_or_else(|e| panic!("participant {i}: {}", chain(&e)));
         let expected = [1, 2].map(|r| {
             if i % 2 == 1 {
                 format!("round {r}: {i} said hello {r} from {i}")
@@ -184,8 +186,6 @@ fn a_mixed_answer_gives_some_participants_the_common_part_and_the_others_their_o
         });
         assert_eq!(answers, expected, "participant {i}");
     }
-    let report = coordinator.finish();
-    assert_eq!((report.rounds, report.failure), (2, None));
 }
 
 /// Runs one round of 3 participants against a coordinator with `combiner`; returns the errors.
