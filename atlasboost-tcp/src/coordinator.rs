@@ -204,6 +204,11 @@ impl Coordinator {
             std::thread::Builder::new()
                 .name("atlasboost-coordinator".into())
                 .spawn(move || {
+                    // Signals sent to the process are the application's (libzmq's threads block
+                    // them too): if this thread took a Ctrl-C, its poll would swallow the EINTR
+                    // and the application's own wait would never see it.
+                    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+                    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
                     let mut state = State::new(config, combiner, socket, thread_wakeup, shared);
                     state.run();
                     drop(ctx);

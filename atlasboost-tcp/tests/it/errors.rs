@@ -492,3 +492,52 @@ fn a_participant_that_gives_up_fails_the_round_for_everyone() {
     let report = coordinator.finish();
     assert!(report.failure.unwrap_or_default().contains("gave up"));
 }
+
+/// The signal masks (`SigBlk`) of this process's coordinator threads.
+fn coordinator_signal_masks() -> Vec<u64> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "atlasboost-coor")
+        })
+        .filter_map(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .collect()
+}
+
+#[test]
+fn the_coordinator_thread_leaves_the_processs_signals_to_the_application() {
+    // A Ctrl-C taken by the coordinator's thread would interrupt its wait, not the
+    // application's, which then never learns of it (Python's `init()` would not raise
+    // KeyboardInterrupt).
+    use nix::sys::signal::Signal::{SIGINT, SIGTERM};
+    let coordinator =
+        crate::common::coordinator(2, "job-signals", &secret(), crate::common::TIMEOUT);
+    let blocked =
+        |mask: u64, signal: nix::sys::signal::Signal| mask & (1 << (signal as i32 - 1)) != 0;
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let masks = coordinator_signal_masks();
+        // Other tests' coordinators may be starting too: wait until every one has blocked.
+        if !masks.is_empty()
+            && masks
+                .iter()
+                .all(|m| blocked(*m, SIGINT) && blocked(*m, SIGTERM))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "coordinator threads still take SIGINT or SIGTERM: masks {masks:x?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(coordinator);
+}
