@@ -1,7 +1,6 @@
 //! The coordinator: binds a ROUTER socket, collects one contribution per participant and round,
 //! and answers everyone when the round is complete, or tells everyone why it failed.
 
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -118,10 +117,6 @@ pub struct Coordinator {
     shared: Arc<Shared>,
     /// Written to when the coordinator should stop, so its thread does not sleep on.
     waker: UnixStream,
-    /// The other end, kept open as long as `waker` is, so a write to it can never raise
-    /// SIGPIPE in a program that has not ignored it (a C program using the C ABI). The thread
-    /// polls a duplicate.
-    _wakeup: UnixStream,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -192,13 +187,11 @@ impl Coordinator {
             _ => config.bind.clone(),
         };
         let shared = Arc::new(Shared::default());
-        let wake_error = |e| {
+        let (waker, wakeup) = UnixStream::pair().map_err(|e| {
             TcpError::Config(format!(
                 "cannot create the coordinator's wake-up socket: {e}"
             ))
-        };
-        let (waker, wakeup) = UnixStream::pair().map_err(wake_error)?;
-        let thread_wakeup = wakeup.try_clone().map_err(wake_error)?;
+        })?;
         let thread = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
@@ -209,7 +202,7 @@ impl Coordinator {
                     // and the application's own wait would never see it.
                     use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
                     let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
-                    let mut state = State::new(config, combiner, socket, thread_wakeup, shared);
+                    let mut state = State::new(config, combiner, socket, wakeup, shared);
                     state.run();
                     drop(ctx);
                 })
@@ -221,7 +214,6 @@ impl Coordinator {
             endpoint,
             shared,
             waker,
-            _wakeup: wakeup,
             thread: Some(thread),
         })
     }
@@ -265,8 +257,11 @@ impl Coordinator {
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
-            // If the byte cannot be written the thread still sees the flag within IDLE.
-            let _ = (&self.waker).write(&[1]);
+            // MSG_NOSIGNAL: should the thread be gone (it panicked), a program that has not
+            // ignored SIGPIPE (a C program using the C ABI) must not die of it. If the byte
+            // cannot be written, the thread still sees the flag within IDLE.
+            use nix::sys::socket::{MsgFlags, send};
+            let _ = send(self.waker.as_raw_fd(), &[1], MsgFlags::MSG_NOSIGNAL);
             // A panic in the coordinator thread has already been reported by the runtime;
             // there is nothing more to recover here.
             let _ = t.join();
@@ -522,68 +517,48 @@ impl State {
             .map(|s| std::mem::take(&mut s.payload))
             .collect();
         let replies = (self.combiner)(self.round, &payloads);
-        let world = self.config.world as u32;
-        // An answer a participant would refuse as too large must fail the round for everyone,
-        // before anyone is answered.
-        let largest = match &replies {
-            Ok(Replies::Same(b)) => b.len(),
-            Ok(Replies::Each(each)) => each.iter().map(Vec::len).max().unwrap_or(0),
-            Ok(Replies::Mixed { common, own }) => {
-                // `common` counts only if someone is sent it.
-                let common = if own.iter().any(Option::is_none) {
-                    common.len()
-                } else {
-                    0
-                };
-                own.iter()
-                    .flatten()
-                    .map(Vec::len)
-                    .chain([common])
-                    .max()
-                    .unwrap_or(0)
-            }
-            Err(_) => 0,
-        };
-        if largest + 1024 > self.config.max_message {
-            let why = format!(
-                "round {} needs an answer of {largest} bytes, over the {}-byte limit",
-                self.round, self.config.max_message
-            );
-            self.fail_slots(&slots, why);
-            return;
-        }
-        // Everything is one mixed answer: `Same` is all common, `Each` all own.
+        // Every answer is one mixed answer: `Same` is all common, `Each` all own.
         let (common, own) = match replies {
             Ok(Replies::Same(bytes)) => (bytes, vec![None; slots.len()]),
             Ok(Replies::Each(each)) => (Vec::new(), each.into_iter().map(Some).collect()),
             Ok(Replies::Mixed { common, own }) => (common, own),
             Err(why) => {
-                self.fail_slots(
-                    &slots,
-                    format!("round {} cannot be answered: {why}", self.round),
-                );
-                return;
+                let why = format!("round {} cannot be answered: {why}", self.round);
+                return self.fail_slots(&slots, why);
             }
         };
         if own.len() != slots.len() {
             let why = format!(
-                "the coordinator computed {} answers for {world} participants",
-                own.len()
+                "the coordinator computed {} answers for {} participants",
+                own.len(),
+                slots.len()
             );
-            self.fail_slots(&slots, why);
-            return;
+            return self.fail_slots(&slots, why);
         }
-        let mut shared = None;
-        if own.iter().any(Option::is_none) {
-            let frame = self.encode(Kind::Result, BROADCAST, &common);
-            match SharedMessage::new(&frame) {
-                Ok(message) => shared = Some(message),
-                Err(e) => {
-                    self.fail_slots(&slots, format!("round {}: {e}", self.round));
-                    return;
-                }
-            }
+        let needs_common = own.iter().any(Option::is_none);
+        // An answer a participant would refuse as too large must fail the round for everyone,
+        // before anyone is answered.
+        let largest = own
+            .iter()
+            .flatten()
+            .map(Vec::len)
+            .chain(needs_common.then_some(common.len()))
+            .max()
+            .unwrap_or(0);
+        if largest + 1024 > self.config.max_message {
+            let why = format!(
+                "round {} needs an answer of {largest} bytes, over the {}-byte limit",
+                self.round, self.config.max_message
+            );
+            return self.fail_slots(&slots, why);
         }
+        let shared = needs_common
+            .then(|| SharedMessage::new(&self.encode(Kind::Result, BROADCAST, &common)))
+            .transpose();
+        let mut shared = match shared {
+            Ok(shared) => shared,
+            Err(e) => return self.fail_slots(&slots, format!("round {}: {e}", self.round)),
+        };
         for (i, (s, answer)) in slots.iter().zip(&own).enumerate() {
             match answer {
                 Some(bytes) => {

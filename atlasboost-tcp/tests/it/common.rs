@@ -44,6 +44,20 @@ pub fn coordinator(world: usize, job: &str, secret: &Secret, timeout: Duration) 
     .expect("start a coordinator")
 }
 
+/// Starts a coordinator on loopback whose answers `combiner` computes (timeout `TIMEOUT`).
+pub fn coordinator_with(
+    world: usize,
+    job: &str,
+    secret: &Secret,
+    combiner: atlasboost_tcp::Combiner,
+) -> Coordinator {
+    Coordinator::start_with(
+        CoordinatorConfig::new(LOOPBACK, world, job, secret.clone(), TIMEOUT),
+        combiner,
+    )
+    .expect("start a coordinator")
+}
+
 /// A participant's configuration; it waits `GRACE` longer than `timeout`.
 pub fn config(
     endpoint: &str,

@@ -7,7 +7,7 @@ use atlasboost_core::Rendezvous;
 use atlasboost_tcp::{Combiner, Coordinator, CoordinatorConfig, Replies, TcpError};
 
 use crate::common::{
-    BOUND, LOOPBACK, TIMEOUT, chain, connect, free_port, payload, payloads, secret, spawn,
+    BOUND, TIMEOUT, chain, connect, coordinator_with, free_port, payload, payloads, secret, spawn,
     spawn_one,
 };
 
@@ -110,11 +110,7 @@ fn own_answer(round: u64, i: usize, payload: &[u8]) -> Vec<u8> {
 /// with `combiner`; each participant's answers as text. Both rounds must complete.
 fn answers_to_hello(job: &'static str, world: usize, combiner: Combiner) -> Vec<Vec<String>> {
     let secret = secret();
-    let coordinator = Coordinator::start_with(
-        CoordinatorConfig::new(LOOPBACK, world, job, secret.clone(), TIMEOUT),
-        combiner,
-    )
-    .expect("start a coordinator");
+    let coordinator = coordinator_with(world, job, &secret, combiner);
     let endpoint = coordinator.endpoint().to_string();
     let answers = spawn(0..world, move |i| -> Result<Vec<String>, TcpError> {
         let mut rdv = connect(&endpoint, i, world, job, &secret, TIMEOUT);
@@ -194,11 +190,7 @@ fn combiner_failure(
     combiner: atlasboost_tcp::Combiner,
 ) -> (Vec<String>, Option<String>) {
     let (secret, world) = (secret(), 3);
-    let coordinator = Coordinator::start_with(
-        CoordinatorConfig::new(LOOPBACK, world, job, secret.clone(), TIMEOUT),
-        combiner,
-    )
-    .expect("start a coordinator");
+    let coordinator = coordinator_with(world, job, &secret, combiner);
     let endpoint = coordinator.endpoint().to_string();
     let errors = spawn(0..world, move |i| {
         let e = connect(&endpoint, i, world, job, &secret, TIMEOUT)
