@@ -360,7 +360,7 @@ fn parse_rank_list(s: &str) -> Result<RankList, String> {
 }
 
 /// Seconds, possibly fractional (`0.5`); more than 0.
-fn parse_seconds(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
     match parse_grace(s)? {
         d if d.is_zero() => Err("must be more than 0".into()),
         d => Ok(d),

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use atlasboost_core::exchange::error_chain;
 use atlasboost_core::launch_context::{self, LaunchContext, Launcher};
-use atlasboost_core::ranktable::{BuildOptions, RankTable, build_table, read_table, write_table};
+use atlasboost_core::ranktable::{BuildOptions, RankTable, build_table, write_table};
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
 use atlasboost_core::{Device, EnvVars, Rendezvous, World};
 use atlasboost_tcp::{
@@ -354,9 +354,14 @@ fn from_launch(c: &LaunchContext, framework: Framework) -> Result<Job, InitError
 
 /// Reads a table whatever chip its devices are (the validator's rules depend on the chip).
 fn read_table_any_chip(path: &Path) -> Result<RankTable, InitError> {
+    // The file is read once, for its chip and its table.
     let value = atlasboost_core::ranktable::read_json(path)?;
     let chip = atlasboost_core::ranktable::default_chip(&value);
-    Ok(read_table(path, chip)?)
+    Ok(RankTable::from_value(
+        value,
+        &path.display().to_string(),
+        chip,
+    )?)
 }
 
 /// What one process tells the others in the first round.
@@ -595,8 +600,8 @@ fn agree(
 ) -> Result<Job, InitError> {
     let (claim, device) = make_claim(rank, local_rank, shared);
     let gathered = rdv.all_gather(&encode("this process's claim", &claim)?)?;
-    let mut claims = parse_claims(&gathered)?;
-    claims.sort_by_key(|c| c.rank);
+    // By index, which is the rank: the MPI rank, or 0 alone.
+    let claims = parse_claims(&gathered)?;
     let (table, written) = settle(&claims, rank, shared)?;
     let statuses = rdv.all_gather(&encode("the write status", &written)?)?;
     let statuses = parse_statuses(&statuses).map_err(rendezvous_error)?;
@@ -1075,13 +1080,13 @@ fn table_path() -> Result<PathBuf, InitError> {
 fn timeout() -> Result<Duration, InitError> {
     match env(EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT) {
         None => Ok(DEFAULT_TIMEOUT),
-        Some(v) => match v.parse::<f64>() {
-            Ok(s) if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
-            _ => Err(InitError::Config(format!(
-                "{}={v} is not a number of seconds above 0",
+        // The rule of `--rendezvous-timeout`; 1e300 would overflow a Duration.
+        Some(v) => crate::cli::parse_seconds(&v).map_err(|why| {
+            InitError::Config(format!(
+                "{}={v}: {why}",
                 EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT
-            ))),
-        },
+            ))
+        }),
     }
 }
 
@@ -1256,8 +1261,8 @@ mod tests {
                     let (server, physical) = (format!("10.0.{}.1", 2 - rank / 4), rank as u32 % 4);
                     assert_eq!(a.seat, Seat::find(&table, &server, physical).unwrap());
                     // Servers sort by id, so the launcher's last host is the table's first.
-                    assert_eq!(a.seat.rank, (2 - rank as u32 / 4) * 4 + physical);
-                    assert_eq!((a.seat.size, a.seat.node_count), (12, 3));
+                    assert_eq!(a.seat.world.rank, (2 - rank as u32 / 4) * 4 + physical);
+                    assert_eq!((a.seat.world.size, a.seat.world.node_count), (12, 3));
                     assert_eq!(a.master, Some(("10.0.2.1".into(), 29500)));
                 }
             }

@@ -64,20 +64,10 @@ pub struct Seat {
     pub server_id: String,
     /// The physical id of the worker's device.
     pub physical_id: u32,
-    /// Its rank.
-    pub rank: u32,
     /// What `RANK_ID` must hold: the rank, or the `pod_name` in the legacy format.
     pub rank_id_env: String,
-    /// Its position among its host's ranks.
-    pub local_rank: u32,
-    /// How many ranks its host has.
-    pub local_size: u32,
-    /// Its host's position in rank order.
-    pub node_rank: u32,
-    /// How many ranks the job has.
-    pub size: u32,
-    /// How many hosts the job has.
-    pub node_count: u32,
+    /// Its place in the job as the table gives it.
+    pub world: World,
 }
 
 impl Seat {
@@ -117,13 +107,15 @@ impl Seat {
         Seat {
             server_id: entry.server_id.clone(),
             physical_id: entry.physical_id,
-            rank: entry.rank,
             rank_id_env: entry.rank_id_env.clone(),
-            local_rank: entry.local_rank,
-            local_size: entry.local_size,
-            node_rank: entry.node_rank,
-            size: size as u32,
-            node_count: node_count as u32,
+            world: World {
+                rank: entry.rank,
+                size: size as u32,
+                local_rank: entry.local_rank,
+                local_size: entry.local_size,
+                node_rank: entry.node_rank,
+                node_count: node_count as u32,
+            },
         }
     }
 }
@@ -173,14 +165,7 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     }
     check_job_id(spec.job_id)?;
     let seat = spec.seat;
-    let world = World {
-        rank: seat.rank,
-        size: seat.size,
-        local_rank: seat.local_rank,
-        local_size: seat.local_size,
-        node_rank: seat.node_rank,
-        node_count: seat.node_count,
-    };
+    let world = seat.world;
     let path = spec.table_path.display().to_string();
     let logical = spec.logical_id.to_string();
     let mut set = vec![

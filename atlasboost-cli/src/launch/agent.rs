@@ -319,13 +319,15 @@ pub fn host_workers(
     let framework: Framework = settings.framework.parse()?;
     let table = &prepared.table;
     let mut workers = Vec::new();
-    for entry in table.ranks()?.iter().filter(|e| e.server_id == server_id) {
+    for seat in Seat::all(table)?
+        .into_iter()
+        .filter(|s| s.server_id == server_id)
+    {
         let logical_id = prepared
             .devices
             .iter()
-            .find(|d| d.physical_id == entry.physical_id)
-            .map_or(entry.physical_id, |d| d.logical_id);
-        let seat = Seat::find(table, server_id, entry.physical_id)?;
+            .find(|d| d.physical_id == seat.physical_id)
+            .map_or(seat.physical_id, |d| d.logical_id);
         let env = worker_env(&WorkerSpec {
             seat: &seat,
             table_path: &settings.rank_table,

@@ -316,6 +316,12 @@ FAILURES = [
         id="malformed-setting",
     ),
     pytest.param(
+        {"ATLASBOOST_SIM": "2", "ATLASBOOST_RENDEZVOUS_TIMEOUT": "1e300"},
+        "ConfigError",
+        "ATLASBOOST_RENDEZVOUS_TIMEOUT=1e300: 1e300 seconds is out of range",
+        id="setting-out-of-range",
+    ),
+    pytest.param(
         {"ATLASBOOST_PROBE": "hccn", "ATLASBOOST_HCCN_CONF": "/nonexistent/hccn.conf"},
         "DeviceError",
         "/nonexistent/hccn.conf",
