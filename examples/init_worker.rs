@@ -39,16 +39,8 @@ fn main() -> ExitCode {
     }
     let job = match init(&InitOptions::default()) {
         Ok(j) => j,
-        Err(e) => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                text.push_str(": ");
-                text.push_str(&s.to_string());
-                source = s.source();
-            }
-            return fail(&text);
-        }
+        // An InitError's text already holds its causes.
+        Err(e) => return fail(&e.to_string()),
     };
     // SAFETY: this program starts no thread of its own, and init() has stopped its own.
     unsafe { job.export_env() };

@@ -1116,6 +1116,23 @@ fn keygen(path: &Path) {
     );
 }
 
+/// A port `P` free on loopback right now with `P + 1` free too: a job's `MASTER_PORT`, whose
+/// `+ 1` library mode's rendezvous takes.
+pub fn free_port_pair() -> u16 {
+    for _ in 0..100 {
+        let Ok(first) = std::net::TcpListener::bind("127.0.0.1:0") else {
+            continue;
+        };
+        let Ok(port) = first.local_addr().map(|a| a.port()) else {
+            continue;
+        };
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no two free ports in a row on 127.0.0.1");
+}
+
 /// A port free on every address of [`SSHD_ADDRESSES`] right now (the kernel's pick, which is
 /// in the ephemeral range, away from the ports other tests of this machine reserve).
 fn free_port() -> u16 {

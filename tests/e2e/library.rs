@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use atlasboost_e2e::{Finished, Launch, Run, init_worker_bin};
+use atlasboost_e2e::{Finished, Launch, Run, free_port_pair, init_worker_bin};
 use serde_json::Value;
 
 /// One `init-worker` line, as `key=value` pairs.
@@ -114,14 +114,6 @@ fn start_workers(
     (launches, table.unwrap_or_default())
 }
 
-/// A free port for `MASTER_PORT` (its + 1 is the rendezvous's).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
-}
-
 fn torchrun_vars(rank: u32, size: u32, per_host: u32, port: u16) -> Vec<(String, String)> {
     [
         ("RANK", rank.to_string()),
@@ -143,6 +135,11 @@ fn torchrun_vars(rank: u32, size: u32, per_host: u32, port: u16) -> Vec<(String,
     .collect()
 }
 
+/// Every report line of `out`.
+pub(crate) fn reports(out: &str) -> Vec<Report> {
+    out.lines().filter_map(parse_report).collect()
+}
+
 fn reports_of(finished: &[Finished]) -> Vec<Report> {
     finished
         .iter()
@@ -158,7 +155,7 @@ fn reports_of(finished: &[Finished]) -> Vec<Report> {
 
 #[test]
 fn init_with_torchrun_variables_meets_over_zeromq() {
-    let port = free_port();
+    let port = free_port_pair();
     let (launches, _) = start_workers(4, &[], Duration::from_secs(60), |r| {
         torchrun_vars(r, 4, 2, port)
     });
@@ -172,7 +169,7 @@ fn init_with_torchrun_variables_meets_over_zeromq() {
 
 #[test]
 fn init_with_srun_variables_takes_the_master_from_the_node_list() {
-    let port = free_port();
+    let port = free_port_pair();
     let (launches, _) = start_workers(2, &[], Duration::from_secs(60), |r| {
         [
             ("SLURM_PROCID", r.to_string()),
@@ -198,7 +195,7 @@ fn init_under_atlasboost_run_reads_the_launch() {
         .args([init_worker_bin()])
         .run();
     r.assert_code(0);
-    let reports: Vec<Report> = r.out().lines().filter_map(parse_report).collect();
+    let reports = reports(&r.out());
     check_job(&reports, 4, "Launch");
 }
 
@@ -213,13 +210,13 @@ fn atlasboost_run_mpi_with_a_worker_without_mpi_meets_over_zeromq() {
         .timeout(Duration::from_secs(60))
         .run();
     r.assert_code(0);
-    let reports: Vec<Report> = r.out().lines().filter_map(parse_report).collect();
+    let reports = reports(&r.out());
     check_job(&reports, 4, "Zmq");
 }
 
 #[test]
 fn every_process_of_a_host_must_name_the_same_table() {
-    let port = free_port();
+    let port = free_port_pair();
     let (launches, _) = start_workers(2, &[], Duration::from_secs(60), |r| {
         let mut v = torchrun_vars(r, 2, 2, port);
         // Rank 1 is told another file.
@@ -248,7 +245,7 @@ fn every_process_of_a_host_must_name_the_same_table() {
 
 #[test]
 fn a_rank_that_exits_before_init_fails_the_others_in_time() {
-    let port = free_port();
+    let port = free_port_pair();
     let (launches, _) = start_workers(
         3,
         &["--exit-before-init", "2"],
@@ -277,7 +274,7 @@ fn a_rank_that_exits_before_init_fails_the_others_in_time() {
 
 #[test]
 fn two_processes_on_one_device_are_both_named() {
-    let port = free_port();
+    let port = free_port_pair();
     // LOCAL_RANK 0 for both: the mistake a wrong variable makes.
     let (launches, _) = start_workers(2, &[], Duration::from_secs(60), |r| {
         let mut v = torchrun_vars(r, 2, 2, port);

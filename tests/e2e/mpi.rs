@@ -7,14 +7,10 @@ use std::time::Duration;
 
 use atlasboost_e2e::{Run, init_worker_bin};
 
-use crate::library::{Report, check_job, parse_report};
+use crate::library::{check_job, reports};
 
 /// `mpirun`'s own options for this machine: root, and more ranks than its 2 cores.
 const MPIRUN_ROOT: [&str; 2] = ["--allow-run-as-root", "--oversubscribe"];
-
-fn reports(out: &str) -> Vec<Report> {
-    out.lines().filter_map(parse_report).collect()
-}
 
 #[test]
 fn mpirun_np_4_agrees_on_one_table() {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use atlasboost_e2e::{HERMETIC, atlasboost_bin};
+use atlasboost_e2e::{HERMETIC, atlasboost_bin, free_port_pair};
 
 /// How long any one process (compiler, launcher, program) may take.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -268,10 +268,7 @@ fn a_failed_init_returns_the_code_of_its_kind() {
     let dir = scratch();
     let program = compile_test_program(dir.path());
     // A free port on loopback that nobody answers on: the rendezvous times out.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port().to_string())
-        .unwrap_or_else(|e| panic!("no free port: {e}"));
+    let port = free_port_pair().to_string();
     let cases: [(&str, &[(&str, &str)]); 3] = [
         (
             "ATLASBOOST_ERR_CONFIG",
