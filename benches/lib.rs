@@ -54,25 +54,23 @@ pub fn host_payloads(hosts: u32) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The benchmarks' job id and secret, shared by the coordinator and its participants.
+/// The benchmarks' job id, shared by the coordinator and its participants.
 const JOB: &str = "bench";
-const SECRET: [u8; 32] = [7; 32];
+/// How long a benchmarked rendezvous may take: only a bound for bugs.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The benchmarks' job secret.
+fn secret() -> atlasboost_tcp::Secret {
+    atlasboost_tcp::Secret::from_bytes([7; 32])
+}
 
 /// A coordinator on loopback (any free port) for `world` hosts, answering as `answer` says.
 fn start_coordinator(world: usize, answer: Answer) -> Result<atlasboost_tcp::Coordinator, String> {
-    use std::time::Duration;
-
     use atlasboost_core::exchange::HostReport;
     use atlasboost_core::ranktable::{BuildOptions, RankTable, build_table};
-    use atlasboost_tcp::{Coordinator, CoordinatorConfig, Replies, Secret};
+    use atlasboost_tcp::{Coordinator, CoordinatorConfig, Replies};
 
-    let config = CoordinatorConfig::new(
-        "tcp://127.0.0.1:0",
-        world,
-        JOB,
-        Secret::from_bytes(SECRET),
-        Duration::from_secs(120),
-    );
+    let config = CoordinatorConfig::new("tcp://127.0.0.1:0", world, JOB, secret(), TIMEOUT);
     match answer {
         Answer::Everything => Coordinator::start(config),
         Answer::OwnEntry => Coordinator::start_with(
@@ -124,13 +122,10 @@ fn start_coordinator(world: usize, answer: Answer) -> Result<atlasboost_tcp::Coo
 ///
 /// Any failure of the rendezvous, as text.
 pub fn run_rendezvous(payloads: &[Vec<u8>], answer: Answer) -> Result<usize, String> {
-    use std::time::Duration;
-
-    use atlasboost_tcp::{ParticipantConfig, Secret, ZmqRendezvous};
+    use atlasboost_tcp::{ParticipantConfig, ZmqRendezvous};
 
     let world = payloads.len();
-    let secret = Secret::from_bytes(SECRET);
-    let timeout = Duration::from_secs(120);
+    let (secret, timeout) = (secret(), TIMEOUT);
     let coordinator = start_coordinator(world, answer)?;
     let endpoint = coordinator.endpoint().to_string();
     // A ZeroMQ context holds at most 1,023 sockets.
@@ -181,10 +176,10 @@ pub fn run_rendezvous_wire(payloads: &[Vec<u8>], answer: Answer) -> Result<Timin
     use std::time::{Duration, Instant};
 
     use atlasboost_tcp::wire::{self, Frame, Kind};
-    use atlasboost_tcp::{BROADCAST, DEFAULT_MAX_MESSAGE, Secret};
+    use atlasboost_tcp::{BROADCAST, DEFAULT_MAX_MESSAGE};
 
     let world = payloads.len();
-    let secret = Secret::from_bytes(SECRET);
+    let secret = secret();
     // Each host's join is encoded and signed before the clock starts (a few microseconds
     // each, which on a cluster every host spends in parallel).
     let contributions: Vec<Vec<u8>> = payloads
