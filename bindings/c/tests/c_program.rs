@@ -183,17 +183,17 @@ fn scratch() -> tempfile::TempDir {
         .unwrap_or_else(|e| panic!("cannot make a temporary directory: {e}"))
 }
 
-/// Compiles `tests/c/test_init.c` (strict C99, warnings are errors) into `dir`, linked to the
-/// library found by [`library_dir`], which the program finds again through its rpath.
-fn compile_test_program(dir: &Path) -> PathBuf {
-    let cc = compiler("CC", "cc");
-    require(&cc, "a C compiler", "CC");
+/// Compiles `source` with `compiler` at language standard `std` (warnings are errors) into
+/// `dir/name`, linked to the library found by [`library_dir`], which the program finds again
+/// through its rpath.
+fn compile(compiler: &str, std: &str, source: &Path, dir: &Path, name: &str) -> PathBuf {
     let lib = library_dir();
-    let out = dir.join("test_init");
-    let mut cmd = Command::new(&cc);
-    cmd.args(["-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I"])
+    let out = dir.join(name);
+    let mut cmd = Command::new(compiler);
+    cmd.arg(format!("-std={std}"))
+        .args(["-Wall", "-Wextra", "-pedantic", "-Werror", "-I"])
         .arg(crate_dir().join("include"))
-        .arg(crate_dir().join("tests").join("c").join("test_init.c"))
+        .arg(source)
         .arg("-L")
         .arg(&lib)
         .arg("-latlasboost")
@@ -204,13 +204,28 @@ fn compile_test_program(dir: &Path) -> PathBuf {
     out
 }
 
+/// `tests/c/test_init.c` compiled as strict C99, once for all the tests of this file (in
+/// cargo's temporary directory for tests).
+fn compile_test_program() -> &'static Path {
+    static PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let cc = compiler("CC", "cc");
+        require(&cc, "a C compiler", "CC");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c-program");
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot make {}: {e}", dir.display()));
+        let source = crate_dir().join("tests").join("c").join("test_init.c");
+        compile(&cc, "c99", &source, &dir, "test_init")
+    })
+}
+
 #[test]
 fn every_rank_of_a_launched_job_sees_its_own_place() {
     let dir = scratch();
-    let program = compile_test_program(dir.path());
+    let program = compile_test_program();
     let mut cmd = Command::new(atlasboost_bin());
     cmd.args(["run", "--sim", "4", "-H", "127.0.0.1:2,127.0.0.2:2", "--"])
-        .arg(&program)
+        .arg(program)
         .arg("launched");
     let finished = run(cmd, dir.path());
     finished.assert_success();
@@ -230,8 +245,8 @@ fn every_rank_of_a_launched_job_sees_its_own_place() {
 #[test]
 fn before_init_every_call_says_to_call_init_first() {
     let dir = scratch();
-    let program = compile_test_program(dir.path());
-    let mut cmd = Command::new(&program);
+    let program = compile_test_program();
+    let mut cmd = Command::new(program);
     cmd.arg("before-init");
     run(cmd, dir.path())
         .assert_success()
@@ -251,8 +266,8 @@ fn before_init_every_call_says_to_call_init_first() {
 #[test]
 fn alone_with_simulated_devices_init_makes_a_world_of_one() {
     let dir = scratch();
-    let program = compile_test_program(dir.path());
-    let mut cmd = Command::new(&program);
+    let program = compile_test_program();
+    let mut cmd = Command::new(program);
     cmd.arg("alone")
         .env("ATLASBOOST_PROBE", "sim")
         .env("ATLASBOOST_SIM", "2");
@@ -266,7 +281,7 @@ fn alone_with_simulated_devices_init_makes_a_world_of_one() {
 #[test]
 fn a_failed_init_returns_the_code_of_its_kind() {
     let dir = scratch();
-    let program = compile_test_program(dir.path());
+    let program = compile_test_program();
     // A free port on loopback that nobody answers on: the rendezvous times out.
     let port = free_port_pair().to_string();
     let cases: [(&str, &[(&str, &str)]); 3] = [
@@ -293,7 +308,7 @@ fn a_failed_init_returns_the_code_of_its_kind() {
         ),
     ];
     for (code, env) in cases {
-        let mut cmd = Command::new(&program);
+        let mut cmd = Command::new(program);
         cmd.args(["init-fails", code]);
         for (k, v) in env {
             cmd.env(k, v);
@@ -310,8 +325,8 @@ fn the_program_fails_on_a_mismatch() {
     // Not under a launcher, "launched" finds no RANK_ID: the program must say so and exit 1,
     // or the tests above could pass without checking anything.
     let dir = scratch();
-    let program = compile_test_program(dir.path());
-    let mut cmd = Command::new(&program);
+    let program = compile_test_program();
+    let mut cmd = Command::new(program);
     cmd.arg("launched");
     let finished = run(cmd, dir.path());
     assert_eq!(finished.status.code(), Some(1), "{}", finished.show());
@@ -335,27 +350,8 @@ fn the_header_compiles_and_links_as_cpp() {
          }\n",
     )
     .unwrap_or_else(|e| panic!("cannot write {}: {e}", source.display()));
-    let lib = library_dir();
-    let out = dir.path().join("uses_header");
-    let mut cmd = Command::new(&cxx);
-    cmd.args([
-        "-std=c++11",
-        "-Wall",
-        "-Wextra",
-        "-pedantic",
-        "-Werror",
-        "-I",
-    ])
-    .arg(crate_dir().join("include"))
-    .arg(&source)
-    .arg("-L")
-    .arg(&lib)
-    .arg("-latlasboost")
-    .arg(format!("-Wl,-rpath,{}", lib.display()))
-    .arg("-o")
-    .arg(&out);
     // Linking proves the declarations are extern "C" in C++ (no mangled names).
-    run(cmd, dir.path()).assert_success();
+    let out = compile(&cxx, "c++11", &source, dir.path(), "uses_header");
     run(Command::new(&out), dir.path())
         .assert_success()
         .assert_stdout_has(
