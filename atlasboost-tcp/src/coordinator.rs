@@ -18,6 +18,8 @@ const IDLE: Duration = Duration::from_secs(1);
 /// The longest closing the socket may take to deliver answers still queued (no longer than
 /// the round timeout either).
 const LINGER_MS: i32 = 30_000;
+/// How long stopping waits for failure notices to go out, when closing is not waited for.
+const NOTICE_GRACE: Duration = Duration::from_secs(2);
 /// How many frames the coordinator handles before it looks at its clock and stop flag again.
 const BATCH: usize = 256;
 /// How many refused frames the coordinator remembers (it counts all of them).
@@ -118,6 +120,9 @@ pub struct Coordinator {
     /// Written to when the coordinator should stop, so its thread does not sleep on.
     waker: UnixStream,
     thread: Option<JoinHandle<()>>,
+    /// Told by the thread once its loop has ended (whether answers may still be queued), then
+    /// once its socket is closed.
+    done: std::sync::mpsc::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -192,6 +197,7 @@ impl Coordinator {
                 "cannot create the coordinator's wake-up socket: {e}"
             ))
         })?;
+        let (done_tx, done) = std::sync::mpsc::channel();
         let thread = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
@@ -204,7 +210,11 @@ impl Coordinator {
                     let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
                     let mut state = State::new(config, combiner, socket, wakeup, shared);
                     state.run();
+                    let _ = done_tx.send(state.failed.is_none() && state.round > 1);
+                    // Closing lingers to deliver what is queued (see `Coordinator::stop`).
+                    drop(state);
                     drop(ctx);
+                    let _ = done_tx.send(true);
                 })
                 .map_err(|e| {
                     TcpError::Config(format!("cannot start the coordinator thread: {e}"))
@@ -215,6 +225,7 @@ impl Coordinator {
             shared,
             waker,
             thread: Some(thread),
+            done,
         })
     }
 
@@ -262,9 +273,18 @@ impl Coordinator {
             // cannot be written, the thread still sees the flag within IDLE.
             use nix::sys::socket::{MsgFlags, send};
             let _ = send(self.waker.as_raw_fd(), &[1], MsgFlags::MSG_NOSIGNAL);
-            // A panic in the coordinator thread has already been reported by the runtime;
-            // there is nothing more to recover here.
-            let _ = t.join();
+            // Answers still queued must reach their participants: wait while the socket
+            // lingers. After a failure, or before any answer, wait only NOTICE_GRACE for the
+            // failure notices and leave the rest of the closing to the thread: libzmq can hold
+            // it for the whole linger time over a participant that has gone (Ctrl-C in one
+            // process of a library-mode job waited 30 s here).
+            if self.done.recv() == Ok(false) {
+                let _ = self.done.recv_timeout(NOTICE_GRACE);
+            } else {
+                // A panic in the coordinator thread has already been reported by the runtime;
+                // there is nothing more to recover here.
+                let _ = t.join();
+            }
         }
     }
 }
