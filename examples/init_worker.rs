@@ -11,7 +11,7 @@
 //!
 //! It prints one line: `rank=<table rank> launcher_rank=<n> size=<n> local_rank=<n>
 //! device=<logical id> physical=<id> server=<server_id> table=<path> via=<how>
-//! rank_id=<RANK_ID after export>`.
+//! rank_id=<RANK_ID after export> mpi=<yes|no>` (`mpi`: whether it was built with MPI support).
 //!
 //! `--exit-before-init RANK` makes the process of that launcher rank exit with status 3 before
 //! calling `init()` (to test that the others do not hang).
@@ -45,7 +45,7 @@ fn main() -> ExitCode {
     // SAFETY: this program starts no thread of its own, and init() has stopped its own.
     unsafe { job.export_env() };
     println!(
-        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={}",
+        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={} mpi={}",
         job.world.rank,
         job.launcher_rank,
         job.world.size,
@@ -56,6 +56,11 @@ fn main() -> ExitCode {
         job.table_path.display(),
         job.agreement,
         std::env::var("RANK_ID").unwrap_or_default(),
+        if atlasboost_cli::build_info::MPI {
+            "yes"
+        } else {
+            "no"
+        },
     );
     ExitCode::SUCCESS
 }

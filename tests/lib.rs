@@ -6,7 +6,7 @@
 #![deny(missing_docs)]
 
 use std::ffi::{OsStr, OsString};
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -813,6 +813,42 @@ pub fn descendants(pid: i32) -> Vec<ProcStat> {
                 found.push(p.clone());
             }
         }
+    }
+    found
+}
+
+/// Set to `1`, a missing `mpirun` fails the tests that run it instead of skipping them: for CI,
+/// which installs Open MPI and must not silently test less.
+pub const REQUIRE_MPIRUN: &str = "ATLASBOOST_E2E_REQUIRE_MPIRUN";
+
+/// `mpirun`'s options for this machine: root, and more ranks than its cores.
+pub const MPIRUN_OPTIONS: [&str; 2] = ["--allow-run-as-root", "--oversubscribe"];
+
+/// `mpirun` from `PATH`; `None` when it is not installed, after saying so on the real stderr,
+/// naming the test (which then returns, having tested nothing).
+///
+/// # Panics
+///
+/// When `mpirun` is missing and [`REQUIRE_MPIRUN`] is `1`.
+pub fn mpirun_or_skip() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("mpirun"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("an mpirun test")
+            .to_string();
+        assert!(
+            std::env::var_os(REQUIRE_MPIRUN).is_none_or(|v| v != "1"),
+            "{test}: mpirun is not on PATH, and {REQUIRE_MPIRUN}=1"
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "{test}: skipped: mpirun is not on PATH (Debian: openmpi-bin)"
+        );
     }
     found
 }

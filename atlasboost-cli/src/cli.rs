@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Launch distributed training on Huawei Ascend NPU servers, and make the HCCL rank tables it needs.
 #[derive(Debug, Parser)]
-#[command(name = "atlasboost", version, propagate_version = true)]
+#[command(name = "atlasboost", version = crate::build_info::VERSION, propagate_version = true)]
 pub struct Cli {
     /// Print only results and errors.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
@@ -44,10 +44,18 @@ pub enum Command {
     /// configuration on standard input.
     #[command(hide = true)]
     Agent,
-    /// Internal: the lifeline process of a launch, which stops the job's process groups when
-    /// the launcher dies.
+    /// Internal: one rank of `atlasboost run --mpi`, started by mpirun: runs the worker and
+    /// sends its output and exit to the launcher.
     #[command(hide = true)]
-    Guard,
+    Relay(RelayArgs),
+}
+
+/// `atlasboost relay -- COMMAND`.
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// The worker's command, and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
 }
 
 /// Where devices come from (`--probe`).

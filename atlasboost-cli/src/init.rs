@@ -7,6 +7,10 @@
 //! - under any other launcher (torchrun, `srun`, `mpirun` without the `mpi` feature): a ZeroMQ
 //!   rendezvous whose coordinator runs in the process of launcher rank 0, at `MASTER_ADDR` and
 //!   port `ATLASBOOST_RENDEZVOUS_PORT` (default: `MASTER_PORT` + 1, else 29401);
+//! - under `mpirun` without the `mpi` feature and without `MASTER_ADDR`, with every rank on
+//!   this host: the same ZeroMQ rendezvous over a Unix socket in a directory only this user
+//!   can enter, named after the MPI job ([`local_endpoint`]), so plain `mpirun -np 4` needs
+//!   nothing set;
 //! - started by hand: a world of one, with a note on stderr.
 //!
 //! In a rendezvous every process probes its host and takes the device of its local rank and
@@ -455,45 +459,68 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
         job.agreement = Agreement::Alone;
         return Ok(job);
     }
-    let Some(master) = c.master_addr.clone() else {
-        let hint = if c.launcher.is_mpi() {
-            " (this build has no MPI support: build with the `mpi` feature to rendezvous over MPI)"
-        } else {
-            ""
-        };
-        return Err(InitError::LaunchContext(format!(
-            "started by {} as rank {} of {}, but {} is not set: the processes meet at launcher \
-             rank 0's host, so set {} to its address{hint}",
-            c.launcher,
-            c.rank,
-            c.size,
-            EnvVars::MASTER_ADDR,
-            EnvVars::MASTER_ADDR
-        )));
+    // Where rank 0's coordinator listens, and where everyone connects.
+    let local = match c.master_addr {
+        Some(_) => None,
+        None => local_endpoint(c)?,
     };
-    let port = rendezvous_port(c)?;
-    let endpoint = format!("tcp://{}", master_endpoint(&master, port)?);
+    let (bind, endpoint) = match (&c.master_addr, local) {
+        (Some(master), _) => {
+            let port = rendezvous_port(c)?;
+            (
+                format!("tcp://0.0.0.0:{port}"),
+                format!("tcp://{}", master_endpoint(master, port)?),
+            )
+        }
+        (None, Some(local)) => (local.clone(), local),
+        (None, None) => {
+            let hint = if c.launcher.is_mpi() {
+                format!(
+                    " (mpirun does not say which host runs rank 0: `mpirun -x {}=<that host>`; \
+                     or use a build with MPI support, which meets over MPI: atlasboost.build_info() \
+                     tells, and `pip install` builds it where it finds mpicc)",
+                    EnvVars::MASTER_ADDR
+                )
+            } else {
+                String::new()
+            };
+            return Err(InitError::LaunchContext(format!(
+                "started by {} as rank {} of {}, but {} is not set: the processes meet at \
+                 launcher rank 0's host, so set {} to its address{hint}",
+                c.launcher,
+                c.rank,
+                c.size,
+                EnvVars::MASTER_ADDR,
+                EnvVars::MASTER_ADDR
+            )));
+        }
+    };
     let secret = job_secret(&shared.job_id)?;
     let coordinator = if c.rank == 0 {
         let config = CoordinatorConfig {
             names: Vec::new(),
             ..CoordinatorConfig::new(
-                format!("tcp://0.0.0.0:{port}"),
+                bind.clone(),
                 c.size as usize,
                 &shared.job_id,
                 secret.clone(),
                 shared.timeout,
             )
         };
-        Some(Coordinator::start_with(config, library_combiner()).map_err(|e| InitError::Rendezvous {
-            timed_out: false,
-            message: format!(
-                "rank 0 cannot be the rendezvous coordinator on port {port} (set {} to another \
-                 port): {}",
-                EnvVars::ATLASBOOST_RENDEZVOUS_PORT,
-                error_chain(&e)
-            ),
-        })?)
+        Some(
+            Coordinator::start_with(config, library_combiner()).map_err(|e| {
+                InitError::Rendezvous {
+                    timed_out: false,
+                    message: format!(
+                        "rank 0 cannot be the rendezvous coordinator at {bind} (with {}, set {} to \
+                 another port): {}",
+                        EnvVars::MASTER_ADDR,
+                        EnvVars::ATLASBOOST_RENDEZVOUS_PORT,
+                        error_chain(&e)
+                    ),
+                }
+            })?,
+        )
     } else {
         None
     };
@@ -514,6 +541,11 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
     if let Some(coordinator) = coordinator {
         // Delivers the last answers before it stops.
         coordinator.finish();
+        // libzmq may leave a Unix socket's file behind when the process goes on (or exits)
+        // before its I/O thread closes it; every process has connected or given up by now.
+        if let Some(path) = bind.strip_prefix("ipc://") {
+            let _ = std::fs::remove_file(path);
+        }
     }
     let mut job = result?;
     job.launcher = Some(c.launcher);
@@ -1162,6 +1194,120 @@ fn job_secret(job_id: &str) -> Result<Secret, InitError> {
     Ok(Secret::derive(&format!("atlasboost job {job_id}")))
 }
 
+/// Where the processes of an MPI job whose ranks all run on this host meet without MPI: an
+/// `ipc://` endpoint (a Unix socket) named after the job, in a directory only this user can
+/// enter (so the secret derived from the job id is enough). `None` when the job is not all
+/// here, is not MPI's, or its launcher leaves no name for it.
+///
+/// The name must be the same in every rank and differ between jobs that run at once: Open
+/// MPI's variables name the job and its daemon's address (the port keeps two jobs apart even
+/// when their job ids collide); MPICH's Hydra sets none, so its proxy, the parent all local
+/// ranks share, names the job by its process id and start time.
+///
+/// # Errors
+///
+/// [`InitError::Config`] when the directory cannot be made private.
+fn local_endpoint(c: &LaunchContext) -> Result<Option<String>, InitError> {
+    if !c.launcher.is_mpi() || c.local_size != Some(c.size) {
+        return Ok(None);
+    }
+    let Some(job) = mpi_job_name(c.launcher, &env) else {
+        return Ok(None);
+    };
+    let dir = private_dir()?;
+    let name = atlasboost_tcp::Secret::derive(&job).to_hex();
+    Ok(Some(format!(
+        "ipc://{}/{}.sock",
+        dir.display(),
+        &name[..24]
+    )))
+}
+
+/// What names this MPI job on this host (see [`local_endpoint`]), from the variables `get`
+/// reads.
+fn mpi_job_name(launcher: Launcher, get: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    match launcher {
+        Launcher::OpenMpi => {
+            // Open MPI 4 (ORTE): the job id and mpirun's address; Open MPI 5 (PRRTE): the
+            // namespace (`prterun-<host>-<pid>@1`) and the local PMIx server's address.
+            let parts: Vec<String> = [
+                "OMPI_MCA_orte_hnp_uri",
+                "OMPI_MCA_ess_base_jobid",
+                "PMIX_NAMESPACE",
+                "PMIX_SERVER_URI41",
+                "PMIX_SERVER_URI4",
+                "PMIX_SERVER_URI3",
+                "PMIX_SERVER_URI21",
+                "PMIX_SERVER_URI2",
+            ]
+            .iter()
+            .filter_map(|name| get(name).map(|v| format!("{name}={v}")))
+            .collect();
+            let named = get("OMPI_MCA_orte_hnp_uri").is_some() || get("PMIX_NAMESPACE").is_some();
+            named.then(|| parts.join(";"))
+        }
+        Launcher::Mpich => hydra_proxy().map(|(pid, start)| format!("hydra {pid} {start}")),
+        _ => None,
+    }
+}
+
+/// The nearest ancestor that is MPICH's (or Intel MPI's) per-host proxy: its pid and start
+/// time (which tells it apart from a later process with the same pid).
+fn hydra_proxy() -> Option<(u32, u64)> {
+    let mut pid = std::os::unix::process::parent_id();
+    // Bounded: a worker started through a few shells is still found, a loop never runs.
+    for _ in 0..16 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+        let comm = &stat[open + 1..close];
+        // After the name: state, ppid, ... and the start time is field 22 (index 19 here).
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        if comm == "hydra_pmi_proxy" || comm == "pmi_proxy" {
+            return Some((pid, fields.get(19)?.parse().ok()?));
+        }
+        pid = fields.get(1)?.parse().ok()?;
+        if pid <= 1 {
+            return None;
+        }
+    }
+    None
+}
+
+/// A directory only this user can enter, for the job's socket: `$XDG_RUNTIME_DIR/atlasboost`,
+/// else `/tmp/atlasboost-<uid>`. One that exists must be this user's, a directory (not a
+/// link), and closed to others.
+fn private_dir() -> Result<PathBuf, InitError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = match env("XDG_RUNTIME_DIR") {
+        Some(runtime) => PathBuf::from(runtime).join("atlasboost"),
+        None => std::env::temp_dir().join(format!("atlasboost-{uid}")),
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(InitError::Config(format!(
+                "cannot create {} for the rendezvous socket: {e}",
+                dir.display()
+            )));
+        }
+    }
+    let meta = std::fs::symlink_metadata(&dir)
+        .map_err(|e| InitError::Config(format!("cannot read {}: {e}", dir.display())))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(InitError::Config(format!(
+            "{} is not a directory that only this user (uid {uid}) can enter (mode {:o}, \
+             owner {}): remove it, or set XDG_RUNTIME_DIR",
+            dir.display(),
+            meta.mode() & 0o7777,
+            meta.uid()
+        )));
+    }
+    Ok(dir)
+}
+
 /// `address:port` of the master, with IPv6 addresses in brackets and a name resolved now:
 /// ZeroMQ would retry an unresolvable name until the timeout without saying why.
 fn master_endpoint(host: &str, port: u16) -> Result<String, InitError> {
@@ -1193,6 +1339,67 @@ mod tests {
     use atlasboost_core::Health;
 
     use super::*;
+
+    fn context(launcher: Launcher, size: u32, local_size: Option<u32>) -> LaunchContext {
+        LaunchContext {
+            launcher,
+            rank: 0,
+            size,
+            local_rank: 0,
+            local_size,
+            node_rank: None,
+            master_addr: None,
+            master_port: None,
+        }
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn an_open_mpi_job_is_named_by_its_job_and_its_daemons_address() {
+        let job = [
+            ("OMPI_MCA_ess_base_jobid", "1737687041"),
+            (
+                "OMPI_MCA_orte_hnp_uri",
+                "1737687040.0;tcp://192.0.2.2:45107;tcp6://[fd00::2]:36249",
+            ),
+            ("PMIX_NAMESPACE", "1737687041"),
+            ("PMIX_SERVER_URI2", "1737687040.0;tcp4://127.0.0.1:33951"),
+        ];
+        let name = mpi_job_name(Launcher::OpenMpi, &vars(&job));
+        assert!(name.is_some());
+        // Every rank of the job reads the same variables: the same name.
+        assert_eq!(name, mpi_job_name(Launcher::OpenMpi, &vars(&job)));
+        // Another mpirun at the same time, whose job id collides: its daemon's port differs.
+        let mut other = job;
+        other[1].1 = "1737687040.0;tcp://192.0.2.2:45999";
+        other[3].1 = "1737687040.0;tcp4://127.0.0.1:34001";
+        assert_ne!(name, mpi_job_name(Launcher::OpenMpi, &vars(&other)));
+        // Open MPI 5 (PRRTE): the namespace alone names it.
+        let prrte = [("PMIX_NAMESPACE", "prterun-node1-4242@1")];
+        assert!(mpi_job_name(Launcher::OpenMpi, &vars(&prrte)).is_some());
+        // OMPI_COMM_WORLD_* set by hand, no job: nothing to name it by.
+        assert_eq!(mpi_job_name(Launcher::OpenMpi, &vars(&[])), None);
+        assert_eq!(mpi_job_name(Launcher::Torchrun, &vars(&job)), None);
+    }
+
+    #[test]
+    fn only_an_mpi_job_wholly_on_this_host_meets_on_a_local_socket() {
+        // Across hosts (or with no local size known) there is no local socket to meet at.
+        for c in [
+            context(Launcher::OpenMpi, 8, Some(4)),
+            context(Launcher::OpenMpi, 8, None),
+            context(Launcher::Slurm, 4, Some(4)),
+        ] {
+            assert_eq!(local_endpoint(&c).ok(), Some(None), "{c:?}");
+        }
+    }
 
     /// The claims of `hosts` hosts with `per_host` processes each, in rank order, each on the
     /// device of its local rank; rank 0 names the master. The hosts' ids run backwards

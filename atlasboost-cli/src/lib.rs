@@ -7,6 +7,7 @@
 //! - [`init`]: library mode, `init()` inside a worker started by any launcher.
 #![deny(missing_docs)]
 
+pub mod build_info;
 pub mod cli;
 pub mod commands;
 pub mod error;
@@ -26,7 +27,7 @@ use crate::error::CliError;
 use crate::exit::ExitCodes;
 use crate::printer::Printer;
 
-/// How atlasboost starts itself again (the lifeline's `guard`, remote hosts' `agent`): set
+/// How atlasboost starts itself again (remote hosts' `agent`, the ranks' `relay`): set
 /// once by [`main_with`]; by default this executable.
 static SELF_COMMAND: std::sync::OnceLock<Vec<OsString>> = std::sync::OnceLock::new();
 
@@ -91,7 +92,7 @@ fn run_command_line(args: Vec<OsString>) -> u8 {
         Command::Probe(args) => commands::probe::run(args, &printer).map(|()| ExitCodes::SUCCESS),
         Command::Run(args) => launch::run(args, &printer),
         Command::Agent => Ok(launch::agent::agent_main()),
-        Command::Guard => Ok(launch::lifeline::guard_main()),
+        Command::Relay(args) => Ok(launch::mpi::relay_main(&args.command)),
     };
     match result {
         Ok(code) => code,

@@ -78,6 +78,13 @@ impl EnvVars {
 
     /// `atlasboost run --mpi`: the mpirun to run (a path; default `mpirun` from `PATH`).
     pub const ATLASBOOST_MPIRUN: &'static str = "ATLASBOOST_MPIRUN";
+    /// `atlasboost run --mpi`: where each rank's relay (`atlasboost relay`, started by mpirun)
+    /// sends the worker's output, `address:port` of the launcher.
+    pub const ATLASBOOST_RELAY_ADDR: &'static str = "ATLASBOOST_RELAY_ADDR";
+    /// `atlasboost run --mpi`: the key (64 hex digits) a relay proves itself with; passed by
+    /// name (`-x NAME`), so it is never on mpirun's command line, and removed from the worker's
+    /// environment.
+    pub const ATLASBOOST_RELAY_SECRET: &'static str = "ATLASBOOST_RELAY_SECRET";
 
     /// Which probe library mode uses: `auto`, `dsmi`, `hccn`, `sim`.
     pub const ATLASBOOST_PROBE: &'static str = "ATLASBOOST_PROBE";

@@ -62,6 +62,14 @@ use std::time::Duration;
 pub use mpi::Threading;
 pub use rendezvous::MpiRendezvous;
 
+/// The first line of the MPI library's own version (`MPI_Get_library_version`, which MPI
+/// allows before `MPI_Init`), e.g. `Open MPI v4.1.4, package: Debian OpenMPI, ...`.
+pub fn library_version() -> Option<String> {
+    let text = mpi::environment::library_version().ok()?;
+    let first = text.lines().next()?.trim().trim_end_matches('\0').trim();
+    (!first.is_empty()).then(|| first.to_string())
+}
+
 /// Errors of the MPI rendezvous.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

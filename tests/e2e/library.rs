@@ -328,3 +328,39 @@ fn started_by_hand_it_is_a_world_of_one() {
         .unwrap_or_else(|| panic!("no report: {}", f.describe()));
     check_job(&[r], 1, "Alone");
 }
+
+/// Plain `mpirun -np 4` on one host, nothing set: with MPI support the ranks meet over MPI;
+/// without it over a Unix socket named after the mpirun job. Two jobs at once never meet each
+/// other's ranks.
+#[test]
+fn plain_mpirun_on_one_host_needs_no_master_addr() {
+    let Some(mpirun) = atlasboost_e2e::mpirun_or_skip() else {
+        return;
+    };
+    let jobs: Vec<Launch> = (0..2)
+        .map(|_| {
+            let run = Run::new(["-np", "4"])
+                .program(&mpirun)
+                .args(atlasboost_e2e::MPIRUN_OPTIONS)
+                .timeout(Duration::from_secs(90));
+            let table = run.dir().join("rank_table.json");
+            run.args(["-x", "ATLASBOOST_SIM=4", "-x"])
+                .args([format!("ATLASBOOST_RANK_TABLE_FILE={}", table.display())])
+                .args([init_worker_bin()])
+                .spawn()
+        })
+        .collect();
+    for job in jobs {
+        let f = job.wait();
+        f.assert_code(0);
+        let reports = reports(&f.out());
+        assert!(!reports.is_empty(), "{}", f.describe());
+        // How it met follows from how the worker was built.
+        let via = if reports[0]["mpi"] == "yes" {
+            "Mpi"
+        } else {
+            "Zmq"
+        };
+        check_job(&reports, 4, via);
+    }
+}

@@ -180,12 +180,12 @@ fn workers_die_with_the_launcher_even_without_the_lifeline() {
         .spawn();
     launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
     let launcher = launch.pid();
-    // The lifeline: the launcher's child that is atlasboost itself, not a worker.
+    // The lifeline: the launcher's child named by the guard, not a worker.
     let mut guards = Vec::new();
     let found = wait_until(Duration::from_secs(5), || {
         guards = pids_with_env(LAUNCH_MARK, launch.mark())
             .into_iter()
-            .filter(|p| p.ppid == launcher && p.comm == "atlasboost")
+            .filter(|p| p.ppid == launcher && p.comm == "ab-guard")
             .collect();
         guards.len() == 1
     });

@@ -13,6 +13,7 @@ mod library;
 mod lifetime;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod mpirun;
 mod output;
 mod relay;
 mod signals;

@@ -5,18 +5,15 @@
 
 use std::time::Duration;
 
-use atlasboost_e2e::{Run, init_worker_bin};
+use atlasboost_e2e::{MPIRUN_OPTIONS, Run, init_worker_bin};
 
-use crate::library::{check_job, reports};
-
-/// `mpirun`'s own options for this machine: root, and more ranks than its 2 cores.
-const MPIRUN_ROOT: [&str; 2] = ["--allow-run-as-root", "--oversubscribe"];
+use crate::library::{check_job, parse_report, reports};
 
 #[test]
 fn mpirun_np_4_agrees_on_one_table() {
     let run = Run::new(["-np", "4"])
         .program("mpirun")
-        .args(MPIRUN_ROOT)
+        .args(MPIRUN_OPTIONS)
         .timeout(Duration::from_secs(60));
     let table = run.dir().join("rank_table.json");
     let f = run
@@ -33,7 +30,7 @@ fn mpirun_np_4_agrees_on_one_table() {
 }
 
 #[test]
-fn atlasboost_run_mpi_runs_mpirun_and_keeps_its_tags() {
+fn atlasboost_run_mpi_runs_mpirun_and_tags_lines_as_its_own_launches() {
     let f = Run::new(["-v", "run", "--mpi", "--sim", "8", "-n", "4", "--"])
         .args([init_worker_bin()])
         .timeout(Duration::from_secs(60))
@@ -47,9 +44,15 @@ fn atlasboost_run_mpi_runs_mpirun_and_keeps_its_tags() {
     );
     assert!(err.contains("-x ATLASBOOST_SIM=8"), "{err}");
     let out = f.out();
-    for line in out.lines().filter(|l| l.contains("rank=")) {
-        assert!(line.starts_with("[1,"), "mpirun's tag: {line}");
-    }
+    let tagged = out.lines().filter(|l| l.contains("rank=")).all(|line| {
+        crate::split_tag(line, "stdout").is_some_and(|(rank, text)| {
+            parse_report(text).is_some_and(|r| r["launcher_rank"] == rank.to_string())
+        })
+    });
+    assert!(
+        tagged,
+        "every report tagged [<its launcher rank>]<stdout>: {out}"
+    );
     check_job(&reports(&out), 4, "Mpi");
 }
 

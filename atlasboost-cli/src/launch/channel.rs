@@ -14,8 +14,9 @@
 //!   `kind (1 byte) | rank (u32, big-endian) | length (u32, big-endian) | payload`. Bytes before
 //!   `HELLO` (a login script that prints) are skipped and reported.
 
+use nix::sys::signal::Signal;
+
 use super::output::Stream;
-use super::supervise::Ending;
 use crate::exit::ExitCodes;
 
 /// What an agent writes before its first frame.
@@ -29,6 +30,45 @@ pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Silence for this long means the other side is lost.
 pub const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// How a worker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// It exited with this code.
+    Exited(i32),
+    /// A signal ended it.
+    Signaled(Signal),
+    /// Its host was lost; how it ended is unknown.
+    Lost,
+    /// It never started: the launcher it depended on (mpirun) ended first.
+    NotStarted,
+}
+
+impl Ending {
+    /// The exit code that reports it: the code, or 128 + the signal's number.
+    pub fn code(self) -> u8 {
+        match self {
+            Ending::Exited(c) => (c & 0xff) as u8,
+            Ending::Signaled(s) => 128u8.wrapping_add(s as u8),
+            Ending::Lost | Ending::NotStarted => ExitCodes::FAILURE,
+        }
+    }
+
+    /// `exit 0`, `exit 3`, `SIGKILL`, `host lost`, `not started`.
+    pub fn describe(self) -> String {
+        match self {
+            Ending::Exited(c) => format!("exit {c}"),
+            Ending::Signaled(s) => s.as_str().to_string(),
+            Ending::Lost => "host lost".into(),
+            Ending::NotStarted => "not started".into(),
+        }
+    }
+
+    /// Anything but `exit 0`.
+    pub fn failed(self) -> bool {
+        self != Ending::Exited(0)
+    }
+}
 
 /// A message from an agent to the launcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,8 +130,8 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
             let (kind, value) = match ending {
                 Ending::Exited(c) => (EXIT_CODE, *c),
                 Ending::Signaled(s) => (EXIT_SIGNAL, *s as i32),
-                // Only the launcher knows a host is lost; an agent never says it of itself.
-                Ending::Lost => (EXIT_CODE, i32::from(ExitCodes::FAILURE)),
+                // Only the launcher knows these; an agent never says them of its workers.
+                Ending::Lost | Ending::NotStarted => (EXIT_CODE, i32::from(ExitCodes::FAILURE)),
             };
             return frame(kind, *rank, &value.to_be_bytes(), out);
         }
@@ -215,7 +255,7 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
         EXIT_SIGNAL => Up::Exited {
             rank,
             ending: Ending::Signaled(
-                nix::sys::signal::Signal::try_from(value()?)
+                Signal::try_from(value()?)
                     .map_err(|_| "an exit frame with an unknown signal".to_string())?,
             ),
         },

@@ -1,5 +1,5 @@
-//! The lifeline: a small process (`atlasboost guard`) that outlives the launcher and stops the
-//! job's process groups when the launcher dies, however it dies (SPEC §6 "Lifetime").
+//! The lifeline: a small process (the guard) that outlives the launcher and stops the job's
+//! process groups when the launcher dies, however it dies (SPEC §6 "Lifetime").
 //!
 //! `PR_SET_PDEATHSIG` kills each worker with its launcher, but not the worker's own children.
 //! The guard holds the read end of a pipe whose write end only the launcher has: the launcher
@@ -7,54 +7,72 @@
 //! When the pipe closes (the launcher exited, or was killed with `kill -9`), the guard sends
 //! SIGKILL to every group it still knows, and exits. It runs in a process group of its own, so
 //! a Ctrl-C on the terminal or a `kill` of the launcher's group does not reach it.
+//!
+//! The guard is a fork of the launcher that never execs: starting it costs a fork, not the
+//! start of a program (every rank of `run --mpi` has a relay with a lifeline of its own, and
+//! under the Python package a program is an interpreter). A fork of a process that may have
+//! threads (a driver library's) may only do what is async-signal-safe, so the guard does no
+//! allocation and takes no lock: raw `read(2)` into a buffer on its stack, a table of groups
+//! allocated before the fork, `killpg(2)` and `_exit(2)`.
 
-use std::collections::BTreeSet;
-use std::io::{BufRead, Write};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
 
+use nix::errno::Errno;
+use nix::libc;
 use nix::sys::signal::{SigHandler, Signal, killpg, signal};
-use nix::unistd::Pid;
+use nix::sys::wait::waitpid;
+use nix::unistd::{ForkResult, Pid, fork};
 
 use crate::error::CliError;
+
+/// The most process groups one guard keeps at once (far more than the workers of one host);
+/// the table is allocated before the fork, since the guard may not allocate.
+const MAX_GROUPS: usize = 1 << 16;
 
 /// The launcher's end of the lifeline.
 #[derive(Debug)]
 pub struct Lifeline {
-    guard: Child,
-    pipe: Option<ChildStdin>,
+    guard: Pid,
+    pipe: Option<File>,
+    reaped: bool,
 }
 
 impl Lifeline {
-    /// Starts the guard process (this same executable, `atlasboost guard`).
+    /// Starts the guard process (a fork of this one).
     ///
     /// # Errors
     ///
-    /// [`CliError::Failure`] if the guard cannot be started.
+    /// [`CliError::Failure`] if the pipe or the fork fails.
     pub fn start() -> Result<Lifeline, CliError> {
-        let command = crate::self_command()?;
-        let exe = std::path::PathBuf::from(&command[0]);
-        let mut guard = Command::new(&exe)
-            .args(&command[1..])
-            .arg("guard")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .process_group(0)
-            .spawn()
-            .map_err(|e| {
-                CliError::Failure(format!(
-                    "cannot start the lifeline process {} guard: {e}",
-                    exe.display()
-                ))
-            })?;
-        let pipe = guard.stdin.take();
-        Ok(Lifeline { guard, pipe })
+        let failed = |what: &str, e: Errno| {
+            CliError::Failure(format!("cannot start the lifeline process: {what}: {e}"))
+        };
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| failed("no pipe", e))?;
+        let null = nix::fcntl::open(
+            "/dev/null",
+            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| failed("cannot open /dev/null", e))?;
+        let mut groups: Vec<i32> = Vec::with_capacity(MAX_GROUPS);
+        // SAFETY: the child runs only `guard`, which calls async-signal-safe functions and
+        // never returns (it ends in `_exit`), so it is sound in a process with other threads.
+        match unsafe { fork() }.map_err(|e| failed("fork", e))? {
+            ForkResult::Child => guard(&read, &null, &mut groups),
+            ForkResult::Parent { child } => Ok(Lifeline {
+                guard: child,
+                pipe: Some(File::from(write)),
+                reaped: false,
+            }),
+        }
     }
 
     /// The guard's pid (the supervisor reaps it like any child).
     pub fn pid(&self) -> u32 {
-        self.guard.id()
+        self.guard.as_raw() as u32
     }
 
     /// The guard is to stop this process group if the launcher dies.
@@ -77,50 +95,97 @@ impl Lifeline {
         }
     }
 
+    /// The supervisor reaped the guard (it died early): nothing to wait for.
+    pub fn reaped(&mut self) {
+        self.reaped = true;
+    }
+
     /// Closes the lifeline after a clean end (every group forgotten); the guard exits.
     pub fn close(mut self) {
         self.pipe = None;
         // The guard exits as soon as it reads the end of the pipe; the supervisor may have
-        // reaped it already, in which case this fails harmlessly.
-        let _ = self.guard.wait();
+        // reaped it already, in which case this fails harmlessly (ECHILD).
+        if !self.reaped {
+            let _ = waitpid(self.guard, None);
+        }
     }
 }
 
-/// `atlasboost guard`: watch standard input; when it closes, SIGKILL every group still listed.
-pub fn guard_main() -> u8 {
-    // The guard must outlive the launcher's signals; only the pipe ends it.
-    for s in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-    ] {
-        // SAFETY: SIG_IGN installs no handler code; nothing else in this process handles signals.
-        let _ = unsafe { signal(s, SigHandler::SigIgn) };
-    }
-    let mut groups = BTreeSet::new();
-    let stdin = std::io::stdin();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
-        let (op, id) = line.split_at(line.len().min(1));
-        match (op, id.parse::<i32>()) {
-            ("+", Ok(pgid)) if pgid > 1 => {
-                groups.insert(pgid);
+/// The guard: reads `+pgid`/`-pgid` lines from `pipe` until it closes, then SIGKILLs every
+/// group still listed, and exits. Only async-signal-safe calls (see the module's docs).
+fn guard(pipe: &OwnedFd, null: &OwnedFd, groups: &mut Vec<i32>) -> ! {
+    // SAFETY (whole function): raw system calls on descriptors this process owns; no
+    // allocation (`groups` never grows beyond the capacity it was given), no locks.
+    unsafe {
+        // Only the pipe ends it: not the terminal's Ctrl-C, not a signal to the launcher's
+        // group, not the launcher's blocked mask.
+        libc::setpgid(0, 0);
+        for s in [
+            Signal::SIGINT,
+            Signal::SIGTERM,
+            Signal::SIGHUP,
+            Signal::SIGQUIT,
+            Signal::SIGPIPE,
+        ] {
+            let _ = signal(s, SigHandler::SigIgn);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // Nothing of the launcher's stays open here: its sockets and pipes must close when it
+        // dies (a reader waiting for their end would wait for the guard), and stdout must not
+        // keep a `| head` open. stderr stays, for nothing: the guard says nothing.
+        libc::dup2(pipe.as_raw_fd(), 0);
+        libc::dup2(null.as_raw_fd(), 1);
+        libc::close_range(3, u32::MAX, 0);
+        libc::prctl(
+            libc::PR_SET_NAME,
+            c"ab-guard".as_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        let mut buf = [0u8; 4096];
+        // The line being read: its sign and number so far.
+        let (mut sign, mut number, mut valid) = (0u8, 0i64, true);
+        loop {
+            let n = libc::read(0, buf.as_mut_ptr().cast(), buf.len());
+            if n < 0 && Errno::last() == Errno::EINTR {
+                continue;
             }
-            ("-", Ok(pgid)) => {
-                groups.remove(&pgid);
+            if n <= 0 {
+                break;
             }
-            // Best effort: the launcher's stderr may be gone (`eprintln!` would panic).
-            _ => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "atlasboost guard: ignoring {line:?} on the lifeline"
-                );
+            for &b in &buf[..n as usize] {
+                match b {
+                    b'\n' => {
+                        if valid && number > 1 && number <= i64::from(i32::MAX) {
+                            let pgid = number as i32;
+                            if sign == b'+' {
+                                if groups.len() < groups.capacity() {
+                                    groups.push(pgid);
+                                }
+                            } else if sign == b'-'
+                                && let Some(i) = groups.iter().position(|g| *g == pgid)
+                            {
+                                groups.swap_remove(i);
+                            }
+                        }
+                        (sign, number, valid) = (0, 0, true);
+                    }
+                    b'+' | b'-' if sign == 0 => sign = b,
+                    b'0'..=b'9' if sign != 0 => {
+                        number = number
+                            .saturating_mul(10)
+                            .saturating_add(i64::from(b - b'0'));
+                    }
+                    _ => valid = false,
+                }
             }
         }
+        for &pgid in groups.iter() {
+            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        }
+        libc::_exit(0)
     }
-    for pgid in groups {
-        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-    }
-    0
 }

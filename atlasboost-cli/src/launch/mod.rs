@@ -16,6 +16,7 @@ pub mod lifeline;
 pub mod mpi;
 pub mod output;
 pub mod plan;
+pub mod relay;
 pub mod remote;
 pub mod supervise;
 

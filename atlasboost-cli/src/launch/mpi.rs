@@ -1,27 +1,44 @@
 //! `atlasboost run --mpi`: the original tool's way of working. `mpirun` starts the workers
 //! and each worker's `init()` does the rendezvous over MPI and writes the table (SPEC §8, §10).
 //!
-//! atlasboost builds the `mpirun` command, prints it with `-v`, and runs it as its one child,
-//! with the same lifetime rules as its own workers: its own process group, stopped with the
-//! launcher, Ctrl-C passed on. `mpirun --tag-output` tags the lines (`[1,3]<stdout>:`), so
-//! atlasboost passes them through untagged. The exit code is mpirun's (it reports the first
-//! failed rank's), 127 when `mpirun` is not found.
+//! atlasboost builds the `mpirun` command, prints it with `-v`, and runs it with the same
+//! lifetime rules as its own workers: its own process group, killed with the launcher. mpirun
+//! starts each rank as `atlasboost relay -- COMMAND` ([`relay_main`]): the relay runs the
+//! worker and sends its lines and its exit to the launcher over a connection of its own
+//! ([`relay`](super::relay) says why), so `--mpi` prints what atlasboost's own launches print
+//! (whole lines tagged `[rank]<stdout>:`, `--timestamp`, `--ranks`, `--log-dir`, the summary)
+//! while mpirun keeps its own duties: placing the ranks, and ending the job when one fails.
+//! The exit code is the first failed rank's (as mpirun's), mpirun's own when it fails by
+//! itself, 127 when `mpirun` is not found.
 
 use std::ffi::OsString;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use atlasboost_core::EnvVars;
+use atlasboost_core::exchange::error_chain;
+use atlasboost_core::launch_context;
+use atlasboost_tcp::Secret;
 
+use super::channel::{self, Up};
 use super::lifeline::Lifeline;
 use super::output::{Output, OutputOptions};
-use super::plan::{HostSpec, parse_host_list, parse_hostfile};
-use super::supervise::{self, Role, RunPlan, Signals, WorkerPlan, run_workers};
-use super::{new_job_id, resolve_exports, worker_dir};
+use super::plan::{HostSpec, parse_host_list, parse_hostfile, resolve_hosts};
+use super::relay::{Introduction, RelayDoor, introduce};
+use super::supervise::{
+    self, MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
+};
+use super::{new_job_id, rendezvous_address, resolve_exports, worker_dir};
 use crate::cli::{RankOrderArg, RunArgs};
 use crate::commands::devices::make_probe;
 use crate::error::CliError;
-use crate::printer::Printer;
+use crate::exit::ExitCodes;
+use crate::printer::{Printer, to_stderr};
+
+/// How long a relay tries to reach the launcher.
+const RELAY_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The program `--mpi` runs: `ATLASBOOST_MPIRUN` (a path) if set, else `mpirun` from `PATH`.
 fn mpirun_program() -> OsString {
@@ -49,10 +66,49 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         Some(n) => n,
         None => default_np(args, &hosts)?,
     };
+    if let Some(list) = &args.ranks
+        && let Some(bad) = list.ranks.iter().find(|r| **r >= np)
+    {
+        return Err(CliError::Usage(format!(
+            "--ranks {}: rank {bad} is not in this job of {np} ranks (0-{})",
+            list.text,
+            np.saturating_sub(1)
+        )));
+    }
+    if let Some(dir) = &args.log_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            CliError::Failure(format!(
+                "cannot create log directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
     let wdir = worker_dir(args, true)?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
     let job_id = new_job_id()?;
+    // The relays connect here: loopback when every rank is on this machine, else this
+    // machine's address on the route to the first other host (or --rendezvous-addr).
+    let relay_ip = if hosts.is_empty() {
+        args.rendezvous_addr
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    } else {
+        rendezvous_address(args, &resolve_hosts(&hosts)?)?
+    };
+    let secret = Secret::random()
+        .map_err(|e| CliError::Failure(format!("cannot make the job's secret: {e}")))?;
+    let door = RelayDoor::open(relay_ip, np, &job_id, secret.clone()).map_err(|e| {
+        CliError::Failure(format!(
+            "cannot listen for the relays on {relay_ip} (pass --rendezvous-addr): {e}"
+        ))
+    })?;
+    let relay_address = door
+        .address()
+        .map_err(|e| CliError::Failure(format!("cannot read the relays' port: {e}")))?;
+    let relay = match &args.remote_atlasboost {
+        Some(p) => vec![p.clone().into_os_string()],
+        None => crate::self_command()?,
+    };
     let command = mpirun_command(&MpirunJob {
         program: mpirun_program(),
         np,
@@ -64,6 +120,8 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         exports: &exports,
         as_root: nix::unistd::geteuid().is_root(),
         master_port: Some(super::agent::free_port("0.0.0.0")).filter(|p| *p != 0),
+        relay: &relay,
+        relay_address: &relay_address.to_string(),
     });
     printer.detail(&format!(
         "atlasboost: {}",
@@ -76,47 +134,52 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     supervise::raise_fd_limit();
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let mut lifeline = Lifeline::start()?;
+    let ranks: Vec<u32> = (0..np).collect();
     let mut output = Output::new(
         OutputOptions {
-            // mpirun's --tag-output has tagged every line already.
-            tag: false,
-            timestamp: false,
-            ranks: None,
-            log_dir: None,
+            tag: !args.no_tag,
+            timestamp: args.timestamp,
+            ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
+            log_dir: args.log_dir.clone(),
         },
-        &[0],
+        &ranks,
     )?;
+    // Where mpirun puts each rank is known once its relay calls.
+    let workers: Vec<WorkerPlan> = ranks
+        .iter()
+        .map(|&rank| WorkerPlan {
+            rank,
+            host: "-".into(),
+            device: 0,
+            env: Vec::new(),
+            local: false,
+        })
+        .collect();
     let plan = RunPlan {
-        command,
+        command: args.command.clone(),
         wdir,
         grace: args.grace,
     };
-    let mpirun = WorkerPlan {
-        rank: 0,
-        host: "mpirun".into(),
-        device: 0,
-        env: Vec::new(),
-        local: true,
+    let mpirun = MpirunPlan {
+        command,
+        env: vec![(
+            EnvVars::ATLASBOOST_RELAY_SECRET.into(),
+            secret.to_hex().into(),
+        )],
+        door,
+        timeout: args.rendezvous_timeout,
     };
-    let result = run_workers(
+    let result = run_mpirun(
         &plan,
-        &[mpirun],
+        &workers,
         &mut output,
         &signals,
         &mut lifeline,
-        Role::Launcher(Vec::new()),
+        mpirun,
     );
     lifeline.close();
     let result = result?;
-    let ending = result
-        .workers
-        .first()
-        .and_then(|w| w.ending)
-        .map_or_else(|| "did not run".to_string(), |e| e.describe());
-    printer.status(&format!(
-        "atlasboost: mpirun ({np} ranks) ended with {ending} after {:.2} s",
-        started.elapsed().as_secs_f64()
-    ));
+    super::report(&result, started.elapsed(), printer);
     Ok(result.exit_code)
 }
 
@@ -143,11 +206,17 @@ pub struct MpirunJob<'a> {
     pub as_root: bool,
     /// A port free on this machine, for `MASTER_PORT` when the job runs here.
     pub master_port: Option<u16>,
+    /// How the hosts start atlasboost (`relay` is appended).
+    pub relay: &'a [OsString],
+    /// Where the relays connect (`address:port`).
+    pub relay_address: &'a str,
 }
 
 /// The `mpirun` command of SPEC §8: `-np`, `-H`, `-bind-to none -map-by slot`, `--tag-output`,
 /// `-x` for every variable the workers' `init()` needs and every `-x` export, `--mca
-/// btl_tcp_if_exclude lo,docker0`; then the worker's command.
+/// btl_tcp_if_exclude lo,docker0`; then each rank's relay and the worker's command. The
+/// relays' secret is exported by name only: mpirun takes its value from its own environment,
+/// so it is never on a command line.
 pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     let args = job.args;
     let mut cmd: Vec<OsString> = vec![job.program.clone()];
@@ -196,6 +265,10 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
             args.discovery.probe.as_str().into(),
         ),
         (EnvVars::PYTHONUNBUFFERED.into(), "1".into()),
+        (
+            EnvVars::ATLASBOOST_RELAY_ADDR.into(),
+            job.relay_address.to_string(),
+        ),
     ];
     if let Some(n) = args.discovery.sim {
         vars.push((EnvVars::ATLASBOOST_SIM.into(), n.to_string()));
@@ -223,6 +296,8 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
         push("-x");
         push(&format!("{name}={value}"));
     }
+    push("-x");
+    push(EnvVars::ATLASBOOST_RELAY_SECRET);
     for (name, value) in job.exports {
         let mut a = name.clone();
         a.push("=");
@@ -232,6 +307,8 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     }
     cmd.push("-wdir".into());
     cmd.push(job.wdir.as_os_str().to_owned());
+    cmd.extend(job.relay.iter().cloned());
+    cmd.extend(["relay".into(), "--".into()]);
     cmd.extend(args.command.iter().cloned());
     cmd
 }
@@ -239,10 +316,6 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
 /// Options that `--mpi` cannot honour are refused, never ignored.
 fn refuse_unsupported(args: &RunArgs) -> Result<(), CliError> {
     let refused = [
-        (args.log_dir.is_some(), "--log-dir"),
-        (args.ranks.is_some(), "--ranks"),
-        (args.timestamp, "--timestamp"),
-        (args.no_tag, "--no-tag"),
         (args.discovery.devices.is_some(), "--devices"),
         (args.discovery.sim_ipv6, "--sim-ipv6"),
         (args.discovery.sim_chip != "910", "--sim-chip"),
@@ -250,8 +323,6 @@ fn refuse_unsupported(args: &RunArgs) -> Result<(), CliError> {
         (args.rank_order != RankOrderArg::ServerId, "--rank-order"),
         (args.ssh_port.is_some(), "--ssh-port"),
         (args.ssh_identity.is_some(), "--ssh-identity"),
-        (args.remote_atlasboost.is_some(), "--remote-atlasboost"),
-        (args.rendezvous_addr.is_some(), "--rendezvous-addr"),
     ];
     match refused.iter().find(|(given, _)| *given) {
         Some((_, flag)) => Err(CliError::Usage(format!(
@@ -289,6 +360,129 @@ fn default_np(args: &RunArgs, hosts: &[HostSpec]) -> Result<u32, CliError> {
         })
 }
 
+/// `atlasboost relay -- COMMAND`: one rank of `run --mpi`, started by mpirun. Connects to the
+/// launcher, runs the worker with the rank's environment (minus the relay's own variables),
+/// sends its lines and its exit, and exits with the worker's code, so that mpirun ends the job
+/// when a rank fails as it always did. Returns the exit code.
+pub fn relay_main(command: &[OsString]) -> u8 {
+    match relay(command) {
+        Ok(code) => code,
+        Err(e) => {
+            to_stderr(&format!("atlasboost relay: error: {}\n", error_chain(&e)));
+            e.exit_code()
+        }
+    }
+}
+
+fn relay(command: &[OsString]) -> Result<u8, CliError> {
+    let not_by_hand = |name: &str| {
+        CliError::Usage(format!(
+            "{name} is not set: `atlasboost relay` is started by mpirun for `atlasboost run \
+             --mpi`, not by hand"
+        ))
+    };
+    let address = std::env::var(EnvVars::ATLASBOOST_RELAY_ADDR)
+        .map_err(|_| not_by_hand(EnvVars::ATLASBOOST_RELAY_ADDR))?;
+    let secret = std::env::var(EnvVars::ATLASBOOST_RELAY_SECRET)
+        .map_err(|_| not_by_hand(EnvVars::ATLASBOOST_RELAY_SECRET))
+        .and_then(|hex| {
+            Secret::from_hex(&hex).ok_or_else(|| {
+                CliError::Usage(format!(
+                    "{} is not 64 hexadecimal digits",
+                    EnvVars::ATLASBOOST_RELAY_SECRET
+                ))
+            })
+        })?;
+    let job_id = std::env::var(EnvVars::ATLASBOOST_JOB_ID)
+        .map_err(|_| not_by_hand(EnvVars::ATLASBOOST_JOB_ID))?;
+    // SAFETY: no other thread exists yet (Signals::block below refuses to run beside one), so
+    // nothing reads the environment meanwhile. The worker must not inherit the relay's key.
+    unsafe {
+        std::env::remove_var(EnvVars::ATLASBOOST_RELAY_SECRET);
+        std::env::remove_var(EnvVars::ATLASBOOST_RELAY_ADDR);
+    }
+    let context = launch_context::detect_from_env()?
+        .filter(|c| c.launcher.is_mpi())
+        .ok_or_else(|| {
+            CliError::Usage(
+                "no MPI launcher's variables (OMPI_COMM_WORLD_RANK, PMI_RANK) are set: `atlasboost \
+                 relay` is started by mpirun"
+                    .into(),
+            )
+        })?;
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "?".into());
+    let signals = Signals::block()?;
+    supervise::raise_fd_limit();
+    // Orphans of the worker's children are the relay's to stop.
+    let _ = nix::sys::prctl::set_child_subreaper(true);
+    let mut lifeline = Lifeline::start()?;
+    let who = Introduction {
+        job_id: &job_id,
+        secret: &secret,
+        rank: context.rank,
+        size: context.size,
+        local_rank: context.local_rank,
+        host: &host,
+    };
+    let connection = OwnedFd::from(
+        introduce(&address, &who, RELAY_CONNECT_TIMEOUT)
+            .map_err(|why| CliError::Failure(format!("rank {}: {why}", context.rank)))?,
+    );
+    let commands = connection
+        .try_clone()
+        .map_err(|e| CliError::Failure(format!("cannot duplicate the connection: {e}")))?;
+    let mut output = Output::upstream_to(connection, &[context.rank])?;
+    output.send_raw(channel::HELLO);
+    let worker = WorkerPlan {
+        rank: context.rank,
+        host: host.clone(),
+        device: context.local_rank,
+        env: Vec::new(),
+        local: true,
+    };
+    let plan = RunPlan {
+        command: command.to_vec(),
+        wdir: std::env::current_dir()
+            .map_err(|e| CliError::Failure(format!("cannot read the current directory: {e}")))?,
+        // The launcher decides when to kill (its `sig 9` after its --grace); a relay stopping
+        // on its own (mpirun aborting the job) is killed by mpirun, and its worker with it.
+        grace: Duration::from_secs(24 * 3600),
+    };
+    let result = run_workers(
+        &plan,
+        &[worker],
+        &mut output,
+        &signals,
+        &mut lifeline,
+        Role::Agent(Upstream::relay(commands)),
+    );
+    lifeline.close();
+    let code = match result {
+        Ok(r) => {
+            output.send(&Up::Done);
+            match r.workers.first() {
+                // Stopped on the launcher's word (or mpirun's): the launcher knows how it ended
+                // and decides the job's code. A failure code would only make mpirun start an
+                // abort of its own, which takes it seconds.
+                Some(w) if w.stopped => ExitCodes::SUCCESS,
+                Some(w) => w.ending.map_or(ExitCodes::FAILURE, |e| e.code()),
+                None => ExitCodes::FAILURE,
+            }
+        }
+        Err(e) => {
+            let code = e.exit_code();
+            output.send(&Up::Failed {
+                code,
+                message: error_chain(&e),
+            });
+            code
+        }
+    };
+    Ok(code)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -321,6 +515,8 @@ mod tests {
             exports: &[("FOO".into(), "a b".into())],
             as_root,
             master_port: Some(29555),
+            relay: &["/opt/atlasboost".into()],
+            relay_address: "10.0.0.9:4000",
         })
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -356,13 +552,19 @@ mod tests {
             "ATLASBOOST_SIM=8",
             "ATLASBOOST_PROBE=auto",
             "MASTER_ADDR=node1",
+            "ATLASBOOST_RELAY_ADDR=10.0.0.9:4000",
+            // By name only: mpirun passes its own value on.
+            "ATLASBOOST_RELAY_SECRET",
         ] {
             let at = cmd.iter().position(|a| a == var);
             assert!(at.is_some_and(|i| cmd[i - 1] == "-x"), "-x {var} in {text}");
         }
         // A user's export is one argument, spaces and all.
         assert!(cmd.iter().any(|a| a == "FOO=a b"), "{cmd:?}");
-        assert!(text.ends_with("-wdir /work python3 t.py"), "{text}");
+        assert!(
+            text.ends_with("-wdir /work /opt/atlasboost relay -- python3 t.py"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -380,8 +582,7 @@ mod tests {
     #[test]
     fn options_mpirun_cannot_honour_are_refused_by_name() {
         for (flag, argv) in [
-            ("--log-dir", vec!["--log-dir", "logs"]),
-            ("--ranks", vec!["--ranks", "0"]),
+            ("--devices", vec!["--devices", "0-3"]),
             ("--format", vec!["--format", "1.2"]),
             ("--ssh-port", vec!["--ssh-port", "2222"]),
         ] {
@@ -397,7 +598,24 @@ mod tests {
                 other => panic!("{flag}: expected a usage error, got {other:?}"),
             }
         }
-        assert!(refuse_unsupported(&run_args(&["--sim", "8", "--", "w"])).is_ok());
+        // What atlasboost's own output does, --mpi does too.
+        let own = [
+            "--sim",
+            "8",
+            "--log-dir",
+            "logs",
+            "--ranks",
+            "0",
+            "--timestamp",
+            "--no-tag",
+            "--rendezvous-addr",
+            "10.0.0.1",
+            "--remote-atlasboost",
+            "/x",
+            "--",
+            "w",
+        ];
+        assert!(refuse_unsupported(&run_args(&own)).is_ok());
     }
 
     #[test]

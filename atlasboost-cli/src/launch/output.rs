@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -253,8 +253,23 @@ impl Output {
     ///
     /// As [`Output::new`].
     pub fn upstream(ranks: &[u32]) -> Result<Output, CliError> {
+        let stdout = io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| CliError::Failure(format!("cannot use standard output: {e}")))?;
+        Output::upstream_to(stdout, ranks)
+    }
+
+    /// Output whose lines become [`channel`](super::channel) frames on `connection` (a remote
+    /// agent's stdout, a relay's connection to the launcher); messages still go to stderr.
+    ///
+    /// # Errors
+    ///
+    /// As [`Output::new`].
+    pub fn upstream_to(connection: OwnedFd, ranks: &[u32]) -> Result<Output, CliError> {
         let mut output = Output::new(OutputOptions::default(), ranks)?;
         output.upstream = true;
+        output.out.file = File::from(connection);
         // The launcher reads this; if it stops reading for as long as it may stay silent, it
         // is gone (a machine that lost its network closes nothing), and the agent must not
         // block for ever holding its workers.
@@ -276,6 +291,15 @@ impl Output {
     pub fn send(&mut self, message: &super::channel::Up) {
         if self.upstream {
             super::channel::encode(message, &mut self.out.buf);
+            self.out.flush();
+        }
+    }
+
+    /// Sends bytes to the launcher as they are (an agent's output only): the greeting that
+    /// comes before the frames.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        if self.upstream {
+            self.out.buf.extend_from_slice(bytes);
             self.out.flush();
         }
     }

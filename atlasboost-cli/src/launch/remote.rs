@@ -1,12 +1,16 @@
-//! The launcher's side of a remote host: one `ssh` session running `atlasboost agent`.
+//! The launcher's side of a peer that speaks the [`channel`](super::channel) protocol: a
+//! remote host's `ssh` session running `atlasboost agent`, or (under `run --mpi`) one rank's
+//! relay connected over TCP.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
+use std::fs::File;
 use std::io::Write;
+use std::net::TcpStream;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use atlasboost_core::EnvVars;
@@ -34,16 +38,30 @@ pub struct SshOptions {
     pub remote_atlasboost: Vec<OsString>,
 }
 
-/// One remote host's session, as the launcher sees it.
+/// How the launcher reaches a peer.
+#[derive(Debug)]
+pub enum Link {
+    /// An `ssh` process of the launcher's, running `atlasboost agent` on a host.
+    Ssh(Child),
+    /// A TCP connection from the relay of one rank (`run --mpi`): it reports on that rank only.
+    Relay {
+        /// The rank whose worker the relay runs.
+        rank: u32,
+    },
+}
+
+/// One peer's session, as the launcher sees it.
 #[derive(Debug)]
 pub struct Remote {
     /// The host, as messages name it.
     pub host: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    /// The agent's stdout (frames), until it ends.
+    /// How it is reached.
+    pub link: Link,
+    /// Where commands go: ssh's stdin, or the relay's connection.
+    input: Option<File>,
+    /// The agent's stdout or the relay's connection (frames), until it ends.
     pub out: Option<OwnedFd>,
-    /// ssh's and the agent's stderr, until it ends.
+    /// ssh's and the agent's stderr, until it ends (a relay has none).
     pub err: Option<OwnedFd>,
     decoder: Decoder,
     err_split: LineSplitter,
@@ -60,6 +78,26 @@ pub struct Remote {
     pub last_heard: Instant,
     /// The supervisor has reaped the ssh process (its pid may belong to someone else now).
     pub reaped: bool,
+}
+
+/// What a new peer starts with.
+fn session(host: &str, link: Link, input: Option<File>, out: Option<OwnedFd>) -> Remote {
+    Remote {
+        host: host.to_string(),
+        link,
+        input,
+        out,
+        err: None,
+        decoder: Decoder::default(),
+        err_split: LineSplitter::default(),
+        err_tail: VecDeque::new(),
+        backlog: Vec::new(),
+        ready: false,
+        done: false,
+        lost: None,
+        last_heard: Instant::now(),
+        reaped: false,
+    }
 }
 
 impl Remote {
@@ -94,29 +132,15 @@ impl Remote {
             .spawn()
             .map_err(|e| CliError::Failure(format!("cannot start ssh for host {host}: {e}")))?;
         let (stdin, out, err) = (
-            child.stdin.take(),
+            child.stdin.take().map(|s| File::from(OwnedFd::from(s))),
             child.stdout.take().map(OwnedFd::from),
             child.stderr.take().map(OwnedFd::from),
         );
         for fd in out.iter().chain(err.iter()) {
             let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
         }
-        let mut remote = Remote {
-            host: host.to_string(),
-            child,
-            stdin,
-            out,
-            err,
-            decoder: Decoder::default(),
-            err_split: LineSplitter::default(),
-            err_tail: VecDeque::new(),
-            backlog: Vec::new(),
-            ready: false,
-            done: false,
-            lost: None,
-            last_heard: Instant::now(),
-            reaped: false,
-        };
+        let mut remote = session(host, Link::Ssh(child), stdin, out);
+        remote.err = err;
         let mut line = serde_json::to_vec(config)
             .map_err(|e| CliError::Failure(format!("cannot encode the agent's settings: {e}")))?;
         line.push(b'\n');
@@ -124,9 +148,49 @@ impl Remote {
         Ok(remote)
     }
 
-    /// The ssh process's id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    /// The session of rank `rank`'s relay on `host`, on its connection. `already` holds what
+    /// the relay sent after its introduction, read with it.
+    ///
+    /// # Errors
+    ///
+    /// The connection cannot be duplicated, or `already` is not the protocol.
+    pub fn relay(
+        stream: TcpStream,
+        host: &str,
+        rank: u32,
+        already: &[u8],
+    ) -> Result<Remote, String> {
+        let input = stream
+            .try_clone()
+            .map_err(|e| format!("cannot duplicate the connection: {e}"))?;
+        // Reads and writes share the descriptor's flags: neither may block the supervisor.
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| format!("cannot make the connection non-blocking: {e}"))?;
+        let mut remote = session(
+            host,
+            Link::Relay { rank },
+            Some(File::from(OwnedFd::from(input))),
+            Some(OwnedFd::from(stream)),
+        );
+        remote.backlog = remote.decoder.feed(already)?;
+        Ok(remote)
+    }
+
+    /// The ssh process's id (a relay has no process of the launcher's).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.link {
+            Link::Ssh(child) => Some(child.id()),
+            Link::Relay { .. } => None,
+        }
+    }
+
+    /// The rank a relay reports on (`None`: an agent, which reports on its host's ranks).
+    pub fn relay_rank(&self) -> Option<u32> {
+        match self.link {
+            Link::Relay { rank } => Some(rank),
+            Link::Ssh(_) => None,
+        }
     }
 
     /// Sends a command; a session that is gone is noticed when its output ends.
@@ -134,17 +198,26 @@ impl Remote {
         self.write(command.line().as_bytes());
     }
 
+    /// Writes a command whole. A relay's connection does not block: one so full that a
+    /// command line does not fit belongs to a relay that stopped reading, which its silence
+    /// will show; a half-written command would garble the stream, so it counts as gone.
     fn write(&mut self, bytes: &[u8]) {
-        if let Some(s) = &mut self.stdin
+        if let Some(s) = &mut self.input
             && s.write_all(bytes).and_then(|()| s.flush()).is_err()
         {
-            self.stdin = None;
+            self.input = None;
         }
     }
 
-    /// Closes the agent's standard input: it stops its workers and exits.
+    /// Closes the agent's standard input (or the relay's side of the connection): it stops
+    /// its workers and exits.
     pub fn hang_up(&mut self) {
-        self.stdin = None;
+        if let (Some(input), Link::Relay { .. }) = (self.input.take(), &self.link) {
+            // The connection is one socket with two descriptors: closing this one alone would
+            // not end it, so its writing side is shut for the relay to see the end.
+            let _ = TcpStream::from(OwnedFd::from(input)).shutdown(std::net::Shutdown::Write);
+        }
+        self.input = None;
     }
 
     /// Reads what the agent sent. `Ok(None)` at the end of its output.
@@ -173,7 +246,7 @@ impl Remote {
                 }
                 Err(Errno::EAGAIN) => break,
                 Err(Errno::EINTR) => {}
-                Err(e) => return Err(format!("cannot read from ssh: {e}")),
+                Err(e) => return Err(format!("cannot read its output: {e}")),
             }
         }
         Ok(Some(got))
@@ -238,9 +311,11 @@ impl Drop for Remote {
     fn drop(&mut self) {
         // The agent stops its workers when its input closes; ssh itself is ours to end.
         self.hang_up();
-        if !self.reaped {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Link::Ssh(child) = &mut self.link
+            && !self.reaped
+        {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

@@ -6,6 +6,7 @@
 //! means signalling its group (its own children included), SIGTERM first, SIGKILL after the
 //! grace time. Nothing is ever signalled by name.
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -24,9 +25,11 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+pub use super::channel::Ending;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
 use super::lifeline::Lifeline;
 use super::output::{LineSplitter, Output, Stream};
+use super::relay::{DoorEvent, RelayDoor};
 use super::remote::Remote;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -146,41 +149,6 @@ pub struct RunPlan {
     pub grace: Duration,
 }
 
-/// How a worker ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
-    /// It exited with this code.
-    Exited(i32),
-    /// A signal ended it.
-    Signaled(Signal),
-    /// Its host was lost; how it ended is unknown.
-    Lost,
-}
-
-impl Ending {
-    /// The exit code that reports it: the code, or 128 + the signal's number.
-    pub fn code(self) -> u8 {
-        match self {
-            Ending::Exited(c) => (c & 0xff) as u8,
-            Ending::Signaled(s) => 128u8.wrapping_add(s as u8),
-            Ending::Lost => ExitCodes::FAILURE,
-        }
-    }
-
-    /// `exit 0`, `exit 3`, `SIGKILL`, `host lost`.
-    pub fn describe(self) -> String {
-        match self {
-            Ending::Exited(c) => format!("exit {c}"),
-            Ending::Signaled(s) => s.as_str().to_string(),
-            Ending::Lost => "host lost".into(),
-        }
-    }
-
-    fn failed(self) -> bool {
-        self != Ending::Exited(0)
-    }
-}
-
 /// What became of one worker.
 #[derive(Debug, Clone)]
 pub struct WorkerResult {
@@ -232,9 +200,51 @@ pub struct JobResult {
 pub enum Role {
     /// The launcher; it decides the job's fate.
     Launcher(Vec<Remote>),
-    /// A remote agent; it reports exits and obeys the launcher's commands.
+    /// A remote agent (or a relay); it reports exits and obeys the launcher's commands.
     Agent(Upstream),
 }
+
+/// What the launcher of `run --mpi` starts and watches ([`run_mpirun`]).
+#[derive(Debug)]
+pub struct MpirunPlan {
+    /// The mpirun command, whose ranks are relays.
+    pub command: Vec<OsString>,
+    /// Variables for mpirun (the relays' secret, passed on by name).
+    pub env: Vec<(OsString, OsString)>,
+    /// Where the relays connect.
+    pub door: RelayDoor,
+    /// How long the relays may take to connect, once mpirun has started.
+    pub timeout: Duration,
+}
+
+/// mpirun, while the launcher of `run --mpi` watches it.
+#[derive(Debug)]
+struct Mpirun {
+    pid: Pid,
+    door: RelayDoor,
+    /// Its stdout and stderr (its own messages: the ranks' output goes through the relays).
+    pipes: Vec<(OwnedFd, LineSplitter)>,
+    /// Its last lines, for the error message when it fails on its own.
+    tail: VecDeque<String>,
+    ended: Option<Ending>,
+    started: Instant,
+    /// When every relay must have connected.
+    deadline: Instant,
+}
+
+impl Mpirun {
+    /// Its last lines, joined for a message.
+    fn tail_text(&self) -> String {
+        if self.tail.is_empty() {
+            "(nothing)".into()
+        } else {
+            self.tail.iter().cloned().collect::<Vec<_>>().join(" | ")
+        }
+    }
+}
+
+/// How many of mpirun's last lines are kept.
+const MPIRUN_TAIL: usize = 10;
 
 /// An agent's line to its launcher: commands in on stdin (frames go out through [`Output`]).
 #[derive(Debug)]
@@ -243,6 +253,10 @@ pub struct Upstream {
     split: LineSplitter,
     last_heard: Instant,
     lost: bool,
+    /// A relay's signals come from mpirun, its parent, stopping the job: they are passed on to
+    /// the worker. An agent's come from elsewhere (sshd's SIGHUP) and mean the launcher is
+    /// gone.
+    obeys_signals: bool,
 }
 
 impl Upstream {
@@ -256,13 +270,24 @@ impl Upstream {
             .as_fd()
             .try_clone_to_owned()
             .map_err(|e| CliError::Failure(format!("cannot use standard input: {e}")))?;
+        Ok(Upstream::on(fd, false))
+    }
+
+    /// A relay's: commands come on its connection to the launcher, and its signals (from
+    /// mpirun) are passed on to its worker.
+    pub fn relay(connection: OwnedFd) -> Upstream {
+        Upstream::on(connection, true)
+    }
+
+    fn on(fd: OwnedFd, obeys_signals: bool) -> Upstream {
         let _ = fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
-        Ok(Upstream {
+        Upstream {
             fd: Some(fd),
             split: LineSplitter::default(),
             last_heard: Instant::now(),
             lost: false,
-        })
+            obeys_signals,
+        }
     }
 }
 
@@ -313,6 +338,12 @@ enum Source {
     Pipe(usize),
     RemoteOut(usize),
     RemoteErr(usize),
+    /// The relays' listening socket.
+    Door,
+    /// A relay's connection that has not proved itself yet.
+    Knock(usize),
+    /// mpirun's stdout or stderr.
+    MpirunPipe(usize),
 }
 
 /// Starts every local worker and supervises the job to the end.
@@ -377,6 +408,75 @@ pub fn run_workers(
     Ok(sup.result(output))
 }
 
+/// The launcher of `run --mpi`: starts mpirun, whose ranks are relays that connect to the
+/// launcher and report like remote agents of one worker each, and supervises the job to the
+/// end. `ranks` are the workers the relays will run (`local: false`; their hosts are filled
+/// in when the relays connect).
+///
+/// # Errors
+///
+/// [`CliError::Spawn`] when mpirun cannot be started.
+pub fn run_mpirun(
+    plan: &RunPlan,
+    ranks: &[WorkerPlan],
+    output: &mut Output,
+    signals: &Signals,
+    lifeline: &mut Lifeline,
+    mpirun: MpirunPlan,
+) -> Result<JobResult, CliError> {
+    let mpirun = start_mpirun(plan, mpirun, lifeline)?;
+    let running = ranks.iter().map(|_| Running::elsewhere()).collect();
+    let mut sup = Supervisor::new(
+        plan,
+        ranks,
+        running,
+        Vec::new(),
+        lifeline,
+        Role::Launcher(Vec::new()),
+    );
+    sup.mpirun = Some(mpirun);
+    sup.run(signals, output);
+    Ok(sup.result(output))
+}
+
+/// Starts mpirun like a worker (its own group, dying with the launcher), watched by the lifeline.
+fn start_mpirun(
+    plan: &RunPlan,
+    m: MpirunPlan,
+    lifeline: &mut Lifeline,
+) -> Result<Mpirun, CliError> {
+    let mpirun_plan = RunPlan {
+        command: m.command,
+        wdir: plan.wdir.clone(),
+        grace: plan.grace,
+    };
+    let spec = WorkerPlan {
+        rank: 0,
+        host: "mpirun".into(),
+        device: 0,
+        env: m.env,
+        local: true,
+    };
+    let (pid, out, err) = spawn(&mpirun_plan, &spec).map_err(|e| CliError::Spawn {
+        program: mpirun_plan.command.first().cloned().unwrap_or_default(),
+        host: "this machine".into(),
+        reason: e,
+    })?;
+    lifeline.watch(pid.as_raw());
+    Ok(Mpirun {
+        pid,
+        door: m.door,
+        pipes: vec![
+            (out, LineSplitter::default()),
+            (err, LineSplitter::default()),
+        ],
+        tail: VecDeque::new(),
+        ended: None,
+        started: Instant::now(),
+        deadline: Instant::now() + m.timeout,
+    })
+}
+
 /// Starts one worker in a process group of its own, stdin closed, output on pipes.
 fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> {
     let (program, args) = plan
@@ -425,7 +525,8 @@ fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> 
 
 struct Supervisor<'a> {
     plan: &'a RunPlan,
-    workers: &'a [WorkerPlan],
+    /// Owned: a relay names its host when it connects.
+    workers: Vec<WorkerPlan>,
     running: Vec<Running>,
     pipes: Vec<Pipe>,
     lifeline: &'a mut Lifeline,
@@ -442,12 +543,14 @@ struct Supervisor<'a> {
     drain_until: Option<Instant>,
     next_heartbeat: Instant,
     buf: Vec<u8>,
+    /// `run --mpi`: mpirun and the relays' door.
+    mpirun: Option<Mpirun>,
 }
 
 impl<'a> Supervisor<'a> {
     fn new(
         plan: &'a RunPlan,
-        workers: &'a [WorkerPlan],
+        workers: &[WorkerPlan],
         running: Vec<Running>,
         pipes: Vec<Pipe>,
         lifeline: &'a mut Lifeline,
@@ -455,7 +558,7 @@ impl<'a> Supervisor<'a> {
     ) -> Self {
         Supervisor {
             plan,
-            workers,
+            workers: workers.to_vec(),
             running,
             pipes,
             lifeline,
@@ -469,6 +572,7 @@ impl<'a> Supervisor<'a> {
             drain_until: None,
             next_heartbeat: Instant::now(),
             buf: vec![0; 1 << 16],
+            mpirun: None,
         }
     }
 
@@ -480,17 +584,25 @@ impl<'a> Supervisor<'a> {
     fn own_children(&self) -> Vec<u32> {
         let mut own = vec![self.lifeline.pid()];
         if let Role::Launcher(remotes) = &self.role {
-            own.extend(remotes.iter().map(Remote::pid));
+            own.extend(remotes.iter().filter_map(Remote::pid));
+        }
+        if let Some(m) = self.mpirun.as_ref().filter(|m| m.ended.is_none()) {
+            own.push(m.pid.as_raw() as u32);
         }
         own
     }
 
-    /// Whether every remote host is finished with (done, or lost).
+    /// Whether every remote host is finished with (done, or lost), and mpirun has ended.
     fn remotes_finished(&self) -> bool {
-        match &self.role {
-            Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
-            Role::Agent(_) => true,
-        }
+        let mpirun_ended = self
+            .mpirun
+            .as_ref()
+            .is_none_or(|m| m.ended.is_some() && m.pipes.is_empty());
+        mpirun_ended
+            && match &self.role {
+                Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
+                Role::Agent(_) => true,
+            }
     }
 
     fn run(&mut self, signals: &Signals, output: &mut Output) {
@@ -526,7 +638,7 @@ impl<'a> Supervisor<'a> {
 
     fn has_peers(&self) -> bool {
         match &self.role {
-            Role::Launcher(remotes) => !remotes.is_empty(),
+            Role::Launcher(remotes) => !remotes.is_empty() || self.mpirun.is_some(),
             Role::Agent(_) => true,
         }
     }
@@ -661,6 +773,53 @@ impl<'a> Supervisor<'a> {
         if let Some(why) = upstream_lost {
             self.upstream_lost(why, output);
         }
+        self.check_relays_came(output);
+    }
+
+    /// `run --mpi`: every rank's relay must connect within the rendezvous timeout of mpirun's
+    /// start; those that did not are named, and the job stops.
+    fn check_relays_came(&mut self, output: &mut Output) {
+        let Some(m) = &self.mpirun else { return };
+        if m.ended.is_some() || Instant::now() < m.deadline || self.failed_or_interrupted() {
+            return;
+        }
+        let missing: Vec<u32> = self
+            .workers
+            .iter()
+            .map(|w| w.rank)
+            .filter(|&r| !m.door.is_admitted(r))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let why = format!(
+            "the relay of rank{} {} did not connect within {:.0?} of mpirun's start (mpirun's \
+             last lines: {})",
+            if missing.len() == 1 { "" } else { "s" },
+            ranges(&missing),
+            self.plan_timeout(),
+            m.tail_text()
+        );
+        let now = Instant::now();
+        for lane in 0..self.workers.len() {
+            if missing.contains(&self.workers[lane].rank) && self.running[lane].ended.is_none() {
+                self.running[lane].ended = Some((now, Ending::NotStarted));
+            }
+        }
+        self.fail_job("mpirun", why, ExitCodes::FAILURE, output);
+        // mpirun aborts the ranks it did start (and those still starting).
+        self.signal_mpirun(Signal::SIGTERM);
+    }
+
+    /// How long the relays were given (for messages).
+    fn plan_timeout(&self) -> Duration {
+        self.mpirun.as_ref().map_or(Duration::ZERO, |m| {
+            m.deadline.saturating_duration_since(m.started)
+        })
+    }
+
+    fn failed_or_interrupted(&self) -> bool {
+        self.first_failure.is_some() || self.host_failure.is_some() || self.interrupted.is_some()
     }
 
     /// Waits for output, exits, signals or messages once, and handles what came.
@@ -694,6 +853,20 @@ impl<'a> Supervisor<'a> {
                 fds.push(PollFd::new(p.fd.as_fd(), PollFlags::POLLIN));
                 sources.push(Source::Pipe(i));
             }
+            if let Some(m) = &self.mpirun {
+                for (i, (fd, _)) in m.pipes.iter().enumerate() {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    sources.push(Source::MpirunPipe(i));
+                }
+                for (i, fd) in m.door.fds().enumerate() {
+                    fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                    sources.push(if i == 0 {
+                        Source::Door
+                    } else {
+                        Source::Knock(i - 1)
+                    });
+                }
+            }
             match poll(&mut fds, timeout) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(_) => return,
@@ -706,8 +879,17 @@ impl<'a> Supervisor<'a> {
         };
         output.tick();
         let mut closed = Vec::new();
+        let mut mpirun_closed = Vec::new();
+        let (mut listening, mut knocks) = (false, Vec::new());
         for source in ready {
             match source {
+                Source::Door => listening = true,
+                Source::Knock(i) => knocks.push(i),
+                Source::MpirunPipe(i) => {
+                    if !self.read_mpirun(i, output) {
+                        mpirun_closed.push(i);
+                    }
+                }
                 Source::Signals => {
                     for s in signals.pending() {
                         self.on_signal(s, output);
@@ -727,7 +909,160 @@ impl<'a> Supervisor<'a> {
         for i in closed.into_iter().rev() {
             self.pipes.swap_remove(i);
         }
+        if let Some(m) = &mut self.mpirun {
+            mpirun_closed.sort_unstable();
+            for i in mpirun_closed.into_iter().rev() {
+                m.pipes.swap_remove(i);
+            }
+        }
+        // Expiry runs on every pass: a knock that never speaks must still be dropped.
+        self.serve_door(listening, &knocks, output);
         output.flush();
+    }
+
+    /// `run --mpi`: takes relays' connections, admits those that prove themselves (each becomes
+    /// a remote of its rank), and names those refused.
+    fn serve_door(&mut self, listening: bool, knocks: &[usize], output: &mut Output) {
+        let Some(m) = &mut self.mpirun else { return };
+        for event in m.door.serve(listening, knocks) {
+            match event {
+                DoorEvent::Refused(why) => output.message(&format!("atlasboost: dropped a {why}")),
+                DoorEvent::Admitted {
+                    rank,
+                    local_rank,
+                    host,
+                    remote,
+                } => {
+                    let Ok(lane) = self.workers.binary_search_by_key(&rank, |w| w.rank) else {
+                        continue;
+                    };
+                    self.workers[lane].host = host;
+                    // init() takes the device of its local rank: this is its logical id.
+                    self.workers[lane].device = local_rank;
+                    self.running[lane].started = Instant::now();
+                    let Role::Launcher(remotes) = &mut self.role else {
+                        continue;
+                    };
+                    remotes.push(*remote);
+                    let h = remotes.len() - 1;
+                    let backlog = std::mem::take(&mut remotes[h].backlog);
+                    // A stop already under way reaches the late ones too.
+                    if let Some((_, killed)) = self.stopping {
+                        let signal = if killed {
+                            Signal::SIGKILL
+                        } else {
+                            self.interrupted.unwrap_or(Signal::SIGTERM)
+                        };
+                        remotes[h].send(Down::Signal(signal));
+                    }
+                    for message in backlog {
+                        self.on_remote(h, message, output);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads mpirun's own output (pipe `i`): its lines go to stderr as they are. False at the
+    /// pipe's end.
+    fn read_mpirun(&mut self, i: usize, output: &mut Output) -> bool {
+        let Some((fd, split)) = self.mpirun.as_mut().and_then(|m| m.pipes.get_mut(i)) else {
+            return false;
+        };
+        let mut lines = Vec::new();
+        let mut open = true;
+        for _ in 0..16 {
+            match nix::unistd::read(&*fd, &mut self.buf) {
+                Ok(0) => {
+                    split.finish(&mut |l| lines.push(String::from_utf8_lossy(l).into_owned()));
+                    open = false;
+                    break;
+                }
+                Ok(n) => split.feed(&self.buf[..n], &mut |l| {
+                    lines.push(String::from_utf8_lossy(l).into_owned());
+                }),
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
+                Err(_) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        let Some(m) = &mut self.mpirun else {
+            return false;
+        };
+        for l in lines {
+            output.message(&l);
+            if m.tail.len() == MPIRUN_TAIL {
+                m.tail.pop_front();
+            }
+            m.tail.push_back(l);
+        }
+        open
+    }
+
+    /// mpirun has exited: what it leaves unsaid is settled. Its relays have all exited by now
+    /// (it waits for its ranks), so what they sent is read first; ranks whose relay never
+    /// came never started; and mpirun failing on its own (a host it cannot reach, too few
+    /// slots) fails the job with its own words.
+    fn mpirun_ended(&mut self, ending: Ending, output: &mut Output) {
+        let Some(m) = &mut self.mpirun else { return };
+        m.ended = Some(ending);
+        // Its last words first. The pipes stay in the list (the poll in progress holds their
+        // indices); one at its end reads as ended again on the next poll, and goes then.
+        for i in 0..m.pipes.len() {
+            // Bounded: a child of mpirun (its ssh sessions) may hold its pipes a while longer.
+            for _ in 0..64 {
+                if !self.read_mpirun(i, output) {
+                    break;
+                }
+            }
+        }
+        let remotes = match &self.role {
+            Role::Launcher(r) => r.len(),
+            Role::Agent(_) => 0,
+        };
+        for h in 0..remotes {
+            self.read_remote(h, output);
+        }
+        let now = Instant::now();
+        let mut never = Vec::new();
+        for (lane, w) in self.workers.iter().enumerate() {
+            let admitted = self
+                .mpirun
+                .as_ref()
+                .is_some_and(|m| m.door.is_admitted(w.rank));
+            if !admitted && self.running[lane].ended.is_none() {
+                self.running[lane].ended = Some((now, Ending::NotStarted));
+                never.push(w.rank);
+            }
+        }
+        if self.failed_or_interrupted() {
+            return;
+        }
+        let tail = self
+            .mpirun
+            .as_ref()
+            .map_or_else(String::new, Mpirun::tail_text);
+        if ending.failed() {
+            let why = format!("mpirun ended with {}; it said: {tail}", ending.describe());
+            self.fail_job("mpirun", why, ending.code(), output);
+        } else if !never.is_empty() {
+            let why = format!(
+                "mpirun ended with exit 0, but rank{} {} never started (mpirun said: {tail})",
+                if never.len() == 1 { "" } else { "s" },
+                ranges(&never)
+            );
+            self.fail_job("mpirun", why, ExitCodes::FAILURE, output);
+        }
+    }
+
+    /// Sends `signal` to mpirun's process group, while it runs.
+    fn signal_mpirun(&mut self, signal: Signal) {
+        if let Some(m) = self.mpirun.as_ref().filter(|m| m.ended.is_none()) {
+            let _ = killpg(m.pid, signal);
+        }
     }
 
     /// Reads what a pipe has; false at its end.
@@ -879,10 +1214,16 @@ impl<'a> Supervisor<'a> {
         };
         let r = &remotes[h];
         if r.out.is_none() && !r.done && r.lost.is_none() {
-            let why = format!(
-                "its ssh session ended before its workers did; ssh said: {}",
-                r.err_tail()
-            );
+            let why = match r.relay_rank() {
+                Some(rank) => format!(
+                    "the relay of rank {rank} closed its connection before its worker ended \
+                     (killed?)"
+                ),
+                None => format!(
+                    "its ssh session ended before its workers did; ssh said: {}",
+                    r.err_tail()
+                ),
+            };
             self.host_lost(h, why, output);
         }
     }
@@ -900,19 +1241,18 @@ impl<'a> Supervisor<'a> {
     }
 
     fn on_remote(&mut self, h: usize, message: Up, output: &mut Output) {
-        let host = match &self.role {
-            Role::Launcher(remotes) => remotes[h].host.clone(),
-            Role::Agent(_) => return,
-        };
+        if self.is_agent() {
+            return;
+        }
         match message {
             Up::Heartbeat | Up::Ready => {}
             Up::Line { rank, stream, line } => {
-                if let Some(lane) = self.lane_of(rank, &host) {
+                if let Some(lane) = self.lane_of(h, rank) {
                     output.line(lane, stream, &line);
                 }
             }
             Up::Exited { rank, ending } => {
-                if let Some(lane) = self.lane_of(rank, &host) {
+                if let Some(lane) = self.lane_of(h, rank) {
                     self.worker_ended(lane, ending, output);
                 }
             }
@@ -930,12 +1270,31 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// The lane of a rank that `host` reports on (never another host's rank).
-    fn lane_of(&self, rank: u32, host: &str) -> Option<usize> {
+    /// The lane of a rank that remote `h` reports on: a rank of its host (a relay: its own
+    /// rank), never another's.
+    fn lane_of(&self, h: usize, rank: u32) -> Option<usize> {
+        let lane = self.workers.binary_search_by_key(&rank, |w| w.rank).ok()?;
+        self.lanes_of(h).contains(&lane).then_some(lane)
+    }
+
+    /// The lanes remote `h` reports on.
+    fn lanes_of(&self, h: usize) -> Vec<usize> {
+        let Role::Launcher(remotes) = &self.role else {
+            return Vec::new();
+        };
+        let r = &remotes[h];
         self.workers
-            .binary_search_by_key(&rank, |w| w.rank)
-            .ok()
-            .filter(|&i| !self.workers[i].local && self.workers[i].host == host)
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| {
+                !w.local
+                    && match r.relay_rank() {
+                        Some(rank) => w.rank == rank,
+                        None => w.host == r.host,
+                    }
+            })
+            .map(|(lane, _)| lane)
+            .collect()
     }
 
     /// A host is lost: its workers' fate is unknown, and the job fails.
@@ -956,15 +1315,20 @@ impl<'a> Supervisor<'a> {
         };
         let host = remotes[h].host.clone();
         let now = Instant::now();
-        for (w, r) in self.workers.iter().zip(&mut self.running) {
-            if !w.local && w.host == host && r.ended.is_none() {
-                r.ended = Some((now, Ending::Lost));
+        for lane in self.lanes_of(h) {
+            if self.running[lane].ended.is_none() {
+                self.running[lane].ended = Some((now, Ending::Lost));
             }
         }
-        if self.first_failure.is_some() || self.host_failure.is_some() || self.interrupted.is_some()
-        {
+        self.fail_job(&host, why, code, output);
+    }
+
+    /// The job fails because of `host` (a host, or mpirun), unless something failed first.
+    fn fail_job(&mut self, host: &str, why: String, code: u8, output: &mut Output) {
+        if self.failed_or_interrupted() {
             return;
         }
+        let host = host.to_string();
         let live = self.running.iter().filter(|r| r.ended.is_none()).count();
         if live > 0 {
             output.message(&format!(
@@ -983,6 +1347,15 @@ impl<'a> Supervisor<'a> {
     fn on_signal(&mut self, s: Signal, output: &mut Output) {
         match s {
             Signal::SIGCHLD => self.reap(output),
+            // A relay's parent is mpirun, which stops the job with signals: pass them on, as
+            // the launcher's `sig` commands (a second one kills).
+            _ if matches!(&self.role, Role::Agent(up) if up.obeys_signals) => {
+                if self.stopping.is_some() {
+                    self.kill_now();
+                } else {
+                    self.stop(s);
+                }
+            }
             // An agent takes orders from its launcher; a signal from elsewhere (sshd's SIGHUP
             // when the session ends) means the launcher is gone.
             _ if self.is_agent() => {
@@ -1037,6 +1410,7 @@ impl<'a> Supervisor<'a> {
                 _ => continue,
             };
             if pid.as_raw() as u32 == self.lifeline.pid() {
+                self.lifeline.reaped();
                 output.message(
                     "atlasboost: warning: the lifeline process exited early; if the launcher \
                      is killed now, workers' children may survive it",
@@ -1044,9 +1418,18 @@ impl<'a> Supervisor<'a> {
                 continue;
             }
             if let Role::Launcher(remotes) = &mut self.role
-                && let Some(r) = remotes.iter_mut().find(|r| r.pid() == pid.as_raw() as u32)
+                && let Some(r) = remotes
+                    .iter_mut()
+                    .find(|r| r.pid() == Some(pid.as_raw() as u32))
             {
                 r.reaped = true;
+                continue;
+            }
+            if self.mpirun.as_ref().is_some_and(|m| m.pid == pid) {
+                if killpg(pid, None) == Err(Errno::ESRCH) {
+                    self.lifeline.forget(pid.as_raw());
+                }
+                self.mpirun_ended(ending, output);
                 continue;
             }
             let Some(i) = self.running.iter().position(|r| r.pid == Some(pid)) else {
@@ -1114,6 +1497,7 @@ impl<'a> Supervisor<'a> {
     fn kill_now(&mut self) {
         self.signal_groups(Signal::SIGKILL);
         self.signal_remotes(Signal::SIGKILL);
+        self.signal_mpirun(Signal::SIGKILL);
         signal_orphans(&self.own_children(), Signal::SIGKILL);
         self.stopping = Some((self.stopping.map_or(Instant::now(), |s| s.0), true));
         self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
@@ -1211,18 +1595,62 @@ impl<'a> Supervisor<'a> {
     }
 }
 
+/// Sorted ranks as a short list: `0-3, 5, 7-8`.
+fn ranges(ranks: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j == i {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
 /// Processes whose parent is the launcher, other than `own` (the lifeline, ssh sessions):
 /// orphans of the workers' children, since the launcher is their subreaper. Called once every
 /// worker has been reaped.
 fn orphans(own: &[u32]) -> Vec<Pid> {
-    let me = std::process::id();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| !own.contains(&pid) && parent_of(pid) == Some(me))
+    let children = own_children().unwrap_or_else(|| {
+        // Without /proc/<pid>/task/<tid>/children (a kernel without CONFIG_PROC_CHILDREN):
+        // every process's parent.
+        let me = std::process::id();
+        std::fs::read_dir("/proc").map_or_else(
+            |_| Vec::new(),
+            |dir| {
+                dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                    .filter(|&pid| parent_of(pid) == Some(me))
+                    .collect()
+            },
+        )
+    });
+    children
+        .into_iter()
+        .filter(|pid| !own.contains(pid))
         .map(|pid| Pid::from_raw(pid as i32))
         .collect()
+}
+
+/// This process's children, from the kernel's list of each thread's children (a few reads,
+/// where scanning every process's parent costs a read per process on the machine).
+fn own_children() -> Option<Vec<u32>> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("children");
+        let list = std::fs::read_to_string(path).ok()?;
+        children.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    Some(children)
 }
 
 /// The parent of `pid`, from `/proc/<pid>/stat` (the field after the parenthesised name).

@@ -252,7 +252,7 @@ fn help_lists_the_user_commands_and_hides_the_internal_ones() {
         );
     }
     // Internal subcommands stay out of --help.
-    for c in ["agent", "guard"] {
+    for c in ["agent", "relay"] {
         assert!(
             !commands.contains(&c),
             "{c} is internal but listed\n{}",

@@ -1,0 +1,544 @@
+//! The connection between the launcher of `atlasboost run --mpi` and the relay of each rank.
+//!
+//! mpirun starts `atlasboost relay -- COMMAND` as every rank; the relay runs the worker and
+//! connects back to the launcher, where it speaks the [`channel`](super::channel) protocol of a
+//! remote agent that has one worker: the worker's lines, its exit, heartbeats up; heartbeats
+//! and signals down. Why not mpirun's own output forwarding: `--tag-output` tags each chunk it
+//! reads, not each line, so a line written in pieces (Python's `print(a, b)` unbuffered) comes
+//! out torn, and one thread in mpirun carries every byte; it does not say how each rank ended
+//! either. The relays keep mpirun's job (placement, and killing the job when a rank dies) and
+//! give `--mpi` the output, the summary and the speed of atlasboost's own launches.
+//!
+//! A relay proves it belongs to the job before the launcher believes a byte of it: the
+//! launcher sends each new connection 32 random bytes, and the relay answers with one frame of
+//! the rendezvous wire protocol ([`atlasboost_tcp::wire`]), signed with the job's secret: index
+//! = its rank, world = the job's size, payload = the 32 bytes, its local rank (4 bytes,
+//! big-endian) and its host's name. The secret
+//! reaches the relays through mpirun's environment (`-x NAME`), never on a command line. A
+//! connection that does not prove itself within [`KNOCK_TIMEOUT`] is dropped and named.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use atlasboost_tcp::Secret;
+use atlasboost_tcp::wire::{self, Frame, Kind};
+
+use super::remote::Remote;
+
+/// How long a new connection has to prove itself.
+pub const KNOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The challenge's length.
+const CHALLENGE_LEN: usize = 32;
+
+/// The longest introduction: a frame with a host name.
+const MAX_INTRODUCTION: usize = 4096;
+
+/// The launcher's door: relays connect here.
+#[derive(Debug)]
+pub struct RelayDoor {
+    listener: TcpListener,
+    secret: Secret,
+    job_id: String,
+    size: u32,
+    knocks: Vec<Knock>,
+    admitted: Vec<bool>,
+}
+
+/// A connection that has not proved itself yet.
+#[derive(Debug)]
+struct Knock {
+    stream: TcpStream,
+    peer: SocketAddr,
+    challenge: [u8; CHALLENGE_LEN],
+    got: Vec<u8>,
+    since: Instant,
+}
+
+/// What happened at the door.
+#[derive(Debug)]
+pub enum DoorEvent {
+    /// Rank `rank`'s relay, on `host`, proved itself: its session.
+    Admitted {
+        /// Its rank.
+        rank: u32,
+        /// Its index among the ranks of its host (the device `init()` takes).
+        local_rank: u32,
+        /// Its host, as it names itself.
+        host: String,
+        /// Its session.
+        remote: Box<Remote>,
+    },
+    /// A connection was refused (a stranger, a second relay for one rank, a timeout): why.
+    Refused(String),
+}
+
+impl RelayDoor {
+    /// Listens on `ip` (a free port) for the relays of a job of `size` ranks.
+    ///
+    /// # Errors
+    ///
+    /// The address cannot be listened on.
+    pub fn open(ip: IpAddr, size: u32, job_id: &str, secret: Secret) -> io::Result<RelayDoor> {
+        let listener = TcpListener::bind((ip, 0))?;
+        listener.set_nonblocking(true)?;
+        Ok(RelayDoor {
+            listener,
+            secret,
+            job_id: job_id.to_string(),
+            size,
+            knocks: Vec::new(),
+            admitted: vec![false; size as usize],
+        })
+    }
+
+    /// Where the relays connect.
+    ///
+    /// # Errors
+    ///
+    /// As [`TcpListener::local_addr`].
+    pub fn address(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The listening socket, then each connection that has not proved itself (in the order
+    /// [`RelayDoor::serve`] takes them).
+    pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        std::iter::once(self.listener.as_fd()).chain(self.knocks.iter().map(|k| k.stream.as_fd()))
+    }
+
+    /// How many ranks' relays have been admitted.
+    pub fn admitted(&self) -> usize {
+        self.admitted.iter().filter(|a| **a).count()
+    }
+
+    /// Whether rank `rank`'s relay has been admitted.
+    pub fn is_admitted(&self, rank: u32) -> bool {
+        self.admitted.get(rank as usize).copied().unwrap_or(false)
+    }
+
+    /// Takes new connections (when the listener is `listening`), reads the connections at
+    /// `readable` (indices into [`RelayDoor::fds`] after the listener), drops those that took
+    /// too long; returns what came of it.
+    pub fn serve(&mut self, listening: bool, readable: &[usize]) -> Vec<DoorEvent> {
+        let mut events = Vec::new();
+        let mut finished: Vec<usize> = Vec::new();
+        for &i in readable {
+            if let Some(outcome) = self.knocks.get_mut(i).and_then(Knock::read) {
+                finished.push(i);
+                events.push(self.judge(i, outcome));
+            }
+        }
+        for (i, k) in self.knocks.iter().enumerate() {
+            if !finished.contains(&i) && k.since.elapsed() > KNOCK_TIMEOUT {
+                finished.push(i);
+                events.push(DoorEvent::Refused(format!(
+                    "a connection from {} to the relays' port sent no introduction within \
+                     {KNOCK_TIMEOUT:.0?}",
+                    k.peer
+                )));
+            }
+        }
+        finished.sort_unstable();
+        for i in finished.into_iter().rev() {
+            self.knocks.swap_remove(i);
+        }
+        if listening {
+            self.accept(&mut events);
+        }
+        events
+    }
+
+    fn accept(&mut self, events: &mut Vec<DoorEvent>) {
+        loop {
+            let (mut stream, peer) = match self.listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // WouldBlock: nobody else is waiting. Other errors (a connection reset before
+                // it was taken, out of descriptors) leave the door open for the next one.
+                Err(_) => return,
+            };
+            // 128 random bits, as text.
+            let challenge = match Secret::random() {
+                Ok(s) => {
+                    let mut c = [0u8; CHALLENGE_LEN];
+                    c.copy_from_slice(&s.to_hex().as_bytes()[..CHALLENGE_LEN]);
+                    c
+                }
+                Err(e) => {
+                    events.push(DoorEvent::Refused(format!(
+                        "cannot read random bytes for {peer}'s challenge: {e}"
+                    )));
+                    continue;
+                }
+            };
+            // A fresh connection's buffer takes 32 bytes at once; one that does not is refused.
+            let sent = stream
+                .set_nonblocking(true)
+                .and_then(|()| stream.write(&challenge));
+            if !matches!(sent, Ok(CHALLENGE_LEN)) {
+                events.push(DoorEvent::Refused(format!(
+                    "cannot send {peer} its challenge"
+                )));
+                continue;
+            }
+            self.knocks.push(Knock {
+                stream,
+                peer,
+                challenge,
+                got: Vec::new(),
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Admits or refuses the knock at `i`, which has read its introduction (or failed to).
+    fn judge(&mut self, i: usize, outcome: Result<Vec<u8>, String>) -> DoorEvent {
+        let k = &self.knocks[i];
+        let refused =
+            |why: String| DoorEvent::Refused(format!("relay connection from {}: {why}", k.peer));
+        let bytes = match outcome {
+            Ok(b) => b,
+            Err(why) => return refused(why),
+        };
+        let Some(frame_len) = bytes
+            .get(..4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        else {
+            return refused("introduction cut short".into());
+        };
+        let frame = match wire::decode(
+            &self.secret,
+            &self.job_id,
+            MAX_INTRODUCTION,
+            &bytes[4..4 + frame_len],
+        ) {
+            Ok(f) => f,
+            Err(why) => return refused(format!("refused: {why}")),
+        };
+        let (local_rank, host) = match check_introduction(&frame, &k.challenge, self.size) {
+            Ok(who) => who,
+            Err(why) => return refused(why),
+        };
+        let rank = frame.index;
+        if self.admitted[rank as usize] {
+            return refused(format!("rank {rank} already has a relay"));
+        }
+        let already = &bytes[4 + frame_len..];
+        let stream = match k.stream.try_clone() {
+            Ok(s) => s,
+            Err(e) => return refused(format!("cannot keep the connection: {e}")),
+        };
+        match Remote::relay(stream, &host, rank, already) {
+            Ok(remote) => {
+                self.admitted[rank as usize] = true;
+                DoorEvent::Admitted {
+                    rank,
+                    local_rank,
+                    host,
+                    remote: Box::new(remote),
+                }
+            }
+            Err(why) => refused(format!("rank {rank}: {why}")),
+        }
+    }
+}
+
+impl Knock {
+    /// Reads what came; the introduction and anything after it once it is whole, an error for
+    /// a connection that ended or sent too much, `None` while it is incomplete.
+    fn read(&mut self) -> Option<Result<Vec<u8>, String>> {
+        let mut buf = [0u8; 4096];
+        let mut ended = false;
+        loop {
+            match self.stream.read(&mut buf) {
+                // A relay whose worker was quick may have said everything and gone: what it
+                // sent still counts.
+                Ok(0) => {
+                    ended = true;
+                    break;
+                }
+                Ok(n) => self.got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Some(Err(format!("cannot read it: {e}"))),
+            }
+            if self.got.len() > 4 * MAX_INTRODUCTION {
+                break;
+            }
+        }
+        let len = self
+            .got
+            .get(..4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
+        match len {
+            Some(len) if len > MAX_INTRODUCTION => Some(Err(format!(
+                "an introduction of {len} bytes, more than {MAX_INTRODUCTION}"
+            ))),
+            Some(len) if self.got.len() >= 4 + len => Some(Ok(std::mem::take(&mut self.got))),
+            _ if ended => Some(Err("closed before it introduced itself".into())),
+            _ => None,
+        }
+    }
+}
+
+/// The local rank and host an authentic introduction names, or what is wrong with it.
+fn check_introduction(
+    frame: &Frame<'_>,
+    challenge: &[u8; CHALLENGE_LEN],
+    size: u32,
+) -> Result<(u32, String), String> {
+    if frame.kind != Kind::Join || frame.round != 1 {
+        return Err(format!(
+            "an introduction of kind {:?}, round {}",
+            frame.kind, frame.round
+        ));
+    }
+    if frame.world != size || frame.index >= size {
+        return Err(format!(
+            "rank {} of {} ranks, but this job has {size}",
+            frame.index, frame.world
+        ));
+    }
+    let Some(rest) = frame.payload.strip_prefix(challenge.as_slice()) else {
+        return Err("it answers another challenge (a replay?)".into());
+    };
+    let Some((local, host)) = rest.split_first_chunk::<4>() else {
+        return Err("its introduction has no local rank".into());
+    };
+    let local_rank = u32::from_be_bytes(*local);
+    if local_rank >= size {
+        return Err(format!("local rank {local_rank} of a job of {size} ranks"));
+    }
+    match std::str::from_utf8(host) {
+        Ok(h) if !h.is_empty() && h.len() <= 255 => Ok((local_rank, h.to_string())),
+        _ => Err("its host name is empty, too long or not UTF-8".into()),
+    }
+}
+
+/// Who a relay is.
+#[derive(Debug, Clone)]
+pub struct Introduction<'a> {
+    /// The job's id.
+    pub job_id: &'a str,
+    /// The job's secret.
+    pub secret: &'a Secret,
+    /// The relay's rank.
+    pub rank: u32,
+    /// The job's size.
+    pub size: u32,
+    /// Its index among its host's ranks.
+    pub local_rank: u32,
+    /// Its host's name.
+    pub host: &'a str,
+}
+
+/// The relay's side: connects to the launcher at `address` (`host:port`) and proves it
+/// belongs to the job, waiting at most `timeout` for each step.
+///
+/// # Errors
+///
+/// What failed, naming the address.
+pub fn introduce(
+    address: &str,
+    who: &Introduction<'_>,
+    timeout: Duration,
+) -> Result<TcpStream, String> {
+    let fail = |what: &str, e: io::Error| format!("{what} the launcher at {address}: {e}");
+    let target = address
+        .to_socket_addrs()
+        .map_err(|e| fail("cannot resolve", e))?
+        .next()
+        .ok_or_else(|| format!("{address} resolves to no address"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&target, timeout).map_err(|e| fail("cannot connect to", e))?;
+    let _ = stream.set_nodelay(true);
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| fail("cannot set timeouts for", e))?;
+    let mut challenge = [0u8; CHALLENGE_LEN];
+    stream
+        .read_exact(&mut challenge)
+        .map_err(|e| fail("no challenge from", e))?;
+    stream
+        .write_all(&introduction(&challenge, who))
+        .map_err(|e| fail("cannot introduce itself to", e))?;
+    stream
+        .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(None))
+        .map_err(|e| fail("cannot clear the timeouts of", e))?;
+    Ok(stream)
+}
+
+/// The answer to `challenge`: the signed frame, after its length.
+fn introduction(challenge: &[u8; CHALLENGE_LEN], who: &Introduction<'_>) -> Vec<u8> {
+    let mut payload = challenge.to_vec();
+    payload.extend_from_slice(&who.local_rank.to_be_bytes());
+    payload.extend_from_slice(who.host.as_bytes());
+    let frame = wire::encode(
+        who.secret,
+        &Frame {
+            kind: Kind::Join,
+            round: 1,
+            index: who.rank,
+            world: who.size,
+            job_id: who.job_id,
+            payload: &payload,
+        },
+    );
+    let mut message = (frame.len() as u32).to_be_bytes().to_vec();
+    message.extend_from_slice(&frame);
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn door(size: u32) -> (RelayDoor, Secret) {
+        let secret = Secret::from_bytes([7; 32]);
+        let door = RelayDoor::open(
+            IpAddr::from([127, 0, 0, 1]),
+            size,
+            "ab-test",
+            secret.clone(),
+        )
+        .unwrap();
+        (door, secret)
+    }
+
+    /// Serves the door until `n` events came (bounded).
+    fn events(door: &mut RelayDoor, n: usize) -> Vec<DoorEvent> {
+        let mut got = Vec::new();
+        let until = Instant::now() + Duration::from_secs(10);
+        while got.len() < n && Instant::now() < until {
+            let readable: Vec<usize> = (0..door.knocks.len()).collect();
+            got.extend(door.serve(true, &readable));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        got
+    }
+
+    fn introduce_in_thread(
+        address: String,
+        secret: Secret,
+        rank: u32,
+        size: u32,
+        job_id: &'static str,
+    ) -> std::thread::JoinHandle<Result<TcpStream, String>> {
+        std::thread::spawn(move || {
+            let who = Introduction {
+                job_id,
+                secret: &secret,
+                rank,
+                size,
+                local_rank: 0,
+                host: "node7",
+            };
+            introduce(&address, &who, Duration::from_secs(5))
+        })
+    }
+
+    #[test]
+    fn a_relay_with_the_secret_is_admitted_once_per_rank() {
+        let (mut door, secret) = door(4);
+        let address = door.address().unwrap().to_string();
+        let first = introduce_in_thread(address.clone(), secret.clone(), 2, 4, "ab-test");
+        let got = events(&mut door, 1);
+        assert!(first.join().unwrap().is_ok());
+        match &got[..] {
+            [DoorEvent::Admitted { rank: 2, host, .. }] => assert_eq!(host, "node7"),
+            other => panic!("expected rank 2 admitted, got {other:?}"),
+        }
+        assert!(door.is_admitted(2) && !door.is_admitted(1));
+        let second = introduce_in_thread(address, secret, 2, 4, "ab-test");
+        let got = events(&mut door, 1);
+        let _ = second.join();
+        match &got[..] {
+            [DoorEvent::Refused(why)] => {
+                assert!(why.contains("rank 2 already has a relay"), "{why}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(door.admitted(), 1);
+    }
+
+    #[test]
+    fn strangers_are_refused_with_the_reason() {
+        let (mut door, _) = door(4);
+        let address = door.address().unwrap().to_string();
+        for (secret, rank, size, job, expect) in [
+            (
+                Secret::from_bytes([8; 32]),
+                0,
+                4,
+                "ab-test",
+                "authentication",
+            ),
+            (Secret::from_bytes([7; 32]), 0, 4, "ab-other", "another job"),
+            (
+                Secret::from_bytes([7; 32]),
+                4,
+                8,
+                "ab-test",
+                "rank 4 of 8 ranks, but this job has 4",
+            ),
+        ] {
+            let relay = introduce_in_thread(address.clone(), secret, rank, size, job);
+            let got = events(&mut door, 1);
+            let _ = relay.join();
+            match &got[..] {
+                [DoorEvent::Refused(why)] => assert!(why.contains(expect), "{why} lacks {expect}"),
+                other => panic!("expected a refusal ({expect}), got {other:?}"),
+            }
+        }
+        // Not even the protocol: a length far over the limit.
+        let mut garbage = TcpStream::connect(&address).unwrap();
+        garbage.write_all(&[0xff; 64]).unwrap();
+        let got = events(&mut door, 1);
+        match &got[..] {
+            [DoorEvent::Refused(why)] => assert!(why.contains("more than 4096"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(door.admitted(), 0);
+    }
+
+    #[test]
+    fn what_the_relay_sends_with_its_introduction_is_kept() {
+        use super::super::channel::{self, Up};
+
+        let (mut door, secret) = door(1);
+        let address = door.address().unwrap().to_string();
+        // The introduction and the first frames in one write: one read takes them all.
+        let relay = std::thread::spawn(move || {
+            let mut stream = TcpStream::connect(&address).unwrap();
+            let mut challenge = [0u8; CHALLENGE_LEN];
+            stream.read_exact(&mut challenge).unwrap();
+            let who = Introduction {
+                job_id: "ab-test",
+                secret: &secret,
+                rank: 0,
+                size: 1,
+                local_rank: 0,
+                host: "node7",
+            };
+            let mut bytes = introduction(&challenge, &who);
+            bytes.extend_from_slice(channel::HELLO);
+            channel::encode(&Up::Done, &mut bytes);
+            stream.write_all(&bytes).unwrap();
+            stream
+        });
+        let got = events(&mut door, 1);
+        let _stream = relay.join().unwrap();
+        match &got[..] {
+            [DoorEvent::Admitted { remote, .. }] => {
+                assert_eq!(remote.backlog, vec![Up::Done]);
+                assert_eq!(remote.relay_rank(), Some(0));
+            }
+            other => panic!("expected an admission, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! `atlasboost run --mpi` with the real Open MPI `mpirun`: it prints what atlasboost's own
+//! launches print (each rank's relay sends its lines to the launcher), while mpirun keeps its
+//! duties. These workers do not call `init()`, so no MPI build is needed; each test skips,
+//! saying why, without `mpirun` (and fails with `ATLASBOOST_E2E_REQUIRE_MPIRUN=1`, as in CI).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use atlasboost_e2e::{Run, assert_no_process_with_env, kill_marked, mpirun_or_skip, unique};
+use nix::sys::signal::Signal;
+
+use crate::{lines_by_rank, split_tag};
+
+const MARK: &str = "ATLASBOOST_E2E_MARK";
+
+/// A Python worker that prints `n` lines, each in pieces (`print` of several values writes
+/// each separately when unbuffered): `<rank> <i> of <n> end`.
+const PIECES: &str = "import os, sys
+r = os.environ['OMPI_COMM_WORLD_RANK']
+n = int(sys.argv[1])
+for i in range(n):
+    print(r, i, 'of', n, 'end')
+";
+
+/// Kills whatever is left with the marker when a test ends, passing or not.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        kill_marked(MARK, &self.0);
+    }
+}
+
+/// `atlasboost run --mpi --sim 8 -n <ranks>` and the given arguments.
+fn run_mpi(ranks: u32) -> Run {
+    Run::new(["run", "--mpi", "--sim", "8", "-n"])
+        .args([ranks.to_string()])
+        .timeout(Duration::from_secs(90))
+}
+
+#[test]
+fn lines_written_in_pieces_arrive_whole_and_in_order() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    const LINES: u32 = 100_000;
+    let f = run_mpi(8)
+        .args(["-q", "--", "python3", "-c", PIECES])
+        .args([LINES.to_string()])
+        .run();
+    f.assert_code(0);
+    let out = f.out();
+    let mut next: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut torn = Vec::new();
+    for line in out.lines() {
+        // `[3]<stdout>:3 17 of 100000 end`: the tag's rank is the line's own.
+        let whole = split_tag(line, "stdout").and_then(|(rank, text)| {
+            let f: Vec<&str> = text.split(' ').collect();
+            (f.len() == 5 && f[0] == rank.to_string() && f[2] == "of" && f[4] == "end")
+                .then(|| (rank, f[1].parse::<u32>().ok()))
+        });
+        match whole {
+            Some((rank, Some(i))) => {
+                let expected = next.entry(rank).or_insert(0);
+                assert_eq!(i, *expected, "rank {rank}'s lines out of order at {line:?}");
+                *expected += 1;
+            }
+            _ => torn.push(line.to_string()),
+        }
+    }
+    assert!(
+        torn.is_empty(),
+        "{} torn lines, e.g. {:?}",
+        torn.len(),
+        &torn[..torn.len().min(5)]
+    );
+    assert_eq!(
+        next,
+        (0..8).map(|r| (r, LINES)).collect(),
+        "every line of every rank"
+    );
+}
+
+#[test]
+fn ranks_timestamp_log_dir_and_no_tag_work_as_without_mpi() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let worker = [
+        "--",
+        "sh",
+        "-c",
+        "echo out $OMPI_COMM_WORLD_RANK; echo err >&2",
+    ];
+    let run = run_mpi(4);
+    let logs = run.dir().join("logs");
+    let f = run
+        .args(["--ranks", "1,2", "--timestamp", "--log-dir"])
+        .args([&logs])
+        .args(worker)
+        .run();
+    f.assert_code(0);
+    let (out, err) = (f.out(), f.err());
+    // Only ranks 1 and 2 on the console, each line stamped then tagged.
+    let shown: Vec<&str> = out.lines().collect();
+    assert_eq!(shown.len(), 2, "{}", f.describe());
+    for line in &shown {
+        let (stamp, rest) = line.split_once(' ').unwrap_or(("", ""));
+        assert!(
+            stamp.len() == 24 && stamp.ends_with('Z') && stamp.as_bytes()[10] == b'T',
+            "an ISO-8601 time first: {line:?}"
+        );
+        let (rank, text) = split_tag(rest, "stdout").unwrap_or((99, ""));
+        assert!(rank == 1 || rank == 2, "{line:?}");
+        assert_eq!(text, format!("out {rank}"));
+    }
+    assert_eq!(
+        lines_by_rank(
+            &err.lines()
+                .filter_map(|l| l.split_once(' ').map(|x| x.1))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            "stderr"
+        )
+        .keys()
+        .copied()
+        .collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    // The log files keep every rank.
+    for rank in 0..4 {
+        let dir = logs.join(format!("rank.{rank}"));
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        assert_eq!(
+            read("stdout.log"),
+            format!("out {rank}\n"),
+            "{}",
+            dir.display()
+        );
+        assert_eq!(read("stderr.log"), "err\n", "{}", dir.display());
+    }
+    // --no-tag: the lines alone.
+    let f = run_mpi(2).args(["-q", "--no-tag"]).args(worker).run();
+    f.assert_code(0);
+    let mut lines: Vec<String> = f.out().lines().map(str::to_string).collect();
+    lines.sort();
+    assert_eq!(lines, ["out 0", "out 1"], "{}", f.describe());
+}
+
+#[test]
+fn the_first_rank_to_fail_sets_the_code_and_the_summary_names_each_rank() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let f = run_mpi(4)
+        .args(["--", "sh", "-c"])
+        .args([
+            "if [ $OMPI_COMM_WORLD_RANK = 2 ]; then echo 'rank 2 gives up' >&2; exit 7; fi; \
+             sleep 30",
+        ])
+        .run();
+    f.assert_code(7);
+    let err = f.err();
+    assert!(
+        err.contains("error: rank 2 (host ") && err.contains("failed first: exit 7"),
+        "{}",
+        f.describe()
+    );
+    assert!(err.contains("[2]<stderr>:rank 2 gives up"), "{err}");
+    let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+    // One summary row per rank: rank, host, device (the local rank), status.
+    let rows: Vec<Vec<&str>> = err
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() >= 5 && w[0].parse::<u32>().is_ok() && w[1] == host)
+        .collect();
+    assert_eq!(rows.len(), 4, "{err}");
+    for (rank, row) in rows.iter().enumerate() {
+        assert_eq!(row[0], rank.to_string(), "{err}");
+        assert_eq!(row[2], rank.to_string(), "device = local rank: {err}");
+        let status = if rank == 2 { "exit" } else { "stopped" };
+        assert_eq!(row[3], status, "{err}");
+    }
+}
+
+#[test]
+fn kill_9_of_the_launcher_leaves_no_worker_and_ctrl_c_reaches_every_one() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mark = unique("mpi-kill9");
+    let _cleanup = Cleanup(mark.clone());
+    // Each worker forks a grandchild, says so, and waits.
+    let script = "sleep 300 & echo \"forked $!\"; sleep 300; echo 'still here'";
+    let mut launch = run_mpi(4)
+        .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c", script])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:forked ", 4, Duration::from_secs(30));
+    let killed = Instant::now();
+    launch.signal(Signal::SIGKILL);
+    let r = launch.wait_at_most(Duration::from_secs(5));
+    assert_eq!(r.status.code(), None, "{}", r.describe());
+    assert_no_process_with_env(
+        MARK,
+        &mark,
+        Duration::from_secs(5).saturating_sub(killed.elapsed()),
+        "workers and their children after kill -9 of `atlasboost run --mpi`",
+    );
+
+    // Ctrl-C: every worker gets SIGINT (Python's KeyboardInterrupt), the launcher exits 130.
+    let mark = unique("mpi-int");
+    let _cleanup = Cleanup(mark.clone());
+    let worker = "import time
+print('ready', flush=True)
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    print('interrupted', flush=True)
+";
+    let mut launch = run_mpi(4)
+        .args([
+            "-x",
+            &format!("{MARK}={mark}"),
+            "--",
+            "python3",
+            "-c",
+            worker,
+        ])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(30));
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    r.assert_code(130);
+    let interrupted = lines_by_rank(&r.out(), "stdout")
+        .values()
+        .filter(|lines| lines.iter().any(|l| l == "interrupted"))
+        .count();
+    assert_eq!(interrupted, 4, "{}", r.describe());
+    assert_no_process_with_env(MARK, &mark, Duration::from_secs(5), "after Ctrl-C");
+}
+
+#[test]
+fn mpirun_failing_on_its_own_is_named_with_its_words() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    // Four ranks on two slots: mpirun refuses before starting any.
+    let f = Run::new(["run", "--mpi", "--sim", "8", "-H", "localhost:2", "-n", "4"])
+        .args(["--", "true"])
+        .timeout(Duration::from_secs(60))
+        .run();
+    let code = f.code().unwrap_or(0);
+    assert!(
+        code != 0 && code != 125,
+        "mpirun's own code: {}",
+        f.describe()
+    );
+    let err = f.err();
+    assert!(
+        err.contains("error: host mpirun failed first: mpirun ended with exit"),
+        "{}",
+        f.describe()
+    );
+    assert!(err.contains("slots"), "mpirun's own words: {err}");
+    assert!(err.contains("not started"), "the summary: {err}");
+}
+
+#[test]
+fn a_relay_started_by_hand_says_what_it_is_for() {
+    let f = Run::new(["relay", "--", "true"]).run();
+    f.assert_code(2);
+    assert!(
+        f.err()
+            .contains("is started by mpirun for `atlasboost run --mpi`"),
+        "{}",
+        f.describe()
+    );
+}
