@@ -61,13 +61,16 @@ step "tests"
 cargo build --workspace --quiet
 log=$(mktemp)
 trap 'rm -f "$log" "$log.total"' EXIT
-# The ssh tests skip, saying why, where sshd is missing; here it was installed, so a skip would
-# hide a broken test set-up.
-ATLASBOOST_E2E_REQUIRE_SSHD=1 cargo test --workspace 2>&1 | tee "$log"
+# The ssh and mpirun tests skip, saying why, where sshd or mpirun is missing; here they were
+# installed, so a skip would hide a broken test set-up.
+ATLASBOOST_E2E_REQUIRE_SSHD=1 ATLASBOOST_E2E_REQUIRE_MPIRUN=1 cargo test --workspace 2>&1 | tee "$log"
 # Library mode under Open MPI: the example worker rebuilt with MPI support, then the e2e
 # tests that run it under mpirun and `atlasboost run --mpi`.
 cargo build --quiet -p atlasboost-examples --examples --features mpi
 cargo test -p atlasboost-e2e --features mpi --test e2e -- mpi:: 2>&1 | tee -a "$log"
+# The C library built with MPI support: its program's tests again (build_info says so).
+cargo build --quiet -p atlasboost-c --features mpi
+cargo test -p atlasboost-c --features mpi --test c_program 2>&1 | tee -a "$log"
 # The Python package (bindings/python): built by pip and maturin in a virtual environment,
 # with MPI support, then its pytest suite. (The C ABI's tests, bindings/c, ran above with the
 # workspace; scripts/test-c.sh runs them alone.)

@@ -182,6 +182,14 @@ const char *atlasboost_last_error(void);
  */
 const char *atlasboost_error_name(int code);
 
+/**
+ * What this build of the library has, e.g. "atlasboost 0.1.0 (MPI support: yes)": whether
+ * `atlasboost_init()` meets over MPI under `mpirun` (the `mpi` feature; without it, plain
+ * `mpirun` still works on one host). A static string, never NULL. Leaves
+ * `atlasboost_last_error()` as it was.
+ */
+const char *atlasboost_build_info(void);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

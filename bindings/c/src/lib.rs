@@ -436,6 +436,24 @@ pub extern "C" fn atlasboost_error_name(code: c_int) -> *const c_char {
     name.as_ptr()
 }
 
+/// What this build of the library has, e.g. "atlasboost 0.1.0 (MPI support: yes)": whether
+/// `atlasboost_init()` meets over MPI under `mpirun` (the `mpi` feature; without it, plain
+/// `mpirun` still works on one host). A static string, never NULL. Leaves
+/// `atlasboost_last_error()` as it was.
+#[unsafe(no_mangle)]
+pub extern "C" fn atlasboost_build_info() -> *const c_char {
+    static INFO: std::sync::OnceLock<CString> = std::sync::OnceLock::new();
+    INFO.get_or_init(|| {
+        // VERSION has no NUL in it; were it to, the message would still be a C string.
+        CString::new(format!(
+            "atlasboost {}",
+            atlasboost_cli::build_info::VERSION
+        ))
+        .unwrap_or_default()
+    })
+    .as_ptr()
+}
+
 #[cfg(test)]
 mod tests {
     //! What can be tested without a job: the session is process-wide and these tests run in

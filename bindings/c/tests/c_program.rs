@@ -258,7 +258,14 @@ fn before_init_every_call_says_to_call_init_first() {
         .assert_stdout_has("ok: rank_table_file() is NULL before init")
         .assert_stdout_has("expected one of tensorflow, mindspore, pytorch")
         .assert_stdout_has("ok: init(\"caffe\") returns ATLASBOOST_ERR_INVALID_ARGUMENT")
-        .assert_stdout_has("test_init: before-init: ");
+        .assert_stdout_has("test_init: before-init: ")
+        // The same words as `atlasboost --version`, for the features this library was built
+        // with.
+        .assert_stdout_has(&format!(
+            "build: atlasboost {} (MPI support: {})\n",
+            env!("CARGO_PKG_VERSION"),
+            if cfg!(feature = "mpi") { "yes" } else { "no" }
+        ));
     // Nothing was initialised, so nothing was written.
     assert!(!dir.path().join("rank_table.json").exists());
 }

@@ -234,7 +234,17 @@ fn shutdown(py: Python<'_>) {
 /// Whether this build does library mode's rendezvous over MPI under `mpirun`.
 #[pyfunction]
 fn mpi_built() -> bool {
-    cfg!(feature = "mpi")
+    atlasboost_cli::build_info::MPI
+}
+
+/// What this build has: `(version, MPI support, the MPI library's version line or None)`.
+#[pyfunction]
+fn build_info() -> (&'static str, bool, Option<String>) {
+    (
+        env!("CARGO_PKG_VERSION"),
+        atlasboost_cli::build_info::MPI,
+        atlasboost_cli::build_info::mpi_library(),
+    )
 }
 
 /// Runs the atlasboost command line (`args` with the program name first) and returns its exit
@@ -268,6 +278,7 @@ fn _atlasboost(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_device, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(mpi_built, m)?)?;
+    m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     Ok(())
 }

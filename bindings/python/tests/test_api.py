@@ -7,11 +7,12 @@ what is tested here does not depend on the launcher (test_launchers.py covers th
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import atlasboost
 import pytest
-from helpers import clean_env, run_python
+from helpers import clean_env, run, run_python
 
 MODULES = [
     "atlasboost",
@@ -121,7 +122,7 @@ def test_every_module_has_the_same_functions_and_exceptions(module: str) -> None
     import importlib
 
     m = importlib.import_module(module)
-    for name in [*QUERIES, "init", "set_device_id", "shutdown", "mpi_built"]:
+    for name in [*QUERIES, "init", "set_device_id", "shutdown", "mpi_built", "build_info"]:
         assert callable(getattr(m, name)), name
     for name in EXCEPTIONS:
         assert getattr(m, name) is getattr(atlasboost, name), name
@@ -370,12 +371,25 @@ def test_each_failure_of_init_has_its_exception(
     assert text in got[1], got
 
 
-def test_mpi_built_says_how_the_package_was_built() -> None:
+def test_build_info_says_how_the_package_was_built() -> None:
     import os
 
-    assert isinstance(atlasboost.mpi_built(), bool)
-    if os.environ.get("ATLASBOOST_PYTHON_REQUIRE_MPI") == "1":
-        assert atlasboost.mpi_built(), "scripts/test-python.sh built the package with --features mpi"
+    info = atlasboost.build_info()
+    assert info["version"] == atlasboost.__version__
+    assert info["mpi"] is atlasboost.mpi_built()
+    # scripts/test-python.sh says what it expects of the build it made.
+    expected = os.environ.get("ATLASBOOST_PYTHON_EXPECT_MPI")
+    if expected is not None:
+        assert info["mpi"] is (expected == "1"), info
+    if info["mpi"]:
+        # Asked of the MPI library itself.
+        assert info["mpi_library"] and ("Open MPI" in info["mpi_library"] or "MPICH" in info["mpi_library"]), info
+    else:
+        assert info["mpi_library"] is None, info
+    # The command says the same.
+    r = run([sys.executable, "-m", "atlasboost", "--version"])
+    assert r.returncode == 0, r.describe()
+    assert f"MPI support: {'yes' if info['mpi'] else 'no'}" in r.stdout, r.describe()
 
 
 def test_the_version_is_the_workspaces() -> None:

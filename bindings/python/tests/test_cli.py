@@ -37,7 +37,8 @@ def test_version_is_the_packages() -> None:
 
     r = run([ATLASBOOST, "--version"], timeout=30)
     assert r.returncode == 0, r.describe()
-    assert r.stdout.split() == ["atlasboost", atlasboost.__version__]
+    mpi = "yes" if atlasboost.build_info()["mpi"] else "no"
+    assert r.stdout.strip() == f"atlasboost {atlasboost.__version__} (MPI support: {mpi})", r.describe()
 
 
 def test_a_usage_error_exits_2() -> None:
@@ -56,6 +57,26 @@ def test_a_small_launch(tmp_path: Path, command: list[str]) -> None:
     assert lines == ["[0]<stdout>:hello from 0 of 2", "[1]<stdout>:hello from 1 of 2"], r.describe()
     assert "2 succeeded, 0 failed" in r.stderr, r.describe()
     assert (tmp_path / "rank_table.json").is_file()
+
+
+def test_run_mpi_from_the_package_prints_whole_lines(tmp_path: Path) -> None:
+    """`atlasboost run --mpi` of the package: mpirun starts each rank as `python -m atlasboost
+    relay`, which sends the worker's lines to the launcher whole, however they were written."""
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        if os.environ.get("ATLASBOOST_PYTHON_REQUIRE_MPI") == "1":
+            pytest.fail("mpirun is not installed, but scripts/test-python.sh installed Open MPI")
+        pytest.skip("mpirun is not installed (Debian: openmpi-bin)")
+    code = "import os\nr = os.environ['OMPI_COMM_WORLD_RANK']\nfor i in range(1000):\n    print(r, i, 'end')\n"
+    r = run([ATLASBOOST, "run", "--mpi", "--sim", "4", "--", PYTHON, "-c", code], cwd=tmp_path, timeout=90)
+    assert r.returncode == 0, r.describe()
+    lines = [line for line in r.stdout.splitlines() if line]
+    assert len(lines) == 4000, r.describe()
+    for rank in range(4):
+        mine = [line for line in lines if line.startswith(f"[{rank}]<stdout>:")]
+        assert mine == [f"[{rank}]<stdout>:{rank} {i} end" for i in range(1000)], (rank, mine[:3])
+    assert "4 succeeded, 0 failed" in r.stderr, r.describe()
 
 
 def test_python3_on_path_is_this_interpreter_in_a_launch(tmp_path: Path) -> None:

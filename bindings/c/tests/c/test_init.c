@@ -278,6 +278,11 @@ static int before_init(void) {
     check(strcmp(atlasboost_error_name(ATLASBOOST_ERR_DEVICE), "ATLASBOOST_ERR_DEVICE") == 0 &&
               strcmp(atlasboost_error_name(12345), "ATLASBOOST_UNKNOWN") == 0,
           "error_name names codes");
+    check(strncmp(atlasboost_build_info(), "atlasboost ", 11) == 0 &&
+              strstr(atlasboost_build_info(), "(MPI support: ") != NULL,
+          "build_info says what the library has");
+    check(atlasboost_last_error() == NULL, "build_info leaves last_error alone");
+    printf("build: %s\n", atlasboost_build_info());
     /* The codes are parenthesised macros: this would not compile with a bare -5. */
     check(10 - ATLASBOOST_ERR_DEVICE == 15, "10 - ATLASBOOST_ERR_DEVICE == 15");
     return 0;

@@ -7,8 +7,9 @@ Library mode, as in the original tool::
     atlasboost.init(frame="tensorflow")                 # atlasboost.torch
     atlasboost.set_device_id(atlasboost.local_rank())
 
-`init()` works under `atlasboost run`, `mpirun` (when built with MPI support), torchrun,
-Slurm, or alone. Every other function needs `init()` first and raises NotInitializedError
+`init()` works under `atlasboost run`, `mpirun` (across hosts when built with MPI support,
+which `pip install` does where it finds an MPI: see `build_info()`), torchrun, Slurm, or
+alone. Every other function needs `init()` first and raises NotInitializedError
 otherwise. Errors are subclasses of AtlasBoostError.
 
 The `atlasboost` command (`atlasboost run --sim 4 -- python3 train.py`) is installed with the
@@ -29,6 +30,7 @@ from atlasboost._atlasboost import (
     __version__,
 )
 from atlasboost._core import (
+    build_info,
     device_id,
     init,
     launcher_rank,
@@ -52,6 +54,7 @@ __all__ = [
     "RendezvousError",
     "RendezvousTimeout",
     "__version__",
+    "build_info",
     "device_id",
     "init",
     "launcher_rank",

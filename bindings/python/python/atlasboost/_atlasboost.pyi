@@ -44,5 +44,7 @@ def check_device(device_id: int) -> None:
 
 def shutdown() -> None: ...
 def mpi_built() -> bool: ...
+def build_info() -> tuple[str, bool, str | None]:
+    """(version, MPI support, the MPI library's version line or None)."""
 def main(args: list[str], self_command: list[str]) -> int:
     """Runs the atlasboost command line (program name first); returns its exit code."""

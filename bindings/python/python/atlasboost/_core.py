@@ -144,6 +144,19 @@ def mpi_built() -> bool:
     return _native.mpi_built()
 
 
+def build_info() -> dict:
+    """What this build of atlasboost has::
+
+        {"version": "0.1.0", "mpi": True, "mpi_library": "Open MPI v4.1.4, ..."}
+
+    `mpi`: whether `init()` meets over MPI under `mpirun` (`pip install` builds it when it
+    finds an MPI; without it, plain `mpirun` still works on one host). `mpi_library`: the MPI
+    library it runs against, as the library names itself (None without MPI support).
+    """
+    version, mpi, library = _native.build_info()
+    return {"version": version, "mpi": mpi, "mpi_library": library}
+
+
 def _installed(name: str) -> bool:
     """Whether top-level module `name` can be imported, without importing it."""
     if name in sys.modules:

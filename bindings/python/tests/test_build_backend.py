@@ -1,0 +1,71 @@
+"""The build backend's choice of MPI support (build_backend/atlasboost_build.py), against a
+made-up machine: what is on PATH, what pkg-config knows, where libclang is. The real builds,
+with and without MPI, are scripts/test-python.sh's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "build_backend"))
+import atlasboost_build as backend  # noqa: E402
+
+
+def machine(tmp_path: Path, *, mpicc: bool, libclang: bool, pkg: tuple = ()):
+    """which(), pkg_config() and the libclang search of a machine with what is asked for."""
+    lib = tmp_path / "llvm" / "lib"
+    lib.mkdir(parents=True)
+    if libclang:
+        (lib / "libclang-14.so.1").write_bytes(b"")
+
+    def which(name: str):
+        return "/opt/mpi/bin/mpicc" if mpicc and name == "mpicc" else None
+
+    return {"which": which, "pkg_config": lambda p: p in pkg, "libclang_search": (str(lib),)}
+
+
+@pytest.mark.parametrize("value", ["0", "no", "off", "FALSE"])
+def test_zero_builds_without_mpi_whatever_the_machine_has(tmp_path: Path, value: str) -> None:
+    choice = backend.choose({backend.VARIABLE: value}, **machine(tmp_path, mpicc=True, libclang=True))
+    assert choice == backend.Choice(False, f"{backend.VARIABLE}={value}")
+
+
+def test_auto_builds_mpi_support_where_mpicc_and_libclang_are(tmp_path: Path) -> None:
+    m = machine(tmp_path, mpicc=True, libclang=True)
+    for env in ({}, {backend.VARIABLE: "auto"}, {backend.VARIABLE: "1"}):
+        choice = backend.choose(env, **m)
+        assert choice.mpi, choice
+        assert "mpicc at /opt/mpi/bin/mpicc" in choice.why and "libclang in" in choice.why
+
+
+def test_pkg_config_finds_mpi_without_mpicc(tmp_path: Path) -> None:
+    choice = backend.choose({}, **machine(tmp_path, mpicc=False, libclang=True, pkg=("mpich",)))
+    assert choice.mpi and "MPICH in pkg-config" in choice.why, choice
+
+
+def test_no_mpi_builds_without_it_unless_required(tmp_path: Path) -> None:
+    m = machine(tmp_path, mpicc=False, libclang=True)
+    choice = backend.choose({}, **m)
+    assert not choice.mpi and "no MPI found" in choice.why, choice
+    with pytest.raises(backend.BuildError, match="ATLASBOOST_WITH_MPI=1 requires MPI support, but no MPI found"):
+        backend.choose({backend.VARIABLE: "1"}, **m)
+
+
+def test_mpi_without_libclang_says_what_is_missing(tmp_path: Path) -> None:
+    m = machine(tmp_path, mpicc=True, libclang=False)
+    choice = backend.choose({}, **m)
+    assert not choice.mpi and "no libclang" in choice.why and "libclang-dev" in choice.why, choice
+    with pytest.raises(backend.BuildError, match="requires MPI support: mpicc at .* no libclang"):
+        backend.choose({backend.VARIABLE: "yes"}, **m)
+    # LIBCLANG_PATH points at one.
+    lib = tmp_path / "elsewhere"
+    lib.mkdir()
+    (lib / "libclang.so").write_bytes(b"")
+    assert backend.choose({"LIBCLANG_PATH": str(lib)}, **m).mpi
+
+
+def test_a_malformed_value_is_named(tmp_path: Path) -> None:
+    with pytest.raises(backend.BuildError, match=r"ATLASBOOST_WITH_MPI='maybe': expected 1 .*, 0 .* or auto"):
+        backend.choose({backend.VARIABLE: "maybe"}, **machine(tmp_path, mpicc=True, libclang=True))
