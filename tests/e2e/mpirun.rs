@@ -276,3 +276,39 @@ fn a_relay_started_by_hand_says_what_it_is_for() {
         f.describe()
     );
 }
+
+#[test]
+fn relays_on_hosts_that_mpirun_reaches_over_ssh_report_to_the_launcher() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let Some(sshd) = atlasboost_e2e::Sshd::start() else {
+        return;
+    };
+    // mpirun reaches 127.0.0.2 and 127.0.0.3 over ssh (to this test's sshd) and starts its
+    // daemons there, which start the relays; the relays connect back to the launcher.
+    let f = run_mpi(4)
+        .env(
+            "OMPI_MCA_plm_rsh_agent",
+            format!("ssh -F {}", sshd.ssh_config().display()),
+        )
+        .args(["-H", "127.0.0.2:2,127.0.0.3:2", "--", "sh", "-c"])
+        .args(["echo rank $OMPI_COMM_WORLD_RANK local $OMPI_COMM_WORLD_LOCAL_RANK"])
+        .run();
+    f.assert_code(0);
+    let out = lines_by_rank(&f.out(), "stdout");
+    let expected: BTreeMap<u32, Vec<String>> = (0..4)
+        .map(|r| (r, vec![format!("rank {r} local {}", r % 2)]))
+        .collect();
+    assert_eq!(out, expected, "{}", f.describe());
+    assert!(
+        f.err().contains("4 succeeded, 0 failed"),
+        "{}",
+        f.describe()
+    );
+    assert!(
+        sshd.log().contains("Accepted publickey"),
+        "mpirun went through ssh: {}",
+        sshd.log()
+    );
+}

@@ -77,6 +77,17 @@ pub enum Up {
     Heartbeat,
     /// The table is written; the workers are starting.
     Ready,
+    /// Lines a worker printed, each followed by `\n` (a line never holds one: `\n` and `\r`
+    /// end lines). One frame carries many, so a busy worker costs a frame per batch, not
+    /// per line.
+    Lines {
+        /// The worker's rank.
+        rank: u32,
+        /// Which stream.
+        stream: Stream,
+        /// The lines, each ended by `\n`.
+        lines: Vec<u8>,
+    },
     /// A line a worker printed (without its terminator).
     Line {
         /// The worker's rank.
@@ -108,6 +119,8 @@ const HEARTBEAT_KIND: u8 = b'h';
 const READY: u8 = b'r';
 const STDOUT: u8 = b'o';
 const STDERR: u8 = b'e';
+const STDOUT_LINES: u8 = b'O';
+const STDERR_LINES: u8 = b'E';
 const EXIT_CODE: u8 = b'x';
 const EXIT_SIGNAL: u8 = b'k';
 const FAILED: u8 = b'f';
@@ -126,6 +139,18 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
             *rank,
             line,
         ),
+        Up::Lines {
+            rank,
+            stream,
+            lines,
+        } => (
+            match stream {
+                Stream::Stdout => STDOUT_LINES,
+                Stream::Stderr => STDERR_LINES,
+            },
+            *rank,
+            lines,
+        ),
         Up::Exited { rank, ending } => {
             let (kind, value) = match ending {
                 Ending::Exited(c) => (EXIT_CODE, *c),
@@ -141,13 +166,23 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
     frame(kind, rank, payload, out);
 }
 
-/// A line frame without building an [`Up`] (the hot path of remote output).
-pub fn encode_line(rank: u32, stream: Stream, line: &[u8], out: &mut Vec<u8>) {
+/// Starts an [`Up::Lines`] frame at the end of `out`, without building an [`Up`] (the hot path
+/// of remote output): append each line and its `\n`, then [`close_lines`] with the returned
+/// position. The payload must stay within [`MAX_PAYLOAD`].
+pub fn open_lines(rank: u32, stream: Stream, out: &mut Vec<u8>) -> usize {
     let kind = match stream {
-        Stream::Stdout => STDOUT,
-        Stream::Stderr => STDERR,
+        Stream::Stdout => STDOUT_LINES,
+        Stream::Stderr => STDERR_LINES,
     };
-    frame(kind, rank, line, out);
+    let at = out.len();
+    frame(kind, rank, &[], out);
+    at
+}
+
+/// Ends the frame [`open_lines`] started at `at`: its length is what was appended since.
+pub fn close_lines(out: &mut [u8], at: usize) {
+    let len = (out.len() - at - 9) as u32;
+    out[at + 5..at + 9].copy_from_slice(&len.to_be_bytes());
 }
 
 fn frame(kind: u8, rank: u32, payload: &[u8], out: &mut Vec<u8>) {
@@ -239,6 +274,20 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
     Ok(match kind {
         HEARTBEAT_KIND => Up::Heartbeat,
         READY => Up::Ready,
+        STDOUT_LINES | STDERR_LINES => {
+            if payload.last().is_some_and(|b| *b != b'\n') {
+                return Err("a lines frame that does not end a line".into());
+            }
+            Up::Lines {
+                rank,
+                stream: if kind == STDOUT_LINES {
+                    Stream::Stdout
+                } else {
+                    Stream::Stderr
+                },
+                lines: payload.to_vec(),
+            }
+        }
         STDOUT | STDERR => Up::Line {
             rank,
             stream: if kind == STDOUT {
@@ -325,6 +374,11 @@ mod tests {
                 rank: 0,
                 stream: Stream::Stdout,
                 line: Vec::new(),
+            },
+            Up::Lines {
+                rank: 5,
+                stream: Stream::Stdout,
+                lines: b"first\n\nthird \xff\n".to_vec(),
             },
             Up::Exited {
                 rank: 3,

@@ -207,6 +207,8 @@ pub struct Output {
     lanes: Vec<Lane>,
     /// A remote agent's output: every line goes to the launcher as a frame on stdout.
     upstream: bool,
+    /// Upstream: the lines frame being filled at the end of `out.buf` (rank, stream, where).
+    batch: Option<(u32, Stream, usize)>,
 }
 
 impl Output {
@@ -242,6 +244,7 @@ impl Output {
             stamp: Vec::new(),
             lanes,
             upstream: false,
+            batch: None,
         };
         output.tick();
         Ok(output)
@@ -290,6 +293,7 @@ impl Output {
     /// Sends a message to the launcher now (an agent's output only).
     pub fn send(&mut self, message: &super::channel::Up) {
         if self.upstream {
+            self.close_batch();
             super::channel::encode(message, &mut self.out.buf);
             self.out.flush();
         }
@@ -299,6 +303,7 @@ impl Output {
     /// comes before the frames.
     pub fn send_raw(&mut self, bytes: &[u8]) {
         if self.upstream {
+            self.close_batch();
             self.out.buf.extend_from_slice(bytes);
             self.out.flush();
         }
@@ -321,8 +326,23 @@ impl Output {
         };
         let i = stream as usize;
         if self.upstream {
-            super::channel::encode_line(l.rank, stream, line, &mut self.out.buf);
+            let rank = l.rank;
+            // Consecutive lines of one worker's stream share a frame, up to the payload limit
+            // (a line is at most MAX_LINE, so it always fits a frame of its own).
+            let fits = self.batch.is_some_and(|(r, s, at)| {
+                r == rank
+                    && s == stream
+                    && self.out.buf.len() - at - 9 + line.len() < super::channel::MAX_PAYLOAD
+            });
+            if !fits {
+                self.close_batch();
+                let at = super::channel::open_lines(rank, stream, &mut self.out.buf);
+                self.batch = Some((rank, stream, at));
+            }
+            self.out.buf.extend_from_slice(line);
+            self.out.buf.push(b'\n');
             if self.out.buf.len() >= 1 << 16 {
+                self.close_batch();
                 self.out.flush();
             }
             return;
@@ -382,8 +402,16 @@ impl Output {
         self.err.flush();
     }
 
+    /// Ends the lines frame being filled, if any.
+    fn close_batch(&mut self) {
+        if let Some((_, _, at)) = self.batch.take() {
+            super::channel::close_lines(&mut self.out.buf, at);
+        }
+    }
+
     /// Writes what is buffered (at the end of each batch of reads, so output is live).
     pub fn flush(&mut self) {
+        self.close_batch();
         self.out.flush();
         self.err.flush();
         for l in &mut self.lanes {

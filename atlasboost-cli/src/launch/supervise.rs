@@ -1251,6 +1251,19 @@ impl<'a> Supervisor<'a> {
                     output.line(lane, stream, &line);
                 }
             }
+            Up::Lines {
+                rank,
+                stream,
+                lines,
+            } => {
+                if let Some(lane) = self.lane_of(h, rank) {
+                    let mut start = 0;
+                    for end in memchr::memchr_iter(b'\n', &lines) {
+                        output.line(lane, stream, &lines[start..end]);
+                        start = end + 1;
+                    }
+                }
+            }
             Up::Exited { rank, ending } => {
                 if let Some(lane) = self.lane_of(h, rank) {
                     self.worker_ended(lane, ending, output);
@@ -1274,27 +1287,27 @@ impl<'a> Supervisor<'a> {
     /// rank), never another's.
     fn lane_of(&self, h: usize, rank: u32) -> Option<usize> {
         let lane = self.workers.binary_search_by_key(&rank, |w| w.rank).ok()?;
-        self.lanes_of(h).contains(&lane).then_some(lane)
+        self.reports_on(h, lane).then_some(lane)
     }
 
     /// The lanes remote `h` reports on.
     fn lanes_of(&self, h: usize) -> Vec<usize> {
-        let Role::Launcher(remotes) = &self.role else {
-            return Vec::new();
+        (0..self.workers.len())
+            .filter(|&lane| self.reports_on(h, lane))
+            .collect()
+    }
+
+    /// Whether remote `h` reports on the worker of `lane`.
+    fn reports_on(&self, h: usize, lane: usize) -> bool {
+        let (Role::Launcher(remotes), Some(w)) = (&self.role, self.workers.get(lane)) else {
+            return false;
         };
         let r = &remotes[h];
-        self.workers
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| {
-                !w.local
-                    && match r.relay_rank() {
-                        Some(rank) => w.rank == rank,
-                        None => w.host == r.host,
-                    }
-            })
-            .map(|(lane, _)| lane)
-            .collect()
+        !w.local
+            && match r.relay_rank() {
+                Some(rank) => w.rank == rank,
+                None => w.host == r.host,
+            }
     }
 
     /// A host is lost: its workers' fate is unknown, and the job fails.
