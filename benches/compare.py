@@ -6,6 +6,7 @@
     python3 benches/compare.py memory [--ranks 64] [--seconds 5]
     python3 benches/compare.py ssh [--runs 10] [--hosts 3]
     python3 benches/compare.py init [--runs 10]
+    python3 benches/compare.py pip [--runs 1] [--warm]
 
 - launch: wall time of starting 8 ranks of `true` and waiting for them (targets:
   atlasboost/mpirun median <= 1.0; `atlasboost run --mpi`, which starts mpirun, <= 1.1).
@@ -22,6 +23,9 @@
   `atlasboost run` and under `mpirun` (MPI rendezvous), against a C program doing only
   MPI_Init + MPI_Allgather + MPI_Finalize under mpirun (target: atlasboost run < 0.5x the bare
   MPI program). Needs `cargo build --release -p atlasboost-examples --examples --features mpi` and mpicc.
+- pip: wall time of `pip install ./bindings/python` in a new virtual environment, with MPI
+  support required (ATLASBOOST_WITH_MPI=1) and without it (=0), each in an empty cargo target
+  directory (--warm: the workspace's). Needs the network to PyPI (pip fetches maturin).
 
 Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
 output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
@@ -584,6 +588,38 @@ def cmd_ssh(args):
             sshd.wait()
 
 
+# ---------------------------------------------------------------- pip install
+
+
+def cmd_pip(args):
+    """Wall time of `pip install ./bindings/python` as a user runs it (an isolated build), with
+    MPI support required and without it; cold (an empty cargo target directory) unless --warm."""
+    if args.runs < 1:
+        die("--runs must be at least 1")
+    print("# pip: `pip install ./bindings/python`, with MPI support (ATLASBOOST_WITH_MPI=1) and without (=0)\n")
+    print_machine({"cargo": shutil.which("cargo") or "cargo", "mpicc": shutil.which("mpicc") or "mpicc"})
+    print(f"{'warm: the workspace target/ directory, already built' if args.warm else 'cold: a new, empty CARGO_TARGET_DIR for every build'}; "
+          f"a new virtual environment for every build; {args.runs} run(s) of each, alternating\n")
+    times = {"with MPI": [], "without MPI": []}
+    for _ in range(args.runs):
+        for name, value in (("with MPI", "1"), ("without MPI", "0")):
+            with tempfile.TemporaryDirectory(prefix="atlasboost-pip-") as d:
+                venv = Path(d) / "venv"
+                subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+                env = dict(os.environ, ATLASBOOST_WITH_MPI=value, PIP_DISABLE_PIP_VERSION_CHECK="1")
+                if not args.warm:
+                    env["CARGO_TARGET_DIR"] = str(Path(d) / "target")
+                cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(REPO / "bindings" / "python")]
+                times[name].append(run_checked(f"pip install ({name})", cmd, subprocess.DEVNULL))
+                info = subprocess.run([str(venv / "bin" / "python"), "-c",
+                                       "import atlasboost; print(atlasboost.build_info()['mpi'])"],
+                                      capture_output=True, text=True, check=True).stdout.strip()
+                if info != ("True" if value == "1" else "False"):
+                    die(f"pip install ({name}) built a package whose build_info()['mpi'] is {info}")
+    rows = [[n, f"{statistics.median(t):.0f}", f"{min(t):.0f}", f"{max(t):.0f}"] for n, t in times.items()]
+    print_table(["build", "median s", "min s", "max s"], rows)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
@@ -595,7 +631,8 @@ def main():
             s.add_argument("--only", metavar="LIST", help=f"only these, comma-separated: {only}")
         return s
 
-    s = add("launch", "Time starting 8 ranks of `true`: atlasboost run vs mpirun.", "atlasboost,mpirun")
+    s = add("launch", "Time starting 8 ranks of `true`: atlasboost run (and run --mpi) vs mpirun.",
+            "atlasboost,atlasboost-mpi,mpirun")
     s.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
     s.set_defaults(func=cmd_launch)
 
@@ -605,8 +642,8 @@ def main():
     s.add_argument("--init-worker", metavar="PATH", help="the init-worker (default target/release/examples/init-worker)")
     s.set_defaults(func=cmd_init)
 
-    s = add("output", "Line throughput of 8 chatty ranks: atlasboost run vs mpirun --tag-output vs a raw pipe.",
-            "atlasboost,mpirun,raw")
+    s = add("output", "Line throughput of 8 chatty ranks: atlasboost run (and run --mpi) vs mpirun "
+            "--tag-output vs a raw pipe.", "atlasboost,atlasboost-mpi,mpirun,raw")
     s.add_argument("--runs", type=int, default=3, help="runs of each (default 3)")
     s.add_argument("--lines", type=int, default=250_000, help="lines per rank (default 250000)")
     s.add_argument("--ranks", type=int, default=8, help="ranks (default 8)")
@@ -622,6 +659,11 @@ def main():
     s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
     s.add_argument("--hosts", type=int, default=3, choices=[1, 2, 3], help="up to this many hosts (default 3)")
     s.set_defaults(func=cmd_ssh)
+
+    s = sub.add_parser("pip", help=cmd_pip.__doc__, description=cmd_pip.__doc__)
+    s.add_argument("--runs", type=int, default=1, help="builds of each (default 1: a cold build takes minutes)")
+    s.add_argument("--warm", action="store_true", help="build in the workspace's target/ (what was built stays)")
+    s.set_defaults(func=cmd_pip)
 
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # results in order with errors, even through a pipe

@@ -9,7 +9,7 @@
 //!   port `ATLASBOOST_RENDEZVOUS_PORT` (default: `MASTER_PORT` + 1, else 29401);
 //! - under `mpirun` without the `mpi` feature and without `MASTER_ADDR`, with every rank on
 //!   this host: the same ZeroMQ rendezvous over a Unix socket in a directory only this user
-//!   can enter, named after the MPI job ([`local_endpoint`]), so plain `mpirun -np 4` needs
+//!   can enter, named after the MPI job (`local_endpoint`), so plain `mpirun -np 4` needs
 //!   nothing set;
 //! - started by hand: a world of one, with a note on stderr.
 //!
