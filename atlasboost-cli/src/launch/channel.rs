@@ -19,8 +19,9 @@ use nix::sys::signal::Signal;
 use super::output::Stream;
 use crate::exit::ExitCodes;
 
-/// What an agent writes before its first frame.
-pub const HELLO: &[u8] = b"\x00atlasboost-agent-1\n";
+/// What an agent writes before its first frame; the number is the protocol's version (2: the
+/// lines frames, `O` and `E`).
+pub const HELLO: &[u8] = b"\x00atlasboost-agent-2\n";
 
 /// The largest payload of a frame: a line piece (1 MiB) with room for a message.
 pub const MAX_PAYLOAD: usize = super::output::MAX_LINE + 4096;

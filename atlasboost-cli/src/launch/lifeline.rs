@@ -17,12 +17,13 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::libc;
-use nix::sys::signal::{SigHandler, Signal, killpg, signal};
-use nix::sys::wait::waitpid;
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 
 use crate::error::CliError;
@@ -30,6 +31,9 @@ use crate::error::CliError;
 /// The most process groups one guard keeps at once (far more than the workers of one host);
 /// the table is allocated before the fork, since the guard may not allocate.
 const MAX_GROUPS: usize = 1 << 16;
+
+/// How long [`Lifeline::close`] waits for the guard to exit before it kills it.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// The launcher's end of the lifeline.
 #[derive(Debug)]
@@ -58,10 +62,18 @@ impl Lifeline {
         )
         .map_err(|e| failed("cannot open /dev/null", e))?;
         let mut groups: Vec<i32> = Vec::with_capacity(MAX_GROUPS);
+        // The descriptors open now, listed before the fork, since the guard may not read a
+        // directory: it closes them all but its pipe (see `guard`).
+        let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+            .map(|dir| {
+                dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
         // SAFETY: the child runs only `guard`, which calls async-signal-safe functions and
         // never returns (it ends in `_exit`), so it is sound in a process with other threads.
         match unsafe { fork() }.map_err(|e| failed("fork", e))? {
-            ForkResult::Child => guard(&read, &null, &mut groups),
+            ForkResult::Child => guard(&read, &null, &open, &mut groups),
             ForkResult::Parent { child } => Ok(Lifeline {
                 guard: child,
                 pipe: Some(File::from(write)),
@@ -103,31 +115,51 @@ impl Lifeline {
     /// Closes the lifeline after a clean end (every group forgotten); the guard exits.
     pub fn close(mut self) {
         self.pipe = None;
-        // The guard exits as soon as it reads the end of the pipe; the supervisor may have
-        // reaped it already, in which case this fails harmlessly (ECHILD).
-        if !self.reaped {
-            let _ = waitpid(self.guard, None);
+        if self.reaped {
+            return;
+        }
+        // The guard exits as soon as it reads the end of the pipe. Bounded all the same: a
+        // guard that somehow still holds the pipe's other end would never see it.
+        let until = Instant::now() + CLOSE_WAIT;
+        loop {
+            match waitpid(self.guard, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Ok(WaitStatus::StillAlive) => {
+                    let _ = nix::sys::signal::kill(self.guard, Signal::SIGKILL);
+                    let _ = waitpid(self.guard, None);
+                    return;
+                }
+                Err(Errno::EINTR) => {}
+                // Exited, or already reaped by the supervisor (ECHILD).
+                _ => return,
+            }
         }
     }
 }
 
 /// The guard: reads `+pgid`/`-pgid` lines from `pipe` until it closes, then SIGKILLs every
-/// group still listed, and exits. Only async-signal-safe calls (see the module's docs).
-fn guard(pipe: &OwnedFd, null: &OwnedFd, groups: &mut Vec<i32>) -> ! {
+/// group still listed, and exits. `open` lists the launcher's descriptors at the fork, all of
+/// which it closes (the pipe's other end among them). Only async-signal-safe calls (see the
+/// module's docs).
+fn guard(pipe: &OwnedFd, null: &OwnedFd, open: &[RawFd], groups: &mut Vec<i32>) -> ! {
     // SAFETY (whole function): raw system calls on descriptors this process owns; no
     // allocation (`groups` never grows beyond the capacity it was given), no locks.
     unsafe {
         // Only the pipe ends it: not the terminal's Ctrl-C, not a signal to the launcher's
         // group, not the launcher's blocked mask.
         libc::setpgid(0, 0);
+        let mut ignore: libc::sigaction = std::mem::zeroed();
+        ignore.sa_sigaction = libc::SIG_IGN;
         for s in [
-            Signal::SIGINT,
-            Signal::SIGTERM,
-            Signal::SIGHUP,
-            Signal::SIGQUIT,
-            Signal::SIGPIPE,
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
         ] {
-            let _ = signal(s, SigHandler::SigIgn);
+            libc::sigaction(s, &ignore, std::ptr::null_mut());
         }
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
@@ -137,7 +169,13 @@ fn guard(pipe: &OwnedFd, null: &OwnedFd, groups: &mut Vec<i32>) -> ! {
         // keep a `| head` open. stderr stays, for nothing: the guard says nothing.
         libc::dup2(pipe.as_raw_fd(), 0);
         libc::dup2(null.as_raw_fd(), 1);
-        libc::close_range(3, u32::MAX, 0);
+        // Every descriptor listed at the fork (the pipe's write end among them: left open, it
+        // would keep the guard from ever seeing the launcher go), then anything a thread
+        // opened since, where the kernel has close_range (5.9 on).
+        for &fd in open.iter().filter(|fd| **fd > 2) {
+            libc::close(fd);
+        }
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
         libc::prctl(
             libc::PR_SET_NAME,
             c"ab-guard".as_ptr() as libc::c_ulong,

@@ -102,9 +102,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
             "cannot listen for the relays on {relay_ip} (pass --rendezvous-addr): {e}"
         ))
     })?;
-    let relay_address = door
-        .address()
-        .map_err(|e| CliError::Failure(format!("cannot read the relays' port: {e}")))?;
+    let relay_address = door.address();
     let relay = match &args.remote_atlasboost {
         Some(p) => vec![p.clone().into_os_string()],
         None => crate::self_command()?,
@@ -395,8 +393,10 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         })?;
     let job_id = std::env::var(EnvVars::ATLASBOOST_JOB_ID)
         .map_err(|_| not_by_hand(EnvVars::ATLASBOOST_JOB_ID))?;
-    // SAFETY: no other thread exists yet (Signals::block below refuses to run beside one), so
-    // nothing reads the environment meanwhile. The worker must not inherit the relay's key.
+    // It refuses to run beside another thread: the relay is alone in its process.
+    let signals = Signals::block()?;
+    // SAFETY: no other thread exists (Signals::block checked), so nothing reads the
+    // environment meanwhile. The worker must not inherit the relay's key.
     unsafe {
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_SECRET);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_ADDR);
@@ -413,7 +413,6 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "?".into());
-    let signals = Signals::block()?;
     supervise::raise_fd_limit();
     // Orphans of the worker's children are the relay's to stop.
     let _ = nix::sys::prctl::set_child_subreaper(true);

@@ -104,6 +104,37 @@ impl LineSplitter {
     }
 }
 
+/// The last lines of a process's own messages (ssh's stderr, mpirun's), kept for the error
+/// message that names it when it fails.
+#[derive(Debug)]
+pub struct Tail {
+    lines: VecDeque<String>,
+    keep: usize,
+}
+
+impl Tail {
+    /// Keeps the last `keep` lines.
+    pub fn new(keep: usize) -> Tail {
+        Tail {
+            lines: VecDeque::with_capacity(keep),
+            keep,
+        }
+    }
+
+    /// One more line.
+    pub fn push(&mut self, line: String) {
+        if self.lines.len() == self.keep {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(line);
+    }
+
+    /// The lines kept, oldest first, joined with ` | `; `None` if there are none.
+    pub fn joined(&self) -> Option<String> {
+        (!self.lines.is_empty()).then(|| self.lines.iter().cloned().collect::<Vec<_>>().join(" | "))
+    }
+}
+
 /// A line in pieces of at most [`MAX_LINE`] bytes (one piece for an empty line).
 fn pieces(line: &[u8]) -> impl Iterator<Item = &[u8]> {
     let empty: &[u8] = &[];

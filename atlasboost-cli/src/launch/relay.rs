@@ -36,15 +36,30 @@ const CHALLENGE_LEN: usize = 32;
 /// The longest introduction: a frame with a host name.
 const MAX_INTRODUCTION: usize = 4096;
 
+/// How many connections may wait for their introduction beyond one per rank: a stranger
+/// flooding the port fills these, not the launcher's descriptors.
+const EXTRA_KNOCKS: usize = 32;
+
+/// How many refusals are named one by one; after them only their number.
+const NAMED_REFUSALS: u32 = 20;
+
+/// How long the door stays shut after a failed `accept` (out of descriptors): the waiting
+/// connection would keep the listener readable, and the supervisor spinning.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
 /// The launcher's door: relays connect here.
 #[derive(Debug)]
 pub struct RelayDoor {
-    listener: TcpListener,
+    /// `None` once closed: every rank's relay is in, or mpirun has ended.
+    listener: Option<TcpListener>,
+    address: SocketAddr,
     secret: Secret,
     job_id: String,
     size: u32,
     knocks: Vec<Knock>,
     admitted: Vec<bool>,
+    refused: u32,
+    paused_until: Option<Instant>,
 }
 
 /// A connection that has not proved itself yet.
@@ -85,28 +100,48 @@ impl RelayDoor {
         let listener = TcpListener::bind((ip, 0))?;
         listener.set_nonblocking(true)?;
         Ok(RelayDoor {
-            listener,
+            address: listener.local_addr()?,
+            listener: Some(listener),
             secret,
             job_id: job_id.to_string(),
             size,
             knocks: Vec::new(),
             admitted: vec![false; size as usize],
+            refused: 0,
+            paused_until: None,
         })
     }
 
     /// Where the relays connect.
-    ///
-    /// # Errors
-    ///
-    /// As [`TcpListener::local_addr`].
-    pub fn address(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+    pub fn address(&self) -> SocketAddr {
+        self.address
     }
 
-    /// The listening socket, then each connection that has not proved itself (in the order
-    /// [`RelayDoor::serve`] takes them).
-    pub fn fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
-        std::iter::once(self.listener.as_fd()).chain(self.knocks.iter().map(|k| k.stream.as_fd()))
+    /// The listening socket, while new connections are welcome: the door is open, has room for
+    /// another waiting connection, and is not pausing after a failed `accept`.
+    pub fn listener(&self) -> Option<BorrowedFd<'_>> {
+        let paused = self.paused_until.is_some_and(|t| Instant::now() < t);
+        let room = self.knocks.len() < self.size as usize + EXTRA_KNOCKS;
+        self.listener
+            .as_ref()
+            .filter(|_| room && !paused)
+            .map(AsFd::as_fd)
+    }
+
+    /// Each connection that has not proved itself, in the order [`RelayDoor::serve`] takes
+    /// them.
+    pub fn knocks(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.knocks.iter().map(|k| k.stream.as_fd())
+    }
+
+    /// How many connections wait for their introduction.
+    pub fn knocking(&self) -> usize {
+        self.knocks.len()
+    }
+
+    /// Takes no more connections (mpirun has ended: no relay is still to come).
+    pub fn close(&mut self) {
+        self.listener = None;
     }
 
     /// How many ranks' relays have been admitted.
@@ -120,8 +155,8 @@ impl RelayDoor {
     }
 
     /// Takes new connections (when the listener is `listening`), reads the connections at
-    /// `readable` (indices into [`RelayDoor::fds`] after the listener), drops those that took
-    /// too long; returns what came of it.
+    /// `readable` (indices into [`RelayDoor::knocks`]), drops those that took too long;
+    /// returns what came of it. Once every rank's relay is in, the door closes.
     pub fn serve(&mut self, listening: bool, readable: &[usize]) -> Vec<DoorEvent> {
         let mut events = Vec::new();
         let mut finished: Vec<usize> = Vec::new();
@@ -135,7 +170,7 @@ impl RelayDoor {
             if !finished.contains(&i) && k.since.elapsed() > KNOCK_TIMEOUT {
                 finished.push(i);
                 events.push(DoorEvent::Refused(format!(
-                    "a connection from {} to the relays' port sent no introduction within \
+                    "dropped a connection from {} to the relays' port: no introduction within \
                      {KNOCK_TIMEOUT:.0?}",
                     k.peer
                 )));
@@ -148,17 +183,51 @@ impl RelayDoor {
         if listening {
             self.accept(&mut events);
         }
-        events
+        if self.admitted() == self.size as usize {
+            self.close();
+        }
+        self.name_refusals(events)
+    }
+
+    /// The refusals among `events`, named up to [`NAMED_REFUSALS`] in all, then counted once.
+    fn name_refusals(&mut self, events: Vec<DoorEvent>) -> Vec<DoorEvent> {
+        let mut kept = Vec::with_capacity(events.len());
+        for e in events {
+            if let DoorEvent::Refused(_) = e {
+                self.refused += 1;
+                if self.refused > NAMED_REFUSALS {
+                    if self.refused == NAMED_REFUSALS + 1 {
+                        kept.push(DoorEvent::Refused(
+                            "further connections dropped at the relays' port are not named".into(),
+                        ));
+                    }
+                    continue;
+                }
+            }
+            kept.push(e);
+        }
+        kept
     }
 
     fn accept(&mut self, events: &mut Vec<DoorEvent>) {
-        loop {
-            let (mut stream, peer) = match self.listener.accept() {
+        while self.knocks.len() < self.size as usize + EXTRA_KNOCKS {
+            let Some(listener) = &self.listener else {
+                return;
+            };
+            let (mut stream, peer) = match listener.accept() {
                 Ok(c) => c,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // WouldBlock: nobody else is waiting. Other errors (a connection reset before
-                // it was taken, out of descriptors) leave the door open for the next one.
-                Err(_) => return,
+                // Nobody else is waiting.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    // Out of descriptors, say: the waiting connection stays, and so would the
+                    // listener's readiness. Try again a little later.
+                    self.paused_until = Some(Instant::now() + ACCEPT_PAUSE);
+                    events.push(DoorEvent::Refused(format!(
+                        "cannot accept a connection to the relays' port: {e}"
+                    )));
+                    return;
+                }
             };
             // 128 random bits, as text.
             let challenge = match Secret::random() {
@@ -197,8 +266,12 @@ impl RelayDoor {
     /// Admits or refuses the knock at `i`, which has read its introduction (or failed to).
     fn judge(&mut self, i: usize, outcome: Result<Vec<u8>, String>) -> DoorEvent {
         let k = &self.knocks[i];
-        let refused =
-            |why: String| DoorEvent::Refused(format!("relay connection from {}: {why}", k.peer));
+        let refused = |why: String| {
+            DoorEvent::Refused(format!(
+                "dropped a connection from {} to the relays' port: {why}",
+                k.peer
+            ))
+        };
         let bytes = match outcome {
             Ok(b) => b,
             Err(why) => return refused(why),
@@ -445,7 +518,7 @@ mod tests {
     #[test]
     fn a_relay_with_the_secret_is_admitted_once_per_rank() {
         let (mut door, secret) = door(4);
-        let address = door.address().unwrap().to_string();
+        let address = door.address().to_string();
         let first = introduce_in_thread(address.clone(), secret.clone(), 2, 4, "ab-test");
         let got = events(&mut door, 1);
         assert!(first.join().unwrap().is_ok());
@@ -469,7 +542,7 @@ mod tests {
     #[test]
     fn strangers_are_refused_with_the_reason() {
         let (mut door, _) = door(4);
-        let address = door.address().unwrap().to_string();
+        let address = door.address().to_string();
         for (secret, rank, size, job, expect) in [
             (
                 Secret::from_bytes([8; 32]),
@@ -507,11 +580,57 @@ mod tests {
     }
 
     #[test]
+    fn the_door_closes_once_every_rank_is_in() {
+        let (mut door, secret) = door(1);
+        let address = door.address().to_string();
+        let relay = introduce_in_thread(address.clone(), secret, 0, 1, "ab-test");
+        let got = events(&mut door, 1);
+        assert!(relay.join().unwrap().is_ok());
+        assert!(
+            matches!(&got[..], [DoorEvent::Admitted { rank: 0, .. }]),
+            "{got:?}"
+        );
+        assert!(door.listener().is_none(), "nobody else is to come");
+        // The port itself is closed: the kernel refuses a late connection.
+        assert!(TcpStream::connect(&address).is_err());
+    }
+
+    #[test]
+    fn a_flood_of_silent_connections_fills_the_waiting_room_not_the_launcher() {
+        let (mut door, _) = door(2);
+        let address = door.address().to_string();
+        let flood: Vec<TcpStream> = (0..60)
+            .map(|_| TcpStream::connect(&address).unwrap())
+            .collect();
+        let until = Instant::now() + Duration::from_secs(5);
+        while door.knocking() < 2 + EXTRA_KNOCKS && Instant::now() < until {
+            door.serve(door.listener().is_some(), &[]);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(door.knocking(), 2 + EXTRA_KNOCKS);
+        // Full: the listener is not polled (the rest wait in the kernel's queue).
+        assert!(door.listener().is_none());
+        door.serve(true, &[]);
+        assert_eq!(door.knocking(), 2 + EXTRA_KNOCKS);
+        drop(flood);
+    }
+
+    #[test]
+    fn refusals_are_named_up_to_a_limit_then_counted_once() {
+        let (mut door, _) = door(1);
+        let refusal = || DoorEvent::Refused("dropped a connection".into());
+        let named = door.name_refusals((0..25).map(|_| refusal()).collect());
+        assert_eq!(named.len(), NAMED_REFUSALS as usize + 1);
+        assert!(matches!(named.last(), Some(DoorEvent::Refused(m)) if m.contains("not named")));
+        assert!(door.name_refusals(vec![refusal()]).is_empty());
+    }
+
+    #[test]
     fn what_the_relay_sends_with_its_introduction_is_kept() {
         use super::super::channel::{self, Up};
 
         let (mut door, secret) = door(1);
-        let address = door.address().unwrap().to_string();
+        let address = door.address().to_string();
         // The introduction and the first frames in one write: one read takes them all.
         let relay = std::thread::spawn(move || {
             let mut stream = TcpStream::connect(&address).unwrap();

@@ -2,7 +2,6 @@
 //! remote host's `ssh` session running `atlasboost agent`, or (under `run --mpi`) one rank's
 //! relay connected over TCP.
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
@@ -20,7 +19,7 @@ use nix::sys::signal::Signal;
 
 use super::agent::AgentConfig;
 use super::channel::{Decoder, Down, Up};
-use super::output::LineSplitter;
+use super::output::{LineSplitter, Tail};
 use crate::error::CliError;
 
 /// How many of ssh's (and the agent's) last stderr lines are kept for error messages.
@@ -65,7 +64,7 @@ pub struct Remote {
     pub err: Option<OwnedFd>,
     decoder: Decoder,
     err_split: LineSplitter,
-    err_tail: VecDeque<String>,
+    err_tail: Tail,
     /// Messages read before the supervisor started.
     pub backlog: Vec<Up>,
     /// The agent has written the table and is starting its workers.
@@ -90,7 +89,7 @@ fn session(host: &str, link: Link, input: Option<File>, out: Option<OwnedFd>) ->
         err: None,
         decoder: Decoder::default(),
         err_split: LineSplitter::default(),
-        err_tail: VecDeque::new(),
+        err_tail: Tail::new(ERR_TAIL),
         backlog: Vec::new(),
         ready: false,
         done: false,
@@ -205,7 +204,8 @@ impl Remote {
         if let Some(s) = &mut self.input
             && s.write_all(bytes).and_then(|()| s.flush()).is_err()
         {
-            self.input = None;
+            // Ended for the other side too: it must not wait on half a command.
+            self.hang_up();
         }
     }
 
@@ -272,10 +272,7 @@ impl Remote {
             self.err = None;
         }
         for l in &lines {
-            if self.err_tail.len() == ERR_TAIL {
-                self.err_tail.pop_front();
-            }
-            self.err_tail.push_back(l.clone());
+            self.err_tail.push(l.clone());
         }
         if ended && lines.is_empty() {
             None
@@ -287,8 +284,19 @@ impl Remote {
     /// ssh's last stderr lines, joined for a message (`(nothing on stderr)` if none).
     pub fn err_tail(&self) -> String {
         let noise = String::from_utf8_lossy(&self.decoder.noise);
-        let mut parts: Vec<String> = self.err_tail.iter().cloned().collect();
-        if !noise.trim().is_empty() {
+        let mut parts: Vec<String> = self.err_tail.joined().into_iter().collect();
+        if let Some(version) = noise
+            .trim_start_matches('\0')
+            .strip_prefix("atlasboost-agent-")
+        {
+            parts.push(format!(
+                "(the atlasboost there is another version: it speaks atlasboost-agent-{}, this \
+                 launcher {}; install the same atlasboost on every host, or pass \
+                 --remote-atlasboost)",
+                version.lines().next().unwrap_or("?"),
+                String::from_utf8_lossy(&super::channel::HELLO[1..]).trim_end()
+            ));
+        } else if !noise.trim().is_empty() {
             parts.push(format!(
                 "(before the agent spoke, stdout had: {})",
                 noise.trim()
@@ -364,6 +372,23 @@ fn shell_quote(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_of_another_version_is_named_as_such() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        // What an agent of protocol 1 says: not this launcher's greeting, then its frames.
+        let mut said = b"\0atlasboost-agent-1\n".to_vec();
+        said.extend_from_slice(&[b'h', 0, 0, 0, 0, 0, 0, 0, 0].repeat(8));
+        let r = Remote::relay(stream, "node1", 0, &said).unwrap();
+        let said = r.err_tail();
+        assert!(
+            said.contains(
+                "another version: it speaks atlasboost-agent-1, this launcher atlasboost-agent-2"
+            ),
+            "{said}"
+        );
+    }
 
     #[test]
     fn the_remote_command_is_quoted_for_the_shell() {

@@ -6,7 +6,6 @@
 //! means signalling its group (its own children included), SIGTERM first, SIGKILL after the
 //! grace time. Nothing is ever signalled by name.
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -25,11 +24,14 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+mod mpirun;
+
+use self::mpirun::Mpirun;
+pub use self::mpirun::{MpirunPlan, run_mpirun};
 pub use super::channel::Ending;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
 use super::lifeline::Lifeline;
 use super::output::{LineSplitter, Output, Stream};
-use super::relay::{DoorEvent, RelayDoor};
 use super::remote::Remote;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -204,48 +206,6 @@ pub enum Role {
     Agent(Upstream),
 }
 
-/// What the launcher of `run --mpi` starts and watches ([`run_mpirun`]).
-#[derive(Debug)]
-pub struct MpirunPlan {
-    /// The mpirun command, whose ranks are relays.
-    pub command: Vec<OsString>,
-    /// Variables for mpirun (the relays' secret, passed on by name).
-    pub env: Vec<(OsString, OsString)>,
-    /// Where the relays connect.
-    pub door: RelayDoor,
-    /// How long the relays may take to connect, once mpirun has started.
-    pub timeout: Duration,
-}
-
-/// mpirun, while the launcher of `run --mpi` watches it.
-#[derive(Debug)]
-struct Mpirun {
-    pid: Pid,
-    door: RelayDoor,
-    /// Its stdout and stderr (its own messages: the ranks' output goes through the relays).
-    pipes: Vec<(OwnedFd, LineSplitter)>,
-    /// Its last lines, for the error message when it fails on its own.
-    tail: VecDeque<String>,
-    ended: Option<Ending>,
-    started: Instant,
-    /// When every relay must have connected.
-    deadline: Instant,
-}
-
-impl Mpirun {
-    /// Its last lines, joined for a message.
-    fn tail_text(&self) -> String {
-        if self.tail.is_empty() {
-            "(nothing)".into()
-        } else {
-            self.tail.iter().cloned().collect::<Vec<_>>().join(" | ")
-        }
-    }
-}
-
-/// How many of mpirun's last lines are kept.
-const MPIRUN_TAIL: usize = 10;
-
 /// An agent's line to its launcher: commands in on stdin (frames go out through [`Output`]).
 #[derive(Debug)]
 pub struct Upstream {
@@ -408,75 +368,6 @@ pub fn run_workers(
     Ok(sup.result(output))
 }
 
-/// The launcher of `run --mpi`: starts mpirun, whose ranks are relays that connect to the
-/// launcher and report like remote agents of one worker each, and supervises the job to the
-/// end. `ranks` are the workers the relays will run (`local: false`; their hosts are filled
-/// in when the relays connect).
-///
-/// # Errors
-///
-/// [`CliError::Spawn`] when mpirun cannot be started.
-pub fn run_mpirun(
-    plan: &RunPlan,
-    ranks: &[WorkerPlan],
-    output: &mut Output,
-    signals: &Signals,
-    lifeline: &mut Lifeline,
-    mpirun: MpirunPlan,
-) -> Result<JobResult, CliError> {
-    let mpirun = start_mpirun(plan, mpirun, lifeline)?;
-    let running = ranks.iter().map(|_| Running::elsewhere()).collect();
-    let mut sup = Supervisor::new(
-        plan,
-        ranks,
-        running,
-        Vec::new(),
-        lifeline,
-        Role::Launcher(Vec::new()),
-    );
-    sup.mpirun = Some(mpirun);
-    sup.run(signals, output);
-    Ok(sup.result(output))
-}
-
-/// Starts mpirun like a worker (its own group, dying with the launcher), watched by the lifeline.
-fn start_mpirun(
-    plan: &RunPlan,
-    m: MpirunPlan,
-    lifeline: &mut Lifeline,
-) -> Result<Mpirun, CliError> {
-    let mpirun_plan = RunPlan {
-        command: m.command,
-        wdir: plan.wdir.clone(),
-        grace: plan.grace,
-    };
-    let spec = WorkerPlan {
-        rank: 0,
-        host: "mpirun".into(),
-        device: 0,
-        env: m.env,
-        local: true,
-    };
-    let (pid, out, err) = spawn(&mpirun_plan, &spec).map_err(|e| CliError::Spawn {
-        program: mpirun_plan.command.first().cloned().unwrap_or_default(),
-        host: "this machine".into(),
-        reason: e,
-    })?;
-    lifeline.watch(pid.as_raw());
-    Ok(Mpirun {
-        pid,
-        door: m.door,
-        pipes: vec![
-            (out, LineSplitter::default()),
-            (err, LineSplitter::default()),
-        ],
-        tail: VecDeque::new(),
-        ended: None,
-        started: Instant::now(),
-        deadline: Instant::now() + m.timeout,
-    })
-}
-
 /// Starts one worker in a process group of its own, stdin closed, output on pipes.
 fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> {
     let (program, args) = plan
@@ -581,7 +472,7 @@ impl<'a> Supervisor<'a> {
     }
 
     /// Processes that are the launcher's children but neither workers nor orphans.
-    fn own_children(&self) -> Vec<u32> {
+    fn not_orphans(&self) -> Vec<u32> {
         let mut own = vec![self.lifeline.pid()];
         if let Role::Launcher(remotes) = &self.role {
             own.extend(remotes.iter().filter_map(Remote::pid));
@@ -597,7 +488,7 @@ impl<'a> Supervisor<'a> {
         let mpirun_ended = self
             .mpirun
             .as_ref()
-            .is_none_or(|m| m.ended.is_some() && m.pipes.is_empty());
+            .is_none_or(|m| m.settled && m.pipes.is_empty());
         mpirun_ended
             && match &self.role {
                 Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
@@ -647,7 +538,7 @@ impl<'a> Supervisor<'a> {
     /// side is finished (groups empty, pipes drained or given up on).
     fn wrap_up(&mut self, output: &mut Output) -> bool {
         self.check_groups();
-        let own = self.own_children();
+        let own = self.not_orphans();
         let orphans = orphans(&own);
         let groups_gone = self.running.iter().all(|r| r.group_gone) && orphans.is_empty();
         if !self.leftovers_stopped && !groups_gone {
@@ -773,49 +664,7 @@ impl<'a> Supervisor<'a> {
         if let Some(why) = upstream_lost {
             self.upstream_lost(why, output);
         }
-        self.check_relays_came(output);
-    }
-
-    /// `run --mpi`: every rank's relay must connect within the rendezvous timeout of mpirun's
-    /// start; those that did not are named, and the job stops.
-    fn check_relays_came(&mut self, output: &mut Output) {
-        let Some(m) = &self.mpirun else { return };
-        if m.ended.is_some() || Instant::now() < m.deadline || self.failed_or_interrupted() {
-            return;
-        }
-        let missing: Vec<u32> = self
-            .workers
-            .iter()
-            .map(|w| w.rank)
-            .filter(|&r| !m.door.is_admitted(r))
-            .collect();
-        if missing.is_empty() {
-            return;
-        }
-        let why = format!(
-            "the relay of rank{} {} did not connect within {:.0?} of mpirun's start (mpirun's \
-             last lines: {})",
-            if missing.len() == 1 { "" } else { "s" },
-            ranges(&missing),
-            self.plan_timeout(),
-            m.tail_text()
-        );
-        let now = Instant::now();
-        for lane in 0..self.workers.len() {
-            if missing.contains(&self.workers[lane].rank) && self.running[lane].ended.is_none() {
-                self.running[lane].ended = Some((now, Ending::NotStarted));
-            }
-        }
-        self.fail_job("mpirun", why, ExitCodes::FAILURE, output);
-        // mpirun aborts the ranks it did start (and those still starting).
-        self.signal_mpirun(Signal::SIGTERM);
-    }
-
-    /// How long the relays were given (for messages).
-    fn plan_timeout(&self) -> Duration {
-        self.mpirun.as_ref().map_or(Duration::ZERO, |m| {
-            m.deadline.saturating_duration_since(m.started)
-        })
+        self.check_mpirun(output);
     }
 
     fn failed_or_interrupted(&self) -> bool {
@@ -858,13 +707,13 @@ impl<'a> Supervisor<'a> {
                     fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
                     sources.push(Source::MpirunPipe(i));
                 }
-                for (i, fd) in m.door.fds().enumerate() {
+                if let Some(fd) = m.door.listener() {
                     fds.push(PollFd::new(fd, PollFlags::POLLIN));
-                    sources.push(if i == 0 {
-                        Source::Door
-                    } else {
-                        Source::Knock(i - 1)
-                    });
+                    sources.push(Source::Door);
+                }
+                for (i, fd) in m.door.knocks().enumerate() {
+                    fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                    sources.push(Source::Knock(i));
                 }
             }
             match poll(&mut fds, timeout) {
@@ -918,151 +767,6 @@ impl<'a> Supervisor<'a> {
         // Expiry runs on every pass: a knock that never speaks must still be dropped.
         self.serve_door(listening, &knocks, output);
         output.flush();
-    }
-
-    /// `run --mpi`: takes relays' connections, admits those that prove themselves (each becomes
-    /// a remote of its rank), and names those refused.
-    fn serve_door(&mut self, listening: bool, knocks: &[usize], output: &mut Output) {
-        let Some(m) = &mut self.mpirun else { return };
-        for event in m.door.serve(listening, knocks) {
-            match event {
-                DoorEvent::Refused(why) => output.message(&format!("atlasboost: dropped a {why}")),
-                DoorEvent::Admitted {
-                    rank,
-                    local_rank,
-                    host,
-                    remote,
-                } => {
-                    let Ok(lane) = self.workers.binary_search_by_key(&rank, |w| w.rank) else {
-                        continue;
-                    };
-                    self.workers[lane].host = host;
-                    // init() takes the device of its local rank: this is its logical id.
-                    self.workers[lane].device = local_rank;
-                    self.running[lane].started = Instant::now();
-                    let Role::Launcher(remotes) = &mut self.role else {
-                        continue;
-                    };
-                    remotes.push(*remote);
-                    let h = remotes.len() - 1;
-                    let backlog = std::mem::take(&mut remotes[h].backlog);
-                    // A stop already under way reaches the late ones too.
-                    if let Some((_, killed)) = self.stopping {
-                        let signal = if killed {
-                            Signal::SIGKILL
-                        } else {
-                            self.interrupted.unwrap_or(Signal::SIGTERM)
-                        };
-                        remotes[h].send(Down::Signal(signal));
-                    }
-                    for message in backlog {
-                        self.on_remote(h, message, output);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Reads mpirun's own output (pipe `i`): its lines go to stderr as they are. False at the
-    /// pipe's end.
-    fn read_mpirun(&mut self, i: usize, output: &mut Output) -> bool {
-        let Some((fd, split)) = self.mpirun.as_mut().and_then(|m| m.pipes.get_mut(i)) else {
-            return false;
-        };
-        let mut lines = Vec::new();
-        let mut open = true;
-        for _ in 0..16 {
-            match nix::unistd::read(&*fd, &mut self.buf) {
-                Ok(0) => {
-                    split.finish(&mut |l| lines.push(String::from_utf8_lossy(l).into_owned()));
-                    open = false;
-                    break;
-                }
-                Ok(n) => split.feed(&self.buf[..n], &mut |l| {
-                    lines.push(String::from_utf8_lossy(l).into_owned());
-                }),
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => break,
-                Err(_) => {
-                    open = false;
-                    break;
-                }
-            }
-        }
-        let Some(m) = &mut self.mpirun else {
-            return false;
-        };
-        for l in lines {
-            output.message(&l);
-            if m.tail.len() == MPIRUN_TAIL {
-                m.tail.pop_front();
-            }
-            m.tail.push_back(l);
-        }
-        open
-    }
-
-    /// mpirun has exited: what it leaves unsaid is settled. Its relays have all exited by now
-    /// (it waits for its ranks), so what they sent is read first; ranks whose relay never
-    /// came never started; and mpirun failing on its own (a host it cannot reach, too few
-    /// slots) fails the job with its own words.
-    fn mpirun_ended(&mut self, ending: Ending, output: &mut Output) {
-        let Some(m) = &mut self.mpirun else { return };
-        m.ended = Some(ending);
-        // Its last words first. The pipes stay in the list (the poll in progress holds their
-        // indices); one at its end reads as ended again on the next poll, and goes then.
-        for i in 0..m.pipes.len() {
-            // Bounded: a child of mpirun (its ssh sessions) may hold its pipes a while longer.
-            for _ in 0..64 {
-                if !self.read_mpirun(i, output) {
-                    break;
-                }
-            }
-        }
-        let remotes = match &self.role {
-            Role::Launcher(r) => r.len(),
-            Role::Agent(_) => 0,
-        };
-        for h in 0..remotes {
-            self.read_remote(h, output);
-        }
-        let now = Instant::now();
-        let mut never = Vec::new();
-        for (lane, w) in self.workers.iter().enumerate() {
-            let admitted = self
-                .mpirun
-                .as_ref()
-                .is_some_and(|m| m.door.is_admitted(w.rank));
-            if !admitted && self.running[lane].ended.is_none() {
-                self.running[lane].ended = Some((now, Ending::NotStarted));
-                never.push(w.rank);
-            }
-        }
-        if self.failed_or_interrupted() {
-            return;
-        }
-        let tail = self
-            .mpirun
-            .as_ref()
-            .map_or_else(String::new, Mpirun::tail_text);
-        if ending.failed() {
-            let why = format!("mpirun ended with {}; it said: {tail}", ending.describe());
-            self.fail_job("mpirun", why, ending.code(), output);
-        } else if !never.is_empty() {
-            let why = format!(
-                "mpirun ended with exit 0, but rank{} {} never started (mpirun said: {tail})",
-                if never.len() == 1 { "" } else { "s" },
-                ranges(&never)
-            );
-            self.fail_job("mpirun", why, ExitCodes::FAILURE, output);
-        }
-    }
-
-    /// Sends `signal` to mpirun's process group, while it runs.
-    fn signal_mpirun(&mut self, signal: Signal) {
-        if let Some(m) = self.mpirun.as_ref().filter(|m| m.ended.is_none()) {
-            let _ = killpg(m.pid, signal);
-        }
     }
 
     /// Reads what a pipe has; false at its end.
@@ -1439,10 +1143,8 @@ impl<'a> Supervisor<'a> {
                 continue;
             }
             if self.mpirun.as_ref().is_some_and(|m| m.pid == pid) {
-                if killpg(pid, None) == Err(Errno::ESRCH) {
-                    self.lifeline.forget(pid.as_raw());
-                }
-                self.mpirun_ended(ending, output);
+                self.mpirun_exited(ending, output);
+                self.check_groups();
                 continue;
             }
             let Some(i) = self.running.iter().position(|r| r.pid == Some(pid)) else {
@@ -1511,7 +1213,7 @@ impl<'a> Supervisor<'a> {
         self.signal_groups(Signal::SIGKILL);
         self.signal_remotes(Signal::SIGKILL);
         self.signal_mpirun(Signal::SIGKILL);
-        signal_orphans(&self.own_children(), Signal::SIGKILL);
+        signal_orphans(&self.not_orphans(), Signal::SIGKILL);
         self.stopping = Some((self.stopping.map_or(Instant::now(), |s| s.0), true));
         self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
     }
@@ -1545,8 +1247,13 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// Marks the groups with no process left.
+    /// Marks the groups with no process left (mpirun's too, once it has ended).
     fn check_groups(&mut self) {
+        if let Some(m) = &mut self.mpirun
+            && let Some(pid) = m.group_just_gone()
+        {
+            self.lifeline.forget(pid.as_raw());
+        }
         for r in &mut self.running {
             if let Some(pid) = r.pid
                 && !r.group_gone
@@ -1631,7 +1338,7 @@ fn ranges(ranks: &[u32]) -> String {
 /// orphans of the workers' children, since the launcher is their subreaper. Called once every
 /// worker has been reaped.
 fn orphans(own: &[u32]) -> Vec<Pid> {
-    let children = own_children().unwrap_or_else(|| {
+    let children = children_of_this_process().unwrap_or_else(|| {
         // Without /proc/<pid>/task/<tid>/children (a kernel without CONFIG_PROC_CHILDREN):
         // every process's parent.
         let me = std::process::id();
@@ -1639,7 +1346,7 @@ fn orphans(own: &[u32]) -> Vec<Pid> {
             |_| Vec::new(),
             |dir| {
                 dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                    .filter(|&pid| parent_of(pid) == Some(me))
+                    .filter(|&pid| crate::host::process_stat(pid).is_some_and(|p| p.ppid == me))
                     .collect()
             },
         )
@@ -1653,7 +1360,7 @@ fn orphans(own: &[u32]) -> Vec<Pid> {
 
 /// This process's children, from the kernel's list of each thread's children (a few reads,
 /// where scanning every process's parent costs a read per process on the machine).
-fn own_children() -> Option<Vec<u32>> {
+fn children_of_this_process() -> Option<Vec<u32>> {
     let mut children = Vec::new();
     for task in std::fs::read_dir("/proc/self/task").ok()? {
         let path = task.ok()?.path().join("children");
@@ -1664,13 +1371,6 @@ fn own_children() -> Option<Vec<u32>> {
         );
     }
     Some(children)
-}
-
-/// The parent of `pid`, from `/proc/<pid>/stat` (the field after the parenthesised name).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Signals the orphans (not the workers: they are signalled through their groups).

@@ -11,8 +11,10 @@ as mpi4py and Horovod do, and without it otherwise:
   without libclang builds without MPI support, saying why.
 
 `ATLASBOOST_WITH_MPI` decides instead: `1` requires MPI support (the build fails, naming what is
-missing, when it cannot have it), `0` builds without it, `auto` (or unset) finds out. The choice
-is printed (`pip install -v` shows it) and the installed package tells it:
+missing, when it cannot have it), `0` builds without it, `auto` (or unset) finds out; found MPI
+whose build fails (a broken installation) is built without, saying why. `--features mpi` in
+maturin's own build arguments (`MATURIN_PEP517_ARGS`, `-C build-args=...`) requires it too.
+The choice is printed (`pip install -v` shows it) and the installed package tells it:
 `atlasboost.build_info()`, `atlasboost --version`.
 
 Everything else is maturin's: every hook delegates to it.
@@ -130,35 +132,63 @@ def choose(environ: Mapping[str, str] = os.environ,
     return Choice(True, f"{mpi}, libclang in {libclang}")
 
 
-def with_choice(config_settings: Optional[Mapping[str, Any]]) -> dict:
-    """maturin's settings, with `--features mpi` added to its build arguments when chosen."""
+def asks_for_mpi(args: list) -> bool:
+    """Whether maturin's own build arguments already name the `mpi` feature."""
+    for i, a in enumerate(args):
+        value = a.split("=", 1)[1] if a.startswith("--features=") else (
+            args[i + 1] if a in ("--features", "-F") and i + 1 < len(args) else "")
+        if "mpi" in value.replace(",", " ").split():
+            return True
+    return False
+
+
+def build(hook: Callable, directory: str, config_settings, metadata_directory):
+    """Runs maturin's `hook` with `--features mpi` added to its build arguments when chosen.
+    Found (not required) MPI support whose build fails is built without, saying why: a broken
+    MPI installation must not make the package uninstallable."""
     import maturin
 
-    try:
-        choice = choose()
-    except BuildError as e:
-        raise SystemExit(f"atlasboost build: error: {e}") from None
+    args = list(maturin.get_maturin_pep517_args(config_settings))
+    if asks_for_mpi(args):
+        choice, required = Choice(True, "--features mpi in maturin's build arguments"), True
+    else:
+        try:
+            choice = choose()
+        except BuildError as e:
+            raise SystemExit(f"atlasboost build: error: {e}") from None
+        required = os.environ.get(VARIABLE, "").strip().lower() in ("1", "yes", "true", "on")
+
+    def settings(extra: list) -> dict:
+        s = dict(config_settings or {})
+        s.pop("build-args", None)
+        s["maturin.build-args"] = shlex.join(args + extra)
+        return s
+
     said = "yes" if choice.mpi else "no"
     print(f"atlasboost build: MPI support: {said} ({choice.why})", file=sys.stderr, flush=True)
-    args = list(maturin.get_maturin_pep517_args(config_settings))
-    if choice.mpi:
-        args += ["--features", "mpi"]
-    settings = dict(config_settings or {})
-    settings.pop("build-args", None)
-    settings["maturin.build-args"] = shlex.join(args)
-    return settings
+    if not choice.mpi or asks_for_mpi(args):
+        return hook(directory, settings([]), metadata_directory)
+    try:
+        return hook(directory, settings(["--features", "mpi"]), metadata_directory)
+    except SystemExit:
+        if required:
+            raise
+        print(f"atlasboost build: the build with MPI support failed (above); building without it. "
+              f"Set {VARIABLE}=1 to make that an error, or {VARIABLE}=0 to skip the attempt.",
+              file=sys.stderr, flush=True)
+        return hook(directory, settings([]), metadata_directory)
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     import maturin
 
-    return maturin.build_wheel(wheel_directory, with_choice(config_settings), metadata_directory)
+    return build(maturin.build_wheel, wheel_directory, config_settings, metadata_directory)
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     import maturin
 
-    return maturin.build_editable(wheel_directory, with_choice(config_settings), metadata_directory)
+    return build(maturin.build_editable, wheel_directory, config_settings, metadata_directory)
 
 
 def build_sdist(sdist_directory, config_settings=None):

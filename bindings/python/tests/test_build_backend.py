@@ -69,3 +69,41 @@ def test_mpi_without_libclang_says_what_is_missing(tmp_path: Path) -> None:
 def test_a_malformed_value_is_named(tmp_path: Path) -> None:
     with pytest.raises(backend.BuildError, match=r"ATLASBOOST_WITH_MPI='maybe': expected 1 .*, 0 .* or auto"):
         backend.choose({backend.VARIABLE: "maybe"}, **machine(tmp_path, mpicc=True, libclang=True))
+
+
+@pytest.mark.parametrize(
+    ("args", "asks"),
+    [
+        (["--features", "mpi"], True),
+        (["-F", "foo,mpi"], True),
+        (["--features=mpi"], True),
+        (["--release", "--features", "other"], False),
+        (["--features", "mpi4py"], False),
+        ([], False),
+    ],
+)
+def test_mpi_asked_for_in_maturins_own_arguments_is_seen(args: list, asks: bool) -> None:
+    assert backend.asks_for_mpi(args) is asks
+
+
+def test_found_mpi_that_fails_to_build_is_built_without_unless_required(tmp_path: Path, monkeypatch) -> None:
+    """A broken MPI installation: the build with `--features mpi` fails (maturin exits)."""
+    pytest.importorskip("maturin")
+    calls = []
+
+    def hook(directory, settings, metadata):
+        calls.append(settings["maturin.build-args"])
+        if "mpi" in settings["maturin.build-args"]:
+            raise SystemExit(1)
+        return "atlasboost-0.1.0.whl"
+
+    monkeypatch.setattr(backend, "choose", lambda: backend.Choice(True, "mpicc at /x"))
+    monkeypatch.delenv(backend.VARIABLE, raising=False)
+    monkeypatch.delenv("MATURIN_PEP517_ARGS", raising=False)
+    assert backend.build(hook, str(tmp_path), None, None) == "atlasboost-0.1.0.whl"
+    assert calls == ["--features mpi", ""]
+    monkeypatch.setenv(backend.VARIABLE, "1")
+    calls.clear()
+    with pytest.raises(SystemExit):
+        backend.build(hook, str(tmp_path), None, None)
+    assert calls == ["--features mpi"]

@@ -1,0 +1,404 @@
+//! The supervisor's part in `run --mpi`: mpirun, a child of the launcher, starts each rank as a
+//! relay that connects to the launcher's [`RelayDoor`]; every admitted relay becomes a remote
+//! of one rank, and the rest of the supervisor treats it like an ssh agent's session.
+//!
+//! What only mpirun brings is here: its own output (passed on to stderr, its last lines kept
+//! for the message when it fails on its own), relays that must all connect in time, and the
+//! end of the job, which mpirun's exit marks. That end is settled only when what the relays
+//! sent has been read, or 2 s after mpirun's exit at most: a relay's last frames (a quick
+//! worker's whole life) may still be on their way when the kernel reports mpirun gone.
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use super::super::channel::Down;
+use super::super::output::{LineSplitter, Output, Tail};
+use super::super::relay::{DoorEvent, RelayDoor};
+use super::{
+    DRAIN_AFTER_KILL, Ending, JobResult, Lifeline, Role, RunPlan, Running, Signals, Supervisor,
+    WorkerPlan, ranges, spawn,
+};
+use crate::error::CliError;
+use crate::exit::ExitCodes;
+
+/// How many of mpirun's last lines are kept.
+const MPIRUN_TAIL: usize = 10;
+
+/// What the launcher of `run --mpi` starts and watches ([`run_mpirun`]).
+#[derive(Debug)]
+pub struct MpirunPlan {
+    /// The mpirun command, whose ranks are relays.
+    pub command: Vec<OsString>,
+    /// Variables for mpirun (the relays' secret, passed on by name).
+    pub env: Vec<(OsString, OsString)>,
+    /// Where the relays connect.
+    pub door: RelayDoor,
+    /// How long the relays may take to connect, once mpirun has started.
+    pub timeout: Duration,
+}
+
+/// mpirun, while the launcher of `run --mpi` watches it.
+#[derive(Debug)]
+pub(super) struct Mpirun {
+    pub(super) pid: Pid,
+    pub(super) door: RelayDoor,
+    /// Its stdout and stderr (its own messages: the ranks' output goes through the relays).
+    pub(super) pipes: Vec<(OwnedFd, LineSplitter)>,
+    /// Its last lines, for the message when it fails on its own.
+    tail: Tail,
+    started: Instant,
+    /// When every relay must have connected.
+    deadline: Instant,
+    /// How it ended, and when.
+    pub(super) ended: Option<(Instant, Ending)>,
+    /// Its process group has no process left.
+    group_gone: bool,
+    /// When every rank had ended while mpirun went on.
+    ranks_over: Option<Instant>,
+    /// It was killed for going on after its ranks.
+    killed_late: bool,
+    /// The end is settled: ranks that never came are named, mpirun's own failure judged.
+    pub(super) settled: bool,
+}
+
+/// The launcher of `run --mpi`: starts mpirun, whose ranks are relays that connect to the
+/// launcher and report like remote agents of one worker each, and supervises the job to the
+/// end. `ranks` are the workers the relays will run (`local: false`; their hosts are filled
+/// in when the relays connect).
+///
+/// # Errors
+///
+/// [`CliError::Spawn`] when mpirun cannot be started.
+pub fn run_mpirun(
+    plan: &RunPlan,
+    ranks: &[WorkerPlan],
+    output: &mut Output,
+    signals: &Signals,
+    lifeline: &mut Lifeline,
+    mpirun: MpirunPlan,
+) -> Result<JobResult, CliError> {
+    let mpirun = start(plan, mpirun, lifeline)?;
+    let running = ranks.iter().map(|_| Running::elsewhere()).collect();
+    let mut sup = Supervisor::new(
+        plan,
+        ranks,
+        running,
+        Vec::new(),
+        lifeline,
+        Role::Launcher(Vec::new()),
+    );
+    sup.mpirun = Some(mpirun);
+    sup.run(signals, output);
+    Ok(sup.result(output))
+}
+
+/// Starts mpirun like a worker (its own group, dying with the launcher), watched by the
+/// lifeline.
+fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpirun, CliError> {
+    let mpirun_plan = RunPlan {
+        command: m.command,
+        wdir: plan.wdir.clone(),
+        grace: plan.grace,
+    };
+    let spec = WorkerPlan {
+        rank: 0,
+        host: "mpirun".into(),
+        device: 0,
+        env: m.env,
+        local: true,
+    };
+    let (pid, out, err) = spawn(&mpirun_plan, &spec).map_err(|e| CliError::Spawn {
+        program: mpirun_plan.command.first().cloned().unwrap_or_default(),
+        host: "this machine".into(),
+        reason: e,
+    })?;
+    lifeline.watch(pid.as_raw());
+    let now = Instant::now();
+    Ok(Mpirun {
+        pid,
+        door: m.door,
+        pipes: vec![
+            (out, LineSplitter::default()),
+            (err, LineSplitter::default()),
+        ],
+        tail: Tail::new(MPIRUN_TAIL),
+        started: now,
+        deadline: now + m.timeout,
+        ended: None,
+        group_gone: false,
+        ranks_over: None,
+        killed_late: false,
+        settled: false,
+    })
+}
+
+impl Mpirun {
+    /// Its last lines, for a message.
+    fn said(&self) -> String {
+        self.tail.joined().unwrap_or_else(|| "(nothing)".into())
+    }
+
+    /// Its group's id, once, when its last process (mpirun, or a child of its such as an ssh
+    /// session) is gone: the lifeline must forget it, since the id may be reused.
+    pub(super) fn group_just_gone(&mut self) -> Option<Pid> {
+        let gone =
+            !self.group_gone && self.ended.is_some() && killpg(self.pid, None) == Err(Errno::ESRCH);
+        self.group_gone |= gone;
+        gone.then_some(self.pid)
+    }
+}
+
+impl Supervisor<'_> {
+    /// Takes relays' connections, admits those that prove themselves (each becomes a remote
+    /// of its rank), and names those refused.
+    pub(super) fn serve_door(&mut self, listening: bool, knocks: &[usize], output: &mut Output) {
+        let Some(m) = &mut self.mpirun else { return };
+        for event in m.door.serve(listening, knocks) {
+            match event {
+                DoorEvent::Refused(why) => output.message(&format!("atlasboost: {why}")),
+                DoorEvent::Admitted {
+                    rank,
+                    local_rank,
+                    host,
+                    remote,
+                } => {
+                    let Ok(lane) = self.workers.binary_search_by_key(&rank, |w| w.rank) else {
+                        continue;
+                    };
+                    self.workers[lane].host = host;
+                    // init() takes the device of its local rank: this is its logical id.
+                    self.workers[lane].device = local_rank;
+                    self.running[lane].started = Instant::now();
+                    let Role::Launcher(remotes) = &mut self.role else {
+                        continue;
+                    };
+                    remotes.push(*remote);
+                    let h = remotes.len() - 1;
+                    let backlog = std::mem::take(&mut remotes[h].backlog);
+                    // A stop already under way reaches the late ones too.
+                    if let Some((_, killed)) = self.stopping {
+                        let signal = if killed {
+                            Signal::SIGKILL
+                        } else {
+                            self.interrupted.unwrap_or(Signal::SIGTERM)
+                        };
+                        remotes[h].send(Down::Signal(signal));
+                    }
+                    for message in backlog {
+                        self.on_remote(h, message, output);
+                    }
+                    self.check_session_end(h, output);
+                }
+            }
+        }
+    }
+
+    /// Reads mpirun's own output (pipe `i`): its lines go to stderr as they are. False at the
+    /// pipe's end.
+    pub(super) fn read_mpirun(&mut self, i: usize, output: &mut Output) -> bool {
+        let Some((fd, split)) = self.mpirun.as_mut().and_then(|m| m.pipes.get_mut(i)) else {
+            return false;
+        };
+        let mut lines = Vec::new();
+        let mut open = true;
+        for _ in 0..16 {
+            match nix::unistd::read(&*fd, &mut self.buf) {
+                Ok(0) => {
+                    split.finish(&mut |l| lines.push(String::from_utf8_lossy(l).into_owned()));
+                    open = false;
+                    break;
+                }
+                Ok(n) => split.feed(&self.buf[..n], &mut |l| {
+                    lines.push(String::from_utf8_lossy(l).into_owned());
+                }),
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
+                Err(_) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        let Some(m) = &mut self.mpirun else {
+            return false;
+        };
+        for l in lines {
+            output.message(&l);
+            m.tail.push(l);
+        }
+        open
+    }
+
+    /// mpirun has exited (the supervisor reaped it): its last words are read, and what its
+    /// relays sent, as far as it has arrived; [`Supervisor::check_mpirun`] settles the rest.
+    pub(super) fn mpirun_exited(&mut self, ending: Ending, output: &mut Output) {
+        let Some(m) = &mut self.mpirun else { return };
+        m.ended = Some((Instant::now(), ending));
+        // The pipes stay in the list (the poll in progress holds their indices); one at its
+        // end reads as ended again on the next poll, and goes then.
+        for i in 0..m.pipes.len() {
+            // Bounded: a child of mpirun (its ssh sessions) may hold its pipes a while longer.
+            for _ in 0..64 {
+                if !self.read_mpirun(i, output) {
+                    break;
+                }
+            }
+        }
+        // Its relays have all exited (mpirun waits for its ranks): what they sent is here, or
+        // on its way from other hosts.
+        let knocks: Vec<usize> =
+            (0..self.mpirun.as_ref().map_or(0, |m| m.door.knocking())).collect();
+        self.serve_door(true, &knocks, output);
+        // No relay is still to come.
+        if let Some(m) = &mut self.mpirun {
+            m.door.close();
+        }
+        let remotes = match &self.role {
+            Role::Launcher(r) => r.len(),
+            Role::Agent(_) => 0,
+        };
+        for h in 0..remotes {
+            self.read_remote(h, output);
+        }
+        self.check_mpirun(output);
+    }
+
+    /// Called on every pass of the supervisor: the relays' deadline, the end of the job once
+    /// mpirun has exited, and an mpirun that goes on after its ranks.
+    pub(super) fn check_mpirun(&mut self, output: &mut Output) {
+        let Some(m) = &self.mpirun else { return };
+        let now = Instant::now();
+        match m.ended {
+            None if now >= m.deadline => self.relays_late(output),
+            None => self.mpirun_lingers(output),
+            Some((at, ending)) if !m.settled => {
+                // Settled once every admitted relay is done (or lost), or after the drain.
+                let heard = match &self.role {
+                    Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
+                    Role::Agent(_) => true,
+                };
+                let all_came = self.workers.iter().all(|w| m.door.is_admitted(w.rank));
+                if (heard && all_came) || now >= at + DRAIN_AFTER_KILL {
+                    self.settle(ending, output);
+                }
+            }
+            Some(_) => {
+                if let Some(m) = &mut self.mpirun
+                    && !m.pipes.is_empty()
+                    && now >= m.ended.map_or(now, |(at, _)| at) + DRAIN_AFTER_KILL
+                {
+                    // A child of mpirun that left its group holds its output: given up on.
+                    m.pipes.clear();
+                }
+            }
+        }
+    }
+
+    /// The end after mpirun's exit: relays still silent are lost, ranks whose relay never came
+    /// never started, and mpirun failing on its own (a host it cannot reach, too few slots)
+    /// fails the job with its own words.
+    fn settle(&mut self, ending: Ending, output: &mut Output) {
+        let Some(m) = &mut self.mpirun else { return };
+        m.settled = true;
+        let remotes = match &self.role {
+            Role::Launcher(r) => r.len(),
+            Role::Agent(_) => 0,
+        };
+        for h in 0..remotes {
+            let why = "its relay had said nothing of its worker's end 2 s after mpirun exited";
+            self.host_lost(h, why.into(), output);
+        }
+        let now = Instant::now();
+        let mut never = Vec::new();
+        for (lane, w) in self.workers.iter().enumerate() {
+            let admitted = self
+                .mpirun
+                .as_ref()
+                .is_some_and(|m| m.door.is_admitted(w.rank));
+            if !admitted && self.running[lane].ended.is_none() {
+                self.running[lane].ended = Some((now, Ending::NotStarted));
+                never.push(w.rank);
+            }
+        }
+        let said = self.mpirun.as_ref().map_or_else(String::new, Mpirun::said);
+        if ending.failed() {
+            let why = format!("mpirun ended with {}; it said: {said}", ending.describe());
+            self.fail_job("mpirun", why, ending.code(), output);
+        } else if !never.is_empty() {
+            let why = format!(
+                "mpirun ended with exit 0, but rank{} {} never started (mpirun said: {said})",
+                if never.len() == 1 { "" } else { "s" },
+                ranges(&never)
+            );
+            self.fail_job("mpirun", why, ExitCodes::FAILURE, output);
+        }
+    }
+
+    /// Every rank's relay must connect within the rendezvous timeout of mpirun's start; those
+    /// that did not are named, and the job stops.
+    fn relays_late(&mut self, output: &mut Output) {
+        let Some(m) = &self.mpirun else { return };
+        let missing: Vec<u32> = self
+            .workers
+            .iter()
+            .map(|w| w.rank)
+            .filter(|&r| !m.door.is_admitted(r))
+            .collect();
+        if missing.is_empty() || self.failed_or_interrupted() {
+            return;
+        }
+        let why = format!(
+            "the relay of rank{} {} did not connect within {:.0?} of mpirun's start (mpirun's \
+             last lines: {})",
+            if missing.len() == 1 { "" } else { "s" },
+            ranges(&missing),
+            m.deadline.saturating_duration_since(m.started),
+            m.said()
+        );
+        let now = Instant::now();
+        for lane in 0..self.workers.len() {
+            if missing.contains(&self.workers[lane].rank) && self.running[lane].ended.is_none() {
+                self.running[lane].ended = Some((now, Ending::NotStarted));
+            }
+        }
+        self.fail_job("mpirun", why, ExitCodes::FAILURE, output);
+        // mpirun aborts the ranks it did start (and those still starting).
+        self.signal_mpirun(Signal::SIGTERM);
+    }
+
+    /// Every rank has ended and every relay is done, yet mpirun goes on (a lost daemon, a
+    /// stuck ssh): it gets `--grace`, then SIGKILL.
+    fn mpirun_lingers(&mut self, output: &mut Output) {
+        let ranks_over = self.running.iter().all(|r| r.ended.is_some())
+            && match &self.role {
+                Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
+                Role::Agent(_) => true,
+            };
+        let grace = self.plan.grace;
+        let Some(m) = &mut self.mpirun else { return };
+        if !ranks_over || m.killed_late {
+            return;
+        }
+        let since = *m.ranks_over.get_or_insert_with(Instant::now);
+        if since.elapsed() >= grace {
+            output.message(&format!(
+                "atlasboost: mpirun had not exited {grace:.0?} after its last rank ended; \
+                 killing it"
+            ));
+            m.killed_late = true;
+            self.signal_mpirun(Signal::SIGKILL);
+        }
+    }
+
+    /// Sends `signal` to mpirun's process group, while it runs.
+    pub(super) fn signal_mpirun(&mut self, signal: Signal) {
+        if let Some(m) = self.mpirun.as_ref().filter(|m| m.ended.is_none()) {
+            let _ = killpg(m.pid, signal);
+        }
+    }
+}
