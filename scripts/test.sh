@@ -35,6 +35,23 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
+# MPICH's Hydra (mpiexec.hydra), for the test of plain mpiexec on one host without MPI support:
+# extracted from Debian's packages into target/mpich, not installed, so that Open MPI stays the
+# machine's MPI (mpicc, mpirun).
+if [ ! -x target/mpich/usr/bin/mpiexec.hydra ]; then
+    step "MPICH's mpiexec.hydra from Debian's packages, into target/mpich"
+    mkdir -p target/mpich-debs
+    # Its libslurm (Hydra links it) is named by the release: ask apt, whose lists may be empty.
+    apt-cache show mpich >/dev/null 2>&1 || apt-get update
+    slurm=$(apt-cache depends mpich | awk '/Depends: libslurm/ { print $2; exit }')
+    (cd target/mpich-debs && apt-get download mpich $slurm)
+    for deb in target/mpich-debs/*.deb; do dpkg -x "$deb" target/mpich; done
+    lib=$(echo target/mpich/usr/lib/*-linux-gnu)
+    LD_LIBRARY_PATH=$lib target/mpich/usr/bin/mpiexec.hydra --version >/dev/null ||
+        { echo "scripts/test.sh: the extracted mpiexec.hydra does not run" >&2; exit 1; }
+fi
+export ATLASBOOST_E2E_MPICH=$PWD/target/mpich
+
 step "a plain cargo build at the root needs no MPI (atlasboost-mpi is opt-in)"
 deps=$(cargo tree --edges normal,build --prefix none)
 if grep -q '^mpi-sys ' <<<"$deps"; then

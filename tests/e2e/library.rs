@@ -364,3 +364,68 @@ fn plain_mpirun_on_one_host_needs_no_master_addr() {
         check_job(&reports, 4, via);
     }
 }
+
+/// MPICH's `mpiexec` (Hydra) on one host, nothing set: Hydra names no job in its variables, so
+/// the ranks find each other through their per-host proxy, also when a shell stands between.
+/// Runs where `ATLASBOOST_E2E_MPICH` names an MPICH tree (`usr/bin/mpiexec.hydra` in it), as
+/// scripts/test.sh extracts it from Debian's packages.
+#[test]
+fn plain_mpich_mpiexec_on_one_host_needs_no_master_addr() {
+    let Some(root) = std::env::var_os("ATLASBOOST_E2E_MPICH").map(std::path::PathBuf::from) else {
+        eprintln!(
+            "plain_mpich_mpiexec_on_one_host_needs_no_master_addr: skipped: \
+             ATLASBOOST_E2E_MPICH is not set (scripts/test.sh sets it)"
+        );
+        return;
+    };
+    let bin = root.join("usr/bin");
+    // Debian's multiarch directory: usr/lib/x86_64-linux-gnu, usr/lib/aarch64-linux-gnu.
+    let lib = std::fs::read_dir(root.join("usr/lib"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with("-linux-gnu"))
+        .unwrap_or_else(|| panic!("no usr/lib/*-linux-gnu in {}", root.display()));
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for through_a_shell in [false, true] {
+        let run = Run::new(["-np", "4"])
+            .program(bin.join("mpiexec.hydra"))
+            .env("PATH", &path)
+            .env("LD_LIBRARY_PATH", &lib)
+            .timeout(Duration::from_secs(90));
+        let table = run.dir().join("rank_table.json");
+        let run = run
+            .args([
+                "-env",
+                "ATLASBOOST_SIM",
+                "4",
+                "-env",
+                "ATLASBOOST_RANK_TABLE_FILE",
+            ])
+            .args([&table]);
+        let f = if through_a_shell {
+            // The shell stays between the proxy and the worker (no `exec`).
+            run.args([
+                "sh",
+                "-c",
+                &format!("{}; exit $?", init_worker_bin().display()),
+            ])
+            .run()
+        } else {
+            run.args([init_worker_bin()]).run()
+        };
+        f.assert_code(0);
+        let reports = reports(&f.out());
+        assert!(!reports.is_empty(), "{}", f.describe());
+        let via = if reports[0]["mpi"] == "yes" {
+            "Mpi"
+        } else {
+            "Zmq"
+        };
+        check_job(&reports, 4, via);
+    }
+}
