@@ -81,6 +81,9 @@ impl EnvVars {
     /// `atlasboost run --mpi`: where each rank's relay (`atlasboost relay`, started by mpirun)
     /// sends the worker's output, `address:port` of the launcher.
     pub const ATLASBOOST_RELAY_ADDR: &'static str = "ATLASBOOST_RELAY_ADDR";
+    /// `atlasboost run --mpi`: the abstract Unix socket the relays on the launcher's host try
+    /// before [`EnvVars::ATLASBOOST_RELAY_ADDR`].
+    pub const ATLASBOOST_RELAY_LOCAL: &'static str = "ATLASBOOST_RELAY_LOCAL";
     /// `atlasboost run --mpi`: the key (64 hex digits) a relay proves itself with; passed by
     /// name (`-x NAME`), so it is never on mpirun's command line, and removed from the worker's
     /// environment.

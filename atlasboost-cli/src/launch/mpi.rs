@@ -13,7 +13,6 @@
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -120,6 +119,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         master_port: Some(super::agent::free_port("0.0.0.0")).filter(|p| *p != 0),
         relay: &relay,
         relay_address: &relay_address.to_string(),
+        relay_local: door.local_name(),
     });
     printer.detail(&format!(
         "atlasboost: {}",
@@ -208,6 +208,8 @@ pub struct MpirunJob<'a> {
     pub relay: &'a [OsString],
     /// Where the relays connect (`address:port`).
     pub relay_address: &'a str,
+    /// The abstract Unix socket this host's relays try first.
+    pub relay_local: Option<&'a str>,
 }
 
 /// The `mpirun` command of SPEC §8: `-np`, `-H`, `-bind-to none -map-by slot`, `--tag-output`,
@@ -268,6 +270,9 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
             job.relay_address.to_string(),
         ),
     ];
+    if let Some(name) = job.relay_local {
+        vars.push((EnvVars::ATLASBOOST_RELAY_LOCAL.into(), name.into()));
+    }
     if let Some(n) = args.discovery.sim {
         vars.push((EnvVars::ATLASBOOST_SIM.into(), n.to_string()));
     }
@@ -397,9 +402,11 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
     let signals = Signals::block()?;
     // SAFETY: no other thread exists (Signals::block checked), so nothing reads the
     // environment meanwhile. The worker must not inherit the relay's key.
+    let local = std::env::var(EnvVars::ATLASBOOST_RELAY_LOCAL).ok();
     unsafe {
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_SECRET);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_ADDR);
+        std::env::remove_var(EnvVars::ATLASBOOST_RELAY_LOCAL);
     }
     let context = launch_context::detect_from_env()?
         .filter(|c| c.launcher.is_mpi())
@@ -425,10 +432,8 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         local_rank: context.local_rank,
         host: &host,
     };
-    let connection = OwnedFd::from(
-        introduce(&address, &who, RELAY_CONNECT_TIMEOUT)
-            .map_err(|why| CliError::Failure(format!("rank {}: {why}", context.rank)))?,
-    );
+    let connection = introduce(&address, local.as_deref(), &who, RELAY_CONNECT_TIMEOUT)
+        .map_err(|why| CliError::Failure(format!("rank {}: {why}", context.rank)))?;
     let commands = connection
         .try_clone()
         .map_err(|e| CliError::Failure(format!("cannot duplicate the connection: {e}")))?;
@@ -516,6 +521,7 @@ mod tests {
             master_port: Some(29555),
             relay: &["/opt/atlasboost".into()],
             relay_address: "10.0.0.9:4000",
+            relay_local: Some("atlasboost-relays-ab-1-4000"),
         })
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())

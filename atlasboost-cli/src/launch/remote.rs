@@ -5,7 +5,6 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
-use std::net::TcpStream;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -154,23 +153,22 @@ impl Remote {
     ///
     /// The connection cannot be duplicated, or `already` is not the protocol.
     pub fn relay(
-        stream: TcpStream,
+        connection: OwnedFd,
         host: &str,
         rank: u32,
         already: &[u8],
     ) -> Result<Remote, String> {
-        let input = stream
+        let input = connection
             .try_clone()
             .map_err(|e| format!("cannot duplicate the connection: {e}"))?;
         // Reads and writes share the descriptor's flags: neither may block the supervisor.
-        stream
-            .set_nonblocking(true)
+        fcntl(&connection, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
             .map_err(|e| format!("cannot make the connection non-blocking: {e}"))?;
         let mut remote = session(
             host,
             Link::Relay { rank },
-            Some(File::from(OwnedFd::from(input))),
-            Some(OwnedFd::from(stream)),
+            Some(File::from(input)),
+            Some(connection),
         );
         remote.backlog = remote.decoder.feed(already)?;
         Ok(remote)
@@ -215,7 +213,10 @@ impl Remote {
         if let (Some(input), Link::Relay { .. }) = (self.input.take(), &self.link) {
             // The connection is one socket with two descriptors: closing this one alone would
             // not end it, so its writing side is shut for the relay to see the end.
-            let _ = TcpStream::from(OwnedFd::from(input)).shutdown(std::net::Shutdown::Write);
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(&input),
+                nix::sys::socket::Shutdown::Write,
+            );
         }
         self.input = None;
     }
@@ -376,7 +377,8 @@ mod tests {
     #[test]
     fn an_agent_of_another_version_is_named_as_such() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let stream =
+            OwnedFd::from(std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap());
         // What an agent of protocol 1 says: not this launcher's greeting, then its frames.
         let mut said = b"\0atlasboost-agent-1\n".to_vec();
         said.extend_from_slice(&[b'h', 0, 0, 0, 0, 0, 0, 0, 0].repeat(8));

@@ -298,7 +298,7 @@ enum Source {
     Pipe(usize),
     RemoteOut(usize),
     RemoteErr(usize),
-    /// The relays' listening socket.
+    /// A listening socket of the relays' door.
     Door,
     /// A relay's connection that has not proved itself yet.
     Knock(usize),
@@ -707,7 +707,7 @@ impl<'a> Supervisor<'a> {
                     fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
                     sources.push(Source::MpirunPipe(i));
                 }
-                if let Some(fd) = m.door.listener() {
+                for fd in m.door.listeners() {
                     fds.push(PollFd::new(fd, PollFlags::POLLIN));
                     sources.push(Source::Door);
                 }
