@@ -666,11 +666,19 @@ mod tests {
                 local_rank: 0,
                 host: "node7",
             };
-            introduce("127.0.0.1:1", local.as_deref(), &who, Duration::from_secs(5))
+            introduce(
+                "127.0.0.1:1",
+                local.as_deref(),
+                &who,
+                Duration::from_secs(5),
+            )
         });
         let got = events(&mut door, 1);
         assert!(relay.join().unwrap().is_ok());
-        assert!(matches!(&got[..], [DoorEvent::Admitted { rank: 0, .. }]), "{got:?}");
+        assert!(
+            matches!(&got[..], [DoorEvent::Admitted { rank: 0, .. }]),
+            "{got:?}"
+        );
     }
 
     #[test]
