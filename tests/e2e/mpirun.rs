@@ -312,3 +312,23 @@ fn relays_on_hosts_that_mpirun_reaches_over_ssh_report_to_the_launcher() {
         sshd.log()
     );
 }
+
+#[test]
+fn what_can_be_refused_before_mpirun_starts_is() {
+    // No mpirun needed: these are refused before it would start.
+    let f = run_mpi(2).args(["--ranks", "5", "--", "true"]).run();
+    f.assert_code(2);
+    assert!(
+        f.err()
+            .contains("--ranks 5: rank 5 is not in this job of 2 ranks (0-1)"),
+        "{}",
+        f.describe()
+    );
+    let f = run_mpi(2).args(["--", ""]).run();
+    f.assert_code(2);
+    assert!(
+        f.err().contains("the command to run is empty"),
+        "{}",
+        f.describe()
+    );
+}

@@ -79,33 +79,14 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
-    if args.command.first().is_none_or(|c| c.is_empty()) {
-        return Err(CliError::Usage("the command to run is empty".into()));
-    }
     // What can be checked before any host starts a worker is checked now.
-    if let Some(dir) = &args.log_dir {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            CliError::Failure(format!(
-                "cannot create log directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-    }
     let known_size = args.np.map(u64::from).or_else(|| {
         hosts
             .iter()
             .map(|h| h.slots.map(u64::from))
             .sum::<Option<u64>>()
     });
-    if let (Some(list), Some(size)) = (&args.ranks, known_size)
-        && let Some(bad) = list.ranks.iter().find(|r| u64::from(**r) >= size)
-    {
-        return Err(CliError::Usage(format!(
-            "--ranks {}: rank {bad} is not in this job of {size} ranks (0-{})",
-            list.text,
-            size - 1
-        )));
-    }
+    check_before_start(args, known_size)?;
     let bind = rendezvous_address(args, &hosts)?;
     printer.detail(&format!("atlasboost: rendezvous at {bind}"));
 
@@ -186,6 +167,32 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let result = result?;
     report(&result, started.elapsed(), printer);
     Ok(result.exit_code)
+}
+
+/// What can be refused before any worker starts, with or without `--mpi`: an empty command,
+/// `--ranks` beyond the job's size (when it is known), a log directory that cannot be made.
+fn check_before_start(args: &RunArgs, size: Option<u64>) -> Result<(), CliError> {
+    if args.command.first().is_none_or(|c| c.is_empty()) {
+        return Err(CliError::Usage("the command to run is empty".into()));
+    }
+    if let (Some(list), Some(size)) = (&args.ranks, size)
+        && let Some(bad) = list.ranks.iter().find(|r| u64::from(**r) >= size)
+    {
+        return Err(CliError::Usage(format!(
+            "--ranks {}: rank {bad} is not in this job of {size} ranks (0-{})",
+            list.text,
+            size.saturating_sub(1)
+        )));
+    }
+    if let Some(dir) = &args.log_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            CliError::Failure(format!(
+                "cannot create log directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// What every step of a launch needs to know.

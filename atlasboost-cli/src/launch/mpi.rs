@@ -65,23 +65,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         Some(n) => n,
         None => default_np(args, &hosts)?,
     };
-    if let Some(list) = &args.ranks
-        && let Some(bad) = list.ranks.iter().find(|r| **r >= np)
-    {
-        return Err(CliError::Usage(format!(
-            "--ranks {}: rank {bad} is not in this job of {np} ranks (0-{})",
-            list.text,
-            np.saturating_sub(1)
-        )));
-    }
-    if let Some(dir) = &args.log_dir {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            CliError::Failure(format!(
-                "cannot create log directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-    }
+    super::check_before_start(args, Some(u64::from(np)))?;
     let wdir = worker_dir(args, true)?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
