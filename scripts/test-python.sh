@@ -22,7 +22,8 @@ py=$venv/bin/python
 # The second build, without MPI support, gets a venv of its own.
 venv_nompi=$venv-nompi
 
-# A virtual environment with pip and the test tools; one that is broken (python upgraded,
+# A virtual environment with pip and the test tools (maturin for the build backend's tests;
+# the package's own build fetches its maturin itself); one that is broken (python upgraded,
 # directory copied) is made anew.
 make_venv() {
     local dir=$1
@@ -39,7 +40,7 @@ make_venv() {
         python3 -m venv "$dir"
     fi
     "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade \
-        'pytest>=8' 'pytest-timeout>=2.3' 'mpi4py>=4'
+        'pytest>=8' 'pytest-timeout>=2.3' 'mpi4py>=4' 'maturin>=1.9.4,<2'
 }
 
 # `pip install ./bindings/python` exactly as a user types it (an isolated build: pip fetches

@@ -88,7 +88,6 @@ def test_mpi_asked_for_in_maturins_own_arguments_is_seen(args: list, asks: bool)
 
 def test_found_mpi_that_fails_to_build_is_built_without_unless_required(tmp_path: Path, monkeypatch) -> None:
     """A broken MPI installation: the build with `--features mpi` fails (maturin exits)."""
-    pytest.importorskip("maturin")
     calls = []
 
     def hook(directory, settings, metadata):
