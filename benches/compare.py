@@ -172,17 +172,18 @@ def selected(only, names):
 # ---------------------------------------------------------------- running
 
 
-def run_checked(name, cmd, stdout, stderr_path=None):
+def run_checked(name, cmd, stdout, stderr_path=None, env=None):
     """Run `cmd` to completion and return its wall time in seconds; fail loudly unless it exits 0."""
     if stderr_path is None:
         start = time.perf_counter()
-        rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.DEVNULL).returncode
+        rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.DEVNULL,
+                            env=env).returncode
         elapsed = time.perf_counter() - start
         tail = "(stderr discarded; run the command by hand to see it)"
     else:
         with open(stderr_path, "wb") as err:
             start = time.perf_counter()
-            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err).returncode
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err, env=env).returncode
             elapsed = time.perf_counter() - start
         tail = Path(stderr_path).read_text(errors="replace")[-2000:] or "(stderr empty)"
     if rc != 0:
@@ -610,7 +611,8 @@ def cmd_pip(args):
                 if not args.warm:
                     env["CARGO_TARGET_DIR"] = str(Path(d) / "target")
                 cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(REPO / "bindings" / "python")]
-                times[name].append(run_checked(f"pip install ({name})", cmd, subprocess.DEVNULL))
+                log = Path(d) / "pip.log"
+                times[name].append(run_checked(f"pip install ({name})", cmd, subprocess.DEVNULL, log, env))
                 info = subprocess.run([str(venv / "bin" / "python"), "-c",
                                        "import atlasboost; print(atlasboost.build_info()['mpi'])"],
                                       capture_output=True, text=True, check=True).stdout.strip()
