@@ -332,3 +332,97 @@ fn what_can_be_refused_before_mpirun_starts_is() {
         f.describe()
     );
 }
+
+/// A stand-in for mpirun (`ATLASBOOST_MPIRUN`): it starts the ranks itself, as Open MPI's
+/// variables say, from the command `run --mpi` builds; then it lingers `E2E_LINGER` seconds,
+/// and exits `E2E_EXIT`. `E2E_SKIP_RANK` is a rank it does not start.
+const FAKE_MPIRUN: &str = r#"#!/bin/sh
+np=; wdir=.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -np|-H|-bind-to|-map-by) [ "$1" = -np ] && np=$2; shift 2 ;;
+    --mca) shift 3 ;;
+    -x) case "$2" in *=*) export "$2" ;; esac; shift 2 ;;
+    -wdir) wdir=$2; shift 2; break ;;
+    *) shift ;;
+  esac
+done
+cd "$wdir" || exit 1
+i=0
+while [ "$i" -lt "$np" ]; do
+  if [ "$i" != "$E2E_SKIP_RANK" ]; then
+    OMPI_COMM_WORLD_RANK=$i OMPI_COMM_WORLD_SIZE=$np OMPI_COMM_WORLD_LOCAL_RANK=$i \
+      OMPI_COMM_WORLD_LOCAL_SIZE=$np "$@" &
+  fi
+  i=$((i + 1))
+done
+wait
+[ -n "$E2E_LINGER" ] && sleep "$E2E_LINGER"
+echo "fake mpirun: done"
+exit "${E2E_EXIT:-0}"
+"#;
+
+#[test]
+fn an_mpirun_that_lingers_after_its_ranks_is_killed_after_the_grace_time() {
+    let run = run_mpi(2);
+    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let started = Instant::now();
+    let f = run
+        .env("ATLASBOOST_MPIRUN", &fake)
+        .env("E2E_LINGER", "60")
+        .args([
+            "--grace",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo hello $OMPI_COMM_WORLD_RANK",
+        ])
+        .run();
+    // The ranks succeeded: the job did, although mpirun had to be killed.
+    f.assert_code(0);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{}",
+        f.describe()
+    );
+    assert!(
+        f.err()
+            .contains("mpirun had not exited 1s after its last rank ended; killing it"),
+        "{}",
+        f.describe()
+    );
+    assert_eq!(
+        lines_by_rank(&f.out(), "stdout").len(),
+        2,
+        "{}",
+        f.describe()
+    );
+}
+
+#[test]
+fn a_rank_mpirun_never_started_fails_the_job_by_name() {
+    let run = run_mpi(3);
+    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let f = run
+        .env("ATLASBOOST_MPIRUN", &fake)
+        .env("E2E_SKIP_RANK", "1")
+        .args(["--", "true"])
+        .run();
+    f.assert_code(125);
+    assert!(
+        f.err().contains(
+            "error: host mpirun failed first: mpirun ended with exit 0, but rank 1 never \
+             started (mpirun said: fake mpirun: done)"
+        ),
+        "{}",
+        f.describe()
+    );
+    // The others ran and succeeded; the summary says which one never started.
+    assert!(
+        f.err().contains("2 succeeded, 1 failed"),
+        "{}",
+        f.describe()
+    );
+    assert!(f.err().contains("not started"), "{}", f.describe());
+}

@@ -274,8 +274,12 @@ impl Supervisor<'_> {
         let Some(m) = &self.mpirun else { return };
         let now = Instant::now();
         match m.ended {
-            None if now >= m.deadline => self.relays_late(output),
-            None => self.mpirun_lingers(output),
+            None => {
+                if now >= m.deadline {
+                    self.relays_late(output);
+                }
+                self.mpirun_lingers(output);
+            }
             Some((at, ending)) if !m.settled => {
                 // Settled once every admitted relay is done (or lost), or after the drain.
                 let heard = match &self.role {
@@ -305,6 +309,13 @@ impl Supervisor<'_> {
     fn settle(&mut self, ending: Ending, output: &mut Output) {
         let Some(m) = &mut self.mpirun else { return };
         m.settled = true;
+        let said = m.said();
+        // mpirun's own failure first: its words say more than a relay's silence. (Killed for
+        // lingering after its ranks, it did not fail the job.)
+        if ending.failed() && !m.killed_late {
+            let why = format!("mpirun ended with {}; it said: {said}", ending.describe());
+            self.fail_job("mpirun", why, ending.code(), output);
+        }
         let remotes = match &self.role {
             Role::Launcher(r) => r.len(),
             Role::Agent(_) => 0,
@@ -325,11 +336,7 @@ impl Supervisor<'_> {
                 never.push(w.rank);
             }
         }
-        let said = self.mpirun.as_ref().map_or_else(String::new, Mpirun::said);
-        if ending.failed() {
-            let why = format!("mpirun ended with {}; it said: {said}", ending.describe());
-            self.fail_job("mpirun", why, ending.code(), output);
-        } else if !never.is_empty() {
+        if !never.is_empty() {
             let why = format!(
                 "mpirun ended with exit 0, but rank{} {} never started (mpirun said: {said})",
                 if never.len() == 1 { "" } else { "s" },
