@@ -351,18 +351,22 @@ fn plain_mpirun_on_one_host_needs_no_master_addr() {
         })
         .collect();
     for job in jobs {
-        let f = job.wait();
-        f.assert_code(0);
-        let reports = reports(&f.out());
-        assert!(!reports.is_empty(), "{}", f.describe());
-        // How it met follows from how the worker was built.
-        let via = if reports[0]["mpi"] == "yes" {
-            "Mpi"
-        } else {
-            "Zmq"
-        };
-        check_job(&reports, 4, via);
+        check_mpi_job(&job.wait(), 4);
     }
+}
+
+/// An MPI launcher's job of `size` init-workers succeeded and agrees on one table; how they met
+/// follows from how the worker was built (over MPI with MPI support, else over ZeroMQ).
+fn check_mpi_job(f: &Finished, size: usize) {
+    f.assert_code(0);
+    let reports = reports(&f.out());
+    assert!(!reports.is_empty(), "{}", f.describe());
+    let via = if reports[0]["mpi"] == "yes" {
+        "Mpi"
+    } else {
+        "Zmq"
+    };
+    check_job(&reports, size, via);
 }
 
 /// MPICH's `mpiexec` (Hydra) on one host, nothing set: Hydra names no job in its variables, so
@@ -418,14 +422,6 @@ fn plain_mpich_mpiexec_on_one_host_needs_no_master_addr() {
         } else {
             run.args([init_worker_bin()]).run()
         };
-        f.assert_code(0);
-        let reports = reports(&f.out());
-        assert!(!reports.is_empty(), "{}", f.describe());
-        let via = if reports[0]["mpi"] == "yes" {
-            "Mpi"
-        } else {
-            "Zmq"
-        };
-        check_job(&reports, 4, via);
+        check_mpi_job(&f, 4);
     }
 }

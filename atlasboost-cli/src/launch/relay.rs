@@ -567,6 +567,18 @@ mod tests {
         got
     }
 
+    /// Rank `rank` of `size` on host node7.
+    fn rank_of<'a>(secret: &'a Secret, rank: u32, size: u32, job_id: &'a str) -> Introduction<'a> {
+        Introduction {
+            job_id,
+            secret,
+            rank,
+            size,
+            local_rank: 0,
+            host: "node7",
+        }
+    }
+
     fn introduce_in_thread(
         address: String,
         secret: Secret,
@@ -575,15 +587,12 @@ mod tests {
         job_id: &'static str,
     ) -> std::thread::JoinHandle<Result<OwnedFd, String>> {
         std::thread::spawn(move || {
-            let who = Introduction {
-                job_id,
-                secret: &secret,
-                rank,
-                size,
-                local_rank: 0,
-                host: "node7",
-            };
-            introduce(&address, None, &who, Duration::from_secs(5))
+            introduce(
+                &address,
+                None,
+                &rank_of(&secret, rank, size, job_id),
+                Duration::from_secs(5),
+            )
         })
     }
 
@@ -658,14 +667,7 @@ mod tests {
         assert!(local.is_some(), "this host has abstract Unix sockets");
         // The TCP address is unusable: only the Unix socket can have carried it.
         let relay = std::thread::spawn(move || {
-            let who = Introduction {
-                job_id: "ab-test",
-                secret: &secret,
-                rank: 0,
-                size: 1,
-                local_rank: 0,
-                host: "node7",
-            };
+            let who = rank_of(&secret, 0, 1, "ab-test");
             introduce(
                 "127.0.0.1:1",
                 local.as_deref(),
@@ -738,14 +740,7 @@ mod tests {
             let mut stream = TcpStream::connect(&address).unwrap();
             let mut challenge = [0u8; CHALLENGE_LEN];
             stream.read_exact(&mut challenge).unwrap();
-            let who = Introduction {
-                job_id: "ab-test",
-                secret: &secret,
-                rank: 0,
-                size: 1,
-                local_rank: 0,
-                host: "node7",
-            };
+            let who = rank_of(&secret, 0, 1, "ab-test");
             let mut bytes = introduction(&challenge, &who);
             bytes.extend_from_slice(channel::HELLO);
             channel::encode(&Up::Done, &mut bytes);
