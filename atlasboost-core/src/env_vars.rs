@@ -84,6 +84,9 @@ impl EnvVars {
     /// `atlasboost run --mpi`: the abstract Unix socket the relays on the launcher's host try
     /// before [`EnvVars::ATLASBOOST_RELAY_ADDR`].
     pub const ATLASBOOST_RELAY_LOCAL: &'static str = "ATLASBOOST_RELAY_LOCAL";
+    /// `atlasboost run --mpi`: the launcher's `--grace`, in milliseconds, which each relay
+    /// gives its worker (and what it leaves behind) between SIGTERM and SIGKILL.
+    pub const ATLASBOOST_RELAY_GRACE_MS: &'static str = "ATLASBOOST_RELAY_GRACE_MS";
     /// `atlasboost run --mpi`: the key (64 hex digits) a relay proves itself with; passed by
     /// name (`-x NAME`), so it is never on mpirun's command line, and removed from the worker's
     /// environment.

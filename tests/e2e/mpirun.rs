@@ -426,3 +426,38 @@ fn a_rank_mpirun_never_started_fails_the_job_by_name() {
     );
     assert!(f.err().contains("not started"), "{}", f.describe());
 }
+
+#[test]
+fn what_a_worker_leaves_behind_is_killed_after_the_grace_time() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mark = unique("mpi-leftover");
+    let _cleanup = Cleanup(mark.clone());
+    // Each worker leaves a process in its group that ignores SIGTERM, and exits 0.
+    let started = Instant::now();
+    let f = run_mpi(2)
+        .args([
+            "--grace",
+            "1",
+            "-x",
+            &format!("{MARK}={mark}"),
+            "--",
+            "sh",
+            "-c",
+        ])
+        .args(["sh -c 'trap \"\" TERM; sleep 300' & echo left one"])
+        .run();
+    f.assert_code(0);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the relays kill what is left after --grace 1: {}",
+        f.describe()
+    );
+    assert!(
+        f.err().contains("2 succeeded, 0 failed"),
+        "{}",
+        f.describe()
+    );
+    assert_no_process_with_env(MARK, &mark, Duration::from_secs(5), "after the job");
+}

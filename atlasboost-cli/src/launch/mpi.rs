@@ -39,6 +39,10 @@ use crate::printer::{Printer, to_stderr};
 /// How long a relay tries to reach the launcher.
 const RELAY_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A relay's grace between SIGTERM and SIGKILL when the launcher does not say (`--grace`'s
+/// default).
+const DEFAULT_RELAY_GRACE: Duration = Duration::from_secs(10);
+
 /// The program `--mpi` runs: `ATLASBOOST_MPIRUN` (a path) if set, else `mpirun` from `PATH`.
 fn mpirun_program() -> OsString {
     std::env::var_os(EnvVars::ATLASBOOST_MPIRUN)
@@ -253,6 +257,10 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
             EnvVars::ATLASBOOST_RELAY_ADDR.into(),
             job.relay_address.to_string(),
         ),
+        (
+            EnvVars::ATLASBOOST_RELAY_GRACE_MS.into(),
+            args.grace.as_millis().to_string(),
+        ),
     ];
     if let Some(name) = job.relay_local {
         vars.push((EnvVars::ATLASBOOST_RELAY_LOCAL.into(), name.into()));
@@ -387,10 +395,20 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
     // SAFETY: no other thread exists (Signals::block checked), so nothing reads the
     // environment meanwhile. The worker must not inherit the relay's key.
     let local = std::env::var(EnvVars::ATLASBOOST_RELAY_LOCAL).ok();
+    let grace = match std::env::var(EnvVars::ATLASBOOST_RELAY_GRACE_MS) {
+        Err(_) => DEFAULT_RELAY_GRACE,
+        Ok(ms) => ms.parse().map(Duration::from_millis).map_err(|_| {
+            CliError::Usage(format!(
+                "{}={ms} is not a number of milliseconds",
+                EnvVars::ATLASBOOST_RELAY_GRACE_MS
+            ))
+        })?,
+    };
     unsafe {
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_SECRET);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_ADDR);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_LOCAL);
+        std::env::remove_var(EnvVars::ATLASBOOST_RELAY_GRACE_MS);
     }
     let context = launch_context::detect_from_env()?
         .filter(|c| c.launcher.is_mpi())
@@ -434,9 +452,9 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         command: command.to_vec(),
         wdir: std::env::current_dir()
             .map_err(|e| CliError::Failure(format!("cannot read the current directory: {e}")))?,
-        // The launcher decides when to kill (its `sig 9` after its --grace); a relay stopping
-        // on its own (mpirun aborting the job) is killed by mpirun, and its worker with it.
-        grace: Duration::from_secs(24 * 3600),
+        // The launcher's --grace: for a stop of its own (mpirun's SIGTERM, what the worker left
+        // behind); the launcher's `sig 9` may come first.
+        grace,
     };
     let result = run_workers(
         &plan,
@@ -542,6 +560,7 @@ mod tests {
             "ATLASBOOST_PROBE=auto",
             "MASTER_ADDR=node1",
             "ATLASBOOST_RELAY_ADDR=10.0.0.9:4000",
+            "ATLASBOOST_RELAY_GRACE_MS=10000",
             // By name only: mpirun passes its own value on.
             "ATLASBOOST_RELAY_SECRET",
         ] {

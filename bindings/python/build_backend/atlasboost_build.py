@@ -133,7 +133,9 @@ def choose(environ: Mapping[str, str] = os.environ,
 
 
 def asks_for_mpi(args: list) -> bool:
-    """Whether maturin's own build arguments already name the `mpi` feature."""
+    """Whether maturin's own build arguments already name the `mpi` feature (before a `--`,
+    after which come rustc's)."""
+    args = args[: args.index("--")] if "--" in args else args
     for i, a in enumerate(args):
         value = a.split("=", 1)[1] if a.startswith("--features=") else (
             args[i + 1] if a in ("--features", "-F") and i + 1 < len(args) else "")
@@ -159,9 +161,11 @@ def build(hook: Callable, directory: str, config_settings, metadata_directory):
         required = os.environ.get(VARIABLE, "").strip().lower() in ("1", "yes", "true", "on")
 
     def settings(extra: list) -> dict:
+        # maturin's own arguments come before a `--` (rustc's after it).
+        at = args.index("--") if "--" in args else len(args)
         s = dict(config_settings or {})
         s.pop("build-args", None)
-        s["maturin.build-args"] = shlex.join(args + extra)
+        s["maturin.build-args"] = shlex.join(args[:at] + extra + args[at:])
         return s
 
     said = "yes" if choice.mpi else "no"

@@ -79,6 +79,8 @@ def test_a_malformed_value_is_named(tmp_path: Path) -> None:
         (["--features=mpi"], True),
         (["--release", "--features", "other"], False),
         (["--features", "mpi4py"], False),
+        (["--release", "--", "--cfg", "mpi"], False),
+        (["--", "--features", "mpi"], False),
         ([], False),
     ],
 )
@@ -106,3 +108,11 @@ def test_found_mpi_that_fails_to_build_is_built_without_unless_required(tmp_path
     with pytest.raises(SystemExit):
         backend.build(hook, str(tmp_path), None, None)
     assert calls == ["--features mpi"]
+
+
+def test_the_feature_goes_before_rustcs_arguments(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(backend, "choose", lambda: backend.Choice(True, "mpicc at /x"))
+    monkeypatch.setenv("MATURIN_PEP517_ARGS", "--release -- -C opt-level=2")
+    backend.build(lambda d, settings, m: calls.append(settings["maturin.build-args"]), str(tmp_path), None, None)
+    assert calls == ["--release --features mpi -- -C opt-level=2"]

@@ -60,8 +60,9 @@ pub(super) struct Mpirun {
     group_gone: bool,
     /// When every rank had ended while mpirun went on.
     ranks_over: Option<Instant>,
-    /// It was killed for going on after its ranks.
-    killed_late: bool,
+    /// The launcher signalled it (it lingered after its ranks, or the job was being stopped):
+    /// how it then ended is not a failure of its own.
+    signalled: bool,
     /// The end is settled: ranks that never came are named, mpirun's own failure judged.
     pub(super) settled: bool,
 }
@@ -132,7 +133,7 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         ended: None,
         group_gone: false,
         ranks_over: None,
-        killed_late: false,
+        signalled: false,
         settled: false,
     })
 }
@@ -281,13 +282,21 @@ impl Supervisor<'_> {
                 self.mpirun_lingers(output);
             }
             Some((at, ending)) if !m.settled => {
-                // Settled once every admitted relay is done (or lost), or after the drain.
-                let heard = match &self.role {
-                    Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
-                    Role::Agent(_) => true,
+                // Settled once every admitted relay is done (or lost), or after the drain: 2 s
+                // of silence since mpirun's exit, or since the last relay that is not done
+                // spoke (a launcher slow to write its output reads slowly too).
+                let unfinished: Vec<Instant> = match &self.role {
+                    Role::Launcher(remotes) => remotes
+                        .iter()
+                        .filter(|r| !r.done && r.lost.is_none())
+                        .map(|r| r.last_heard)
+                        .collect(),
+                    Role::Agent(_) => Vec::new(),
                 };
                 let all_came = self.workers.iter().all(|w| m.door.is_admitted(w.rank));
-                if (heard && all_came) || now >= at + DRAIN_AFTER_KILL {
+                let quiet_since = unfinished.into_iter().fold(at, Instant::max);
+                let heard = quiet_since == at && self.remotes_done();
+                if (heard && all_came) || now >= quiet_since + DRAIN_AFTER_KILL {
                     self.settle(ending, output);
                 }
             }
@@ -310,9 +319,9 @@ impl Supervisor<'_> {
         let Some(m) = &mut self.mpirun else { return };
         m.settled = true;
         let said = m.said();
-        // mpirun's own failure first: its words say more than a relay's silence. (Killed for
-        // lingering after its ranks, it did not fail the job.)
-        if ending.failed() && !m.killed_late {
+        // mpirun's own failure first: its words say more than a relay's silence. (Signalled
+        // by the launcher, it did not fail the job by itself.)
+        if ending.failed() && !m.signalled {
             let why = format!("mpirun ended with {}; it said: {said}", ending.describe());
             self.fail_job("mpirun", why, ending.code(), output);
         }
@@ -338,7 +347,8 @@ impl Supervisor<'_> {
         }
         if !never.is_empty() {
             let why = format!(
-                "mpirun ended with exit 0, but rank{} {} never started (mpirun said: {said})",
+                "mpirun ended with {}, but rank{} {} never started (mpirun said: {said})",
+                ending.describe(),
                 if never.len() == 1 { "" } else { "s" },
                 ranges(&never)
             );
@@ -381,14 +391,10 @@ impl Supervisor<'_> {
     /// Every rank has ended and every relay is done, yet mpirun goes on (a lost daemon, a
     /// stuck ssh): it gets `--grace`, then SIGKILL.
     fn mpirun_lingers(&mut self, output: &mut Output) {
-        let ranks_over = self.running.iter().all(|r| r.ended.is_some())
-            && match &self.role {
-                Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
-                Role::Agent(_) => true,
-            };
+        let ranks_over = self.running.iter().all(|r| r.ended.is_some()) && self.remotes_done();
         let grace = self.plan.grace;
         let Some(m) = &mut self.mpirun else { return };
-        if !ranks_over || m.killed_late {
+        if !ranks_over || m.signalled {
             return;
         }
         let since = *m.ranks_over.get_or_insert_with(Instant::now);
@@ -397,15 +403,23 @@ impl Supervisor<'_> {
                 "atlasboost: mpirun had not exited {grace:.0?} after its last rank ended; \
                  killing it"
             ));
-            m.killed_late = true;
             self.signal_mpirun(Signal::SIGKILL);
         }
     }
 
     /// Sends `signal` to mpirun's process group, while it runs.
     pub(super) fn signal_mpirun(&mut self, signal: Signal) {
-        if let Some(m) = self.mpirun.as_ref().filter(|m| m.ended.is_none()) {
+        if let Some(m) = self.mpirun.as_mut().filter(|m| m.ended.is_none()) {
+            m.signalled = true;
             let _ = killpg(m.pid, signal);
+        }
+    }
+
+    /// Whether every relay admitted so far is done, or lost.
+    fn remotes_done(&self) -> bool {
+        match &self.role {
+            Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
+            Role::Agent(_) => true,
         }
     }
 }
