@@ -210,9 +210,10 @@ fn kill_9_of_the_launcher_leaves_no_worker_and_ctrl_c_reaches_every_one() {
     // Ctrl-C: every worker gets SIGINT (Python's KeyboardInterrupt), the launcher exits 130.
     let mark = unique("mpi-int");
     let _cleanup = Cleanup(mark.clone());
+    // `ready` inside the try: a SIGINT right after it still lands in the handler.
     let worker = "import time
-print('ready', flush=True)
 try:
+    print('ready', flush=True)
     time.sleep(60)
 except KeyboardInterrupt:
     print('interrupted', flush=True)
