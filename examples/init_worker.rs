@@ -14,7 +14,8 @@
 //! rank_id=<RANK_ID after export> mpi=<yes|no>` (`mpi`: whether it was built with MPI support).
 //!
 //! `--exit-before-init RANK` makes the process of that launcher rank exit with status 3 before
-//! calling `init()` (to test that the others do not hang).
+//! calling `init()` (to test that the others do not hang). `--hold-until FILE` keeps the job
+//! (and its table's lock) after the line until FILE exists, for at most 60 s.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -23,13 +24,14 @@ use atlasboost_cli::init::{InitOptions, init};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let exit_rank = match args.as_slice() {
-        [] => None,
+    let (exit_rank, hold_until) = match args.as_slice() {
+        [] => (None, None),
         [flag, rank] if flag == "--exit-before-init" => match rank.parse::<u32>() {
-            Ok(r) => Some(r),
+            Ok(r) => (Some(r), None),
             Err(_) => return fail(&format!("--exit-before-init {rank}: not a rank")),
         },
-        _ => return fail("usage: init-worker [--exit-before-init RANK]"),
+        [flag, file] if flag == "--hold-until" => (None, Some(std::path::PathBuf::from(file))),
+        _ => return fail("usage: init-worker [--exit-before-init RANK | --hold-until FILE]"),
     };
     if let Some(r) = exit_rank
         && atlasboost_cli::init::launcher_rank_from_env() == Some(r)
@@ -62,6 +64,17 @@ fn main() -> ExitCode {
             "no"
         },
     );
+    if let Some(file) = hold_until {
+        let _ = std::io::stdout().flush();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !file.exists() {
+            if std::time::Instant::now() > deadline {
+                return fail(&format!("{} did not appear within 60 s", file.display()));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    drop(job);
     ExitCode::SUCCESS
 }
 

@@ -124,7 +124,7 @@ EOF
 # 1. Preconditions: what is missing or not permitted is a skip.
 # ---------------------------------------------------------------------------------------------
 [[ $(id -u) == 0 ]] || skip "needs root (network namespaces and sshd)"
-for tool in ip ssh ssh-keygen python3 timeout; do
+for tool in ip ssh ssh-keygen python3 timeout unshare nsenter; do
     command -v "$tool" >/dev/null 2>&1 || skip "$tool is not installed"
 done
 [[ -x $sshd ]] || skip "$sshd is not installed (openssh-server)"
@@ -146,7 +146,7 @@ ip link del "$br"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/netns-cluster.XXXXXX")
 # ATLASBOOST_SSH_OPTIONS is split on white space, so the ssh_config path must have none.
 [[ $tmp =~ [[:space:]] ]] && die "the temporary directory '$tmp' has white space in its path"
-mkdir -p "$tmp/ssh" "$tmp/work" "$tmp/seen"
+mkdir -p "$tmp/ssh" "$tmp/work" "$tmp/seen" "$tmp/private"
 
 # ---------------------------------------------------------------------------------------------
 # 2. Topology: bridge + 3 namespaces; the root namespace is 10.213.S.1 on the bridge.
@@ -226,9 +226,16 @@ PrintLastLog no
 PidFile $tmp/sshd-$i.pid
 EOF
     err=$("$sshd" -t -f "$tmp/sshd-$i.conf" 2>&1) || die "sshd rejects its configuration: $err"
-    # sshd forks into the background once it listens, and writes its pid file.
-    ip netns exec "${namespaces[i - 1]}" "$sshd" -f "$tmp/sshd-$i.conf" -E "$tmp/sshd-$i.log" ||
-        { show "$tmp/sshd-$i.log"; die "sshd did not start in ${namespaces[i - 1]}"; }
+    # sshd forks into the background once it listens, and writes its pid file. Server 2 gets
+    # a mount namespace of its own with a tmpfs on $tmp/private: one directory whose files
+    # only server 2 sees, as on a host with its own disk (step 6).
+    if [[ $i == 2 ]]; then
+        ip netns exec "${namespaces[i - 1]}" unshare --mount --propagation private sh -c \
+            'mount -t tmpfs netns-cluster-private "$1" && exec "$2" -f "$3" -E "$4"' \
+            sh "$tmp/private" "$sshd" "$tmp/sshd-$i.conf" "$tmp/sshd-$i.log"
+    else
+        ip netns exec "${namespaces[i - 1]}" "$sshd" -f "$tmp/sshd-$i.conf" -E "$tmp/sshd-$i.log"
+    fi || { show "$tmp/sshd-$i.log"; die "sshd did not start in ${namespaces[i - 1]}"; }
 done
 for i in 1 2 3; do
     err=$(tcp_probe open "${ips[i - 1]}" 22 15 2>&1) ||
@@ -329,6 +336,51 @@ done
 
 err=$("$bin" validate "$table" 2>&1) || fail "atlasboost validate refuses the table: $err"
 
+# ---------------------------------------------------------------------------------------------
+# 6. Two jobs, one table path: each host locks its own copy of the path. Job A runs on server
+#    2 only, in $tmp/private, which only server 2 sees; job B on all three servers in the same
+#    directory must fail at once naming server 2 (servers 1 and 3 share the root's directory
+#    and lock it together, as one job); once A is over, B runs.
+# ---------------------------------------------------------------------------------------------
+job_in_private() { # HOSTS COMMAND...: atlasboost run there, in $tmp/private, bounded
+    local hosts=$1
+    shift
+    (
+        cd "$tmp"
+        unset ATLASBOOST_SSH_ALL_HOSTS
+        export ATLASBOOST_SSH_OPTIONS="-F $tmp/ssh/ssh_config"
+        exec timeout -k 10 90 "$bin" run -q --sim 2 -H "$hosts" --wdir "$tmp/private" -- "$@"
+    )
+}
+job_in_private "${ips[1]}" sh -c 'echo job=$ATLASBOOST_JOB_ID; i=0
+    while [ ! -e release ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done' \
+    >"$tmp/a.out" 2>"$tmp/a.err" &
+run_pid=$!
+for _ in $(seq 300); do
+    [[ $(grep -c '<stdout>:job=' "$tmp/a.out") == 2 ]] && break
+    kill -0 "$run_pid" 2>/dev/null || break
+    sleep 0.1
+done
+job_a=$(grep -o 'job=ab-[0-9a-f]*' "$tmp/a.out" | head -n 1 | cut -d= -f2)
+[[ -n $job_a ]] || { show "$tmp/a.out" "$tmp/a.err"; die "job A did not start on ${ips[1]}"; }
+rc=0
+job_in_private "$(IFS=,; echo "${ips[*]}")" true >"$tmp/b.out" 2>"$tmp/b.err" || rc=$?
+[[ $rc == 125 ]] || { show "$tmp/b.out" "$tmp/b.err"; die "job B on job A's table exited $rc, want 125"; }
+grep -q "host ${ips[1]}:.*in use by job $job_a" "$tmp/b.err" ||
+    { show "$tmp/b.err"; die "job B's error does not name host ${ips[1]} and job $job_a"; }
+grep -qE "host (${ips[0]}|${ips[2]})\b" "$tmp/b.err" &&
+    { show "$tmp/b.err"; die "job B's error names a host where the path was free"; }
+private_pid=$(<"$tmp/sshd-2.pid")
+nsenter --target "$private_pid" --mount touch "$tmp/private/release"
+rc=0
+wait "$run_pid" || rc=$?
+run_pid=
+[[ $rc == 0 ]] || { show "$tmp/a.out" "$tmp/a.err"; die "job A exited $rc"; }
+rc=0
+job_in_private "$(IFS=,; echo "${ips[*]}")" true >"$tmp/b.out" 2>"$tmp/b.err" || rc=$?
+[[ $rc == 0 ]] || { show "$tmp/b.out" "$tmp/b.err"; die "job B after job A exited $rc, want 0"; }
+
 [[ ${NETNS_CLUSTER_VERBOSE:-} == 1 ]] && show "$tmp/run.out" "$tmp/run.err"
 say "ok: 12 ranks on 3 namespaced servers (${ips[*]}) over ssh, rendezvous at $net.1;" \
-    "one table, 12 identical copies, valid; $((SECONDS - started)) s"
+    "one table, 12 identical copies, valid; a second job on a table path held on" \
+    "${ips[1]} refused naming that host; $((SECONDS - started)) s"

@@ -2,6 +2,9 @@
 
 use std::io;
 
+use atlasboost_core::exchange::error_chain;
+use atlasboost_core::ranktable::TableLockError;
+
 use crate::exit::ExitCodes;
 
 /// Why a command failed.
@@ -37,6 +40,14 @@ pub enum CliError {
         /// The exit code.
         code: u8,
     },
+    /// This host's lock of the rank table: another running job's table (its holder named), or a
+    /// lock file that cannot be used; exit 125.
+    #[error("{}{}", error_chain(.0), if matches!(.0, TableLockError::Held { .. }) {
+        "; pass --rank-table PATH (or --wdir DIR) to give this job a table of its own"
+    } else {
+        ""
+    })]
+    TableLock(TableLockError),
     /// Standard output could not be written (a closed pipe is not reported).
     #[error("cannot write to standard output")]
     Stdout(#[source] io::Error),
@@ -58,7 +69,10 @@ impl CliError {
                 // Out of descriptors or memory: atlasboost's failure, not the command's.
                 _ => ExitCodes::FAILURE,
             },
-            CliError::Core(_) | CliError::Failure(_) | CliError::Stdout(_) => ExitCodes::FAILURE,
+            CliError::Core(_)
+            | CliError::Failure(_)
+            | CliError::TableLock(_)
+            | CliError::Stdout(_) => ExitCodes::FAILURE,
         }
     }
 

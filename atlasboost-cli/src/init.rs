@@ -30,7 +30,9 @@ use std::time::Duration;
 
 use atlasboost_core::exchange::error_chain;
 use atlasboost_core::launch_context::{self, LaunchContext, Launcher};
-use atlasboost_core::ranktable::{BuildOptions, RankTable, build_table, write_table};
+use atlasboost_core::ranktable::{
+    BuildOptions, LockOwner, RankTable, TableLock, TableLockError, build_table, write_table,
+};
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
 use atlasboost_core::{Device, EnvVars, Rendezvous, World};
 use atlasboost_tcp::{
@@ -165,6 +167,8 @@ pub struct Job {
     /// Keeps MPI initialised while the job lives (finalised when dropped, if atlasboost
     /// initialised it).
     _mpi: Option<Box<dyn Rendezvous>>,
+    /// The writer's lock of its host's table, held while the job lives.
+    _table_lock: Option<TableLock>,
 }
 
 impl std::fmt::Debug for Job {
@@ -429,6 +433,9 @@ mod answer_tag {
 struct Shared {
     framework: Framework,
     job_id: String,
+    /// Who holds the table's lock: the job id, unless no launcher named the job (then each
+    /// process is a job of its own).
+    lock_job: String,
     table_path: PathBuf,
     server_id: String,
     timeout: Duration,
@@ -437,9 +444,14 @@ struct Shared {
 impl Shared {
     /// The settings, from the environment.
     fn from_env(framework: Framework) -> Result<Shared, InitError> {
+        let job_id = job_id();
         Ok(Shared {
             framework,
-            job_id: job_id(),
+            lock_job: match launcher_job_id() {
+                Some(_) => job_id.clone(),
+                None => format!("{job_id}-pid{}", std::process::id()),
+            },
+            job_id,
             table_path: table_path()?,
             server_id: server_id()?,
             timeout: timeout()?,
@@ -634,7 +646,7 @@ fn agree(
     let gathered = rdv.all_gather(&encode("this process's claim", &claim)?)?;
     // By index, which is the rank: the MPI rank, or 0 alone.
     let claims = parse_claims(&gathered)?;
-    let (table, written) = settle(&claims, rank, shared)?;
+    let (table, written, lock) = settle(&claims, rank, shared)?;
     let statuses = rdv.all_gather(&encode("the write status", &written)?)?;
     let statuses = parse_statuses(&statuses).map_err(rendezvous_error)?;
     let hosts: Vec<String> = claims.iter().map(|c| c.server_id.clone()).collect();
@@ -642,7 +654,9 @@ fn agree(
     check_outcome(outcome, rank, shared)?;
     let device = device.map_err(InitError::Device)?;
     let seat = Seat::find(&table, &shared.server_id, device.physical_id)?;
-    job_from_seat(&seat, shared, &device, rank, master_of(&claims))
+    let mut job = job_from_seat(&seat, shared, &device, rank, master_of(&claims))?;
+    job._table_lock = lock;
+    Ok(job)
 }
 
 /// The two rounds over ZeroMQ, whose coordinator runs [`library_combiner`]: the host's writer
@@ -659,17 +673,17 @@ fn agree_zmq(
     };
     let (claim, device) = make_claim(rank, local_rank, shared);
     let answer = exchange(rdv, &encode("this process's claim", &claim)?)?;
-    let (seat, written, master) = match answer.split_first() {
+    let (seat, written, master, lock) = match answer.split_first() {
         Some((&answer_tag::CLAIMS, list)) => {
             let settled = atlasboost_tcp::wire::unpack_list(list)
                 .filter(|l| l.len() == rdv.size())
                 .ok_or_else(|| rendezvous_error("the coordinator's claims are malformed".into()))
                 .and_then(|gathered| parse_claims(&gathered))
                 .and_then(|claims| {
-                    let (table, written) = settle(&claims, rank, shared)?;
+                    let (table, written, lock) = settle(&claims, rank, shared)?;
                     let device = device.clone().map_err(InitError::Device)?;
                     let seat = Seat::find(&table, &shared.server_id, device.physical_id)?;
-                    Ok((seat, written, master_of(&claims)))
+                    Ok((seat, written, master_of(&claims), lock))
                 });
             match settled {
                 Ok(settled) => settled,
@@ -686,7 +700,7 @@ fn agree_zmq(
             let a: Assignment = serde_json::from_slice(json).map_err(|e| {
                 rendezvous_error(format!("the coordinator's assignment is malformed: {e}"))
             })?;
-            (a.seat, Written::NotMine, a.master)
+            (a.seat, Written::NotMine, a.master, None)
         }
         _ => {
             return Err(rendezvous_error(
@@ -700,7 +714,9 @@ fn agree_zmq(
     })?;
     check_outcome(outcome, rank, shared)?;
     let device = device.map_err(InitError::Device)?;
-    job_from_seat(&seat, shared, &device, rank, master)
+    let mut job = job_from_seat(&seat, shared, &device, rank, master)?;
+    job._table_lock = lock;
+    Ok(job)
 }
 
 /// The ZeroMQ coordinator's answers in library mode.
@@ -857,8 +873,13 @@ fn parse_each<T: serde::de::DeserializeOwned>(
 }
 
 /// Round 1 for a process that holds every claim (in rank order): the table, after writing it
-/// if this process is the lowest rank of its host.
-fn settle(claims: &[Claim], rank: u32, shared: &Shared) -> Result<(RankTable, Written), InitError> {
+/// if this process is the lowest rank of its host (with the table's lock, which it holds for
+/// the job).
+fn settle(
+    claims: &[Claim],
+    rank: u32,
+    shared: &Shared,
+) -> Result<(RankTable, Written, Option<TableLock>), InitError> {
     let devices = check_claims(claims)?;
     let table = build_table(&devices, &BuildOptions::default())?;
     let chip = atlasboost_core::ranktable::chip_of_devices(&devices)?;
@@ -867,15 +888,25 @@ fn settle(claims: &[Claim], rank: u32, shared: &Shared) -> Result<(RankTable, Wr
         .filter(|c| c.server_id == shared.server_id)
         .map(|c| c.rank)
         .min();
-    let written = if writer == Some(rank) {
-        match write_table(&shared.table_path, &table, chip) {
-            Ok(()) => Written::Done(shared.table_path.clone()),
-            Err(e) => Written::Failed(error_chain(&e)),
+    if writer != Some(rank) {
+        return Ok((table, Written::NotMine, None));
+    }
+    let owner = LockOwner::this_process(&shared.lock_job, None);
+    let lock = match TableLock::acquire(&shared.table_path, &owner) {
+        Ok(lock) => lock,
+        Err(e @ TableLockError::Held { .. }) => {
+            let why = format!(
+                "{e}; set {} to a path of this job's own",
+                EnvVars::ATLASBOOST_RANK_TABLE_FILE
+            );
+            return Ok((table, Written::Failed(why), None));
         }
-    } else {
-        Written::NotMine
+        Err(e) => return Ok((table, Written::Failed(error_chain(&e)), None)),
     };
-    Ok((table, written))
+    Ok(match write_table(&shared.table_path, &table, chip) {
+        Ok(()) => (table, Written::Done(shared.table_path.clone()), Some(lock)),
+        Err(e) => (table, Written::Failed(error_chain(&e)), None),
+    })
 }
 
 /// What round 2 means for the processes of `host`: the first failure of any host, else where
@@ -1071,6 +1102,7 @@ fn job_at(
         env: env.set,
         env_if_unset: env.set_if_unset,
         _mpi: None,
+        _table_lock: None,
     })
 }
 
@@ -1142,24 +1174,7 @@ fn rendezvous_port(c: &LaunchContext) -> Result<u16, InitError> {
 /// else one made of `MASTER_ADDR` and the port. Anything but letters, digits, `-` and `_`
 /// becomes `-` (TensorFlow refuses other `JOB_ID`s).
 fn job_id() -> String {
-    let raw = env(EnvVars::ATLASBOOST_JOB_ID)
-        // torchrun's default run id is `none`: every job would share it.
-        .or_else(|| env("TORCHELASTIC_RUN_ID").filter(|id| id != "none"))
-        // Two srun steps of one allocation are two jobs.
-        .or_else(|| {
-            env("SLURM_JOB_ID").map(|id| match env("SLURM_STEP_ID") {
-                Some(step) => format!("slurm-{id}-{step}"),
-                None => format!("slurm-{id}"),
-            })
-        })
-        // Open MPI 4 names its job in these (`OMPI_MCA_orte_ess_jobid` was Open MPI 3's).
-        .or_else(|| env("OMPI_MCA_ess_base_jobid").map(|id| format!("ompi-{id}")))
-        .or_else(|| env("PMIX_NAMESPACE").map(|ns| format!("pmix-{ns}")))
-        .or_else(|| {
-            env(EnvVars::MASTER_ADDR)
-                .map(|a| format!("job-{a}-{}", env(EnvVars::MASTER_PORT).unwrap_or_default()))
-        })
-        .unwrap_or_else(|| "atlasboost".into());
+    let raw = launcher_job_id().unwrap_or_else(|| "atlasboost".into());
     let id: String = raw
         .chars()
         .map(|c| {
@@ -1177,6 +1192,27 @@ fn job_id() -> String {
     } else {
         id.to_string()
     }
+}
+
+/// The job's id as its launcher names it (see [`job_id`]), if one does.
+fn launcher_job_id() -> Option<String> {
+    env(EnvVars::ATLASBOOST_JOB_ID)
+        // torchrun's default run id is `none`: every job would share it.
+        .or_else(|| env("TORCHELASTIC_RUN_ID").filter(|id| id != "none"))
+        // Two srun steps of one allocation are two jobs.
+        .or_else(|| {
+            env("SLURM_JOB_ID").map(|id| match env("SLURM_STEP_ID") {
+                Some(step) => format!("slurm-{id}-{step}"),
+                None => format!("slurm-{id}"),
+            })
+        })
+        // Open MPI 4 names its job in these (`OMPI_MCA_orte_ess_jobid` was Open MPI 3's).
+        .or_else(|| env("OMPI_MCA_ess_base_jobid").map(|id| format!("ompi-{id}")))
+        .or_else(|| env("PMIX_NAMESPACE").map(|ns| format!("pmix-{ns}")))
+        .or_else(|| {
+            env(EnvVars::MASTER_ADDR)
+                .map(|a| format!("job-{a}-{}", env(EnvVars::MASTER_PORT).unwrap_or_default()))
+        })
 }
 
 /// The key every message of the rendezvous is signed with: `ATLASBOOST_SECRET` (64 hex digits)

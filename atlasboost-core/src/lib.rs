@@ -10,6 +10,7 @@
 //! - [`worker_env`]: the variables each worker gets, as a pure function.
 //! - [`launch_context`]: how a worker was started (atlasboost, Open MPI, MPICH, Slurm,
 //!   torchrun), read from its environment.
+//! - [`ranktable::TableLock`]: one running job per rank-table path and host.
 //!
 //! ```
 //! use std::net::IpAddr;
@@ -33,7 +34,8 @@
 //! # Ok::<(), atlasboost_core::Error>(())
 //! ```
 //!
-//! This crate knows no backend: it never loads a driver, opens a socket or starts a process.
+//! This crate knows no backend: it never loads a driver, opens a socket or starts a process
+//! (it does read and write files: tables, and the lock beside a table).
 #![deny(missing_docs)]
 
 #[cfg(any(test, feature = "conformance"))]
@@ -45,6 +47,7 @@ pub mod exchange;
 pub mod launch_context;
 pub mod ranktable;
 mod rendezvous;
+pub mod time;
 pub mod worker_env;
 mod world;
 
@@ -53,3 +56,12 @@ pub use env_vars::EnvVars;
 pub use error::{BoxError, Error, Result};
 pub use rendezvous::Rendezvous;
 pub use world::World;
+
+/// This host's name, as `hostname` prints it (`?` when it cannot be read as UTF-8).
+#[must_use]
+pub fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "?".into())
+}

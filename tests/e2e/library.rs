@@ -114,7 +114,12 @@ fn start_workers(
     (launches, table.unwrap_or_default())
 }
 
-fn torchrun_vars(rank: u32, size: u32, per_host: u32, port: u16) -> Vec<(String, String)> {
+pub(crate) fn torchrun_vars(
+    rank: u32,
+    size: u32,
+    per_host: u32,
+    port: u16,
+) -> Vec<(String, String)> {
     [
         ("RANK", rank.to_string()),
         ("WORLD_SIZE", size.to_string()),

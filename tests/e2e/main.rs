@@ -7,6 +7,7 @@
 //! ([`output`]), bad input ([`errors`]), and remote hosts reached over ssh ([`ssh`]).
 
 mod cluster;
+mod concurrent;
 mod errors;
 mod failure;
 mod library;

@@ -129,7 +129,7 @@ fn ranks_timestamp_log_dir_and_no_tag_work_as_without_mpi() {
     );
     // The log files keep every rank.
     for rank in 0..4 {
-        let dir = logs.join(format!("rank.{rank}"));
+        let dir = logs.join("latest").join(format!("rank.{rank}"));
         let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
         assert_eq!(
             read("stdout.log"),

@@ -69,7 +69,9 @@ fn a_hundred_thousand_lines_per_rank_arrive_whole_once_and_in_order() {
     check_bulk(&r, &r.err(), "stderr", "err", 4, true);
     for rank in 0..4 {
         for (stream, word) in [("stdout", "line"), ("stderr", "err")] {
-            let path = r.dir().join(format!("logs/rank.{rank}/{stream}.log"));
+            let path = r
+                .dir()
+                .join(format!("logs/latest/rank.{rank}/{stream}.log"));
             let log = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let want: String = (0..LINES)
@@ -190,7 +192,7 @@ fn carriage_returns_raw_bytes_and_a_last_line_without_newline() {
         "{}",
         r.describe()
     );
-    let log = |name: &str| std::fs::read(r.dir().join("logs/rank.0").join(name)).unwrap();
+    let log = |name: &str| std::fs::read(r.dir().join("logs/latest/rank.0").join(name)).unwrap();
     assert_eq!(
         log("stdout.log"),
         b"p1\np2\np3\nraw \xff\xfe\x80 end\nlast-no-newline\n",
@@ -357,7 +359,7 @@ fn ranks_filters_the_console_and_log_dir_keeps_everything() {
         );
     }
     for rank in 0..4 {
-        let dir = r.dir().join(format!("logs/rank.{rank}"));
+        let dir = r.dir().join(format!("logs/latest/rank.{rank}"));
         let read = |name: &str| {
             std::fs::read_to_string(dir.join(name))
                 .unwrap_or_else(|e| panic!("{}/{name}: {e}\n{}", dir.display(), r.describe()))

@@ -287,6 +287,9 @@ pub struct AgentConfig {
     pub server_id: String,
     /// Its host, as the launcher names it in messages.
     pub host: String,
+    /// The launcher's host name, for the record of the table's lock.
+    #[serde(default)]
+    pub launcher: String,
     /// The device-discovery options, as command-line arguments (`--sim 8`, `--devices 0-3`).
     pub discovery: Vec<String>,
     /// The coordinator.
@@ -498,6 +501,10 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
             settings.wdir.display()
         )));
     }
+    // Before the rendezvous: a host whose table path another job holds fails the job before
+    // any worker starts anywhere.
+    let launcher = Some(config.launcher.as_str()).filter(|l| !l.is_empty());
+    let _table_lock = super::lock_table(&settings.rank_table, &config.job_id, launcher)?;
     let discovery = parse_discovery(&config.discovery)?;
     let secret = Secret::from_hex(&config.secret)
         .ok_or_else(|| CliError::Usage("the job's secret is not hex".into()))?;

@@ -24,12 +24,12 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use atlasboost_core::EnvVars;
-use atlasboost_core::ranktable::{BuildOptions, RankOrder, RankTable};
+use atlasboost_core::ranktable::{BuildOptions, LockOwner, RankOrder, RankTable, TableLock};
 use atlasboost_tcp::{Coordinator, CoordinatorConfig, Secret};
 use nix::sys::signal::Signal;
 
@@ -87,6 +87,12 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
             .sum::<Option<u64>>()
     });
     check_before_start(args, known_size)?;
+    let job_id = new_job_id()?;
+    // Held to the end of the job: no other job replaces this table while the workers run.
+    let _table_lock = match hosts.iter().any(|h| h.local) {
+        true => Some(lock_table(&table_path, &job_id, None)?),
+        false => None,
+    };
     let bind = rendezvous_address(args, &hosts)?;
     printer.detail(&format!("atlasboost: rendezvous at {bind}"));
 
@@ -96,7 +102,6 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let mut lifeline = Lifeline::start()?;
 
-    let job_id = new_job_id()?;
     let settings = WorkerSettings {
         framework: args.framework.to_string(),
         command: args.command.clone(),
@@ -141,12 +146,13 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         table_path.display(),
         started.elapsed().as_millis()
     ));
+    let logs = job_logs(args, &job_id, printer)?;
     let mut output = Output::new(
         OutputOptions {
             tag: !args.no_tag,
             timestamp: args.timestamp,
             ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
-            log_dir: args.log_dir.clone(),
+            log_dir: logs.clone(),
         },
         &workers.iter().map(|w| w.rank).collect::<Vec<_>>(),
     )?;
@@ -165,7 +171,7 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     );
     lifeline.close();
     let result = result?;
-    report(&result, started.elapsed(), printer);
+    report(&result, started.elapsed(), logs.as_deref(), printer);
     Ok(result.exit_code)
 }
 
@@ -311,6 +317,30 @@ fn forwarded_env() -> Vec<(OsString, OsString)> {
         .collect()
 }
 
+/// This host's lock of the table at `path` for job `job_id` (launched from `launcher`, this
+/// host when `None`), held until the job ends: a path another running job holds is refused,
+/// naming that job.
+pub(crate) fn lock_table(
+    path: &Path,
+    job_id: &str,
+    launcher: Option<&str>,
+) -> Result<TableLock, CliError> {
+    TableLock::acquire(path, &LockOwner::this_process(job_id, launcher))
+        .map_err(CliError::TableLock)
+}
+
+/// `--log-dir DIR`'s directory for this job, `DIR/<job id>` (see [`output::job_log_dir`]).
+fn job_logs(args: &RunArgs, job_id: &str, printer: &Printer) -> Result<Option<PathBuf>, CliError> {
+    let Some(dir) = &args.log_dir else {
+        return Ok(None);
+    };
+    let (logs, warning) = output::job_log_dir(dir, job_id)?;
+    if let Some(w) = warning {
+        printer.status(&w);
+    }
+    Ok(Some(logs))
+}
+
 /// A new job's id: `ab-` and 12 random hex digits.
 fn new_job_id() -> Result<String, CliError> {
     let hex = Secret::random()
@@ -400,6 +430,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
     remote_settings
         .env
         .extend(launch.settings.env.iter().cloned());
+    let launcher_name = atlasboost_core::host_name();
     let mut remotes = Vec::new();
     let mut remote_index = Vec::new();
     for (index, host) in hosts.iter().enumerate().filter(|(_, h)| !h.local) {
@@ -408,6 +439,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             hosts: hosts.len(),
             server_id: host.server_id.clone(),
             host: host.describe(),
+            launcher: launcher_name.clone(),
             discovery: discovery_args(&args.discovery),
             endpoint: endpoint.clone(),
             job_id: launch.job_id.to_string(),
@@ -707,7 +739,7 @@ fn plan_workers(launch: &Launch<'_>, joined: &JoinedHosts) -> Result<Vec<WorkerP
 }
 
 /// The end-of-job summary on stderr, and the first failure with its last stderr lines.
-fn report(result: &JobResult, elapsed: Duration, printer: &Printer) {
+fn report(result: &JobResult, elapsed: Duration, logs: Option<&Path>, printer: &Printer) {
     let count = |f: &dyn Fn(&WorkerResult) -> bool| result.workers.iter().filter(|w| f(w)).count();
     let succeeded = count(&|w| w.ending.is_some_and(|e| e.code() == 0));
     let stopped = count(&|w| w.stopped && w.ending.is_some_and(|e| e.code() != 0));
@@ -748,6 +780,9 @@ fn report(result: &JobResult, elapsed: Duration, printer: &Printer) {
     }
     if !full {
         text.push_str(&format!("  (the other {succeeded} ranks succeeded)\n"));
+    }
+    if let Some(dir) = logs {
+        text.push_str(&format!("  logs: {}\n", dir.display()));
     }
     printer.status(text.trim_end());
     if let Some(h) = &result.host_failure {

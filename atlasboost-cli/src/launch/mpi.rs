@@ -29,7 +29,7 @@ use super::relay::{Introduction, RelayDoor, introduce};
 use super::supervise::{
     self, MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
 };
-use super::{new_job_id, rendezvous_address, resolve_exports, worker_dir};
+use super::{job_logs, new_job_id, rendezvous_address, resolve_exports, worker_dir};
 use crate::cli::{RankOrderArg, RunArgs};
 use crate::commands::devices::make_probe;
 use crate::error::CliError;
@@ -74,6 +74,12 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
     let job_id = new_job_id()?;
+    // With every rank here, the table's lock is taken before mpirun starts, so a clash fails
+    // at once; the workers' init() shares it (same job id). On other hosts init() takes it.
+    let _table_lock = match hosts.is_empty() {
+        true => Some(super::lock_table(&table_path, &job_id, None)?),
+        false => None,
+    };
     // The relays connect here: loopback when every rank is on this machine, else this
     // machine's address on the route to the first other host (or --rendezvous-addr).
     let relay_ip = if hosts.is_empty() {
@@ -121,12 +127,13 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let mut lifeline = Lifeline::start()?;
     let ranks: Vec<u32> = (0..np).collect();
+    let logs = job_logs(args, &job_id, printer)?;
     let mut output = Output::new(
         OutputOptions {
             tag: !args.no_tag,
             timestamp: args.timestamp,
             ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
-            log_dir: args.log_dir.clone(),
+            log_dir: logs.clone(),
         },
         &ranks,
     )?;
@@ -165,7 +172,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     );
     lifeline.close();
     let result = result?;
-    super::report(&result, started.elapsed(), printer);
+    super::report(&result, started.elapsed(), logs.as_deref(), printer);
     Ok(result.exit_code)
 }
 
@@ -419,9 +426,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
                     .into(),
             )
         })?;
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "?".into());
+    let host = atlasboost_core::host_name();
     supervise::raise_fd_limit();
     // Orphans of the worker's children are the relay's to stop.
     let _ = nix::sys::prctl::set_child_subreaper(true);

@@ -13,6 +13,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use atlasboost_core::time::iso8601;
+
 use crate::error::CliError;
 
 /// A line longer than this is passed on in pieces of this size, so that a worker printing
@@ -471,6 +473,41 @@ impl Output {
     }
 }
 
+/// The log directory of job `job_id` under `--log-dir DIR`: `DIR/<job id>`, made new (a job's
+/// logs never replace another's), with `DIR/latest` pointing at it. Returns the directory, and
+/// a warning when `DIR/latest` cannot be pointed there (the logs are written all the same).
+///
+/// # Errors
+///
+/// [`CliError::Failure`] naming a directory that cannot be made (or exists already).
+pub fn job_log_dir(dir: &Path, job_id: &str) -> Result<(PathBuf, Option<String>), CliError> {
+    let job_dir = dir.join(job_id);
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::create_dir(&job_dir))
+        .map_err(|e| {
+            CliError::Failure(format!(
+                "cannot create log directory {}: {e}",
+                job_dir.display()
+            ))
+        })?;
+    // A new link renamed over the old one: `latest` always names a whole job's directory.
+    let latest = dir.join("latest");
+    let fresh = dir.join(format!(".latest-{job_id}"));
+    let pointed = std::os::unix::fs::symlink(job_id, &fresh)
+        .and_then(|()| std::fs::rename(&fresh, &latest))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&fresh);
+        });
+    let warning = pointed.err().map(|e| {
+        format!(
+            "atlasboost: warning: cannot point {} at this job's logs ({e}); they are in {}",
+            latest.display(),
+            job_dir.display()
+        )
+    });
+    Ok((job_dir, warning))
+}
+
 fn open_logs(dir: &Path, rank: u32) -> Result<[BufWriter<File>; 2], CliError> {
     let dir = dir.join(format!("rank.{rank}"));
     std::fs::create_dir_all(&dir).map_err(|e| {
@@ -481,46 +518,19 @@ fn open_logs(dir: &Path, rank: u32) -> Result<[BufWriter<File>; 2], CliError> {
     })?;
     let open = |stream: Stream| {
         let path = dir.join(format!("{}.log", stream.as_str()));
-        File::create(&path)
+        // A job's directory is new, so this never meets a file; if it did, it stays whole.
+        File::options()
+            .write(true)
+            .create_new(true)
+            .open(&path)
             .map(|f| BufWriter::with_capacity(1 << 15, f))
             .map_err(|e| CliError::Failure(format!("cannot create {}: {e}", path.display())))
     };
     Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
 }
 
-/// `2026-11-30T04:36:20.123Z`.
-pub fn iso8601(t: SystemTime) -> String {
-    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use proptest::prelude::*;
 
     use super::*;
@@ -580,15 +590,5 @@ mod tests {
             pieces.push(&text[start..]);
             prop_assert_eq!(split(&pieces), whole);
         }
-    }
-
-    #[test]
-    fn times_are_iso_8601_utc() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_013_380_123);
-        assert_eq!(iso8601(t), "2026-11-30T04:36:20.123Z");
-        assert_eq!(iso8601(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        // A leap day.
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
-        assert_eq!(iso8601(t), "2000-02-29T00:00:00.000Z");
     }
 }

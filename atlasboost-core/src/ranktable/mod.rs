@@ -1,7 +1,8 @@
-//! HCCL rank tables: the model of the three formats, the builder, the validator, merge and the
-//! atomic writer.
+//! HCCL rank tables: the model of the three formats, the builder, the validator, merge, the
+//! atomic writer and the lock that keeps a table path to one running job.
 
 mod build;
+mod lock;
 mod merge;
 mod model;
 mod node;
@@ -9,6 +10,7 @@ mod validate;
 mod write;
 
 pub use build::{BuildOptions, RankOrder, build_table, chip_of_devices};
+pub use lock::{LockOwner, TableLock, TableLockError, lock_path};
 pub use merge::{MergeInput, merge_tables};
 pub use model::{
     ClusterTable, DeviceEntry, Format, GroupEntry, HOST_NIC_IP_RESERVED, InstanceEntry,
