@@ -20,7 +20,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use atlasboost_cli::init::{InitOptions, init};
+use atlasboost::init::{InitOptions, init};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,7 +34,7 @@ fn main() -> ExitCode {
         _ => return fail("usage: init-worker [--exit-before-init RANK | --hold-until FILE]"),
     };
     if let Some(r) = exit_rank
-        && atlasboost_cli::init::launcher_rank_from_env() == Some(r)
+        && atlasboost::init::launcher_rank_from_env() == Some(r)
     {
         println!("launcher rank {r} exits before init()");
         return ExitCode::from(3);
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
         job.table_path.display(),
         job.agreement,
         std::env::var("RANK_ID").unwrap_or_default(),
-        if atlasboost_cli::build_info::MPI {
+        if atlasboost::build_info::MPI {
             "yes"
         } else {
             "no"

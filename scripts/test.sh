@@ -59,13 +59,25 @@ if grep -q '^mpi-sys ' <<<"$deps"; then
     exit 1
 fi
 
+step "no import circle between the modules of any crate"
+python3 scripts/check-module-cycles.py atlasboost-core atlasboost-sim atlasboost-dsmi \
+    atlasboost-tcp atlasboost-mpi atlasboost atlasboost-cli bindings/c bindings/python
+
+step "the embeddable library, the C ABI and the Python module link no command line"
+for crate in atlasboost atlasboost-c atlasboost-python; do
+    if cargo tree -p "$crate" -e normal --prefix none | grep -qE '^(clap|atlasboost-cli) '; then
+        echo "scripts/test.sh: $crate depends on clap or atlasboost-cli" >&2
+        exit 1
+    fi
+done
+
 step "format"
 cargo fmt --all -- --check
 
 step "clippy (default build, all features, every target)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-for crate in atlasboost-core atlasboost-sim atlasboost-dsmi atlasboost-tcp; do
+for crate in atlasboost-core atlasboost-sim atlasboost-dsmi atlasboost-tcp atlasboost; do
     cargo clippy -p "$crate" --all-targets -- -D warnings
 done
 

@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use atlasboost::settings::{Discovery, Origin, ProbeKind, parse_seconds, parse_seconds_or_zero};
 use atlasboost_core::ranktable::Format;
 use atlasboost_core::worker_env::Framework;
 use atlasboost_core::{Chip, DeviceList};
@@ -12,7 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Launch distributed training on Huawei Ascend NPU servers, and make the HCCL rank tables it needs.
 #[derive(Debug, Parser)]
-#[command(name = "atlasboost", version = crate::build_info::VERSION, propagate_version = true)]
+#[command(name = "atlasboost", version = atlasboost::build_info::VERSION, propagate_version = true)]
 pub struct Cli {
     /// Print only results and errors.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
@@ -58,9 +59,9 @@ pub struct RelayArgs {
     pub command: Vec<OsString>,
 }
 
-/// Where devices come from (`--probe`).
+/// Where devices come from (`--probe`); resolved into [`ProbeKind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ProbeKind {
+pub enum ProbeArg {
     /// The driver if it loads, else /etc/hccn.conf; never simulated devices.
     Auto,
     /// The driver's DSMI library.
@@ -71,23 +72,14 @@ pub enum ProbeKind {
     Sim,
 }
 
-impl ProbeKind {
-    /// The name `--probe` and `ATLASBOOST_PROBE` use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProbeKind::Auto => "auto",
-            ProbeKind::Dsmi => "dsmi",
-            ProbeKind::Hccn => "hccn",
-            ProbeKind::Sim => "sim",
+impl From<ProbeArg> for ProbeKind {
+    fn from(p: ProbeArg) -> ProbeKind {
+        match p {
+            ProbeArg::Auto => ProbeKind::Auto,
+            ProbeArg::Dsmi => ProbeKind::Dsmi,
+            ProbeArg::Hccn => ProbeKind::Hccn,
+            ProbeArg::Sim => ProbeKind::Sim,
         }
-    }
-
-    /// The kind named `name` (as [`ProbeKind::as_str`] spells it).
-    pub fn from_name(name: &str) -> Option<ProbeKind> {
-        ProbeKind::value_variants()
-            .iter()
-            .copied()
-            .find(|k| k.as_str() == name)
     }
 }
 
@@ -95,8 +87,8 @@ impl ProbeKind {
 #[derive(Debug, Clone, Args)]
 pub struct DiscoveryArgs {
     /// Where to find devices.
-    #[arg(long, value_enum, default_value_t = ProbeKind::Auto)]
-    pub probe: ProbeKind,
+    #[arg(long, value_enum, default_value_t = ProbeArg::Auto)]
+    pub probe: ProbeArg,
 
     /// Use N simulated devices (implies --probe sim).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=255))]
@@ -117,6 +109,21 @@ pub struct DiscoveryArgs {
     /// The hccn.conf to read [default: $ATLASBOOST_HCCN_CONF, else /etc/hccn.conf].
     #[arg(long, value_name = "PATH")]
     pub hccn_conf: Option<PathBuf>,
+}
+
+impl DiscoveryArgs {
+    /// The settings these flags give.
+    pub fn resolve(&self) -> Discovery {
+        Discovery {
+            probe: self.probe.into(),
+            sim: self.sim,
+            sim_chip: self.sim_chip.clone(),
+            sim_ipv6: self.sim_ipv6,
+            devices: self.devices.clone(),
+            hccn_conf: self.hccn_conf.clone(),
+            origin: Origin::CommandLine,
+        }
+    }
 }
 
 /// Device discovery on this host only (`ranktable`, `probe`): discovery and the server id.
@@ -270,7 +277,7 @@ pub struct RunArgs {
     pub rendezvous_timeout: Duration,
 
     /// Seconds between SIGTERM and SIGKILL when stopping workers.
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_grace)]
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds_or_zero)]
     pub grace: Duration,
 
     /// ssh port of the remote hosts [default: ssh's own, e.g. from ~/.ssh/config].
@@ -367,26 +374,6 @@ fn parse_rank_list(s: &str) -> Result<RankList, String> {
     })
 }
 
-/// Seconds, possibly fractional (`0.5`); more than 0.
-pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
-    match parse_grace(s)? {
-        d if d.is_zero() => Err("must be more than 0".into()),
-        d => Ok(d),
-    }
-}
-
-/// Seconds, possibly fractional; 0 is allowed.
-fn parse_grace(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(format!("{s} seconds is out of range"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 fn framework_parser() -> impl TypedValueParser<Value = Framework> {
     PossibleValuesParser::new(Framework::ALL.map(Framework::as_str))
         .try_map(|s| s.parse::<Framework>().map_err(|e| e.to_string()))
@@ -458,11 +445,11 @@ mod tests {
         assert_eq!(list.ranks.into_iter().collect::<Vec<_>>(), vec![0, 1, 2, 7]);
         assert!(parse_rank_list("3-1").unwrap_err().contains("backwards"));
         assert!(parse_rank_list("a").unwrap_err().contains("\"a\""));
-        assert_eq!(parse_grace("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_seconds_or_zero("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_seconds("0.5").unwrap(), Duration::from_millis(500));
         assert!(parse_seconds("0").is_err());
-        assert!(parse_grace("-1").is_err());
-        assert!(parse_grace("inf").is_err());
+        assert!(parse_seconds_or_zero("-1").is_err());
+        assert!(parse_seconds_or_zero("inf").is_err());
     }
 
     #[test]

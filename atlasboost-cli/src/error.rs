@@ -2,6 +2,9 @@
 
 use std::io;
 
+use atlasboost::host::{HostError, server_id_hint};
+use atlasboost::probe::ProbeError;
+use atlasboost::settings::Origin;
 use atlasboost_core::exchange::error_chain;
 use atlasboost_core::ranktable::TableLockError;
 
@@ -48,6 +51,16 @@ pub enum CliError {
         ""
     })]
     TableLock(TableLockError),
+    /// The device probe the settings ask for cannot be made or found nothing; exit 2 for
+    /// settings that contradict each other, else 125.
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    /// This host has no address to be its `server_id`; exit 125.
+    #[error("{error}{hint}", hint = server_id_hint(Origin::CommandLine))]
+    Host {
+        /// Why.
+        error: HostError,
+    },
     /// Standard output could not be written (a closed pipe is not reported).
     #[error("cannot write to standard output")]
     Stdout(#[source] io::Error),
@@ -58,6 +71,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_) => ExitCodes::USAGE,
+            CliError::Probe(e) if e.is_usage() => ExitCodes::USAGE,
             CliError::Remote { code, .. } => *code,
             CliError::Spawn { reason, .. } => match reason.kind() {
                 io::ErrorKind::NotFound => ExitCodes::NOT_FOUND,
@@ -70,6 +84,8 @@ impl CliError {
                 _ => ExitCodes::FAILURE,
             },
             CliError::Core(_)
+            | CliError::Probe(_)
+            | CliError::Host { .. }
             | CliError::Failure(_)
             | CliError::TableLock(_)
             | CliError::Stdout(_) => ExitCodes::FAILURE,

@@ -7,15 +7,13 @@
 //! - [`init`]: library mode, `init()` inside a worker started by any launcher.
 #![deny(missing_docs)]
 
-pub mod build_info;
 pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod exit;
-pub mod host;
-pub mod init;
 pub mod launch;
 pub mod printer;
+pub mod process;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

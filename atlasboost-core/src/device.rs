@@ -156,7 +156,9 @@ pub trait DeviceProbe: Send + Sync {
 }
 
 /// A set of physical device ids as given on the command line: `0-3`, `0,1,4`, `0-1,6-7`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Serialised as that text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct DeviceList {
     ids: BTreeSet<u32>,
     /// The list as the user wrote it, for messages.
@@ -179,6 +181,20 @@ impl fmt::Display for DeviceList {
     /// The list as it was typed.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
+    }
+}
+
+impl TryFrom<String> for DeviceList {
+    type Error = Error;
+
+    fn try_from(s: String) -> Result<Self> {
+        s.parse()
+    }
+}
+
+impl From<DeviceList> for String {
+    fn from(list: DeviceList) -> String {
+        list.text
     }
 }
 

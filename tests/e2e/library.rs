@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use atlasboost_e2e::{Finished, Launch, Run, free_port_pair, init_worker_bin};
+use atlasboost_e2e::{Finished, Launch, Run, atlasboost_bin, free_port_pair, init_worker_bin};
 use serde_json::Value;
 
 /// One `init-worker` line, as `key=value` pairs.
@@ -332,6 +332,60 @@ fn started_by_hand_it_is_a_world_of_one() {
         .find_map(parse_report)
         .unwrap_or_else(|| panic!("no report: {}", f.describe()));
     check_job(&[r], 1, "Alone");
+}
+
+#[test]
+fn library_mode_names_the_variables_the_user_set_not_flags() {
+    let f = Run::new::<[&str; 0], &str>([])
+        .program(init_worker_bin())
+        .env("ATLASBOOST_PROBE", "sim")
+        .run();
+    f.assert_code(1);
+    let err = f.err();
+    assert!(
+        err.contains("ATLASBOOST_PROBE=sim needs ATLASBOOST_SIM"),
+        "{}",
+        f.describe()
+    );
+    assert!(!err.contains("--sim"), "no flag in library mode: {err}");
+}
+
+/// A host with no IPv4 address (a network namespace with only loopback) has no `server_id`:
+/// library mode fails as the launcher does, each saying how to give one.
+#[test]
+fn a_host_without_an_ipv4_address_fails_library_mode_as_it_fails_the_launcher() {
+    if std::process::Command::new("unshare")
+        .args(["-n", "true"])
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        eprintln!("skipped: `unshare -n` (a new network namespace) is not permitted here");
+        return;
+    }
+    let no_ipv4 = |program: &Path, args: &[&str]| {
+        Run::new([std::ffi::OsStr::new("-n"), program.as_os_str()])
+            .args(args)
+            .program("unshare")
+            .env("ATLASBOOST_SIM", "2")
+            .run()
+    };
+    let library = no_ipv4(&init_worker_bin(), &[]);
+    library.assert_code(1);
+    let launcher = no_ipv4(&atlasboost_bin(), &["run", "--sim", "2", "--", "true"]);
+    launcher.assert_code(125);
+    let rule = "cannot find this host's IPv4 address";
+    assert!(library.err().contains(rule), "{}", library.describe());
+    assert!(launcher.err().contains(rule), "{}", launcher.describe());
+    assert!(
+        library.err().contains("set ATLASBOOST_SERVER_ID"),
+        "{}",
+        library.describe()
+    );
+    assert!(
+        launcher.err().contains("pass -H"),
+        "{}",
+        launcher.describe()
+    );
 }
 
 /// Plain `mpirun -np 4` on one host, nothing set: with MPI support the ranks meet over MPI;

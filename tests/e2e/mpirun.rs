@@ -155,7 +155,11 @@ fn the_first_rank_to_fail_sets_the_code_and_the_summary_names_each_rank() {
     let f = run_mpi(4)
         .args(["--", "sh", "-c"])
         .args([
-            "if [ $OMPI_COMM_WORLD_RANK = 2 ]; then echo 'rank 2 gives up' >&2; exit 7; fi; \
+            // Rank 2 fails once every rank runs (so every relay has called in), at most 30 s.
+            "touch ready.$OMPI_COMM_WORLD_RANK; \
+             if [ $OMPI_COMM_WORLD_RANK = 2 ]; then i=0; \
+               while [ $(ls ready.* | wc -l) -lt 4 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; \
+               echo 'rank 2 gives up' >&2; exit 7; fi; \
              sleep 30",
         ])
         .run();

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use atlasboost_core::ranktable::{BuildOptions, Format, RankTable, build_table, chip_of_devices};
 use atlasboost_core::{Chip, DeviceList, DeviceProbe};
 
-use super::devices::{local_devices, make_probe, server_id};
+use atlasboost::probe::{local_devices, make_probe};
+
+use super::devices::server_id;
 use super::write_output;
 use crate::cli::RanktableArgs;
 use crate::error::CliError;
@@ -19,7 +21,7 @@ use crate::printer::Printer;
 pub fn run(args: &RanktableArgs, printer: &Printer) -> Result<(), CliError> {
     let server_id = server_id(&args.devices)?;
     printer.detail(&format!("server_id: {server_id}"));
-    let probe = make_probe(&args.devices.discovery, &server_id)?;
+    let probe = make_probe(&args.devices.discovery.resolve(), &server_id)?;
     write_local_table(args, probe.as_ref(), &server_id, printer)
 }
 

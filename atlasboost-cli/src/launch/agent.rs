@@ -8,28 +8,28 @@
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use atlasboost::host::free_port;
+use atlasboost::probe::{ProbeError, local_devices, make_probe};
+use atlasboost::settings::Discovery;
 use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
     BuildOptions, RankOrder, RankTable, build_table, chip_of_devices,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
-use atlasboost_core::{Chip, Device, select_devices};
+use atlasboost_core::{Chip, Device};
 use atlasboost_tcp::{Combiner, ParticipantConfig, Replies, Secret, ZmqRendezvous};
 use serde::{Deserialize, Serialize};
 
-use super::channel::{self, Up};
+use super::channel::{self, AgentConfig, Up, WorkerSettings};
 use super::lifeline::Lifeline;
 use super::output::Output;
 use super::plan::{HostPlan, Offer, assign_workers};
 use super::supervise::{self, RunPlan, Signals, WorkerPlan};
-use crate::cli::DiscoveryArgs;
-use crate::commands::devices::make_probe;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 
@@ -158,7 +158,7 @@ pub struct AgentJob {
     /// Its host's server id.
     pub server_id: String,
     /// How to find devices.
-    pub discovery: DiscoveryArgs,
+    pub discovery: Discovery,
     /// The coordinator.
     pub endpoint: String,
     /// The job's id.
@@ -234,74 +234,9 @@ pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Pr
     })
 }
 
-fn probe(discovery: &DiscoveryArgs, server_id: &str) -> Result<Vec<Device>, CliError> {
+fn probe(discovery: &Discovery, server_id: &str) -> Result<Vec<Device>, ProbeError> {
     let probe = make_probe(discovery, server_id)?;
-    let devices = probe.probe()?;
-    if devices.is_empty() {
-        return Err(CliError::Failure(format!(
-            "the {} probe found no devices",
-            probe.name()
-        )));
-    }
-    Ok(match &discovery.devices {
-        Some(list) => select_devices(devices, list)?,
-        None => devices,
-    })
-}
-
-/// A port nobody listens on right now on `addr` (the kernel's pick), for `MASTER_PORT`; 0 if
-/// none.
-pub(crate) fn free_port(addr: &str) -> u16 {
-    TcpListener::bind((addr, 0))
-        .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
-        .and_then(|l| l.local_addr())
-        .map_or(0, |a| a.port())
-}
-
-/// How every host's workers run: the same for all hosts of a job.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WorkerSettings {
-    /// `tensorflow`, `mindspore` or `pytorch`.
-    pub framework: String,
-    /// The command and its arguments.
-    pub command: Vec<OsString>,
-    /// The workers' directory.
-    pub wdir: PathBuf,
-    /// Where the table is written (absolute).
-    pub rank_table: PathBuf,
-    /// Variables set on top of the host's environment and the job's: `-x` exports and, for
-    /// remote hosts, the launcher's variables that SPEC §9 forwards.
-    pub env: Vec<(OsString, OsString)>,
-    /// SIGTERM to SIGKILL, in milliseconds.
-    pub grace_ms: u64,
-}
-
-/// Everything a remote agent needs, sent as one JSON line on its standard input.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AgentConfig {
-    /// Its index in the rendezvous.
-    pub index: usize,
-    /// The number of hosts.
-    pub hosts: usize,
-    /// Its host's server id.
-    pub server_id: String,
-    /// Its host, as the launcher names it in messages.
-    pub host: String,
-    /// The launcher's host name, for the record of the table's lock.
-    #[serde(default)]
-    pub launcher: String,
-    /// The device-discovery options, as command-line arguments (`--sim 8`, `--devices 0-3`).
-    pub discovery: Vec<String>,
-    /// The coordinator.
-    pub endpoint: String,
-    /// The job's id.
-    pub job_id: String,
-    /// The job's secret, in hex.
-    pub secret: String,
-    /// How long to wait for the launcher's answer, in milliseconds.
-    pub timeout_ms: u64,
-    /// How the workers run.
-    pub workers: WorkerSettings,
+    local_devices(probe.as_ref(), discovery.devices.as_ref())
 }
 
 /// The workers of one host: one per table entry of the host, in rank order, with their
@@ -363,38 +298,6 @@ pub fn host_workers(
     }
     workers.sort_by_key(|w| w.rank);
     Ok(workers)
-}
-
-/// The discovery options as arguments, for a remote agent to parse as the launcher did.
-pub fn discovery_args(d: &DiscoveryArgs) -> Vec<String> {
-    let mut args = vec!["--probe".to_string(), d.probe.as_str().to_string()];
-    if let Some(n) = d.sim {
-        args.extend(["--sim".into(), n.to_string()]);
-        args.extend(["--sim-chip".into(), d.sim_chip.clone()]);
-        if d.sim_ipv6 {
-            args.push("--sim-ipv6".into());
-        }
-    }
-    if let Some(list) = &d.devices {
-        args.extend(["--devices".into(), list.to_string()]);
-    }
-    if let Some(path) = &d.hccn_conf {
-        args.extend(["--hccn-conf".into(), path.to_string_lossy().into_owned()]);
-    }
-    args
-}
-
-/// Parses what [`discovery_args`] made.
-fn parse_discovery(args: &[String]) -> Result<DiscoveryArgs, CliError> {
-    #[derive(clap::Parser)]
-    struct Discovery {
-        #[command(flatten)]
-        d: DiscoveryArgs,
-    }
-    let argv = std::iter::once("agent".to_string()).chain(args.iter().cloned());
-    <Discovery as clap::Parser>::try_parse_from(argv)
-        .map(|p| p.d)
-        .map_err(|e| CliError::Usage(format!("the launcher's discovery options: {e}")))
 }
 
 /// `atlasboost agent`: the remote side of a launch. Reads its [`AgentConfig`] from the first
@@ -504,8 +407,7 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
     // Before the rendezvous: a host whose table path another job holds fails the job before
     // any worker starts anywhere.
     let launcher = Some(config.launcher.as_str()).filter(|l| !l.is_empty());
-    let _table_lock = super::lock_table(&settings.rank_table, &config.job_id, launcher)?;
-    let discovery = parse_discovery(&config.discovery)?;
+    let _table_lock = super::job::lock_table(&settings.rank_table, &config.job_id, launcher)?;
     let secret = Secret::from_hex(&config.secret)
         .ok_or_else(|| CliError::Usage("the job's secret is not hex".into()))?;
     supervise::raise_fd_limit();
@@ -516,7 +418,7 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
         index: config.index,
         hosts: config.hosts,
         server_id: config.server_id.clone(),
-        discovery,
+        discovery: config.discovery.clone(),
         endpoint: config.endpoint.clone(),
         job_id: config.job_id.clone(),
         secret,
@@ -713,13 +615,14 @@ mod tests {
                         index,
                         hosts: 2,
                         server_id: h.server_id.clone(),
-                        discovery: DiscoveryArgs {
-                            probe: crate::cli::ProbeKind::Sim,
+                        discovery: Discovery {
+                            probe: atlasboost::settings::ProbeKind::Sim,
                             sim: Some(4),
                             sim_chip: "910".into(),
                             sim_ipv6: false,
                             hccn_conf: None,
                             devices: None,
+                            origin: atlasboost::settings::Origin::CommandLine,
                         },
                         endpoint: coordinator.endpoint().to_string(),
                         job_id: "t".into(),

@@ -6,7 +6,7 @@
 //! for a network that goes silent without closing anything).
 //!
 //! - **Down** (launcher → agent, the agent's stdin): text lines. The first is the
-//!   [`AgentConfig`](super::agent::AgentConfig) as JSON, which carries the job's secret, so the
+//!   [`AgentConfig`] as JSON, which carries the job's secret, so the
 //!   secret is never on a command line or in a file. Then `hb` (heartbeat) once a second, and
 //!   `sig <n>` to pass signal `n` to every worker's process group. End of input means the
 //!   launcher is gone.
@@ -14,17 +14,90 @@
 //!   `kind (1 byte) | rank (u32, big-endian) | length (u32, big-endian) | payload`. Bytes before
 //!   `HELLO` (a login script that prints) are skipped and reported.
 
-use nix::sys::signal::Signal;
+use std::ffi::OsString;
+use std::path::PathBuf;
 
-use super::output::Stream;
+use atlasboost::settings::Discovery;
+use nix::sys::signal::Signal;
+use serde::{Deserialize, Serialize};
+
 use crate::exit::ExitCodes;
+
+/// How every host's workers run: the same for all hosts of a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerSettings {
+    /// `tensorflow`, `mindspore` or `pytorch`.
+    pub framework: String,
+    /// The command and its arguments.
+    pub command: Vec<OsString>,
+    /// The workers' directory.
+    pub wdir: PathBuf,
+    /// Where the table is written (absolute).
+    pub rank_table: PathBuf,
+    /// Variables set on top of the host's environment and the job's: `-x` exports and, for
+    /// remote hosts, the launcher's variables that SPEC §9 forwards.
+    pub env: Vec<(OsString, OsString)>,
+    /// SIGTERM to SIGKILL, in milliseconds.
+    pub grace_ms: u64,
+}
+
+/// Everything a remote agent needs, sent as one JSON line on its standard input.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentConfig {
+    /// Its index in the rendezvous.
+    pub index: usize,
+    /// The number of hosts.
+    pub hosts: usize,
+    /// Its host's server id.
+    pub server_id: String,
+    /// Its host, as the launcher names it in messages.
+    pub host: String,
+    /// The launcher's host name, for the record of the table's lock.
+    #[serde(default)]
+    pub launcher: String,
+    /// How to find devices, as the launcher resolved its flags.
+    pub discovery: Discovery,
+    /// The coordinator.
+    pub endpoint: String,
+    /// The job's id.
+    pub job_id: String,
+    /// The job's secret, in hex.
+    pub secret: String,
+    /// How long to wait for the launcher's answer, in milliseconds.
+    pub timeout_ms: u64,
+    /// How the workers run.
+    pub workers: WorkerSettings,
+}
+
+/// Which of a worker's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+impl Stream {
+    /// `stdout` or `stderr`, as in tags and log file names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
 
 /// What an agent writes before its first frame; the number is the protocol's version (2: the
 /// lines frames, `O` and `E`).
-pub const HELLO: &[u8] = b"\x00atlasboost-agent-2\n";
+pub const HELLO: &[u8] = b"\x00atlasboost-agent-3\n";
+
+/// A line longer than this is passed on in pieces of this size, so that a worker printing
+/// without newlines cannot make the launcher hold unbounded memory.
+pub const MAX_LINE: usize = 1 << 20;
 
 /// The largest payload of a frame: a line piece (1 MiB) with room for a message.
-pub const MAX_PAYLOAD: usize = super::output::MAX_LINE + 4096;
+pub const MAX_PAYLOAD: usize = MAX_LINE + 4096;
 
 /// How often each side sends a heartbeat.
 pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);

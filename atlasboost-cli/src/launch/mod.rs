@@ -12,6 +12,7 @@
 
 pub mod agent;
 pub mod channel;
+pub mod job;
 pub mod lifeline;
 pub mod mpi;
 pub mod output;
@@ -23,40 +24,38 @@ pub mod supervise;
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use atlasboost_core::EnvVars;
-use atlasboost_core::ranktable::{BuildOptions, LockOwner, RankOrder, RankTable, TableLock};
+use atlasboost_core::ranktable::{BuildOptions, RankOrder, RankTable};
 use atlasboost_tcp::{Coordinator, CoordinatorConfig, Secret};
 use nix::sys::signal::Signal;
 
 use self::agent::{
-    AgentConfig, AgentJob, Decision, Prepared, TablePolicy, WorkerSettings, discovery_args,
-    host_workers, launch_combiner, run_agent,
+    AgentJob, Decision, Prepared, TablePolicy, host_workers, launch_combiner, run_agent,
 };
-use self::channel::Up;
+use self::channel::{AgentConfig, Up, WorkerSettings};
+use self::job::{
+    check_before_start, job_logs, lock_table, new_job_id, rendezvous_address, report,
+    resolve_exports, worker_dir,
+};
 use self::lifeline::Lifeline;
 use self::output::{Output, OutputOptions};
 use self::plan::{
     HostPlan, check_np, parse_host_list, parse_hostfile, resolve_hosts, this_machine,
 };
 use self::remote::{Remote, SshOptions};
-use self::supervise::{JobResult, Role, RunPlan, Signals, WorkerPlan, WorkerResult, run_workers};
+use self::supervise::{Role, RunPlan, Signals, WorkerPlan, run_workers};
 use crate::cli::{RankOrderArg, RunArgs};
 use crate::commands::counted;
-use crate::commands::devices::make_probe;
 use crate::error::CliError;
 use crate::printer::{Printer, to_stderr};
 
 /// How much longer an agent waits for the launcher's answer than the launcher waits for the
 /// agents, so that a timeout is reported by the one that knows who is missing.
 const AGENT_SLACK: Duration = Duration::from_secs(2);
-
-/// Jobs with more workers than this get a shorter summary: counts and the failures only.
-const FULL_SUMMARY_MAX: usize = 64;
 
 /// Runs `atlasboost run` and returns the exit code (the first failed worker's, 128+N after a
 /// signal, 0 when every worker succeeded).
@@ -75,7 +74,7 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let signals = Signals::block()?;
     let hosts = plan_hosts(args)?;
     // Refuse what cannot work before anything starts.
-    make_probe(&args.discovery, &hosts[0].server_id)?;
+    atlasboost::probe::make_probe(&args.discovery.resolve(), &hosts[0].server_id)?;
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
@@ -175,32 +174,6 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     Ok(result.exit_code)
 }
 
-/// What can be refused before any worker starts, with or without `--mpi`: an empty command,
-/// `--ranks` beyond the job's size (when it is known), a log directory that cannot be made.
-fn check_before_start(args: &RunArgs, size: Option<u64>) -> Result<(), CliError> {
-    if args.command.first().is_none_or(|c| c.is_empty()) {
-        return Err(CliError::Usage("the command to run is empty".into()));
-    }
-    if let (Some(list), Some(size)) = (&args.ranks, size)
-        && let Some(bad) = list.ranks.iter().find(|r| u64::from(**r) >= size)
-    {
-        return Err(CliError::Usage(format!(
-            "--ranks {}: rank {bad} is not in this job of {size} ranks (0-{})",
-            list.text,
-            size.saturating_sub(1)
-        )));
-    }
-    if let Some(dir) = &args.log_dir {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            CliError::Failure(format!(
-                "cannot create log directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-    }
-    Ok(())
-}
-
 /// What every step of a launch needs to know.
 struct Launch<'a> {
     args: &'a RunArgs,
@@ -227,75 +200,6 @@ fn plan_hosts(args: &RunArgs) -> Result<Vec<HostPlan>, CliError> {
     Ok(hosts)
 }
 
-/// Where the coordinator listens: `--rendezvous-addr`; else, with remote hosts, this machine's
-/// address on the route to the first of them; else loopback.
-fn rendezvous_address(args: &RunArgs, hosts: &[HostPlan]) -> Result<IpAddr, CliError> {
-    if let Some(a) = args.rendezvous_addr {
-        return Ok(a);
-    }
-    let Some(remote) = hosts.iter().find(|h| !h.local) else {
-        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    };
-    let target: IpAddr = remote
-        .server_id
-        .parse()
-        .map_err(|_| CliError::Failure(format!("host {} has no IP address", remote.describe())))?;
-    let ours = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
-        .and_then(|s| s.connect((target, 9)).and_then(|()| s.local_addr()))
-        .map_err(|e| {
-            CliError::Failure(format!(
-                "no route to host {} ({e}); pass --rendezvous-addr",
-                remote.describe()
-            ))
-        })?
-        .ip();
-    if ours.is_loopback() && !target.is_loopback() {
-        return Err(CliError::Failure(format!(
-            "the route to host {} leaves from loopback address {ours}, which that host cannot \
-             reach; pass --rendezvous-addr",
-            remote.describe()
-        )));
-    }
-    Ok(ours)
-}
-
-/// The workers' directory, absolute. It must exist here when a host is this machine; remote
-/// agents check it on their hosts.
-fn worker_dir(args: &RunArgs, check_here: bool) -> Result<PathBuf, CliError> {
-    let cwd = std::env::current_dir()
-        .map_err(|e| CliError::Failure(format!("cannot read the current directory: {e}")))?;
-    let dir = match &args.wdir {
-        Some(d) => cwd.join(d),
-        None => cwd,
-    };
-    if check_here && !dir.is_dir() {
-        return Err(CliError::Usage(format!(
-            "--wdir {}: not a directory",
-            dir.display()
-        )));
-    }
-    Ok(dir)
-}
-
-/// `-x NAME=VALUE` as given; `-x NAME` takes this shell's value, and must have one.
-fn resolve_exports(
-    exports: &[(String, Option<String>)],
-) -> Result<Vec<(OsString, OsString)>, CliError> {
-    exports
-        .iter()
-        .map(|(name, value)| match value {
-            Some(v) => Ok((name.into(), v.into())),
-            None => std::env::var_os(name)
-                .map(|v| (name.into(), v))
-                .ok_or_else(|| {
-                    CliError::Usage(format!(
-                        "-x {name}: {name} is not set in this shell; give -x {name}=VALUE"
-                    ))
-                }),
-        })
-        .collect()
-}
-
 /// The launcher's variables that remote workers receive too (SPEC §9).
 fn forwarded_env() -> Vec<(OsString, OsString)> {
     const NAMES: [&str; 3] = ["PATH", "LD_LIBRARY_PATH", "PYTHONPATH"];
@@ -315,38 +219,6 @@ fn forwarded_env() -> Vec<(OsString, OsString)> {
                 .is_some_and(|k| NAMES.contains(&k) || PREFIXES.iter().any(|p| k.starts_with(p)))
         })
         .collect()
-}
-
-/// This host's lock of the table at `path` for job `job_id` (launched from `launcher`, this
-/// host when `None`), held until the job ends: a path another running job holds is refused,
-/// naming that job.
-pub(crate) fn lock_table(
-    path: &Path,
-    job_id: &str,
-    launcher: Option<&str>,
-) -> Result<TableLock, CliError> {
-    TableLock::acquire(path, &LockOwner::this_process(job_id, launcher))
-        .map_err(CliError::TableLock)
-}
-
-/// `--log-dir DIR`'s directory for this job, `DIR/<job id>` (see [`output::job_log_dir`]).
-fn job_logs(args: &RunArgs, job_id: &str, printer: &Printer) -> Result<Option<PathBuf>, CliError> {
-    let Some(dir) = &args.log_dir else {
-        return Ok(None);
-    };
-    let (logs, warning) = output::job_log_dir(dir, job_id)?;
-    if let Some(w) = warning {
-        printer.status(&w);
-    }
-    Ok(Some(logs))
-}
-
-/// A new job's id: `ab-` and 12 random hex digits.
-fn new_job_id() -> Result<String, CliError> {
-    let hex = Secret::random()
-        .map(|s| s.to_hex())
-        .map_err(|e| CliError::Failure(format!("cannot read random bytes: {e}")))?;
-    Ok(format!("ab-{}", &hex[..12]))
 }
 
 /// How the join ended.
@@ -440,7 +312,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             server_id: host.server_id.clone(),
             host: host.describe(),
             launcher: launcher_name.clone(),
-            discovery: discovery_args(&args.discovery),
+            discovery: args.discovery.resolve(),
             endpoint: endpoint.clone(),
             job_id: launch.job_id.to_string(),
             secret: secret.to_hex(),
@@ -459,7 +331,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             index,
             hosts: hosts.len(),
             server_id: host.server_id.clone(),
-            discovery: args.discovery.clone(),
+            discovery: args.discovery.resolve(),
             endpoint: endpoint.clone(),
             job_id: launch.job_id.to_string(),
             secret: secret.clone(),
@@ -736,84 +608,4 @@ fn plan_workers(launch: &Launch<'_>, joined: &JoinedHosts) -> Result<Vec<WorkerP
             .all(|w| w.env.iter().any(|(k, _)| k == EnvVars::RANK_TABLE_FILE))
     );
     Ok(workers)
-}
-
-/// The end-of-job summary on stderr, and the first failure with its last stderr lines.
-fn report(result: &JobResult, elapsed: Duration, logs: Option<&Path>, printer: &Printer) {
-    let count = |f: &dyn Fn(&WorkerResult) -> bool| result.workers.iter().filter(|w| f(w)).count();
-    let succeeded = count(&|w| w.ending.is_some_and(|e| e.code() == 0));
-    let stopped = count(&|w| w.stopped && w.ending.is_some_and(|e| e.code() != 0));
-    let failed = result.workers.len() - succeeded - stopped;
-    let mut text = format!(
-        "atlasboost: {} finished in {:.2} s: {succeeded} succeeded, {failed} failed, {stopped} stopped\n",
-        counted(result.workers.len(), "rank"),
-        elapsed.as_secs_f64(),
-    );
-    let host_width = result
-        .workers
-        .iter()
-        .map(|w| w.host.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    text.push_str(&format!(
-        "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>9}\n",
-        "rank", "host", "device", "status", "time"
-    ));
-    let full = result.workers.len() <= FULL_SUMMARY_MAX;
-    for w in &result.workers {
-        let status = match w.ending {
-            None => "not run".to_string(),
-            Some(e) if w.stopped && e.code() != 0 => format!("stopped ({})", e.describe()),
-            Some(e) => e.describe(),
-        };
-        if full || w.ending.is_some_and(|e| e.code() != 0) {
-            text.push_str(&format!(
-                "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>7.2} s\n",
-                w.rank,
-                w.host,
-                w.device,
-                status,
-                w.run_time.as_secs_f64()
-            ));
-        }
-    }
-    if !full {
-        text.push_str(&format!("  (the other {succeeded} ranks succeeded)\n"));
-    }
-    if let Some(dir) = logs {
-        text.push_str(&format!("  logs: {}\n", dir.display()));
-    }
-    printer.status(text.trim_end());
-    if let Some(h) = &result.host_failure {
-        printer.error(&format!(
-            "error: host {} failed first: {}",
-            h.host, h.message
-        ));
-    } else if let Some(s) = result.interrupted {
-        printer.error(&format!(
-            "error: stopped by {}; exit code {}",
-            s.as_str(),
-            result.exit_code
-        ));
-    } else if let Some(i) = result.first_failure {
-        let w = &result.workers[i];
-        let mut text = format!(
-            "error: rank {} (host {}, device {}) failed first: {} after {:.2} s",
-            w.rank,
-            w.host,
-            w.device,
-            w.ending.map_or("?".into(), |e| e.describe()),
-            w.run_time.as_secs_f64()
-        );
-        if w.tail.is_empty() {
-            text.push_str("; it wrote nothing on stderr");
-        } else {
-            text.push_str("; its last stderr lines:");
-            for l in &w.tail {
-                text.push_str(&format!("\n  [{}]<stderr>:{l}", w.rank));
-            }
-        }
-        printer.error(&text);
-    }
 }

@@ -22,6 +22,10 @@ use atlasboost_core::launch_context;
 use atlasboost_tcp::Secret;
 
 use super::channel::{self, Up};
+use super::job::{
+    check_before_start, job_logs, lock_table, new_job_id, rendezvous_address, report,
+    resolve_exports, worker_dir,
+};
 use super::lifeline::Lifeline;
 use super::output::{Output, OutputOptions};
 use super::plan::{HostSpec, parse_host_list, parse_hostfile, resolve_hosts};
@@ -29,9 +33,9 @@ use super::relay::{Introduction, RelayDoor, introduce};
 use super::supervise::{
     self, MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
 };
-use super::{job_logs, new_job_id, rendezvous_address, resolve_exports, worker_dir};
+use atlasboost::settings::ProbeKind;
+
 use crate::cli::{RankOrderArg, RunArgs};
-use crate::commands::devices::make_probe;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 use crate::printer::{Printer, to_stderr};
@@ -69,7 +73,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         Some(n) => n,
         None => default_np(args, &hosts)?,
     };
-    super::check_before_start(args, Some(u64::from(np)))?;
+    check_before_start(args, Some(u64::from(np)))?;
     let wdir = worker_dir(args, true)?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
@@ -77,7 +81,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     // With every rank here, the table's lock is taken before mpirun starts, so a clash fails
     // at once; the workers' init() shares it (same job id). On other hosts init() takes it.
     let _table_lock = match hosts.is_empty() {
-        true => Some(super::lock_table(&table_path, &job_id, None)?),
+        true => Some(lock_table(&table_path, &job_id, None)?),
         false => None,
     };
     // The relays connect here: loopback when every rank is on this machine, else this
@@ -110,7 +114,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
         job_id: &job_id,
         exports: &exports,
         as_root: nix::unistd::geteuid().is_root(),
-        master_port: Some(super::agent::free_port("0.0.0.0")).filter(|p| *p != 0),
+        master_port: Some(atlasboost::host::free_port("0.0.0.0")).filter(|p| *p != 0),
         relay: &relay,
         relay_address: &relay_address.to_string(),
         relay_local: door.local_name(),
@@ -172,7 +176,7 @@ pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     );
     lifeline.close();
     let result = result?;
-    super::report(&result, started.elapsed(), logs.as_deref(), printer);
+    report(&result, started.elapsed(), logs.as_deref(), printer);
     Ok(result.exit_code)
 }
 
@@ -257,7 +261,7 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
         ),
         (
             EnvVars::ATLASBOOST_PROBE.into(),
-            args.discovery.probe.as_str().into(),
+            ProbeKind::from(args.discovery.probe).as_str().into(),
         ),
         (EnvVars::PYTHONUNBUFFERED.into(), "1".into()),
         (
@@ -338,10 +342,11 @@ fn refuse_unsupported(args: &RunArgs) -> Result<(), CliError> {
 /// Without `-n`: the sum of the hosts' slots, or every device of this machine.
 fn default_np(args: &RunArgs, hosts: &[HostSpec]) -> Result<u32, CliError> {
     if hosts.is_empty() {
-        let server = crate::host::primary_ipv4()
+        // Only to count this machine's devices: any name will do.
+        let server = atlasboost::host::primary_ipv4()
             .map(|ip| ip.to_string())
             .unwrap_or_else(|_| "127.0.0.1".into());
-        let devices = make_probe(&args.discovery, &server)?.probe()?;
+        let devices = atlasboost::probe::make_probe(&args.discovery.resolve(), &server)?.probe()?;
         return match u32::try_from(devices.len()) {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(CliError::Failure(

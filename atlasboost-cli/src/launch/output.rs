@@ -15,11 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use atlasboost_core::time::iso8601;
 
+use super::channel::{MAX_LINE, Stream};
 use crate::error::CliError;
-
-/// A line longer than this is passed on in pieces of this size, so that a worker printing
-/// without newlines cannot make the launcher hold unbounded memory.
-pub const MAX_LINE: usize = 1 << 20;
 
 /// A write that takes this long means the reader is not keeping up.
 const STALL: Duration = Duration::from_millis(250);
@@ -29,25 +26,6 @@ pub const TAIL_LINES: usize = 10;
 
 /// A tail line longer than this is shortened in the failure report.
 const TAIL_LINE_BYTES: usize = 512;
-
-/// Which of a worker's two output streams.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    /// Standard output.
-    Stdout,
-    /// Standard error.
-    Stderr,
-}
-
-impl Stream {
-    /// `stdout` or `stderr`, as in tags and log file names.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-        }
-    }
-}
 
 /// Cuts a byte stream into lines ending in `\n`, `\r` or `\r\n`, across reads.
 #[derive(Debug, Default)]

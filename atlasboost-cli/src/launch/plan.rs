@@ -8,7 +8,7 @@ use std::path::Path;
 use atlasboost_core::Device;
 
 use crate::error::CliError;
-use crate::host::primary_ipv4;
+use atlasboost::host::primary_ipv4;
 
 /// A host as the user wrote it, before it is resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,7 +175,11 @@ pub fn resolve_hosts(specs: &[HostSpec]) -> Result<Vec<HostPlan>, CliError> {
 ///
 /// [`CliError::Failure`] when this machine has no usable IPv4 address.
 pub fn this_machine() -> Result<HostPlan, CliError> {
-    let ip = primary_ipv4().map_err(|why| CliError::Failure(format!("{why} (or -H 127.0.0.1)")))?;
+    let ip = primary_ipv4().map_err(|e| {
+        CliError::Failure(format!(
+            "{e}; pass -H with this host's address (or -H 127.0.0.1)"
+        ))
+    })?;
     Ok(HostPlan {
         name: ip.to_string(),
         server_id: ip.to_string(),

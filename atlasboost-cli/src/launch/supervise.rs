@@ -25,13 +25,15 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 mod mpirun;
+mod mpirun_state;
 
-use self::mpirun::Mpirun;
 pub use self::mpirun::{MpirunPlan, run_mpirun};
+use self::mpirun_state::Mpirun;
 pub use super::channel::Ending;
+use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
 use super::lifeline::Lifeline;
-use super::output::{LineSplitter, Output, Stream};
+use super::output::{LineSplitter, Output};
 use super::remote::Remote;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -1346,7 +1348,7 @@ fn orphans(own: &[u32]) -> Vec<Pid> {
             |_| Vec::new(),
             |dir| {
                 dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                    .filter(|&pid| crate::host::process_stat(pid).is_some_and(|p| p.ppid == me))
+                    .filter(|&pid| crate::process::process_stat(pid).is_some_and(|p| p.ppid == me))
                     .collect()
             },
         )

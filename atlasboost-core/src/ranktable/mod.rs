@@ -6,6 +6,7 @@ mod lock;
 mod merge;
 mod model;
 mod node;
+mod parse;
 mod validate;
 mod write;
 

@@ -4,7 +4,7 @@
 //! `atlasboost_init()` once; it finds the process's place in the job, makes sure the rank table
 //! is written on its host and sets the job's variables (`RANK_TABLE_FILE`, `RANK_ID`,
 //! `DEVICE_ID`, ...) in the process environment. The queries then say where the process stands.
-//! This crate is a thin layer over `atlasboost_cli::init::session`: every decision is made
+//! This crate is a thin layer over `atlasboost_lib::init::session`: every decision is made
 //! there, in Rust; here a C string becomes a framework, a Rust error becomes an error code and a
 //! message, and no panic leaves.
 //!
@@ -80,8 +80,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::{Mutex, MutexGuard};
 
-use atlasboost_cli::init::{InitError, InitOptions, Job, session};
 use atlasboost_core::worker_env::Framework;
+use atlasboost_lib::init::{InitError, InitOptions, Job, session};
 
 // The codes are written `0 - n` so that cbindgen writes `#define ATLASBOOST_ERR_... (0 - n)`:
 // a bare `-n` in a macro would turn `x-ATLASBOOST_ERR_CONFIG` into `x--4`.
@@ -172,8 +172,6 @@ fn error_code(e: &InitError) -> c_int {
         InitError::Rendezvous { .. } => ATLASBOOST_ERR_RENDEZVOUS,
         InitError::RankTable(_) => ATLASBOOST_ERR_RANK_TABLE,
         InitError::NotInitialized => ATLASBOOST_ERR_NOT_INITIALIZED,
-        // `InitError` is non-exhaustive: a kind added later is a bug here until it has a code.
-        _ => ATLASBOOST_ERR_INTERNAL,
     }
 }
 
@@ -447,7 +445,7 @@ pub extern "C" fn atlasboost_build_info() -> *const c_char {
         // VERSION has no NUL in it; were it to, the message would still be a C string.
         CString::new(format!(
             "atlasboost {}",
-            atlasboost_cli::build_info::VERSION
+            atlasboost_lib::build_info::VERSION
         ))
         .unwrap_or_default()
     })

@@ -17,17 +17,24 @@ maturin's own build arguments (`MATURIN_PEP517_ARGS`, `-C build-args=...`) requi
 The choice is printed (`pip install -v` shows it) and the installed package tells it:
 `atlasboost.build_info()`, `atlasboost --version`.
 
+The wheel also carries the `atlasboost` command (`atlasboost/_bin/atlasboost`, built here
+from `atlasboost-cli` with the same features, into the python source directory and removed
+again after a wheel is made): the console script and `python -m atlasboost` run it, so the
+native module links library mode only.
+
 Everything else is maturin's: every hook delegates to it.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 VARIABLE = "ATLASBOOST_WITH_MPI"
@@ -144,7 +151,49 @@ def asks_for_mpi(args: list) -> bool:
     return False
 
 
-def build(hook: Callable, directory: str, config_settings, metadata_directory):
+# bindings/python: the package's directory, with the Cargo workspace above it.
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+COMMAND = PACKAGE_DIR / "python" / "atlasboost" / "_bin" / "atlasboost"
+
+
+def place_command(features: list) -> None:
+    """Builds the `atlasboost` command (release, `features`) and copies it to COMMAND, where
+    maturin packs it with the python sources. Raises SystemExit (as maturin's failures do)
+    when cargo fails."""
+    cmd = ["cargo", "build", "--release", "-p", "atlasboost-cli", *features,
+           "--message-format=json-render-diagnostics"]
+    print(f"atlasboost build: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    try:
+        done = subprocess.run(cmd, cwd=PACKAGE_DIR, stdout=subprocess.PIPE, text=True)
+    except OSError as e:
+        raise SystemExit(f"atlasboost build: cannot run cargo: {e}") from None
+    if done.returncode != 0:
+        raise SystemExit(f"atlasboost build: building the atlasboost command failed "
+                         f"(cargo exited {done.returncode}, above)")
+    built = None
+    for line in done.stdout.splitlines():
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        target = message.get("target") or {}
+        if (message.get("reason") == "compiler-artifact" and target.get("name") == "atlasboost"
+                and "bin" in target.get("kind", []) and message.get("executable")):
+            built = message["executable"]
+    if built is None:
+        raise SystemExit("atlasboost build: cargo built no atlasboost executable")
+    COMMAND.parent.mkdir(exist_ok=True)
+    shutil.copyfile(built, COMMAND)
+    COMMAND.chmod(0o755)
+
+
+def remove_command() -> None:
+    """Removes what place_command put in the source tree (a built wheel has it)."""
+    shutil.rmtree(COMMAND.parent, ignore_errors=True)
+
+
+def build(hook: Callable, directory: str, config_settings, metadata_directory,
+          editable: bool = False):
     """Runs maturin's `hook` with `--features mpi` added to its build arguments when chosen.
     Found (not required) MPI support whose build fails is built without, saying why: a broken
     MPI installation must not make the package uninstallable."""
@@ -168,19 +217,30 @@ def build(hook: Callable, directory: str, config_settings, metadata_directory):
         s["maturin.build-args"] = shlex.join(args[:at] + extra + args[at:])
         return s
 
+    def attempt(features: list) -> str:
+        place_command(["--features", "mpi"] if choice.mpi and (features or asks_for_mpi(args))
+                      else [])
+        try:
+            return hook(directory, settings(features), metadata_directory)
+        finally:
+            # An editable install runs the sources in place, the command with them.
+            if not editable:
+                remove_command()
+
     said = "yes" if choice.mpi else "no"
     print(f"atlasboost build: MPI support: {said} ({choice.why})", file=sys.stderr, flush=True)
     if not choice.mpi or asks_for_mpi(args):
-        return hook(directory, settings([]), metadata_directory)
+        return attempt([])
     try:
-        return hook(directory, settings(["--features", "mpi"]), metadata_directory)
+        return attempt(["--features", "mpi"])
     except SystemExit:
         if required:
             raise
         print(f"atlasboost build: the build with MPI support failed (above); building without it. "
               f"Set {VARIABLE}=1 to make that an error, or {VARIABLE}=0 to skip the attempt.",
               file=sys.stderr, flush=True)
-        return hook(directory, settings([]), metadata_directory)
+        choice = Choice(False, "its build failed")
+        return attempt([])
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
@@ -192,7 +252,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     import maturin
 
-    return build(maturin.build_editable, wheel_directory, config_settings, metadata_directory)
+    return build(maturin.build_editable, wheel_directory, config_settings, metadata_directory,
+                 editable=True)
 
 
 def build_sdist(sdist_directory, config_settings=None):

@@ -1,9 +1,10 @@
 //! `atlasboost._atlasboost`, the native module of the `atlasboost` Python package.
 //!
 //! The package (`bindings/python/python/atlasboost`) is written in Python around this module:
-//! this crate only turns Python calls into calls of [`atlasboost_cli`] and its errors into
-//! Python exceptions. Library mode is `atlasboost_cli::init::session` (one process-wide job);
-//! the console script is [`atlasboost_cli::main_with`].
+//! this crate only turns Python calls into calls of the [`atlasboost`] library and its errors
+//! into Python exceptions. Library mode is `atlasboost::init::session` (one process-wide job).
+//! The console script is not here: the package ships the `atlasboost` command itself
+//! (`atlasboost/_bin/atlasboost`), so this module links no command line and no launcher.
 //!
 //! ```python
 //! import atlasboost.tensorflow.mpi_ops as atlasboost
@@ -14,13 +15,13 @@
 //! What it does not do: set the environment (the Python package writes `init()`'s variables
 //! to `os.environ`, which keeps Python's view and the C environment in step), or talk to
 //! MindSpore and torch_npu (the package does, and only when they are installed). Every call
-//! that may wait (the rendezvous, a whole `atlasboost run`, MPI's finalisation) releases the
+//! that may wait (the rendezvous, MPI's finalisation) releases the
 //! GIL.
 #![deny(missing_docs)]
 
 use std::ffi::OsString;
 
-use atlasboost_cli::init::{InitError, InitOptions, Job, session};
+use atlasboost::init::{InitError, InitOptions, Job, session};
 use atlasboost_core::worker_env::Framework;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -129,9 +130,6 @@ impl From<Error> for PyErr {
             } => RendezvousError::new_err(message),
             InitError::RankTable(_) => RankTableError::new_err(message),
             InitError::NotInitialized => NotInitializedError::new_err(message),
-            // `InitError` is `#[non_exhaustive]`: a kind added later is still an
-            // AtlasBoostError until it gets its own class here.
-            _ => AtlasBoostError::new_err(message),
         }
     }
 }
@@ -234,7 +232,7 @@ fn shutdown(py: Python<'_>) {
 /// Whether this build does library mode's rendezvous over MPI under `mpirun`.
 #[pyfunction]
 fn mpi_built() -> bool {
-    atlasboost_cli::build_info::MPI
+    atlasboost::build_info::MPI
 }
 
 /// What this build has: `(version, MPI support, the MPI library's version line or None)`.
@@ -242,16 +240,9 @@ fn mpi_built() -> bool {
 fn build_info() -> (&'static str, bool, Option<String>) {
     (
         env!("CARGO_PKG_VERSION"),
-        atlasboost_cli::build_info::MPI,
-        atlasboost_cli::build_info::mpi_library(),
+        atlasboost::build_info::MPI,
+        atlasboost::build_info::mpi_library(),
     )
-}
-
-/// Runs the atlasboost command line (`args` with the program name first) and returns its exit
-/// code; `self_command` is how atlasboost starts itself again (its lifeline, remote agents).
-#[pyfunction]
-fn main(py: Python<'_>, args: Vec<OsString>, self_command: Vec<OsString>) -> u8 {
-    py.detach(move || atlasboost_cli::main_with(args, self_command))
 }
 
 /// The module `atlasboost._atlasboost`.
@@ -279,6 +270,5 @@ fn _atlasboost(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(mpi_built, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
-    m.add_function(wrap_pyfunction!(main, m)?)?;
     Ok(())
 }

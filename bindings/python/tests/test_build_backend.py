@@ -26,6 +26,15 @@ def machine(tmp_path: Path, *, mpicc: bool, libclang: bool, pkg: tuple = ()):
     return {"which": which, "pkg_config": lambda p: p in pkg, "libclang_search": (str(lib),)}
 
 
+def command_builds(monkeypatch) -> list:
+    """Records the backend's builds of the `atlasboost` command (features) and removals,
+    instead of running cargo."""
+    placed: list = []
+    monkeypatch.setattr(backend, "place_command", lambda features: placed.append(list(features)))
+    monkeypatch.setattr(backend, "remove_command", lambda: placed.append("removed"))
+    return placed
+
+
 @pytest.mark.parametrize("value", ["0", "no", "off", "FALSE"])
 def test_zero_builds_without_mpi_whatever_the_machine_has(tmp_path: Path, value: str) -> None:
     choice = backend.choose({backend.VARIABLE: value}, **machine(tmp_path, mpicc=True, libclang=True))
@@ -98,11 +107,14 @@ def test_found_mpi_that_fails_to_build_is_built_without_unless_required(tmp_path
             raise SystemExit(1)
         return "atlasboost-0.1.0.whl"
 
+    placed = command_builds(monkeypatch)
     monkeypatch.setattr(backend, "choose", lambda: backend.Choice(True, "mpicc at /x"))
     monkeypatch.delenv(backend.VARIABLE, raising=False)
     monkeypatch.delenv("MATURIN_PEP517_ARGS", raising=False)
     assert backend.build(hook, str(tmp_path), None, None) == "atlasboost-0.1.0.whl"
     assert calls == ["--features mpi", ""]
+    # The command is built with the features of each attempt, and removed after each.
+    assert placed == [["--features", "mpi"], "removed", [], "removed"]
     monkeypatch.setenv(backend.VARIABLE, "1")
     calls.clear()
     with pytest.raises(SystemExit):
@@ -112,7 +124,17 @@ def test_found_mpi_that_fails_to_build_is_built_without_unless_required(tmp_path
 
 def test_the_feature_goes_before_rustcs_arguments(tmp_path: Path, monkeypatch) -> None:
     calls = []
+    placed = command_builds(monkeypatch)
     monkeypatch.setattr(backend, "choose", lambda: backend.Choice(True, "mpicc at /x"))
     monkeypatch.setenv("MATURIN_PEP517_ARGS", "--release -- -C opt-level=2")
     backend.build(lambda d, settings, m: calls.append(settings["maturin.build-args"]), str(tmp_path), None, None)
     assert calls == ["--release --features mpi -- -C opt-level=2"]
+    assert placed == [["--features", "mpi"], "removed"]
+
+
+def test_an_editable_install_keeps_the_command_in_place(tmp_path: Path, monkeypatch) -> None:
+    placed = command_builds(monkeypatch)
+    monkeypatch.setattr(backend, "choose", lambda: backend.Choice(False, "no MPI found"))
+    monkeypatch.delenv("MATURIN_PEP517_ARGS", raising=False)
+    backend.build(lambda d, settings, m: "w.whl", str(tmp_path), None, None, editable=True)
+    assert placed == [[]]

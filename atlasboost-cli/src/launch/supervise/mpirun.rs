@@ -9,16 +9,15 @@
 //! worker's whole life) may still be on their way when the kernel reports mpirun gone.
 
 use std::ffi::OsString;
-use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 
 use super::super::channel::Down;
 use super::super::output::{LineSplitter, Output, Tail};
 use super::super::relay::{DoorEvent, RelayDoor};
+use super::mpirun_state::Mpirun;
 use super::{
     DRAIN_AFTER_KILL, Ending, JobResult, Lifeline, Role, RunPlan, Running, Signals, Supervisor,
     WorkerPlan, ranges, spawn,
@@ -40,31 +39,6 @@ pub struct MpirunPlan {
     pub door: RelayDoor,
     /// How long the relays may take to connect, once mpirun has started.
     pub timeout: Duration,
-}
-
-/// mpirun, while the launcher of `run --mpi` watches it.
-#[derive(Debug)]
-pub(super) struct Mpirun {
-    pub(super) pid: Pid,
-    pub(super) door: RelayDoor,
-    /// Its stdout and stderr (its own messages: the ranks' output goes through the relays).
-    pub(super) pipes: Vec<(OwnedFd, LineSplitter)>,
-    /// Its last lines, for the message when it fails on its own.
-    tail: Tail,
-    started: Instant,
-    /// When every relay must have connected.
-    deadline: Instant,
-    /// How it ended, and when.
-    pub(super) ended: Option<(Instant, Ending)>,
-    /// Its process group has no process left.
-    group_gone: bool,
-    /// When every rank had ended while mpirun went on.
-    ranks_over: Option<Instant>,
-    /// The launcher signalled it (it lingered after its ranks, or the job was being stopped):
-    /// how it then ended is not a failure of its own.
-    signalled: bool,
-    /// The end is settled: ranks that never came are named, mpirun's own failure judged.
-    pub(super) settled: bool,
 }
 
 /// The launcher of `run --mpi`: starts mpirun, whose ranks are relays that connect to the
@@ -136,22 +110,6 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         signalled: false,
         settled: false,
     })
-}
-
-impl Mpirun {
-    /// Its last lines, for a message.
-    fn said(&self) -> String {
-        self.tail.joined().unwrap_or_else(|| "(nothing)".into())
-    }
-
-    /// Its group's id, once, when its last process (mpirun, or a child of its such as an ssh
-    /// session) is gone: the lifeline must forget it, since the id may be reused.
-    pub(super) fn group_just_gone(&mut self) -> Option<Pid> {
-        let gone =
-            !self.group_gone && self.ended.is_some() && killpg(self.pid, None) == Err(Errno::ESRCH);
-        self.group_gone |= gone;
-        gone.then_some(self.pid)
-    }
 }
 
 impl Supervisor<'_> {

@@ -1,23 +1,39 @@
-"""The `atlasboost` console script: the Rust launcher's command line, run in this process."""
+"""The `atlasboost` console script and `python -m atlasboost`: the `atlasboost` command that
+the package ships (`atlasboost/_bin/atlasboost`, built from `atlasboost-cli` with the package).
+
+The command is a program of its own, not code in this interpreter: the native module holds
+library mode only (no command line, no launcher), and the launcher owns its process (signals,
+its lifeline, `kill -9`), whatever the Python program that starts it does with threads.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+
+def command() -> str:
+    """The path of the package's `atlasboost` command."""
+    path = Path(__file__).resolve().parent / "_bin" / "atlasboost"
+    if not os.access(path, os.X_OK):
+        raise SystemExit(f"atlasboost: the package's command {path} is missing or not executable: "
+                         "reinstall the package (pip install ./bindings/python)")
+    return str(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs `atlasboost ARGS...` (default: this process's arguments) and returns its exit code.
+    """Runs `atlasboost ARGS...` and returns its exit code.
 
-    The console script passes the code to `sys.exit`. atlasboost starts itself again for its
-    lifeline process and on remote hosts (`atlasboost agent`) as `python -m atlasboost`, with
-    this interpreter: remote hosts need the package installed at the same interpreter path
-    (or `--remote-atlasboost`).
+    Without `argv` (the console script, `python -m atlasboost`) this process becomes the
+    command, with this process's arguments: its pid, signals and exit status are the
+    launcher's. With `argv`, the command runs as a child and its exit code is returned.
     """
-    from atlasboost import _atlasboost
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    self_command = [sys.executable, "-m", "atlasboost"] if sys.executable else []
-    # The program name is "atlasboost" whatever started it (the script, `python -m`), as clap's
-    # help and usage messages show it.
-    return _atlasboost.main(["atlasboost", *args], self_command)
+    exe = command()
+    if argv is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(exe, ["atlasboost", *sys.argv[1:]])
+    return subprocess.call([exe, *argv])

@@ -40,8 +40,16 @@ use atlasboost_tcp::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{DiscoveryArgs, ProbeKind};
-use crate::commands::devices::make_probe;
+use crate::host::{free_port, server_id_hint};
+use crate::probe::make_probe;
+use crate::settings::{Discovery, Origin, parse_seconds};
+
+/// Text on stderr, flushed; a closed stderr loses it but does not panic (as `eprint!` would).
+fn to_stderr(text: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
+}
 
 /// The rendezvous port when neither `ATLASBOOST_RENDEZVOUS_PORT` nor `MASTER_PORT` is set
 /// (torchrun's own rendezvous uses 29400, its `MASTER_PORT` 29500).
@@ -54,9 +62,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// arrives first.
 const PARTICIPANT_SLACK: Duration = Duration::from_secs(2);
 
-/// Why [`init`] failed. Each kind is a different exception in the Python package.
+/// Why [`init`] failed. Each kind is a different exception in the Python package and a
+/// different code in the C ABI; both match every kind (a new kind must get its own there).
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum InitError {
     /// A launcher's variables are partly set, malformed or not enough to meet (e.g. no
     /// `MASTER_ADDR`).
@@ -602,7 +610,7 @@ fn mpi_rendezvous(_: &LaunchContext, _: &Shared) -> Result<Job, InitError> {
 
 /// No launcher: this process alone, on its host's first device.
 fn alone(framework: Framework) -> Result<Job, InitError> {
-    crate::printer::to_stderr(
+    to_stderr(
         "atlasboost: no launcher's variables are set (RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, \
          ...): running as a world of one\n",
     );
@@ -820,7 +828,7 @@ fn make_claim(rank: u32, local_rank: u32, shared: &Shared) -> (Claim, Result<Dev
         let addr = env(EnvVars::MASTER_ADDR).unwrap_or_else(|| shared.server_id.clone());
         let port = env(EnvVars::MASTER_PORT)
             .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| crate::launch::agent::free_port("0.0.0.0"));
+            .unwrap_or_else(|| free_port("0.0.0.0"));
         (addr, port)
     });
     let claim = Claim {
@@ -995,7 +1003,7 @@ fn check_claims(claims: &[Claim]) -> Result<Vec<Device>, InitError> {
 /// This process's device: its host's device number `local_rank` (in logical order), or why
 /// there is none.
 fn my_device(server_id: &str, local_rank: u32) -> Result<Device, String> {
-    let probe = make_probe(&discovery_from_env()?, server_id).map_err(|e| e.to_string())?;
+    let probe = make_probe(&Discovery::from_env()?, server_id).map_err(|e| error_chain(&e))?;
     let mut devices = probe.probe().map_err(|e| error_chain(&e))?;
     devices.sort_by_key(|d| d.logical_id);
     let count = devices.len();
@@ -1005,39 +1013,6 @@ fn my_device(server_id: &str, local_rank: u32) -> Result<Device, String> {
             probe.name(),
             if count == 1 { "" } else { "s" }
         )
-    })
-}
-
-/// Device discovery from `ATLASBOOST_PROBE`, `ATLASBOOST_SIM` and `ATLASBOOST_HCCN_CONF`.
-fn discovery_from_env() -> Result<DiscoveryArgs, String> {
-    let probe = match env(EnvVars::ATLASBOOST_PROBE) {
-        None => ProbeKind::Auto,
-        Some(name) => ProbeKind::from_name(&name).ok_or_else(|| {
-            format!(
-                "{}={name}: expected auto, dsmi, hccn or sim",
-                EnvVars::ATLASBOOST_PROBE
-            )
-        })?,
-    };
-    let sim = match env(EnvVars::ATLASBOOST_SIM) {
-        None => None,
-        Some(v) => match v.parse::<u32>() {
-            Ok(n) if (1..=255).contains(&n) => Some(n),
-            _ => {
-                return Err(format!(
-                    "{}={v}: expected a number of simulated devices, 1 to 255",
-                    EnvVars::ATLASBOOST_SIM
-                ));
-            }
-        },
-    };
-    Ok(DiscoveryArgs {
-        probe,
-        sim,
-        sim_chip: "910".into(),
-        sim_ipv6: false,
-        devices: None,
-        hccn_conf: None,
     })
 }
 
@@ -1111,7 +1086,8 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-/// `ATLASBOOST_SERVER_ID`, else this host's primary IPv4 address, else loopback.
+/// `ATLASBOOST_SERVER_ID` (an IPv4 address), else this host's primary IPv4 address (the rule of
+/// [`crate::host::server_id`]).
 fn server_id() -> Result<String, InitError> {
     if let Some(id) = env(EnvVars::ATLASBOOST_SERVER_ID) {
         return match id.parse::<Ipv4Addr>() {
@@ -1122,9 +1098,9 @@ fn server_id() -> Result<String, InitError> {
             ))),
         };
     }
-    Ok(crate::host::primary_ipv4()
-        .unwrap_or(Ipv4Addr::LOCALHOST)
-        .to_string())
+    // The launcher's rule: no address is an error, never a silent 127.0.0.1.
+    crate::host::server_id(None)
+        .map_err(|e| InitError::Config(format!("{e}{}", server_id_hint(Origin::Environment))))
 }
 
 /// `ATLASBOOST_RANK_TABLE_FILE`, else `rank_table.json` in the current directory.
@@ -1145,7 +1121,7 @@ fn timeout() -> Result<Duration, InitError> {
     match env(EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT) {
         None => Ok(DEFAULT_TIMEOUT),
         // The rule of `--rendezvous-timeout`; 1e300 would overflow a Duration.
-        Some(v) => crate::cli::parse_seconds(&v).map_err(|why| {
+        Some(v) => parse_seconds(&v).map_err(|why| {
             InitError::Config(format!(
                 "{}={v}: {why}",
                 EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT

@@ -1,0 +1,238 @@
+//! What every launch shares, with or without `--mpi`: the checks before anything starts, the
+//! job's id, its table lock and log directory, the workers' directory and exports, the
+//! rendezvous address, and the summary at the end.
+
+use std::ffi::OsString;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use atlasboost_core::ranktable::{LockOwner, TableLock};
+use atlasboost_tcp::Secret;
+
+use super::output;
+use super::plan::HostPlan;
+use super::supervise::{JobResult, WorkerResult};
+use crate::cli::RunArgs;
+use crate::commands::counted;
+use crate::error::CliError;
+use crate::printer::Printer;
+
+/// Jobs with more workers than this get a shorter summary: counts and the failures only.
+pub(crate) const FULL_SUMMARY_MAX: usize = 64;
+
+/// What can be refused before any worker starts, with or without `--mpi`: an empty command,
+/// `--ranks` beyond the job's size (when it is known), a log directory that cannot be made.
+pub(crate) fn check_before_start(args: &RunArgs, size: Option<u64>) -> Result<(), CliError> {
+    if args.command.first().is_none_or(|c| c.is_empty()) {
+        return Err(CliError::Usage("the command to run is empty".into()));
+    }
+    if let (Some(list), Some(size)) = (&args.ranks, size)
+        && let Some(bad) = list.ranks.iter().find(|r| u64::from(**r) >= size)
+    {
+        return Err(CliError::Usage(format!(
+            "--ranks {}: rank {bad} is not in this job of {size} ranks (0-{})",
+            list.text,
+            size.saturating_sub(1)
+        )));
+    }
+    if let Some(dir) = &args.log_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            CliError::Failure(format!(
+                "cannot create log directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// Where the coordinator listens: `--rendezvous-addr`; else, with remote hosts, this machine's
+/// address on the route to the first of them; else loopback.
+pub(crate) fn rendezvous_address(args: &RunArgs, hosts: &[HostPlan]) -> Result<IpAddr, CliError> {
+    if let Some(a) = args.rendezvous_addr {
+        return Ok(a);
+    }
+    let Some(remote) = hosts.iter().find(|h| !h.local) else {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    };
+    let target: IpAddr = remote
+        .server_id
+        .parse()
+        .map_err(|_| CliError::Failure(format!("host {} has no IP address", remote.describe())))?;
+    let ours = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+        .and_then(|s| s.connect((target, 9)).and_then(|()| s.local_addr()))
+        .map_err(|e| {
+            CliError::Failure(format!(
+                "no route to host {} ({e}); pass --rendezvous-addr",
+                remote.describe()
+            ))
+        })?
+        .ip();
+    if ours.is_loopback() && !target.is_loopback() {
+        return Err(CliError::Failure(format!(
+            "the route to host {} leaves from loopback address {ours}, which that host cannot \
+             reach; pass --rendezvous-addr",
+            remote.describe()
+        )));
+    }
+    Ok(ours)
+}
+
+/// The workers' directory, absolute. It must exist here when a host is this machine; remote
+/// agents check it on their hosts.
+pub(crate) fn worker_dir(args: &RunArgs, check_here: bool) -> Result<PathBuf, CliError> {
+    let cwd = std::env::current_dir()
+        .map_err(|e| CliError::Failure(format!("cannot read the current directory: {e}")))?;
+    let dir = match &args.wdir {
+        Some(d) => cwd.join(d),
+        None => cwd,
+    };
+    if check_here && !dir.is_dir() {
+        return Err(CliError::Usage(format!(
+            "--wdir {}: not a directory",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// `-x NAME=VALUE` as given; `-x NAME` takes this shell's value, and must have one.
+pub(crate) fn resolve_exports(
+    exports: &[(String, Option<String>)],
+) -> Result<Vec<(OsString, OsString)>, CliError> {
+    exports
+        .iter()
+        .map(|(name, value)| match value {
+            Some(v) => Ok((name.into(), v.into())),
+            None => std::env::var_os(name)
+                .map(|v| (name.into(), v))
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "-x {name}: {name} is not set in this shell; give -x {name}=VALUE"
+                    ))
+                }),
+        })
+        .collect()
+}
+
+/// This host's lock of the table at `path` for job `job_id` (launched from `launcher`, this
+/// host when `None`), held until the job ends: a path another running job holds is refused,
+/// naming that job.
+pub(crate) fn lock_table(
+    path: &Path,
+    job_id: &str,
+    launcher: Option<&str>,
+) -> Result<TableLock, CliError> {
+    TableLock::acquire(path, &LockOwner::this_process(job_id, launcher))
+        .map_err(CliError::TableLock)
+}
+
+/// `--log-dir DIR`'s directory for this job, `DIR/<job id>` (see [`output::job_log_dir`]).
+pub(crate) fn job_logs(
+    args: &RunArgs,
+    job_id: &str,
+    printer: &Printer,
+) -> Result<Option<PathBuf>, CliError> {
+    let Some(dir) = &args.log_dir else {
+        return Ok(None);
+    };
+    let (logs, warning) = output::job_log_dir(dir, job_id)?;
+    if let Some(w) = warning {
+        printer.status(&w);
+    }
+    Ok(Some(logs))
+}
+
+/// A new job's id: `ab-` and 12 random hex digits.
+pub(crate) fn new_job_id() -> Result<String, CliError> {
+    let hex = Secret::random()
+        .map(|s| s.to_hex())
+        .map_err(|e| CliError::Failure(format!("cannot read random bytes: {e}")))?;
+    Ok(format!("ab-{}", &hex[..12]))
+}
+
+/// The end-of-job summary on stderr, and the first failure with its last stderr lines.
+pub(crate) fn report(
+    result: &JobResult,
+    elapsed: Duration,
+    logs: Option<&Path>,
+    printer: &Printer,
+) {
+    let count = |f: &dyn Fn(&WorkerResult) -> bool| result.workers.iter().filter(|w| f(w)).count();
+    let succeeded = count(&|w| w.ending.is_some_and(|e| e.code() == 0));
+    let stopped = count(&|w| w.stopped && w.ending.is_some_and(|e| e.code() != 0));
+    let failed = result.workers.len() - succeeded - stopped;
+    let mut text = format!(
+        "atlasboost: {} finished in {:.2} s: {succeeded} succeeded, {failed} failed, {stopped} stopped\n",
+        counted(result.workers.len(), "rank"),
+        elapsed.as_secs_f64(),
+    );
+    let host_width = result
+        .workers
+        .iter()
+        .map(|w| w.host.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    text.push_str(&format!(
+        "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>9}\n",
+        "rank", "host", "device", "status", "time"
+    ));
+    let full = result.workers.len() <= FULL_SUMMARY_MAX;
+    for w in &result.workers {
+        let status = match w.ending {
+            None => "not run".to_string(),
+            Some(e) if w.stopped && e.code() != 0 => format!("stopped ({})", e.describe()),
+            Some(e) => e.describe(),
+        };
+        if full || w.ending.is_some_and(|e| e.code() != 0) {
+            text.push_str(&format!(
+                "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>7.2} s\n",
+                w.rank,
+                w.host,
+                w.device,
+                status,
+                w.run_time.as_secs_f64()
+            ));
+        }
+    }
+    if !full {
+        text.push_str(&format!("  (the other {succeeded} ranks succeeded)\n"));
+    }
+    if let Some(dir) = logs {
+        text.push_str(&format!("  logs: {}\n", dir.display()));
+    }
+    printer.status(text.trim_end());
+    if let Some(h) = &result.host_failure {
+        printer.error(&format!(
+            "error: host {} failed first: {}",
+            h.host, h.message
+        ));
+    } else if let Some(s) = result.interrupted {
+        printer.error(&format!(
+            "error: stopped by {}; exit code {}",
+            s.as_str(),
+            result.exit_code
+        ));
+    } else if let Some(i) = result.first_failure {
+        let w = &result.workers[i];
+        let mut text = format!(
+            "error: rank {} (host {}, device {}) failed first: {} after {:.2} s",
+            w.rank,
+            w.host,
+            w.device,
+            w.ending.map_or("?".into(), |e| e.describe()),
+            w.run_time.as_secs_f64()
+        );
+        if w.tail.is_empty() {
+            text.push_str("; it wrote nothing on stderr");
+        } else {
+            text.push_str("; its last stderr lines:");
+            for l in &w.tail {
+                text.push_str(&format!("\n  [{}]<stderr>:{l}", w.rank));
+            }
+        }
+        printer.error(&text);
+    }
+}

@@ -1,0 +1,272 @@
+//! Picking the device probe from [`Discovery`] (SPEC §3), and the devices a job may use.
+
+use std::path::{Path, PathBuf};
+
+use atlasboost_core::{Device, DeviceList, DeviceProbe, EnvVars, select_devices};
+use atlasboost_dsmi::{DsmiError, DsmiProbe, HCCN_CONF, HccnProbe};
+use atlasboost_sim::SimProbe;
+
+use crate::settings::{Discovery, Origin, ProbeKind, Setting};
+
+/// Why no probe can be made, or it found nothing. Messages name the flags or the variables the
+/// user set ([`Origin`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Simulated devices asked for without a number of them.
+    #[error("{} needs {} (the number of simulated devices)", origin.assignment(Setting::Probe, "sim"), origin.name(Setting::Sim))]
+    SimWithoutCount {
+        /// How the user asked.
+        origin: Origin,
+    },
+    /// Simulated and real devices both asked for.
+    #[error("{} asks for simulated devices but {} asks for real ones; {} one of them",
+        origin.name(Setting::Sim).split(' ').next().unwrap_or_default(),
+        origin.assignment(Setting::Probe, kind.as_str()), origin.verb())]
+    SimAndReal {
+        /// How the user asked.
+        origin: Origin,
+        /// The real probe asked for.
+        kind: ProbeKind,
+    },
+    /// The simulated devices' settings (`ATLASBOOST_SIM_FAULTS`) are malformed.
+    #[error("simulated devices")]
+    Sim(#[source] atlasboost_core::Error),
+    /// The driver asked for cannot be used.
+    #[error("{}", origin.assignment(Setting::Probe, "dsmi"))]
+    Dsmi {
+        /// How the user asked.
+        origin: Origin,
+        /// Why.
+        #[source]
+        source: DsmiError,
+    },
+    /// The hccn.conf asked for does not exist.
+    #[error("{}: {} does not exist ({} reads another file)", origin.assignment(Setting::Probe, "hccn"), path.display(), origin.name(Setting::HccnConf))]
+    HccnMissing {
+        /// How the user asked.
+        origin: Origin,
+        /// The file.
+        path: PathBuf,
+    },
+    /// The hccn.conf cannot be used.
+    #[error("{}", origin.assignment(Setting::Probe, "hccn"))]
+    Hccn {
+        /// How the user asked.
+        origin: Origin,
+        /// Why.
+        #[source]
+        source: DsmiError,
+    },
+    /// `auto` found neither a driver nor an hccn.conf.
+    #[error("found no device source: {dsmi}; and {} does not exist. On a machine without NPUs, {} {} to use N simulated devices",
+        hccn.display(), origin.verb(), sim_example(*origin))]
+    NoSource {
+        /// How the user asked.
+        origin: Origin,
+        /// Why the driver did not load.
+        dsmi: DsmiError,
+        /// The hccn.conf looked for.
+        hccn: PathBuf,
+    },
+    /// The probe ran and failed.
+    #[error(transparent)]
+    Probe(#[from] atlasboost_core::Error),
+    /// The probe found no device.
+    #[error("the {probe} probe found no devices on this host")]
+    NoDevices {
+        /// The probe's name.
+        probe: String,
+    },
+}
+
+impl ProbeError {
+    /// Whether the settings contradict each other (the command line's usage errors, exit 2),
+    /// rather than a source that cannot be used.
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            ProbeError::SimWithoutCount { .. } | ProbeError::SimAndReal { .. }
+        )
+    }
+}
+
+fn sim_example(origin: Origin) -> &'static str {
+    match origin {
+        Origin::CommandLine => "--sim N",
+        Origin::Environment => "ATLASBOOST_SIM=N",
+    }
+}
+
+/// The probe `discovery` asks for. Simulated devices only with a number of them; `auto` takes
+/// the driver if it loads, else hccn.conf if it exists, and never simulated devices.
+///
+/// # Errors
+///
+/// [`ProbeError`] naming the settings that contradict each other, or saying what was tried.
+pub fn make_probe(
+    discovery: &Discovery,
+    server_id: &str,
+) -> Result<Box<dyn DeviceProbe>, ProbeError> {
+    let origin = discovery.origin;
+    match (discovery.probe, discovery.sim) {
+        (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => Ok(Box::new(
+            SimProbe::new(server_id, n)
+                .with_chip(discovery.sim_chip.clone())
+                .with_ipv6(discovery.sim_ipv6)
+                .with_faults_from_env()
+                .map_err(ProbeError::Sim)?,
+        )),
+        (ProbeKind::Sim, None) => Err(ProbeError::SimWithoutCount { origin }),
+        (kind @ (ProbeKind::Dsmi | ProbeKind::Hccn), Some(_)) => {
+            Err(ProbeError::SimAndReal { origin, kind })
+        }
+        (ProbeKind::Dsmi, None) => DsmiProbe::load(server_id)
+            .map(|p| Box::new(p) as Box<dyn DeviceProbe>)
+            .map_err(|source| ProbeError::Dsmi { origin, source }),
+        (ProbeKind::Hccn, None) => {
+            let path = hccn_conf(discovery);
+            if !path.exists() {
+                return Err(ProbeError::HccnMissing { origin, path });
+            }
+            hccn_probe(server_id, &path, origin)
+        }
+        (ProbeKind::Auto, None) => {
+            let dsmi = match DsmiProbe::load(server_id) {
+                Ok(p) => return Ok(Box::new(p)),
+                Err(e) => e,
+            };
+            let path = hccn_conf(discovery);
+            if path.exists() {
+                return hccn_probe(server_id, &path, origin);
+            }
+            Err(ProbeError::NoSource {
+                origin,
+                dsmi,
+                hccn: path,
+            })
+        }
+    }
+}
+
+/// The hccn.conf setting, else `$ATLASBOOST_HCCN_CONF`, else `/etc/hccn.conf`.
+fn hccn_conf(discovery: &Discovery) -> PathBuf {
+    discovery
+        .hccn_conf
+        .clone()
+        .or_else(|| std::env::var_os(EnvVars::ATLASBOOST_HCCN_CONF).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(HCCN_CONF))
+}
+
+fn hccn_probe(
+    server_id: &str,
+    path: &Path,
+    origin: Origin,
+) -> Result<Box<dyn DeviceProbe>, ProbeError> {
+    HccnProbe::new(server_id, path)
+        .map(|p| Box::new(p) as Box<dyn DeviceProbe>)
+        .map_err(|source| ProbeError::Hccn { origin, source })
+}
+
+/// The devices of this host the job may use: the probe's, restricted to `list`.
+///
+/// # Errors
+///
+/// The probe's error, none found, or one naming the listed ids the host does not have.
+pub fn local_devices(
+    probe: &dyn DeviceProbe,
+    list: Option<&DeviceList>,
+) -> Result<Vec<Device>, ProbeError> {
+    let devices = probe.probe()?;
+    if devices.is_empty() {
+        return Err(ProbeError::NoDevices {
+            probe: probe.name().to_string(),
+        });
+    }
+    Ok(match list {
+        Some(list) => select_devices(devices, list)?,
+        None => devices,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use atlasboost_core::exchange::error_chain;
+
+    use super::*;
+
+    fn discovery(origin: Origin, probe: ProbeKind, sim: Option<u32>) -> Discovery {
+        Discovery {
+            probe,
+            sim,
+            sim_chip: "910".into(),
+            sim_ipv6: false,
+            devices: None,
+            hccn_conf: None,
+            origin,
+        }
+    }
+
+    fn refusal(origin: Origin, probe: ProbeKind, sim: Option<u32>) -> ProbeError {
+        match make_probe(&discovery(origin, probe, sim), "10.0.0.1") {
+            Ok(p) => panic!("{} probe made", p.name()),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn contradictions_name_what_the_user_set() {
+        let e = refusal(Origin::CommandLine, ProbeKind::Sim, None);
+        assert!(e.is_usage());
+        assert_eq!(
+            e.to_string(),
+            "--probe sim needs --sim N (the number of simulated devices)"
+        );
+        let e = refusal(Origin::Environment, ProbeKind::Sim, None);
+        assert_eq!(
+            e.to_string(),
+            "ATLASBOOST_PROBE=sim needs ATLASBOOST_SIM (the number of simulated devices)"
+        );
+        let e = refusal(Origin::CommandLine, ProbeKind::Dsmi, Some(2));
+        assert_eq!(
+            e.to_string(),
+            "--sim asks for simulated devices but --probe dsmi asks for real ones; pass one of them"
+        );
+        let e = refusal(Origin::Environment, ProbeKind::Hccn, Some(2));
+        assert_eq!(
+            e.to_string(),
+            "ATLASBOOST_SIM asks for simulated devices but ATLASBOOST_PROBE=hccn asks for real \
+             ones; set one of them"
+        );
+    }
+
+    #[test]
+    fn a_missing_hccn_conf_is_named_with_the_way_to_read_another() {
+        let mut d = discovery(Origin::Environment, ProbeKind::Hccn, None);
+        d.hccn_conf = Some("/nonexistent/hccn.conf".into());
+        let e = make_probe(&d, "10.0.0.1").err().map(|e| error_chain(&e));
+        assert_eq!(
+            e.as_deref(),
+            Some(
+                "ATLASBOOST_PROBE=hccn: /nonexistent/hccn.conf does not exist \
+                 (ATLASBOOST_HCCN_CONF reads another file)"
+            )
+        );
+    }
+
+    #[test]
+    fn simulated_devices_are_listed_and_restricted() {
+        let probe = make_probe(
+            &discovery(Origin::CommandLine, ProbeKind::Auto, Some(4)),
+            "10.0.0.1",
+        )
+        .unwrap();
+        let list: DeviceList = "1-2".parse().unwrap();
+        let ids: Vec<u32> = local_devices(probe.as_ref(), Some(&list))
+            .unwrap()
+            .iter()
+            .map(|d| d.physical_id)
+            .collect();
+        assert_eq!(ids, [1, 2]);
+    }
+}
