@@ -4,7 +4,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use atlasboost::settings::{Discovery, Origin, ProbeKind, parse_seconds, parse_seconds_or_zero};
+use atlasboost::settings::{ProbeKind, parse_seconds, parse_seconds_or_zero};
+
+use crate::rank_list::RankList;
 use atlasboost_core::ranktable::Format;
 use atlasboost_core::worker_env::Framework;
 use atlasboost_core::{Chip, DeviceList};
@@ -109,21 +111,6 @@ pub struct DiscoveryArgs {
     /// The hccn.conf to read [default: $ATLASBOOST_HCCN_CONF, else /etc/hccn.conf].
     #[arg(long, value_name = "PATH")]
     pub hccn_conf: Option<PathBuf>,
-}
-
-impl DiscoveryArgs {
-    /// The settings these flags give.
-    pub fn resolve(&self) -> Discovery {
-        Discovery {
-            probe: self.probe.into(),
-            sim: self.sim,
-            sim_chip: self.sim_chip.clone(),
-            sim_ipv6: self.sim_ipv6,
-            devices: self.devices.clone(),
-            hccn_conf: self.hccn_conf.clone(),
-            origin: Origin::CommandLine,
-        }
-    }
 }
 
 /// Device discovery on this host only (`ranktable`, `probe`): discovery and the server id.
@@ -313,15 +300,6 @@ pub enum RankOrderArg {
     ServerId,
     /// Servers in the order the hosts are listed.
     Hosts,
-}
-
-/// A set of ranks (`--ranks`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RankList {
-    /// The ranks, in order.
-    pub ranks: std::collections::BTreeSet<u32>,
-    /// As typed, for messages.
-    pub text: String,
 }
 
 /// The mpirun/horovodrun spelling `-np N` (one dash, two letters) is not something clap parses:

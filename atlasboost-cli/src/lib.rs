@@ -14,6 +14,8 @@ pub mod exit;
 pub mod launch;
 pub mod printer;
 pub mod process;
+pub mod rank_list;
+pub mod settings;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -82,13 +84,18 @@ fn run_command_line(args: Vec<OsString>) -> u8 {
     };
     let printer = Printer::new(cli.quiet, cli.verbose);
     let result = match &cli.command {
+        // Each command's arguments are resolved into its settings here, once.
         Command::Ranktable(args) => {
-            commands::ranktable::run(args, &printer).map(|()| ExitCodes::SUCCESS)
+            commands::ranktable::run(&args.into(), &printer).map(|()| ExitCodes::SUCCESS)
         }
-        Command::Merge(args) => commands::merge::run(args, &printer).map(|()| ExitCodes::SUCCESS),
-        Command::Validate(args) => commands::validate::run(args, &printer),
-        Command::Probe(args) => commands::probe::run(args, &printer).map(|()| ExitCodes::SUCCESS),
-        Command::Run(args) => launch::run(args, &printer),
+        Command::Merge(args) => {
+            commands::merge::run(&args.into(), &printer).map(|()| ExitCodes::SUCCESS)
+        }
+        Command::Validate(args) => commands::validate::run(&args.into(), &printer),
+        Command::Probe(args) => {
+            commands::probe::run(&args.into(), &printer).map(|()| ExitCodes::SUCCESS)
+        }
+        Command::Run(args) => launch::run(&args.as_ref().into(), &printer),
         Command::Agent => Ok(launch::agent::agent_main()),
         Command::Relay(args) => Ok(launch::mpi::relay_main(&args.command)),
     };

@@ -6,9 +6,9 @@ use atlasboost_core::Chip;
 use atlasboost_core::ranktable::{MergeInput, RankTable, default_chip, merge_tables, read_json};
 
 use super::write_output;
-use crate::cli::MergeArgs;
 use crate::error::CliError;
 use crate::printer::Printer;
+use crate::settings::MergeSettings;
 
 /// Runs `atlasboost merge`.
 ///
@@ -16,7 +16,7 @@ use crate::printer::Printer;
 ///
 /// An input that cannot be read or is invalid (named), a server or device IP in two inputs
 /// (both named), or a merged table that breaks a rule.
-pub fn run(args: &MergeArgs, printer: &Printer) -> Result<(), CliError> {
+pub fn run(args: &MergeSettings, printer: &Printer) -> Result<(), CliError> {
     let mut inputs = Vec::with_capacity(args.inputs.len());
     let mut chip = args.chip;
     for path in &args.inputs {

@@ -6,9 +6,9 @@ use serde::Serialize;
 use atlasboost::probe::{local_devices, make_probe};
 
 use super::devices::server_id;
-use crate::cli::ProbeArgs;
 use crate::error::CliError;
 use crate::printer::Printer;
+use crate::settings::ProbeSettings;
 
 #[derive(Debug, Serialize)]
 struct Report<'a> {
@@ -22,9 +22,9 @@ struct Report<'a> {
 /// # Errors
 ///
 /// The probe's errors, or a `--devices` id the host does not have.
-pub fn run(args: &ProbeArgs, printer: &Printer) -> Result<(), CliError> {
+pub fn run(args: &ProbeSettings, printer: &Printer) -> Result<(), CliError> {
     let server_id = server_id(&args.devices)?;
-    let probe = make_probe(&args.devices.discovery.resolve(), &server_id)?;
+    let probe = make_probe(&args.devices.discovery, &server_id)?;
     let devices = local_devices(probe.as_ref(), args.devices.discovery.devices.as_ref())?;
     let text = if args.json {
         let report = Report {

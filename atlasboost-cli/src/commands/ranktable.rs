@@ -9,19 +9,19 @@ use atlasboost::probe::{local_devices, make_probe};
 
 use super::devices::server_id;
 use super::write_output;
-use crate::cli::RanktableArgs;
 use crate::error::CliError;
 use crate::printer::Printer;
+use crate::settings::RanktableSettings;
 
 /// Runs `atlasboost ranktable`.
 ///
 /// # Errors
 ///
 /// Probe, selection, validation and write errors; nothing is written unless the table is valid.
-pub fn run(args: &RanktableArgs, printer: &Printer) -> Result<(), CliError> {
+pub fn run(args: &RanktableSettings, printer: &Printer) -> Result<(), CliError> {
     let server_id = server_id(&args.devices)?;
     printer.detail(&format!("server_id: {server_id}"));
-    let probe = make_probe(&args.devices.discovery.resolve(), &server_id)?;
+    let probe = make_probe(&args.devices.discovery, &server_id)?;
     write_local_table(args, probe.as_ref(), &server_id, printer)
 }
 
@@ -31,7 +31,7 @@ pub fn run(args: &RanktableArgs, printer: &Printer) -> Result<(), CliError> {
 ///
 /// As [`run`]; on any error nothing is written and an existing file is left as it was.
 pub fn write_local_table(
-    args: &RanktableArgs,
+    args: &RanktableSettings,
     probe: &dyn DeviceProbe,
     server_id: &str,
     printer: &Printer,
@@ -158,9 +158,9 @@ mod tests {
                 })
             });
         let quiet = Printer::new(true, false);
-        write_local_table(&args, &probe, "10.0.0.1", &quiet).unwrap();
+        write_local_table(&(&args).into(), &probe, "10.0.0.1", &quiet).unwrap();
         let first = std::fs::read(&out).unwrap();
-        let err = write_local_table(&args, &probe, "10.0.0.1", &quiet).unwrap_err();
+        let err = write_local_table(&(&args).into(), &probe, "10.0.0.1", &quiet).unwrap_err();
         let text = atlasboost_core::exchange::error_chain(&err);
         assert!(
             text.contains("10.0.0.1") && text.contains("device 4"),

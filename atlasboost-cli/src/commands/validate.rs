@@ -5,10 +5,10 @@ use atlasboost_core::ranktable::{RankTable, Violation, default_chip, read_json};
 use serde::Serialize;
 
 use super::{counted, summary};
-use crate::cli::ValidateArgs;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 use crate::printer::Printer;
+use crate::settings::ValidateSettings;
 
 /// The `--json` report.
 #[derive(Debug, Serialize)]
@@ -30,7 +30,7 @@ struct Report<'a> {
 /// # Errors
 ///
 /// A file that cannot be read, or is not JSON (with the parser's line and column): exit 125.
-pub fn run(args: &ValidateArgs, printer: &Printer) -> Result<u8, CliError> {
+pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
     let value = read_json(&args.file)?;
     let chip = args.chip.unwrap_or_else(|| default_chip(&value));
     // One validation: `from_value` returns every violation when the table is invalid.

@@ -13,17 +13,17 @@ use atlasboost_tcp::Secret;
 use super::output;
 use super::plan::HostPlan;
 use super::supervise::{JobResult, WorkerResult};
-use crate::cli::RunArgs;
 use crate::commands::counted;
 use crate::error::CliError;
 use crate::printer::Printer;
+use crate::settings::RunSettings;
 
 /// Jobs with more workers than this get a shorter summary: counts and the failures only.
 pub(crate) const FULL_SUMMARY_MAX: usize = 64;
 
 /// What can be refused before any worker starts, with or without `--mpi`: an empty command,
 /// `--ranks` beyond the job's size (when it is known), a log directory that cannot be made.
-pub(crate) fn check_before_start(args: &RunArgs, size: Option<u64>) -> Result<(), CliError> {
+pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Result<(), CliError> {
     if args.command.first().is_none_or(|c| c.is_empty()) {
         return Err(CliError::Usage("the command to run is empty".into()));
     }
@@ -49,7 +49,10 @@ pub(crate) fn check_before_start(args: &RunArgs, size: Option<u64>) -> Result<()
 
 /// Where the coordinator listens: `--rendezvous-addr`; else, with remote hosts, this machine's
 /// address on the route to the first of them; else loopback.
-pub(crate) fn rendezvous_address(args: &RunArgs, hosts: &[HostPlan]) -> Result<IpAddr, CliError> {
+pub(crate) fn rendezvous_address(
+    args: &RunSettings,
+    hosts: &[HostPlan],
+) -> Result<IpAddr, CliError> {
     if let Some(a) = args.rendezvous_addr {
         return Ok(a);
     }
@@ -81,7 +84,7 @@ pub(crate) fn rendezvous_address(args: &RunArgs, hosts: &[HostPlan]) -> Result<I
 
 /// The workers' directory, absolute. It must exist here when a host is this machine; remote
 /// agents check it on their hosts.
-pub(crate) fn worker_dir(args: &RunArgs, check_here: bool) -> Result<PathBuf, CliError> {
+pub(crate) fn worker_dir(args: &RunSettings, check_here: bool) -> Result<PathBuf, CliError> {
     let cwd = std::env::current_dir()
         .map_err(|e| CliError::Failure(format!("cannot read the current directory: {e}")))?;
     let dir = match &args.wdir {
@@ -130,7 +133,7 @@ pub(crate) fn lock_table(
 
 /// `--log-dir DIR`'s directory for this job, `DIR/<job id>` (see [`output::job_log_dir`]).
 pub(crate) fn job_logs(
-    args: &RunArgs,
+    args: &RunSettings,
     job_id: &str,
     printer: &Printer,
 ) -> Result<Option<PathBuf>, CliError> {

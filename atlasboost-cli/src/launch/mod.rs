@@ -48,10 +48,10 @@ use self::plan::{
 };
 use self::remote::{Remote, SshOptions};
 use self::supervise::{Role, RunPlan, Signals, WorkerPlan, run_workers};
-use crate::cli::{RankOrderArg, RunArgs};
 use crate::commands::counted;
 use crate::error::CliError;
 use crate::printer::{Printer, to_stderr};
+use crate::settings::{RunSettings, ServerOrder};
 
 /// How much longer an agent waits for the launcher's answer than the launcher waits for the
 /// agents, so that a timeout is reported by the one that knows who is missing.
@@ -64,7 +64,7 @@ const AGENT_SLACK: Duration = Duration::from_secs(2);
 ///
 /// Bad input (exit 2), atlasboost's own failures (125), a command that cannot be started
 /// (126/127).
-pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
+pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     if args.mpi {
         return mpi::run_mpi(args, printer);
     }
@@ -74,7 +74,7 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
     let signals = Signals::block()?;
     let hosts = plan_hosts(args)?;
     // Refuse what cannot work before anything starts.
-    atlasboost::probe::make_probe(&args.discovery.resolve(), &hosts[0].server_id)?;
+    atlasboost::probe::make_probe(&args.discovery, &hosts[0].server_id)?;
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
@@ -176,7 +176,7 @@ pub fn run(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
 
 /// What every step of a launch needs to know.
 struct Launch<'a> {
-    args: &'a RunArgs,
+    args: &'a RunSettings,
     hosts: &'a [HostPlan],
     job_id: &'a str,
     /// The coordinator's address (no port).
@@ -184,7 +184,7 @@ struct Launch<'a> {
     settings: &'a WorkerSettings,
 }
 
-fn plan_hosts(args: &RunArgs) -> Result<Vec<HostPlan>, CliError> {
+fn plan_hosts(args: &RunSettings) -> Result<Vec<HostPlan>, CliError> {
     let mut hosts = match (&args.hosts, &args.hostfile) {
         (Some(list), _) => resolve_hosts(&parse_host_list(list)?)?,
         (None, Some(file)) => resolve_hosts(&parse_hostfile(file)?)?,
@@ -265,8 +265,8 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         build: BuildOptions {
             format: args.format,
             order: match args.rank_order {
-                RankOrderArg::ServerId => RankOrder::ServerId,
-                RankOrderArg::Hosts => RankOrder::Hosts(Vec::new()),
+                ServerOrder::ServerId => RankOrder::ServerId,
+                ServerOrder::Hosts => RankOrder::Hosts(Vec::new()),
             },
             chip: None,
         },
@@ -312,7 +312,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             server_id: host.server_id.clone(),
             host: host.describe(),
             launcher: launcher_name.clone(),
-            discovery: args.discovery.resolve(),
+            discovery: args.discovery.clone(),
             endpoint: endpoint.clone(),
             job_id: launch.job_id.to_string(),
             secret: secret.to_hex(),
@@ -331,7 +331,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             index,
             hosts: hosts.len(),
             server_id: host.server_id.clone(),
-            discovery: args.discovery.resolve(),
+            discovery: args.discovery.clone(),
             endpoint: endpoint.clone(),
             job_id: launch.job_id.to_string(),
             secret: secret.clone(),

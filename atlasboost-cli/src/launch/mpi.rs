@@ -33,12 +33,10 @@ use super::relay::{Introduction, RelayDoor, introduce};
 use super::supervise::{
     self, MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
 };
-use atlasboost::settings::ProbeKind;
-
-use crate::cli::{RankOrderArg, RunArgs};
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 use crate::printer::{Printer, to_stderr};
+use crate::settings::{RunSettings, ServerOrder};
 
 /// How long a relay tries to reach the launcher.
 const RELAY_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,7 +58,7 @@ fn mpirun_program() -> OsString {
 ///
 /// Options `--mpi` cannot honour (exit 2), a number of workers that cannot be known, and the
 /// failures of starting `mpirun` (126/127).
-pub fn run_mpi(args: &RunArgs, printer: &Printer) -> Result<u8, CliError> {
+pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     let started = Instant::now();
     refuse_unsupported(args)?;
     let signals = Signals::block()?;
@@ -190,7 +188,7 @@ pub struct MpirunJob<'a> {
     /// `-H`/`--hostfile` hosts, as given (empty: this machine).
     pub hosts: &'a [HostSpec],
     /// The rest of the options.
-    pub args: &'a RunArgs,
+    pub args: &'a RunSettings,
     /// The workers' directory (absolute).
     pub wdir: &'a Path,
     /// Where the workers' `init()` writes the table (absolute).
@@ -261,7 +259,7 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
         ),
         (
             EnvVars::ATLASBOOST_PROBE.into(),
-            ProbeKind::from(args.discovery.probe).as_str().into(),
+            args.discovery.probe.as_str().into(),
         ),
         (EnvVars::PYTHONUNBUFFERED.into(), "1".into()),
         (
@@ -320,13 +318,13 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
 }
 
 /// Options that `--mpi` cannot honour are refused, never ignored.
-fn refuse_unsupported(args: &RunArgs) -> Result<(), CliError> {
+fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
     let refused = [
         (args.discovery.devices.is_some(), "--devices"),
         (args.discovery.sim_ipv6, "--sim-ipv6"),
         (args.discovery.sim_chip != "910", "--sim-chip"),
         (args.format.as_str() != "1.0", "--format"),
-        (args.rank_order != RankOrderArg::ServerId, "--rank-order"),
+        (args.rank_order != ServerOrder::ServerId, "--rank-order"),
         (args.ssh_port.is_some(), "--ssh-port"),
         (args.ssh_identity.is_some(), "--ssh-identity"),
     ];
@@ -340,13 +338,13 @@ fn refuse_unsupported(args: &RunArgs) -> Result<(), CliError> {
 }
 
 /// Without `-n`: the sum of the hosts' slots, or every device of this machine.
-fn default_np(args: &RunArgs, hosts: &[HostSpec]) -> Result<u32, CliError> {
+fn default_np(args: &RunSettings, hosts: &[HostSpec]) -> Result<u32, CliError> {
     if hosts.is_empty() {
         // Only to count this machine's devices: any name will do.
         let server = atlasboost::host::primary_ipv4()
             .map(|ip| ip.to_string())
             .unwrap_or_else(|_| "127.0.0.1".into());
-        let devices = atlasboost::probe::make_probe(&args.discovery.resolve(), &server)?.probe()?;
+        let devices = atlasboost::probe::make_probe(&args.discovery, &server)?.probe()?;
         return match u32::try_from(devices.len()) {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(CliError::Failure(
@@ -506,20 +504,20 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
 
-    fn run_args(argv: &[&str]) -> RunArgs {
+    fn run_args(argv: &[&str]) -> RunSettings {
         let mut full = vec!["atlasboost", "run", "--mpi"];
         full.extend_from_slice(argv);
         match Cli::try_parse_from(full) {
             Ok(Cli {
                 command: Command::Run(args),
                 ..
-            }) => *args,
+            }) => RunSettings::from(args.as_ref()),
             Ok(_) => panic!("run expected"),
             Err(e) => panic!("{argv:?} does not parse: {e}"),
         }
     }
 
-    fn command(args: &RunArgs, hosts: &[HostSpec], np: u32, as_root: bool) -> Vec<String> {
+    fn command(args: &RunSettings, hosts: &[HostSpec], np: u32, as_root: bool) -> Vec<String> {
         mpirun_command(&MpirunJob {
             program: "mpirun".into(),
             np,

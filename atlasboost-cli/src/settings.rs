@@ -1,0 +1,225 @@
+//! The command line, resolved once (uv's `settings.rs` pattern): each command's clap arguments
+//! ([`crate::cli`]) become plain settings here, at the edge, and nothing past this module sees
+//! a clap type. Device discovery resolves into the library's
+//! [`Discovery`](atlasboost::settings::Discovery), which remote agents receive as it is.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use atlasboost::settings::{Discovery, Origin};
+use atlasboost_core::worker_env::Framework;
+use atlasboost_core::{Chip, ranktable::Format};
+
+use crate::cli::{
+    DeviceArgs, DiscoveryArgs, MergeArgs, ProbeArgs, RankOrderArg, RanktableArgs, RunArgs,
+    ValidateArgs,
+};
+pub use crate::rank_list::RankList;
+
+/// The order of the servers in a table (`--rank-order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerOrder {
+    /// Sorted by server id (what MindSpore and HCCL's legacy parser expect).
+    ServerId,
+    /// As the hosts are listed.
+    Hosts,
+}
+
+/// This host's devices: how to find them, and the server id to give them.
+#[derive(Debug, Clone)]
+pub struct DeviceSettings {
+    /// Where the devices come from.
+    pub discovery: Discovery,
+    /// `--server-id`.
+    pub server_id: Option<String>,
+}
+
+/// `atlasboost probe`.
+#[derive(Debug, Clone)]
+pub struct ProbeSettings {
+    /// The devices.
+    pub devices: DeviceSettings,
+    /// JSON instead of a table.
+    pub json: bool,
+}
+
+/// `atlasboost ranktable`.
+#[derive(Debug, Clone)]
+pub struct RanktableSettings {
+    /// The devices.
+    pub devices: DeviceSettings,
+    /// The table's format.
+    pub format: Format,
+    /// The chip whose rules apply (else the devices').
+    pub chip: Option<Chip>,
+    /// Where to write it (`-`: standard output; none: HCCL's file name).
+    pub output: Option<PathBuf>,
+}
+
+/// `atlasboost merge`.
+#[derive(Debug, Clone)]
+pub struct MergeSettings {
+    /// The tables to merge.
+    pub inputs: Vec<PathBuf>,
+    /// The chip whose rules apply.
+    pub chip: Option<Chip>,
+    /// Where to write the result.
+    pub output: Option<PathBuf>,
+}
+
+/// `atlasboost validate`.
+#[derive(Debug, Clone)]
+pub struct ValidateSettings {
+    /// The table.
+    pub file: PathBuf,
+    /// The chip whose rules apply.
+    pub chip: Option<Chip>,
+    /// JSON instead of text.
+    pub json: bool,
+}
+
+/// `atlasboost run` (SPEC §5): the same options as the flags, resolved.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// `-n`.
+    pub np: Option<u32>,
+    /// `-H`, as typed.
+    pub hosts: Option<String>,
+    /// `--hostfile`.
+    pub hostfile: Option<PathBuf>,
+    /// How each host finds its devices.
+    pub discovery: Discovery,
+    /// `--framework`.
+    pub framework: Framework,
+    /// `--rank-table`, relative to the workers' directory.
+    pub rank_table: PathBuf,
+    /// `--format`.
+    pub format: Format,
+    /// `--rank-order`.
+    pub rank_order: ServerOrder,
+    /// `-x NAME[=VALUE]`.
+    pub env: Vec<(String, Option<String>)>,
+    /// `--wdir`.
+    pub wdir: Option<PathBuf>,
+    /// `--log-dir`.
+    pub log_dir: Option<PathBuf>,
+    /// `--no-tag`.
+    pub no_tag: bool,
+    /// `--timestamp`.
+    pub timestamp: bool,
+    /// `--ranks`.
+    pub ranks: Option<RankList>,
+    /// `--rendezvous-timeout`.
+    pub rendezvous_timeout: Duration,
+    /// `--grace`.
+    pub grace: Duration,
+    /// `--ssh-port`.
+    pub ssh_port: Option<u16>,
+    /// `--ssh-identity`.
+    pub ssh_identity: Option<PathBuf>,
+    /// `--remote-atlasboost`.
+    pub remote_atlasboost: Option<PathBuf>,
+    /// `--rendezvous-addr`.
+    pub rendezvous_addr: Option<IpAddr>,
+    /// `--mpi`.
+    pub mpi: bool,
+    /// The workers' command.
+    pub command: Vec<OsString>,
+}
+
+impl From<&DiscoveryArgs> for Discovery {
+    fn from(a: &DiscoveryArgs) -> Discovery {
+        Discovery {
+            probe: a.probe.into(),
+            sim: a.sim,
+            sim_chip: a.sim_chip.clone(),
+            sim_ipv6: a.sim_ipv6,
+            devices: a.devices.clone(),
+            hccn_conf: a.hccn_conf.clone(),
+            origin: Origin::CommandLine,
+        }
+    }
+}
+
+impl From<&DeviceArgs> for DeviceSettings {
+    fn from(a: &DeviceArgs) -> DeviceSettings {
+        DeviceSettings {
+            discovery: (&a.discovery).into(),
+            server_id: a.server_id.clone(),
+        }
+    }
+}
+
+impl From<&ProbeArgs> for ProbeSettings {
+    fn from(a: &ProbeArgs) -> ProbeSettings {
+        ProbeSettings {
+            devices: (&a.devices).into(),
+            json: a.json,
+        }
+    }
+}
+
+impl From<&RanktableArgs> for RanktableSettings {
+    fn from(a: &RanktableArgs) -> RanktableSettings {
+        RanktableSettings {
+            devices: (&a.devices).into(),
+            format: a.format,
+            chip: a.chip,
+            output: a.output.clone(),
+        }
+    }
+}
+
+impl From<&MergeArgs> for MergeSettings {
+    fn from(a: &MergeArgs) -> MergeSettings {
+        MergeSettings {
+            inputs: a.inputs.clone(),
+            chip: a.chip,
+            output: a.output.clone(),
+        }
+    }
+}
+
+impl From<&ValidateArgs> for ValidateSettings {
+    fn from(a: &ValidateArgs) -> ValidateSettings {
+        ValidateSettings {
+            file: a.file.clone(),
+            chip: a.chip,
+            json: a.json,
+        }
+    }
+}
+
+impl From<&RunArgs> for RunSettings {
+    fn from(a: &RunArgs) -> RunSettings {
+        RunSettings {
+            np: a.np,
+            hosts: a.hosts.clone(),
+            hostfile: a.hostfile.clone(),
+            discovery: (&a.discovery).into(),
+            framework: a.framework,
+            rank_table: a.rank_table.clone(),
+            format: a.format,
+            rank_order: match a.rank_order {
+                RankOrderArg::ServerId => ServerOrder::ServerId,
+                RankOrderArg::Hosts => ServerOrder::Hosts,
+            },
+            env: a.env.clone(),
+            wdir: a.wdir.clone(),
+            log_dir: a.log_dir.clone(),
+            no_tag: a.no_tag,
+            timestamp: a.timestamp,
+            ranks: a.ranks.clone(),
+            rendezvous_timeout: a.rendezvous_timeout,
+            grace: a.grace,
+            ssh_port: a.ssh_port,
+            ssh_identity: a.ssh_identity.clone(),
+            remote_atlasboost: a.remote_atlasboost.clone(),
+            rendezvous_addr: a.rendezvous_addr,
+            mpi: a.mpi,
+            command: a.command.clone(),
+        }
+    }
+}
