@@ -30,41 +30,23 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of each stream a panic message shows (the end of it).
 const SHOWN_BYTES: usize = 4000;
 
-/// Variables the launcher sets for workers "unless set", and other launchers' variables:
-/// removed from the launched program's environment so that the test machine's environment
-/// cannot change what the tests see.
-pub const HERMETIC: [&str; 29] = [
-    "OMP_NUM_THREADS",
-    "PYTHONUNBUFFERED",
-    "RANK_TABLE_FILE",
-    "RANK_ID",
-    "RANK_SIZE",
-    "DEVICE_ID",
-    "ASCEND_DEVICE_ID",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    // Other launchers' variables, which init() would take for its own launch.
-    "ATLASBOOST_RANK",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_JOB_ID",
-    "LOCAL_WORLD_SIZE",
-    "ATLASBOOST_SIZE",
-    "ATLASBOOST_LOCAL_RANK",
-    "ATLASBOOST_SIM",
-    "ATLASBOOST_RENDEZVOUS_PORT",
-    "TORCHELASTIC_RUN_ID",
-];
+/// The one list of what a hermetic test removes from a started program's environment
+/// (`tests/hermetic-env.txt`, which the Python tests read too): other launchers' variables,
+/// atlasboost's own settings, and what the launcher sets for workers "unless set", so that
+/// the test machine's environment cannot change what the tests see.
+const HERMETIC_LIST: &str = include_str!("hermetic-env.txt");
+
+/// Whether a hermetic test removes `name` from a started program's environment.
+pub fn is_hermetic(name: &str) -> bool {
+    HERMETIC_LIST
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .any(|l| match l.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == l,
+        })
+}
 
 /// The `atlasboost` binary under test: `$ATLASBOOST_BIN`, else the one cargo built next to
 /// this test executable (`target/<profile>/atlasboost`). `cargo test --workspace` builds it
@@ -295,8 +277,10 @@ impl Run {
             cmd.stdout(Stdio::from(write));
             lagging_stdout = Some((std::fs::File::from(read), lag));
         }
-        for name in HERMETIC {
-            cmd.env_remove(name);
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(is_hermetic) {
+                cmd.env_remove(name);
+            }
         }
         cmd.env(LAUNCH_MARK, &self.mark);
         for (k, v) in &self.env {

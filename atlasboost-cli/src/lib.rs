@@ -1,10 +1,14 @@
 //! The `atlasboost` command, as a library so tests can drive its parts.
 //!
+//! - [`cli`]: the command line (clap), and [`settings`]: what it resolves into, once, before
+//!   any command runs;
 //! - [`commands`]: `ranktable`, `merge`, `validate` and `probe`, the commands that need no
 //!   launch;
 //! - [`launch`]: `atlasboost run` (plan, rendezvous, workers, output, signals), on this
-//!   machine's hosts and, over ssh, on others (`atlasboost agent`);
-//! - [`init`]: library mode, `init()` inside a worker started by any launcher.
+//!   machine's hosts and, over ssh, on others (`atlasboost agent`).
+//!
+//! Library mode (`init()` inside a worker) is the `atlasboost` library crate's, which this one
+//! builds on; `ARCHITECTURE.md` maps the launcher's modules.
 #![deny(missing_docs)]
 
 pub mod cli;

@@ -1,7 +1,7 @@
 //! The command line, resolved once (uv's `settings.rs` pattern): each command's clap arguments
 //! ([`crate::cli`]) become plain settings here, at the edge, and nothing past this module sees
 //! a clap type. Device discovery resolves into the library's
-//! [`Discovery`](atlasboost::settings::Discovery), which remote agents receive as it is.
+//! [`Discovery`], which remote agents receive as it is.
 
 use std::ffi::OsString;
 use std::net::IpAddr;

@@ -118,4 +118,80 @@ impl EnvVars {
     pub const ATLASBOOST_FAKE_DSMI_FAULTS: &'static str = "ATLASBOOST_FAKE_DSMI_FAULTS";
     /// The hccn.conf to read.
     pub const ATLASBOOST_HCCN_CONF: &'static str = "ATLASBOOST_HCCN_CONF";
+
+    // Other launchers' variables, and the system's, that atlasboost reads.
+    /// Open MPI: the process's rank.
+    pub const OMPI_COMM_WORLD_RANK: &'static str = "OMPI_COMM_WORLD_RANK";
+    /// Open MPI: the number of processes.
+    pub const OMPI_COMM_WORLD_SIZE: &'static str = "OMPI_COMM_WORLD_SIZE";
+    /// Open MPI: the rank among this host's processes.
+    pub const OMPI_COMM_WORLD_LOCAL_RANK: &'static str = "OMPI_COMM_WORLD_LOCAL_RANK";
+    /// Open MPI: the number of this host's processes.
+    pub const OMPI_COMM_WORLD_LOCAL_SIZE: &'static str = "OMPI_COMM_WORLD_LOCAL_SIZE";
+    /// Open MPI 4: mpirun's address (the name is lower case: `OMPI_MCA_orte_hnp_uri`).
+    pub const OMPI_MCA_ORTE_HNP_URI: &'static str = "OMPI_MCA_orte_hnp_uri";
+    /// Open MPI 4: the job's id (`OMPI_MCA_ess_base_jobid`).
+    pub const OMPI_MCA_ESS_BASE_JOBID: &'static str = "OMPI_MCA_ess_base_jobid";
+    /// PMIx (Open MPI 5, PRRTE): the job's namespace.
+    pub const PMIX_NAMESPACE: &'static str = "PMIX_NAMESPACE";
+    /// PMIx: the local server's address (v4.1).
+    pub const PMIX_SERVER_URI41: &'static str = "PMIX_SERVER_URI41";
+    /// PMIx: the local server's address (v4).
+    pub const PMIX_SERVER_URI4: &'static str = "PMIX_SERVER_URI4";
+    /// PMIx: the local server's address (v3).
+    pub const PMIX_SERVER_URI3: &'static str = "PMIX_SERVER_URI3";
+    /// PMIx: the local server's address (v2.1).
+    pub const PMIX_SERVER_URI21: &'static str = "PMIX_SERVER_URI21";
+    /// PMIx: the local server's address (v2).
+    pub const PMIX_SERVER_URI2: &'static str = "PMIX_SERVER_URI2";
+    /// MPICH (Hydra): the process's rank.
+    pub const PMI_RANK: &'static str = "PMI_RANK";
+    /// MPICH: the number of processes.
+    pub const PMI_SIZE: &'static str = "PMI_SIZE";
+    /// MPICH: the rank among this host's processes.
+    pub const MPI_LOCALRANKID: &'static str = "MPI_LOCALRANKID";
+    /// MPICH: the number of this host's processes.
+    pub const MPI_LOCALNRANKS: &'static str = "MPI_LOCALNRANKS";
+    /// Slurm: the task's rank.
+    pub const SLURM_PROCID: &'static str = "SLURM_PROCID";
+    /// Slurm: the number of tasks.
+    pub const SLURM_NTASKS: &'static str = "SLURM_NTASKS";
+    /// Slurm: the task's rank on its node.
+    pub const SLURM_LOCALID: &'static str = "SLURM_LOCALID";
+    /// Slurm: the node's index in the step.
+    pub const SLURM_NODEID: &'static str = "SLURM_NODEID";
+    /// Slurm: the job's id.
+    pub const SLURM_JOB_ID: &'static str = "SLURM_JOB_ID";
+    /// Slurm: the step's id within the job.
+    pub const SLURM_STEP_ID: &'static str = "SLURM_STEP_ID";
+    /// Slurm: the step's nodes (hostlist syntax).
+    pub const SLURM_STEP_NODELIST: &'static str = "SLURM_STEP_NODELIST";
+    /// Slurm: the allocation's nodes.
+    pub const SLURM_JOB_NODELIST: &'static str = "SLURM_JOB_NODELIST";
+    /// Slurm: the allocation's nodes (the older name).
+    pub const SLURM_NODELIST: &'static str = "SLURM_NODELIST";
+    /// torchrun: the run's id (`none` by default).
+    pub const TORCHELASTIC_RUN_ID: &'static str = "TORCHELASTIC_RUN_ID";
+    /// Where programs are found (forwarded to remote workers).
+    pub const PATH: &'static str = "PATH";
+    /// Where libraries are found (forwarded to remote workers; searched for the driver).
+    pub const LD_LIBRARY_PATH: &'static str = "LD_LIBRARY_PATH";
+    /// Where Python modules are found (forwarded to remote workers).
+    pub const PYTHONPATH: &'static str = "PYTHONPATH";
+    /// The user's private runtime directory (library mode's local sockets).
+    pub const XDG_RUNTIME_DIR: &'static str = "XDG_RUNTIME_DIR";
+
+    /// The launcher's variables that remote workers receive too (SPEC §9), by name...
+    pub const FORWARDED: [&'static str; 3] = [Self::PATH, Self::LD_LIBRARY_PATH, Self::PYTHONPATH];
+    /// ... and by prefix.
+    pub const FORWARDED_PREFIXES: [&'static str; 8] = [
+        "ASCEND_",
+        "HCCL_",
+        "GE_",
+        "MS_",
+        "TF_",
+        "NCCL_",
+        "OMP_",
+        "ATLASBOOST_",
+    ];
 }

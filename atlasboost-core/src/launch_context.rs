@@ -119,28 +119,28 @@ const FAMILIES: [Family; 5] = [
     },
     Family {
         launcher: Launcher::OpenMpi,
-        rank: "OMPI_COMM_WORLD_RANK",
-        size: "OMPI_COMM_WORLD_SIZE",
-        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
-        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+        rank: EnvVars::OMPI_COMM_WORLD_RANK,
+        size: EnvVars::OMPI_COMM_WORLD_SIZE,
+        local_rank: EnvVars::OMPI_COMM_WORLD_LOCAL_RANK,
+        local_size: Some(EnvVars::OMPI_COMM_WORLD_LOCAL_SIZE),
         // OMPI_COMM_WORLD_NODE_RANK counts across every job on the node: not a host index.
         node_rank: None,
     },
     Family {
         launcher: Launcher::Mpich,
-        rank: "PMI_RANK",
-        size: "PMI_SIZE",
-        local_rank: "MPI_LOCALRANKID",
-        local_size: Some("MPI_LOCALNRANKS"),
+        rank: EnvVars::PMI_RANK,
+        size: EnvVars::PMI_SIZE,
+        local_rank: EnvVars::MPI_LOCALRANKID,
+        local_size: Some(EnvVars::MPI_LOCALNRANKS),
         node_rank: None,
     },
     Family {
         launcher: Launcher::Slurm,
-        rank: "SLURM_PROCID",
-        size: "SLURM_NTASKS",
-        local_rank: "SLURM_LOCALID",
+        rank: EnvVars::SLURM_PROCID,
+        size: EnvVars::SLURM_NTASKS,
+        local_rank: EnvVars::SLURM_LOCALID,
         local_size: None,
-        node_rank: Some("SLURM_NODEID"),
+        node_rank: Some(EnvVars::SLURM_NODEID),
     },
 ];
 
@@ -274,9 +274,9 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
         .or_else(|| {
             (family.launcher == Launcher::Slurm)
                 .then(|| {
-                    get("SLURM_STEP_NODELIST")
-                        .or_else(|| get("SLURM_JOB_NODELIST"))
-                        .or_else(|| get("SLURM_NODELIST"))
+                    get(EnvVars::SLURM_STEP_NODELIST)
+                        .or_else(|| get(EnvVars::SLURM_JOB_NODELIST))
+                        .or_else(|| get(EnvVars::SLURM_NODELIST))
                 })
                 .flatten()
                 .and_then(|list| first_slurm_host(&list))

@@ -1,7 +1,7 @@
 //! The core of atlasboost: the model of an Ascend training job and the seams its backends plug into.
 //!
-//! - [`Device`] and the [`DeviceProbe`] trait: what NPUs a host has (backends: `atlasboost-sim`,
-//!   and later the DSMI driver and `/etc/hccn.conf`).
+//! - [`Device`] and the [`DeviceProbe`] trait: what NPUs a host has (backends: `atlasboost-sim`
+//!   for simulated devices, `atlasboost-dsmi` for the DSMI driver and `/etc/hccn.conf`).
 //! - The [`Rendezvous`] trait: how hosts or processes exchange bytes (backends: in-process
 //!   threads in `atlasboost-sim`, ZeroMQ, MPI), and [`exchange::gather_cluster_table`], the
 //!   round in which every host learns the whole cluster.

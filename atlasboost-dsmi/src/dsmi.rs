@@ -33,7 +33,7 @@ pub fn library_candidates() -> Vec<PathBuf> {
     if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB) {
         return vec![PathBuf::from(file)];
     }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+    let mut dirs: Vec<PathBuf> = std::env::var_os(EnvVars::LD_LIBRARY_PATH)
         .map(|v| {
             std::env::split_paths(&v)
                 .filter(|p| !p.as_os_str().is_empty())

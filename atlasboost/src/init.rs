@@ -1174,17 +1174,17 @@ fn job_id() -> String {
 fn launcher_job_id() -> Option<String> {
     env(EnvVars::ATLASBOOST_JOB_ID)
         // torchrun's default run id is `none`: every job would share it.
-        .or_else(|| env("TORCHELASTIC_RUN_ID").filter(|id| id != "none"))
+        .or_else(|| env(EnvVars::TORCHELASTIC_RUN_ID).filter(|id| id != "none"))
         // Two srun steps of one allocation are two jobs.
         .or_else(|| {
-            env("SLURM_JOB_ID").map(|id| match env("SLURM_STEP_ID") {
+            env(EnvVars::SLURM_JOB_ID).map(|id| match env(EnvVars::SLURM_STEP_ID) {
                 Some(step) => format!("slurm-{id}-{step}"),
                 None => format!("slurm-{id}"),
             })
         })
         // Open MPI 4 names its job in these (`OMPI_MCA_orte_ess_jobid` was Open MPI 3's).
-        .or_else(|| env("OMPI_MCA_ess_base_jobid").map(|id| format!("ompi-{id}")))
-        .or_else(|| env("PMIX_NAMESPACE").map(|ns| format!("pmix-{ns}")))
+        .or_else(|| env(EnvVars::OMPI_MCA_ESS_BASE_JOBID).map(|id| format!("ompi-{id}")))
+        .or_else(|| env(EnvVars::PMIX_NAMESPACE).map(|ns| format!("pmix-{ns}")))
         .or_else(|| {
             env(EnvVars::MASTER_ADDR)
                 .map(|a| format!("job-{a}-{}", env(EnvVars::MASTER_PORT).unwrap_or_default()))
@@ -1243,19 +1243,20 @@ fn mpi_job_name(launcher: Launcher, get: &dyn Fn(&str) -> Option<String>) -> Opt
             // Open MPI 4 (ORTE): the job id and mpirun's address; Open MPI 5 (PRRTE): the
             // namespace (`prterun-<host>-<pid>@1`) and the local PMIx server's address.
             let parts: Vec<String> = [
-                "OMPI_MCA_orte_hnp_uri",
-                "OMPI_MCA_ess_base_jobid",
-                "PMIX_NAMESPACE",
-                "PMIX_SERVER_URI41",
-                "PMIX_SERVER_URI4",
-                "PMIX_SERVER_URI3",
-                "PMIX_SERVER_URI21",
-                "PMIX_SERVER_URI2",
+                EnvVars::OMPI_MCA_ORTE_HNP_URI,
+                EnvVars::OMPI_MCA_ESS_BASE_JOBID,
+                EnvVars::PMIX_NAMESPACE,
+                EnvVars::PMIX_SERVER_URI41,
+                EnvVars::PMIX_SERVER_URI4,
+                EnvVars::PMIX_SERVER_URI3,
+                EnvVars::PMIX_SERVER_URI21,
+                EnvVars::PMIX_SERVER_URI2,
             ]
             .iter()
             .filter_map(|name| get(name).map(|v| format!("{name}={v}")))
             .collect();
-            let named = get("OMPI_MCA_orte_hnp_uri").is_some() || get("PMIX_NAMESPACE").is_some();
+            let named = get(EnvVars::OMPI_MCA_ORTE_HNP_URI).is_some()
+                || get(EnvVars::PMIX_NAMESPACE).is_some();
             named.then(|| parts.join(";"))
         }
         Launcher::Mpich => hydra_proxy().map(|(pid, start)| format!("hydra {pid} {start}")),
@@ -1292,7 +1293,7 @@ fn private_dir() -> Result<PathBuf, InitError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 
     let uid = nix::unistd::geteuid().as_raw();
-    let dir = match env("XDG_RUNTIME_DIR") {
+    let dir = match env(EnvVars::XDG_RUNTIME_DIR) {
         Some(runtime) => PathBuf::from(runtime).join("atlasboost"),
         None => std::env::temp_dir().join(format!("atlasboost-{uid}")),
     };

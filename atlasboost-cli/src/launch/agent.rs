@@ -26,7 +26,7 @@ use atlasboost_tcp::{Combiner, ParticipantConfig, Replies, Secret, ZmqRendezvous
 use serde::{Deserialize, Serialize};
 
 use super::channel::{self, AgentConfig, Up, WorkerSettings};
-use super::lifeline::Lifeline;
+use super::lifeline;
 use super::output::Output;
 use super::plan::{HostPlan, Offer, assign_workers};
 use super::supervise::{self, RunPlan, Signals, WorkerPlan};
@@ -410,10 +410,8 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
     let _table_lock = super::job::lock_table(&settings.rank_table, &config.job_id, launcher)?;
     let secret = Secret::from_hex(&config.secret)
         .ok_or_else(|| CliError::Usage("the job's secret is not hex".into()))?;
-    supervise::raise_fd_limit();
     let signals = Signals::block()?;
-    let _ = nix::sys::prctl::set_child_subreaper(true);
-    let mut lifeline = Lifeline::start()?;
+    let mut lifeline = lifeline::prepare()?;
     let job = AgentJob {
         index: config.index,
         hosts: config.hosts,

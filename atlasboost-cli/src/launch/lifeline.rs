@@ -18,10 +18,12 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::libc;
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
@@ -31,6 +33,33 @@ use crate::error::CliError;
 /// The most process groups one guard keeps at once (far more than the workers of one host);
 /// the table is allocated before the fork, since the guard may not allocate.
 const MAX_GROUPS: usize = 1 << 16;
+
+/// The launcher's limit of open files before [`raise_fd_limit`].
+pub(crate) static ORIGINAL_FD_LIMIT: OnceLock<(u64, u64)> = OnceLock::new();
+
+/// Raises the launcher's soft limit of open files to the hard limit (every worker takes two
+/// pipes, so many local ranks would hit a soft limit of 1,024); workers get the original back.
+fn raise_fd_limit() {
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok()
+    {
+        let _ = ORIGINAL_FD_LIMIT.set((soft, hard));
+    }
+}
+
+/// What every process that starts workers does first (the launcher, a remote agent, a relay):
+/// raise the soft limit of open files (every worker takes two pipes), become the subreaper of
+/// the workers' orphans (re-parented here, to be reaped or stopped), and start the lifeline.
+///
+/// # Errors
+///
+/// The lifeline's, when its guard cannot be started.
+pub fn prepare() -> Result<Lifeline, CliError> {
+    raise_fd_limit();
+    let _ = nix::sys::prctl::set_child_subreaper(true);
+    Lifeline::start()
+}
 
 /// How long [`Lifeline::close`] waits for the guard to exit before it kills it.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);

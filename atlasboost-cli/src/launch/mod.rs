@@ -41,7 +41,6 @@ use self::job::{
     check_before_start, job_logs, lock_table, new_job_id, rendezvous_address, report,
     resolve_exports, worker_dir,
 };
-use self::lifeline::Lifeline;
 use self::output::{Output, OutputOptions};
 use self::plan::{
     HostPlan, check_np, parse_host_list, parse_hostfile, resolve_hosts, this_machine,
@@ -95,11 +94,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     let bind = rendezvous_address(args, &hosts)?;
     printer.detail(&format!("atlasboost: rendezvous at {bind}"));
 
-    // Every worker takes two pipes; a job of many local ranks must not hit the soft limit.
-    supervise::raise_fd_limit();
-    // Orphaned children of workers are re-parented to the launcher, which reaps them.
-    let _ = nix::sys::prctl::set_child_subreaper(true);
-    let mut lifeline = Lifeline::start()?;
+    let mut lifeline = lifeline::prepare()?;
 
     let settings = WorkerSettings {
         framework: args.framework.to_string(),
@@ -202,21 +197,12 @@ fn plan_hosts(args: &RunSettings) -> Result<Vec<HostPlan>, CliError> {
 
 /// The launcher's variables that remote workers receive too (SPEC §9).
 fn forwarded_env() -> Vec<(OsString, OsString)> {
-    const NAMES: [&str; 3] = ["PATH", "LD_LIBRARY_PATH", "PYTHONPATH"];
-    const PREFIXES: [&str; 8] = [
-        "ASCEND_",
-        "HCCL_",
-        "GE_",
-        "MS_",
-        "TF_",
-        "NCCL_",
-        "OMP_",
-        "ATLASBOOST_",
-    ];
     std::env::vars_os()
         .filter(|(k, _)| {
-            k.to_str()
-                .is_some_and(|k| NAMES.contains(&k) || PREFIXES.iter().any(|p| k.starts_with(p)))
+            k.to_str().is_some_and(|k| {
+                EnvVars::FORWARDED.contains(&k)
+                    || EnvVars::FORWARDED_PREFIXES.iter().any(|p| k.starts_with(p))
+            })
         })
         .collect()
 }

@@ -26,12 +26,12 @@ use super::job::{
     check_before_start, job_logs, lock_table, new_job_id, rendezvous_address, report,
     resolve_exports, worker_dir,
 };
-use super::lifeline::Lifeline;
+use super::lifeline;
 use super::output::{Output, OutputOptions};
 use super::plan::{HostSpec, parse_host_list, parse_hostfile, resolve_hosts};
 use super::relay::{Introduction, RelayDoor, introduce};
 use super::supervise::{
-    self, MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
+    MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
 };
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -125,9 +125,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             .collect::<Vec<_>>()
             .join(" ")
     ));
-    supervise::raise_fd_limit();
-    let _ = nix::sys::prctl::set_child_subreaper(true);
-    let mut lifeline = Lifeline::start()?;
+    let mut lifeline = lifeline::prepare()?;
     let ranks: Vec<u32> = (0..np).collect();
     let logs = job_logs(args, &job_id, printer)?;
     let mut output = Output::new(
@@ -430,10 +428,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
             )
         })?;
     let host = atlasboost_core::host_name();
-    supervise::raise_fd_limit();
-    // Orphans of the worker's children are the relay's to stop.
-    let _ = nix::sys::prctl::set_child_subreaper(true);
-    let mut lifeline = Lifeline::start()?;
+    let mut lifeline = lifeline::prepare()?;
     let who = Introduction {
         job_id: &job_id,
         secret: &secret,

@@ -12,13 +12,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{SigSet, Signal, killpg};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -32,7 +31,7 @@ use self::mpirun_state::Mpirun;
 pub use super::channel::Ending;
 use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
-use super::lifeline::Lifeline;
+use super::lifeline::{Lifeline, ORIGINAL_FD_LIMIT};
 use super::output::{LineSplitter, Output};
 use super::remote::Remote;
 use crate::error::CliError;
@@ -110,20 +109,6 @@ impl Signals {
 
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
-    }
-}
-
-/// The launcher's limit of open files before [`raise_fd_limit`].
-static ORIGINAL_FD_LIMIT: OnceLock<(u64, u64)> = OnceLock::new();
-
-/// Raises the launcher's soft limit of open files to the hard limit (every worker takes two
-/// pipes, so many local ranks would hit a soft limit of 1,024); workers get the original back.
-pub fn raise_fd_limit() {
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-        && soft < hard
-        && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok()
-    {
-        let _ = ORIGINAL_FD_LIMIT.set((soft, hard));
     }
 }
 

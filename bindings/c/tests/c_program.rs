@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use atlasboost_e2e::{HERMETIC, atlasboost_bin, free_port_pair};
+use atlasboost_e2e::{atlasboost_bin, free_port_pair, is_hermetic};
 
 /// How long any one process (compiler, launcher, program) may take.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -83,15 +83,14 @@ impl Finished {
     }
 }
 
-/// Runs `cmd` in `dir` with the environment cleaned (the e2e tests' [`HERMETIC`] list, and
-/// every `ATLASBOOST_*` variable), stdin closed and its
+/// Runs `cmd` in `dir` with the environment cleaned (the tests' one list, [`is_hermetic`];
+/// `ATLASBOOST_BIN` names the binary under test), stdin closed and its
 /// output in files of `dir`; kills it and fails the test after [`LIMIT`].
 fn run(mut cmd: Command, dir: &Path) -> Finished {
     let set_by_test: Vec<_> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
     for (name, _) in std::env::vars_os() {
         let n = name.to_string_lossy();
-        let launcher_variable =
-            (n.starts_with("ATLASBOOST_") && n != "ATLASBOOST_BIN") || HERMETIC.contains(&&*n);
+        let launcher_variable = is_hermetic(&n) && n != "ATLASBOOST_BIN";
         if launcher_variable && !set_by_test.contains(&name) {
             cmd.env_remove(&name);
         }

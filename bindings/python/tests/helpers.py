@@ -26,31 +26,15 @@ PYTHON = sys.executable
 # The package's console script, next to this interpreter.
 ATLASBOOST = str(Path(sys.executable).parent / "atlasboost")
 
-# A launcher's variables in the environment pytest runs in would change what init() sees.
-_LAUNCHER_VARS = {
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK_ID",
-    "RANK_SIZE",
-    "RANK_TABLE_FILE",
-    "DEVICE_ID",
-    "ASCEND_DEVICE_ID",
-    "ASCEND_VISIBLE_DEVICES",
-    "ASCEND_RT_VISIBLE_DEVICES",
-    "JOB_ID",
-    "MINDSPORE_HCCL_CONFIG_PATH",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS",
-    "TORCHELASTIC_RUN_ID",
-}
-_LAUNCHER_PREFIXES = ("ATLASBOOST_", "OMPI_COMM_WORLD_", "SLURM_", "PMIX_")
+# A launcher's variables in the environment pytest runs in would change what init() sees: the
+# one list of the repository's tests (tests/hermetic-env.txt; a trailing * is a prefix).
+_HERMETIC = [
+    line.strip()
+    for line in (Path(__file__).resolve().parents[3] / "tests" / "hermetic-env.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+_LAUNCHER_VARS = {n for n in _HERMETIC if not n.endswith("*")}
+_LAUNCHER_PREFIXES = tuple(n[:-1] for n in _HERMETIC if n.endswith("*"))
 
 
 def clean_env(**extra: str) -> dict[str, str]:
