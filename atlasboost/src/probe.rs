@@ -29,8 +29,8 @@ pub enum ProbeError {
         kind: ProbeKind,
     },
     /// The simulated devices' settings (`ATLASBOOST_SIM_FAULTS`) are malformed.
-    #[error("simulated devices")]
-    Sim(#[source] atlasboost_core::Error),
+    #[error(transparent)]
+    Sim(atlasboost_core::Error),
     /// The driver asked for cannot be used.
     #[error("{}", origin.assignment(Setting::Probe, "dsmi"))]
     Dsmi {

@@ -227,9 +227,20 @@ struct JoinedHosts {
     remotes: Vec<Remote>,
 }
 
-/// Runs the coordinator, every local agent and every remote agent's ssh session until each
-/// host has written the table.
-fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joined, CliError> {
+/// The launch's coordinator, with where its combiner leaves the decision, or its refusal in
+/// its own words (without the coordinator's framing, for the error message).
+struct Rendezvous {
+    coordinator: Coordinator,
+    secret: Secret,
+    refusal: Arc<Mutex<Option<String>>>,
+    decided: Arc<Mutex<Option<Decision>>>,
+}
+
+/// The results of the local hosts' agent threads, by host index, and how many are to come.
+type LocalAgents = (mpsc::Receiver<(usize, Result<Prepared, CliError>)>, usize);
+
+/// Step 1 of the join: the coordinator, which decides the table once every host reported.
+fn start_coordinator(launch: &Launch<'_>, printer: &Printer) -> Result<Rendezvous, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
     let secret = Secret::random()
         .map_err(|e| CliError::Failure(format!("cannot make the job's secret: {e}")))?;
@@ -271,10 +282,26 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         }),
     )
     .map_err(atlasboost_core::Error::from)?;
-    let endpoint = coordinator.endpoint().to_string();
-    printer.detail(&format!("atlasboost: coordinator at {endpoint}"));
+    printer.detail(&format!(
+        "atlasboost: coordinator at {}",
+        coordinator.endpoint()
+    ));
+    Ok(Rendezvous {
+        coordinator,
+        secret,
+        refusal,
+        decided,
+    })
+}
 
-    // Remote sessions first: ssh takes the longest to get going.
+/// Step 2: one ssh session per remote host, running `atlasboost agent` (first: ssh takes the
+/// longest to get going). Returns the sessions and their hosts' indexes.
+fn start_remote_agents(
+    launch: &Launch<'_>,
+    endpoint: &str,
+    secret: &Secret,
+) -> Result<(Vec<Remote>, Vec<usize>), CliError> {
+    let (args, hosts) = (launch.args, launch.hosts);
     let ssh = SshOptions {
         port: args.ssh_port,
         identity: args.ssh_identity.clone(),
@@ -299,7 +326,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             host: host.describe(),
             launcher: launcher_name.clone(),
             discovery: args.discovery.clone(),
-            endpoint: endpoint.clone(),
+            endpoint: endpoint.to_string(),
             job_id: launch.job_id.to_string(),
             secret: secret.to_hex(),
             timeout_ms: (args.rendezvous_timeout + AGENT_SLACK).as_millis() as u64,
@@ -308,7 +335,16 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         remotes.push(Remote::start(&host.name, &host.describe(), &ssh, &config)?);
         remote_index.push(index);
     }
+    Ok((remotes, remote_index))
+}
 
+/// Step 3: one agent thread per local host.
+fn start_local_agents(
+    launch: &Launch<'_>,
+    endpoint: &str,
+    secret: &Secret,
+) -> Result<LocalAgents, CliError> {
+    let (args, hosts) = (launch.args, launch.hosts);
     let written = Arc::new(Mutex::new(HashSet::new()));
     let (tx, rx) = mpsc::channel();
     let mut left = 0;
@@ -318,7 +354,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             hosts: hosts.len(),
             server_id: host.server_id.clone(),
             discovery: args.discovery.clone(),
-            endpoint: endpoint.clone(),
+            endpoint: endpoint.to_string(),
             job_id: launch.job_id.to_string(),
             secret: secret.clone(),
             timeout: args.rendezvous_timeout + AGENT_SLACK,
@@ -334,6 +370,22 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         left += 1;
     }
     drop(tx);
+    Ok((rx, left))
+}
+
+/// Runs the coordinator, every local agent and every remote agent's ssh session until each
+/// host has written the table.
+fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joined, CliError> {
+    let (args, hosts) = (launch.args, launch.hosts);
+    let Rendezvous {
+        coordinator,
+        secret,
+        refusal,
+        decided,
+    } = start_coordinator(launch, printer)?;
+    let endpoint = coordinator.endpoint().to_string();
+    let (mut remotes, remote_index) = start_remote_agents(launch, &endpoint, &secret)?;
+    let (rx, mut left) = start_local_agents(launch, &endpoint, &secret)?;
 
     let progress = std::io::stderr().is_terminal() && !printer.is_quiet();
     let started = Instant::now();

@@ -25,9 +25,11 @@ use nix::unistd::Pid;
 
 mod mpirun;
 mod mpirun_state;
+pub mod policy;
 
 pub use self::mpirun::{MpirunPlan, run_mpirun};
 use self::mpirun_state::Mpirun;
+use self::policy::{SignalAction, SignalState};
 pub use super::channel::Ending;
 use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
@@ -1049,35 +1051,36 @@ impl<'a> Supervisor<'a> {
     }
 
     fn on_signal(&mut self, s: Signal, output: &mut Output) {
-        match s {
-            Signal::SIGCHLD => self.reap(output),
+        if s == Signal::SIGCHLD {
+            self.reap(output);
+            return;
+        }
+        let state = SignalState {
+            agent: self.is_agent(),
+            obeys_signals: matches!(&self.role, Role::Agent(up) if up.obeys_signals),
+            ending: self.interrupted.is_some()
+                || self.first_failure.is_some()
+                || self.host_failure.is_some(),
+            stopping: self.stopping.map(|(_, killed)| killed),
+        };
+        match policy::on_signal(state) {
             // A relay's parent is mpirun, which stops the job with signals: pass them on, as
-            // the launcher's `sig` commands (a second one kills).
-            _ if matches!(&self.role, Role::Agent(up) if up.obeys_signals) => {
-                if self.stopping.is_some() {
-                    self.kill_now();
-                } else {
-                    self.stop(s);
-                }
+            // the launcher's `sig` commands.
+            SignalAction::PassOn => self.stop(s),
+            SignalAction::KillNow if !state.agent => {
+                output.message(&format!(
+                    "atlasboost: got {} while stopping the workers; killing them now",
+                    s.as_str()
+                ));
+                self.kill_now();
             }
+            SignalAction::KillNow => self.kill_now(),
             // An agent takes orders from its launcher; a signal from elsewhere (sshd's SIGHUP
             // when the session ends) means the launcher is gone.
-            _ if self.is_agent() => {
+            SignalAction::UpstreamLost => {
                 self.upstream_lost(&format!("got {}", s.as_str()), output);
             }
-            _ if self.interrupted.is_some()
-                || self.first_failure.is_some()
-                || self.host_failure.is_some() =>
-            {
-                if self.stopping.is_some_and(|(_, killed)| !killed) {
-                    output.message(&format!(
-                        "atlasboost: got {} while stopping the workers; killing them now",
-                        s.as_str()
-                    ));
-                    self.kill_now();
-                }
-            }
-            _ => {
+            SignalAction::Interrupt => {
                 let live = self.running.iter().filter(|r| r.ended.is_none()).count();
                 output.message(&format!(
                     "atlasboost: got {}; passing it on to {live} worker{} \
@@ -1092,6 +1095,7 @@ impl<'a> Supervisor<'a> {
                 // What the workers leave behind is stopped as soon as they have all exited.
                 self.leftovers_stopped = false;
             }
+            SignalAction::Nothing => {}
         }
     }
 
@@ -1207,8 +1211,8 @@ impl<'a> Supervisor<'a> {
 
     /// SIGKILL once the grace time is over.
     fn escalate(&mut self) {
-        if let Some((since, false)) = self.stopping
-            && since.elapsed() >= self.grace
+        if let Some((since, killed)) = self.stopping
+            && policy::must_kill(since.elapsed(), self.grace, killed)
         {
             self.kill_now();
         }

@@ -32,10 +32,10 @@ const FAULTS: &str = "ATLASBOOST_SIM_FAULTS";
 
 /// What one run of the binary did.
 #[derive(Debug)]
-struct Output {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Output {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Output {
@@ -90,7 +90,7 @@ fn command(dir: &Path, args: &[&str]) -> Command {
 
 /// Runs the binary in `dir` with extra environment variables; asserts it did not panic and
 /// was not killed by a signal.
-fn run_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) fn run_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = command(dir, args);
     for (k, v) in env {
         cmd.env(k, v);
@@ -115,11 +115,11 @@ fn run_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// Runs the binary in `dir` (see [`run_env`]).
-fn run(dir: &Path, args: &[&str]) -> Output {
+pub(crate) fn run(dir: &Path, args: &[&str]) -> Output {
     run_env(dir, args, &[])
 }
 
-fn tempdir() -> TempDir {
+pub(crate) fn tempdir() -> TempDir {
     tempfile::tempdir().expect("temporary directory")
 }
 
