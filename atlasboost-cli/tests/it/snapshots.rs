@@ -42,6 +42,9 @@ fn help_of_every_command() {
     }
 }
 
+/// A snapshot's name, the arguments, and variables to set.
+type Case<'a> = (&'a str, &'a [&'a str], &'a [(&'a str, &'a str)]);
+
 /// The main refusals, one per family: flags that contradict each other, bad hosts, bad
 /// exports, bad ranks, a table that breaks HCCL's rules, what is missing.
 #[test]
@@ -60,7 +63,7 @@ fn main_error_messages() {
               {"device_id": "0", "device_ip": "192.168.1.1", "rank_id": "2"}]}]}"#,
     )
     .unwrap();
-    let cases: &[(&str, &[&str], &[(&str, &str)])] = &[
+    let cases: &[Case] = &[
         (
             "probe_sim_without_a_count",
             &["probe", "--probe", "sim"],
