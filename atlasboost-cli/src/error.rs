@@ -23,6 +23,36 @@ pub enum CliError {
     /// Anything else atlasboost could not do; exit 125.
     #[error("{0}")]
     Failure(String),
+    /// Something of the system's atlasboost needs cannot be had (a pipe, a thread, random
+    /// bytes, the console, its signals); exit 125.
+    #[error("cannot {action}")]
+    System {
+        /// What atlasboost tried, as in "cannot {action}".
+        action: &'static str,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A file or directory cannot be made, opened or read; exit 125.
+    #[error("cannot {action} {}", path.display())]
+    File {
+        /// What atlasboost tried, as in "cannot {action} PATH".
+        action: &'static str,
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// JSON cannot be written (atlasboost's own reports) or read (a peer's message); exit 125.
+    #[error("cannot {action}")]
+    Json {
+        /// What atlasboost tried, as in "cannot {action}".
+        action: &'static str,
+        /// serde's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// A worker's command could not be started; exit 127 if it was not found, 126 if it cannot
     /// be executed.
     #[error("cannot start {} on host {host}: {}", program.to_string_lossy(), spawn_reason(reason))]
@@ -67,6 +97,30 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// [`CliError::System`]: "cannot {action}", caused by `source` (an `io::Error` or a
+    /// `nix` errno).
+    pub fn system(action: &'static str) -> impl FnOnce(io::Error) -> CliError {
+        move |source| CliError::System { action, source }
+    }
+
+    /// [`CliError::File`]: "cannot {action} PATH", caused by `source`.
+    pub fn file(
+        action: &'static str,
+        path: impl Into<std::path::PathBuf>,
+    ) -> impl FnOnce(io::Error) -> CliError {
+        let path = path.into();
+        move |source| CliError::File {
+            action,
+            path,
+            source,
+        }
+    }
+
+    /// [`CliError::Json`]: "cannot {action}", caused by `source`.
+    pub fn json(action: &'static str) -> impl FnOnce(serde_json::Error) -> CliError {
+        move |source| CliError::Json { action, source }
+    }
+
     /// The exit code for this error (SPEC §8).
     pub fn exit_code(&self) -> u8 {
         match self {
@@ -84,6 +138,9 @@ impl CliError {
                 _ => ExitCodes::FAILURE,
             },
             CliError::Core(_)
+            | CliError::System { .. }
+            | CliError::File { .. }
+            | CliError::Json { .. }
             | CliError::Probe(_)
             | CliError::Host { .. }
             | CliError::Failure(_)

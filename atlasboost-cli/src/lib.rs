@@ -46,7 +46,7 @@ pub fn self_command() -> Result<Vec<OsString>, CliError> {
     }
     std::env::current_exe()
         .map(|p| vec![p.into_os_string()])
-        .map_err(|e| CliError::Failure(format!("cannot find the atlasboost executable: {e}")))
+        .map_err(CliError::system("find the atlasboost executable"))
 }
 
 /// Parses the command line, runs the command, prints any error, and returns the exit code.

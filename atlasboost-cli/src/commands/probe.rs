@@ -34,7 +34,7 @@ pub fn run(args: &ProbeSettings, printer: &Printer) -> Result<(), CliError> {
         };
         serde_json::to_string_pretty(&report)
             .map(|s| s + "\n")
-            .map_err(|e| CliError::Failure(format!("cannot encode the devices: {e}")))?
+            .map_err(CliError::json("encode the devices"))?
     } else {
         render_table(&server_id, probe.name(), &devices)
     };

@@ -51,8 +51,8 @@ pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
             ranks: table.as_ref().map(RankTable::rank_count),
             violations: &violations,
         };
-        let mut s = serde_json::to_string_pretty(&report)
-            .map_err(|e| CliError::Failure(format!("cannot encode the report: {e}")))?;
+        let mut s =
+            serde_json::to_string_pretty(&report).map_err(CliError::json("encode the report"))?;
         s.push('\n');
         s
     } else if let Some(t) = &table {

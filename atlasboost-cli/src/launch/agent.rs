@@ -204,8 +204,7 @@ pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Pr
         host,
         free_port: free_port(&job.server_id),
     };
-    let payload = serde_json::to_vec(&report)
-        .map_err(|e| CliError::Failure(format!("cannot encode the host report: {e}")))?;
+    let payload = serde_json::to_vec(&report).map_err(CliError::json("encode the host report"))?;
     let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
         &job.endpoint,
         job.index,
@@ -218,8 +217,8 @@ pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Pr
     let bytes = rdv
         .exchange(&payload)
         .map_err(atlasboost_core::Error::from)?;
-    let answer: LaunchAnswer = serde_json::from_slice(&bytes)
-        .map_err(|e| CliError::Failure(format!("the launcher's answer cannot be read: {e}")))?;
+    let answer: LaunchAnswer =
+        serde_json::from_slice(&bytes).map_err(CliError::json("read the launcher's answer"))?;
     let chip: Chip = answer.chip.parse()?;
     let table = RankTable::parse(&answer.table, Path::new("<the launcher's answer>"), chip)?;
     let mut done = written.lock().unwrap_or_else(|p| p.into_inner());

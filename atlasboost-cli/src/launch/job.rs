@@ -37,12 +37,7 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
         )));
     }
     if let Some(dir) = &args.log_dir {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            CliError::Failure(format!(
-                "cannot create log directory {}: {e}",
-                dir.display()
-            ))
-        })?;
+        std::fs::create_dir_all(dir).map_err(CliError::file("create log directory", dir))?;
     }
     Ok(())
 }
@@ -85,8 +80,7 @@ pub(crate) fn rendezvous_address(
 /// The workers' directory, absolute. It must exist here when a host is this machine; remote
 /// agents check it on their hosts.
 pub(crate) fn worker_dir(args: &RunSettings, check_here: bool) -> Result<PathBuf, CliError> {
-    let cwd = std::env::current_dir()
-        .map_err(|e| CliError::Failure(format!("cannot read the current directory: {e}")))?;
+    let cwd = std::env::current_dir().map_err(CliError::system("read the current directory"))?;
     let dir = match &args.wdir {
         Some(d) => cwd.join(d),
         None => cwd,
@@ -151,7 +145,7 @@ pub(crate) fn job_logs(
 pub(crate) fn new_job_id() -> Result<String, CliError> {
     let hex = Secret::random()
         .map(|s| s.to_hex())
-        .map_err(|e| CliError::Failure(format!("cannot read random bytes: {e}")))?;
+        .map_err(CliError::system("read random bytes"))?;
     Ok(format!("ab-{}", &hex[..12]))
 }
 

@@ -242,8 +242,7 @@ type LocalAgents = (mpsc::Receiver<(usize, Result<Prepared, CliError>)>, usize);
 /// Step 1 of the join: the coordinator, which decides the table once every host reported.
 fn start_coordinator(launch: &Launch<'_>, printer: &Printer) -> Result<Rendezvous, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
-    let secret = Secret::random()
-        .map_err(|e| CliError::Failure(format!("cannot make the job's secret: {e}")))?;
+    let secret = Secret::random().map_err(CliError::system("make the job's secret"))?;
     let bind = match launch.bind {
         IpAddr::V4(ip) => format!("tcp://{ip}:0"),
         IpAddr::V6(ip) => format!("tcp://[{ip}]:0"),
@@ -366,7 +365,7 @@ fn start_local_agents(
             .spawn(move || {
                 let _ = tx.send((index, run_agent(&job, &written)));
             })
-            .map_err(|e| CliError::Failure(format!("cannot start an agent thread: {e}")))?;
+            .map_err(CliError::system("start an agent thread"))?;
         left += 1;
     }
     drop(tx);

@@ -90,8 +90,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     } else {
         rendezvous_address(args, &resolve_hosts(&hosts)?)?
     };
-    let secret = Secret::random()
-        .map_err(|e| CliError::Failure(format!("cannot make the job's secret: {e}")))?;
+    let secret = Secret::random().map_err(CliError::system("make the job's secret"))?;
     let door = RelayDoor::open(relay_ip, np, &job_id, secret.clone()).map_err(|e| {
         CliError::Failure(format!(
             "cannot listen for the relays on {relay_ip} (pass --rendezvous-addr): {e}"
@@ -441,7 +440,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         .map_err(|why| CliError::Failure(format!("rank {}: {why}", context.rank)))?;
     let commands = connection
         .try_clone()
-        .map_err(|e| CliError::Failure(format!("cannot duplicate the connection: {e}")))?;
+        .map_err(CliError::system("duplicate the connection"))?;
     let mut output = Output::upstream_to(connection, &[context.rank])?;
     output.send_raw(channel::HELLO);
     let worker = WorkerPlan {
@@ -453,8 +452,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
     };
     let plan = RunPlan {
         command: command.to_vec(),
-        wdir: std::env::current_dir()
-            .map_err(|e| CliError::Failure(format!("cannot read the current directory: {e}")))?,
+        wdir: std::env::current_dir().map_err(CliError::system("read the current directory"))?,
         // The launcher's --grace: for a stop of its own (mpirun's SIGTERM, what the worker left
         // behind); the launcher's `sig 9` may come first.
         grace,

@@ -230,7 +230,7 @@ impl Output {
     /// [`CliError::Failure`] naming a log file that cannot be created, or a console that
     /// cannot be duplicated.
     pub fn new(options: OutputOptions, ranks: &[u32]) -> Result<Output, CliError> {
-        let console = |e: io::Error| CliError::Failure(format!("cannot use the console: {e}"));
+        let console = |e| CliError::system("use the console")(e);
         let mut lanes = Vec::with_capacity(ranks.len());
         for &rank in ranks {
             let logs = match &options.log_dir {
@@ -270,7 +270,7 @@ impl Output {
         let stdout = io::stdout()
             .as_fd()
             .try_clone_to_owned()
-            .map_err(|e| CliError::Failure(format!("cannot use standard output: {e}")))?;
+            .map_err(CliError::system("use standard output"))?;
         Output::upstream_to(stdout, ranks)
     }
 
@@ -457,17 +457,12 @@ impl Output {
 ///
 /// # Errors
 ///
-/// [`CliError::Failure`] naming a directory that cannot be made (or exists already).
+/// [`CliError::File`] naming a directory that cannot be made (or exists already).
 pub fn job_log_dir(dir: &Path, job_id: &str) -> Result<(PathBuf, Option<String>), CliError> {
     let job_dir = dir.join(job_id);
     std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::create_dir(&job_dir))
-        .map_err(|e| {
-            CliError::Failure(format!(
-                "cannot create log directory {}: {e}",
-                job_dir.display()
-            ))
-        })?;
+        .map_err(CliError::file("create log directory", &job_dir))?;
     // A new link renamed over the old one: `latest` always names a whole job's directory.
     let latest = dir.join("latest");
     let fresh = dir.join(format!(".latest-{job_id}"));
@@ -488,12 +483,7 @@ pub fn job_log_dir(dir: &Path, job_id: &str) -> Result<(PathBuf, Option<String>)
 
 fn open_logs(dir: &Path, rank: u32) -> Result<[BufWriter<File>; 2], CliError> {
     let dir = dir.join(format!("rank.{rank}"));
-    std::fs::create_dir_all(&dir).map_err(|e| {
-        CliError::Failure(format!(
-            "cannot create log directory {}: {e}",
-            dir.display()
-        ))
-    })?;
+    std::fs::create_dir_all(&dir).map_err(CliError::file("create log directory", &dir))?;
     let open = |stream: Stream| {
         let path = dir.join(format!("{}.log", stream.as_str()));
         // A job's directory is new, so this never meets a file; if it did, it stays whole.
@@ -502,7 +492,7 @@ fn open_logs(dir: &Path, rank: u32) -> Result<[BufWriter<File>; 2], CliError> {
             .create_new(true)
             .open(&path)
             .map(|f| BufWriter::with_capacity(1 << 15, f))
-            .map_err(|e| CliError::Failure(format!("cannot create {}: {e}", path.display())))
+            .map_err(CliError::file("create", &path))
     };
     Ok([open(Stream::Stdout)?, open(Stream::Stderr)?])
 }

@@ -139,8 +139,8 @@ impl Remote {
         }
         let mut remote = session(host, Link::Ssh(child), stdin, out);
         remote.err = err;
-        let mut line = serde_json::to_vec(config)
-            .map_err(|e| CliError::Failure(format!("cannot encode the agent's settings: {e}")))?;
+        let mut line =
+            serde_json::to_vec(config).map_err(CliError::json("encode the agent's settings"))?;
         line.push(b'\n');
         remote.write(&line);
         Ok(remote)

@@ -86,15 +86,15 @@ impl Signals {
         // signals keep their inherited disposition: `nohup` ignoring SIGHUP is respected.
         // SAFETY: the default disposition installs no handler code.
         unsafe { nix::sys::signal::signal(Signal::SIGCHLD, nix::sys::signal::SigHandler::SigDfl) }
-            .map_err(|e| CliError::Failure(format!("cannot reset SIGCHLD: {e}")))?;
+            .map_err(|e| CliError::system("reset SIGCHLD")(e.into()))?;
         let mut set = SigSet::empty();
         for s in HANDLED {
             set.add(s);
         }
         set.thread_block()
-            .map_err(|e| CliError::Failure(format!("cannot block signals: {e}")))?;
+            .map_err(|e| CliError::system("block signals")(e.into()))?;
         let fd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
-            .map_err(|e| CliError::Failure(format!("cannot open a signalfd: {e}")))?;
+            .map_err(|e| CliError::system("open a signalfd")(e.into()))?;
         Ok(Signals { fd })
     }
 
@@ -218,7 +218,7 @@ impl Upstream {
         let fd = io::stdin()
             .as_fd()
             .try_clone_to_owned()
-            .map_err(|e| CliError::Failure(format!("cannot use standard input: {e}")))?;
+            .map_err(CliError::system("use standard input"))?;
         Ok(Upstream::on(fd, false))
     }
 
