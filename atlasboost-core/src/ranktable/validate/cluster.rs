@@ -1,0 +1,200 @@
+//! Formats `1.0` and `1.2`: the top level, `status`, each server and its `server_id`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use super::super::model::{Format, STATUS_COMPLETED};
+use super::super::node::Node;
+use super::{Families, Loc, MAX_SERVER_ID_LEN, Rule, SeenDevice, Validator, items};
+
+impl Validator {
+    pub(super) fn status<'a, N: Node<'a>>(&mut self, top: N) {
+        if let Some(status) = self.string(top, "status", &|| "$".into(), true)
+            && status != STATUS_COMPLETED
+        {
+            self.push(
+                "$.status".into(),
+                Rule::Status,
+                format!("is {status:?}; HCCL only uses a table whose status is \"completed\""),
+            );
+        }
+    }
+
+    pub(super) fn server_id<'a, N: Node<'a>>(
+        &mut self,
+        obj: N,
+        path: &dyn Fn() -> String,
+    ) -> Option<&'a str> {
+        let id = self.string(obj, "server_id", path, true)?;
+        // HCCL limits the length of the C++ string: bytes, not characters.
+        if id.is_empty() || id.len() > MAX_SERVER_ID_LEN {
+            self.push(
+                format!("{}.server_id", path()),
+                Rule::ServerId,
+                format!(
+                    "server_id {id:?} has {} bytes; it must have 1 to {MAX_SERVER_ID_LEN}",
+                    id.len()
+                ),
+            );
+        }
+        Some(id)
+    }
+
+    /// Formats 1.0 and 1.2.
+    pub(super) fn cluster<'a, N: Node<'a>>(&mut self, top: N) {
+        let version = self.string(top, "version", &|| "$".into(), true);
+        let format = match version {
+            Some(v) if v == Format::V1_0.as_str() => Format::V1_0,
+            Some(v) if v == Format::V1_2.as_str() => Format::V1_2,
+            Some(v) => {
+                self.push(
+                    "$.version".into(),
+                    Rule::Version,
+                    format!("version {v:?} is not supported; expected \"1.0\" or \"1.2\""),
+                );
+                Format::V1_0
+            }
+            None => Format::V1_0,
+        };
+        self.status(top);
+        let Some(servers) = self.array(top, "server_list", &|| "$".into()) else {
+            return;
+        };
+        let server_total = servers.len().unwrap_or(0);
+        if let Some(count) = self.decimal(top, "server_count", &|| "$".into(), false)
+            && count as usize != server_total
+        {
+            self.push(
+                "$.server_count".into(),
+                Rule::Count,
+                format!("is {count} but server_list has {server_total} servers"),
+            );
+        }
+
+        let expected_devices: usize = items(servers)
+            .filter_map(|(_, s)| s.get("device").and_then(|d| d.len()))
+            .sum();
+        let mut server_ids: HashMap<&str, usize> = HashMap::with_capacity(server_total);
+        let mut ips: Vec<(IpAddr, Loc)> = Vec::with_capacity(expected_devices);
+        let mut device_families = Families::default();
+        let mut host_families = Families::default();
+        // (rank_id, server index, where) of every readable rank_id.
+        let mut ranks: Vec<(u32, usize, Loc)> = Vec::with_capacity(expected_devices);
+        let mut total = 0usize;
+        let mut complete = true;
+        let mut counts = Vec::new();
+        let mut missing_ip = Vec::new();
+        // (server index, super_device_id, where) of every device, for the 1.2 rules.
+        let mut super_devices: Vec<(usize, Option<u32>, Loc)> = Vec::new();
+
+        for (si, server) in items(servers) {
+            let spath = || format!("$.server_list[{si}]");
+            let Some(sobj) = self.object(server, &spath) else {
+                continue;
+            };
+            let sid = self.server_id(sobj, &spath);
+            if let Some(id) = sid {
+                if let Some(first) = server_ids.get(id) {
+                    self.push(
+                        format!("{}.server_id", spath()),
+                        Rule::DuplicateServerId,
+                        format!(
+                            "server_id {id:?} is already used at $.server_list[{first}].server_id"
+                        ),
+                    );
+                } else {
+                    server_ids.insert(id, si);
+                }
+            }
+            let sid = sid.map_or_else(|| format!("#{si}"), str::to_string);
+            if let Some(h) = self.string(sobj, "host_ip", &spath, false) {
+                match h.parse::<IpAddr>() {
+                    Ok(ip) => host_families.note(ip.is_ipv6(), || format!("{}.host_ip", spath())),
+                    Err(_) => self.push(
+                        format!("{}.host_ip", spath()),
+                        Rule::InvalidIp,
+                        format!("{h:?} is not a valid IPv4 or IPv6 address"),
+                    ),
+                }
+            }
+            self.string(sobj, "host_nic_ip", &spath, false);
+            let Some(devices) = self.array(sobj, "device", &spath) else {
+                continue;
+            };
+            let device_total = devices.len().unwrap_or(0);
+            total += device_total;
+            let list_path = format!("{}.device", spath());
+            let mut seen_devices = Vec::with_capacity(device_total);
+            for (di, dev) in items(devices) {
+                let loc = Loc::Cluster {
+                    server: si,
+                    device: di,
+                };
+                let dpath = || loc.path();
+                let Some(dobj) = self.object(dev, &dpath) else {
+                    complete = false;
+                    continue;
+                };
+                let id = self.decimal(dobj, "device_id", &dpath, true);
+                seen_devices.push(SeenDevice { id, loc });
+                match self.string(dobj, "device_ip", &dpath, false) {
+                    Some(ip) => self.device_ip(ip, loc, &mut ips, &mut device_families),
+                    None if dobj.get("device_ip").is_none() => missing_ip.push(loc),
+                    None => {}
+                }
+                if let Some(others) = dobj.others() {
+                    self.optional_device_keys(others, loc);
+                }
+                match self.decimal(dobj, "rank_id", &dpath, true) {
+                    Some(r) => ranks.push((r, si, loc)),
+                    None => complete = false,
+                }
+                let sdid = self.decimal(dobj, "super_device_id", &dpath, false);
+                if format == Format::V1_2 {
+                    if dobj.get("super_device_id").is_none() {
+                        self.push(
+                            dpath(),
+                            Rule::SuperPod,
+                            "version 1.2 needs \"super_device_id\" on every device".into(),
+                        );
+                    }
+                    super_devices.push((si, sdid, loc));
+                }
+            }
+            counts.push((list_path.clone(), sid.clone(), device_total));
+            self.server_topology(&seen_devices, &list_path, &sid);
+        }
+
+        // Version 1.2 needs device IPs only across super pods: inside one, HCCS connects them.
+        let single_pod = format == Format::V1_2
+            && top
+                .get("super_pod_list")
+                .and_then(|p| p.len())
+                .is_some_and(|n| n == 1);
+        if server_total > 1 && !single_pod {
+            for loc in missing_ip {
+                self.push(
+                    loc.path(),
+                    Rule::MissingDeviceIp,
+                    "device_ip is required when the table has more than one server".into(),
+                );
+            }
+        }
+        self.duplicate_ips(ips);
+        self.ip_families(device_families, server_total);
+        self.ip_families(host_families, server_total);
+        self.equal_counts(&counts);
+        self.rank_ids(&ranks, total, complete, "$.server_list");
+
+        match (format, top.get("super_pod_list")) {
+            (Format::V1_2, Some(pods)) => self.super_pods(pods, &server_ids, &super_devices),
+            (Format::V1_2, None) => self.push(
+                "$".into(),
+                Rule::SuperPod,
+                "version 1.2 needs \"super_pod_list\"".into(),
+            ),
+            // HCCL reads super_pod_list only in version 1.2 and ignores it otherwise.
+            (_, _) => {}
+        }
+    }
+}

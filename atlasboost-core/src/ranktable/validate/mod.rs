@@ -1,0 +1,379 @@
+//! The rank-table validator: every rule HCCL applies (SPEC §4), all violations at once.
+//!
+//! It works on the parsed JSON value rather than on the typed model, so a table with a number
+//! where a string belongs is reported like any other problem, together with the rest.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::model::{Format, RankTable};
+use super::node::{Node, Typed};
+use crate::device::Chip;
+
+mod cluster;
+mod devices;
+mod legacy;
+mod ranks;
+mod super_pods;
+mod topology;
+
+/// The longest `server_id` HCCL accepts.
+pub const MAX_SERVER_ID_LEN: usize = 64;
+
+/// One broken rule, where it is broken, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// A JSON path to the offending value, e.g. `$.server_list[1].device[3].rank_id`.
+    pub path: String,
+    /// Which rule is broken.
+    pub rule: Rule,
+    /// What is wrong, naming the values involved.
+    pub message: String,
+}
+
+impl Violation {
+    /// Builds a violation.
+    pub fn new(path: String, rule: Rule, message: String) -> Self {
+        Violation {
+            path,
+            rule,
+            message,
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} [{}]",
+            self.path,
+            self.message,
+            self.rule.as_str()
+        )
+    }
+}
+
+/// The rules a rank table must follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Rule {
+    /// The document's shape: an object, an array or a key where the format wants one.
+    Structure,
+    /// A required key is missing.
+    Missing,
+    /// A scalar is not a JSON string (HCCL rejects numbers, booleans and null).
+    NotString,
+    /// A numeric string is not a decimal number.
+    NotDecimal,
+    /// `version` is not one HCCL's concise parser reads.
+    Version,
+    /// `status` is not `completed`.
+    Status,
+    /// A count (`server_count`, `group_count`, `instance_count`, `device_count`) disagrees with its list.
+    Count,
+    /// `rank_id`s are not exactly `0..N-1`.
+    RankIds,
+    /// A `server_id` appears twice.
+    DuplicateServerId,
+    /// A device appears twice on one server.
+    DuplicateDevice,
+    /// A `device_ip` appears twice in the cluster.
+    DuplicateDeviceIp,
+    /// A value is not a valid IPv4 or IPv6 address.
+    InvalidIp,
+    /// Servers use different IP families.
+    MixedIpFamilies,
+    /// `device_ip` is missing although the table has more than one server.
+    MissingDeviceIp,
+    /// `server_id` is empty or longer than 64 characters.
+    ServerId,
+    /// Servers have different device counts.
+    UnequalDeviceCounts,
+    /// `device_id` is above what the chip has.
+    DeviceIdRange,
+    /// On 910, a server has a device count other than 1, 2, 4 or 8.
+    DeviceCount,
+    /// On 910, a 2- or 4-device server crosses the 0-3 / 4-7 groups.
+    CrossesGroups,
+    /// A port is not a number in 1..65535.
+    Port,
+    /// SuperPoD rules of version 1.2.
+    SuperPod,
+    /// A `pod_name` appears twice (legacy format).
+    DuplicatePodName,
+}
+
+impl Rule {
+    /// The rule's kebab-case name, as shown in messages and in `validate --json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::Structure => "structure",
+            Rule::Missing => "missing",
+            Rule::NotString => "not-string",
+            Rule::NotDecimal => "not-decimal",
+            Rule::Version => "version",
+            Rule::Status => "status",
+            Rule::Count => "count",
+            Rule::RankIds => "rank-ids",
+            Rule::DuplicateServerId => "duplicate-server-id",
+            Rule::DuplicateDevice => "duplicate-device",
+            Rule::DuplicateDeviceIp => "duplicate-device-ip",
+            Rule::InvalidIp => "invalid-ip",
+            Rule::MixedIpFamilies => "mixed-ip-families",
+            Rule::MissingDeviceIp => "missing-device-ip",
+            Rule::ServerId => "server-id",
+            Rule::UnequalDeviceCounts => "unequal-device-counts",
+            Rule::DeviceIdRange => "device-id-range",
+            Rule::DeviceCount => "device-count",
+            Rule::CrossesGroups => "crosses-groups",
+            Rule::Port => "port",
+            Rule::SuperPod => "super-pod",
+            Rule::DuplicatePodName => "duplicate-pod-name",
+        }
+    }
+}
+
+/// The chip whose rules apply to a table when the user names none: 910_93 for version 1.2
+/// (only Atlas A3 reads it), 910 otherwise.
+pub fn default_chip(value: &Value) -> Chip {
+    match value.get("version").and_then(Value::as_str) {
+        Some(v) if v == Format::V1_2.as_str() => Chip::Ascend910_93,
+        _ => Chip::Ascend910,
+    }
+}
+
+/// Validates a typed table (e.g. one the builder made) for `chip`.
+pub fn validate_table(table: &RankTable, chip: Chip) -> Vec<Violation> {
+    match table {
+        RankTable::Cluster(t) => validate_node(Typed::Cluster(t), chip),
+        RankTable::Legacy(t) => validate_node(Typed::Legacy(t), chip),
+    }
+}
+
+/// Validates any JSON value as a rank table for `chip`; returns every violation (empty = valid).
+pub fn validate_value(value: &Value, chip: Chip) -> Vec<Violation> {
+    validate_node(value, chip)
+}
+
+fn validate_node<'a, N: Node<'a>>(top: N, chip: Chip) -> Vec<Violation> {
+    let mut v = Validator {
+        chip,
+        out: Vec::new(),
+    };
+    if !top.is_object() {
+        v.push(
+            "$".into(),
+            Rule::Structure,
+            format!("a rank table is a JSON object, found {}", top.describe().0),
+        );
+    } else if top.get("version").is_some() {
+        v.cluster(top);
+    } else if top.get("group_list").is_some() {
+        v.legacy(top);
+    } else {
+        v.push(
+            "$".into(),
+            Rule::Missing,
+            "neither \"version\" (formats 1.0, 1.2) nor \"group_list\" (legacy format) is present"
+                .into(),
+        );
+    }
+    v.out
+}
+
+/// The elements of an array node, with their indices.
+fn items<'a, N: Node<'a>>(list: N) -> impl Iterator<Item = (usize, N)> {
+    (0..list.len().unwrap_or(0)).filter_map(move |i| list.at(i).map(|n| (i, n)))
+}
+
+/// Where a device is in the document. Paths are only formatted for violations, which keeps
+/// validating a 32,768-rank table fast.
+#[derive(Debug, Clone, Copy)]
+enum Loc {
+    Cluster {
+        server: usize,
+        device: usize,
+    },
+    Legacy {
+        group: usize,
+        instance: usize,
+        device: usize,
+    },
+}
+
+impl Loc {
+    fn path(self) -> String {
+        match self {
+            Loc::Cluster { server, device } => format!("$.server_list[{server}].device[{device}]"),
+            Loc::Legacy {
+                group,
+                instance,
+                device,
+            } => format!("$.group_list[{group}].instance_list[{instance}].devices[{device}]"),
+        }
+    }
+
+    fn key(self, key: &str) -> String {
+        format!("{}.{key}", self.path())
+    }
+}
+
+/// The IP family of the first address seen, and the first address of the other family.
+#[derive(Default)]
+struct Families {
+    first: Option<(String, bool)>,
+    other: Option<(String, bool)>,
+}
+
+impl Families {
+    fn note(&mut self, v6: bool, path: impl FnOnce() -> String) {
+        match &self.first {
+            None => self.first = Some((path(), v6)),
+            Some((_, f)) if *f != v6 && self.other.is_none() => self.other = Some((path(), v6)),
+            Some(_) => {}
+        }
+    }
+}
+
+/// A device as seen on one server: its physical id and where it is.
+struct SeenDevice {
+    id: Option<u32>,
+    loc: Loc,
+}
+
+struct Validator {
+    chip: Chip,
+    out: Vec<Violation>,
+}
+
+impl Validator {
+    fn push(&mut self, path: String, rule: Rule, message: String) {
+        self.out.push(Violation::new(path, rule, message));
+    }
+
+    /// A string field: reports a missing key (if required) or a non-string value.
+    fn string<'a, N: Node<'a>>(
+        &mut self,
+        obj: N,
+        key: &str,
+        path: &dyn Fn() -> String,
+        required: bool,
+    ) -> Option<&'a str> {
+        match obj.get(key) {
+            Some(node) => self.scalar(node, || format!("{}.{key}", path())),
+            None if required => {
+                self.push(
+                    path(),
+                    Rule::Missing,
+                    format!("required key \"{key}\" is missing"),
+                );
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// A value that must be a string; reports it at `path` if it is not.
+    fn scalar<'a, N: Node<'a>>(
+        &mut self,
+        node: N,
+        path: impl FnOnce() -> String,
+    ) -> Option<&'a str> {
+        let s = node.as_str();
+        if s.is_none() {
+            let (kind, text) = node.describe();
+            let hint = if kind == "number" {
+                format!(" (write \"{text}\")")
+            } else {
+                String::new()
+            };
+            self.push(
+                path(),
+                Rule::NotString,
+                format!("must be a JSON string, found {kind} {text}{hint}"),
+            );
+        }
+        s
+    }
+
+    /// A decimal-number string field.
+    fn decimal<'a, N: Node<'a>>(
+        &mut self,
+        obj: N,
+        key: &str,
+        path: &dyn Fn() -> String,
+        required: bool,
+    ) -> Option<u32> {
+        let s = self.string(obj, key, path, required)?;
+        let n = parse_decimal(s);
+        if n.is_none() {
+            self.push(
+                format!("{}.{key}", path()),
+                Rule::NotDecimal,
+                format!("{s:?} is not a decimal number"),
+            );
+        }
+        n
+    }
+
+    /// A required, non-empty array.
+    fn array<'a, N: Node<'a>>(
+        &mut self,
+        obj: N,
+        key: &str,
+        path: &dyn Fn() -> String,
+    ) -> Option<N> {
+        let Some(node) = obj.get(key) else {
+            self.push(
+                path(),
+                Rule::Missing,
+                format!("required key \"{key}\" is missing"),
+            );
+            return None;
+        };
+        match node.len() {
+            Some(0) => {
+                self.push(
+                    format!("{}.{key}", path()),
+                    Rule::Structure,
+                    "must not be empty".into(),
+                );
+                None
+            }
+            Some(_) => Some(node),
+            None => {
+                self.push(
+                    format!("{}.{key}", path()),
+                    Rule::Structure,
+                    format!("must be an array, found {}", node.describe().0),
+                );
+                None
+            }
+        }
+    }
+
+    fn object<'a, N: Node<'a>>(&mut self, node: N, path: &dyn Fn() -> String) -> Option<N> {
+        if node.is_object() {
+            Some(node)
+        } else {
+            self.push(
+                path(),
+                Rule::Structure,
+                format!("must be an object, found {}", node.describe().0),
+            );
+            None
+        }
+    }
+}
+
+/// Parses a plain decimal number (digits only, as HCCL's `SalStrToULong` wants).
+fn parse_decimal(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
