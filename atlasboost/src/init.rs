@@ -40,9 +40,9 @@ use atlasboost_tcp::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::host::{free_port, server_id_hint};
+use crate::host::free_port;
 use crate::probe::make_probe;
-use crate::settings::{Discovery, Origin, parse_seconds};
+use crate::settings::{Discovery, parse_seconds};
 
 /// Text on stderr, flushed; a closed stderr loses it but does not panic (as `eprint!` would).
 fn to_stderr(text: &str) {
@@ -64,17 +64,75 @@ const PARTICIPANT_SLACK: Duration = Duration::from_secs(2);
 
 /// Why [`init`] failed. Each kind is a different exception in the Python package and a
 /// different code in the C ABI; both match every kind (a new kind must get its own there).
+///
+/// The message is whole: the bindings show only it, so a cause is part of the text (and kept
+/// as a field), not a separate `source`.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
     /// A launcher's variables are partly set, malformed or not enough to meet (e.g. no
     /// `MASTER_ADDR`).
     #[error("{0}")]
     LaunchContext(String),
-    /// An `ATLASBOOST_*` setting is malformed.
+    /// A variable has a value that cannot be used.
+    #[error("{variable}={value}: {reason}")]
+    BadVariable {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// An `ATLASBOOST_*` setting cannot be used for another reason.
     #[error("{0}")]
     Config(String),
-    /// A process has no device: the probe failed, too few devices for its local rank, or two
-    /// processes claim one device.
+    /// This host has no address to be its `server_id`.
+    #[error("{error}; set {}", EnvVars::ATLASBOOST_SERVER_ID)]
+    NoServerId {
+        /// Why.
+        error: crate::host::HostError,
+    },
+    /// A file or directory library mode needs cannot be made or read.
+    #[error("cannot {action} {}: {error}", path.display())]
+    File {
+        /// What was tried, as in "cannot {action} PATH".
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The system's error.
+        error: std::io::Error,
+    },
+    /// A process has no device (the probe failed, or too few devices for its local rank).
+    #[error("rank {rank} on host {host} (local rank {local_rank}) has no device: {why}")]
+    NoDevice {
+        /// The launcher's rank of the process.
+        rank: u32,
+        /// Its host (`server_id`).
+        host: String,
+        /// Its local rank.
+        local_rank: u32,
+        /// Why.
+        why: String,
+    },
+    /// Two processes of a host claim one device.
+    #[error(
+        "ranks {first} and {second} both claim device {device} (physical id {physical}) of \
+         host {host}: each process of a host needs its own local rank"
+    )]
+    SameDevice {
+        /// The first process's rank.
+        first: u32,
+        /// The second's.
+        second: u32,
+        /// The device's logical id.
+        device: u32,
+        /// Its physical id.
+        physical: u32,
+        /// The host.
+        host: String,
+    },
+    /// Another device problem: `set_device_id` with another rank's device, a malformed
+    /// probe setting.
     #[error("{0}")]
     Device(String),
     /// The rendezvous failed.
@@ -85,7 +143,20 @@ pub enum InitError {
         /// Whether it ran out of time (a process never arrived).
         timed_out: bool,
     },
-    /// The table cannot be built, validated, read or written.
+    /// A host's table could not be written (another job holds its path, a directory that
+    /// does not exist).
+    #[error("rank {rank} on host {host} could not write the rank table {}: {why}", path.display())]
+    TableNotWritten {
+        /// The writer's rank.
+        rank: u32,
+        /// Its host.
+        host: String,
+        /// The table's path.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// The table cannot be built, validated or read.
     #[error("{0}")]
     RankTable(String),
     /// A call that needs [`init`] came first (the bindings' process-wide job, [`session`]).
@@ -948,10 +1019,12 @@ fn outcome_for(host: &str, statuses: &[Written], hosts: &[String]) -> Result<Out
 /// somewhere this process does not look.
 fn check_outcome(outcome: Outcome, rank: u32, shared: &Shared) -> Result<(), InitError> {
     match outcome {
-        Outcome::Failed { rank: i, host, why } => Err(InitError::RankTable(format!(
-            "rank {i} on host {host} could not write the rank table {}: {why}",
-            shared.table_path.display()
-        ))),
+        Outcome::Failed { rank, host, why } => Err(InitError::TableNotWritten {
+            rank,
+            host,
+            path: shared.table_path.clone(),
+            why,
+        }),
         // The writer of this host wrote where it was told; this process must look there.
         Outcome::Written { writer, path } if path != shared.table_path => {
             Err(InitError::RankTable(format!(
@@ -982,18 +1055,22 @@ fn check_claims(claims: &[Claim]) -> Result<Vec<Device>, InitError> {
         let d = match &c.device {
             Ok(d) => d,
             Err(why) => {
-                return Err(InitError::Device(format!(
-                    "rank {} on host {} (local rank {}) has no device: {why}",
-                    c.rank, c.server_id, c.local_rank
-                )));
+                return Err(InitError::NoDevice {
+                    rank: c.rank,
+                    host: c.server_id.clone(),
+                    local_rank: c.local_rank,
+                    why: why.clone(),
+                });
             }
         };
         if let Some(other) = owner.insert((c.server_id.as_str(), d.physical_id), c.rank) {
-            return Err(InitError::Device(format!(
-                "ranks {other} and {} both claim device {} (physical id {}) of host {}: each \
-                 process of a host needs its own local rank",
-                c.rank, d.logical_id, d.physical_id, c.server_id
-            )));
+            return Err(InitError::SameDevice {
+                first: other,
+                second: c.rank,
+                device: d.logical_id,
+                physical: d.physical_id,
+                host: c.server_id.clone(),
+            });
         }
         devices.push(d.clone());
     }
@@ -1092,15 +1169,15 @@ fn server_id() -> Result<String, InitError> {
     if let Some(id) = env(EnvVars::ATLASBOOST_SERVER_ID) {
         return match id.parse::<Ipv4Addr>() {
             Ok(_) => Ok(id),
-            Err(_) => Err(InitError::Config(format!(
-                "{}={id} is not an IPv4 address (a server_id is its host's IPv4 address)",
-                EnvVars::ATLASBOOST_SERVER_ID
-            ))),
+            Err(_) => Err(InitError::BadVariable {
+                variable: EnvVars::ATLASBOOST_SERVER_ID,
+                value: id,
+                reason: "not an IPv4 address (a server_id is its host's IPv4 address)".into(),
+            }),
         };
     }
     // The launcher's rule: no address is an error, never a silent 127.0.0.1.
-    crate::host::server_id(None)
-        .map_err(|e| InitError::Config(format!("{e}{}", server_id_hint(Origin::Environment))))
+    crate::host::server_id(None).map_err(|error| InitError::NoServerId { error })
 }
 
 /// `ATLASBOOST_RANK_TABLE_FILE`, else `rank_table.json` in the current directory.
@@ -1113,7 +1190,11 @@ fn table_path() -> Result<PathBuf, InitError> {
     }
     std::env::current_dir()
         .map(|d| d.join(path))
-        .map_err(|e| InitError::Config(format!("cannot read the current directory: {e}")))
+        .map_err(|error| InitError::File {
+            action: "read the current directory",
+            path: ".".into(),
+            error,
+        })
 }
 
 /// `ATLASBOOST_RENDEZVOUS_TIMEOUT` in seconds, else [`DEFAULT_TIMEOUT`].
@@ -1121,11 +1202,10 @@ fn timeout() -> Result<Duration, InitError> {
     match env(EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT) {
         None => Ok(DEFAULT_TIMEOUT),
         // The rule of `--rendezvous-timeout`; 1e300 would overflow a Duration.
-        Some(v) => parse_seconds(&v).map_err(|why| {
-            InitError::Config(format!(
-                "{}={v}: {why}",
-                EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT
-            ))
+        Some(v) => parse_seconds(&v).map_err(|reason| InitError::BadVariable {
+            variable: EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT,
+            value: v,
+            reason,
         }),
     }
 }
@@ -1133,12 +1213,14 @@ fn timeout() -> Result<Duration, InitError> {
 /// `ATLASBOOST_RENDEZVOUS_PORT`, else `MASTER_PORT` + 1, else [`DEFAULT_RENDEZVOUS_PORT`].
 fn rendezvous_port(c: &LaunchContext) -> Result<u16, InitError> {
     if let Some(v) = env(EnvVars::ATLASBOOST_RENDEZVOUS_PORT) {
-        return v.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-            InitError::Config(format!(
-                "{}={v} is not a TCP port (1-65535)",
-                EnvVars::ATLASBOOST_RENDEZVOUS_PORT
-            ))
-        });
+        return match v.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(p),
+            _ => Err(InitError::BadVariable {
+                variable: EnvVars::ATLASBOOST_RENDEZVOUS_PORT,
+                value: v,
+                reason: "not a TCP port (1-65535)".into(),
+            }),
+        };
     }
     Ok(match c.master_port {
         Some(p) if p < u16::MAX => p + 1,
@@ -1300,15 +1382,19 @@ fn private_dir() -> Result<PathBuf, InitError> {
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(InitError::Config(format!(
-                "cannot create {} for the rendezvous socket: {e}",
-                dir.display()
-            )));
+        Err(error) => {
+            return Err(InitError::File {
+                action: "create the rendezvous socket's directory",
+                path: dir,
+                error,
+            });
         }
     }
-    let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| InitError::Config(format!("cannot read {}: {e}", dir.display())))?;
+    let meta = std::fs::symlink_metadata(&dir).map_err(|error| InitError::File {
+        action: "read",
+        path: dir.clone(),
+        error,
+    })?;
     if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
         return Err(InitError::Config(format!(
             "{} is not a directory that only this user (uid {uid}) can enter (mode {:o}, \

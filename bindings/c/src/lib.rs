@@ -164,13 +164,18 @@ impl From<InitError> for Failure {
 fn error_code(e: &InitError) -> c_int {
     match e {
         InitError::LaunchContext(_) => ATLASBOOST_ERR_LAUNCH_CONTEXT,
-        InitError::Config(_) => ATLASBOOST_ERR_CONFIG,
-        InitError::Device(_) => ATLASBOOST_ERR_DEVICE,
+        InitError::BadVariable { .. }
+        | InitError::Config(_)
+        | InitError::NoServerId { .. }
+        | InitError::File { .. } => ATLASBOOST_ERR_CONFIG,
+        InitError::NoDevice { .. } | InitError::SameDevice { .. } | InitError::Device(_) => {
+            ATLASBOOST_ERR_DEVICE
+        }
         InitError::Rendezvous {
             timed_out: true, ..
         } => ATLASBOOST_ERR_RENDEZVOUS_TIMEOUT,
         InitError::Rendezvous { .. } => ATLASBOOST_ERR_RENDEZVOUS,
-        InitError::RankTable(_) => ATLASBOOST_ERR_RANK_TABLE,
+        InitError::TableNotWritten { .. } | InitError::RankTable(_) => ATLASBOOST_ERR_RANK_TABLE,
         InitError::NotInitialized => ATLASBOOST_ERR_NOT_INITIALIZED,
     }
 }

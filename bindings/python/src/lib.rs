@@ -117,18 +117,25 @@ impl From<Error> for PyErr {
         let message = e.to_string();
         match e {
             InitError::LaunchContext(_) => LaunchContextError::new_err(message),
-            InitError::Config(_) => Python::attach(|py| match config_error(py) {
+            InitError::BadVariable { .. }
+            | InitError::Config(_)
+            | InitError::NoServerId { .. }
+            | InitError::File { .. } => Python::attach(|py| match config_error(py) {
                 Ok(ty) => PyErr::from_type(ty, message),
                 Err(e) => e,
             }),
-            InitError::Device(_) => DeviceError::new_err(message),
+            InitError::NoDevice { .. } | InitError::SameDevice { .. } | InitError::Device(_) => {
+                DeviceError::new_err(message)
+            }
             InitError::Rendezvous {
                 timed_out: true, ..
             } => RendezvousTimeout::new_err(message),
             InitError::Rendezvous {
                 timed_out: false, ..
             } => RendezvousError::new_err(message),
-            InitError::RankTable(_) => RankTableError::new_err(message),
+            InitError::TableNotWritten { .. } | InitError::RankTable(_) => {
+                RankTableError::new_err(message)
+            }
             InitError::NotInitialized => NotInitializedError::new_err(message),
         }
     }
