@@ -199,11 +199,7 @@ mod tests {
         Discovery {
             probe,
             sim,
-            sim_chip: "910".into(),
-            sim_ipv6: false,
-            devices: None,
-            hccn_conf: None,
-            origin,
+            ..Discovery::defaults(origin)
         }
     }
 

@@ -130,6 +130,21 @@ pub struct Discovery {
 }
 
 impl Discovery {
+    /// What nothing set means: `auto` (the driver, else hccn.conf), every device, chip 910 for
+    /// simulated ones; given by `origin`.
+    #[must_use]
+    pub fn defaults(origin: Origin) -> Discovery {
+        Discovery {
+            probe: ProbeKind::Auto,
+            sim: None,
+            sim_chip: "910".into(),
+            sim_ipv6: false,
+            devices: None,
+            hccn_conf: None,
+            origin,
+        }
+    }
+
     /// Library mode's discovery: `ATLASBOOST_PROBE`, `ATLASBOOST_SIM` (and
     /// `ATLASBOOST_HCCN_CONF`, read when the probe needs it).
     ///
@@ -162,11 +177,7 @@ impl Discovery {
         Ok(Discovery {
             probe,
             sim,
-            sim_chip: "910".into(),
-            sim_ipv6: false,
-            devices: None,
-            hccn_conf: None,
-            origin: Origin::Environment,
+            ..Discovery::defaults(Origin::Environment)
         })
     }
 }

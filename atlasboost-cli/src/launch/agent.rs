@@ -615,11 +615,7 @@ mod tests {
                         discovery: Discovery {
                             probe: atlasboost::settings::ProbeKind::Sim,
                             sim: Some(4),
-                            sim_chip: "910".into(),
-                            sim_ipv6: false,
-                            hccn_conf: None,
-                            devices: None,
-                            origin: atlasboost::settings::Origin::CommandLine,
+                            ..Discovery::defaults(atlasboost::settings::Origin::CommandLine)
                         },
                         endpoint: coordinator.endpoint().to_string(),
                         job_id: "t".into(),
