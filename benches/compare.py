@@ -191,6 +191,25 @@ def run_checked(name, cmd, stdout, stderr_path=None, env=None):
     return elapsed
 
 
+def add_baseline(args, names, tools, cmds):
+    """With --baseline PATH: the same atlasboost commands with that binary (another build, e.g.
+    before a change), as contenders `baseline` and `baseline-mpi`, alternating with the rest."""
+    if not getattr(args, "baseline", None):
+        return
+    tools["baseline"] = find_atlasboost(args.baseline)
+    for n in [n for n in names if n.startswith("atlasboost")]:
+        b = n.replace("atlasboost", "baseline", 1)
+        cmds[b] = [tools["baseline"], *cmds[n][1:]]
+        names.append(b)
+
+
+def print_baseline_ratios(names, median, what):
+    for n in [n for n in names if n.startswith("atlasboost")]:
+        b = n.replace("atlasboost", "baseline", 1)
+        if b in names:
+            print(f"{n}/{b} {what}: {median[n] / median[b]:.2f} (the same work before and after: ~1.00 is within noise)")
+
+
 def time_alternating(names, cmds, runs):
     """Wall times of `runs` runs of each command, alternating, after 2 warm-up runs of each."""
     print(f"{runs} runs of each, alternating, after 2 warm-up runs of each; stdout and stderr to /dev/null\n")
@@ -249,6 +268,7 @@ def cmd_launch(args):
         # The placement `run --mpi` asks for, so that both start the same mpirun job.
         cmds["mpirun"] = [tools["mpirun"], *MPIRUN_FLAGS, "-np", "8", "-H", "localhost:8",
                           "-bind-to", "none", "-map-by", "slot", "true"]
+    add_baseline(args, names, tools, cmds)
     print("# launch: start 8 ranks of `true` and wait for them\n")
     print_machine(tools)
     print_commands(cmds)
@@ -261,6 +281,7 @@ def cmd_launch(args):
             if n in names:
                 ratio = statistics.median(times[n]) / statistics.median(times["mpirun"])
                 print(f"{n}/mpirun median: {ratio:.2f} (target <= {target}: {verdict(ratio <= target)})")
+    print_baseline_ratios(names, {n: statistics.median(t) for n, t in times.items()}, "median time")
 
 
 # ---------------------------------------------------------------- init (library mode)
@@ -357,6 +378,7 @@ def cmd_output(args):
     if "raw" in names:
         # The same ranks with no launcher: one shell starts them all on one shared pipe, untagged.
         cmds["raw"] = ["sh", "-c", f"{gen} & " * args.ranks + "wait"]
+    add_baseline(args, names, tools, cmds)
     expected = args.ranks * args.lines
     where = scratch_dir() or tempfile.gettempdir()
     print(f"# output: {args.ranks} ranks x {args.lines} lines, stdout to a file in {where}\n")
@@ -395,6 +417,7 @@ def cmd_output(args):
         print(f"atlasboost time / raw time:    {r:.2f} (target <= 3: {verdict(r <= 3)})")
     if "mpirun" in names and "raw" in names:
         print(f"mpirun time / raw time:        {med['mpirun'] / med['raw']:.2f} (for reference)")
+    print_baseline_ratios(names, med, "median time")
     for n in ("atlasboost", "atlasboost-mpi"):
         if torn.get(n):
             print(f"WARNING: {n} tore {torn[n]:,} lines; it should deliver every line whole")
@@ -629,6 +652,9 @@ def main():
     def add(name, help, only):
         s = sub.add_parser(name, help=help, description=help)
         s.add_argument("--atlasboost", metavar="PATH", help=f"the atlasboost binary (default {DEFAULT_ATLASBOOST})")
+        if name in ("launch", "output"):
+            s.add_argument("--baseline", metavar="PATH",
+                           help="another atlasboost binary (e.g. before a change), run alternating as `baseline`")
         if only:
             s.add_argument("--only", metavar="LIST", help=f"only these, comma-separated: {only}")
         return s

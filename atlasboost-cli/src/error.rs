@@ -20,6 +20,16 @@ pub enum CliError {
     /// Options that do not fit together; exit 2.
     #[error("{0}")]
     Usage(String),
+    /// A host of `-H` or a hostfile line that cannot be used; exit 2.
+    #[error("{origin}: {text:?} {why}")]
+    BadHost {
+        /// Where it was given: `-H "LIST"`, or `FILE:LINE`.
+        origin: String,
+        /// The entry as written.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// Anything else atlasboost could not do; exit 125.
     #[error("{0}")]
     Failure(String),
@@ -124,7 +134,7 @@ impl CliError {
     /// The exit code for this error (SPEC §8).
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Usage(_) => ExitCodes::USAGE,
+            CliError::Usage(_) | CliError::BadHost { .. } => ExitCodes::USAGE,
             CliError::Probe(e) if e.is_usage() => ExitCodes::USAGE,
             CliError::Remote { code, .. } => *code,
             CliError::Spawn { reason, .. } => match reason.kind() {

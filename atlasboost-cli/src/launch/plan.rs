@@ -58,8 +58,11 @@ pub fn parse_host_list(list: &str) -> Result<Vec<HostSpec>, CliError> {
                 Some((name, slots)) => (name, Some(slots)),
                 None => (item, None),
             };
-            host_spec(name, slots, "-H")
-                .map_err(|why| CliError::Usage(format!("-H {list:?}: {item:?} {why}")))
+            host_spec(name, slots, "-H").map_err(|why| CliError::BadHost {
+                origin: format!("-H {list:?}"),
+                text: item.to_string(),
+                why,
+            })
         })
         .collect()
 }
@@ -68,8 +71,8 @@ pub fn parse_host_list(list: &str) -> Result<Vec<HostSpec>, CliError> {
 ///
 /// # Errors
 ///
-/// [`CliError::Usage`] naming the file and line of a malformed entry, or the file if it
-/// cannot be read or lists no host.
+/// [`CliError::BadHost`] naming the file and line of a malformed entry; [`CliError::Usage`]
+/// naming the file if it cannot be read or lists no host.
 pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::Usage(format!("cannot read hostfile {}: {e}", path.display())))?;
@@ -80,7 +83,11 @@ pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
         if line.is_empty() {
             continue;
         }
-        let bad = |why: String| CliError::Usage(format!("{origin}: {line:?} {why}"));
+        let bad = |why: String| CliError::BadHost {
+            origin: origin.clone(),
+            text: line.to_string(),
+            why,
+        };
         let mut words = line.split_whitespace();
         let first = words.next().unwrap_or("");
         let (name, mut slots) = match first.split_once(':') {
@@ -299,6 +306,7 @@ mod tests {
     fn usage(e: CliError) -> String {
         match e {
             CliError::Usage(m) => m,
+            e @ CliError::BadHost { .. } => e.to_string(),
             other => panic!("expected a usage error, got {other:?}"),
         }
     }
