@@ -30,9 +30,124 @@ pub enum CliError {
         /// What is wrong with it.
         why: String,
     },
-    /// Anything else atlasboost could not do; exit 125.
+    /// What the coordinator or an agent said in words (a refusal of the hosts' reports,
+    /// which crosses the wire as text); exit 125.
     #[error("{0}")]
     Failure(String),
+    /// The launcher is not the only thread of its process; exit 125.
+    #[error(
+        "the launcher must be the only thread of its process, which has {threads}: signals \
+         meant for it would reach the others; run the atlasboost command as a process of its own"
+    )]
+    NotAlone {
+        /// How many threads the process has.
+        threads: usize,
+    },
+    /// The lifeline process cannot be started; exit 125.
+    #[error("cannot start the lifeline process: {step}")]
+    Lifeline {
+        /// The step that failed.
+        step: &'static str,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// This machine has no IPv4 address to name it by; exit 125.
+    #[error("{error}; pass -H with this host's address (or -H 127.0.0.1)")]
+    ThisMachine {
+        /// Why.
+        error: HostError,
+    },
+    /// `run --mpi` found no device on this machine; exit 125.
+    #[error("this machine has no device to start a worker on")]
+    NoLocalDevices,
+    /// A host is not an IP address (the route to it cannot be found); exit 125.
+    #[error("host {host} has no IP address")]
+    NoHostAddress {
+        /// The host.
+        host: String,
+    },
+    /// No route leads to a host; exit 125.
+    #[error("no route to host {host}; pass --rendezvous-addr")]
+    NoRoute {
+        /// The host.
+        host: String,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The route to a host leaves from loopback; exit 125.
+    #[error(
+        "the route to host {host} leaves from loopback address {from}, which that host cannot \
+         reach; pass --rendezvous-addr"
+    )]
+    LoopbackRoute {
+        /// The host.
+        host: String,
+        /// The loopback address.
+        from: std::net::IpAddr,
+    },
+    /// The relays of `run --mpi` have nowhere to connect; exit 125.
+    #[error("cannot listen for the relays on {addr} (pass --rendezvous-addr)")]
+    RelayDoor {
+        /// The address.
+        addr: std::net::IpAddr,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A relay could not introduce itself to the launcher; exit 125.
+    #[error("rank {rank}: {why}")]
+    Introduction {
+        /// The relay's rank.
+        rank: u32,
+        /// Why (the handshake's words).
+        why: String,
+    },
+    /// ssh cannot be started for a host; exit 125.
+    #[error("cannot start ssh for host {host}")]
+    Ssh {
+        /// The host.
+        host: String,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A remote host's session ended before its agent was ready; exit 125.
+    #[error("host {host}: {what}; ssh said: {said}")]
+    HostLost {
+        /// The host.
+        host: String,
+        /// What ended (`ssh could not start atlasboost agent there`, ...).
+        what: &'static str,
+        /// ssh's (or the agent's) last lines.
+        said: String,
+    },
+    /// A remote host's agent does not speak the protocol; exit 125.
+    #[error("host {host}: its agent sent something that is not the protocol: {why}")]
+    Protocol {
+        /// The host.
+        host: String,
+        /// What was wrong.
+        why: String,
+    },
+    /// Hosts that never said they wrote the table; exit 125.
+    #[error("host{} {} did not report the table written within {limit:.0?}", if hosts.len() == 1 { "" } else { "s" }, hosts.join(", "))]
+    TableNotReported {
+        /// The hosts.
+        hosts: Vec<String>,
+        /// How long they had.
+        limit: std::time::Duration,
+    },
+    /// The worker directory does not exist on a remote host; exit 125.
+    #[error(
+        "the worker directory {} does not exist here (--wdir, or the launcher's current \
+         directory)", path.display()
+    )]
+    NoWorkerDir {
+        /// The directory.
+        path: std::path::PathBuf,
+    },
     /// Something of the system's atlasboost needs cannot be had (a pipe, a thread, random
     /// bytes, the console, its signals); exit 125.
     #[error("cannot {action}")]
@@ -148,6 +263,20 @@ impl CliError {
                 _ => ExitCodes::FAILURE,
             },
             CliError::Core(_)
+            | CliError::NotAlone { .. }
+            | CliError::Lifeline { .. }
+            | CliError::ThisMachine { .. }
+            | CliError::NoLocalDevices
+            | CliError::NoHostAddress { .. }
+            | CliError::NoRoute { .. }
+            | CliError::LoopbackRoute { .. }
+            | CliError::RelayDoor { .. }
+            | CliError::Introduction { .. }
+            | CliError::Ssh { .. }
+            | CliError::HostLost { .. }
+            | CliError::Protocol { .. }
+            | CliError::TableNotReported { .. }
+            | CliError::NoWorkerDir { .. }
             | CliError::System { .. }
             | CliError::File { .. }
             | CliError::Json { .. }

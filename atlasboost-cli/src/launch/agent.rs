@@ -397,11 +397,9 @@ fn watch_for_hang_up() -> Arc<AtomicBool> {
 fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
     let settings = &config.workers;
     if !settings.wdir.is_dir() {
-        return Err(CliError::Failure(format!(
-            "the worker directory {} does not exist here (--wdir, or the launcher's current \
-             directory)",
-            settings.wdir.display()
-        )));
+        return Err(CliError::NoWorkerDir {
+            path: settings.wdir.clone(),
+        });
     }
     // Before the rendezvous: a host whose table path another job holds fails the job before
     // any worker starts anywhere.

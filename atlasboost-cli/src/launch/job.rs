@@ -57,22 +57,21 @@ pub(crate) fn rendezvous_address(
     let target: IpAddr = remote
         .server_id
         .parse()
-        .map_err(|_| CliError::Failure(format!("host {} has no IP address", remote.describe())))?;
+        .map_err(|_| CliError::NoHostAddress {
+            host: remote.describe(),
+        })?;
     let ours = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
         .and_then(|s| s.connect((target, 9)).and_then(|()| s.local_addr()))
-        .map_err(|e| {
-            CliError::Failure(format!(
-                "no route to host {} ({e}); pass --rendezvous-addr",
-                remote.describe()
-            ))
+        .map_err(|source| CliError::NoRoute {
+            host: remote.describe(),
+            source,
         })?
         .ip();
     if ours.is_loopback() && !target.is_loopback() {
-        return Err(CliError::Failure(format!(
-            "the route to host {} leaves from loopback address {ours}, which that host cannot \
-             reach; pass --rendezvous-addr",
-            remote.describe()
-        )));
+        return Err(CliError::LoopbackRoute {
+            host: remote.describe(),
+            from: ours,
+        });
     }
     Ok(ours)
 }

@@ -79,8 +79,9 @@ impl Lifeline {
     ///
     /// [`CliError::Failure`] if the pipe or the fork fails.
     pub fn start() -> Result<Lifeline, CliError> {
-        let failed = |what: &str, e: Errno| {
-            CliError::Failure(format!("cannot start the lifeline process: {what}: {e}"))
+        let failed = |step: &'static str, e: Errno| CliError::Lifeline {
+            step,
+            source: e.into(),
         };
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| failed("no pipe", e))?;

@@ -457,12 +457,10 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
                 })
                 .map(|(_, h)| h.describe())
                 .collect();
-            failure = Some(CliError::Failure(format!(
-                "host{} {} did not report the table written within {:.0?}",
-                if waiting.len() == 1 { "" } else { "s" },
-                waiting.join(", "),
-                join_limit
-            )));
+            failure = Some(CliError::TableNotReported {
+                hosts: waiting,
+                limit: join_limit,
+            });
             break;
         }
         if progress && started.elapsed() > Duration::from_secs(1) {
@@ -558,17 +556,17 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> O
                 } else {
                     "ssh could not start atlasboost agent there"
                 };
-                return Some(CliError::Failure(format!(
-                    "host {}: {what}; ssh said: {}",
-                    r.host,
-                    r.err_tail()
-                )));
+                return Some(CliError::HostLost {
+                    host: r.host.clone(),
+                    what,
+                    said: r.err_tail(),
+                });
             }
             Err(why) => {
-                return Some(CliError::Failure(format!(
-                    "host {}: its agent sent something that is not the protocol: {why}",
-                    r.host
-                )));
+                return Some(CliError::Protocol {
+                    host: r.host.clone(),
+                    why: why.to_string(),
+                });
             }
         }
     }

@@ -91,10 +91,11 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         rendezvous_address(args, &resolve_hosts(&hosts)?)?
     };
     let secret = Secret::random().map_err(CliError::system("make the job's secret"))?;
-    let door = RelayDoor::open(relay_ip, np, &job_id, secret.clone()).map_err(|e| {
-        CliError::Failure(format!(
-            "cannot listen for the relays on {relay_ip} (pass --rendezvous-addr): {e}"
-        ))
+    let door = RelayDoor::open(relay_ip, np, &job_id, secret.clone()).map_err(|source| {
+        CliError::RelayDoor {
+            addr: relay_ip,
+            source,
+        }
     })?;
     let relay_address = door.address();
     let relay = match &args.remote_atlasboost {
@@ -344,9 +345,7 @@ fn default_np(args: &RunSettings, hosts: &[HostSpec]) -> Result<u32, CliError> {
         let devices = atlasboost::probe::make_probe(&args.discovery, &server)?.probe()?;
         return match u32::try_from(devices.len()) {
             Ok(n) if n > 0 => Ok(n),
-            _ => Err(CliError::Failure(
-                "this machine has no device to start a worker on".into(),
-            )),
+            _ => Err(CliError::NoLocalDevices),
         };
     }
     hosts
@@ -436,8 +435,13 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         local_rank: context.local_rank,
         host: &host,
     };
-    let connection = introduce(&address, local.as_deref(), &who, RELAY_CONNECT_TIMEOUT)
-        .map_err(|why| CliError::Failure(format!("rank {}: {why}", context.rank)))?;
+    let connection =
+        introduce(&address, local.as_deref(), &who, RELAY_CONNECT_TIMEOUT).map_err(|why| {
+            CliError::Introduction {
+                rank: context.rank,
+                why,
+            }
+        })?;
     let commands = connection
         .try_clone()
         .map_err(CliError::system("duplicate the connection"))?;

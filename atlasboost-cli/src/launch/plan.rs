@@ -182,11 +182,7 @@ pub fn resolve_hosts(specs: &[HostSpec]) -> Result<Vec<HostPlan>, CliError> {
 ///
 /// [`CliError::Failure`] when this machine has no usable IPv4 address.
 pub fn this_machine() -> Result<HostPlan, CliError> {
-    let ip = primary_ipv4().map_err(|e| {
-        CliError::Failure(format!(
-            "{e}; pass -H with this host's address (or -H 127.0.0.1)"
-        ))
-    })?;
+    let ip = primary_ipv4().map_err(|error| CliError::ThisMachine { error })?;
     Ok(HostPlan {
         name: ip.to_string(),
         server_id: ip.to_string(),

@@ -126,9 +126,10 @@ impl Remote {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| CliError::Failure(format!("cannot start ssh for host {host}: {e}")))?;
+        let mut child = cmd.spawn().map_err(|source| CliError::Ssh {
+            host: host.to_string(),
+            source,
+        })?;
         let (stdin, out, err) = (
             child.stdin.take().map(|s| File::from(OwnedFd::from(s))),
             child.stdout.take().map(OwnedFd::from),

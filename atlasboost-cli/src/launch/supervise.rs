@@ -75,11 +75,7 @@ impl Signals {
         // would take the process's SIGCHLD and SIGINT, and the launcher would wait for ever.
         let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
         if threads > 1 {
-            return Err(CliError::Failure(format!(
-                "the launcher must be the only thread of its process, which has {threads}: \
-                 signals meant for it would reach the others; run the atlasboost command as a \
-                 process of its own"
-            )));
+            return Err(CliError::NotAlone { threads });
         }
         // An ignored SIGCHLD, inherited across exec from a parent that set it (Python's
         // `signal(SIGCHLD, SIG_IGN)`), would make the kernel reap the workers unseen. The other
