@@ -31,6 +31,28 @@ fn start_job_a() -> (Launch, String) {
     (a, job)
 }
 
+/// Job B: 2 ranks in `dir` (with `extra` options) that count the ranks of the table they
+/// read; asserts it ran and every rank read a 2-rank table.
+fn job_b(dir: &str, extra: &[&str]) -> Finished {
+    let b = Run::new(["run", "-q", "--sim", "2", "--wdir", dir])
+        .args(extra)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo ranks=$(grep -c '\"rank_id\"' \"$RANK_TABLE_FILE\")",
+        ])
+        .run();
+    b.assert_code(0);
+    assert_eq!(
+        b.out().lines().filter(|l| l.ends_with("ranks=2")).count(),
+        2,
+        "{}",
+        b.describe()
+    );
+    b
+}
+
 fn release(a: &Launch) {
     std::fs::write(a.dir().join("release"), "").unwrap();
 }
@@ -82,28 +104,8 @@ fn a_second_job_on_a_running_jobs_table_fails_at_once_naming_it() {
         "no worker of job B started"
     );
     // With a table of its own, job B runs beside job A.
-    let b = Run::new([
-        "run",
-        "-q",
-        "--sim",
-        "2",
-        "--wdir",
-        &dir,
-        "--rank-table",
-        "b.json",
-        "--",
-        "sh",
-        "-c",
-        "echo ranks=$(grep -c '\"rank_id\"' \"$RANK_TABLE_FILE\")",
-    ])
-    .run();
-    b.assert_code(0);
-    assert_eq!(
-        b.out().lines().filter(|l| l.ends_with("ranks=2")).count(),
-        2,
-        "{}",
-        b.describe()
-    );
+    let b = job_b(&dir, &["--rank-table", "b.json"]);
+    assert!(!b.err().contains(&job_a), "{}", b.describe());
     assert!(
         !a.dir().join("b.json.lock").exists(),
         "a finished job's lock file is gone"
@@ -125,27 +127,8 @@ fn kill_9_of_the_holder_leaves_no_stale_lock() {
     let a = a.wait();
     assert_eq!(a.code(), None, "killed by SIGKILL: {}", a.describe());
     // The lock file may stay, with its dead holder's record; the lock does not.
-    let b = Run::new([
-        "run",
-        "-q",
-        "--sim",
-        "2",
-        "--wdir",
-        &dir.display().to_string(),
-        "--",
-        "sh",
-        "-c",
-        "echo ranks=$(grep -c '\"rank_id\"' \"$RANK_TABLE_FILE\")",
-    ])
-    .run();
-    b.assert_code(0);
+    let b = job_b(&dir.display().to_string(), &[]);
     assert!(!b.err().contains(&job_a), "{}", b.describe());
-    assert_eq!(
-        b.out().lines().filter(|l| l.ends_with("ranks=2")).count(),
-        2,
-        "{}",
-        b.describe()
-    );
 }
 
 #[test]
