@@ -68,11 +68,12 @@ impl Signals {
     ///
     /// # Errors
     ///
-    /// [`CliError::Failure`] if the mask or the signalfd cannot be set up.
+    /// [`CliError::NotAlone`] beside other threads; [`CliError::System`] if the mask or the
+    /// signalfd cannot be set up.
     pub fn block() -> Result<Signals, CliError> {
         // Blocking is per thread: another thread of the process (a program that embeds the
-        // launcher, e.g. the Python package's `_cli.main` called from a threaded program)
-        // would take the process's SIGCHLD and SIGINT, and the launcher would wait for ever.
+        // launcher's library) would take the process's SIGCHLD and SIGINT, and the launcher
+        // would wait for ever.
         let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
         if threads > 1 {
             return Err(CliError::NotAlone { threads });
@@ -1364,5 +1365,20 @@ fn children_of_this_process() -> Option<Vec<u32>> {
 fn signal_orphans(own: &[u32], signal: Signal) {
     for pid in orphans(own) {
         let _ = nix::sys::signal::kill(pid, signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_launcher_refuses_to_run_beside_other_threads() {
+        // The test harness runs this on a thread of its own, beside its main thread: exactly
+        // what a program embedding the launcher would do. Nothing is blocked before the check.
+        match Signals::block() {
+            Err(CliError::NotAlone { threads }) => assert!(threads > 1),
+            other => panic!("expected NotAlone, got {other:?}"),
+        }
     }
 }
