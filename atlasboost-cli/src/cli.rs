@@ -223,7 +223,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", default_value = "tensorflow", value_parser = framework_parser())]
     pub framework: Framework,
 
-    /// Where every host writes the cluster rank table (relative to --wdir).
+    /// Where every host writes the cluster rank table (relative to --wdir); one running job per
+    /// path on each host.
     #[arg(long, value_name = "PATH", default_value = "rank_table.json")]
     pub rank_table: PathBuf,
 
@@ -243,7 +244,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub wdir: Option<PathBuf>,
 
-    /// Also write each rank's stdout.log and stderr.log in DIR/rank.N/.
+    /// Also write each rank's stdout.log and stderr.log in DIR/<job id>/rank.N/ (DIR/latest: the
+    /// newest job's); never over another job's logs.
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
 

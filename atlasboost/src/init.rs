@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::host::free_port;
 use crate::probe::make_probe;
-use crate::settings::{Discovery, parse_seconds};
+use crate::settings::{Discovery, env, parse_seconds};
 
 /// Text on stderr, flushed; a closed stderr loses it but does not panic (as `eprint!` would).
 fn to_stderr(text: &str) {
@@ -1159,10 +1159,6 @@ fn job_at(
 }
 
 /// A variable's value; empty counts as unset.
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
 /// `ATLASBOOST_SERVER_ID` (an IPv4 address), else this host's primary IPv4 address (the rule of
 /// [`crate::host::server_id`]).
 fn server_id() -> Result<String, InitError> {

@@ -152,8 +152,7 @@ impl Discovery {
     ///
     /// A message naming the malformed variable and its value.
     pub fn from_env() -> Result<Discovery, String> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let probe = match var(EnvVars::ATLASBOOST_PROBE) {
+        let probe = match env(EnvVars::ATLASBOOST_PROBE) {
             None => ProbeKind::Auto,
             Some(name) => ProbeKind::from_name(&name).ok_or_else(|| {
                 format!(
@@ -162,7 +161,7 @@ impl Discovery {
                 )
             })?,
         };
-        let sim = match var(EnvVars::ATLASBOOST_SIM) {
+        let sim = match env(EnvVars::ATLASBOOST_SIM) {
             None => None,
             Some(v) => match v.parse::<u32>() {
                 Ok(n) if (1..=255).contains(&n) => Some(n),
@@ -180,6 +179,11 @@ impl Discovery {
             ..Discovery::defaults(Origin::Environment)
         })
     }
+}
+
+/// A variable's value in library mode; empty (or blank) counts as unset.
+pub(crate) fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// A number of seconds more than 0 (possibly fractional): `--rendezvous-timeout`,

@@ -37,14 +37,18 @@ pub(crate) const HERMETIC_LIST: &str = include_str!("../hermetic-env.txt");
 
 /// Whether a hermetic test removes `name` from a started program's environment.
 pub fn is_hermetic(name: &str) -> bool {
-    HERMETIC_LIST
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .any(|l| match l.strip_suffix('*') {
-            Some(prefix) => name.starts_with(prefix),
-            None => name == l,
-        })
+    // The list, parsed once: every started program asks about every variable.
+    static ENTRIES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+        HERMETIC_LIST
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect()
+    });
+    ENTRIES.iter().any(|l| match l.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *l,
+    })
 }
 
 /// The last [`SHOWN_BYTES`] of `bytes`, as text, for panic messages.
