@@ -244,8 +244,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub wdir: Option<PathBuf>,
 
-    /// Also write each rank's stdout.log and stderr.log in DIR/<job id>/rank.N/ (DIR/latest: the
-    /// newest job's); never over another job's logs.
+    /// Also write each rank's stdout.log and stderr.log in DIR/ID/rank.N/, ID being the job's id
+    /// (DIR/latest: the newest job's); never over another job's logs.
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
 
