@@ -7,6 +7,7 @@
     python3 benches/compare.py ssh [--runs 10] [--hosts 3]
     python3 benches/compare.py init [--runs 10]
     python3 benches/compare.py pip [--runs 1] [--warm]
+    python3 benches/compare.py restart [--runs 5] [--torchrun PATH] [--python PATH]
 
 - launch: wall time of starting 8 ranks of `true` and waiting for them (targets:
   atlasboost/mpirun median <= 1.0; `atlasboost run --mpi`, which starts mpirun, <= 1.1).
@@ -26,6 +27,15 @@
 - pip: wall time of `pip install ./bindings/python` in a new virtual environment, with MPI
   support required (ATLASBOOST_WITH_MPI=1) and without it (=0), each in an empty cargo target
   directory (--warm: the workspace's). Needs the network to PyPI (pip fetches maturin).
+- restart: 8 ranks (atlasboost: 2 local simulated hosts x 4) of a worker that writes its start
+  time; rank 3 exits 1 on the first attempt. The time from that exit to the last rank of the
+  second attempt starting, `atlasboost run --max-restarts 1 --restart-delay 0` against
+  `torchrun --standalone --nproc-per-node 8 --max-restarts 1` (target: atlasboost <= 0.2x
+  torchrun), with a shell worker and with a Python one; and the cost of Python's
+  `atlasboost.heartbeat()` (target < 2 us). torchrun comes from a virtual environment of the
+  benchmark's own (--torchrun, default target/bench-venv/bin/torchrun: `python3 -m venv
+  target/bench-venv && target/bench-venv/bin/pip install torch`); the Python package from
+  --python (default target/python-venv/bin/python, made by scripts/test-python.sh).
 
 Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
 output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
@@ -645,6 +655,151 @@ def cmd_pip(args):
     print_table(["build", "median s", "min s", "max s"], rows)
 
 
+# ---------------------------------------------------------------- restart
+
+RESTART_SH = """#!/bin/sh
+# Writes its start time; rank 3 fails on the first attempt, the others wait to be stopped.
+attempt=${ATLASBOOST_RESTART_COUNT:-$TORCHELASTIC_RESTART_COUNT}
+t=$(date +%s.%N)
+echo "$t" > "$BENCH_DIR/start.$attempt.$RANK"
+if [ "$attempt" = 0 ]; then
+    if [ "$RANK" = 3 ]; then date +%s.%N > "$BENCH_DIR/fail"; exit 1; fi
+    exec sleep 30
+fi
+"""
+
+RESTART_PY = """import os, sys, time
+t = time.time()
+attempt = os.environ.get("ATLASBOOST_RESTART_COUNT") or os.environ["TORCHELASTIC_RESTART_COUNT"]
+rank, d = os.environ["RANK"], os.environ["BENCH_DIR"]
+open(f"{d}/start.{attempt}.{rank}", "w").write(repr(t))
+if attempt == "0":
+    if rank == "3":
+        open(f"{d}/fail", "w").write(repr(time.time()))
+        sys.exit(1)
+    time.sleep(30)
+"""
+
+HEARTBEAT_PY = """import os, sys, tempfile, time
+os.environ["ATLASBOOST_HEARTBEAT_FILE"] = os.path.join(tempfile.mkdtemp(), "beat")
+import atlasboost
+assert atlasboost.heartbeat(0)
+n = 1_000_000
+best = None
+for _ in range(5):
+    t = time.perf_counter()
+    for i in range(n):
+        atlasboost.heartbeat(i)
+    per = (time.perf_counter() - t) / n
+    best = per if best is None else min(best, per)
+t = time.perf_counter()
+for i in range(n):
+    pass
+print(best, (time.perf_counter() - t) / n)
+"""
+
+
+def restart_latency(name, cmd, bench_dir, env):
+    """One restart: seconds from rank 3's failure to the last rank of attempt 1 starting."""
+    for f in Path(bench_dir).iterdir():
+        f.unlink()
+    run_checked(name, cmd, subprocess.DEVNULL, env={**env, "BENCH_DIR": bench_dir})
+    fail = float(Path(bench_dir, "fail").read_text())
+    starts = [float(Path(bench_dir, f"start.1.{r}").read_text()) for r in range(8)]
+    return max(starts) - fail
+
+
+HANG_SH = """#!/bin/sh
+# Rank 1 writes the time and goes silent; the others print every 50 ms.
+if [ "$RANK" = 1 ]; then date +%s.%N > "$BENCH_DIR/silent"; exec sleep 30; fi
+i=0; while [ $i -lt 600 ]; do echo tick; i=$((i+1)); sleep 0.05; done
+"""
+
+
+def hang_detection(atlasboost, tmp, env, runs, timeout=1.1):
+    """The watchdog's detection latency: from a rank's last sign of life to the launcher's
+    report, minus --hang-timeout."""
+    sh = Path(tmp, "hang.sh")
+    sh.write_text(HANG_SH)
+    sh.chmod(0o755)
+    bench_dir = Path(tmp, "hang")
+    bench_dir.mkdir(exist_ok=True)
+    cmd = [atlasboost, "run", "--sim", "4", "--hang-timeout", str(timeout), "--grace", "0.5", "--", str(sh)]
+    print("## hang detection\n")
+    print_commands({"atlasboost": cmd})
+    late = []
+    for _ in range(runs):
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env={**env, "BENCH_DIR": str(bench_dir)}, text=True)
+        reported = None
+        for line in p.stderr:
+            if "hang:" in line and reported is None:
+                reported = time.time()
+        if p.wait() != 124 or reported is None:
+            die(f"the hang was not reported (exit {p.returncode}): {show(cmd)}")
+        late.append(reported - float(Path(bench_dir, "silent").read_text()) - timeout)
+    print(f"{runs} runs: reported {ms(statistics.median(late))} ms after the timeout (median; "
+          f"min {ms(min(late))}, max {ms(max(late))}); the watch looks every 250 ms\n")
+
+
+def cmd_restart(args):
+    names = selected(args.only, ["atlasboost", "torchrun"])
+    tools = {}
+    if "atlasboost" in names:
+        tools["atlasboost"] = find_atlasboost(args.atlasboost)
+    if "torchrun" in names:
+        torchrun = Path(args.torchrun) if args.torchrun else REPO / "target" / "bench-venv" / "bin" / "torchrun"
+        if not torchrun.is_file():
+            die(f"no torchrun at {torchrun}: python3 -m venv target/bench-venv && "
+                "target/bench-venv/bin/pip install torch (or --torchrun PATH, or --only atlasboost)")
+        tools["torchrun"] = str(torchrun)
+    tmp = tempfile.mkdtemp(prefix="atlasboost-restart-", dir=scratch_dir())
+    sh = Path(tmp, "worker.sh")
+    sh.write_text(RESTART_SH)
+    sh.chmod(0o755)
+    py = Path(tmp, "worker.py")
+    py.write_text(RESTART_PY)
+    python = sys.executable
+    bench_dir = Path(tmp, "out")
+    bench_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATLASBOOST_", "TORCHELASTIC_"))}
+    print("# restart: from rank 3's failure to the last rank of attempt 1 started, 8 ranks\n")
+    print_machine(tools)
+    for worker, program in (("shell", [str(sh)]), ("python", [python, str(py)])):
+        cmds = {}
+        if "atlasboost" in names:
+            cmds["atlasboost"] = [tools["atlasboost"], "run", "-q", "--sim", "4", "-H", "127.0.0.1,127.0.0.2",
+                                  "--max-restarts", "1", "--restart-delay", "0", "--", *program]
+        if "torchrun" in names:
+            tr = [tools["torchrun"], "--standalone", "--nproc-per-node", "8", "--max-restarts", "1"]
+            cmds["torchrun"] = [*tr, "--no-python", *program] if worker == "shell" else [*tr, str(py)]
+        print(f"## {worker} worker\n")
+        print_commands(cmds)
+        times = {n: [] for n in names}
+        for _ in range(args.runs):
+            for n in names:
+                times[n].append(restart_latency(n, cmds[n], str(bench_dir), env))
+        rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
+        print(f"{args.runs} runs of each, alternating\n")
+        print_table(["launcher", "median ms", "min ms", "max ms"], rows)
+        if len(names) == 2:
+            ratio = statistics.median(times["atlasboost"]) / statistics.median(times["torchrun"])
+            print(f"\natlasboost/torchrun median: {ratio:.2f} (target <= 0.2: {verdict(ratio <= 0.2)})\n")
+    if "atlasboost" in names:
+        hang_detection(tools["atlasboost"], tmp, env, args.runs)
+    python_pkg = Path(args.python) if args.python else REPO / "target" / "python-venv" / "bin" / "python"
+    if python_pkg.is_file():
+        out = subprocess.run([str(python_pkg), "-c", HEARTBEAT_PY], capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            die(f"timing atlasboost.heartbeat() failed:\n{out.stderr}")
+        per_call, empty = (float(x) for x in out.stdout.split())
+        print(f"atlasboost.heartbeat(step) in Python: {per_call * 1e9:.0f} ns per call, best of 5 x 1,000,000 "
+              f"(an empty loop: {empty * 1e9:.0f} ns) (target < 2 us: {verdict(per_call < 2e-6)})")
+    else:
+        print(f"(no Python package at {python_pkg}: heartbeat() not timed; run scripts/test-python.sh)")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
@@ -687,6 +842,14 @@ def main():
     s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
     s.add_argument("--hosts", type=int, default=3, choices=[1, 2, 3], help="up to this many hosts (default 3)")
     s.set_defaults(func=cmd_ssh)
+
+    s = add("restart", "Time from a failed rank to every rank restarted: atlasboost --max-restarts vs "
+            "torchrun --max-restarts; and the cost of heartbeat().", "atlasboost,torchrun")
+    s.add_argument("--runs", type=int, default=5, help="restarts timed of each (default 5)")
+    s.add_argument("--torchrun", metavar="PATH", help="torchrun (default target/bench-venv/bin/torchrun)")
+    s.add_argument("--python", metavar="PATH",
+                   help="a Python with the atlasboost package (default target/python-venv/bin/python)")
+    s.set_defaults(func=cmd_restart)
 
     s = sub.add_parser("pip", help=cmd_pip.__doc__, description=cmd_pip.__doc__)
     s.add_argument("--runs", type=int, default=1, help="builds of each (default 1: a cold build takes minutes)")

@@ -40,7 +40,7 @@ make_venv() {
         python3 -m venv "$dir"
     fi
     "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade \
-        'pytest>=8' 'pytest-timeout>=2.3' 'mpi4py>=4' 'maturin>=1.9.4,<2'
+        'pytest>=8' 'pytest-timeout>=2.3' 'mpi4py>=4' 'maturin>=1.9.4,<2' 'py-spy>=0.4'
 }
 
 # `pip install ./bindings/python` exactly as a user types it (an isolated build: pip fetches
@@ -78,7 +78,8 @@ if [ "$expect_mpi" = 1 ]; then
 fi
 
 step "pytest"
-"$py" -m pytest bindings/python/tests ${PYTEST_ARGS:-}
+# py-spy is installed above: --hang-dump's test must run.
+ATLASBOOST_PYTHON_REQUIRE_PY_SPY=1 "$py" -m pytest bindings/python/tests ${PYTEST_ARGS:-}
 
 step "ATLASBOOST_WITH_MPI=0 pip install ./bindings/python, in $venv_nompi"
 make_venv "$venv_nompi"

@@ -380,7 +380,41 @@ rc=0
 job_in_private "$(IFS=,; echo "${ips[*]}")" true >"$tmp/b.out" 2>"$tmp/b.err" || rc=$?
 [[ $rc == 0 ]] || { show "$tmp/b.out" "$tmp/b.err"; die "job B after job A exited $rc, want 0"; }
 
+# ---------------------------------------------------------------------------------------------
+# 7. A lost host under restarts: server 3's link goes down while its workers run; with
+#    --max-restarts 1 --min-np 8 the job goes on with servers 1 and 2 only, naming server 3.
+# ---------------------------------------------------------------------------------------------
+(
+    cd "$tmp"
+    unset ATLASBOOST_SSH_ALL_HOSTS
+    export ATLASBOOST_SSH_OPTIONS="-F $tmp/ssh/ssh_config"
+    exec timeout -k 10 120 "$bin" run --sim 4 -H "$host_list" --wdir "$tmp/work" \
+        --max-restarts 1 --min-np 8 --restart-delay 0 --grace 2 -- sh -c \
+        'echo "attempt=$ATLASBOOST_RESTART_COUNT size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID"
+         if [ "$ATLASBOOST_RESTART_COUNT" = 0 ]; then sleep 60; fi'
+) >"$tmp/lost.out" 2>"$tmp/lost.err" &
+run_pid=$!
+for _ in $(seq 300); do
+    [[ $(grep -c 'attempt=0' "$tmp/lost.out") == 12 ]] && break
+    kill -0 "$run_pid" 2>/dev/null || break
+    sleep 0.1
+done
+[[ $(grep -c 'attempt=0' "$tmp/lost.out") == 12 ]] ||
+    { show "$tmp/lost.out" "$tmp/lost.err"; die "the restart job's 12 workers did not start"; }
+ip link set "abv3r$id" down
+rc=0
+wait "$run_pid" || rc=$?
+run_pid=
+[[ $rc == 0 ]] || { show "$tmp/lost.out" "$tmp/lost.err"; die "the job that lost server 3 exited $rc, want 0"; }
+second=$(grep -c 'attempt=1 size=8 server' "$tmp/lost.out" || true)
+[[ $second == 8 ]] || { show "$tmp/lost.out" "$tmp/lost.err"; die "attempt 1 ran $second ranks of 8, want 8"; }
+grep -q "attempt=1 .*server=${ips[2]}" "$tmp/lost.out" &&
+    { show "$tmp/lost.out"; die "attempt 1 ran on the lost server ${ips[2]}"; }
+grep -q "host ${ips[2]} lost" "$tmp/lost.err" ||
+    { show "$tmp/lost.err"; die "the summary does not name ${ips[2]} as lost"; }
+
 [[ ${NETNS_CLUSTER_VERBOSE:-} == 1 ]] && show "$tmp/run.out" "$tmp/run.err"
 say "ok: 12 ranks on 3 namespaced servers (${ips[*]}) over ssh, rendezvous at $net.1;" \
     "one table, 12 identical copies, valid; a second job on a table path held on" \
-    "${ips[1]} refused naming that host; $((SECONDS - started)) s"
+    "${ips[1]} refused naming that host; a job that lost ${ips[2]}'s link went on with" \
+    "8 ranks on the other two; $((SECONDS - started)) s"

@@ -269,6 +269,28 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds_or_zero)]
     pub grace: Duration,
 
+    /// Restart every worker up to N times after a failed worker, a lost host or a hang.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_restarts: u32,
+
+    /// Seconds before the first restart, doubling for each one after it up to 30.
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_seconds_or_zero)]
+    pub restart_delay: Duration,
+
+    /// The smallest world a restart may shrink to, leaving out unhealthy devices and lost hosts
+    /// [default: the first attempt's size: no shrinking].
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..))]
+    pub min_np: Option<u32>,
+
+    /// Fail the attempt (exit 124) when a rank shows no progress, no output line and no
+    /// heartbeat, for SECS [default: off].
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub hang_timeout: Option<Duration>,
+
+    /// With --hang-timeout: take each stuck rank's Python stacks first (py-spy, or faulthandler).
+    #[arg(long, requires = "hang_timeout")]
+    pub hang_dump: bool,
+
     /// ssh port of the remote hosts [default: ssh's own, e.g. from ~/.ssh/config].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub ssh_port: Option<u16>,

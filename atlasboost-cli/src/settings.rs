@@ -115,6 +115,16 @@ pub struct RunSettings {
     pub rendezvous_timeout: Duration,
     /// `--grace`.
     pub grace: Duration,
+    /// `--max-restarts`.
+    pub max_restarts: u32,
+    /// `--restart-delay`.
+    pub restart_delay: Duration,
+    /// `--min-np`.
+    pub min_np: Option<u32>,
+    /// `--hang-timeout`.
+    pub hang_timeout: Option<Duration>,
+    /// `--hang-dump`.
+    pub hang_dump: bool,
     /// `--ssh-port`.
     pub ssh_port: Option<u16>,
     /// `--ssh-identity`.
@@ -214,6 +224,11 @@ impl From<&RunArgs> for RunSettings {
             ranks: a.ranks.clone(),
             rendezvous_timeout: a.rendezvous_timeout,
             grace: a.grace,
+            max_restarts: a.max_restarts,
+            restart_delay: a.restart_delay,
+            min_np: a.min_np,
+            hang_timeout: a.hang_timeout,
+            hang_dump: a.hang_dump,
             ssh_port: a.ssh_port,
             ssh_identity: a.ssh_identity.clone(),
             remote_atlasboost: a.remote_atlasboost.clone(),

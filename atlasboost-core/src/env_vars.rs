@@ -98,6 +98,9 @@ impl EnvVars {
     pub const ATLASBOOST_SIM: &'static str = "ATLASBOOST_SIM";
     /// Faults to inject into simulated devices (tests): see `atlasboost-sim`.
     pub const ATLASBOOST_SIM_FAULTS: &'static str = "ATLASBOOST_SIM_FAULTS";
+    /// A file of more such faults, read again at every probe: a test turns a device unhealthy
+    /// between two attempts of a job by writing it.
+    pub const ATLASBOOST_SIM_FAULTS_FILE: &'static str = "ATLASBOOST_SIM_FAULTS_FILE";
     /// The DSMI driver library to load (a file path).
     pub const ATLASBOOST_DSMI_LIB: &'static str = "ATLASBOOST_DSMI_LIB";
     /// Extra arguments for every `ssh` the launcher runs, split on whitespace (e.g.
@@ -116,6 +119,8 @@ impl EnvVars {
     pub const ATLASBOOST_FAKE_DSMI_IP: &'static str = "ATLASBOOST_FAKE_DSMI_IP";
     /// The fake driver: faults to inject (see `atlasboost-sim/fake-dsmi`).
     pub const ATLASBOOST_FAKE_DSMI_FAULTS: &'static str = "ATLASBOOST_FAKE_DSMI_FAULTS";
+    /// The fake driver: a file of more faults, read at every call.
+    pub const ATLASBOOST_FAKE_DSMI_FAULTS_FILE: &'static str = "ATLASBOOST_FAKE_DSMI_FAULTS_FILE";
     /// The hccn.conf to read.
     pub const ATLASBOOST_HCCN_CONF: &'static str = "ATLASBOOST_HCCN_CONF";
 
@@ -170,6 +175,22 @@ impl EnvVars {
     pub const SLURM_JOB_NODELIST: &'static str = "SLURM_JOB_NODELIST";
     /// Slurm: the allocation's nodes (the older name).
     pub const SLURM_NODELIST: &'static str = "SLURM_NODELIST";
+    /// Which attempt a worker belongs to: 0, then 1 after the first restart (SPEC §12).
+    pub const ATLASBOOST_RESTART_COUNT: &'static str = "ATLASBOOST_RESTART_COUNT";
+    /// `--max-restarts` of the job.
+    pub const ATLASBOOST_MAX_RESTARTS: &'static str = "ATLASBOOST_MAX_RESTARTS";
+    /// torchrun's name of `ATLASBOOST_RESTART_COUNT` (`--framework pytorch`).
+    pub const TORCHELASTIC_RESTART_COUNT: &'static str = "TORCHELASTIC_RESTART_COUNT";
+    /// torchrun's name of `ATLASBOOST_MAX_RESTARTS` (`--framework pytorch`).
+    pub const TORCHELASTIC_MAX_RESTARTS: &'static str = "TORCHELASTIC_MAX_RESTARTS";
+    /// Where a worker's `heartbeat()` leaves its count and step for the watchdog.
+    pub const ATLASBOOST_HEARTBEAT_FILE: &'static str = "ATLASBOOST_HEARTBEAT_FILE";
+    /// Where a worker records its uncaught exception as JSON (the root cause of a failure).
+    pub const ATLASBOOST_ERROR_FILE: &'static str = "ATLASBOOST_ERROR_FILE";
+    /// torch's name of `ATLASBOOST_ERROR_FILE`, read by its `@record` (`--framework pytorch`).
+    pub const TORCHELASTIC_ERROR_FILE: &'static str = "TORCHELASTIC_ERROR_FILE";
+    /// Where a Python worker's `faulthandler` writes its stacks on SIGUSR1 (`--hang-dump`).
+    pub const ATLASBOOST_STACK_FILE: &'static str = "ATLASBOOST_STACK_FILE";
     /// torchrun: the run's id (`none` by default).
     pub const TORCHELASTIC_RUN_ID: &'static str = "TORCHELASTIC_RUN_ID";
     /// Where programs are found (forwarded to remote workers).

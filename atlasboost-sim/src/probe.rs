@@ -173,7 +173,8 @@ impl SimProbe {
         self
     }
 
-    /// Adds the faults of `ATLASBOOST_SIM_FAULTS`, if set (see [`parse_faults`]).
+    /// Adds the faults of `ATLASBOOST_SIM_FAULTS` and of the file `ATLASBOOST_SIM_FAULTS_FILE`
+    /// names (one or more per line), if set (see [`parse_faults`]).
     ///
     /// # Errors
     ///
@@ -194,6 +195,24 @@ impl SimProbe {
                     "is not valid UTF-8",
                 ));
             }
+        }
+        let name = EnvVars::ATLASBOOST_SIM_FAULTS_FILE;
+        if let Some(path) = std::env::var_os(name).filter(|p| !p.is_empty()) {
+            let path = std::path::PathBuf::from(path);
+            // A file that is not there (yet) injects nothing.
+            let spec = match std::fs::read_to_string(&path) {
+                Ok(spec) => spec,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => {
+                    let why = format!("cannot be read: {e}");
+                    return Err(Error::invalid_value(name, path.display().to_string(), why));
+                }
+            };
+            let spec = spec.lines().collect::<Vec<_>>().join(";");
+            let faults = parse_faults(&spec).map_err(|e| {
+                Error::invalid_value(name, path.display().to_string(), e.to_string())
+            })?;
+            self.faults.extend(faults);
         }
         Ok(self)
     }

@@ -8,6 +8,8 @@
 //! - [`probe`]: the device probe those settings ask for (DSMI, hccn.conf, simulated).
 //! - [`host`]: facts about this host — its `server_id` (one rule for the launcher and library
 //!   mode), a free port.
+//! - [`progress`]: what a worker tells its launcher beside its output: heartbeats for the hang
+//!   watchdog, the record of its failure.
 //! - [`build_info`]: what this build has (MPI support).
 //!
 //! The Python package (`bindings/python`) and the C ABI (`bindings/c`) are thin layers over
@@ -19,6 +21,7 @@ pub mod build_info;
 pub mod host;
 pub mod init;
 pub mod probe;
+pub mod progress;
 pub mod settings;
 
 pub use atlasboost_core::launch_context::Launcher;

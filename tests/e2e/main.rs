@@ -17,6 +17,7 @@ mod mpi;
 mod mpirun;
 mod output;
 mod relay;
+mod restarts;
 mod signals;
 mod ssh;
 

@@ -1117,3 +1117,119 @@ fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
         "after 127.0.0.3's agent was killed",
     );
 }
+
+/// A worker that waits (bounded) on its first attempt and succeeds at once on a restart.
+const FIRST_ATTEMPT_WAITS: &str = "echo \"ready attempt=$ATLASBOOST_RESTART_COUNT size=$RANK_SIZE \
+     server=$ATLASBOOST_SERVER_ID\"; \
+     if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ]; then sleep 60; fi";
+
+/// Starts a two-host job of `FIRST_ATTEMPT_WAITS` with `extra` options, kills 127.0.0.3's agent
+/// once every worker runs, and returns the finished run.
+fn lose_a_host_under_restarts(sshd: &Sshd, mark: &str, extra: &[&str]) -> Finished {
+    let mut launch = over_ssh(sshd, mark, &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "2"])
+        .args(["--max-restarts", "1", "--restart-delay", "0"])
+        .args(extra)
+        .args(["--", "sh", "-c", FIRST_ATTEMPT_WAITS])
+        .timeout(Duration::from_secs(90))
+        .spawn();
+    launch.wait_for_lines("ready attempt=0", 4, Duration::from_secs(30));
+    let agents = agents_of(mark);
+    let of_3: Vec<i32> = pids_with_env(MARK, mark)
+        .iter()
+        .filter(|p| agents.contains(&p.ppid))
+        .filter(|p| env_of(p.pid, "ATLASBOOST_SERVER_ID").as_deref() == Some("127.0.0.3"))
+        .map(|p| p.ppid)
+        .collect();
+    assert!(!of_3.is_empty(), "127.0.0.3's agent runs its workers");
+    kill(Pid::from_raw(of_3[0]), Signal::SIGKILL).unwrap();
+    launch.wait_at_most(Duration::from_secs(60))
+}
+
+/// A lost host under `--max-restarts 1 --min-np 2`: the job goes on without it, naming it.
+#[test]
+fn a_lost_host_is_left_out_and_the_job_continues_on_the_others() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-restart-lost");
+    let _cleanup = Cleanup(mark.clone());
+    let r = lose_a_host_under_restarts(&sshd, &mark, &["--min-np", "2"]);
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "the second attempt succeeds\n{ctx}");
+    let second: Vec<String> = r
+        .out()
+        .lines()
+        .filter(|l| l.contains("ready attempt=1"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(second.len(), 2, "two ranks on the host left\n{ctx}");
+    assert!(
+        second.iter().all(|l| l.ends_with("size=2 server=127.0.0.2")),
+        "{ctx}"
+    );
+    let err = r.err();
+    assert!(
+        err.contains("attempt 0: 4 ranks on 2 servers (2 × 2)")
+            && err.contains("host 127.0.0.3 lost")
+            && err.contains("attempt 1: 2 ranks on 1 server (1 × 2)"),
+        "{ctx}"
+    );
+    sshd.assert_no_sessions(Duration::from_secs(10), "after the job");
+}
+
+/// Without `--min-np`, a restart may not shrink: the job ends saying it would need to.
+#[test]
+fn a_lost_host_without_min_np_ends_the_job_saying_it_would_shrink() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-restart-noshrink");
+    let _cleanup = Cleanup(mark.clone());
+    let r = lose_a_host_under_restarts(&sshd, &mark, &[]);
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(125), "{ctx}");
+    assert!(
+        r.err().contains("the job would need to shrink from 4 to 2 ranks")
+            && r.err().contains("without host 127.0.0.3 (lost)")
+            && r.err().contains("pass --min-np"),
+        "{ctx}"
+    );
+    assert!(!r.out().contains("attempt=1"), "{ctx}");
+    assert_no_process_with_env(MARK, &mark, Duration::from_secs(10), "after the job");
+}
+
+/// `kill -9` of the launcher while it stops every host's workers for a restart (they ignore
+/// SIGTERM, so the stop lasts): nothing is left on any host.
+#[test]
+fn kill_9_of_the_launcher_during_a_restarts_stop_leaves_nothing_on_any_host() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-restart-kill9");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "30"])
+        .args(["--max-restarts", "2", "--", "sh", "-c"])
+        .args([
+            "trap '' TERM; echo ready; if [ \"$RANK\" = 3 ]; then exit 1; fi; \
+             i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        ])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for("the stop after rank 3's failure", Duration::from_secs(30), |_, err| {
+        err.contains("stopping the other")
+    });
+    let agents = agents_of(&mark);
+    let launch_mark = launch.mark().to_string();
+    let killed = Instant::now();
+    launch.signal(Signal::SIGKILL);
+    let r = launch.wait_at_most(Duration::from_secs(5));
+    assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
+    let budget = Duration::from_secs(7);
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &agents,
+        budget.saturating_sub(killed.elapsed()),
+        "after kill -9 of the launcher during a restart's stop",
+    );
+    assert_no_process_with_env(
+        LAUNCH_MARK,
+        &launch_mark,
+        budget.saturating_sub(killed.elapsed()),
+        "the launcher's own processes after its kill -9",
+    );
+}

@@ -18,16 +18,17 @@ use atlasboost::probe::{ProbeError, local_devices, make_probe};
 use atlasboost::settings::Discovery;
 use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
-    BuildOptions, RankOrder, RankTable, build_table, chip_of_devices,
+    BuildOptions, HostDevices, RankOrder, RankTable, build_table, chip_of_devices, largest_world,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
-use atlasboost_core::{Chip, Device};
+use atlasboost_core::{Chip, Device, EnvVars};
 use atlasboost_tcp::{Combiner, ParticipantConfig, Replies, Secret, ZmqRendezvous};
 use serde::{Deserialize, Serialize};
 
 use super::channel::{self, AgentConfig, Up, WorkerSettings};
 use super::lifeline;
 use super::output::Output;
+use super::rank_files::RankFiles;
 use super::plan::{HostPlan, Offer, assign_workers};
 use super::supervise::{self, RunPlan, Signals, WorkerPlan};
 use crate::error::CliError;
@@ -64,6 +65,21 @@ pub struct TablePolicy {
     pub np: Option<u32>,
     /// Format and order (`RankOrder::Hosts` is filled in from `hosts`).
     pub build: BuildOptions,
+    /// A restart's re-planning: what the hosts still have decides the world, within bounds.
+    pub shrink: Option<Shrink>,
+}
+
+/// How far a restart may shrink the job (SPEC §12).
+#[derive(Debug, Clone)]
+pub struct Shrink {
+    /// The smallest world allowed (`--min-np`, or the first attempt's size).
+    pub min: u64,
+    /// Whether the user gave `--min-np`.
+    pub min_given: bool,
+    /// The largest: the first attempt's size.
+    pub max: u64,
+    /// Hosts left out already (lost earlier), for the message.
+    pub left_out: Vec<String>,
 }
 
 /// The coordinator's combiner of a launch: one round, in which every agent reports and all
@@ -95,6 +111,8 @@ pub struct Decision {
 fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String> {
     let mut offers = Vec::with_capacity(payloads.len());
     let mut ports = Vec::with_capacity(payloads.len());
+    // A restart leaves out a host whose probe fails now, as it does a lost one.
+    let mut unprobed = Vec::new();
     for (host, bytes) in policy.hosts.iter().zip(payloads) {
         let report: AgentReport = serde_json::from_slice(bytes).map_err(|e| {
             format!(
@@ -108,13 +126,19 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
                 slots: host.slots,
                 devices,
             }),
+            HostReport::ProbeFailed { message, .. } if policy.shrink.is_some() => {
+                unprobed.push(format!("host {} (its probe failed: {message})", host.describe()));
+            }
             HostReport::ProbeFailed { message, .. } => {
                 return Err(format!("host {}: {message}", host.describe()));
             }
         }
         ports.push((host.server_id.clone(), report.free_port));
     }
-    let devices = assign_workers(offers, policy.np)?;
+    let devices = match &policy.shrink {
+        None => assign_workers(offers, policy.np)?,
+        Some(shrink) => replan(offers, shrink, unprobed)?,
+    };
     let mut build = policy.build.clone();
     if let RankOrder::Hosts(order) = &mut build.order {
         *order = policy
@@ -145,6 +169,64 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
             master_port,
         },
         devices,
+    })
+}
+
+/// A restart's world: the largest the chip's rules allow on what the hosts still have, or why
+/// there is none of at least `shrink.min`.
+fn replan(offers: Vec<Offer>, shrink: &Shrink, unprobed: Vec<String>) -> Result<Vec<Device>, String> {
+    let all: Vec<Device> = offers.iter().flat_map(|o| o.devices.clone()).collect();
+    let chip = chip_of_devices(&all).map_err(|e| error_chain(&e))?;
+    let hosts: Vec<HostDevices> = offers
+        .into_iter()
+        .map(|o| HostDevices {
+            server_id: o.devices.first().map(|d| d.server_id.clone()).unwrap_or(o.host),
+            cap: o.slots.map(|s| s as usize),
+            devices: o.devices,
+        })
+        .collect();
+    let world = largest_world(chip, &hosts, Some(shrink.max));
+    if world.len() as u64 >= shrink.min {
+        return Ok(world);
+    }
+    let mut left_out: Vec<String> = shrink
+        .left_out
+        .iter()
+        .map(|h| format!("host {h} (lost)"))
+        .collect();
+    left_out.extend(unprobed);
+    left_out.extend(all.iter().filter(|d| !d.health.is_healthy()).map(|d| {
+        format!("device {} of host {} ({})", d.physical_id, d.server_id, d.health)
+    }));
+    let servers = {
+        let mut ids: Vec<&str> = world.iter().map(|d| d.server_id.as_str()).collect();
+        ids.dedup();
+        ids.len()
+    };
+    let largest = match world.len() {
+        0 => "no valid world is left".to_string(),
+        n => format!(
+            "the largest valid world left is {} on {} under the {chip} rules",
+            crate::commands::counted(n, "rank"),
+            crate::commands::counted(servers, "server")
+        ),
+    };
+    let without = match left_out.is_empty() {
+        true => String::new(),
+        false => format!(" without {}", left_out.join(", ")),
+    };
+    Err(if shrink.min_given {
+        format!(
+            "cannot restart: {largest}{without}, fewer than --min-np {}",
+            shrink.min
+        )
+    } else {
+        format!(
+            "cannot restart: the job would need to shrink from {} to {} ranks ({largest}{without}); \
+             pass --min-np to let a restart shrink it",
+            shrink.max,
+            world.len()
+        )
     })
 }
 
@@ -279,6 +361,16 @@ pub fn host_workers(
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
+        let (count, max) = (
+            settings.restart_count.to_string(),
+            settings.max_restarts.to_string(),
+        );
+        vars.push((EnvVars::ATLASBOOST_RESTART_COUNT.into(), count.clone().into()));
+        vars.push((EnvVars::ATLASBOOST_MAX_RESTARTS.into(), max.clone().into()));
+        if framework == Framework::Pytorch {
+            vars.push((EnvVars::TORCHELASTIC_RESTART_COUNT.into(), count.into()));
+            vars.push((EnvVars::TORCHELASTIC_MAX_RESTARTS.into(), max.into()));
+        }
         vars.extend(
             env.set_if_unset
                 .into_iter()
@@ -433,11 +525,16 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
         &|k| std::env::var_os(k).is_some(),
     )?;
     let mut output = Output::upstream(&workers.iter().map(|w| w.rank).collect::<Vec<_>>())?;
+    let files = RankFiles::create(&config.job_id)?;
     output.send(&Up::Ready);
     let plan = RunPlan {
         command: settings.command.clone(),
         wdir: settings.wdir.clone(),
         grace: Duration::from_millis(settings.grace_ms),
+        files: Some(files.clone()),
+        watch: settings.watch,
+        hang: None,
+        pytorch: settings.framework.parse::<Framework>()? == Framework::Pytorch,
     };
     let upstream = supervise::Upstream::stdin()?;
     let result = supervise::run_workers(
@@ -449,6 +546,7 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
         supervise::Role::Agent(upstream),
     );
     lifeline.close();
+    files.remove();
     result?;
     output.send(&Up::Done);
     Ok(ExitCodes::SUCCESS)
@@ -487,6 +585,7 @@ mod tests {
                 order,
                 ..BuildOptions::default()
             },
+            shrink: None,
         }
     }
 

@@ -39,6 +39,15 @@ pub struct WorkerSettings {
     pub env: Vec<(OsString, OsString)>,
     /// SIGTERM to SIGKILL, in milliseconds.
     pub grace_ms: u64,
+    /// Which attempt this is: 0 for the first start, 1 after the first restart.
+    #[serde(default)]
+    pub restart_count: u32,
+    /// `--max-restarts`.
+    #[serde(default)]
+    pub max_restarts: u32,
+    /// The launcher watches for hangs: read the workers' heartbeats and send them up.
+    #[serde(default)]
+    pub watch: bool,
 }
 
 /// Everything a remote agent needs, sent as one JSON line on its standard input.
@@ -90,7 +99,7 @@ impl Stream {
 
 /// What an agent writes before its first frame; the number is the protocol's version (2: the
 /// lines frames, `O` and `E`).
-pub const HELLO: &[u8] = b"\x00atlasboost-agent-3\n";
+pub const HELLO: &[u8] = b"\x00atlasboost-agent-4\n";
 
 /// A line longer than this is passed on in pieces of this size, so that a worker printing
 /// without newlines cannot make the launcher hold unbounded memory.
@@ -187,6 +196,30 @@ pub enum Up {
     },
     /// Every worker has ended and been cleaned up; the agent exits.
     Done,
+    /// A worker called `heartbeat()` since the last report (SPEC §12).
+    Beat {
+        /// Its rank.
+        rank: u32,
+        /// How many times it has, in all.
+        beats: u64,
+        /// The step it last gave, if any.
+        step: Option<i64>,
+    },
+    /// What a failed worker recorded in its `ATLASBOOST_ERROR_FILE` (JSON), sent before its
+    /// exit.
+    Recorded {
+        /// Its rank.
+        rank: u32,
+        /// The file's content.
+        text: Vec<u8>,
+    },
+    /// The stacks of a stuck worker, answering [`Down::Dump`].
+    Stacks {
+        /// Its rank.
+        rank: u32,
+        /// The dump, or why there is none.
+        text: Vec<u8>,
+    },
 }
 
 const HEARTBEAT_KIND: u8 = b'h';
@@ -199,6 +232,11 @@ const EXIT_CODE: u8 = b'x';
 const EXIT_SIGNAL: u8 = b'k';
 const FAILED: u8 = b'f';
 const DONE: u8 = b'd';
+const BEAT: u8 = b'b';
+const RECORDED: u8 = b'R';
+const STACKS: u8 = b's';
+/// The step of a beat frame that gave none.
+const NO_STEP: i64 = i64::MIN;
 
 /// Appends the frame of `message` to `out`.
 pub fn encode(message: &Up, out: &mut Vec<u8>) {
@@ -236,6 +274,14 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
         }
         Up::Failed { code, message } => (FAILED, u32::from(*code), message.as_bytes()),
         Up::Done => (DONE, 0, &[]),
+        Up::Beat { rank, beats, step } => {
+            let mut payload = [0u8; 16];
+            payload[..8].copy_from_slice(&beats.to_be_bytes());
+            payload[8..].copy_from_slice(&step.unwrap_or(NO_STEP).to_be_bytes());
+            return frame(BEAT, *rank, &payload, out);
+        }
+        Up::Recorded { rank, text } => (RECORDED, *rank, text),
+        Up::Stacks { rank, text } => (STACKS, *rank, text),
     };
     frame(kind, rank, payload, out);
 }
@@ -387,6 +433,26 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
             message: String::from_utf8_lossy(payload).into_owned(),
         },
         DONE => Up::Done,
+        BEAT => {
+            let bytes = <[u8; 16]>::try_from(payload)
+                .map_err(|_| format!("a beat frame with {} bytes", payload.len()))?;
+            let (beats, step) = bytes.split_at(8);
+            let beats = u64::from_be_bytes(beats.try_into().unwrap_or_default());
+            let step = i64::from_be_bytes(step.try_into().unwrap_or_default());
+            Up::Beat {
+                rank,
+                beats,
+                step: (step != NO_STEP).then_some(step),
+            }
+        }
+        RECORDED => Up::Recorded {
+            rank,
+            text: payload.to_vec(),
+        },
+        STACKS => Up::Stacks {
+            rank,
+            text: payload.to_vec(),
+        },
         other => return Err(format!("a frame of unknown kind {other:#04x}")),
     })
 }
@@ -398,6 +464,8 @@ pub enum Down {
     Heartbeat,
     /// Pass this signal to every worker.
     Signal(nix::sys::signal::Signal),
+    /// Take the stacks of this rank's worker and send them up ([`Up::Stacks`]).
+    Dump(u32),
 }
 
 impl Down {
@@ -406,6 +474,7 @@ impl Down {
         match self {
             Down::Heartbeat => "hb\n".into(),
             Down::Signal(s) => format!("sig {}\n", s as i32),
+            Down::Dump(rank) => format!("dump {rank}\n"),
         }
     }
 
@@ -423,6 +492,10 @@ impl Down {
                 .and_then(|n| nix::sys::signal::Signal::try_from(n).ok())
                 .map(Down::Signal)
                 .ok_or_else(|| format!("unknown signal in {line:?}")),
+            Some(("dump", rank)) => rank
+                .parse::<u32>()
+                .map(Down::Dump)
+                .map_err(|_| format!("a bad rank in {line:?}")),
             _ => Err(format!("unknown command {line:?}")),
         }
     }
@@ -467,6 +540,24 @@ mod tests {
                 message: "cannot start x".into(),
             },
             Up::Done,
+            Up::Beat {
+                rank: 2,
+                beats: 1 << 40,
+                step: Some(-3),
+            },
+            Up::Beat {
+                rank: 2,
+                beats: 1,
+                step: None,
+            },
+            Up::Recorded {
+                rank: 6,
+                text: br#"{"message": "x"}"#.to_vec(),
+            },
+            Up::Stacks {
+                rank: 6,
+                text: b"Thread 1 (idle)\n".to_vec(),
+            },
         ]
     }
 
@@ -511,10 +602,11 @@ mod tests {
 
     #[test]
     fn commands_round_trip_and_strangers_are_named() {
-        for c in [Down::Heartbeat, Down::Signal(Signal::SIGTERM)] {
+        for c in [Down::Heartbeat, Down::Signal(Signal::SIGTERM), Down::Dump(17)] {
             assert_eq!(Down::parse(c.line().trim_end()), Ok(c));
         }
         assert!(Down::parse("sig 99999").unwrap_err().contains("99999"));
         assert!(Down::parse("rm -rf").unwrap_err().contains("rm -rf"));
+        assert!(Down::parse("dump x").unwrap_err().contains("dump x"));
     }
 }

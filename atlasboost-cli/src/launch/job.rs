@@ -7,6 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use atlasboost::progress::RecordedError;
 use atlasboost_core::ranktable::{LockOwner, TableLock};
 use atlasboost_tcp::Secret;
 
@@ -148,22 +149,153 @@ pub(crate) fn new_job_id() -> Result<String, CliError> {
     Ok(format!("ab-{}", &hex[..12]))
 }
 
-/// The end-of-job summary on stderr, and the first failure with its last stderr lines.
-pub(crate) fn report(
+/// One attempt of a job, for the summary (SPEC §12).
+#[derive(Debug, Clone)]
+pub(crate) struct AttemptRecord {
+    /// 0 for the first start, then the restart's number.
+    pub number: u32,
+    /// Its table's shape (`None`: it never got one).
+    pub layout: Option<String>,
+    /// How long it lasted, from its join to its end.
+    pub duration: Duration,
+    /// Why it ended.
+    pub ended: String,
+    /// The exit code it called for.
+    pub exit_code: u8,
+}
+
+/// Why an attempt ended, in a few words.
+pub(crate) fn ending_of(result: &JobResult) -> String {
+    if let Some(s) = result.interrupted {
+        return format!("stopped by {}", s.as_str());
+    }
+    if result.hang.is_some() {
+        return "hung (--hang-timeout)".into();
+    }
+    if let Some(h) = &result.host_failure {
+        let what = if h.lost { "lost" } else { "failed" };
+        return format!("host {} {what}", h.host);
+    }
+    match root_cause(result) {
+        Some(i) => {
+            let w = &result.workers[i];
+            format!(
+                "rank {} (host {}, device {}) failed: {}",
+                w.rank,
+                w.host,
+                w.device,
+                w.ending.map_or("?".into(), |e| e.describe())
+            )
+        }
+        None => "succeeded".into(),
+    }
+}
+
+/// The worker whose failure started the attempt's end: among the failed workers that
+/// recorded an error with a time, the earliest (their clocks, across hosts); else the first
+/// failure the launcher heard of.
+pub(crate) fn root_cause(result: &JobResult) -> Option<usize> {
+    let first = result.first_failure?;
+    let recorded_first = result
+        .workers
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.ending.is_some_and(|e| e.code() != 0))
+        .filter_map(|(i, w)| {
+            let r = RecordedError::parse(w.recorded.as_deref()?).ok()?;
+            Some((i, r.timestamp?))
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i);
+    Some(recorded_first.unwrap_or(first))
+}
+
+/// A restart is coming: what ended the attempt, briefly, with its root cause.
+pub(crate) fn report_attempt(
     result: &JobResult,
+    attempt: Option<&AttemptRecord>,
+    printer: &Printer,
+) {
+    if let Some(a) = attempt {
+        printer.status(&format!(
+            "atlasboost: attempt {} ended after {:.2} s: {}",
+            a.number,
+            a.duration.as_secs_f64(),
+            a.ended
+        ));
+    }
+    if result.host_failure.is_none()
+        && result.hang.is_none()
+        && let Some(text) = root_cause(result).and_then(|i| recorded_text(&result.workers[i]))
+    {
+        printer.status(&format!("atlasboost: root cause: {text}"));
+    }
+}
+
+/// What a worker recorded, as one or two lines: the error and its innermost frame.
+fn recorded_text(w: &WorkerResult) -> Option<String> {
+    let bytes = w.recorded.as_deref()?;
+    Some(match RecordedError::parse(bytes) {
+        Ok(e) => match e.innermost_frame() {
+            Some(frame) => format!("rank {} recorded {}\n  at {frame}", w.rank, e.message),
+            None => format!("rank {} recorded {}", w.rank, e.message),
+        },
+        Err(why) => format!(
+            "rank {}'s error file is not a record atlasboost reads ({why})",
+            w.rank
+        ),
+    })
+}
+
+/// The end-of-job summary on stderr: every attempt when there were restarts, the last
+/// attempt's ranks, and its root cause with its last stderr lines or recorded error.
+pub(crate) fn report(
+    result: Option<&JobResult>,
+    attempts: &[AttemptRecord],
     elapsed: Duration,
     logs: Option<&Path>,
     printer: &Printer,
 ) {
+    let mut text = String::new();
+    if attempts.len() > 1 {
+        text.push_str(&format!(
+            "atlasboost: {} in {:.2} s:\n",
+            counted(attempts.len(), "attempt"),
+            elapsed.as_secs_f64()
+        ));
+        for a in attempts {
+            text.push_str(&format!(
+                "  attempt {}: {}, {:.2} s: {} (exit code {})\n",
+                a.number,
+                a.layout.as_deref().unwrap_or("no table"),
+                a.duration.as_secs_f64(),
+                a.ended,
+                a.exit_code
+            ));
+        }
+    }
+    let Some(result) = result else {
+        if let Some(dir) = logs {
+            text.push_str(&format!("  logs: {}\n", dir.display()));
+        }
+        if !text.is_empty() {
+            printer.status(text.trim_end());
+        }
+        return;
+    };
     let count = |f: &dyn Fn(&WorkerResult) -> bool| result.workers.iter().filter(|w| f(w)).count();
     let succeeded = count(&|w| w.ending.is_some_and(|e| e.code() == 0));
     let stopped = count(&|w| w.stopped && w.ending.is_some_and(|e| e.code() != 0));
     let failed = result.workers.len() - succeeded - stopped;
-    let mut text = format!(
+    text.push_str(&format!(
         "atlasboost: {} finished in {:.2} s: {succeeded} succeeded, {failed} failed, {stopped} stopped\n",
         counted(result.workers.len(), "rank"),
-        elapsed.as_secs_f64(),
-    );
+        match attempts.last() {
+            Some(a) if attempts.len() > 1 => a.duration,
+            _ => elapsed,
+        }
+        .as_secs_f64(),
+    ));
     let host_width = result
         .workers
         .iter()
@@ -200,18 +332,23 @@ pub(crate) fn report(
         text.push_str(&format!("  logs: {}\n", dir.display()));
     }
     printer.status(text.trim_end());
-    if let Some(h) = &result.host_failure {
-        printer.error(&format!(
-            "error: host {} failed first: {}",
-            h.host, h.message
-        ));
-    } else if let Some(s) = result.interrupted {
+    if let Some(s) = result.interrupted {
         printer.error(&format!(
             "error: stopped by {}; exit code {}",
             s.as_str(),
             result.exit_code
         ));
-    } else if let Some(i) = result.first_failure {
+    } else if let Some(hang) = &result.hang {
+        printer.error(&format!(
+            "error: the job hung (exit code {}): {hang}",
+            result.exit_code
+        ));
+    } else if let Some(h) = &result.host_failure {
+        printer.error(&format!(
+            "error: host {} failed first: {}",
+            h.host, h.message
+        ));
+    } else if let Some(i) = root_cause(result) {
         let w = &result.workers[i];
         let mut text = format!(
             "error: rank {} (host {}, device {}) failed first: {} after {:.2} s",
@@ -229,6 +366,10 @@ pub(crate) fn report(
                 text.push_str(&format!("\n  [{}]<stderr>:{l}", w.rank));
             }
         }
+        if let Some(recorded) = recorded_text(w) {
+            text.push_str(&format!("\n  root cause: {recorded}"));
+        }
         printer.error(&text);
     }
 }
+

@@ -17,6 +17,7 @@ pub mod lifeline;
 pub mod mpi;
 pub mod output;
 pub mod plan;
+pub mod rank_files;
 pub mod relay;
 pub mod remote;
 pub mod supervise;
@@ -34,21 +35,23 @@ use atlasboost_tcp::{Coordinator, CoordinatorConfig, Secret};
 use nix::sys::signal::Signal;
 
 use self::agent::{
-    AgentJob, Decision, Prepared, TablePolicy, host_workers, launch_combiner, run_agent,
+    AgentJob, Decision, Prepared, Shrink, TablePolicy, host_workers, launch_combiner, run_agent,
 };
 use self::channel::{AgentConfig, Up, WorkerSettings};
 use self::job::{
-    check_before_start, job_logs, lock_table, new_job_id, rendezvous_address, report,
-    resolve_exports, worker_dir,
+    AttemptRecord, check_before_start, ending_of, job_logs, lock_table, new_job_id,
+    rendezvous_address, report, report_attempt, resolve_exports, worker_dir,
 };
 use self::output::{Output, OutputOptions};
 use self::plan::{
     HostPlan, check_np, parse_host_list, parse_hostfile, resolve_hosts, this_machine,
 };
 use self::remote::{Remote, SshOptions};
-use self::supervise::{Role, RunPlan, Signals, WorkerPlan, run_workers};
+use self::rank_files::RankFiles;
+use self::supervise::{HangWatch, JobResult, Role, RunPlan, Signals, WorkerPlan, run_workers};
 use crate::commands::counted;
 use crate::error::CliError;
+use crate::exit::ExitCodes;
 use crate::printer::{Printer, to_stderr};
 use crate::settings::{RunSettings, ServerOrder};
 
@@ -85,8 +88,17 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             .sum::<Option<u64>>()
     });
     check_before_start(args, known_size)?;
+    if let (Some(min), Some(size)) = (args.min_np, known_size)
+        && u64::from(min) > size
+    {
+        return Err(CliError::Usage(format!(
+            "--min-np {min} is more than the job's {} (a restart never grows the job)",
+            counted(size as usize, "rank")
+        )));
+    }
     let job_id = new_job_id()?;
-    // Held to the end of the job: no other job replaces this table while the workers run.
+    // Held to the end of the job, across restarts: no other job replaces this table while
+    // the workers run.
     let _table_lock = match hosts.iter().any(|h| h.local) {
         true => Some(lock_table(&table_path, &job_id, None)?),
         false => None,
@@ -95,78 +107,277 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     printer.detail(&format!("atlasboost: rendezvous at {bind}"));
 
     let mut lifeline = lifeline::prepare()?;
-
-    let settings = WorkerSettings {
-        framework: args.framework.to_string(),
-        command: args.command.clone(),
-        wdir: wdir.clone(),
-        rank_table: table_path.clone(),
-        env: exports,
-        grace_ms: args.grace.as_millis() as u64,
-    };
-    let launch = Launch {
+    let files = RankFiles::create(&job_id)?;
+    let logs = job_logs(args, &job_id, printer)?;
+    let mut job = JobState {
         args,
         hosts: &hosts,
         job_id: &job_id,
         bind: &bind,
-        settings: &settings,
+        base: WorkerSettings {
+            framework: args.framework.to_string(),
+            command: args.command.clone(),
+            wdir: wdir.clone(),
+            rank_table: table_path.clone(),
+            env: exports,
+            grace_ms: args.grace.as_millis() as u64,
+            restart_count: 0,
+            max_restarts: args.max_restarts,
+            watch: args.hang_timeout.is_some(),
+        },
+        files: &files,
+        logs: logs.as_deref(),
+        lost: Vec::new(),
+        first_size: None,
+        attempts: Vec::new(),
     };
-    let joined = match join(&launch, &signals, printer)? {
-        Joined::Ready(j) => j,
-        Joined::Interrupted(s) => {
+    let outcome = run_attempts(&mut job, &signals, &mut lifeline, printer);
+    lifeline.close();
+    files.remove();
+    let (result, code) = match outcome? {
+        Outcome::Ran(result) => {
+            let code = result.exit_code;
+            (Some(result), code)
+        }
+        Outcome::Ended(code) => (None, code),
+    };
+    report(
+        result.as_ref(),
+        &job.attempts,
+        started.elapsed(),
+        logs.as_deref(),
+        printer,
+    );
+    Ok(code)
+}
+
+/// The job across its attempts.
+struct JobState<'a> {
+    args: &'a RunSettings,
+    hosts: &'a [HostPlan],
+    job_id: &'a str,
+    bind: &'a IpAddr,
+    /// The workers' settings; each attempt sets its restart count.
+    base: WorkerSettings,
+    files: &'a RankFiles,
+    logs: Option<&'a std::path::Path>,
+    /// Hosts lost in an attempt, left out for the rest of the job.
+    lost: Vec<String>,
+    /// The first attempt's world size: no restart grows past it, nor shrinks below it without
+    /// `--min-np`.
+    first_size: Option<usize>,
+    attempts: Vec<AttemptRecord>,
+}
+
+/// How the last attempt ended.
+enum Outcome {
+    /// Its workers ran: their result.
+    Ran(JobResult),
+    /// It ended before any worker started (a signal while the hosts joined, a restart that
+    /// found no valid world): the exit code.
+    Ended(u8),
+}
+
+/// Runs the first attempt and every restart the failures call for (SPEC §12).
+fn run_attempts(
+    job: &mut JobState<'_>,
+    signals: &Signals,
+    lifeline: &mut lifeline::Lifeline,
+    printer: &Printer,
+) -> Result<Outcome, CliError> {
+    let args = job.args;
+    for attempt in 0..=args.max_restarts {
+        let attempt_started = Instant::now();
+        let live: Vec<HostPlan> = job
+            .hosts
+            .iter()
+            .filter(|h| !job.lost.contains(&h.describe()))
+            .cloned()
+            .collect();
+        let mut settings = job.base.clone();
+        settings.restart_count = attempt;
+        let shrink = job.first_size.map(|first| Shrink {
+            min: args.min_np.map_or(first as u64, u64::from),
+            min_given: args.min_np.is_some(),
+            max: first as u64,
+            left_out: job.lost.clone(),
+        });
+        let launch = Launch {
+            args,
+            hosts: &live,
+            job_id: job.job_id,
+            bind: job.bind,
+            settings: &settings,
+            shrink,
+        };
+        let joined = match join(&launch, signals, printer) {
+            Ok(Joined::Ready(j)) => j,
+            Ok(Joined::Interrupted(s)) => {
+                printer.status(&format!(
+                    "atlasboost: stopped by {} while the hosts were joining",
+                    s.as_str()
+                ));
+                return Ok(Outcome::Ended(128u8.wrapping_add(s as u8)));
+            }
+            // A restart that cannot go on ends the job, naming why; the first attempt's
+            // errors are the launch's.
+            Err(e) if attempt > 0 => {
+                let why = atlasboost_core::exchange::error_chain(&e);
+                printer.error(&format!("error: {why}"));
+                job.attempts.push(AttemptRecord {
+                    number: attempt,
+                    layout: None,
+                    duration: attempt_started.elapsed(),
+                    ended: why,
+                    exit_code: e.exit_code(),
+                });
+                return Ok(Outcome::Ended(e.exit_code()));
+            }
+            Err(e) => return Err(e),
+        };
+        let workers = plan_workers(&launch, &joined)?;
+        if let Some(list) = &args.ranks
+            && let Some(bad) = list.ranks.iter().find(|r| **r as usize >= workers.len())
+        {
+            return Err(CliError::Usage(format!(
+                "--ranks {}: rank {bad} is not in this job of {} (0-{})",
+                list.text,
+                counted(workers.len(), "rank"),
+                workers.len() - 1
+            )));
+        }
+        if let Some(min) = args.min_np.filter(|&m| m as usize > workers.len()) {
+            return Err(CliError::Usage(format!(
+                "--min-np {min} is more than the job's {} (a restart never grows the job)",
+                counted(workers.len(), "rank")
+            )));
+        }
+        job.first_size.get_or_insert(workers.len());
+        let layout = layout(&joined.table, workers.len());
+        printer.status(&format!(
+            "atlasboost: {}{layout}, rank table {} (ready in {} ms)",
+            match attempt {
+                0 => String::new(),
+                n => format!("restart {n} of {}: ", args.max_restarts),
+            },
+            settings.rank_table.display(),
+            attempt_started.elapsed().as_millis()
+        ));
+        let attempt_logs = match (job.logs, args.max_restarts) {
+            (Some(dir), 0) => Some(dir.to_path_buf()),
+            (Some(dir), _) => Some(dir.join(format!("attempt_{attempt}"))),
+            (None, _) => None,
+        };
+        let mut output = Output::new(
+            OutputOptions {
+                tag: !args.no_tag,
+                timestamp: args.timestamp,
+                ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
+                log_dir: attempt_logs.clone(),
+            },
+            &workers.iter().map(|w| w.rank).collect::<Vec<_>>(),
+        )?;
+        let run_plan = RunPlan {
+            command: args.command.clone(),
+            wdir: settings.wdir.clone(),
+            grace: args.grace,
+            files: Some(job.files.clone()),
+            watch: args.hang_timeout.is_some(),
+            hang: args.hang_timeout.map(|timeout| HangWatch {
+                timeout,
+                dump: args.hang_dump,
+                dump_dir: attempt_logs.clone().unwrap_or_else(|| {
+                    settings
+                        .wdir
+                        .join(format!("atlasboost-stacks-{}", job.job_id))
+                }),
+            }),
+            pytorch: args.framework == atlasboost_core::worker_env::Framework::Pytorch,
+        };
+        let result = run_workers(
+            &run_plan,
+            &workers,
+            &mut output,
+            signals,
+            lifeline,
+            Role::Launcher(joined.remotes),
+        )?;
+        job.attempts.push(AttemptRecord {
+            number: attempt,
+            layout: Some(layout),
+            duration: attempt_started.elapsed(),
+            ended: ending_of(&result),
+            exit_code: result.exit_code,
+        });
+        let restartable = result.exit_code != 0
+            && result.interrupted.is_none()
+            && (result.first_failure.is_some()
+                || result.hang.is_some()
+                || result.host_failure.as_ref().is_some_and(|h| h.code == ExitCodes::FAILURE));
+        if !restartable || attempt == args.max_restarts {
+            return Ok(Outcome::Ran(result));
+        }
+        if let Some(h) = result.host_failure.as_ref().filter(|h| h.lost) {
+            job.lost.push(h.host.clone());
+        }
+        // A storm of restarts is bounded: the delay doubles with each, up to 30 s.
+        let delay = args
+            .restart_delay
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(MAX_RESTART_DELAY);
+        report_attempt(&result, job.attempts.last(), printer);
+        printer.status(&format!(
+            "atlasboost: restarting every worker ({} of {}) in {:.1} s",
+            attempt + 1,
+            args.max_restarts,
+            delay.as_secs_f64()
+        ));
+        if let Some(s) = wait_or_signal(signals, delay) {
             printer.status(&format!(
-                "atlasboost: stopped by {} while the hosts were joining",
+                "atlasboost: stopped by {} before the restart",
                 s.as_str()
             ));
-            lifeline.close();
-            return Ok(128u8.wrapping_add(s as u8));
+            return Ok(Outcome::Ended(128u8.wrapping_add(s as u8)));
         }
-    };
-    let workers = plan_workers(&launch, &joined)?;
-    if let Some(list) = &args.ranks
-        && let Some(bad) = list.ranks.iter().find(|r| **r as usize >= workers.len())
-    {
-        return Err(CliError::Usage(format!(
-            "--ranks {}: rank {bad} is not in this job of {} (0-{})",
-            list.text,
-            counted(workers.len(), "rank"),
-            workers.len() - 1
-        )));
     }
-    printer.status(&format!(
-        "atlasboost: {} on {}, rank table {} (ready in {} ms)",
-        counted(workers.len(), "rank"),
-        counted(joined.table.server_count(), "server"),
-        table_path.display(),
-        started.elapsed().as_millis()
-    ));
-    let logs = job_logs(args, &job_id, printer)?;
-    let mut output = Output::new(
-        OutputOptions {
-            tag: !args.no_tag,
-            timestamp: args.timestamp,
-            ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
-            log_dir: logs.clone(),
-        },
-        &workers.iter().map(|w| w.rank).collect::<Vec<_>>(),
-    )?;
-    let run_plan = RunPlan {
-        command: args.command.clone(),
-        wdir,
-        grace: args.grace,
+    unreachable!("the last attempt returns")
+}
+
+/// The longest wait before a restart.
+const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);
+
+/// Sleeps `delay` unless a signal that ends the job comes first.
+fn wait_or_signal(signals: &Signals, delay: Duration) -> Option<Signal> {
+    let until = Instant::now() + delay;
+    loop {
+        if let Some(s) = signals
+            .pending()
+            .into_iter()
+            .find(|s| *s != Signal::SIGCHLD)
+        {
+            return Some(s);
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+    }
+}
+
+/// `N ranks on S servers (S × D)`, the table's shape.
+fn layout(table: &RankTable, ranks: usize) -> String {
+    let servers = table.server_count();
+    let per_server = match servers {
+        0 => String::new(),
+        s if ranks.is_multiple_of(s) => format!(" ({s} × {})", ranks / s),
+        _ => String::new(),
     };
-    let result = run_workers(
-        &run_plan,
-        &workers,
-        &mut output,
-        &signals,
-        &mut lifeline,
-        Role::Launcher(joined.remotes),
-    );
-    lifeline.close();
-    let result = result?;
-    report(&result, started.elapsed(), logs.as_deref(), printer);
-    Ok(result.exit_code)
+    format!(
+        "{} on {}{per_server}",
+        counted(ranks, "rank"),
+        counted(servers, "server")
+    )
 }
 
 /// What every step of a launch needs to know.
@@ -177,6 +388,8 @@ struct Launch<'a> {
     /// The coordinator's address (no port).
     bind: &'a IpAddr,
     settings: &'a WorkerSettings,
+    /// A restart's re-planning bounds; `None` for the first attempt.
+    shrink: Option<Shrink>,
 }
 
 fn plan_hosts(args: &RunSettings) -> Result<Vec<HostPlan>, CliError> {
@@ -266,6 +479,7 @@ fn start_coordinator(launch: &Launch<'_>, printer: &Printer) -> Result<Rendezvou
             },
             chip: None,
         },
+        shrink: launch.shrink.clone(),
     };
     // The policy's own words, without the coordinator's framing, for the error message.
     let refusal: Arc<Mutex<Option<String>>> = Arc::default();

@@ -152,6 +152,10 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         command: args.command.clone(),
         wdir,
         grace: args.grace,
+        files: None,
+        watch: false,
+        hang: None,
+        pytorch: false,
     };
     let mpirun = MpirunPlan {
         command,
@@ -172,7 +176,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     );
     lifeline.close();
     let result = result?;
-    report(&result, started.elapsed(), logs.as_deref(), printer);
+    report(Some(&result), &[], started.elapsed(), logs.as_deref(), printer);
     Ok(result.exit_code)
 }
 
@@ -326,10 +330,22 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
         (args.ssh_port.is_some(), "--ssh-port"),
         (args.ssh_identity.is_some(), "--ssh-identity"),
     ];
-    match refused.iter().find(|(given, _)| *given) {
-        Some((_, flag)) => Err(CliError::Usage(format!(
+    if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
+        return Err(CliError::Usage(format!(
             "{flag} cannot be used with --mpi: mpirun starts the workers and their init() \
              writes the table"
+        )));
+    }
+    // mpirun ends its whole job at the first failure, and the relays have no heartbeat files.
+    let keep_alive = [
+        (args.max_restarts > 0, "--max-restarts"),
+        (args.min_np.is_some(), "--min-np"),
+        (args.hang_timeout.is_some(), "--hang-timeout"),
+    ];
+    match keep_alive.iter().find(|(given, _)| *given) {
+        Some((_, flag)) => Err(CliError::Usage(format!(
+            "{flag} cannot be used with --mpi: mpirun ends its job at the first failure; \
+             restarts and the hang watchdog need atlasboost's own launch (drop --mpi)"
         ))),
         None => Ok(()),
     }
@@ -460,6 +476,10 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         // The launcher's --grace: for a stop of its own (mpirun's SIGTERM, what the worker left
         // behind); the launcher's `sig 9` may come first.
         grace,
+        files: None,
+        watch: false,
+        hang: None,
+        pytorch: false,
     };
     let result = run_workers(
         &plan,

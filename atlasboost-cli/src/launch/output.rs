@@ -206,6 +206,10 @@ struct Lane {
     shown: bool,
     logs: Option<[BufWriter<File>; 2]>,
     tail: VecDeque<Vec<u8>>,
+    /// Lines so far, for the hang watchdog.
+    lines: u64,
+    /// The last line of either stream (its start), for the hang watchdog's report.
+    last: Vec<u8>,
 }
 
 /// The console and log files of a launch.
@@ -246,6 +250,8 @@ impl Output {
                 shown: options.ranks.as_ref().is_none_or(|r| r.contains(&rank)),
                 logs,
                 tail: VecDeque::new(),
+                lines: 0,
+                last: Vec::new(),
             });
         }
         let mut output = Output {
@@ -336,6 +342,7 @@ impl Output {
             return;
         };
         let i = stream as usize;
+        l.lines += 1;
         if self.upstream {
             let rank = l.rank;
             // Consecutive lines of one worker's stream share a frame, up to the payload limit
@@ -364,6 +371,9 @@ impl Output {
                 .write_all(line)
                 .and_then(|()| logs[i].write_all(b"\n"));
         }
+        l.last.clear();
+        l.last
+            .extend_from_slice(&line[..line.len().min(TAIL_LINE_BYTES)]);
         if stream == Stream::Stderr {
             // Once the tail is full, the oldest line's buffer is reused: no allocation per line.
             let mut kept = if l.tail.len() == TAIL_LINES {
@@ -438,6 +448,19 @@ impl Output {
     /// must not count against them.
     pub fn take_stall(&mut self) -> bool {
         std::mem::take(&mut self.out.stalled) | std::mem::take(&mut self.err.stalled)
+    }
+
+    /// How many lines worker `lane` has printed.
+    pub fn line_count(&self, lane: usize) -> u64 {
+        self.lanes.get(lane).map_or(0, |l| l.lines)
+    }
+
+    /// The last line worker `lane` printed (its first bytes), if any.
+    pub fn last_line(&self, lane: usize) -> Option<String> {
+        self.lanes
+            .get(lane)
+            .filter(|l| l.lines > 0)
+            .map(|l| String::from_utf8_lossy(&l.last).into_owned())
     }
 
     /// The last stderr lines of worker `lane`, oldest first.

@@ -35,6 +35,7 @@ use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
 use super::lifeline::{Lifeline, ORIGINAL_FD_LIMIT};
 use super::output::{LineSplitter, Output};
+use super::rank_files::RankFiles;
 use super::remote::Remote;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -50,6 +51,15 @@ const HANDLED: [Signal; 4] = [
 /// How long the output of stopped workers is still read after SIGKILL (a process outside
 /// their groups may hold their pipes open).
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// How often the workers' progress (lines, heartbeats) is looked at.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// How long the launcher waits for the stacks of stuck workers on other hosts.
+const REMOTE_DUMP_LIMIT: Duration = Duration::from_secs(15);
+
+/// The exit code of a job that hung (as `timeout` uses).
+pub const HANG_EXIT: u8 = 124;
 
 /// How long an agent whose launcher is gone gives its workers between SIGTERM and SIGKILL, so
 /// that they are gone within 5 s of the launcher.
@@ -135,6 +145,25 @@ pub struct RunPlan {
     pub wdir: PathBuf,
     /// SIGTERM to SIGKILL.
     pub grace: Duration,
+    /// The workers' heartbeat, error and stack files (none for relays).
+    pub files: Option<RankFiles>,
+    /// Whether heartbeats are read and reported (the launcher watches for hangs).
+    pub watch: bool,
+    /// The launcher's hang watchdog.
+    pub hang: Option<HangWatch>,
+    /// Whether the workers run the PyTorch framework (torch's error file variable).
+    pub pytorch: bool,
+}
+
+/// `--hang-timeout` and `--hang-dump`.
+#[derive(Debug, Clone)]
+pub struct HangWatch {
+    /// How long a rank may show no progress.
+    pub timeout: Duration,
+    /// Take stuck ranks' stacks first.
+    pub dump: bool,
+    /// Where stack dumps are saved.
+    pub dump_dir: PathBuf,
 }
 
 /// What became of one worker.
@@ -154,6 +183,8 @@ pub struct WorkerResult {
     pub stopped: bool,
     /// Its last stderr lines.
     pub tail: Vec<String>,
+    /// What it recorded about its failure (`ATLASBOOST_ERROR_FILE`), as written.
+    pub recorded: Option<Vec<u8>>,
 }
 
 /// A host that failed the job: its agent could not start its workers, or it was lost.
@@ -165,6 +196,9 @@ pub struct HostFailure {
     pub message: String,
     /// The exit code it calls for (125; 126 or 127 for a command that cannot be started).
     pub code: u8,
+    /// The host itself is gone (its session ended, its heartbeats stopped): a restart leaves
+    /// it out.
+    pub lost: bool,
 }
 
 /// How the job ended.
@@ -178,6 +212,8 @@ pub struct JobResult {
     pub host_failure: Option<HostFailure>,
     /// The signal that stopped the launcher, if one did first.
     pub interrupted: Option<Signal>,
+    /// The hang watchdog's report, if it stopped the job first.
+    pub hang: Option<String>,
     /// The launcher's exit code.
     pub exit_code: u8,
 }
@@ -315,6 +351,9 @@ pub fn run_workers(
             running.push(Running::elsewhere());
             continue;
         }
+        if let Some(files) = &plan.files {
+            files.reset(w.rank);
+        }
         match spawn(plan, w) {
             Ok((pid, out, err)) => {
                 lifeline.watch(pid.as_raw());
@@ -362,6 +401,9 @@ fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> 
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
     let launcher = nix::unistd::getpid();
     let mut cmd = Command::new(program);
+    if let Some(files) = &plan.files {
+        cmd.envs(files.env(w.rank, plan.pytorch));
+    }
     cmd.args(args)
         .current_dir(&plan.wdir)
         .envs(w.env.iter().map(|(k, v)| (k, v)))
@@ -422,6 +464,36 @@ struct Supervisor<'a> {
     buf: Vec<u8>,
     /// `run --mpi`: mpirun and the relays' door.
     mpirun: Option<Mpirun>,
+    /// Each worker's progress, by lane.
+    progress: Vec<Progress>,
+    next_watch: Instant,
+    /// What each failed worker recorded, by lane.
+    recorded: Vec<Option<Vec<u8>>>,
+    /// The hang watchdog's report, once it fired.
+    hang: Option<String>,
+    /// The stacks still awaited from other hosts before a hang stops the job.
+    dumping: Option<Dumping>,
+}
+
+/// When a worker last made progress.
+#[derive(Debug, Clone)]
+struct Progress {
+    /// Lines seen so far.
+    lines: u64,
+    /// Heartbeats seen so far.
+    beats: u64,
+    /// The last step a heartbeat gave.
+    step: Option<i64>,
+    /// The last time either count moved.
+    since: Instant,
+}
+
+/// A hang being reported: the stacks of stuck workers on other hosts are on their way.
+#[derive(Debug)]
+struct Dumping {
+    report: String,
+    waiting: Vec<usize>,
+    until: Instant,
 }
 
 impl<'a> Supervisor<'a> {
@@ -450,6 +522,19 @@ impl<'a> Supervisor<'a> {
             next_heartbeat: Instant::now(),
             buf: vec![0; 1 << 16],
             mpirun: None,
+            progress: vec![
+                Progress {
+                    lines: 0,
+                    beats: 0,
+                    step: None,
+                    since: Instant::now(),
+                };
+                workers.len()
+            ],
+            next_watch: Instant::now() + WATCH_EVERY,
+            recorded: vec![None; workers.len()],
+            hang: None,
+            dumping: None,
         }
     }
 
@@ -490,13 +575,18 @@ impl<'a> Supervisor<'a> {
             }
             self.escalate();
             self.heartbeats(output);
+            self.watch(output);
             let mut wait = self
                 .next_heartbeat
                 .saturating_duration_since(Instant::now());
             if self.stopping.is_some() || all_ended {
                 wait = wait.min(Duration::from_millis(50));
             }
-            let timeout = if self.has_peers() {
+            let watching = self.plan.watch || self.plan.hang.is_some();
+            if watching {
+                wait = wait.min(self.next_watch.saturating_duration_since(Instant::now()));
+            }
+            let timeout = if self.has_peers() || watching {
                 PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX)
             } else if self.stopping.is_some() || all_ended {
                 PollTimeout::from(50u8)
@@ -654,7 +744,196 @@ impl<'a> Supervisor<'a> {
     }
 
     fn failed_or_interrupted(&self) -> bool {
-        self.first_failure.is_some() || self.host_failure.is_some() || self.interrupted.is_some()
+        self.first_failure.is_some()
+            || self.host_failure.is_some()
+            || self.interrupted.is_some()
+            || self.hang.is_some()
+            || self.dumping.is_some()
+    }
+
+    /// Every [`WATCH_EVERY`]: notes which workers made progress (a line, a heartbeat), sends
+    /// an agent's heartbeats up, and fires the launcher's hang watchdog.
+    fn watch(&mut self, output: &mut Output) {
+        let now = Instant::now();
+        if let Some(d) = self
+            .dumping
+            .take_if(|d| d.waiting.is_empty() || now >= d.until)
+        {
+            if !d.waiting.is_empty() {
+                let ranks: Vec<u32> = d.waiting.iter().map(|&l| self.workers[l].rank).collect();
+                output.message(&format!(
+                    "atlasboost: no stacks came from rank {} within {REMOTE_DUMP_LIMIT:.0?}",
+                    ranges(&ranks)
+                ));
+            }
+            self.stop_for_hang(d.report, output);
+        }
+        if now < self.next_watch || !(self.plan.watch || self.plan.hang.is_some()) {
+            return;
+        }
+        self.next_watch = now + WATCH_EVERY;
+        for lane in 0..self.workers.len() {
+            if self.running[lane].ended.is_some() {
+                continue;
+            }
+            let p = &mut self.progress[lane];
+            let lines = output.line_count(lane);
+            if lines != p.lines {
+                p.lines = lines;
+                p.since = now;
+            }
+            let (Some(files), Some(_)) = (&self.plan.files, self.running[lane].pid) else {
+                continue;
+            };
+            let rank = self.workers[lane].rank;
+            if let Some((beats, step)) = files.beats(rank)
+                && beats != p.beats
+            {
+                p.beats = beats;
+                p.step = step;
+                p.since = now;
+                if matches!(self.role, Role::Agent(_)) {
+                    output.send(&Up::Beat { rank, beats, step });
+                }
+            }
+        }
+        let Some(hang) = &self.plan.hang else {
+            return;
+        };
+        if self.failed_or_interrupted() || self.is_agent() {
+            return;
+        }
+        let stuck: Vec<usize> = (0..self.workers.len())
+            .filter(|&l| {
+                self.running[l].ended.is_none() && now - self.progress[l].since >= hang.timeout
+            })
+            .collect();
+        if !stuck.is_empty() {
+            self.on_hang(&stuck, output);
+        }
+    }
+
+    /// Reports stuck workers, takes their stacks if asked, then stops the job (exit 124).
+    fn on_hang(&mut self, stuck: &[usize], output: &mut Output) {
+        let now = Instant::now();
+        let live: Vec<usize> = (0..self.workers.len())
+            .filter(|&l| self.running[l].ended.is_none())
+            .collect();
+        let progressing: Vec<u32> = live
+            .iter()
+            .filter(|l| !stuck.contains(l))
+            .map(|&l| self.workers[l].rank)
+            .collect();
+        let mut report = String::new();
+        for &lane in stuck {
+            let (w, p) = (&self.workers[lane], &self.progress[lane]);
+            report.push_str(&format!(
+                "\n  rank {} (host {}, device {}): no output line and no heartbeat for {:.1} s",
+                w.rank,
+                w.host,
+                w.device,
+                (now - p.since).as_secs_f64()
+            ));
+            if p.beats > 0 {
+                report.push_str(&format!(
+                    "; {} heartbeat{}",
+                    p.beats,
+                    if p.beats == 1 { "" } else { "s" }
+                ));
+                if let Some(step) = p.step {
+                    report.push_str(&format!(", last at step {step}"));
+                }
+            }
+            match output.last_line(lane) {
+                Some(line) => report.push_str(&format!("; its last line: {line}")),
+                None => report.push_str("; it printed nothing"),
+            }
+        }
+        let summary = if progressing.is_empty() {
+            format!(
+                "every rank stopped progressing together (a collective that never completes,                  or a shared resource?):{report}"
+            )
+        } else {
+            format!(
+                "{} stuck while rank{} {} still progress:{report}",
+                if stuck.len() == 1 { "one rank is" } else { "ranks are" },
+                if progressing.len() == 1 { "" } else { "s" },
+                ranges(&progressing)
+            )
+        };
+        output.message(&format!("atlasboost: hang: {summary}"));
+        let Some(hang) = self.plan.hang.clone() else {
+            return;
+        };
+        if !hang.dump {
+            self.stop_for_hang(summary, output);
+            return;
+        }
+        let mut waiting = Vec::new();
+        for &lane in stuck {
+            let rank = self.workers[lane].rank;
+            match (self.running[lane].pid, &self.plan.files) {
+                (Some(pid), Some(files)) => {
+                    let text = files.stacks(rank, pid.as_raw() as u32);
+                    self.save_stacks(lane, &text, &hang.dump_dir, output);
+                }
+                _ => {
+                    if let Role::Launcher(remotes) = &mut self.role
+                        && let Some(r) = remotes
+                            .iter_mut()
+                            .find(|r| r.host == self.workers[lane].host && !r.done)
+                    {
+                        r.send(Down::Dump(rank));
+                        waiting.push(lane);
+                    }
+                }
+            }
+        }
+        self.dumping = Some(Dumping {
+            report: summary,
+            waiting,
+            until: Instant::now() + REMOTE_DUMP_LIMIT,
+        });
+        // Finished at once when nothing is awaited (the next watch pass would do the same).
+        self.next_watch = Instant::now();
+    }
+
+    /// Saves a stuck rank's stacks under the dump directory and shows their start.
+    fn save_stacks(&mut self, lane: usize, text: &str, dir: &std::path::Path, output: &mut Output) {
+        let w = &self.workers[lane];
+        let file = dir.join(format!("rank.{}.stacks.txt", w.rank));
+        let saved = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&file, text));
+        let mut shown: Vec<&str> = text.lines().take(12).collect();
+        if text.lines().count() > shown.len() {
+            shown.push("...");
+        }
+        output.message(&format!(
+            "atlasboost: stacks of rank {} (host {}){}:\n  {}",
+            w.rank,
+            w.host,
+            match &saved {
+                Ok(()) => format!(", saved in {}", file.display()),
+                Err(e) => format!(" (not saved in {}: {e})", file.display()),
+            },
+            shown.join("\n  ")
+        ));
+        if let Some(d) = &mut self.dumping {
+            d.waiting.retain(|&l| l != lane);
+        }
+    }
+
+    fn stop_for_hang(&mut self, report: String, output: &mut Output) {
+        if self.first_failure.is_some() || self.host_failure.is_some() || self.interrupted.is_some()
+        {
+            return;
+        }
+        let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+        output.message(&format!(
+            "atlasboost: stopping the {live} worker{} of the hung job",
+            if live == 1 { "" } else { "s" }
+        ));
+        self.hang = Some(report);
+        self.stop(Signal::SIGTERM);
     }
 
     /// Waits for output, exits, signals or messages once, and handles what came.
@@ -837,6 +1116,7 @@ impl<'a> Supervisor<'a> {
         for line in lines {
             match Down::parse(&String::from_utf8_lossy(&line)) {
                 Ok(Down::Heartbeat) => {}
+                Ok(Down::Dump(rank)) => self.dump_for_launcher(rank, output),
                 Ok(Down::Signal(s)) => {
                     if s == Signal::SIGKILL {
                         self.kill_now();
@@ -850,6 +1130,23 @@ impl<'a> Supervisor<'a> {
         if ended {
             self.upstream_lost("the launcher's connection closed", output);
         }
+    }
+
+    /// An agent takes the stacks of its worker of `rank` and sends them up.
+    fn dump_for_launcher(&mut self, rank: u32, output: &mut Output) {
+        let text = match self.workers.iter().position(|w| w.rank == rank) {
+            Some(lane) => match (self.running[lane].pid, &self.plan.files) {
+                (Some(pid), Some(files)) if self.running[lane].ended.is_none() => {
+                    files.stacks(rank, pid.as_raw() as u32)
+                }
+                _ => "no stacks: the worker has ended".to_string(),
+            },
+            None => format!("no stacks: rank {rank} is not on this host"),
+        };
+        output.send(&Up::Stacks {
+            rank,
+            text: text.into_bytes(),
+        });
     }
 
     /// The launcher is gone: stop every worker, quickly.
@@ -970,6 +1267,25 @@ impl<'a> Supervisor<'a> {
                     remotes[h].done = true;
                 }
             }
+            Up::Beat { rank, beats, step } => {
+                if let Some(lane) = self.lane_of(h, rank) {
+                    let p = &mut self.progress[lane];
+                    p.beats = beats;
+                    p.step = step;
+                    p.since = Instant::now();
+                }
+            }
+            Up::Recorded { rank, text } => {
+                if let Some(lane) = self.lane_of(h, rank) {
+                    self.recorded[lane] = Some(text);
+                }
+            }
+            Up::Stacks { rank, text } => {
+                if let (Some(lane), Some(hang)) = (self.lane_of(h, rank), self.plan.hang.clone()) {
+                    let text = String::from_utf8_lossy(&text).into_owned();
+                    self.save_stacks(lane, &text, &hang.dump_dir, output);
+                }
+            }
         }
     }
 
@@ -1010,6 +1326,12 @@ impl<'a> Supervisor<'a> {
             remotes[h].hang_up();
         }
         self.fail_host(h, why, ExitCodes::FAILURE, output);
+        if let Some(f) = &mut self.host_failure
+            && let Role::Launcher(remotes) = &self.role
+            && f.host == remotes[h].host
+        {
+            f.lost = true;
+        }
     }
 
     fn fail_host(&mut self, h: usize, why: String, code: u8, output: &mut Output) {
@@ -1043,6 +1365,7 @@ impl<'a> Supervisor<'a> {
             host,
             message: why,
             code,
+            lost: false,
         });
         self.stop(Signal::SIGTERM);
     }
@@ -1156,19 +1479,26 @@ impl<'a> Supervisor<'a> {
         self.running[i].ended = Some((Instant::now(), ending));
         if self.running[i].pid.is_some() {
             self.drain_lane(i, output);
+            if ending.failed()
+                && let Some(files) = &self.plan.files
+            {
+                self.recorded[i] = files.recorded(self.workers[i].rank);
+            }
         }
         if self.is_agent() {
+            if let Some(text) = self.recorded[i].take() {
+                output.send(&Up::Recorded {
+                    rank: self.workers[i].rank,
+                    text,
+                });
+            }
             output.send(&Up::Exited {
                 rank: self.workers[i].rank,
                 ending,
             });
             return;
         }
-        if ending.failed()
-            && self.first_failure.is_none()
-            && self.host_failure.is_none()
-            && self.interrupted.is_none()
-        {
+        if ending.failed() && !self.failed_or_interrupted() {
             self.first_failure = Some(i);
             let w = &self.workers[i];
             let live = self.running.iter().filter(|r| r.ended.is_none()).count();
@@ -1285,10 +1615,12 @@ impl<'a> Supervisor<'a> {
                 stopped: Some(lane) != self.first_failure
                     && matches!((r.ended, self.stopping), (Some((t, _)), Some((since, _))) if t >= since),
                 tail: output.tail(lane),
+                recorded: self.recorded[lane].clone(),
             })
             .collect();
         let exit_code = match (self.interrupted, &self.host_failure, self.first_failure) {
             (Some(s), _, _) => 128u8.wrapping_add(s as u8),
+            _ if self.hang.is_some() => HANG_EXIT,
             (None, Some(h), _) => h.code,
             (None, None, Some(i)) => workers[i].ending.map_or(ExitCodes::FAILURE, Ending::code),
             (None, None, None) => ExitCodes::SUCCESS,
@@ -1298,6 +1630,7 @@ impl<'a> Supervisor<'a> {
             first_failure: self.first_failure,
             host_failure: self.host_failure.clone(),
             interrupted: self.interrupted,
+            hang: self.hang.clone(),
             exit_code,
         }
     }

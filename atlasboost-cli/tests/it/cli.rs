@@ -1663,3 +1663,41 @@ fn run_sees_its_workers_exit_even_if_started_with_sigchld_ignored() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn keep_alive_flags_that_cannot_work_are_usage_errors() {
+    let dir = tempdir();
+    // A restart never grows the job: --min-np above its size can never hold.
+    run(
+        dir.path(),
+        &["run", "--sim", "4", "-n", "4", "--min-np", "8", "--", "true"],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--min-np 8", "4 ranks"]);
+    // Known only once the hosts have reported (every device of this host): still refused
+    // before any worker starts.
+    run(
+        dir.path(),
+        &["run", "--sim", "2", "--min-np", "3", "--", "sh", "-c", "echo RAN"],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--min-np 3", "2 ranks"]);
+    run(dir.path(), &["run", "--sim", "2", "--hang-dump", "--", "true"])
+        .expect_code(USAGE)
+        .stderr_has(&["--hang-timeout"]);
+    for flags in [
+        &["--max-restarts", "1"][..],
+        &["--min-np", "1"],
+        &["--hang-timeout", "5"],
+    ] {
+        let mut args = vec!["run", "--mpi", "--sim", "2"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "true"]);
+        run(dir.path(), &args)
+            .expect_code(USAGE)
+            .stderr_has(&[flags[0], "cannot be used with --mpi"]);
+    }
+    run(dir.path(), &["run", "--sim", "2", "--hang-timeout", "0", "--", "true"])
+        .expect_code(USAGE)
+        .stderr_has(&["--hang-timeout"]);
+}

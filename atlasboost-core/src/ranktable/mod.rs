@@ -7,12 +7,14 @@ mod merge;
 mod model;
 mod node;
 mod parse;
+mod shrink;
 mod validate;
 mod write;
 
 pub use build::{BuildOptions, RankOrder, build_table, chip_of_devices};
 pub use lock::{LockOwner, TableLock, TableLockError, lock_path};
 pub use merge::{MergeInput, merge_tables};
+pub use shrink::{HostDevices, largest_world};
 pub use model::{
     ClusterTable, DeviceEntry, Format, GroupEntry, HOST_NIC_IP_RESERVED, InstanceEntry,
     LEGACY_GROUP_NAME, LegacyDeviceEntry, LegacyTable, RankEntry, RankTable, STATUS_COMPLETED,

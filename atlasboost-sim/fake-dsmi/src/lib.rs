@@ -20,6 +20,7 @@
 //! | `ATLASBOOST_FAKE_DSMI_CHIP` | The `chip_name` (at most 31 bytes). | `910` |
 //! | `ATLASBOOST_FAKE_DSMI_IP` | `v4` or `v6` addresses. | `v4` |
 //! | `ATLASBOOST_FAKE_DSMI_FAULTS` | Faults, below. | none |
+//! | `ATLASBOOST_FAKE_DSMI_FAULTS_FILE` | A file of more faults (`;` or one per line), read at every call; a missing file adds none. | none |
 //!
 //! The device with physical id `p` has, on its RoCE (port type 1) and VNIC (port type 0) port:
 //! - `v4`: `192.168.100.(101+p)`, mask `255.255.255.0`, `ip_type` 0 (`IPADDR_TYPE_V4`);

@@ -205,15 +205,30 @@ impl Config {
                 return Err(Malformed::new(var, other, "expected v4 or v6"));
             }
         };
-        let faults = match var(EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS)? {
-            None => Vec::new(),
-            Some(text) => text
-                .split(';')
+        let parse = |text: &str| -> Result<Vec<Fault>, Malformed> {
+            text.split(';')
                 .map(str::trim)
                 .filter(|fault| !fault.is_empty())
                 .map(|fault| parse_fault(fault, &physical))
-                .collect::<Result<_, _>>()?,
+                .collect()
         };
+        let mut faults = parse(&var(EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS)?.unwrap_or_default())?;
+        if let Some(path) = var(EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE)? {
+            // Read at every call, so a test can fail a device between two probes; a file not
+            // there (yet) injects nothing.
+            let file = EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE;
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text.lines().collect::<Vec<_>>().join(";"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(Malformed::new(file, &path, format!("cannot be read: {e}"))),
+            };
+            let more = parse(&text).map_err(|e| Malformed {
+                var: file,
+                part: format!("{path}: {}", e.part),
+                reason: e.reason,
+            })?;
+            faults.extend(more);
+        }
         Ok(Self {
             physical,
             chip_name,
@@ -650,6 +665,24 @@ mod tests {
         assert_eq!(logic(5), (0, 5));
         assert_eq!(phy(8), (INVALID_DEVICE, 999));
         assert_eq!(logic(8), (INVALID_DEVICE, 999));
+    }
+
+    #[test]
+    fn a_faults_file_is_read_at_every_call() {
+        let dir = std::env::temp_dir().join(format!("fake-dsmi-faults-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("faults");
+        let path = file.to_str().unwrap().to_string();
+        test_env::set(&[(EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE, path.as_str())]);
+        // Not there yet: no fault.
+        assert_eq!(Config::from_env().map(|c| c.health(5)), Ok(0));
+        std::fs::write(&file, "unhealthy:5\n").unwrap();
+        assert_eq!(Config::from_env().map(|c| c.health(5)), Ok(DEFAULT_UNHEALTHY));
+        std::fs::write(&file, "unhealthy:9").unwrap();
+        let e = Config::from_env().unwrap_err();
+        assert_eq!(e.var, EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE);
+        assert_eq!(e.part, format!("{path}: unhealthy:9"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -166,6 +166,20 @@ int atlasboost_set_device_id(int id);
 int atlasboost_finalize(void);
 
 /**
+ * Tells the launcher this worker is making progress, for `atlasboost run --hang-timeout`'s
+ * watchdog; cheap enough to call every training step (it writes at most every 100 ms). Needs
+ * no `atlasboost_init()`.
+ *
+ * Returns 1 when a launcher listens (`ATLASBOOST_HEARTBEAT_FILE` is set), 0 when nobody does.
+ */
+int atlasboost_heartbeat(void);
+
+/**
+ * `atlasboost_heartbeat()`, also giving the training step the launcher shows for this rank.
+ */
+int atlasboost_heartbeat_step(int64_t step);
+
+/**
  * The message of the calling thread's last error: of its last atlasboost call, if that call
  * failed; NULL if it succeeded or there was none. (This function and
  * `atlasboost_error_name()` do not count as calls: they change nothing.)

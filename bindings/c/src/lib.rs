@@ -399,6 +399,22 @@ pub extern "C" fn atlasboost_finalize() -> c_int {
     })
 }
 
+/// Tells the launcher this worker is making progress, for `atlasboost run --hang-timeout`'s
+/// watchdog; cheap enough to call every training step (it writes at most every 100 ms). Needs
+/// no `atlasboost_init()`.
+///
+/// Returns 1 when a launcher listens (`ATLASBOOST_HEARTBEAT_FILE` is set), 0 when nobody does.
+#[unsafe(no_mangle)]
+pub extern "C" fn atlasboost_heartbeat() -> c_int {
+    c_int::from(atlasboost_lib::progress::heartbeat(None))
+}
+
+/// `atlasboost_heartbeat()`, also giving the training step the launcher shows for this rank.
+#[unsafe(no_mangle)]
+pub extern "C" fn atlasboost_heartbeat_step(step: i64) -> c_int {
+    c_int::from(atlasboost_lib::progress::heartbeat(Some(step)))
+}
+
 /// The message of the calling thread's last error: of its last atlasboost call, if that call
 /// failed; NULL if it succeeded or there was none. (This function and
 /// `atlasboost_error_name()` do not count as calls: they change nothing.)

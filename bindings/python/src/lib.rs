@@ -252,6 +252,13 @@ fn build_info() -> (&'static str, bool, Option<String>) {
     )
 }
 
+/// `atlasboost.heartbeat(step=None)`: progress, for `atlasboost run --hang-timeout`.
+#[pyfunction]
+#[pyo3(signature = (step=None))]
+fn heartbeat(step: Option<i64>) -> bool {
+    atlasboost::progress::heartbeat(step)
+}
+
 /// The module `atlasboost._atlasboost`.
 #[pymodule]
 fn _atlasboost(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -277,5 +284,6 @@ fn _atlasboost(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(mpi_built, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(heartbeat, m)?)?;
     Ok(())
 }

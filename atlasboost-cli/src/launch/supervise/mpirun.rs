@@ -79,6 +79,10 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         command: m.command,
         wdir: plan.wdir.clone(),
         grace: plan.grace,
+        files: None,
+        watch: false,
+        hang: None,
+        pytorch: false,
     };
     let spec = WorkerPlan {
         rank: 0,

@@ -46,3 +46,6 @@ def shutdown() -> None: ...
 def mpi_built() -> bool: ...
 def build_info() -> tuple[str, bool, str | None]:
     """(version, MPI support, the MPI library's version line or None)."""
+
+def heartbeat(step: int | None = None) -> bool:
+    """Progress, for `atlasboost run --hang-timeout`; whether a launcher listens."""

@@ -47,6 +47,92 @@ def init(frame: "str | None" = None) -> None:
 
         atexit.register(_native.shutdown)
         _shutdown_at_exit = True
+        _watch_failures()
+
+
+# The stack file faulthandler writes to, kept open for the life of the process.
+_stack_file = None
+
+
+def _watch_failures() -> None:
+    """Under `atlasboost run`: an uncaught exception is recorded in ATLASBOOST_ERROR_FILE (the
+    launcher names it as the root cause), and SIGUSR1 writes every thread's stack to
+    ATLASBOOST_STACK_FILE (what `--hang-dump` asks for when py-spy is not installed)."""
+    global _stack_file
+    if os.environ.get("ATLASBOOST_ERROR_FILE"):
+        previous = sys.excepthook
+
+        def record_and_report(kind, value, tb):
+            _record(kind, value, tb)
+            previous(kind, value, tb)
+
+        sys.excepthook = record_and_report
+    stacks = os.environ.get("ATLASBOOST_STACK_FILE")
+    if stacks and _stack_file is None:
+        import faulthandler
+        import signal
+
+        try:
+            _stack_file = open(stacks, "a")  # noqa: SIM115 (open for the process's life)
+            faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+        except (OSError, ValueError, AttributeError):
+            _stack_file = None
+
+
+def _record(kind, value, tb) -> None:
+    """Writes an exception to ATLASBOOST_ERROR_FILE as torch's `@record` writes its own: the
+    first failure of the process is kept."""
+    path = os.environ.get("ATLASBOOST_ERROR_FILE")
+    if not path or os.path.exists(path) or kind is None:
+        return
+    import json
+    import time
+    import traceback
+
+    record = {
+        "message": {
+            "message": "".join(traceback.format_exception_only(kind, value)).strip(),
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(kind, value, tb)),
+                "timestamp": f"{time.time():.6f}",
+            },
+        }
+    }
+    try:
+        partial = f"{path}.{os.getpid()}.tmp"
+        with open(partial, "w") as f:
+            json.dump(record, f)
+        os.replace(partial, path)
+    except OSError:
+        pass
+
+
+def record(fn):
+    """Decorator for a worker's main function: an exception escaping it is recorded in
+    ATLASBOOST_ERROR_FILE before it propagates, so `atlasboost run` names it, with its
+    traceback, as the job's root cause (as torch's `torch.distributed.elastic` `@record`).
+    SystemExit and KeyboardInterrupt are not failures to record. Needs no `init()`."""
+    import functools
+
+    @functools.wraps(fn)
+    def recorded(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException:
+            _record(*sys.exc_info())
+            raise
+
+    return recorded
+
+
+def heartbeat(step: "int | None" = None) -> bool:
+    """Tells `atlasboost run --hang-timeout` that this worker is making progress (`step`: the
+    training step, shown when a hang is reported). A rank that prints nothing but beats is
+    never reported as hung. Cheap enough for every step; needs no `init()`. Returns whether a
+    launcher listens."""
+    return _native.heartbeat(step)
 
 
 def init_for(framework: str):  # -> a function like `init`

@@ -1,0 +1,285 @@
+//! Re-planning a job around dead devices and lost hosts (SPEC §12): the largest world the chip's
+//! rules allow on what is left.
+//!
+//! A pure function of what the hosts report, so the launcher's choice can be checked without a
+//! cluster: the result is always a valid table, never smaller than another valid choice, and the
+//! same for the same input.
+
+use crate::device::{Chip, Device};
+
+/// What one host can still offer a restart.
+#[derive(Debug, Clone)]
+pub struct HostDevices {
+    /// Its server id.
+    pub server_id: String,
+    /// At most this many devices (its slots), if limited.
+    pub cap: Option<usize>,
+    /// Every device its probe found, healthy or not.
+    pub devices: Vec<Device>,
+}
+
+/// The devices of the largest world the chip's rules allow on `hosts`, at most `max` of them.
+///
+/// Unhealthy devices are left out. On 910 every server runs the same count, 1, 2, 4 or 8, and a
+/// server of 2 or 4 uses one group (0-3 or 4-7): 16 servers of 8 with one dead device become 15
+/// × 8, not 16 × 4. On 910B each server runs what it has. On other chips every server runs the
+/// same count. Ties go to more devices per server (fewer servers; hosts earlier in `hosts`
+/// first); within a server the lowest usable physical ids are taken. Empty when nothing is
+/// usable.
+pub fn largest_world(chip: Chip, hosts: &[HostDevices], max: Option<u64>) -> Vec<Device> {
+    let usable: Vec<(Vec<&Device>, usize)> = hosts
+        .iter()
+        .map(|h| {
+            let mut healthy: Vec<&Device> =
+                h.devices.iter().filter(|d| d.health.is_healthy()).collect();
+            healthy.sort_by_key(|d| d.physical_id);
+            healthy.dedup_by_key(|d| d.physical_id);
+            (healthy, h.cap.unwrap_or(usize::MAX))
+        })
+        .collect();
+    let max = max.map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
+    if chip == Chip::Ascend910B {
+        // No rule ties servers together: every host gives what it has, in order, up to `max`.
+        let mut left = max;
+        let mut chosen = Vec::new();
+        for (healthy, cap) in &usable {
+            let take = healthy.len().min(*cap).min(left);
+            chosen.extend(healthy[..take].iter().map(|d| (*d).clone()));
+            left -= take;
+        }
+        return chosen;
+    }
+    let counts: Vec<usize> = match chip {
+        Chip::Ascend910 => vec![8, 4, 2, 1],
+        _ => {
+            let most = usable.iter().map(|(h, cap)| h.len().min(*cap)).max();
+            (1..=most.unwrap_or(0)).rev().collect()
+        }
+    };
+    // (world size, per-server count): the best so far; a larger count wins a tie because it
+    // comes first.
+    let mut best: Option<(usize, usize)> = None;
+    for &per_server in &counts {
+        if per_server > max {
+            continue;
+        }
+        let servers = usable
+            .iter()
+            .filter(|(h, cap)| per_server <= *cap && pick(chip, h, per_server).is_some())
+            .count()
+            .min(max / per_server);
+        let world = servers * per_server;
+        if world > 0 && best.is_none_or(|(w, _)| world > w) {
+            best = Some((world, per_server));
+        }
+    }
+    let Some((world, per_server)) = best else {
+        return Vec::new();
+    };
+    usable
+        .iter()
+        .filter(|(_, cap)| per_server <= *cap)
+        .filter_map(|(h, _)| pick(chip, h, per_server))
+        .take(world / per_server)
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+/// `n` devices of one server that the chip allows together, from its healthy ones (sorted by
+/// physical id), or `None`.
+fn pick<'a>(chip: Chip, healthy: &[&'a Device], n: usize) -> Option<Vec<&'a Device>> {
+    if healthy.len() < n {
+        return None;
+    }
+    if chip == Chip::Ascend910 && (n == 2 || n == 4) {
+        // One group: 0-3 first, then 4-7.
+        for low in [true, false] {
+            let group: Vec<&Device> = healthy
+                .iter()
+                .filter(|d| (d.physical_id < 4) == low)
+                .copied()
+                .collect();
+            if group.len() >= n {
+                return Some(group[..n].to_vec());
+            }
+        }
+        return None;
+    }
+    Some(healthy[..n].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::device::Health;
+    use crate::ranktable::{BuildOptions, Format, build_table};
+
+    fn host(index: u8, chip: &str, count: u32, dead: &[u32]) -> HostDevices {
+        let server_id = format!("10.0.0.{index}");
+        HostDevices {
+            server_id: server_id.clone(),
+            cap: None,
+            devices: (0..count)
+                .map(|p| Device {
+                    server_id: server_id.clone(),
+                    logical_id: p,
+                    physical_id: p,
+                    ip: Some(std::net::IpAddr::from([192, 168, index, p as u8])),
+                    chip: chip.into(),
+                    health: if dead.contains(&p) {
+                        Health::Unhealthy { code: 3 }
+                    } else {
+                        Health::Healthy
+                    },
+                    super_device_id: None,
+                    super_pod_id: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn shape(devices: &[Device]) -> Vec<(String, Vec<u32>)> {
+        let mut servers: Vec<(String, Vec<u32>)> = Vec::new();
+        for d in devices {
+            match servers.iter_mut().find(|(s, _)| *s == d.server_id) {
+                Some((_, ids)) => ids.push(d.physical_id),
+                None => servers.push((d.server_id.clone(), vec![d.physical_id])),
+            }
+        }
+        servers
+    }
+
+    #[test]
+    fn one_dead_npu_of_sixteen_servers_costs_one_server_not_half_of_each() {
+        let mut hosts: Vec<HostDevices> = (1..=16).map(|i| host(i, "910", 8, &[])).collect();
+        hosts[2] = host(3, "910", 8, &[5]);
+        let world = largest_world(Chip::Ascend910, &hosts, None);
+        assert_eq!(world.len(), 120);
+        assert!(world.iter().all(|d| d.server_id != "10.0.0.3"));
+    }
+
+    #[test]
+    fn a_910_server_of_four_keeps_to_one_group() {
+        // Server 1 has 0-3 dead except 3, and 4-7 whole; server 2 has 5 dead.
+        let hosts = vec![host(1, "910", 8, &[0, 1, 2]), host(2, "910", 8, &[5])];
+        let world = largest_world(Chip::Ascend910, &hosts, None);
+        assert_eq!(
+            shape(&world),
+            vec![
+                ("10.0.0.1".into(), vec![4, 5, 6, 7]),
+                ("10.0.0.2".into(), vec![0, 1, 2, 3])
+            ]
+        );
+        // At most 4 ranks: one server of 4 beats two of 2.
+        let world = largest_world(Chip::Ascend910, &hosts, Some(4));
+        assert_eq!(shape(&world), vec![("10.0.0.1".into(), vec![4, 5, 6, 7])]);
+    }
+
+    #[test]
+    fn slots_cap_a_host_and_910b_servers_run_what_they_have() {
+        let mut capped = host(1, "910", 8, &[]);
+        capped.cap = Some(4);
+        let world = largest_world(Chip::Ascend910, &[capped, host(2, "910", 8, &[])], None);
+        assert_eq!(world.len(), 8, "two servers of 4 (the cap) beat one of 8");
+        let hosts = vec![host(1, "910B3", 8, &[1, 6]), host(2, "910B3", 8, &[])];
+        let world = largest_world(Chip::Ascend910B, &hosts, None);
+        assert_eq!(world.len(), 14);
+        assert_eq!(largest_world(Chip::Ascend910B, &hosts, Some(10)).len(), 10);
+    }
+
+    #[test]
+    fn nothing_usable_is_an_empty_world() {
+        let hosts = vec![host(1, "910", 2, &[0, 1])];
+        assert!(largest_world(Chip::Ascend910, &hosts, None).is_empty());
+        assert!(largest_world(Chip::Ascend910, &[], None).is_empty());
+    }
+
+    /// Every world the 910 rules allow, by brute force over every subset of every server: the
+    /// sizes of valid server subsets, then every combination with one count for all servers.
+    fn best_by_brute_force(hosts: &[HostDevices], max: usize) -> usize {
+        let options: Vec<Vec<usize>> = hosts
+            .iter()
+            .map(|h| {
+                let healthy: Vec<u32> = h
+                    .devices
+                    .iter()
+                    .filter(|d| d.health.is_healthy())
+                    .map(|d| d.physical_id)
+                    .collect();
+                let mut sizes = vec![0];
+                for mask in 1u32..(1 << healthy.len()) {
+                    let ids: Vec<u32> = (0..healthy.len())
+                        .filter(|i| mask & (1 << i) != 0)
+                        .map(|i| healthy[i])
+                        .collect();
+                    let n = ids.len();
+                    let one_group = ids.iter().all(|&i| i < 4) || ids.iter().all(|&i| i >= 4);
+                    let valid = n == 1 || n == 8 || ((n == 2 || n == 4) && one_group);
+                    if valid && !sizes.contains(&n) {
+                        sizes.push(n);
+                    }
+                }
+                sizes
+            })
+            .collect();
+        let mut best = 0;
+        for per_server in [1, 2, 4, 8] {
+            let servers = options.iter().filter(|o| o.contains(&per_server)).count();
+            for used in 0..=servers {
+                let world = used * per_server;
+                if world <= max {
+                    best = best.max(world);
+                }
+            }
+        }
+        best
+    }
+
+    proptest! {
+        #[test]
+        fn the_plan_is_valid_maximal_and_deterministic(
+            dead in proptest::collection::vec(proptest::collection::vec(0u32..8, 0..5), 1..6),
+            max in proptest::option::of(1u64..48),
+        ) {
+            let hosts: Vec<HostDevices> = dead
+                .iter()
+                .enumerate()
+                .map(|(i, d)| host(i as u8 + 1, "910", 8, d))
+                .collect();
+            let world = largest_world(Chip::Ascend910, &hosts, max);
+            let limit = max.map_or(usize::MAX, |m| m as usize);
+            prop_assert_eq!(world.len(), best_by_brute_force(&hosts, limit));
+            prop_assert!(world.iter().all(|d| d.health.is_healthy()));
+            if !world.is_empty() {
+                let table = build_table(
+                    &world,
+                    &BuildOptions { format: Format::V1_0, ..BuildOptions::default() },
+                );
+                prop_assert!(table.is_ok(), "{:?}", table.err());
+            }
+            prop_assert_eq!(shape(&world), shape(&largest_world(Chip::Ascend910, &hosts, max)));
+        }
+
+        #[test]
+        fn equal_count_chips_get_a_valid_maximal_plan(
+            healthy in proptest::collection::vec(0u32..=8, 1..6),
+        ) {
+            let hosts: Vec<HostDevices> = healthy
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| host(i as u8 + 1, "910_9391", 8, &(n..8).collect::<Vec<_>>()))
+                .collect();
+            let world = largest_world(Chip::Ascend910_93, &hosts, None);
+            let best = (1..=8)
+                .map(|c| c * healthy.iter().filter(|&&n| n as usize >= c).count())
+                .max()
+                .unwrap_or(0);
+            prop_assert_eq!(world.len(), best);
+            let counts: Vec<usize> = shape(&world).iter().map(|(_, ids)| ids.len()).collect();
+            prop_assert!(counts.windows(2).all(|w| w[0] == w[1]), "{:?}", counts);
+        }
+    }
+}

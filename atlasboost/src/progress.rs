@@ -1,0 +1,180 @@
+//! What a worker tells its launcher beside its output (SPEC §12): heartbeats for the hang
+//! watchdog, and the record of its own failure.
+//!
+//! - **Heartbeats**: [`heartbeat`] counts calls and keeps the last step; the launcher's agent
+//!   on the worker's host reads them from the file `ATLASBOOST_HEARTBEAT_FILE` names: 16 bytes,
+//!   the count then the step, each a little-endian 64-bit integer (the step `i64::MIN` when none
+//!   was given). The file is written at most every [`WRITE_EVERY`], so a call costs a clock
+//!   read and a lock, not a system call: cheap enough for every training step.
+//! - **Errors**: a worker that fails records why in `ATLASBOOST_ERROR_FILE`, as JSON in the
+//!   form torch's `@record` writes to `TORCHELASTIC_ERROR_FILE`, so both are read the same way:
+//!   `{"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack": "...",
+//!   "timestamp": "1733050000"}}}`. [`RecordedError::parse`] reads either.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use atlasboost_core::EnvVars;
+
+/// The longest a count can wait in memory before it is written.
+pub const WRITE_EVERY: Duration = Duration::from_millis(100);
+
+/// The step of a heartbeat that gave none, in the file.
+const NO_STEP: i64 = i64::MIN;
+
+struct Beats {
+    /// `None`: no launcher listens (the variable is unset or the file cannot be opened).
+    file: Option<File>,
+    count: u64,
+    step: Option<i64>,
+    written: Option<Instant>,
+}
+
+static BEATS: Mutex<Option<Beats>> = Mutex::new(None);
+
+/// Tells the launcher this worker is making progress (`step`: the training step, if known).
+/// Returns whether a launcher listens (`atlasboost run --hang-timeout` set
+/// `ATLASBOOST_HEARTBEAT_FILE`); without one it does nothing.
+pub fn heartbeat(step: Option<i64>) -> bool {
+    let mut guard = BEATS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let beats = guard.get_or_insert_with(|| Beats {
+        file: std::env::var_os(EnvVars::ATLASBOOST_HEARTBEAT_FILE)
+            .filter(|p| !p.is_empty())
+            .and_then(|p| File::options().write(true).create(true).truncate(false).open(p).ok()),
+        count: 0,
+        step: None,
+        written: None,
+    });
+    let Some(file) = &beats.file else {
+        return false;
+    };
+    beats.count += 1;
+    if step.is_some() {
+        beats.step = step;
+    }
+    let now = Instant::now();
+    if beats.written.is_none_or(|t| now.duration_since(t) >= WRITE_EVERY) {
+        let _ = file.write_all_at(&encode(beats.count, beats.step), 0);
+        beats.written = Some(now);
+    }
+    true
+}
+
+fn encode(count: u64, step: Option<i64>) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&count.to_le_bytes());
+    bytes[8..].copy_from_slice(&step.unwrap_or(NO_STEP).to_le_bytes());
+    bytes
+}
+
+/// A worker's heartbeats so far, from its file: the count and the last step. `None` when the
+/// file is missing or shorter than a record (the worker has not called [`heartbeat`]).
+pub fn read_beats(path: &Path) -> Option<(u64, Option<i64>)> {
+    let mut bytes = [0u8; 16];
+    File::open(path).ok()?.read_exact_at(&mut bytes, 0).ok()?;
+    let (count, step) = bytes.split_at(8);
+    let count = u64::from_le_bytes(count.try_into().ok()?);
+    let step = i64::from_le_bytes(step.try_into().ok()?);
+    Some((count, (step != NO_STEP).then_some(step)))
+}
+
+/// What a failed worker recorded about its failure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedError {
+    /// The error, e.g. `ValueError: the loss is NaN`.
+    pub message: String,
+    /// Its traceback (Python's, as printed), if recorded.
+    pub traceback: Option<String>,
+    /// When it happened, in seconds since the epoch, if recorded.
+    pub timestamp: Option<f64>,
+}
+
+impl RecordedError {
+    /// Reads an error file's JSON (atlasboost's or torch's `@record`'s).
+    ///
+    /// # Errors
+    ///
+    /// What is wrong with it: not JSON, or no message where one belongs (`message.message`).
+    pub fn parse(text: &[u8]) -> Result<RecordedError, String> {
+        let value: serde_json::Value =
+            serde_json::from_slice(text).map_err(|e| format!("not JSON: {e}"))?;
+        let outer = value
+            .get("message")
+            .ok_or("no \"message\" key at the top level")?;
+        let (message, info) = match outer {
+            serde_json::Value::String(s) => (s.clone(), None),
+            serde_json::Value::Object(o) => (
+                o.get("message")
+                    .and_then(|m| m.as_str())
+                    .ok_or("no string at message.message")?
+                    .to_string(),
+                o.get("extraInfo"),
+            ),
+            _ => return Err("\"message\" is neither a string nor an object".into()),
+        };
+        let traceback = info
+            .and_then(|i| i.get("py_callstack"))
+            .and_then(|t| t.as_str())
+            .map(str::to_string);
+        // torch writes the time stamp as a string of whole seconds.
+        let timestamp = info.and_then(|i| i.get("timestamp")).and_then(|t| match t {
+            serde_json::Value::String(s) => s.parse().ok(),
+            other => other.as_f64(),
+        });
+        Ok(RecordedError {
+            message,
+            traceback,
+            timestamp,
+        })
+    }
+
+    /// The traceback's innermost `File "...", line N, in f` line, if any.
+    pub fn innermost_frame(&self) -> Option<&str> {
+        self.traceback
+            .as_deref()?
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| l.starts_with("File \""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn beats_round_trip_through_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("beat");
+        assert_eq!(read_beats(&path), None);
+        std::fs::write(&path, encode(3, Some(-7))).unwrap();
+        assert_eq!(read_beats(&path), Some((3, Some(-7))));
+        std::fs::write(&path, encode(u64::MAX, None)).unwrap();
+        assert_eq!(read_beats(&path), Some((u64::MAX, None)));
+        std::fs::write(&path, b"short").unwrap();
+        assert_eq!(read_beats(&path), None);
+    }
+
+    #[test]
+    fn torch_and_atlasboost_records_read_alike() {
+        let torch = br#"{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"/w/train.py\", line 12, in main\n    raise RuntimeError('boom')\nRuntimeError: boom\n", "timestamp": "1733050000"}}}"#;
+        let e = RecordedError::parse(torch).unwrap();
+        assert_eq!(e.message, "RuntimeError: boom");
+        assert_eq!(e.timestamp, Some(1_733_050_000.0));
+        assert_eq!(
+            e.innermost_frame(),
+            Some("File \"/w/train.py\", line 12, in main")
+        );
+        let plain = RecordedError::parse(br#"{"message": "killed by the OOM killer"}"#).unwrap();
+        assert_eq!(plain.message, "killed by the OOM killer");
+        assert_eq!(plain.innermost_frame(), None);
+        assert!(RecordedError::parse(b"{").unwrap_err().starts_with("not JSON"));
+        assert!(RecordedError::parse(br#"{"message": {"extraInfo": {}}}"#)
+            .unwrap_err()
+            .contains("message.message"));
+    }
+}

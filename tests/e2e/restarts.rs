@@ -1,0 +1,215 @@
+//! Keeping a job alive (SPEC §12): restarts after a failed worker, re-planning around a dead
+//! NPU under the 910 rules, the hang watchdog, and nothing left behind when the launcher is
+//! killed in the middle of a restart.
+
+use std::time::Duration;
+
+use atlasboost_e2e::{LAUNCH_MARK, Run, assert_no_process_with_env, wait_until};
+use nix::sys::signal::Signal;
+
+use crate::lines_by_rank;
+
+/// A worker that says its restart count and fails once, on rank 3, while `marker` is absent.
+const FAILS_ONCE: &str = "echo \"attempt=$ATLASBOOST_RESTART_COUNT of=$ATLASBOOST_MAX_RESTARTS \
+     size=$RANK_SIZE\"; \
+     if [ \"$RANK\" = 3 ] && [ ! -e marker ]; then touch marker; echo boom >&2; exit 1; fi";
+
+#[test]
+fn a_worker_that_fails_once_is_restarted_and_the_job_succeeds() {
+    let r = Run::new(["run", "--sim", "4", "--max-restarts", "2", "--restart-delay", "0.1"])
+        .args(["--", "sh", "-c", FAILS_ONCE])
+        .run();
+    r.assert_code(0);
+    let by_rank = lines_by_rank(&r.out(), "stdout");
+    assert_eq!(by_rank.len(), 4, "{}", r.describe());
+    for (rank, lines) in &by_rank {
+        // Two attempts, the second seeing one restart so far.
+        assert_eq!(
+            lines,
+            &["attempt=0 of=2 size=4", "attempt=1 of=2 size=4"],
+            "rank {rank}\n{}",
+            r.describe()
+        );
+    }
+    let err = r.err();
+    assert!(err.contains("2 attempts in"), "{err}");
+    assert!(
+        err.contains("attempt 0: 4 ranks on 1 server (1 × 4)")
+            && err.contains("rank 3 (host 192.0.2.2, device 3) failed: exit 1"),
+        "{err}"
+    );
+    assert!(err.contains("attempt 1: 4 ranks on 1 server (1 × 4)"), "{err}");
+
+    // --max-restarts 0: today's fail-fast, with the count in the environment.
+    let r = Run::new(["run", "--sim", "4", "--", "sh", "-c", FAILS_ONCE]).run();
+    r.assert_code(1);
+    let by_rank = lines_by_rank(&r.out(), "stdout");
+    assert!(
+        by_rank.values().all(|l| l == &["attempt=0 of=0 size=4"]),
+        "{}",
+        r.describe()
+    );
+    assert!(!r.err().contains("attempt"), "{}", r.describe());
+}
+
+/// Four local simulated servers of 8; the worker on physical device 5 of the third fails once,
+/// after marking that device unhealthy for the probe (`ATLASBOOST_SIM_FAULTS_FILE`).
+fn dead_npu_job(min_np: &str) -> atlasboost_e2e::Finished {
+    let worker = "echo \"size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID\"; \
+         if [ \"$ATLASBOOST_SERVER_ID\" = 127.0.0.3 ] && [ \"$ATLASBOOST_PHYSICAL_ID\" = 5 ] \
+            && [ ! -e marker ]; then touch marker; echo 127.0.0.3/unhealthy:5 > faults; exit 1; fi";
+    let run = Run::new(["run", "--sim", "8", "-H", "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"])
+        .args(["--max-restarts", "1", "--restart-delay", "0", "--grace", "2"])
+        .args(["--min-np", min_np]);
+    let faults = run.dir().join("faults");
+    run.env("ATLASBOOST_SIM_FAULTS_FILE", faults)
+        .args(["--", "sh", "-c", worker])
+        .timeout(Duration::from_secs(120))
+        .run()
+}
+
+#[test]
+fn a_dead_npu_costs_its_server_not_half_of_every_server() {
+    let r = dead_npu_job("16");
+    r.assert_code(0);
+    let out = r.out();
+    let second: Vec<&str> = out.lines().filter(|l| l.ends_with("size=24") || l.contains("size=24 ")).collect();
+    assert_eq!(second.len(), 24, "attempt 2 runs 3 servers × 8\n{}", r.describe());
+    assert!(
+        !second.iter().any(|l| l.contains("server=127.0.0.3")),
+        "the server with the dead NPU is left out\n{}",
+        r.describe()
+    );
+    assert_eq!(out.lines().filter(|l| l.contains("size=32")).count(), 32);
+    let err = r.err();
+    assert!(err.contains("attempt 1: 24 ranks on 3 servers (3 × 8)"), "{err}");
+    // The table the second attempt wrote passes the validator and has 24 ranks.
+    let table = r.dir().join("rank_table.json");
+    let v = Run::new(["validate".as_ref(), table.as_os_str()]).run();
+    v.assert_code(0);
+    let text = std::fs::read_to_string(&table).unwrap();
+    assert_eq!(text.matches("\"rank_id\"").count(), 24, "{text}");
+    assert!(!text.contains("127.0.0.3"), "{text}");
+}
+
+#[test]
+fn a_restart_that_would_shrink_below_min_np_ends_the_job_saying_why() {
+    let r = dead_npu_job("32");
+    r.assert_code(125);
+    let err = r.err();
+    assert!(
+        err.contains("the largest valid world left is 24 ranks on 3 servers")
+            && err.contains("device 5 of host 127.0.0.3")
+            && err.contains("--min-np 32"),
+        "{}",
+        r.describe()
+    );
+    assert!(err.contains("attempt 1: no table"), "{err}");
+}
+
+#[test]
+fn a_silent_rank_is_reported_as_hung_naming_it_while_the_others_progress() {
+    let worker = "if [ \"$RANK\" = 2 ]; then echo going quiet; sleep 60; fi; \
+         i=0; while [ $i -lt 300 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done";
+    let r = Run::new(["run", "--sim", "4", "--hang-timeout", "2", "--grace", "1"])
+        .args(["--", "sh", "-c", worker])
+        .run();
+    r.assert_code(124);
+    let err = r.err();
+    assert!(
+        err.contains("one rank is stuck while ranks 0-1, 3 still progress")
+            && err.contains("rank 2 (host 192.0.2.2, device 2): no output line and no heartbeat")
+            && err.contains("its last line: going quiet"),
+        "{}",
+        r.describe()
+    );
+    // Reported soon after the timeout (the watch looks every 0.25 s), well before the 30 s
+    // the other ranks would print for.
+    let ticks = r.out().lines().filter(|l| l.contains("tick")).count();
+    assert!(ticks < 3 * 150, "{}", r.describe());
+}
+
+#[test]
+fn ranks_that_all_stop_together_are_reported_as_such() {
+    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "1", "--grace", "0.5"])
+        .args(["--", "sh", "-c", "echo ready; sleep 60"])
+        .run();
+    r.assert_code(124);
+    assert!(
+        r.err().contains("every rank stopped progressing together"),
+        "{}",
+        r.describe()
+    );
+}
+
+/// A worker that ignores SIGTERM, so the stop phase lasts the whole grace time.
+const STUBBORN: &str = "trap '' TERM; echo up; \
+     if [ \"$RANK\" = 1 ] && [ ! -e marker ]; then touch marker; exit 1; fi; \
+     i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done";
+
+#[test]
+fn kill_9_of_the_launcher_in_a_restarts_stop_phase_leaves_nothing() {
+    let mut launch = Run::new(["run", "--sim", "4", "--max-restarts", "3", "--grace", "30"])
+        .args(["--", "sh", "-c", STUBBORN])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for(
+        "the stop after rank 1's failure",
+        Duration::from_secs(30),
+        |_, err| err.contains("stopping the other"),
+    );
+    let mark = launch.mark().to_string();
+    launch.signal(Signal::SIGKILL);
+    let _ = launch.wait_at_most(Duration::from_secs(10));
+    assert_no_process_with_env(
+        LAUNCH_MARK,
+        &mark,
+        Duration::from_secs(10),
+        "kill -9 of the launcher while it stopped the workers for a restart",
+    );
+}
+
+#[test]
+fn kill_9_of_the_launcher_while_it_waits_to_restart_leaves_nothing() {
+    let mut launch = Run::new(["run", "--sim", "4", "--max-restarts", "3"])
+        .args(["--restart-delay", "20", "--grace", "1"])
+        .args(["--", "sh", "-c", FAILS_ONCE])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for("the restart's delay", Duration::from_secs(30), |_, err| {
+        err.contains("restarting every worker")
+    });
+    let mark = launch.mark().to_string();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            atlasboost_e2e::pids_with_env(LAUNCH_MARK, &mark).len() == 2
+        }),
+        "between attempts only the launcher and its lifeline are left: {:?}",
+        atlasboost_e2e::pids_with_env(LAUNCH_MARK, &mark)
+    );
+    launch.signal(Signal::SIGKILL);
+    let _ = launch.wait_at_most(Duration::from_secs(10));
+    assert_no_process_with_env(
+        LAUNCH_MARK,
+        &mark,
+        Duration::from_secs(10),
+        "kill -9 of the launcher between two attempts",
+    );
+}
+
+#[test]
+fn ctrl_c_during_the_restart_delay_ends_the_job_without_a_restart() {
+    let mut launch = Run::new(["run", "--sim", "2", "--max-restarts", "3"])
+        .args(["--restart-delay", "20", "--", "sh", "-c"])
+        .args(["echo attempt=$ATLASBOOST_RESTART_COUNT; exit 3"])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for("the restart's delay", Duration::from_secs(30), |_, err| {
+        err.contains("restarting every worker")
+    });
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(10));
+    r.assert_code(130);
+    assert!(!r.out().contains("attempt=1"), "{}", r.describe());
+    assert!(r.err().contains("stopped by SIGINT before the restart"), "{}", r.describe());
+}
