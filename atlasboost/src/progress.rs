@@ -39,11 +39,20 @@ static BEATS: Mutex<Option<Beats>> = Mutex::new(None);
 /// Returns whether a launcher listens (`atlasboost run --hang-timeout` set
 /// `ATLASBOOST_HEARTBEAT_FILE`); without one it does nothing.
 pub fn heartbeat(step: Option<i64>) -> bool {
-    let mut guard = BEATS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut guard = BEATS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let beats = guard.get_or_insert_with(|| Beats {
         file: std::env::var_os(EnvVars::ATLASBOOST_HEARTBEAT_FILE)
             .filter(|p| !p.is_empty())
-            .and_then(|p| File::options().write(true).create(true).truncate(false).open(p).ok()),
+            .and_then(|p| {
+                File::options()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(p)
+                    .ok()
+            }),
         count: 0,
         step: None,
         written: None,
@@ -56,7 +65,10 @@ pub fn heartbeat(step: Option<i64>) -> bool {
         beats.step = step;
     }
     let now = Instant::now();
-    if beats.written.is_none_or(|t| now.duration_since(t) >= WRITE_EVERY) {
+    if beats
+        .written
+        .is_none_or(|t| now.duration_since(t) >= WRITE_EVERY)
+    {
         let _ = file.write_all_at(&encode(beats.count, beats.step), 0);
         beats.written = Some(now);
     }
@@ -172,9 +184,15 @@ mod tests {
         let plain = RecordedError::parse(br#"{"message": "killed by the OOM killer"}"#).unwrap();
         assert_eq!(plain.message, "killed by the OOM killer");
         assert_eq!(plain.innermost_frame(), None);
-        assert!(RecordedError::parse(b"{").unwrap_err().starts_with("not JSON"));
-        assert!(RecordedError::parse(br#"{"message": {"extraInfo": {}}}"#)
-            .unwrap_err()
-            .contains("message.message"));
+        assert!(
+            RecordedError::parse(b"{")
+                .unwrap_err()
+                .starts_with("not JSON")
+        );
+        assert!(
+            RecordedError::parse(br#"{"message": {"extraInfo": {}}}"#)
+                .unwrap_err()
+                .contains("message.message")
+        );
     }
 }

@@ -16,9 +16,17 @@ const FAILS_ONCE: &str = "echo \"attempt=$ATLASBOOST_RESTART_COUNT of=$ATLASBOOS
 
 #[test]
 fn a_worker_that_fails_once_is_restarted_and_the_job_succeeds() {
-    let r = Run::new(["run", "--sim", "4", "--max-restarts", "2", "--restart-delay", "0.1"])
-        .args(["--", "sh", "-c", FAILS_ONCE])
-        .run();
+    let r = Run::new([
+        "run",
+        "--sim",
+        "4",
+        "--max-restarts",
+        "2",
+        "--restart-delay",
+        "0.1",
+    ])
+    .args(["--", "sh", "-c", FAILS_ONCE])
+    .run();
     r.assert_code(0);
     let by_rank = lines_by_rank(&r.out(), "stdout");
     assert_eq!(by_rank.len(), 4, "{}", r.describe());
@@ -38,7 +46,10 @@ fn a_worker_that_fails_once_is_restarted_and_the_job_succeeds() {
             && err.contains("rank 3 (host 192.0.2.2, device 3) failed: exit 1"),
         "{err}"
     );
-    assert!(err.contains("attempt 1: 4 ranks on 1 server (1 × 4)"), "{err}");
+    assert!(
+        err.contains("attempt 1: 4 ranks on 1 server (1 × 4)"),
+        "{err}"
+    );
 
     // --max-restarts 0: today's fail-fast, with the count in the environment.
     let r = Run::new(["run", "--sim", "4", "--", "sh", "-c", FAILS_ONCE]).run();
@@ -58,9 +69,22 @@ fn dead_npu_job(min_np: &str) -> atlasboost_e2e::Finished {
     let worker = "echo \"size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID\"; \
          if [ \"$ATLASBOOST_SERVER_ID\" = 127.0.0.3 ] && [ \"$ATLASBOOST_PHYSICAL_ID\" = 5 ] \
             && [ ! -e marker ]; then touch marker; echo 127.0.0.3/unhealthy:5 > faults; exit 1; fi";
-    let run = Run::new(["run", "--sim", "8", "-H", "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"])
-        .args(["--max-restarts", "1", "--restart-delay", "0", "--grace", "2"])
-        .args(["--min-np", min_np]);
+    let run = Run::new([
+        "run",
+        "--sim",
+        "8",
+        "-H",
+        "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4",
+    ])
+    .args([
+        "--max-restarts",
+        "1",
+        "--restart-delay",
+        "0",
+        "--grace",
+        "2",
+    ])
+    .args(["--min-np", min_np]);
     let faults = run.dir().join("faults");
     run.env("ATLASBOOST_SIM_FAULTS_FILE", faults)
         .args(["--", "sh", "-c", worker])
@@ -73,8 +97,16 @@ fn a_dead_npu_costs_its_server_not_half_of_every_server() {
     let r = dead_npu_job("16");
     r.assert_code(0);
     let out = r.out();
-    let second: Vec<&str> = out.lines().filter(|l| l.ends_with("size=24") || l.contains("size=24 ")).collect();
-    assert_eq!(second.len(), 24, "attempt 2 runs 3 servers × 8\n{}", r.describe());
+    let second: Vec<&str> = out
+        .lines()
+        .filter(|l| l.ends_with("size=24") || l.contains("size=24 "))
+        .collect();
+    assert_eq!(
+        second.len(),
+        24,
+        "attempt 2 runs 3 servers × 8\n{}",
+        r.describe()
+    );
     assert!(
         !second.iter().any(|l| l.contains("server=127.0.0.3")),
         "the server with the dead NPU is left out\n{}",
@@ -82,7 +114,10 @@ fn a_dead_npu_costs_its_server_not_half_of_every_server() {
     );
     assert_eq!(out.lines().filter(|l| l.contains("size=32")).count(), 32);
     let err = r.err();
-    assert!(err.contains("attempt 1: 24 ranks on 3 servers (3 × 8)"), "{err}");
+    assert!(
+        err.contains("attempt 1: 24 ranks on 3 servers (3 × 8)"),
+        "{err}"
+    );
     // The table the second attempt wrote passes the validator and has 24 ranks.
     let table = r.dir().join("rank_table.json");
     let v = Run::new(["validate".as_ref(), table.as_os_str()]).run();
@@ -211,5 +246,9 @@ fn ctrl_c_during_the_restart_delay_ends_the_job_without_a_restart() {
     let r = launch.wait_at_most(Duration::from_secs(10));
     r.assert_code(130);
     assert!(!r.out().contains("attempt=1"), "{}", r.describe());
-    assert!(r.err().contains("stopped by SIGINT before the restart"), "{}", r.describe());
+    assert!(
+        r.err().contains("stopped by SIGINT before the restart"),
+        "{}",
+        r.describe()
+    );
 }

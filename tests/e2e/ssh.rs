@@ -1126,12 +1126,16 @@ const FIRST_ATTEMPT_WAITS: &str = "echo \"ready attempt=$ATLASBOOST_RESTART_COUN
 /// Starts a two-host job of `FIRST_ATTEMPT_WAITS` with `extra` options, kills 127.0.0.3's agent
 /// once every worker runs, and returns the finished run.
 fn lose_a_host_under_restarts(sshd: &Sshd, mark: &str, extra: &[&str]) -> Finished {
-    let mut launch = over_ssh(sshd, mark, &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "2"])
-        .args(["--max-restarts", "1", "--restart-delay", "0"])
-        .args(extra)
-        .args(["--", "sh", "-c", FIRST_ATTEMPT_WAITS])
-        .timeout(Duration::from_secs(90))
-        .spawn();
+    let mut launch = over_ssh(
+        sshd,
+        mark,
+        &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "2"],
+    )
+    .args(["--max-restarts", "1", "--restart-delay", "0"])
+    .args(extra)
+    .args(["--", "sh", "-c", FIRST_ATTEMPT_WAITS])
+    .timeout(Duration::from_secs(90))
+    .spawn();
     launch.wait_for_lines("ready attempt=0", 4, Duration::from_secs(30));
     let agents = agents_of(mark);
     let of_3: Vec<i32> = pids_with_env(MARK, mark)
@@ -1162,7 +1166,9 @@ fn a_lost_host_is_left_out_and_the_job_continues_on_the_others() {
         .collect();
     assert_eq!(second.len(), 2, "two ranks on the host left\n{ctx}");
     assert!(
-        second.iter().all(|l| l.ends_with("size=2 server=127.0.0.2")),
+        second
+            .iter()
+            .all(|l| l.ends_with("size=2 server=127.0.0.2")),
         "{ctx}"
     );
     let err = r.err();
@@ -1185,7 +1191,8 @@ fn a_lost_host_without_min_np_ends_the_job_saying_it_would_shrink() {
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(125), "{ctx}");
     assert!(
-        r.err().contains("the job would need to shrink from 4 to 2 ranks")
+        r.err()
+            .contains("the job would need to shrink from 4 to 2 ranks")
             && r.err().contains("without host 127.0.0.3 (lost)")
             && r.err().contains("pass --min-np"),
         "{ctx}"
@@ -1201,17 +1208,23 @@ fn kill_9_of_the_launcher_during_a_restarts_stop_leaves_nothing_on_any_host() {
     let sshd = sshd_or_skip!();
     let mark = unique("ssh-restart-kill9");
     let _cleanup = Cleanup(mark.clone());
-    let mut launch = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "30"])
-        .args(["--max-restarts", "2", "--", "sh", "-c"])
-        .args([
-            "trap '' TERM; echo ready; if [ \"$RANK\" = 3 ]; then exit 1; fi; \
+    let mut launch = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "30"],
+    )
+    .args(["--max-restarts", "2", "--", "sh", "-c"])
+    .args([
+        "trap '' TERM; echo ready; if [ \"$RANK\" = 3 ]; then exit 1; fi; \
              i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
-        ])
-        .timeout(Duration::from_secs(60))
-        .spawn();
-    launch.wait_for("the stop after rank 3's failure", Duration::from_secs(30), |_, err| {
-        err.contains("stopping the other")
-    });
+    ])
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    launch.wait_for(
+        "the stop after rank 3's failure",
+        Duration::from_secs(30),
+        |_, err| err.contains("stopping the other"),
+    );
     let agents = agents_of(&mark);
     let launch_mark = launch.mark().to_string();
     let killed = Instant::now();

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use super::channel::{self, AgentConfig, Up, WorkerSettings};
 use super::lifeline;
 use super::output::Output;
-use super::rank_files::RankFiles;
 use super::plan::{HostPlan, Offer, assign_workers};
+use super::rank_files::RankFiles;
 use super::supervise::{self, RunPlan, Signals, WorkerPlan};
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -127,7 +127,10 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
                 devices,
             }),
             HostReport::ProbeFailed { message, .. } if policy.shrink.is_some() => {
-                unprobed.push(format!("host {} (its probe failed: {message})", host.describe()));
+                unprobed.push(format!(
+                    "host {} (its probe failed: {message})",
+                    host.describe()
+                ));
             }
             HostReport::ProbeFailed { message, .. } => {
                 return Err(format!("host {}: {message}", host.describe()));
@@ -174,13 +177,21 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
 
 /// A restart's world: the largest the chip's rules allow on what the hosts still have, or why
 /// there is none of at least `shrink.min`.
-fn replan(offers: Vec<Offer>, shrink: &Shrink, unprobed: Vec<String>) -> Result<Vec<Device>, String> {
+fn replan(
+    offers: Vec<Offer>,
+    shrink: &Shrink,
+    unprobed: Vec<String>,
+) -> Result<Vec<Device>, String> {
     let all: Vec<Device> = offers.iter().flat_map(|o| o.devices.clone()).collect();
     let chip = chip_of_devices(&all).map_err(|e| error_chain(&e))?;
     let hosts: Vec<HostDevices> = offers
         .into_iter()
         .map(|o| HostDevices {
-            server_id: o.devices.first().map(|d| d.server_id.clone()).unwrap_or(o.host),
+            server_id: o
+                .devices
+                .first()
+                .map(|d| d.server_id.clone())
+                .unwrap_or(o.host),
             cap: o.slots.map(|s| s as usize),
             devices: o.devices,
         })
@@ -196,7 +207,10 @@ fn replan(offers: Vec<Offer>, shrink: &Shrink, unprobed: Vec<String>) -> Result<
         .collect();
     left_out.extend(unprobed);
     left_out.extend(all.iter().filter(|d| !d.health.is_healthy()).map(|d| {
-        format!("device {} of host {} ({})", d.physical_id, d.server_id, d.health)
+        format!(
+            "device {} of host {} ({})",
+            d.physical_id, d.server_id, d.health
+        )
     }));
     let servers = {
         let mut ids: Vec<&str> = world.iter().map(|d| d.server_id.as_str()).collect();
@@ -365,7 +379,10 @@ pub fn host_workers(
             settings.restart_count.to_string(),
             settings.max_restarts.to_string(),
         );
-        vars.push((EnvVars::ATLASBOOST_RESTART_COUNT.into(), count.clone().into()));
+        vars.push((
+            EnvVars::ATLASBOOST_RESTART_COUNT.into(),
+            count.clone().into(),
+        ));
         vars.push((EnvVars::ATLASBOOST_MAX_RESTARTS.into(), max.clone().into()));
         if framework == Framework::Pytorch {
             vars.push((EnvVars::TORCHELASTIC_RESTART_COUNT.into(), count.into()));

@@ -602,7 +602,11 @@ mod tests {
 
     #[test]
     fn commands_round_trip_and_strangers_are_named() {
-        for c in [Down::Heartbeat, Down::Signal(Signal::SIGTERM), Down::Dump(17)] {
+        for c in [
+            Down::Heartbeat,
+            Down::Signal(Signal::SIGTERM),
+            Down::Dump(17),
+        ] {
             assert_eq!(Down::parse(c.line().trim_end()), Ok(c));
         }
         assert!(Down::parse("sig 99999").unwrap_err().contains("99999"));

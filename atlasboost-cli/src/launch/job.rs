@@ -372,4 +372,3 @@ pub(crate) fn report(
         printer.error(&text);
     }
 }
-

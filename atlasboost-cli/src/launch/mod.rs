@@ -46,8 +46,8 @@ use self::output::{Output, OutputOptions};
 use self::plan::{
     HostPlan, check_np, parse_host_list, parse_hostfile, resolve_hosts, this_machine,
 };
-use self::remote::{Remote, SshOptions};
 use self::rank_files::RankFiles;
+use self::remote::{Remote, SshOptions};
 use self::supervise::{HangWatch, JobResult, Role, RunPlan, Signals, WorkerPlan, run_workers};
 use crate::commands::counted;
 use crate::error::CliError;
@@ -313,7 +313,10 @@ fn run_attempts(
             && result.interrupted.is_none()
             && (result.first_failure.is_some()
                 || result.hang.is_some()
-                || result.host_failure.as_ref().is_some_and(|h| h.code == ExitCodes::FAILURE));
+                || result
+                    .host_failure
+                    .as_ref()
+                    .is_some_and(|h| h.code == ExitCodes::FAILURE));
         if !restartable || attempt == args.max_restarts {
             return Ok(Outcome::Ran(result));
         }

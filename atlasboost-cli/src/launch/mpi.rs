@@ -176,7 +176,13 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     );
     lifeline.close();
     let result = result?;
-    report(Some(&result), &[], started.elapsed(), logs.as_deref(), printer);
+    report(
+        Some(&result),
+        &[],
+        started.elapsed(),
+        logs.as_deref(),
+        printer,
+    );
     Ok(result.exit_code)
 }
 

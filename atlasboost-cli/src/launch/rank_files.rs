@@ -40,10 +40,7 @@ impl RankFiles {
     /// [`CliError::File`] when it cannot be made.
     pub fn create(job_id: &str) -> Result<RankFiles, CliError> {
         use std::os::unix::fs::DirBuilderExt;
-        let dir = std::env::temp_dir().join(format!(
-            "atlasboost-{job_id}-{}",
-            std::process::id()
-        ));
+        let dir = std::env::temp_dir().join(format!("atlasboost-{job_id}-{}", std::process::id()));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .recursive(true)
@@ -189,7 +186,8 @@ fn find_program(name: &str) -> Option<PathBuf> {
         std::env::split_paths(&path)
             .map(|dir| dir.join(name))
             .find(|p| {
-                std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                std::fs::metadata(p)
+                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
             })
     })
 }
@@ -202,23 +200,37 @@ mod tests {
     fn files_are_per_rank_and_cleared_for_the_next_attempt() {
         let files = RankFiles::create("test-rank-files").unwrap();
         let env = files.env(3, true);
-        let path = |name: &str| {
-            PathBuf::from(&env.iter().find(|(k, _)| k == name).unwrap().1)
-        };
+        let path = |name: &str| PathBuf::from(&env.iter().find(|(k, _)| k == name).unwrap().1);
         assert_eq!(
             path(EnvVars::ATLASBOOST_ERROR_FILE),
             path(EnvVars::TORCHELASTIC_ERROR_FILE)
         );
-        assert!(!files.env(3, false).iter().any(|(k, _)| k == EnvVars::TORCHELASTIC_ERROR_FILE));
+        assert!(
+            !files
+                .env(3, false)
+                .iter()
+                .any(|(k, _)| k == EnvVars::TORCHELASTIC_ERROR_FILE)
+        );
         assert_eq!(files.recorded(3), None);
-        std::fs::write(path(EnvVars::ATLASBOOST_ERROR_FILE), b"{\"message\": \"x\"}").unwrap();
-        assert_eq!(files.recorded(3).as_deref(), Some(&b"{\"message\": \"x\"}"[..]));
+        std::fs::write(
+            path(EnvVars::ATLASBOOST_ERROR_FILE),
+            b"{\"message\": \"x\"}",
+        )
+        .unwrap();
+        assert_eq!(
+            files.recorded(3).as_deref(),
+            Some(&b"{\"message\": \"x\"}"[..])
+        );
         assert_eq!(files.recorded(4), None, "another rank's file");
         files.reset(3);
         assert_eq!(files.recorded(3), None);
         // No faulthandler registered (no stack file): SIGUSR1 would kill, so none is sent.
         if find_program("py-spy").is_none() {
-            assert!(files.stacks(3, std::process::id()).contains("did not register"));
+            assert!(
+                files
+                    .stacks(3, std::process::id())
+                    .contains("did not register")
+            );
         }
         files.remove();
         assert!(!files.dir.exists());

@@ -856,7 +856,11 @@ impl<'a> Supervisor<'a> {
         } else {
             format!(
                 "{} stuck while rank{} {} still progress:{report}",
-                if stuck.len() == 1 { "one rank is" } else { "ranks are" },
+                if stuck.len() == 1 {
+                    "one rank is"
+                } else {
+                    "ranks are"
+                },
                 if progressing.len() == 1 { "" } else { "s" },
                 ranges(&progressing)
             )

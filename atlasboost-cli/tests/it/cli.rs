@@ -1670,7 +1670,9 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     // A restart never grows the job: --min-np above its size can never hold.
     run(
         dir.path(),
-        &["run", "--sim", "4", "-n", "4", "--min-np", "8", "--", "true"],
+        &[
+            "run", "--sim", "4", "-n", "4", "--min-np", "8", "--", "true",
+        ],
     )
     .expect_code(USAGE)
     .stderr_has(&["--min-np 8", "4 ranks"]);
@@ -1678,13 +1680,18 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     // before any worker starts.
     run(
         dir.path(),
-        &["run", "--sim", "2", "--min-np", "3", "--", "sh", "-c", "echo RAN"],
+        &[
+            "run", "--sim", "2", "--min-np", "3", "--", "sh", "-c", "echo RAN",
+        ],
     )
     .expect_code(USAGE)
     .stderr_has(&["--min-np 3", "2 ranks"]);
-    run(dir.path(), &["run", "--sim", "2", "--hang-dump", "--", "true"])
-        .expect_code(USAGE)
-        .stderr_has(&["--hang-timeout"]);
+    run(
+        dir.path(),
+        &["run", "--sim", "2", "--hang-dump", "--", "true"],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--hang-timeout"]);
     for flags in [
         &["--max-restarts", "1"][..],
         &["--min-np", "1"],
@@ -1697,7 +1704,10 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
             .expect_code(USAGE)
             .stderr_has(&[flags[0], "cannot be used with --mpi"]);
     }
-    run(dir.path(), &["run", "--sim", "2", "--hang-timeout", "0", "--", "true"])
-        .expect_code(USAGE)
-        .stderr_has(&["--hang-timeout"]);
+    run(
+        dir.path(),
+        &["run", "--sim", "2", "--hang-timeout", "0", "--", "true"],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--hang-timeout"]);
 }

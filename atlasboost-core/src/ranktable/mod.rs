@@ -14,12 +14,12 @@ mod write;
 pub use build::{BuildOptions, RankOrder, build_table, chip_of_devices};
 pub use lock::{LockOwner, TableLock, TableLockError, lock_path};
 pub use merge::{MergeInput, merge_tables};
-pub use shrink::{HostDevices, largest_world};
 pub use model::{
     ClusterTable, DeviceEntry, Format, GroupEntry, HOST_NIC_IP_RESERVED, InstanceEntry,
     LEGACY_GROUP_NAME, LegacyDeviceEntry, LegacyTable, RankEntry, RankTable, STATUS_COMPLETED,
     ServerEntry, SuperPodEntry, SuperPodServer,
 };
+pub use shrink::{HostDevices, largest_world};
 pub use validate::{
     MAX_SERVER_ID_LEN, Rule, Violation, default_chip, validate_table, validate_value,
 };

@@ -677,7 +677,10 @@ mod tests {
         // Not there yet: no fault.
         assert_eq!(Config::from_env().map(|c| c.health(5)), Ok(0));
         std::fs::write(&file, "unhealthy:5\n").unwrap();
-        assert_eq!(Config::from_env().map(|c| c.health(5)), Ok(DEFAULT_UNHEALTHY));
+        assert_eq!(
+            Config::from_env().map(|c| c.health(5)),
+            Ok(DEFAULT_UNHEALTHY)
+        );
         std::fs::write(&file, "unhealthy:9").unwrap();
         let e = Config::from_env().unwrap_err();
         assert_eq!(e.var, EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE);
