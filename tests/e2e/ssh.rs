@@ -1246,3 +1246,51 @@ fn kill_9_of_the_launcher_during_a_restarts_stop_leaves_nothing_on_any_host() {
         "the launcher's own processes after its kill -9",
     );
 }
+
+/// `kill -9` of the launcher while it waits to restart (between two attempts, when it is about
+/// to re-plan): no session, agent or worker is left on any host.
+#[test]
+fn kill_9_of_the_launcher_between_attempts_leaves_nothing_on_any_host() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-restart-delay-kill9");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "1"],
+    )
+    .args([
+        "--max-restarts",
+        "2",
+        "--restart-delay",
+        "20",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .args(["echo ready; if [ \"$RANK\" = 2 ]; then exit 1; fi; sleep 60"])
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    launch.wait_for("the restart's delay", Duration::from_secs(30), |_, err| {
+        err.contains("restarting every worker")
+    });
+    let launch_mark = launch.mark().to_string();
+    let killed = Instant::now();
+    launch.signal(Signal::SIGKILL);
+    let r = launch.wait_at_most(Duration::from_secs(5));
+    assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
+    let budget = Duration::from_secs(7);
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &BTreeSet::new(),
+        budget.saturating_sub(killed.elapsed()),
+        "after kill -9 of the launcher between two attempts",
+    );
+    assert_no_process_with_env(
+        LAUNCH_MARK,
+        &launch_mark,
+        budget.saturating_sub(killed.elapsed()),
+        "the launcher's own processes after its kill -9",
+    );
+}

@@ -320,9 +320,8 @@ fn run_attempts(
         if !restartable || attempt == args.max_restarts {
             return Ok(Outcome::Ran(result));
         }
-        if let Some(h) = result.host_failure.as_ref().filter(|h| h.lost) {
-            job.lost.push(h.host.clone());
-        }
+        // Left out for the rest of the job, whether or not its loss ended the attempt.
+        job.lost.extend(result.lost_hosts.iter().cloned());
         // A storm of restarts is bounded: the delay doubles with each, up to 30 s.
         let delay = args
             .restart_delay

@@ -214,6 +214,8 @@ pub struct JobResult {
     pub interrupted: Option<Signal>,
     /// The hang watchdog's report, if it stopped the job first.
     pub hang: Option<String>,
+    /// Hosts lost during the job (sessions that ended, heartbeats that stopped), first or not.
+    pub lost_hosts: Vec<String>,
     /// The launcher's exit code.
     pub exit_code: u8,
 }
@@ -1635,6 +1637,14 @@ impl<'a> Supervisor<'a> {
             host_failure: self.host_failure.clone(),
             interrupted: self.interrupted,
             hang: self.hang.clone(),
+            lost_hosts: match &self.role {
+                Role::Launcher(remotes) => remotes
+                    .iter()
+                    .filter(|r| r.lost.is_some() && r.relay_rank().is_none())
+                    .map(|r| r.host.clone())
+                    .collect(),
+                Role::Agent(_) => Vec::new(),
+            },
             exit_code,
         }
     }

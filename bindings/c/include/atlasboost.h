@@ -177,7 +177,7 @@ int atlasboost_heartbeat(void);
 /**
  * `atlasboost_heartbeat()`, also giving the training step the launcher shows for this rank.
  */
-int atlasboost_heartbeat_step(int64_t step);
+int atlasboost_heartbeat_step(long long step);
 
 /**
  * The message of the calling thread's last error: of its last atlasboost call, if that call

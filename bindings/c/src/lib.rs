@@ -411,7 +411,7 @@ pub extern "C" fn atlasboost_heartbeat() -> c_int {
 
 /// `atlasboost_heartbeat()`, also giving the training step the launcher shows for this rank.
 #[unsafe(no_mangle)]
-pub extern "C" fn atlasboost_heartbeat_step(step: i64) -> c_int {
+pub extern "C" fn atlasboost_heartbeat_step(step: std::ffi::c_longlong) -> c_int {
     c_int::from(atlasboost_lib::progress::heartbeat(Some(step)))
 }
 

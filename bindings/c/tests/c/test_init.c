@@ -240,6 +240,10 @@ static int table_rank(const char *path, const char *server, const char *physical
 static int before_init(void) {
     const char *e;
     check(atlasboost_last_error() == NULL, "last_error is NULL before any call");
+    /* Alone, nobody listens to heartbeats; the call needs no init and changes nothing. */
+    check(atlasboost_heartbeat() == 0 && atlasboost_heartbeat_step(7) == 0,
+          "heartbeat() alone returns 0 (no launcher listens)");
+    check(atlasboost_last_error() == NULL, "last_error is NULL after heartbeat()");
     check_code(atlasboost_rank(), ATLASBOOST_ERR_NOT_INITIALIZED, "rank() before init");
     check_error_mentions("call init() first", "rank()");
     check_code(atlasboost_size(), ATLASBOOST_ERR_NOT_INITIALIZED, "size() before init");
@@ -310,6 +314,9 @@ static int launched(void) {
         unsetenv("RANK_TABLE_FILE") != 0) {
         fail("unsetenv failed");
     }
+    /* `atlasboost run` gives every worker a heartbeat file, read by its watchdog. */
+    check(getenv("ATLASBOOST_HEARTBEAT_FILE") != NULL && atlasboost_heartbeat_step(1) == 1,
+          "heartbeat_step() under atlasboost run returns 1 (the launcher listens)");
     check_code(atlasboost_init("tensorflow"), ATLASBOOST_OK, "init(\"tensorflow\")");
     check(atlasboost_last_error() == NULL, "last_error is NULL after init succeeded");
     check(getenv("RANK_ID") != NULL && strcmp(getenv("RANK_ID"), rank_id) == 0,
