@@ -1193,7 +1193,8 @@ fn a_lost_host_without_min_np_ends_the_job_saying_it_would_shrink() {
     assert!(
         r.err()
             .contains("the job would need to shrink from 4 to 2 ranks")
-            && r.err().contains("without host 127.0.0.3 (lost)")
+            && r.err()
+                .contains("without host 127.0.0.3 (lost or failed earlier)")
             && r.err().contains("pass --min-np"),
         "{ctx}"
     );

@@ -203,7 +203,7 @@ fn replan(
     let mut left_out: Vec<String> = shrink
         .left_out
         .iter()
-        .map(|h| format!("host {h} (lost)"))
+        .map(|h| format!("host {h} (lost or failed earlier)"))
         .collect();
     left_out.extend(unprobed);
     left_out.extend(all.iter().filter(|d| !d.health.is_healthy()).map(|d| {

@@ -161,7 +161,7 @@ struct JobState<'a> {
     base: WorkerSettings,
     files: &'a RankFiles,
     logs: Option<&'a std::path::Path>,
-    /// Hosts lost in an attempt, left out for the rest of the job.
+    /// Hosts lost or failed in an attempt, left out for the rest of the job.
     lost: Vec<String>,
     /// The first attempt's world size: no restart grows past it, nor shrinks below it without
     /// `--min-np`.
@@ -320,8 +320,17 @@ fn run_attempts(
         if !restartable || attempt == args.max_restarts {
             return Ok(Outcome::Ran(result));
         }
-        // Left out for the rest of the job, whether or not its loss ended the attempt.
-        job.lost.extend(result.lost_hosts.iter().cloned());
+        // Left out for the rest of the job (SPEC §12): hosts lost, whether or not that ended
+        // the attempt, and the host whose agent failed it.
+        for host in result
+            .lost_hosts
+            .iter()
+            .chain(result.host_failure.as_ref().map(|h| &h.host))
+        {
+            if !job.lost.contains(host) {
+                job.lost.push(host.clone());
+            }
+        }
         // A storm of restarts is bounded: the delay doubles with each, up to 30 s.
         let delay = args
             .restart_delay
