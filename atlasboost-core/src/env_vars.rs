@@ -11,10 +11,18 @@ impl EnvVars {
     pub const RANK_ID: &'static str = "RANK_ID";
     /// The number of ranks.
     pub const RANK_SIZE: &'static str = "RANK_SIZE";
-    /// The worker's logical device id (MindSpore scripts, older TensorFlow scripts).
+    /// The worker's device: MindSpore's context device (`ms_context.cc`); TensorFlow's adapter
+    /// reads it only when `ASCEND_DEVICE_ID` is unset (`ge_plugin.cc`). See docs/devices.md.
     pub const DEVICE_ID: &'static str = "DEVICE_ID";
-    /// The worker's logical device id (TF adapter, CANN runtime).
+    /// The worker's device for the CANN runtime and TensorFlow's adapter, which prefers it to
+    /// `DEVICE_ID` (`tf_adapter/util/ge_plugin.cc`).
     pub const ASCEND_DEVICE_ID: &'static str = "ASCEND_DEVICE_ID";
+    /// TensorFlow's adapter takes the rank from it before `RANK_ID` (`ge_plugin.cc`): set to
+    /// the rank with `--framework tensorflow`, so an inherited one cannot change a rank.
+    pub const POD_NAME: &'static str = "POD_NAME";
+    /// HCCL's time to set up its links, seconds (default 120; torch_npu warns below 300 in
+    /// rank-table mode): 600 unless the user set it.
+    pub const HCCL_CONNECT_TIMEOUT: &'static str = "HCCL_CONNECT_TIMEOUT";
     /// The job's id (TensorFlow).
     pub const JOB_ID: &'static str = "JOB_ID";
     /// torch-style rank.

@@ -150,6 +150,10 @@ pub struct WorkerEnv {
     pub set_if_unset: Vec<(&'static str, String)>,
 }
 
+/// `HCCL_CONNECT_TIMEOUT` unless the user set one: HCCL's default of 120 s is short for a large
+/// job's first connection, and torch_npu warns below 300 s in rank-table mode.
+pub const HCCL_CONNECT_TIMEOUT_SECS: u32 = 600;
+
 /// Computes a worker's environment from its seat in the table.
 ///
 /// # Errors
@@ -199,13 +203,19 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
         (EnvVars::ATLASBOOST_FRAMEWORK, spec.framework.to_string()),
         (EnvVars::ATLASBOOST_JOB_ID, spec.job_id.to_string()),
     ];
-    if spec.framework == Framework::Mindspore {
-        set.push((EnvVars::MINDSPORE_HCCL_CONFIG_PATH, path));
+    match spec.framework {
+        Framework::Mindspore => set.push((EnvVars::MINDSPORE_HCCL_CONFIG_PATH, path)),
+        // The adapter reads POD_NAME before RANK_ID: an inherited one must not change the rank.
+        Framework::Tensorflow => set.push((EnvVars::POD_NAME, seat.rank_id_env.clone())),
+        Framework::Pytorch => {}
     }
     Ok(WorkerEnv {
         world,
         set,
-        set_if_unset: vec![(EnvVars::OMP_NUM_THREADS, "1".into())],
+        set_if_unset: vec![
+            (EnvVars::OMP_NUM_THREADS, "1".into()),
+            (EnvVars::HCCL_CONNECT_TIMEOUT, HCCL_CONNECT_TIMEOUT_SECS.to_string()),
+        ],
     })
 }
 
@@ -299,7 +309,14 @@ mod tests {
         assert_eq!(vars["JOB_ID"], "job-7");
         assert_eq!(vars["MASTER_PORT"], "29500");
         assert!(!vars.contains_key("MINDSPORE_HCCL_CONFIG_PATH"));
-        assert_eq!(env.set_if_unset, vec![("OMP_NUM_THREADS", "1".to_string())]);
+        assert_eq!(vars["POD_NAME"], "6", "TensorFlow's adapter reads it before RANK_ID");
+        assert_eq!(
+            env.set_if_unset,
+            vec![
+                ("OMP_NUM_THREADS", "1".to_string()),
+                ("HCCL_CONNECT_TIMEOUT", "600".to_string())
+            ]
+        );
         assert_eq!(
             env.world,
             World {
@@ -321,12 +338,14 @@ mod tests {
             env.set
                 .contains(&("MINDSPORE_HCCL_CONFIG_PATH", "/job/rank_table.json".into()))
         );
+        assert!(!env.set.iter().any(|(k, _)| *k == "POD_NAME"));
         let t = table(Format::Legacy);
         let env = worker_env(&spec(&seat(&t), Framework::Tensorflow)).unwrap();
         assert!(
             env.set.contains(&("RANK_ID", "1".into())),
             "pod_name of the second server"
         );
+        assert!(env.set.contains(&("POD_NAME", "1".into())), "the same pod_name");
         assert!(env.set.contains(&("RANK", "6".into())));
     }
 

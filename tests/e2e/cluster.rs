@@ -19,7 +19,8 @@ names = ["RANK_TABLE_FILE", "RANK_ID", "RANK_SIZE", "DEVICE_ID", "ASCEND_DEVICE_
          "MASTER_PORT", "JOB_ID", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "ATLASBOOST_JOB_ID",
          "ATLASBOOST_SERVER_ID", "ATLASBOOST_PHYSICAL_ID", "ATLASBOOST_E2E_X",
          "ATLASBOOST_E2E_EQ", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "ATLASBOOST_E2E_FWD",
-         "HCCL_E2E_X", "HCCL_E2E_OVERRIDE", "E2E_UNRELATED", "E2E_BY_NAME"]
+         "HCCL_E2E_X", "HCCL_E2E_OVERRIDE", "E2E_UNRELATED", "E2E_BY_NAME", "POD_NAME",
+         "HCCL_CONNECT_TIMEOUT"]
 env = {n: os.environ.get(n) for n in names}
 with open(os.environ["RANK_TABLE_FILE"]) as f:
     table = json.load(f)
@@ -125,6 +126,9 @@ pub(crate) fn check_two_hosts(r: &Finished, hosts: [&str; 2], x: &str) -> BTreeM
         assert_eq!(s(v, "LOCAL_WORLD_SIZE"), "4", "{v}");
         assert_eq!(s(v, "OMP_NUM_THREADS"), "1", "{v}");
         assert_eq!(s(v, "PYTHONUNBUFFERED"), "1", "{v}");
+        // TensorFlow (the default framework) reads POD_NAME before RANK_ID.
+        assert_eq!(s(v, "POD_NAME"), rank.to_string(), "{v}");
+        assert_eq!(s(v, "HCCL_CONNECT_TIMEOUT"), "600", "{v}");
         assert_eq!(
             s(v, "ATLASBOOST_E2E_X"),
             x,
@@ -360,4 +364,23 @@ fn wdir_is_the_workers_directory_and_holds_the_table() {
         );
     }
     assert_valid(wdir.join("rank_table.json").to_str().unwrap());
+}
+
+/// An inherited `POD_NAME` cannot change a TensorFlow worker's rank, and a user's
+/// `HCCL_CONNECT_TIMEOUT` is kept (SPEC §9).
+#[test]
+fn pod_name_is_the_rank_and_hccl_connect_timeout_is_the_users() {
+    let r = Run::new(["run", "--sim", "2", "--", "sh", "-c"])
+        .args(["echo \"$RANK_ID $POD_NAME $HCCL_CONNECT_TIMEOUT\""])
+        .env("POD_NAME", "intruder-9")
+        .env("HCCL_CONNECT_TIMEOUT", "1200")
+        .run();
+    r.assert_code(0);
+    let mut lines: Vec<String> = r
+        .out()
+        .lines()
+        .filter_map(|l| split_tag(l, "stdout").map(|(_, t)| t.to_string()))
+        .collect();
+    lines.sort();
+    assert_eq!(lines, ["0 0 1200", "1 1 1200"], "{}", r.describe());
 }
