@@ -125,6 +125,10 @@ impl EnvVars {
     pub const ATLASBOOST_FAKE_DSMI_CHIP: &'static str = "ATLASBOOST_FAKE_DSMI_CHIP";
     /// The fake driver: `v4` (default) or `v6` device addresses.
     pub const ATLASBOOST_FAKE_DSMI_IP: &'static str = "ATLASBOOST_FAKE_DSMI_IP";
+    /// The fake driver: `current` (the real driver's in-and-out `ip_type`) or `old`.
+    pub const ATLASBOOST_FAKE_DSMI_IP_API: &'static str = "ATLASBOOST_FAKE_DSMI_IP_API";
+    /// How long the DSMI probe retries a driver that answers `TRY_AGAIN` (seconds, default 10).
+    pub const ATLASBOOST_DSMI_RETRY_SECS: &'static str = "ATLASBOOST_DSMI_RETRY_SECS";
     /// The fake driver: faults to inject (see `atlasboost-sim/fake-dsmi`).
     pub const ATLASBOOST_FAKE_DSMI_FAULTS: &'static str = "ATLASBOOST_FAKE_DSMI_FAULTS";
     /// The fake driver: a file of more faults, read at every call.

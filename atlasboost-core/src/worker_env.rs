@@ -214,7 +214,10 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
         set,
         set_if_unset: vec![
             (EnvVars::OMP_NUM_THREADS, "1".into()),
-            (EnvVars::HCCL_CONNECT_TIMEOUT, HCCL_CONNECT_TIMEOUT_SECS.to_string()),
+            (
+                EnvVars::HCCL_CONNECT_TIMEOUT,
+                HCCL_CONNECT_TIMEOUT_SECS.to_string(),
+            ),
         ],
     })
 }
@@ -309,7 +312,10 @@ mod tests {
         assert_eq!(vars["JOB_ID"], "job-7");
         assert_eq!(vars["MASTER_PORT"], "29500");
         assert!(!vars.contains_key("MINDSPORE_HCCL_CONFIG_PATH"));
-        assert_eq!(vars["POD_NAME"], "6", "TensorFlow's adapter reads it before RANK_ID");
+        assert_eq!(
+            vars["POD_NAME"], "6",
+            "TensorFlow's adapter reads it before RANK_ID"
+        );
         assert_eq!(
             env.set_if_unset,
             vec![
@@ -345,7 +351,10 @@ mod tests {
             env.set.contains(&("RANK_ID", "1".into())),
             "pod_name of the second server"
         );
-        assert!(env.set.contains(&("POD_NAME", "1".into())), "the same pod_name");
+        assert!(
+            env.set.contains(&("POD_NAME", "1".into())),
+            "the same pod_name"
+        );
         assert!(env.set.contains(&("RANK", "6".into())));
     }
 

@@ -3,6 +3,7 @@
 use std::ffi::{c_int, c_uint};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use atlasboost_core::{Device, DeviceProbe, EnvVars, Error, Health};
 use libloading::Library;
@@ -64,6 +65,8 @@ pub struct DsmiProbe {
     path: PathBuf,
     functions: Functions,
     visible: VisibleDevices,
+    /// How long a call answered `TRY_AGAIN` is retried.
+    retry: Duration,
     // Last: the functions above point into it.
     _library: Library,
 }
@@ -121,6 +124,7 @@ impl DsmiProbe {
             path: path.to_path_buf(),
             functions,
             visible: VisibleDevices::from_env()?,
+            retry: retry_bound()?,
             _library: library,
         })
     }
@@ -138,13 +142,61 @@ impl DsmiProbe {
         )
     }
 
+    /// How long a call that answers `TRY_AGAIN` (a driver still starting) is retried.
+    pub fn with_retry(mut self, bound: Duration) -> DsmiProbe {
+        self.retry = bound;
+        self
+    }
+
+    /// Calls a driver function, again with backoff while it answers `TRY_AGAIN`, for at most
+    /// the retry bound.
+    fn call(
+        &self,
+        function: &'static str,
+        device: Option<u32>,
+        mut f: impl FnMut() -> c_int,
+    ) -> Result<(), DsmiError> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(20);
+        let mut tries = 1;
+        loop {
+            let code = f();
+            if code != TRY_AGAIN {
+                return check(function, device, code);
+            }
+            let waited = started.elapsed();
+            if waited >= self.retry {
+                return Err(DsmiError::StillStarting {
+                    function,
+                    device,
+                    tries,
+                    waited,
+                });
+            }
+            std::thread::sleep(pause.min(self.retry - waited));
+            pause = (pause * 2).min(Duration::from_secs(1));
+            tries += 1;
+        }
+    }
+
     fn devices(&self) -> Result<Vec<Device>, DsmiError> {
         let f = self.functions;
         let mut count: c_int = 0;
         // SAFETY: the function writes one int through a valid pointer (the header's contract).
-        check("dsmi_get_device_count", None, unsafe {
+        match self.call("dsmi_get_device_count", None, || unsafe {
             (f.count)(&mut count)
-        })?;
+        }) {
+            // How the real driver answers on a host without a device.
+            Err(DsmiError::Call {
+                code: INNER_ERR, ..
+            }) => {
+                return Err(DsmiError::NoDevice { code: INNER_ERR });
+            }
+            other => other?,
+        }
+        if count == 0 {
+            return Err(DsmiError::NoDevice { code: 0 });
+        }
         if !(0..=MAX_DEVICES).contains(&count) {
             return Err(DsmiError::Nonsense {
                 function: "dsmi_get_device_count",
@@ -153,7 +205,7 @@ impl DsmiProbe {
         }
         let mut ids: Vec<c_int> = vec![0; count as usize];
         // SAFETY: the buffer holds `count` ints, as the function is told.
-        check("dsmi_list_device", None, unsafe {
+        self.call("dsmi_list_device", None, || unsafe {
             (f.list)(ids.as_mut_ptr(), count)
         })?;
         let mut devices = Vec::with_capacity(ids.len());
@@ -169,24 +221,53 @@ impl DsmiProbe {
         Ok(devices)
     }
 
+    /// The RoCE address of a device: IPv4 asked first, then IPv6 (the caller's `ip_type`
+    /// chooses the family on a real driver); `None` when the port has neither.
+    fn roce_address(&self, logical: u32) -> Result<Option<IpAddr>, DsmiError> {
+        let f = self.functions;
+        for family in [raw::IPADDR_TYPE_V4, raw::IPADDR_TYPE_V6] {
+            let mut ip = IpAddrT {
+                ip_type: family,
+                ..IpAddrT::default()
+            };
+            let mut mask = ip;
+            // SAFETY: two valid ip_addr_t (20 bytes, checked at compile time) to read and
+            // write.
+            let answer = self.call("dsmi_get_device_ip_address", Some(logical), || unsafe {
+                (f.ip)(logical as c_int, raw::DSMI_ROCE_PORT, 0, &mut ip, &mut mask)
+            });
+            match answer {
+                // An older driver writes its own type back: what it wrote is decoded.
+                Ok(()) => {
+                    if let Some(address) = address(&ip)? {
+                        return Ok(Some(address));
+                    }
+                }
+                // "No address of this family" (the hccn tool's reading of NO_DEVICE); a driver
+                // without IPv6 support may say NOT_SUPPORT for the second question.
+                Err(DsmiError::Call { code, .. })
+                    if code == NO_DEVICE
+                        || (family == raw::IPADDR_TYPE_V6 && code == NOT_SUPPORT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
     fn device(&self, logical: u32) -> Result<Device, DsmiError> {
         let f = self.functions;
         let id = logical as c_int;
         let mut physical: c_uint = 0;
         // SAFETY: one unsigned int written through a valid pointer.
-        check("dsmi_get_phyid_from_logicid", Some(logical), unsafe {
+        self.call("dsmi_get_phyid_from_logicid", Some(logical), || unsafe {
             (f.phyid)(logical, &mut physical)
         })?;
-        let (mut ip, mut mask) = (IpAddrT::default(), IpAddrT::default());
-        // SAFETY: two valid ip_addr_t (20 bytes, checked at compile time) to write into.
-        check("dsmi_get_device_ip_address", Some(logical), unsafe {
-            (f.ip)(id, raw::DSMI_ROCE_PORT, 0, &mut ip, &mut mask)
-        })?;
+        let ip = self.roce_address(logical)?;
         let chip = match f.chip {
             Some(get) => {
                 let mut info = ChipInfo::default();
                 // SAFETY: a valid 96-byte struct to write into.
-                check("dsmi_get_chip_info", Some(logical), unsafe {
+                self.call("dsmi_get_chip_info", Some(logical), || unsafe {
                     get(id, &mut info)
                 })?;
                 raw::c_field(&info.chip_name)
@@ -197,9 +278,10 @@ impl DsmiProbe {
             Some(get) => {
                 let mut code: c_uint = 0;
                 // SAFETY: one unsigned int written through a valid pointer.
-                check("dsmi_get_device_health", Some(logical), unsafe {
+                self.call("dsmi_get_device_health", Some(logical), || unsafe {
                     get(id, &mut code)
                 })?;
+                // 0xFFFFFFFF, a device that is not alive, reads as offline.
                 Health::from_code(code)
             }
             // A driver without the function cannot report trouble; HCCL will, if there is any.
@@ -209,12 +291,42 @@ impl DsmiProbe {
             server_id: self.server_id.clone(),
             logical_id: logical,
             physical_id: physical,
-            ip: address(&ip)?,
+            ip,
             chip,
             health,
             super_device_id: None,
             super_pod_id: None,
         })
+    }
+}
+
+/// `DRV_ERROR_NO_DEVICE`: from the address call, no address of the family asked for.
+const NO_DEVICE: c_int = 1;
+/// `DRV_ERROR_INNER_ERR`: from the count, a host with no device.
+const INNER_ERR: c_int = 7;
+/// `DRV_ERROR_TRY_AGAIN`: the driver is still starting.
+const TRY_AGAIN: c_int = 51;
+/// `DRV_ERROR_NOT_SUPPORT`.
+const NOT_SUPPORT: c_int = 0xfffe;
+/// How long `TRY_AGAIN` is retried unless `ATLASBOOST_DSMI_RETRY_SECS` says otherwise.
+pub const DEFAULT_RETRY: Duration = Duration::from_secs(10);
+
+/// `ATLASBOOST_DSMI_RETRY_SECS`, or [`DEFAULT_RETRY`].
+fn retry_bound() -> Result<Duration, DsmiError> {
+    let variable = EnvVars::ATLASBOOST_DSMI_RETRY_SECS;
+    let Some(value) = std::env::var_os(variable).filter(|v| !v.is_empty()) else {
+        return Ok(DEFAULT_RETRY);
+    };
+    let value = value.to_string_lossy().into_owned();
+    match value.trim().parse::<f64>() {
+        Ok(secs) if secs.is_finite() && (0.0..=3600.0).contains(&secs) => {
+            Ok(Duration::from_secs_f64(secs))
+        }
+        _ => Err(DsmiError::BadVariable {
+            variable,
+            value,
+            reason: "expected a number of seconds from 0 to 3600".into(),
+        }),
     }
 }
 

@@ -71,6 +71,41 @@ pub enum DsmiError {
         /// Its return code.
         code: i32,
     },
+    /// The driver says this host has no device.
+    #[error(
+        "the driver reports no device on this host (dsmi_get_device_count {})",
+        if *code == 0 { "answered 0".to_string() } else { format!("returned {code}{}, how a driver without devices answers", meaning(*code)) }
+    )]
+    NoDevice {
+        /// What the count answered: `INNER_ERR` (7), or success with 0.
+        code: i32,
+    },
+    /// A driver function kept answering `TRY_AGAIN` (the driver is still starting).
+    #[error(
+        "{function}({}) kept returning 51 (TRY_AGAIN: the driver is still starting); retried {tries} times over {:.1} s (ATLASBOOST_DSMI_RETRY_SECS sets how long)",
+        device.map_or(String::new(), |d| format!("device {d}")),
+        waited.as_secs_f64()
+    )]
+    StillStarting {
+        /// The C function.
+        function: &'static str,
+        /// The (logical) device it was called for, if any.
+        device: Option<u32>,
+        /// How many calls were made.
+        tries: u32,
+        /// For how long.
+        waited: std::time::Duration,
+    },
+    /// A setting of the probe's is malformed.
+    #[error("{variable}={value:?}: {reason}")]
+    BadVariable {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The driver answered something impossible (a count out of range, an unknown address type).
     #[error("{function} answered {what}")]
     Nonsense {
@@ -124,7 +159,7 @@ fn meaning(code: i32) -> String {
         16 => "WAIT_TIMEOUT",
         17 => "IOCRL_FAIL: an ioctl to the driver failed",
         46 => "OPER_NOT_PERMITTED: not permitted",
-        51 => "TRY_AGAIN",
+        51 => "TRY_AGAIN: the driver is still starting",
         0xfffe => "NOT_SUPPORT: not supported by this driver or device",
         _ => return String::new(),
     };

@@ -211,3 +211,106 @@ fn the_search_lists_every_path_it_tried() {
     let probe = DsmiProbe::load("h").unwrap();
     assert_eq!(probe.library(), fake());
 }
+
+#[test]
+fn an_ipv6_only_host_is_found_through_the_v6_question() {
+    // The real driver answers IPv4 with NO_DEVICE here, and IPv6 only when asked for it.
+    let devices = probe_with(&[(EnvVars::ATLASBOOST_FAKE_DSMI_IP, "v6")]).unwrap();
+    assert!(
+        devices.iter().all(|d| d.ip.is_some_and(|ip| ip.is_ipv6())),
+        "{devices:?}"
+    );
+    // An older driver that writes its own type back is read as well.
+    let devices = probe_with(&[
+        (EnvVars::ATLASBOOST_FAKE_DSMI_IP, "v6"),
+        (EnvVars::ATLASBOOST_FAKE_DSMI_IP_API, "old"),
+        (EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS, "no-ip:2"),
+    ])
+    .unwrap();
+    assert!(devices[0].ip.is_some_and(|ip| ip.is_ipv6()));
+    assert_eq!(
+        devices[2].ip, None,
+        "0.0.0.0 from an old driver is no address"
+    );
+}
+
+#[test]
+fn an_unconfigured_device_is_listed_and_the_builder_names_it() {
+    let devices = probe_with(&[(EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS, "no-ip:6")]).unwrap();
+    assert_eq!(
+        devices.len(),
+        8,
+        "NO_DEVICE from the address call is not a probe failure"
+    );
+    assert_eq!(devices[6].ip, None);
+    // Two servers (a second one like this host): device_ip is required, and the device named.
+    let mut both = devices.clone();
+    both.extend(devices.iter().map(|d| Device {
+        server_id: "10.0.0.2".into(),
+        ip:
+            d.ip.map(|_| IpAddr::from([192, 168, 101, d.physical_id as u8])),
+        ..d.clone()
+    }));
+    let e = atlasboost_core::ranktable::build_table(&both, &Default::default()).unwrap_err();
+    let e = atlasboost_core::exchange::error_chain(&e);
+    assert!(
+        e.contains("$.server_list[0].device[6]") && e.contains("device_ip is required"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_driver_still_starting_is_retried_within_the_bound() {
+    // TRY_AGAIN twice, then an answer: probed, after two short pauses.
+    let devices = probe_with(&[(
+        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS,
+        "try-again:dsmi_get_device_count=2",
+    )])
+    .unwrap();
+    assert_eq!(devices.len(), 8);
+    // TRY_AGAIN for ever: an error after the bound, saying it retried.
+    let started = std::time::Instant::now();
+    let e = error_with(&[
+        (
+            EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS,
+            "try-again:dsmi_get_device_health",
+        ),
+        (EnvVars::ATLASBOOST_DSMI_RETRY_SECS, "0.3"),
+    ]);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    assert!(
+        e.contains("dsmi_get_device_health(device 0) kept returning 51 (TRY_AGAIN")
+            && e.contains("retried")
+            && e.contains("over 0.3 s"),
+        "{e}"
+    );
+    let _env = Env::set(&[(EnvVars::ATLASBOOST_DSMI_RETRY_SECS, "soon")]);
+    let e = DsmiProbe::load_from("10.0.0.1", &fake())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("ATLASBOOST_DSMI_RETRY_SECS=\"soon\": expected"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_host_without_a_device_says_so() {
+    let e = error_with(&[(EnvVars::ATLASBOOST_FAKE_DSMI_DEVICES, "0")]);
+    assert!(
+        e.contains("the driver reports no device on this host")
+            && e.contains("returned 7 (INNER_ERR"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_device_that_is_not_alive_is_offline() {
+    let devices = probe_with(&[(
+        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS,
+        "unhealthy:1=0xffffffff",
+    )])
+    .unwrap();
+    assert_eq!(devices[1].health, Health::Unhealthy { code: u32::MAX });
+    assert_eq!(devices[1].health.to_string(), "offline");
+}

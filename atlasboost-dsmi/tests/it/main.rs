@@ -15,8 +15,10 @@ use atlasboost_core::EnvVars;
 static ENV: Mutex<()> = Mutex::new(());
 
 /// Every variable a test may set; cleared before each test.
-const VARS: [&str; 8] = [
+const VARS: [&str; 10] = [
     EnvVars::ATLASBOOST_FAKE_DSMI_DEVICES,
+    EnvVars::ATLASBOOST_FAKE_DSMI_IP_API,
+    EnvVars::ATLASBOOST_DSMI_RETRY_SECS,
     EnvVars::ATLASBOOST_FAKE_DSMI_PHYSICAL,
     EnvVars::ATLASBOOST_FAKE_DSMI_CHIP,
     EnvVars::ATLASBOOST_FAKE_DSMI_IP,

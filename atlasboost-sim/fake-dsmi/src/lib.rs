@@ -19,6 +19,7 @@
 //! | `ATLASBOOST_FAKE_DSMI_PHYSICAL` | Comma-separated distinct physical ids (`0` to `153`) of logical devices `0, 1, …`: `4,5,6,7` is a container seeing physical 4-7 as logical 0-3. Its length must equal `…_DEVICES` if that is set. | physical = logical |
 //! | `ATLASBOOST_FAKE_DSMI_CHIP` | The `chip_name` (at most 31 bytes). | `910` |
 //! | `ATLASBOOST_FAKE_DSMI_IP` | `v4` or `v6` addresses. | `v4` |
+//! | `ATLASBOOST_FAKE_DSMI_IP_API` | `current`: `dsmi_get_device_ip_address` as the real driver; `old`: as this fake did before (below). | `current` |
 //! | `ATLASBOOST_FAKE_DSMI_FAULTS` | Faults, below. | none |
 //! | `ATLASBOOST_FAKE_DSMI_FAULTS_FILE` | A file of more faults (`;` or one per line), read at every call; a missing file adds none. | none |
 //!
@@ -27,6 +28,16 @@
 //! - `v6`: `fd00::ab:(p+1)`, the last group being `p+1` in hex as IPv6 text always is
 //!   (`Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0xab, p + 1)`: `fd00::ab:1` for `p = 0`,
 //!   `fd00::ab:10` for `p = 15`), mask `ffff:ffff:ffff:ffff::` (/64), `ip_type` 1.
+//!
+//! **As the real driver** (`hicann/driver`: `dsmi_common_interface.c` and the hccn tool; see
+//! `docs/devices.md`): `dsmi_get_device_ip_address` reads the caller's `ip_type` to choose the
+//! family (anything but 0 and 1 is `PARA_ERROR`), writes only the address bytes, and answers
+//! 1 (`NO_DEVICE`) for a port with no address of that family: an IPv4 host has no IPv6 address
+//! and the other way round. `dsmi_get_device_count` answers 7 (`INNER_ERR`) on a host with no
+//! device; `dsmi_list_device` refuses a count below 1 or above 64. With
+//! `ATLASBOOST_FAKE_DSMI_IP_API=old` the address call ignores the type asked, writes the
+//! device's own, and answers a port with no address with success and `0.0.0.0` (what older
+//! drivers and earlier versions of this fake did).
 //!
 //! `dsmi_get_chip_info` reports `chip_type` `Ascend`, the configured `chip_name`, `chip_ver`
 //! `V1`, each NUL-padded to 32 bytes. `dsmi_get_device_health` reports 0 (OK) for every device
@@ -43,10 +54,14 @@
 //! - `fail:<function>@<logical>=<code>`: the same, only for that logical device: the calls
 //!   taking a logical id, and `dsmi_get_logicid_from_phyid` for that device's physical id
 //!   (`dsmi_get_device_count` and `dsmi_list_device` take no device, so this is malformed);
-//! - `no-ip:<physical>`: `dsmi_get_device_ip_address` succeeds with address and mask `0.0.0.0`
-//!   (`ip_type` 0) for that device, as for a port with no address configured;
+//! - `no-ip:<physical>`: that device's port has no address configured:
+//!   `dsmi_get_device_ip_address` answers `NO_DEVICE` (`old` API: success with `0.0.0.0`);
 //! - `unhealthy:<physical>[=<code>]`: `dsmi_get_device_health` reports the `unsigned int`
-//!   `<code>` (default 3, critical; `0xffffffff` is offline) for that device.
+//!   `<code>` (default 3, critical; `0xffffffff`, as the real driver answers for a device that
+//!   is not alive) for that device, with success;
+//! - `try-again:<function>[=<times>]`: `<function>` answers 51 (`TRY_AGAIN`, a driver that is
+//!   still starting) for its first `<times>` calls on the calling thread, for ever without
+//!   `=`.
 //!
 //! The first matching fault applies.
 //!

@@ -13,6 +13,13 @@ use atlasboost_core::EnvVars;
 
 /// `DRV_ERROR_NONE`.
 pub(crate) const SUCCESS: c_int = 0;
+/// `DRV_ERROR_NO_DEVICE`: what the real driver answers for a port with no address of the
+/// family asked for (its own hccn tool reads it as "IP not configured").
+pub(crate) const NO_DEVICE: c_int = 1;
+/// `DRV_ERROR_INNER_ERR`: what `dsmi_get_device_count` answers on a host with no device.
+pub(crate) const INNER_ERR: c_int = 7;
+/// `DRV_ERROR_TRY_AGAIN`: the driver is still starting.
+pub(crate) const TRY_AGAIN: c_int = 51;
 /// `DRV_ERROR_INVALID_DEVICE`: no such logical or physical id.
 pub(crate) const INVALID_DEVICE: c_int = 2;
 /// `DRV_ERROR_INVALID_VALUE`: what every call returns while the environment is malformed.
@@ -77,6 +84,24 @@ enum Fault {
     NoIp { physical: u32 },
     /// `unhealthy:<physical>[=<code>]`.
     Unhealthy { physical: u32, code: c_uint },
+    /// `try-again:<function>[=<times>]`: `TRY_AGAIN` for the first `times` calls (for ever
+    /// without `=`), as a driver that is still starting.
+    TryAgain {
+        function: &'static str,
+        times: Option<u32>,
+    },
+}
+
+/// How `dsmi_get_device_ip_address` treats `ip_addr_t::ip_type` (`ATLASBOOST_FAKE_DSMI_IP_API`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IpApi {
+    /// `current`, as the real driver (`dsmi_common_interface.c`): the caller's `ip_type` picks
+    /// the family (anything but V4 and V6 is `PARA_ERROR`), only the address bytes are written,
+    /// and a port with no address of that family answers `NO_DEVICE`.
+    Current,
+    /// `old`, as this fake behaved before: the type asked for is ignored, the device's own
+    /// type is written back, and a port with no address answers success with `0.0.0.0`.
+    Old,
 }
 
 /// The simulated host, as the environment describes it at the moment of a call.
@@ -88,6 +113,8 @@ pub(crate) struct Config {
     chip_name: String,
     /// IPv6 device addresses instead of IPv4.
     ipv6: bool,
+    /// How the address call treats `ip_type`.
+    ip_api: IpApi,
     /// The faults, in the order written (the first that matches applies).
     faults: Vec<Fault>,
 }
@@ -229,10 +256,22 @@ impl Config {
             })?;
             faults.extend(more);
         }
+        let ip_api = match var(EnvVars::ATLASBOOST_FAKE_DSMI_IP_API)?
+            .as_deref()
+            .map(str::trim)
+        {
+            None | Some("current") => IpApi::Current,
+            Some("old") => IpApi::Old,
+            Some(other) => {
+                let var = EnvVars::ATLASBOOST_FAKE_DSMI_IP_API;
+                return Err(Malformed::new(var, other, "expected current or old"));
+            }
+        };
         Ok(Self {
             physical,
             chip_name,
             ipv6,
+            ip_api,
             faults,
         })
     }
@@ -401,9 +440,44 @@ fn parse_fault(fault: &str, physical: &[u32]) -> Result<Fault, Malformed> {
             physical: existing_physical(id)?,
             code,
         })
+    } else if let Some(rest) = fault.strip_prefix("try-again:") {
+        let (function, times) = match rest.split_once('=') {
+            None => (rest.trim(), None),
+            Some((function, times)) => {
+                let times = times
+                    .trim()
+                    .parse::<u32>()
+                    .map_err(|_| bad(format!("bad count {times:?} (a number of calls)")))?;
+                (function.trim(), Some(times))
+            }
+        };
+        let function = *FUNCTIONS
+            .iter()
+            .find(|known| **known == function)
+            .ok_or_else(|| {
+                bad(format!(
+                    "unknown function {function:?} (expected one of {FUNCTIONS:?})"
+                ))
+            })?;
+        Ok(Fault::TryAgain { function, times })
     } else {
-        Err(bad("expected fail:, no-ip: or unhealthy:".into()))
+        Err(bad(
+            "expected fail:, no-ip:, unhealthy: or try-again:".into()
+        ))
     }
+}
+
+thread_local! {
+    /// How many calls of each function a `try-again:` fault has answered, on this thread (a
+    /// probe makes its calls from one thread; tests run on many).
+    static TRY_AGAIN_ANSWERED: std::cell::RefCell<std::collections::HashMap<&'static str, u32>> =
+        std::cell::RefCell::default();
+}
+
+/// Forgets the `try-again:` counts of this thread (tests).
+#[cfg(test)]
+pub(crate) fn reset_try_again() {
+    TRY_AGAIN_ANSWERED.with(|a| a.borrow_mut().clear());
 }
 
 /// Runs one driver function: reads the environment (malformed: report it, return
@@ -422,6 +496,23 @@ pub(crate) fn call(
         }
     };
     let device = device(&config);
+    let still_starting = config.faults.iter().any(|fault| match *fault {
+        Fault::TryAgain { function: f, times } if f == function => {
+            TRY_AGAIN_ANSWERED.with(|answered| {
+                let mut answered = answered.borrow_mut();
+                let count = answered.entry(function).or_insert(0);
+                let again = times.is_none_or(|t| *count < t);
+                if again {
+                    *count += 1;
+                }
+                again
+            })
+        }
+        _ => false,
+    });
+    if still_starting {
+        return TRY_AGAIN;
+    }
     let injected = config.faults.iter().find_map(|fault| match *fault {
         Fault::Fail {
             function: f,
@@ -450,6 +541,10 @@ pub unsafe extern "C" fn dsmi_get_device_count(device_count: *mut c_int) -> c_in
             if device_count.is_null() {
                 return Err(PARA_ERROR);
             }
+            // The real driver answers a host with no device with INNER_ERR, not 0.
+            if config.physical.is_empty() {
+                return Err(INNER_ERR);
+            }
             let count = c_int::try_from(config.physical.len()).map_err(|_| INVALID_VALUE)?;
             // SAFETY: non-null, and the caller passes a writable `int` (the C contract).
             unsafe { device_count.write(count) };
@@ -470,8 +565,11 @@ pub unsafe extern "C" fn dsmi_list_device(device_id_list: *mut c_int, count: c_i
         |_| None,
         |config| {
             let devices = config.physical.len();
+            // The real driver refuses a count of 0 or less, or above 64, as well as one too
+            // small for the devices.
             if device_id_list.is_null()
-                || !usize::try_from(count).is_ok_and(|count| count >= devices)
+                || !usize::try_from(count)
+                    .is_ok_and(|count| count >= devices && (1..=MAX_DEVICES).contains(&count))
             {
                 return Err(PARA_ERROR);
             }
@@ -561,10 +659,31 @@ pub unsafe extern "C" fn dsmi_get_device_ip_address(
                 return Err(NOT_SUPPORT);
             }
             let (ip, mask) = config.address(physical);
-            // SAFETY: both non-null, and the caller passes writable `ip_addr_t`s (the C contract).
-            unsafe {
-                ip_address.write(ip);
-                mask_address.write(mask);
+            match config.ip_api {
+                IpApi::Old => {
+                    // SAFETY: both non-null, and the caller passes writable `ip_addr_t`s.
+                    unsafe {
+                        ip_address.write(ip);
+                        mask_address.write(mask);
+                    }
+                }
+                IpApi::Current => {
+                    // SAFETY: non-null, and the caller passes a readable `ip_addr_t`.
+                    let asked = unsafe { (*ip_address).ip_type };
+                    if asked != IPADDR_TYPE_V4 && asked != IPADDR_TYPE_V6 {
+                        return Err(PARA_ERROR);
+                    }
+                    let none = ip.u_addr == [0; 16];
+                    if none || ip.ip_type != asked {
+                        return Err(NO_DEVICE);
+                    }
+                    // Only the bytes: the type stays the caller's.
+                    // SAFETY: both non-null, and the caller passes writable `ip_addr_t`s.
+                    unsafe {
+                        (*ip_address).u_addr = ip.u_addr;
+                        (*mask_address).u_addr = mask.u_addr;
+                    }
+                }
             }
             Ok(())
         },
@@ -605,6 +724,7 @@ mod tests {
     const CHIP: &str = EnvVars::ATLASBOOST_FAKE_DSMI_CHIP;
     const IP: &str = EnvVars::ATLASBOOST_FAKE_DSMI_IP;
     const FAULTS: &str = EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS;
+    const IP_API: &str = EnvVars::ATLASBOOST_FAKE_DSMI_IP_API;
 
     fn count() -> (c_int, c_int) {
         let mut count = -1;
@@ -636,9 +756,15 @@ mod tests {
     }
 
     fn ip(logical: c_int, port_type: c_int) -> (c_int, IpAddrT, IpAddrT) {
+        ip_as(logical, port_type, IPADDR_TYPE_V4)
+    }
+
+    /// The address of the family `asked` (the in-and-out `ip_type`); the bytes start as 0xee,
+    /// so a test sees what the call wrote.
+    fn ip_as(logical: c_int, port_type: c_int, asked: c_uint) -> (c_int, IpAddrT, IpAddrT) {
         let mut ip = IpAddrT {
             u_addr: [0xee; 16],
-            ip_type: 7,
+            ip_type: asked,
         };
         let mut mask = ip;
         // SAFETY: valid pointers to locals.
@@ -717,8 +843,21 @@ mod tests {
         assert_eq!(ip(2, PORT_ROCE).0, INVALID_DEVICE);
         assert_eq!(ip(-1, PORT_ROCE).0, INVALID_DEVICE);
 
+        // The real driver's rules: the caller's type picks the family; only V4 and V6 exist.
+        assert_eq!(
+            ip_as(1, PORT_ROCE, IPADDR_TYPE_V6).0,
+            NO_DEVICE,
+            "no IPv6 here"
+        );
+        assert_eq!(ip_as(1, PORT_ROCE, 2).0, PARA_ERROR);
+
         test_env::set(&[(PHYSICAL, "9,15"), (IP, "v6")]);
-        let (rc, address, mask) = ip(1, PORT_ROCE);
+        assert_eq!(
+            ip(1, PORT_ROCE).0,
+            NO_DEVICE,
+            "an IPv6-only host has no IPv4"
+        );
+        let (rc, address, mask) = ip_as(1, PORT_ROCE, IPADDR_TYPE_V6);
         assert_eq!(rc, 0);
         assert_eq!(address.ip_type, IPADDR_TYPE_V6);
         assert_eq!(
@@ -758,9 +897,11 @@ mod tests {
             );
         }
         assert_eq!(list(7), (PARA_ERROR, vec![-1; 7]));
+        assert_eq!(list(65), (PARA_ERROR, vec![-1; 65]), "more than 64");
+        // A host with no device: the count is INNER_ERR, as on a real driver.
         test_env::set(&[(DEVICES, "0")]);
-        assert_eq!(count(), (0, 0));
-        assert_eq!(list(0), (0, vec![]));
+        assert_eq!(count(), (INNER_ERR, -1));
+        assert_eq!(list(0), (PARA_ERROR, vec![]));
     }
 
     #[test]
@@ -786,10 +927,38 @@ mod tests {
     }
 
     #[test]
-    fn no_ip_is_all_zero_v4() {
+    fn no_ip_is_no_device_and_the_old_api_answers_zero() {
         test_env::set(&[(IP, "v6"), (FAULTS, "no-ip:3")]);
+        assert_eq!(ip_as(3, PORT_ROCE, IPADDR_TYPE_V6).0, NO_DEVICE);
+        assert_eq!(ip_as(3, PORT_ROCE, IPADDR_TYPE_V4).0, NO_DEVICE);
+        assert_eq!(
+            ip_as(2, PORT_ROCE, IPADDR_TYPE_V6).1.ip_type,
+            IPADDR_TYPE_V6
+        );
+        // The old behaviour: the type asked is ignored, and no address is success with zeros.
+        test_env::set(&[(IP, "v6"), (FAULTS, "no-ip:3"), (IP_API, "old")]);
         assert_eq!(ip(3, PORT_ROCE), (0, v4([0; 4]), v4([0; 4])));
-        assert_eq!(ip(2, PORT_ROCE).1.ip_type, IPADDR_TYPE_V6);
+        assert_eq!(
+            ip(2, PORT_ROCE).1.ip_type,
+            IPADDR_TYPE_V6,
+            "its own type, written back"
+        );
+    }
+
+    #[test]
+    fn try_again_answers_as_a_starting_driver_then_works() {
+        reset_try_again();
+        test_env::set(&[(FAULTS, "try-again:dsmi_get_device_count=2")]);
+        assert_eq!(count(), (TRY_AGAIN, -1));
+        assert_eq!(count(), (TRY_AGAIN, -1));
+        assert_eq!(count(), (0, 8), "the third call succeeds");
+        assert_eq!(phy(1), (0, 1), "other functions are not affected");
+        reset_try_again();
+        test_env::set(&[(FAULTS, "try-again:dsmi_get_phyid_from_logicid")]);
+        for _ in 0..20 {
+            assert_eq!(phy(0), (TRY_AGAIN, 999), "for ever without a count");
+        }
+        reset_try_again();
     }
 
     #[test]
@@ -812,6 +981,9 @@ mod tests {
             &[(FAULTS, "no-ip:8")],
             &[(PHYSICAL, "4"), (FAULTS, "unhealthy:0")],
             &[(FAULTS, "unhealthy:1=-1")],
+            &[(FAULTS, "try-again:dsmi_open")],
+            &[(FAULTS, "try-again:dsmi_list_device=-2")],
+            &[(IP_API, "new")],
         ];
         for vars in bad {
             test_env::set(vars);
