@@ -185,6 +185,10 @@ pub struct ValidateArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+
+    /// Count warnings (what HCCL only recommends) as errors: exit 1.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 /// `atlasboost probe`.

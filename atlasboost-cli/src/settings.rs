@@ -78,6 +78,8 @@ pub struct ValidateSettings {
     pub chip: Option<Chip>,
     /// JSON instead of text.
     pub json: bool,
+    /// Warnings are errors.
+    pub strict: bool,
 }
 
 /// `atlasboost run` (SPEC §5): the same options as the flags, resolved.
@@ -198,6 +200,7 @@ impl From<&ValidateArgs> for ValidateSettings {
             file: a.file.clone(),
             chip: a.chip,
             json: a.json,
+            strict: a.strict,
         }
     }
 }

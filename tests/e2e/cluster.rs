@@ -384,3 +384,23 @@ fn pod_name_is_the_rank_and_hccl_connect_timeout_is_the_users() {
     lines.sort();
     assert_eq!(lines, ["0 0 1200", "1 1 1200"], "{}", r.describe());
 }
+
+/// The launcher never writes a table HCCL would refuse, and says so when it writes one HCCL
+/// only warns about (here: unequal device counts on 910_93), even with `-q`.
+#[test]
+fn a_table_with_a_warning_is_written_and_the_warning_shown() {
+    let r = Run::new(["run", "-q", "--sim", "16", "--sim-chip", "910_9391", "--format", "1.2"])
+        .args(["-H", "127.0.0.1:16,127.0.0.2:8", "--", "true"])
+        .run();
+    r.assert_code(0);
+    assert!(
+        r.err().contains(
+            "atlasboost: the rank table: $.server_list[1].device: warning: server \"127.0.0.2\" \
+             has 8 devices"
+        ),
+        "{}",
+        r.describe()
+    );
+    let table = std::fs::read_to_string(r.dir().join("rank_table.json")).unwrap();
+    assert_eq!(table.matches("\"rank_id\"").count(), 24, "{table}");
+}

@@ -25,6 +25,10 @@ pub fn write_output(
     chip: Chip,
     printer: &Printer,
 ) -> Result<(), CliError> {
+    // What HCCL only recommends is said, never silently written (errors were refused above).
+    for w in atlasboost_core::ranktable::validate_table(table, chip) {
+        printer.error(&format!("the table: {w}"));
+    }
     if path == Path::new("-") {
         return printer
             .out(&table.to_json_pretty())

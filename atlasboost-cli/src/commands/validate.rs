@@ -22,10 +22,14 @@ struct Report<'a> {
     servers: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ranks: Option<usize>,
+    errors: usize,
+    warnings: usize,
+    strict: bool,
     violations: &'a [Violation],
 }
 
-/// Runs `atlasboost validate`; returns the exit code (0 valid, 1 invalid).
+/// Runs `atlasboost validate`; returns the exit code (0 valid, 1 invalid). Warnings (what HCCL
+/// only recommends) leave a table valid, unless `--strict`.
 ///
 /// # Errors
 ///
@@ -33,43 +37,63 @@ struct Report<'a> {
 pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
     let value = read_json(&args.file)?;
     let chip = args.chip.unwrap_or_else(|| default_chip(&value));
-    // One validation: `from_value` returns every violation when the table is invalid.
+    // One validation: every violation, errors and warnings, either way.
     let (table, violations) =
-        match RankTable::from_value(value, &args.file.display().to_string(), chip) {
-            Ok(t) => (Some(t), Vec::new()),
+        match RankTable::from_value_checked(value, &args.file.display().to_string(), chip) {
+            Ok((t, warnings)) => (Some(t), warnings),
             Err(Error::Invalid { violations, .. }) => (None, violations),
             Err(e) => return Err(e.into()),
         };
+    let errors = violations.iter().filter(|v| v.is_error()).count();
+    let warnings = violations.len() - errors;
+    let valid = table.is_some() && !(args.strict && warnings > 0);
     let file = args.file.display().to_string();
     let text = if args.json {
         let report = Report {
             file,
-            valid: table.is_some(),
+            valid,
             chip: chip.as_str(),
             format: table.as_ref().map(|t| t.format().as_str()),
             servers: table.as_ref().map(RankTable::server_count),
             ranks: table.as_ref().map(RankTable::rank_count),
+            errors,
+            warnings,
+            strict: args.strict,
             violations: &violations,
         };
         let mut s =
             serde_json::to_string_pretty(&report).map_err(CliError::json("encode the report"))?;
         s.push('\n');
         s
-    } else if let Some(t) = &table {
-        format!("{file}: valid rank table ({})\n", summary(t, chip))
     } else {
-        let mut s = format!(
-            "{file}: invalid rank table, {} (rules for {}):\n",
-            counted(violations.len(), "problem"),
-            chip
-        );
+        let mut s = match (&table, valid) {
+            (Some(t), true) if warnings == 0 => {
+                format!("{file}: valid rank table ({})\n", summary(t, chip))
+            }
+            (Some(t), true) => format!(
+                "{file}: valid rank table ({}), with {} (what HCCL only recommends; --strict \
+                 makes them errors):\n",
+                summary(t, chip),
+                counted(warnings, "warning")
+            ),
+            (Some(_), false) => format!(
+                "{file}: invalid rank table with --strict, {} (rules for {}):\n",
+                counted(warnings, "warning"),
+                chip
+            ),
+            (None, _) => format!(
+                "{file}: invalid rank table, {} (rules for {}):\n",
+                counted(errors, "problem"),
+                chip
+            ),
+        };
         for v in &violations {
             s.push_str(&format!("  {v}\n"));
         }
         s
     };
     printer.out(&text).map_err(CliError::Stdout)?;
-    Ok(if table.is_some() {
+    Ok(if valid {
         ExitCodes::SUCCESS
     } else {
         ExitCodes::INVALID_TABLE

@@ -104,6 +104,8 @@ pub struct Decision {
     pub answer: LaunchAnswer,
     /// The devices that run a worker, on every host.
     pub devices: Vec<Device>,
+    /// What HCCL only recommends and the table does not do (errors are refused).
+    pub warnings: Vec<String>,
 }
 
 /// Builds the table from every host's report: the first failed probe fails the launch, naming
@@ -153,6 +155,10 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
     }
     let chip = chip_of_devices(&devices).map_err(|e| error_chain(&e))?;
     let table = build_table(&devices, &build).map_err(|e| error_chain(&e))?;
+    let warnings = atlasboost_core::ranktable::validate_table(&table, chip)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let first = table
         .ranks()
         .map_err(|e| error_chain(&e))?
@@ -172,6 +178,7 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
             master_port,
         },
         devices,
+        warnings,
     })
 }
 

@@ -376,12 +376,25 @@ fn wait_or_signal(signals: &Signals, delay: Duration) -> Option<Signal> {
     }
 }
 
-/// `N ranks on S servers (S × D)`, the table's shape.
+/// `N ranks on S servers (S × D)`, the table's shape (`S × D` when every server has D).
 fn layout(table: &RankTable, ranks: usize) -> String {
     let servers = table.server_count();
-    let per_server = match servers {
-        0 => String::new(),
-        s if ranks.is_multiple_of(s) => format!(" ({s} × {})", ranks / s),
+    let mut counts: Vec<usize> = Vec::new();
+    let mut last: Option<String> = None;
+    for entry in table.ranks().unwrap_or_default() {
+        if last.as_deref() == Some(entry.server_id.as_str()) {
+            if let Some(n) = counts.last_mut() {
+                *n += 1;
+            }
+        } else {
+            counts.push(1);
+            last = Some(entry.server_id);
+        }
+    }
+    let per_server = match counts.first() {
+        Some(&d) if counts.len() == servers && counts.iter().all(|&n| n == d) => {
+            format!(" ({servers} × {d})")
+        }
         _ => String::new(),
     };
     format!(
@@ -729,6 +742,10 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         .unwrap_or_else(|p| p.into_inner())
         .take()
         .ok_or_else(|| CliError::Failure("the rendezvous ended without a table".into()))?;
+    for w in &decision.warnings {
+        // Shown even with -q: HCCL will say the same, less clearly.
+        printer.error(&format!("atlasboost: the rank table: {w}"));
+    }
     let chip: atlasboost_core::Chip = decision.answer.chip.parse()?;
     let table = RankTable::parse(
         &decision.answer.table,

@@ -1711,3 +1711,66 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     .expect_code(USAGE)
     .stderr_has(&["--hang-timeout"]);
 }
+
+/// The fixtures of what HCCL only warns about (atlasboost-core/tests/fixtures/warning): each
+/// is valid with its warning at its JSON path, and invalid with `--strict`.
+#[test]
+fn validate_warns_where_hccl_warns_and_strict_makes_it_an_error() {
+    let dir = tempdir();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../atlasboost-core/tests/fixtures/warning")
+        .canonicalize()
+        .unwrap();
+    let mut seen = 0;
+    for entry in fs::read_dir(&fixtures).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        seen += 1;
+        let file = path.to_str().unwrap();
+        let expect = fs::read_to_string(path.with_extension("expect")).unwrap();
+        let paths: Vec<&str> = expect
+            .lines()
+            .filter_map(|l| l.strip_prefix("warning "))
+            .filter_map(|l| l.split_once(' ').map(|(_, p)| p.trim()))
+            .collect();
+        assert!(!paths.is_empty(), "{file}");
+        let ok = run(dir.path(), &["validate", file]);
+        ok.expect_code(0);
+        let mut needles = vec!["valid rank table", "warning: "];
+        needles.extend(paths.iter().copied());
+        ok.stdout_has(&needles);
+        run(dir.path(), &["validate", "--strict", file])
+            .expect_code(1)
+            .stdout_has(&["invalid rank table with --strict"]);
+        let json: Value =
+            serde_json::from_str(&run(dir.path(), &["validate", "--json", file]).stdout).unwrap();
+        assert_eq!(json["valid"], true, "{file}: {json}");
+        assert_eq!(json["errors"], 0, "{file}: {json}");
+        for v in json["violations"].as_array().unwrap() {
+            assert_eq!(v["severity"], "warning", "{file}: {json}");
+        }
+    }
+    assert!(seen >= 4, "only {seen} warning fixtures");
+}
+
+#[test]
+fn validate_rejects_unequal_device_ip_counts_and_an_ipv6_host_ip() {
+    let dir = tempdir();
+    let fixtures =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../atlasboost-core/tests/fixtures/invalid");
+    for (name, path, rule) in [
+        (
+            "device-ip-count.json",
+            "$.server_list[1].device[1].device_ip",
+            "[device-ip-count]",
+        ),
+        ("host-ip-ipv6.json", "$.server_list[1].host_ip", "[host-ip]"),
+    ] {
+        let file = fixtures.join(name);
+        run(dir.path(), &["validate", file.to_str().unwrap()])
+            .expect_code(1)
+            .stdout_has(&["invalid rank table", path, rule]);
+    }
+}

@@ -10,7 +10,7 @@ use super::model::{
     LEGACY_GROUP_NAME, LegacyDeviceEntry, LegacyTable, RankTable, STATUS_COMPLETED, ServerEntry,
     SuperPodEntry, SuperPodServer,
 };
-use super::validate::validate_table;
+use super::validate::{errors_fail, validate_table};
 use crate::device::{Chip, Device};
 use crate::error::{Error, Result};
 
@@ -55,15 +55,10 @@ pub fn build_table(devices: &[Device], opts: &BuildOptions) -> Result<RankTable>
         Format::V1_0 | Format::V1_2 => cluster_table(&servers, opts.format)?,
         Format::Legacy => legacy_table(&servers),
     };
-    let violations = validate_table(&table, chip);
-    if violations.is_empty() {
-        Ok(table)
-    } else {
-        Err(Error::Invalid {
-            origin: "the rank table built from the probed devices".into(),
-            violations,
-        })
-    }
+    errors_fail(validate_table(&table, chip), || {
+        "the rank table built from the probed devices".into()
+    })
+    .map(|_| table)
 }
 
 /// The chip family all devices agree on (910 when there are none).

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::model::{ClusterTable, RankTable, STATUS_COMPLETED, SuperPodEntry};
-use super::validate::validate_table;
+use super::validate::{errors_fail, validate_table};
 use crate::device::Chip;
 use crate::error::{Error, Result};
 
@@ -122,18 +122,13 @@ pub fn merge_tables(inputs: &[MergeInput], chip: Chip) -> Result<RankTable> {
         status: STATUS_COMPLETED.into(),
         extra,
     });
-    let violations = validate_table(&merged, chip);
-    if violations.is_empty() {
-        Ok(merged)
-    } else {
-        Err(Error::Invalid {
-            origin: format!(
-                "the merge of {}",
-                tables.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
-            ),
-            violations,
-        })
-    }
+    errors_fail(validate_table(&merged, chip), || {
+        format!(
+            "the merge of {}",
+            tables.iter().map(|t| t.0).collect::<Vec<_>>().join(", ")
+        )
+    })
+    .map(|_| merged)
 }
 
 fn conflict(what: &'static str, value: String, first: &str, second: &str) -> Error {

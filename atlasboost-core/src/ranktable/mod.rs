@@ -21,7 +21,8 @@ pub use model::{
 };
 pub use shrink::{HostDevices, largest_world};
 pub use validate::{
-    MAX_SERVER_ID_LEN, Rule, Violation, default_chip, validate_table, validate_value,
+    MAX_SERVER_ID_LEN, Rule, Severity, Violation, default_chip, errors_fail, validate_table,
+    validate_value,
 };
 pub use write::{read_json, read_table, write_atomically, write_table};
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::model::{ClusterTable, RankTable};
-use super::validate::{Rule, Violation, validate_value};
+use super::validate::{Rule, Violation, errors_fail, validate_value};
 use crate::Chip;
 use crate::error::{Error, Result};
 
@@ -43,14 +43,21 @@ impl RankTable {
     /// # Errors
     ///
     /// [`Error::Invalid`] with every violation.
-    pub fn from_value(mut value: Value, origin: &str, chip: Chip) -> Result<RankTable> {
-        let violations = validate_value(&value, chip);
-        if !violations.is_empty() {
-            return Err(Error::Invalid {
-                origin: origin.to_string(),
-                violations,
-            });
-        }
+    pub fn from_value(value: Value, origin: &str, chip: Chip) -> Result<RankTable> {
+        RankTable::from_value_checked(value, origin, chip).map(|(table, _)| table)
+    }
+
+    /// [`RankTable::from_value`], also returning the warnings: what HCCL only recommends.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] with every violation (warnings too) when one is an error.
+    pub fn from_value_checked(
+        mut value: Value,
+        origin: &str,
+        chip: Chip,
+    ) -> Result<(RankTable, Vec<Violation>)> {
+        let warnings = errors_fail(validate_value(&value, chip), || origin.to_string())?;
         let typed = if value.get("version").is_some() {
             // HCCL reads super_pod_list only in version 1.2; elsewhere keep it verbatim, like
             // any key it ignores.
@@ -69,6 +76,7 @@ impl RankTable {
         } else {
             serde_json::from_value(value).map(RankTable::Legacy)
         };
+        let typed = typed.map(|t| (t, warnings));
         // The validator checks every key the typed model needs, so this only fails if the two
         // disagree; report it as a violation rather than panic.
         typed.map_err(|e| Error::Invalid {

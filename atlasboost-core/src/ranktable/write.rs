@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use super::model::RankTable;
-use super::validate::validate_table;
+use super::validate::{errors_fail, validate_table};
 use crate::device::Chip;
 use crate::error::{Error, Result};
 
@@ -23,13 +23,9 @@ pub fn write_table(path: &Path, table: &RankTable, chip: Chip) -> Result<()> {
             reason: "HCCL only loads rank tables whose name ends in .json".into(),
         });
     }
-    let violations = validate_table(table, chip);
-    if !violations.is_empty() {
-        return Err(Error::Invalid {
-            origin: format!("the table for {}", path.display()),
-            violations,
-        });
-    }
+    errors_fail(validate_table(table, chip), || {
+        format!("the table for {}", path.display())
+    })?;
     write_atomically(path, table.to_json_pretty().as_bytes())
 }
 

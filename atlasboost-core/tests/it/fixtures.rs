@@ -6,8 +6,12 @@
 //!   [`RankTable::parse`], and survive `to_json_pretty` → `parse` unchanged.
 //! - `invalid/*.json`: tables HCCL (or the 910 topology rules) rejects. Next to each
 //!   `NAME.json` is `NAME.expect`, the exact violations, one per line as `<rule> <path>`
-//!   (`rule` is [`Rule::as_str`], `path` the JSON path). Order does not matter; the lists are
-//!   compared as multisets. Blank lines and lines starting with `#` are ignored.
+//!   (`rule` is [`Rule::as_str`], `path` the JSON path), or `warning <rule> <path>` for a
+//!   warning. Order does not matter; the lists are compared as multisets. Blank lines and lines
+//!   starting with `#` are ignored.
+//! - `warning/*.json`: tables HCCL loads but warns about, or where it only recommends
+//!   otherwise (`reference/production.md` §3): with a `.expect` file of warnings only; they
+//!   parse, and `validate` exits 0 for them (1 with `--strict`).
 //!
 //! Path conventions in the `.expect` files: a bad value is reported at its own path
 //! (`$.server_list[1].device[3].rank_id`); a missing key at the object that lacks it
@@ -33,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use atlasboost_core::Chip;
 use atlasboost_core::Error;
-use atlasboost_core::ranktable::{RankTable, Rule, Violation, validate_value};
+use atlasboost_core::ranktable::{RankTable, Rule, Severity, Violation, validate_value};
 
 /// Fixtures (file stems, valid or invalid) on which the validator currently disagrees with the
 /// rules. Each is tolerated until the validator is fixed; see the notes for what is wrong.
@@ -64,11 +68,14 @@ const REQUIRED_RULES: &[Rule] = &[
     Rule::Port,
     Rule::SuperPod,
     Rule::DuplicatePodName,
+    Rule::DeviceIpCount,
+    Rule::HostIp,
 ];
 
 /// The minimum number of fixtures of each kind, so a lost directory cannot pass vacuously.
 const MIN_VALID: usize = 10;
 const MIN_INVALID: usize = 35;
+const MIN_WARNING: usize = 4;
 
 fn fixture_dir(kind: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -121,11 +128,18 @@ fn value_of(fixture: &Fixture) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("fixture {} is not JSON: {e}", fixture.name))
 }
 
-/// `(rule, path)` pairs, sorted, so two lists compare as multisets.
+/// `(rule, path)` pairs, sorted, so two lists compare as multisets (a warning's rule is
+/// `warning <rule>`).
 fn pairs(violations: &[Violation]) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = violations
         .iter()
-        .map(|v| (v.rule.as_str().to_string(), v.path.clone()))
+        .map(|v| {
+            let rule = match v.severity {
+                Severity::Error => v.rule.as_str().to_string(),
+                Severity::Warning => format!("warning {}", v.rule.as_str()),
+            };
+            (rule, v.path.clone())
+        })
         .collect();
     out.sort();
     out
@@ -145,8 +159,15 @@ fn expected_pairs(fixture: &Fixture) -> Vec<(String, String)> {
         .map(str::trim)
         .filter(|line| !line.is_empty() && !line.starts_with('#'))
         .map(|line| {
+            let (warning, line) = match line.strip_prefix("warning ") {
+                Some(rest) => ("warning ", rest.trim()),
+                None => ("", line),
+            };
             let (rule, json_path) = line.split_once(' ').unwrap_or_else(|| {
-                panic!("{}: line {line:?} is not `<rule> <path>`", path.display())
+                panic!(
+                    "{}: line {line:?} is not `[warning] <rule> <path>`",
+                    path.display()
+                )
             });
             let json_path = json_path.trim();
             assert!(
@@ -159,7 +180,7 @@ fn expected_pairs(fixture: &Fixture) -> Vec<(String, String)> {
                 "{}: path {json_path:?} does not start with `$`",
                 path.display()
             );
-            (rule.to_string(), json_path.to_string())
+            (format!("{warning}{rule}"), json_path.to_string())
         })
         .collect();
     out.sort();
@@ -230,6 +251,40 @@ fn check_valid(fixture: &Fixture) -> Vec<String> {
             }
         }
         Ok(Err(e)) => problems.push(format!("RankTable::parse failed: {e}")),
+        Err(e) => problems.push(e),
+    }
+    problems
+}
+
+/// A table HCCL loads with warnings: exactly the expected warnings, and it parses.
+fn check_warning(fixture: &Fixture) -> Vec<String> {
+    let mut problems = Vec::new();
+    let expected = expected_pairs(fixture);
+    if expected.is_empty()
+        || expected
+            .iter()
+            .any(|(rule, _)| !rule.starts_with("warning "))
+    {
+        problems.push("a warning fixture's .expect lists warnings, and only warnings".into());
+    }
+    let value = value_of(fixture);
+    match no_panic("validate_value", || validate_value(&value, fixture.chip)) {
+        Ok(violations) if pairs(&violations) == expected => {}
+        Ok(violations) => problems.push(format!(
+            "chip {}: expected (rule path):{}\n  actual:{}",
+            fixture.chip,
+            show_pairs(&expected),
+            show(&violations)
+        )),
+        Err(e) => problems.push(e),
+    }
+    match no_panic("RankTable::parse", || {
+        RankTable::parse(&fixture.text, &fixture.path, fixture.chip)
+    }) {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => problems.push(format!(
+            "RankTable::parse refused a table with only warnings: {e}"
+        )),
         Err(e) => problems.push(e),
     }
     problems
@@ -325,22 +380,28 @@ fn invalid_fixtures_report_exactly_the_expected_violations() {
 }
 
 #[test]
+fn warning_fixtures_load_with_exactly_the_expected_warnings() {
+    run("warning", MIN_WARNING, check_warning);
+}
+
+#[test]
 fn every_invalid_fixture_has_an_expect_file_and_no_expect_file_is_stray() {
-    let dir = fixture_dir("invalid");
-    for entry in fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("json") => assert!(
-                path.with_extension("expect").is_file(),
-                "{} has no .expect file",
-                path.display()
-            ),
-            Some("expect") => assert!(
-                path.with_extension("json").is_file(),
-                "{} has no .json fixture",
-                path.display()
-            ),
-            _ => panic!("unexpected file {}", path.display()),
+    for dir in [fixture_dir("invalid"), fixture_dir("warning")] {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("json") => assert!(
+                    path.with_extension("expect").is_file(),
+                    "{} has no .expect file",
+                    path.display()
+                ),
+                Some("expect") => assert!(
+                    path.with_extension("json").is_file(),
+                    "{} has no .json fixture",
+                    path.display()
+                ),
+                _ => panic!("unexpected file {}", path.display()),
+            }
         }
     }
 }
@@ -350,6 +411,7 @@ fn known_validator_bugs_name_existing_fixtures() {
     let names: BTreeSet<String> = fixtures("valid")
         .into_iter()
         .chain(fixtures("invalid"))
+        .chain(fixtures("warning"))
         .map(|f| f.name)
         .collect();
     for name in KNOWN_VALIDATOR_BUGS {

@@ -84,6 +84,9 @@ impl Validator {
         let mut complete = true;
         let mut counts = Vec::new();
         let mut missing_ip = Vec::new();
+        // How many addresses the first device lists in device_ip, and where.
+        let mut ip_counts: Option<(usize, Loc)> = None;
+        let has_pods = top.get("super_pod_list").is_some();
         // (server index, super_device_id, where) of every device, for the 1.2 rules.
         let mut super_devices: Vec<(usize, Option<u32>, Loc)> = Vec::new();
 
@@ -107,8 +110,14 @@ impl Validator {
                 }
             }
             let sid = sid.map_or_else(|| format!("#{si}"), str::to_string);
-            if let Some(h) = self.string(sobj, "host_ip", &spath, false) {
+            let host_ip = self.string(sobj, "host_ip", &spath, false);
+            if let Some(h) = host_ip {
                 match h.parse::<IpAddr>() {
+                    Ok(ip) if ip.is_ipv6() => self.push(
+                        format!("{}.host_ip", spath()),
+                        Rule::HostIp,
+                        format!("{h} is IPv6; HCCL's host NIC (host_ip) is IPv4 only"),
+                    ),
                     Ok(ip) => host_families.note(ip.is_ipv6(), || format!("{}.host_ip", spath())),
                     Err(_) => self.push(
                         format!("{}.host_ip", spath()),
@@ -138,8 +147,28 @@ impl Validator {
                 let id = self.decimal(dobj, "device_id", &dpath, true);
                 seen_devices.push(SeenDevice { id, loc });
                 match self.string(dobj, "device_ip", &dpath, false) {
-                    Some(ip) => self.device_ip(ip, loc, &mut ips, &mut device_families),
-                    None if dobj.get("device_ip").is_none() => missing_ip.push(loc),
+                    Some(ip) => {
+                        self.device_ip(ip, loc, &mut ips, &mut device_families);
+                        let n = ip.split(',').count();
+                        match ip_counts {
+                            None => ip_counts = Some((n, loc)),
+                            Some((first, floc)) if first != n => self.push(
+                                loc.key("device_ip"),
+                                Rule::DeviceIpCount,
+                                format!(
+                                    "lists {n} address{} but {} lists {first}; HCCL needs the \
+                                     same number on every device",
+                                    if n == 1 { "" } else { "es" },
+                                    floc.key("device_ip")
+                                ),
+                            ),
+                            Some(_) => {}
+                        }
+                    }
+                    // With host_ip (a host-NIC deployment) HCCL needs no device address.
+                    None if dobj.get("device_ip").is_none() && host_ip.is_none() => {
+                        missing_ip.push(loc);
+                    }
                     None => {}
                 }
                 if let Some(others) = dobj.others() {
@@ -151,11 +180,13 @@ impl Validator {
                 }
                 let sdid = self.decimal(dobj, "super_device_id", &dpath, false);
                 if format == Format::V1_2 {
-                    if dobj.get("super_device_id").is_none() {
+                    // Needed only with super pods (without, HCCL does not read it).
+                    if has_pods && dobj.get("super_device_id").is_none() {
                         self.push(
                             dpath(),
                             Rule::SuperPod,
-                            "version 1.2 needs \"super_device_id\" on every device".into(),
+                            "version 1.2 with super pods needs \"super_device_id\" on every device"
+                                .into(),
                         );
                     }
                     super_devices.push((si, sdid, loc));
@@ -188,10 +219,12 @@ impl Validator {
 
         match (format, top.get("super_pod_list")) {
             (Format::V1_2, Some(pods)) => self.super_pods(pods, &server_ids, &super_devices),
-            (Format::V1_2, None) => self.push(
+            (Format::V1_2, None) => self.warn(
                 "$".into(),
                 Rule::SuperPod,
-                "version 1.2 needs \"super_pod_list\"".into(),
+                "version 1.2 without \"super_pod_list\": HCCL warns, and reads the servers as \
+                 outside any super pod"
+                    .into(),
             ),
             // HCCL reads super_pod_list only in version 1.2 and ignores it otherwise.
             (_, _) => {}

@@ -22,6 +22,16 @@ mod topology;
 /// The longest `server_id` HCCL accepts.
 pub const MAX_SERVER_ID_LEN: usize = 64;
 
+/// Whether HCCL refuses a table for it, or only warns (`reference/production.md` §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// HCCL refuses the table.
+    Error,
+    /// HCCL warns, or recommends otherwise, and loads the table.
+    Warning,
+}
+
 /// One broken rule, where it is broken, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
@@ -29,30 +39,70 @@ pub struct Violation {
     pub path: String,
     /// Which rule is broken.
     pub rule: Rule,
+    /// Refused, or only warned about.
+    pub severity: Severity,
     /// What is wrong, naming the values involved.
     pub message: String,
 }
 
 impl Violation {
-    /// Builds a violation.
+    /// Builds an error: a rule HCCL enforces.
     pub fn new(path: String, rule: Rule, message: String) -> Self {
         Violation {
             path,
             rule,
+            severity: Severity::Error,
             message,
         }
+    }
+
+    /// Builds a warning: what HCCL only recommends.
+    pub fn warning(path: String, rule: Rule, message: String) -> Self {
+        Violation {
+            severity: Severity::Warning,
+            ..Violation::new(path, rule, message)
+        }
+    }
+
+    /// Whether HCCL refuses the table for it.
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
     }
 }
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let warning = match self.severity {
+            Severity::Error => "",
+            Severity::Warning => "warning: ",
+        };
         write!(
             f,
-            "{}: {} [{}]",
+            "{}: {warning}{} [{}]",
             self.path,
             self.message,
             self.rule.as_str()
         )
+    }
+}
+
+/// `Ok` with the warnings when no violation is an error; else [`Error::Invalid`] with all of
+/// them (errors and warnings), naming `origin`.
+///
+/// # Errors
+///
+/// [`Error::Invalid`] as above.
+pub fn errors_fail(
+    violations: Vec<Violation>,
+    origin: impl FnOnce() -> String,
+) -> crate::error::Result<Vec<Violation>> {
+    if violations.iter().any(Violation::is_error) {
+        Err(crate::error::Error::Invalid {
+            origin: origin(),
+            violations,
+        })
+    } else {
+        Ok(violations)
     }
 }
 
@@ -105,6 +155,10 @@ pub enum Rule {
     SuperPod,
     /// A `pod_name` appears twice (legacy format).
     DuplicatePodName,
+    /// Devices list different numbers of `device_ip` addresses.
+    DeviceIpCount,
+    /// `host_ip` is not IPv4.
+    HostIp,
 }
 
 impl Rule {
@@ -133,6 +187,8 @@ impl Rule {
             Rule::Port => "port",
             Rule::SuperPod => "super-pod",
             Rule::DuplicatePodName => "duplicate-pod-name",
+            Rule::DeviceIpCount => "device-ip-count",
+            Rule::HostIp => "host-ip",
         }
     }
 }
@@ -253,6 +309,10 @@ struct Validator {
 impl Validator {
     fn push(&mut self, path: String, rule: Rule, message: String) {
         self.out.push(Violation::new(path, rule, message));
+    }
+
+    fn warn(&mut self, path: String, rule: Rule, message: String) {
+        self.out.push(Violation::warning(path, rule, message));
     }
 
     /// A string field: reports a missing key (if required) or a non-string value.

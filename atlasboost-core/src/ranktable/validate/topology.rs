@@ -85,7 +85,20 @@ impl Validator {
             return;
         };
         for (path, id, n) in &counts[1..] {
-            if n != first_n {
+            if n == first_n {
+                continue;
+            }
+            if self.chip == Chip::Ascend910_93 {
+                // Atlas A3: recommended, not required.
+                self.warn(
+                    path.clone(),
+                    Rule::UnequalDeviceCounts,
+                    format!(
+                        "server {id:?} has {n} devices but server {first_id:?} ({first_path}) has \
+                         {first_n}; HCCL recommends the same count on every 910_93 server"
+                    ),
+                );
+            } else {
                 self.push(
                     path.clone(),
                     Rule::UnequalDeviceCounts,
