@@ -389,9 +389,18 @@ fn pod_name_is_the_rank_and_hccl_connect_timeout_is_the_users() {
 /// only warns about (here: unequal device counts on 910_93), even with `-q`.
 #[test]
 fn a_table_with_a_warning_is_written_and_the_warning_shown() {
-    let r = Run::new(["run", "-q", "--sim", "16", "--sim-chip", "910_9391", "--format", "1.2"])
-        .args(["-H", "127.0.0.1:16,127.0.0.2:8", "--", "true"])
-        .run();
+    let r = Run::new([
+        "run",
+        "-q",
+        "--sim",
+        "16",
+        "--sim-chip",
+        "910_9391",
+        "--format",
+        "1.2",
+    ])
+    .args(["-H", "127.0.0.1:16,127.0.0.2:8", "--", "true"])
+    .run();
     r.assert_code(0);
     assert!(
         r.err().contains(

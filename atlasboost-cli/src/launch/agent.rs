@@ -358,20 +358,35 @@ pub fn host_workers(
 ) -> Result<Vec<WorkerPlan>, CliError> {
     let framework: Framework = settings.framework.parse()?;
     let table = &prepared.table;
-    let mut workers = Vec::new();
-    for seat in Seat::all(table)?
+    let mut seats: Vec<Seat> = Seat::all(table)?
         .into_iter()
         .filter(|s| s.server_id == server_id)
-    {
-        let logical_id = prepared
+        .collect();
+    seats.sort_by_key(|s| s.world.local_rank);
+    let logical_of = |physical: u32| {
+        prepared
             .devices
             .iter()
-            .find(|d| d.physical_id == seat.physical_id)
-            .map_or(seat.physical_id, |d| d.logical_id);
+            .find(|d| d.physical_id == physical)
+            .map_or(physical, |d| d.logical_id)
+    };
+    let visible = runtime_visible(
+        &seats
+            .iter()
+            .map(|s| logical_of(s.physical_id))
+            .collect::<Vec<_>>(),
+        inherited_runtime_visible(settings)?.as_deref(),
+    );
+    let mut workers = Vec::new();
+    for seat in seats {
+        let logical_id = logical_of(seat.physical_id);
+        // With ASCEND_RT_VISIBLE_DEVICES listing this host's job devices in local-rank order,
+        // the runtime numbers them 0..n-1: device LOCAL_RANK is the table's device, whatever
+        // a script selects it by (set_device(LOCAL_RANK), DEVICE_ID, ASCEND_DEVICE_ID).
         let env = worker_env(&WorkerSpec {
             seat: &seat,
             table_path: &settings.rank_table,
-            logical_id,
+            logical_id: seat.world.local_rank,
             framework,
             job_id,
             master_addr: &prepared.answer.master_addr,
@@ -401,8 +416,19 @@ pub fn host_workers(
                 .filter(|(k, _)| !inherited(k) && !settings.env.iter().any(|(n, _)| n == k))
                 .map(|(k, v)| (k.into(), v.into())),
         );
-        // What the user exports wins over what atlasboost would set.
-        vars.extend(settings.env.iter().cloned());
+        // What the user exports wins over what atlasboost would set, except the devices'
+        // view, which must match the table (the launcher's own was composed into it above).
+        vars.extend(
+            settings
+                .env
+                .iter()
+                .filter(|(k, _)| k != EnvVars::ASCEND_RT_VISIBLE_DEVICES)
+                .cloned(),
+        );
+        vars.push((
+            EnvVars::ASCEND_RT_VISIBLE_DEVICES.into(),
+            visible.clone().into(),
+        ));
         workers.push(WorkerPlan {
             rank: env.world.rank,
             host: host.to_string(),
@@ -413,6 +439,48 @@ pub fn host_workers(
     }
     workers.sort_by_key(|w| w.rank);
     Ok(workers)
+}
+
+/// `ASCEND_RT_VISIBLE_DEVICES` for a host's workers: the driver's logical ids of its job
+/// devices, in local-rank order. `logical` are the ids the probe reported; when the launcher
+/// (or agent) itself ran under an `ASCEND_RT_VISIBLE_DEVICES`, the probe renumbered the listed
+/// devices 0..n-1 in ascending order, so each id is mapped back through that list.
+pub fn runtime_visible(logical: &[u32], inherited: Option<&[u32]>) -> String {
+    let mut sorted: Vec<u32> = inherited.map(<[u32]>::to_vec).unwrap_or_default();
+    sorted.sort_unstable();
+    logical
+        .iter()
+        .map(|&l| {
+            sorted
+                .get(l as usize)
+                .copied()
+                .filter(|_| inherited.is_some())
+                .unwrap_or(l)
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The `ASCEND_RT_VISIBLE_DEVICES` the probe of this host ran under: forwarded by the launcher
+/// (remote hosts), else this process's.
+fn inherited_runtime_visible(settings: &WorkerSettings) -> Result<Option<Vec<u32>>, CliError> {
+    let name = EnvVars::ASCEND_RT_VISIBLE_DEVICES;
+    let value = settings
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var_os(name))
+        .filter(|v| !v.is_empty());
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let text = value.to_string_lossy();
+    atlasboost_core::parse_id_list(&text, "logical device", 64)
+        .map(Some)
+        .map_err(|why| CliError::Usage(format!("{name}={text:?}: {why}")))
 }
 
 /// `atlasboost agent`: the remote side of a launch. Reads its [`AgentConfig`] from the first
@@ -663,6 +731,14 @@ mod tests {
             (listed.master_addr.as_str(), listed.master_port),
             ("127.0.0.2", 2002)
         );
+    }
+
+    #[test]
+    fn the_runtime_view_lists_the_drivers_ids_in_local_rank_order() {
+        assert_eq!(runtime_visible(&[4, 5, 6, 7], None), "4,5,6,7");
+        // The probe ran under ASCEND_RT_VISIBLE_DEVICES=6,2,7: it saw 2, 6, 7 as 0, 1, 2.
+        assert_eq!(runtime_visible(&[1, 2], Some(&[6, 2, 7])), "6,7");
+        assert_eq!(runtime_visible(&[], None), "");
     }
 
     #[test]

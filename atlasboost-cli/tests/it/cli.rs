@@ -1774,3 +1774,159 @@ fn validate_rejects_unequal_device_ip_counts_and_an_ipv6_host_ip() {
             .stdout_has(&["invalid rank table", path, rule]);
     }
 }
+
+/// Stand-ins of the three frameworks' device selection, written into `dir/fw`: each resolves
+/// the device a script would select, as its real code does (docs/devices.md), to a physical id
+/// through the runtime's visible list (`ASCEND_RT_VISIBLE_DEVICES`, renumbered from 0) and the
+/// driver's logical-to-physical map (the fake driver's `ATLASBOOST_FAKE_DSMI_PHYSICAL`, else
+/// identity, as for simulated devices).
+fn write_fake_frameworks(dir: &Path) -> PathBuf {
+    let fw = dir.join("fw");
+    let files = [
+        (
+            "_runtime.py",
+            "import os\n\
+             def driver_physical(logical):\n\
+             \x20   phys = os.environ.get('ATLASBOOST_FAKE_DSMI_PHYSICAL')\n\
+             \x20   return int(phys.split(',')[logical]) if phys else logical\n\
+             def physical_of(n):\n\
+             \x20   rt = os.environ.get('ASCEND_RT_VISIBLE_DEVICES')\n\
+             \x20   logical = int(rt.split(',')[n]) if rt else n\n\
+             \x20   return driver_physical(logical)\n",
+        ),
+        ("torch_npu/__init__.py", "from . import npu\n"),
+        (
+            "torch_npu/npu.py",
+            "import _runtime\n\
+             current = None\n\
+             def set_device(n):\n\
+             \x20   global current\n\
+             \x20   current = _runtime.physical_of(int(n))\n",
+        ),
+        ("mindspore/__init__.py", "from . import context\n"),
+        (
+            "mindspore/context.py",
+            "import os, _runtime\n\
+             device = None\n\
+             def set_context(device_id=None):\n\
+             \x20   global device\n\
+             \x20   # MindSpore's context device defaults to DEVICE_ID.\n\
+             \x20   n = device_id if device_id is not None else int(os.environ['DEVICE_ID'])\n\
+             \x20   device = _runtime.physical_of(n)\n",
+        ),
+        (
+            "tf_adapter.py",
+            "import os, _runtime\n\
+             def device():\n\
+             \x20   # The adapter prefers ASCEND_DEVICE_ID to DEVICE_ID (ge_plugin.cc).\n\
+             \x20   n = os.environ.get('ASCEND_DEVICE_ID') or os.environ['DEVICE_ID']\n\
+             \x20   return _runtime.physical_of(int(n))\n",
+        ),
+        (
+            "worker.py",
+            "import json, os, sys\n\
+             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n\
+             import torch_npu, mindspore, tf_adapter\n\
+             torch_npu.npu.set_device(int(os.environ['LOCAL_RANK']))\n\
+             mindspore.context.set_context()\n\
+             table = json.load(open(os.environ['RANK_TABLE_FILE']))\n\
+             want = [d['device_id'] for s in table['server_list'] for d in s['device'] \
+                     if d['rank_id'] == os.environ['RANK_ID']]\n\
+             print('rank', os.environ['RANK_ID'], 'table', want[0], 'torch', \
+                   torch_npu.npu.current, 'mindspore', mindspore.context.device, \
+                   'tensorflow', tf_adapter.device())\n",
+        ),
+    ];
+    for (name, text) in files {
+        let path = fw.join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, text).unwrap();
+    }
+    fw.join("worker.py")
+}
+
+/// Each rank's (table device, what torch_npu, MindSpore and TensorFlow would select).
+fn selected_devices(out: &Output) -> Vec<(String, [String; 3])> {
+    let mut got: Vec<(String, [String; 3])> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once(":rank ").map(|(_, rest)| rest.to_string()))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (
+                w[2].to_string(),
+                [w[4].to_string(), w[6].to_string(), w[8].to_string()],
+            )
+        })
+        .collect();
+    got.sort();
+    got
+}
+
+/// SPEC §9: with `--devices` subsets and container views, the device a script selects —
+/// `set_device(LOCAL_RANK)`, MindSpore's `DEVICE_ID`, TensorFlow's `ASCEND_DEVICE_ID` — is the
+/// table's device of its rank.
+#[test]
+fn every_framework_selects_the_tables_device_with_subsets_and_container_views() {
+    let dir = tempdir();
+    let worker = write_fake_frameworks(dir.path());
+    let worker = worker.to_str().unwrap();
+    // --devices 4-7 of 8 simulated devices: physical (and driver logical) 4-7.
+    let out = run(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--sim",
+            "8",
+            "--devices",
+            "4-7",
+            "--",
+            "python3",
+            worker,
+        ],
+    );
+    out.expect_code(SUCCESS);
+    let got = selected_devices(&out);
+    assert_eq!(got.len(), 4, "{}", out.stdout);
+    for (table, chosen) in &got {
+        assert!(["4", "5", "6", "7"].contains(&table.as_str()), "{got:?}");
+        assert!(
+            chosen.iter().all(|c| c == table),
+            "rank on {table}: {chosen:?}"
+        );
+    }
+    // A container that sees physical 4-7 as logical 0-3 (the fake driver), and 2 of them.
+    let out = run_env(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--probe",
+            "dsmi",
+            "--devices",
+            "6-7",
+            "-H",
+            "127.0.0.1",
+            "--",
+            "python3",
+            worker,
+        ],
+        &[
+            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+            ("ATLASBOOST_FAKE_DSMI_PHYSICAL", "4,5,6,7"),
+            ("ASCEND_VISIBLE_DEVICES", "4-7"),
+        ],
+    );
+    out.expect_code(SUCCESS);
+    let got = selected_devices(&out);
+    assert_eq!(
+        got,
+        vec![
+            ("6".to_string(), ["6", "6", "6"].map(String::from)),
+            ("7".to_string(), ["7", "7", "7"].map(String::from)),
+        ],
+        "{}",
+        out.stdout
+    );
+}
