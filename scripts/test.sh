@@ -92,7 +92,7 @@ log=$(mktemp)
 trap 'rm -f "$log" "$log.total"' EXIT
 # The ssh and mpirun tests skip, saying why, where sshd or mpirun is missing; here they were
 # installed, so a skip would hide a broken test set-up.
-ATLASBOOST_E2E_REQUIRE_SSHD=1 ATLASBOOST_E2E_REQUIRE_MPIRUN=1 cargo test --workspace 2>&1 | tee "$log"
+ATLASBOOST_E2E_REQUIRE_SSHD=1 ATLASBOOST_E2E_REQUIRE_MPIRUN=1 ATLASBOOST_E2E_REQUIRE_NETNS=1 cargo test --workspace 2>&1 | tee "$log"
 # Library mode under Open MPI: the example worker rebuilt with MPI support, then the e2e
 # tests that run it under mpirun and `atlasboost run --mpi`.
 cargo build --quiet -p atlasboost-examples --examples --features mpi

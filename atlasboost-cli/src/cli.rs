@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use atlasboost::host::NicChoice;
 use atlasboost::settings::{ProbeKind, parse_seconds, parse_seconds_or_zero};
 
 use crate::rank_list::RankList;
@@ -312,6 +313,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR")]
     pub rendezvous_addr: Option<std::net::IpAddr>,
 
+    /// The network interface of the hosts (a name, or an IPv4 network such as 10.0.0.0/24): this
+    /// machine's server_id, the rendezvous and MASTER_ADDR use it, and the workers get
+    /// HCCL_IF_IP, HCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for it [default: on each host, the
+    /// interface of its server_id].
+    #[arg(long, value_name = "NAME|CIDR", value_parser = parse_nic)]
+    pub nic: Option<NicChoice>,
+
     /// Start the workers with mpirun; their init() does the rendezvous over MPI.
     #[arg(long)]
     pub mpi: bool,
@@ -350,6 +358,10 @@ pub fn normalize_args(args: Vec<OsString>) -> Vec<OsString> {
             }
         })
         .collect()
+}
+
+fn parse_nic(s: &str) -> Result<NicChoice, String> {
+    s.parse()
 }
 
 fn parse_export(s: &str) -> Result<(String, Option<String>), String> {

@@ -135,6 +135,8 @@ pub struct RunSettings {
     pub remote_atlasboost: Option<PathBuf>,
     /// `--rendezvous-addr`.
     pub rendezvous_addr: Option<IpAddr>,
+    /// `--nic`.
+    pub nic: Option<atlasboost::host::NicChoice>,
     /// `--mpi`.
     pub mpi: bool,
     /// The workers' command.
@@ -236,6 +238,7 @@ impl From<&RunArgs> for RunSettings {
             ssh_identity: a.ssh_identity.clone(),
             remote_atlasboost: a.remote_atlasboost.clone(),
             rendezvous_addr: a.rendezvous_addr,
+            nic: a.nic.clone(),
             mpi: a.mpi,
             command: a.command.clone(),
         }

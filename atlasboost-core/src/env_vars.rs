@@ -125,6 +125,14 @@ impl EnvVars {
     pub const ATLASBOOST_FAKE_DSMI_CHIP: &'static str = "ATLASBOOST_FAKE_DSMI_CHIP";
     /// The fake driver: `v4` (default) or `v6` device addresses.
     pub const ATLASBOOST_FAKE_DSMI_IP: &'static str = "ATLASBOOST_FAKE_DSMI_IP";
+    /// HCCL's host address for its own sockets (root-info mode, host NIC).
+    pub const HCCL_IF_IP: &'static str = "HCCL_IF_IP";
+    /// HCCL's host interface for its own sockets.
+    pub const HCCL_SOCKET_IFNAME: &'static str = "HCCL_SOCKET_IFNAME";
+    /// PyTorch's gloo backend: the interface it binds (else what the host name resolves to).
+    pub const GLOO_SOCKET_IFNAME: &'static str = "GLOO_SOCKET_IFNAME";
+    /// Library mode's `--nic`: an interface name or an IPv4 network (CIDR).
+    pub const ATLASBOOST_NIC: &'static str = "ATLASBOOST_NIC";
     /// The fake driver: `current` (the real driver's in-and-out `ip_type`) or `old`.
     pub const ATLASBOOST_FAKE_DSMI_IP_API: &'static str = "ATLASBOOST_FAKE_DSMI_IP_API";
     /// How long the DSMI probe retries a driver that answers `TRY_AGAIN` (seconds, default 10).

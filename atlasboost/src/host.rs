@@ -1,16 +1,19 @@
 //! Facts about this host: its `server_id` (one rule for the launcher and library mode), its
-//! primary IPv4 address, and a port free on it.
+//! primary IPv4 address, its network interfaces (`--nic`), and a port free on it.
 
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, TcpListener, ToSocketAddrs};
+use std::str::FromStr;
 
 use nix::ifaddrs::getifaddrs;
 use nix::net::if_::InterfaceFlags;
 
 use crate::settings::{Origin, Setting};
 
-/// This host's primary IPv4 address: what its host name resolves to (as `hccl_tools.py` does),
-/// unless that is a loopback address, else the first non-loopback IPv4 address of an interface
-/// that is up.
+/// This host's primary IPv4 address: what its host name resolves to (as `hccl_tools.py` does)
+/// when that is the address of an interface that is up and not loopback; else the first IPv4
+/// address of an interface that is up, not loopback, and not a container or VM bridge
+/// (`docker*`, `virbr*`, `veth*`, `br-*`); else the first of those bridges.
 ///
 /// # Errors
 ///
@@ -20,34 +23,163 @@ pub fn primary_ipv4() -> Result<Ipv4Addr, HostError> {
     let hostname = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok());
+    let nics = interfaces();
     if let Some(name) = &hostname
         && let Ok(addrs) = (name.as_str(), 0).to_socket_addrs()
     {
         for a in addrs {
             if let IpAddr::V4(ip) = a.ip()
                 && !ip.is_loopback()
-                && !ip.is_unspecified()
+                && nics.iter().any(|n| n.ipv4 == ip && !n.is_virtual())
             {
                 return Ok(ip);
             }
         }
     }
-    if let Ok(ifaces) = getifaddrs() {
-        for iface in ifaces {
-            let up = iface.flags.contains(InterfaceFlags::IFF_UP);
-            let lo = iface.flags.contains(InterfaceFlags::IFF_LOOPBACK);
-            if let Some(ip) = iface
-                .address
-                .and_then(|a| a.as_sockaddr_in().map(|s| s.ip()))
-                && up
-                && !lo
-                && !ip.is_loopback()
-            {
-                return Ok(ip);
+    let usable = |virtual_too: bool| {
+        nics.iter()
+            .find(|n| !n.ipv4.is_loopback() && (virtual_too || !n.is_virtual()))
+            .map(|n| n.ipv4)
+    };
+    usable(false)
+        .or_else(|| usable(true))
+        .ok_or(HostError::NoIpv4 { hostname })
+}
+
+/// An interface of this host that is up, with an IPv4 address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nic {
+    /// Its name (`eth0`).
+    pub name: String,
+    /// Its address.
+    pub ipv4: Ipv4Addr,
+    /// The length of its network prefix (24 for a /24).
+    pub prefix: u8,
+}
+
+impl Nic {
+    /// A container or VM bridge (`docker*`, `virbr*`, `veth*`, `br-*`): never a default.
+    pub fn is_virtual(&self) -> bool {
+        ["docker", "virbr", "veth", "br-"]
+            .iter()
+            .any(|p| self.name.starts_with(p))
+    }
+
+    /// Whether `ip` is on this interface's network.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        in_network(ip, self.ipv4, self.prefix)
+    }
+}
+
+impl fmt::Display for Nic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.name, self.ipv4, self.prefix)
+    }
+}
+
+fn in_network(ip: Ipv4Addr, net: Ipv4Addr, prefix: u8) -> bool {
+    let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+    u32::from(ip) & mask == u32::from(net) & mask
+}
+
+/// Every interface of this host that is up, with an IPv4 address, in the kernel's order.
+pub fn interfaces() -> Vec<Nic> {
+    let Ok(ifaces) = getifaddrs() else {
+        return Vec::new();
+    };
+    ifaces
+        .filter(|i| i.flags.contains(InterfaceFlags::IFF_UP))
+        .filter_map(|i| {
+            let ipv4 = i.address.and_then(|a| a.as_sockaddr_in().map(|s| s.ip()))?;
+            let prefix = i
+                .netmask
+                .and_then(|m| m.as_sockaddr_in().map(|s| u32::from(s.ip()).count_ones()))
+                .unwrap_or(32);
+            Some(Nic {
+                name: i.interface_name,
+                ipv4,
+                prefix: prefix as u8,
+            })
+        })
+        .collect()
+}
+
+/// `--nic` (`ATLASBOOST_NIC`): an interface by name, or the interface whose address is in an
+/// IPv4 network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NicChoice {
+    /// `eth0`.
+    Name(String),
+    /// `10.0.0.0/24`.
+    Network {
+        /// The network's address.
+        net: Ipv4Addr,
+        /// Its prefix length.
+        prefix: u8,
+    },
+}
+
+impl FromStr for NicChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<NicChoice, String> {
+        let s = s.trim();
+        match s.split_once('/') {
+            Some((net, prefix)) => {
+                let net: Ipv4Addr = net
+                    .parse()
+                    .map_err(|_| format!("{s:?}: {net:?} is not an IPv4 address"))?;
+                let prefix: u8 = prefix
+                    .parse()
+                    .ok()
+                    .filter(|p| *p <= 32)
+                    .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to 32"))?;
+                Ok(NicChoice::Network { net, prefix })
             }
+            None if s.is_empty() => {
+                Err("an interface name (eth0) or a network (10.0.0.0/24)".into())
+            }
+            None if s.contains(char::is_whitespace) => {
+                Err(format!("{s:?}: an interface name has no blanks"))
+            }
+            None => Ok(NicChoice::Name(s.to_string())),
         }
     }
-    Err(HostError::NoIpv4 { hostname })
+}
+
+impl fmt::Display for NicChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NicChoice::Name(n) => f.write_str(n),
+            NicChoice::Network { net, prefix } => write!(f, "{net}/{prefix}"),
+        }
+    }
+}
+
+/// The interface `choice` names on this host.
+///
+/// # Errors
+///
+/// [`HostError::NoSuchNic`], listing the interfaces there are.
+pub fn find_nic(choice: &NicChoice) -> Result<Nic, HostError> {
+    let nics = interfaces();
+    let found = nics.iter().find(|n| match choice {
+        NicChoice::Name(name) => n.name == *name,
+        NicChoice::Network { net, prefix } => in_network(n.ipv4, *net, *prefix),
+    });
+    found.cloned().ok_or_else(|| HostError::NoSuchNic {
+        choice: choice.to_string(),
+        have: nics.iter().map(ToString::to_string).collect(),
+    })
+}
+
+/// The interface that holds `ip` (its address, else the first whose network contains it).
+pub fn nic_holding(ip: Ipv4Addr) -> Option<Nic> {
+    let nics = interfaces();
+    nics.iter()
+        .find(|n| n.ipv4 == ip)
+        .or_else(|| nics.iter().find(|n| n.contains(ip)))
+        .cloned()
 }
 
 /// Why this host has no `server_id`.
@@ -59,6 +191,14 @@ pub enum HostError {
     NoIpv4 {
         /// Its host name, if it has one.
         hostname: Option<String>,
+    },
+    /// No interface is what `--nic` names.
+    #[error("no interface that is up with an IPv4 address is {choice:?}; this host has: {}", if have.is_empty() { "none".to_string() } else { have.join(", ") })]
+    NoSuchNic {
+        /// What was asked for.
+        choice: String,
+        /// The interfaces there are (`eth0 10.0.0.5/24`).
+        have: Vec<String>,
     },
 }
 
@@ -91,4 +231,69 @@ pub fn free_port(addr: &str) -> u16 {
         .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
         .and_then(|l| l.local_addr())
         .map_or(0, |a| a.port())
+}
+
+#[cfg(test)]
+mod nic_tests {
+    use super::*;
+
+    #[test]
+    fn nic_choices_parse_names_and_networks() {
+        assert_eq!("eth0".parse(), Ok(NicChoice::Name("eth0".into())));
+        assert_eq!(
+            "10.0.0.0/24".parse(),
+            Ok(NicChoice::Network {
+                net: Ipv4Addr::new(10, 0, 0, 0),
+                prefix: 24
+            })
+        );
+        assert!(
+            "10.0.0/24"
+                .parse::<NicChoice>()
+                .unwrap_err()
+                .contains("10.0.0")
+        );
+        assert!(
+            "10.0.0.0/33"
+                .parse::<NicChoice>()
+                .unwrap_err()
+                .contains("prefix")
+        );
+        assert!("".parse::<NicChoice>().is_err());
+        assert!("eth 0".parse::<NicChoice>().is_err());
+    }
+
+    #[test]
+    fn bridges_are_virtual_and_networks_contain_their_hosts() {
+        let nic = |name: &str| Nic {
+            name: name.into(),
+            ipv4: Ipv4Addr::new(10, 1, 2, 3),
+            prefix: 16,
+        };
+        for v in ["docker0", "virbr0", "veth12ab", "br-0f3a"] {
+            assert!(nic(v).is_virtual(), "{v}");
+        }
+        assert!(!nic("eth0").is_virtual() && !nic("enp3s0").is_virtual());
+        assert!(nic("eth0").contains(Ipv4Addr::new(10, 1, 200, 9)));
+        assert!(!nic("eth0").contains(Ipv4Addr::new(10, 2, 0, 1)));
+        assert!(in_network(
+            Ipv4Addr::new(1, 2, 3, 4),
+            Ipv4Addr::UNSPECIFIED,
+            0
+        ));
+    }
+
+    #[test]
+    fn loopback_holds_every_127_address() {
+        // Every Linux host has lo 127.0.0.1/8.
+        let lo = nic_holding(Ipv4Addr::new(127, 0, 0, 2)).unwrap();
+        assert_eq!(lo.ipv4, Ipv4Addr::LOCALHOST);
+        let e = find_nic(&NicChoice::Name("no-such-nic0".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"no-such-nic0\"") && e.contains("127.0.0.1/8"),
+            "{e}"
+        );
+    }
 }

@@ -1159,8 +1159,8 @@ fn job_at(
 }
 
 /// A variable's value; empty counts as unset.
-/// `ATLASBOOST_SERVER_ID` (an IPv4 address), else this host's primary IPv4 address (the rule of
-/// [`crate::host::server_id`]).
+/// `ATLASBOOST_SERVER_ID` (an IPv4 address), else its address on `ATLASBOOST_NIC`, else this
+/// host's primary IPv4 address (the rule of [`crate::host::server_id`]).
 fn server_id() -> Result<String, InitError> {
     if let Some(id) = env(EnvVars::ATLASBOOST_SERVER_ID) {
         return match id.parse::<Ipv4Addr>() {
@@ -1171,6 +1171,18 @@ fn server_id() -> Result<String, InitError> {
                 reason: "not an IPv4 address (a server_id is its host's IPv4 address)".into(),
             }),
         };
+    }
+    // `--nic`'s variable: this host's address on that interface.
+    if let Some(text) = env(EnvVars::ATLASBOOST_NIC) {
+        let bad = |reason: String| InitError::BadVariable {
+            variable: EnvVars::ATLASBOOST_NIC,
+            value: text.clone(),
+            reason,
+        };
+        let choice: crate::host::NicChoice = text.parse().map_err(bad)?;
+        return crate::host::find_nic(&choice)
+            .map(|nic| nic.ipv4.to_string())
+            .map_err(|e| bad(e.to_string()));
     }
     // The launcher's rule: no address is an error, never a silent 127.0.0.1.
     crate::host::server_id(None).map_err(|error| InitError::NoServerId { error })

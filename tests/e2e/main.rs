@@ -15,6 +15,7 @@ mod lifetime;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod mpirun;
+mod nic;
 mod output;
 mod relay;
 mod restarts;

@@ -118,7 +118,10 @@ fn a_dead_npu_costs_its_server_not_half_of_every_server() {
     );
     // (Not every rank of attempt 0 may have printed before the stop: the summary says.)
     let err = r.err();
-    assert!(err.contains("attempt 0: 32 ranks on 4 servers (4 × 8)"), "{err}");
+    assert!(
+        err.contains("attempt 0: 32 ranks on 4 servers (4 × 8)"),
+        "{err}"
+    );
     assert!(
         err.contains("attempt 1: 24 ranks on 3 servers (3 × 8)"),
         "{err}"

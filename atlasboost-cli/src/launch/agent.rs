@@ -41,6 +41,9 @@ pub struct AgentReport {
     pub host: HostReport,
     /// A port that was free on the host (used as `MASTER_PORT` if the host is the first node).
     pub free_port: u16,
+    /// Its address on `--nic` (used as `MASTER_ADDR` if the host is the first node).
+    #[serde(default)]
+    pub nic_addr: Option<String>,
 }
 
 /// What the launcher answers every agent.
@@ -138,7 +141,7 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
                 return Err(format!("host {}: {message}", host.describe()));
             }
         }
-        ports.push((host.server_id.clone(), report.free_port));
+        ports.push((host.server_id.clone(), report.free_port, report.nic_addr));
     }
     let devices = match &policy.shrink {
         None => assign_workers(offers, policy.np)?,
@@ -166,15 +169,15 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
         .find(|r| r.node_rank == 0)
         .map(|r| r.server_id)
         .ok_or("the table has no ranks")?;
-    let master_port = ports
+    let (master_port, nic_addr) = ports
         .iter()
-        .find(|(s, _)| *s == first)
-        .map_or(0, |(_, p)| *p);
+        .find(|(s, _, _)| *s == first)
+        .map_or((0, None), |(_, p, a)| (*p, a.clone()));
     Ok(Decision {
         answer: LaunchAnswer {
             table: table.to_json_pretty(),
             chip: chip.as_str().to_string(),
-            master_addr: first,
+            master_addr: nic_addr.unwrap_or(first),
             master_port,
         },
         devices,
@@ -272,6 +275,8 @@ pub struct AgentJob {
     pub timeout: Duration,
     /// Where to write the table (absolute).
     pub table_path: PathBuf,
+    /// `--nic`: the host's address on it is reported (for `MASTER_ADDR`).
+    pub nic: Option<atlasboost::host::NicChoice>,
 }
 
 /// What an agent has once the table is written.
@@ -303,9 +308,19 @@ pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Pr
             message: error_chain(e),
         },
     };
+    let nic_addr = match &job.nic {
+        Some(choice) => Some(
+            atlasboost::host::find_nic(choice)
+                .map_err(|e| CliError::Usage(format!("--nic {choice}: {e}")))?
+                .ipv4
+                .to_string(),
+        ),
+        None => None,
+    };
     let report = AgentReport {
         host,
         free_port: free_port(&job.server_id),
+        nic_addr,
     };
     let payload = serde_json::to_vec(&report).map_err(CliError::json("encode the host report"))?;
     let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
@@ -377,6 +392,7 @@ pub fn host_workers(
             .collect::<Vec<_>>(),
         inherited_runtime_visible(settings)?.as_deref(),
     );
+    let nic = host_nic(settings, server_id)?;
     let mut workers = Vec::new();
     for seat in seats {
         let logical_id = logical_of(seat.physical_id);
@@ -416,6 +432,22 @@ pub fn host_workers(
                 .filter(|(k, _)| !inherited(k) && !settings.env.iter().any(|(n, _)| n == k))
                 .map(|(k, v)| (k.into(), v.into())),
         );
+        if let Some((nic, explicit)) = &nic {
+            let address = match explicit {
+                true => nic.ipv4.to_string(),
+                false => server_id.to_string(),
+            };
+            for (k, v) in [
+                (EnvVars::HCCL_IF_IP, address),
+                (EnvVars::HCCL_SOCKET_IFNAME, nic.name.clone()),
+                (EnvVars::GLOO_SOCKET_IFNAME, nic.name.clone()),
+            ] {
+                // `--nic` sets them; without it they are a default the user's own win over.
+                if *explicit || (!inherited(k) && !settings.env.iter().any(|(n, _)| n == k)) {
+                    vars.push((k.into(), v.into()));
+                }
+            }
+        }
         // What the user exports wins over what atlasboost would set, except the devices'
         // view, which must match the table (the launcher's own was composed into it above).
         vars.extend(
@@ -439,6 +471,34 @@ pub fn host_workers(
     }
     workers.sort_by_key(|w| w.rank);
     Ok(workers)
+}
+
+/// The host's interface for the frameworks' own sockets: `--nic` (then `true`), else the one
+/// that holds its `server_id`, if any.
+///
+/// # Errors
+///
+/// A `--nic` this host has no interface for (exit 2), naming the interfaces it has.
+fn host_nic(
+    settings: &WorkerSettings,
+    server_id: &str,
+) -> Result<Option<(atlasboost::host::Nic, bool)>, CliError> {
+    use atlasboost::host::{NicChoice, find_nic, nic_holding};
+    match &settings.nic {
+        Some(text) => {
+            let choice: NicChoice = text
+                .parse()
+                .map_err(|why: String| CliError::Usage(format!("--nic: {why}")))?;
+            let nic =
+                find_nic(&choice).map_err(|e| CliError::Usage(format!("--nic {choice}: {e}")))?;
+            Ok(Some((nic, true)))
+        }
+        None => Ok(server_id
+            .parse()
+            .ok()
+            .and_then(nic_holding)
+            .map(|n| (n, false))),
+    }
 }
 
 /// `ASCEND_RT_VISIBLE_DEVICES` for a host's workers: the driver's logical ids of its job
@@ -603,6 +663,12 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
         secret,
         timeout: Duration::from_millis(config.timeout_ms),
         table_path: settings.rank_table.clone(),
+        nic: settings
+            .nic
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|why: String| CliError::Usage(format!("--nic: {why}")))?,
     };
     let joined = watch_for_hang_up();
     let prepared = run_agent(&job, &Mutex::new(HashSet::new()));
@@ -665,6 +731,7 @@ mod tests {
         serde_json::to_vec(&AgentReport {
             host: HostReport::Devices(devices),
             free_port: port,
+            nic_addr: None,
         })
         .unwrap()
     }
@@ -762,6 +829,7 @@ mod tests {
                 message: "the driver said no".into(),
             },
             free_port: 0,
+            nic_addr: None,
         })
         .unwrap();
         let why = decide_answer(
@@ -819,6 +887,7 @@ mod tests {
                         secret: secret.clone(),
                         timeout,
                         table_path: path.clone(),
+                        nic: None,
                     };
                     let written = &written;
                     s.spawn(move || run_agent(&job, written))

@@ -48,6 +48,9 @@ pub struct WorkerSettings {
     /// The launcher watches for hangs: read the workers' heartbeats and send them up.
     #[serde(default)]
     pub watch: bool,
+    /// `--nic`, as typed: each host finds that interface of its own.
+    #[serde(default)]
+    pub nic: Option<String>,
 }
 
 /// Everything a remote agent needs, sent as one JSON line on its standard input.

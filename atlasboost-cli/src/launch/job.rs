@@ -52,6 +52,14 @@ pub(crate) fn rendezvous_address(
     if let Some(a) = args.rendezvous_addr {
         return Ok(a);
     }
+    // The job's network, when this machine is on it (a login node may not be).
+    if let Some(nic) = args
+        .nic
+        .as_ref()
+        .and_then(|c| atlasboost::host::find_nic(c).ok())
+    {
+        return Ok(IpAddr::V4(nic.ipv4));
+    }
     let Some(remote) = hosts.iter().find(|h| !h.local) else {
         return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
     };

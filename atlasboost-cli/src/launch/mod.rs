@@ -124,6 +124,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             restart_count: 0,
             max_restarts: args.max_restarts,
             watch: args.hang_timeout.is_some(),
+            nic: args.nic.as_ref().map(ToString::to_string),
         },
         files: &files,
         logs: logs.as_deref(),
@@ -420,7 +421,7 @@ fn plan_hosts(args: &RunSettings) -> Result<Vec<HostPlan>, CliError> {
     let mut hosts = match (&args.hosts, &args.hostfile) {
         (Some(list), _) => resolve_hosts(&parse_host_list(list)?)?,
         (None, Some(file)) => resolve_hosts(&parse_hostfile(file)?)?,
-        (None, None) => vec![this_machine()?],
+        (None, None) => vec![this_machine(args.nic.as_ref())?],
     };
     check_np(&hosts, args.np)?;
     // Tests reach this machine's own addresses over ssh, as if they were other machines.
@@ -596,6 +597,7 @@ fn start_local_agents(
             secret: secret.clone(),
             timeout: args.rendezvous_timeout + AGENT_SLACK,
             table_path: launch.settings.rank_table.clone(),
+            nic: args.nic.clone(),
         };
         let (tx, written) = (tx.clone(), Arc::clone(&written));
         std::thread::Builder::new()

@@ -245,9 +245,22 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     for a in ["-bind-to", "none", "-map-by", "slot", "--tag-output"] {
         push(a);
     }
-    push("--mca");
-    push("btl_tcp_if_exclude");
-    push("lo,docker0");
+    match &args.nic {
+        // Open MPI takes a name or a CIDR network for both its byte and its control traffic.
+        Some(nic) => {
+            let nic = nic.to_string();
+            for param in ["btl_tcp_if_include", "oob_tcp_if_include"] {
+                push("--mca");
+                push(param);
+                push(&nic);
+            }
+        }
+        None => {
+            push("--mca");
+            push("btl_tcp_if_exclude");
+            push("lo,docker0");
+        }
+    }
     if job.as_root {
         push("--allow-run-as-root");
     }
@@ -583,6 +596,14 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("--allow-run-as-root"), "{text}");
+        let with_nic = run_args(&["--sim", "8", "--nic", "10.9.0.0/16", "--", "true"]);
+        let nic_text = command(&with_nic, &hosts, 12, false).join(" ");
+        assert!(
+            nic_text.contains(
+                "--mca btl_tcp_if_include 10.9.0.0/16 --mca oob_tcp_if_include 10.9.0.0/16 "
+            ) && !nic_text.contains("btl_tcp_if_exclude"),
+            "{nic_text}"
+        );
         for var in [
             "ATLASBOOST_FRAMEWORK=mindspore",
             "ATLASBOOST_RANK_TABLE_FILE=/work/rank_table.json",

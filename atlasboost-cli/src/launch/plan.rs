@@ -8,7 +8,7 @@ use std::path::Path;
 use atlasboost_core::Device;
 
 use crate::error::CliError;
-use atlasboost::host::primary_ipv4;
+use atlasboost::host::{NicChoice, find_nic, primary_ipv4};
 
 /// A host as the user wrote it, before it is resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,13 +176,20 @@ pub fn resolve_hosts(specs: &[HostSpec]) -> Result<Vec<HostPlan>, CliError> {
 }
 
 /// The single host of a launch without `-H` or `--hostfile`: this machine, named by its
-/// primary IPv4 address as `ranktable` does.
+/// primary IPv4 address as `ranktable` does, or by its address on `--nic`.
 ///
 /// # Errors
 ///
 /// [`CliError::Failure`] when this machine has no usable IPv4 address.
-pub fn this_machine() -> Result<HostPlan, CliError> {
-    let ip = primary_ipv4().map_err(|error| CliError::ThisMachine { error })?;
+pub fn this_machine(nic: Option<&NicChoice>) -> Result<HostPlan, CliError> {
+    let ip = match nic {
+        Some(choice) => {
+            find_nic(choice)
+                .map_err(|error| CliError::Usage(format!("--nic {choice}: {error}")))?
+                .ipv4
+        }
+        None => primary_ipv4().map_err(|error| CliError::ThisMachine { error })?,
+    };
     Ok(HostPlan {
         name: ip.to_string(),
         server_id: ip.to_string(),
