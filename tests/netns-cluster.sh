@@ -254,7 +254,7 @@ cat >"$tmp/worker.sh" <<EOF
 set -eu
 cp "\$RANK_TABLE_FILE" "$tmp/seen/\$ATLASBOOST_SERVER_ID-\$RANK_ID.json"
 netns=\$(stat -L -c %i /proc/self/ns/net)
-echo "ok rank \$RANK_ID server \$ATLASBOOST_SERVER_ID device \$DEVICE_ID netns \$netns"
+echo "ok rank \$RANK_ID server \$ATLASBOOST_SERVER_ID device \$ATLASBOOST_PHYSICAL_ID netns \$netns nic \$HCCL_IF_IP \$GLOO_SOCKET_IFNAME \$HCCL_SOCKET_IFNAME"
 EOF
 host_list=$(IFS=,; echo "${hosts[*]}")
 # In the background and waited for, so that a signal to this script is acted on at once.
@@ -288,19 +288,25 @@ grep -q '12 succeeded, 0 failed' "$tmp/run.err" || fail "the summary is not '12 
 # the namespace of its server.
 ns_inodes=()
 for n in "${namespaces[@]}"; do ns_inodes+=("$(stat -L -c %i "/run/netns/$n")"); done
-err=$(python3 - "$tmp/run.out" "$table" "${ips[*]}" "${ns_inodes[*]}" <<'EOF'
+err=$(python3 - "$tmp/run.out" "$table" "${ips[*]}" "${ns_inodes[*]}" "$id" <<'EOF'
 import collections, json, re, sys
-out, table_path, ips, inodes = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
+out, table_path, ips, inodes, nsid = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), sys.argv[5]
 netns_of = dict(zip(ips, inodes))
+# Without --nic, each host's workers get the interface that holds its server_id.
+ifname_of = {ip: f"abv{i + 1}n{nsid}" for i, ip in enumerate(ips)}
 lines = [l for l in open(out) if "<stdout>:ok rank" in l]
-pat = re.compile(r"^\[(\d+)\]<stdout>:ok rank (\d+) server (\S+) device (\d+) netns (\d+)$")
+pat = re.compile(r"^\[(\d+)\]<stdout>:ok rank (\d+) server (\S+) device (\d+) netns (\d+) "
+                 r"nic (\S*) (\S*) (\S*)$")
 problems, ranks, per_server = [], collections.Counter(), collections.defaultdict(set)
 for l in lines:
     m = pat.match(l.rstrip("\n"))
     if not m:
         problems.append(f"unexpected worker line: {l.rstrip()}")
         continue
-    tag, rank, server, device, netns = m.groups()
+    tag, rank, server, device, netns, if_ip, gloo, hccl_if = m.groups()
+    if (if_ip, gloo, hccl_if) != (server, ifname_of.get(server), ifname_of.get(server)):
+        problems.append(f"rank {rank} of {server}: HCCL_IF_IP={if_ip} GLOO_SOCKET_IFNAME={gloo} "
+                        f"HCCL_SOCKET_IFNAME={hccl_if}, want {server} and {ifname_of.get(server)}")
     if tag != rank:
         problems.append(f"tag [{tag}] on the line of rank {rank}")
     ranks[int(rank)] += 1
@@ -412,6 +418,34 @@ grep -q "attempt=1 .*server=${ips[2]}" "$tmp/lost.out" &&
     { show "$tmp/lost.out"; die "attempt 1 ran on the lost server ${ips[2]}"; }
 grep -q "host ${ips[2]} lost" "$tmp/lost.err" ||
     { show "$tmp/lost.err"; die "the summary does not name ${ips[2]} as lost"; }
+
+# ---------------------------------------------------------------------------------------------
+# 8. (With NETNS_CLUSTER_TORCH_PYTHON, a Python with torch: not in CI, which has no torch.)
+#    PyTorch DDP over gloo on servers 1 and 2, with no --nic and no GLOO_SOCKET_IFNAME of the
+#    user's: inside the namespaces the host name resolves to loopback, so gloo works only
+#    because each host exports its server_id interface. Every rank ends with the same params.
+# ---------------------------------------------------------------------------------------------
+ddp="skipped (set NETNS_CLUSTER_TORCH_PYTHON to a Python with torch)"
+if [[ -n ${NETNS_CLUSTER_TORCH_PYTHON:-} ]]; then
+    (
+        cd "$tmp"
+        unset ATLASBOOST_SSH_ALL_HOSTS GLOO_SOCKET_IFNAME
+        export ATLASBOOST_SSH_OPTIONS="-F $tmp/ssh/ssh_config"
+        exec timeout -k 10 300 "$bin" run --framework pytorch --sim 2 \
+            -H "${ips[0]}:2,${ips[1]}:2" --wdir "$tmp/work" -- \
+            "$NETNS_CLUSTER_TORCH_PYTHON" "$repo/examples/ddp_gloo.py"
+    ) >"$tmp/ddp.out" 2>"$tmp/ddp.err" &
+    run_pid=$!
+    rc=0
+    wait "$run_pid" || rc=$?
+    run_pid=
+    [[ $rc == 0 ]] || { show "$tmp/ddp.out" "$tmp/ddp.err"; die "the DDP job exited $rc"; }
+    digests=$(grep -o 'params [0-9a-f]*' "$tmp/ddp.out" | sort -u)
+    [[ $(grep -c 'ddp rank' "$tmp/ddp.out") == 4 && $(wc -l <<<"$digests") == 1 ]] ||
+        { show "$tmp/ddp.out" "$tmp/ddp.err"; die "DDP ranks did not all end with the same parameters"; }
+    ddp="DDP over gloo on 2 hosts x 2: 4 ranks, identical parameters ($digests)"
+fi
+say "step 8: $ddp"
 
 [[ ${NETNS_CLUSTER_VERBOSE:-} == 1 ]] && show "$tmp/run.out" "$tmp/run.err"
 say "ok: 12 ranks on 3 namespaced servers (${ips[*]}) over ssh, rendezvous at $net.1;" \
