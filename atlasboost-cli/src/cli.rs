@@ -320,6 +320,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME|CIDR", value_parser = parse_nic)]
     pub nic: Option<NicChoice>,
 
+    /// Bind each worker to its NPU's CPUs (the driver's DCMI affinity; else an even split of the
+    /// allowed CPUs); never two workers of a host on one CPU.
+    #[arg(long)]
+    pub bind_cores: bool,
+
     /// Start the workers with mpirun; their init() does the rendezvous over MPI.
     #[arg(long)]
     pub mpi: bool,

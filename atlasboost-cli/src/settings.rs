@@ -137,6 +137,8 @@ pub struct RunSettings {
     pub rendezvous_addr: Option<IpAddr>,
     /// `--nic`.
     pub nic: Option<atlasboost::host::NicChoice>,
+    /// `--bind-cores`.
+    pub bind_cores: bool,
     /// `--mpi`.
     pub mpi: bool,
     /// The workers' command.
@@ -239,6 +241,7 @@ impl From<&RunArgs> for RunSettings {
             remote_atlasboost: a.remote_atlasboost.clone(),
             rendezvous_addr: a.rendezvous_addr,
             nic: a.nic.clone(),
+            bind_cores: a.bind_cores,
             mpi: a.mpi,
             command: a.command.clone(),
         }

@@ -131,6 +131,10 @@ impl EnvVars {
     pub const HCCL_SOCKET_IFNAME: &'static str = "HCCL_SOCKET_IFNAME";
     /// PyTorch's gloo backend: the interface it binds (else what the host name resolves to).
     pub const GLOO_SOCKET_IFNAME: &'static str = "GLOO_SOCKET_IFNAME";
+    /// The DCMI library to load for `--bind-cores` (a file path).
+    pub const ATLASBOOST_DCMI_LIB: &'static str = "ATLASBOOST_DCMI_LIB";
+    /// The fake DCMI library: each card's CPU affinity, `0:0-11;1:12-23`.
+    pub const ATLASBOOST_FAKE_DCMI_AFFINITY: &'static str = "ATLASBOOST_FAKE_DCMI_AFFINITY";
     /// Library mode's `--nic`: an interface name or an IPv4 network (CIDR).
     pub const ATLASBOOST_NIC: &'static str = "ATLASBOOST_NIC";
     /// The fake driver: `current` (the real driver's in-and-out `ip_type`) or `old`.

@@ -5,6 +5,7 @@
 //!   lists the devices the driver shows this process: logical id, physical id, RoCE IP, chip,
 //!   health. Each symbol is resolved on its own, so a driver without an optional function
 //!   (`dsmi_get_chip_info`, `dsmi_get_device_health`) still works.
+//! - [`Dcmi`] loads the driver's `libdcmi.so` for each NPU's CPU affinity (`--bind-cores`).
 //! - [`HccnProbe`] reads `address_<physical id>=<ip>` lines from `/etc/hccn.conf`.
 //! - [`VisibleDevices`]: `ASCEND_VISIBLE_DEVICES` (physical ids a container runtime made
 //!   visible) and `ASCEND_RT_VISIBLE_DEVICES` (logical ids the CANN runtime shows a process)
@@ -25,6 +26,7 @@
 //! and never guesses: a driver error is an error naming the function, the device and the code.
 #![deny(missing_docs)]
 
+mod dcmi;
 mod dsmi;
 mod hccn;
 mod raw;
@@ -32,6 +34,7 @@ mod visible;
 
 use std::path::PathBuf;
 
+pub use dcmi::{Dcmi, parse_cpu_list};
 pub use dsmi::{DsmiProbe, library_candidates};
 pub use hccn::{HccnProbe, parse_hccn_conf};
 pub use visible::VisibleDevices;

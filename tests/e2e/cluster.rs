@@ -413,3 +413,96 @@ fn a_table_with_a_warning_is_written_and_the_warning_shown() {
     let table = std::fs::read_to_string(r.dir().join("rank_table.json")).unwrap();
     assert_eq!(table.matches("\"rank_id\"").count(), 24, "{table}");
 }
+
+/// The CPUs this process may run on (`Cpus_allowed_list`), and each rank's from the workers'
+/// own `/proc/self/status`.
+fn cpus_of(list: &str) -> Vec<usize> {
+    list.split(',')
+        .flat_map(|part| match part.trim().split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().unwrap()..=b.parse().unwrap()).collect::<Vec<_>>(),
+            None => vec![part.trim().parse().unwrap()],
+        })
+        .collect()
+}
+
+fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap();
+    cpus_of(line.trim())
+}
+
+fn bound_cpus(r: &Finished) -> BTreeMap<u32, Vec<usize>> {
+    r.assert_code(0);
+    r.out()
+        .lines()
+        .filter_map(|l| split_tag(l, "stdout"))
+        .filter_map(|(rank, text)| {
+            text.strip_prefix("Cpus_allowed_list:")
+                .map(|list| (rank, cpus_of(list.trim())))
+        })
+        .collect()
+}
+
+/// `--bind-cores`: every worker's `Cpus_allowed_list` is its own, from the fake DCMI library's
+/// affinity when it loads, else an even split of the allowed CPUs.
+#[test]
+fn bind_cores_gives_each_worker_cpus_of_its_own() {
+    let allowed = allowed_cpus();
+    if allowed.len() < 2 {
+        eprintln!(
+            "skipped: this process may run on one CPU only; two workers cannot be bound apart"
+        );
+        return;
+    }
+    let show = ["--", "sh", "-c", "grep Cpus_allowed_list /proc/self/status"];
+    // ATLASBOOST_DCMI_LIB=none: no DCMI (cargo's LD_LIBRARY_PATH would find the fake's).
+    let r = Run::new(["run", "--sim", "2", "--bind-cores"])
+        .args(show)
+        .env("ATLASBOOST_DCMI_LIB", "none")
+        .run();
+    let got = bound_cpus(&r);
+    let half = allowed.len() / 2;
+    assert_eq!(got[&0], allowed[..half], "{}", r.describe());
+    assert_eq!(got[&1], allowed[half..], "{}", r.describe());
+    // The fake DCMI puts NPU 0 near the last allowed CPU and NPU 1 near the first.
+    let (first, last) = (allowed[0], allowed[allowed.len() - 1]);
+    let dcmi = atlasboost_e2e::atlasboost_bin()
+        .parent()
+        .unwrap()
+        .join("libdcmi.so");
+    assert!(
+        dcmi.is_file(),
+        "{} is missing: cargo build -p atlasboost-fake-dcmi",
+        dcmi.display()
+    );
+    let r = Run::new(["run", "--sim", "2", "--bind-cores"])
+        .args(show)
+        .env("ATLASBOOST_DCMI_LIB", &dcmi)
+        .env(
+            "ATLASBOOST_FAKE_DCMI_AFFINITY",
+            format!("0:{last}-{last};1:{first}-{first}"),
+        )
+        .run();
+    let got = bound_cpus(&r);
+    assert_eq!(got[&0], [last], "{}", r.describe());
+    assert_eq!(got[&1], [first], "{}", r.describe());
+    // More workers than CPUs (910B: any count per server): refused, never shared.
+    let too_many = allowed.len() + 1;
+    let r = Run::new([
+        "run",
+        "--sim",
+        &too_many.to_string(),
+        "--sim-chip",
+        "910B3",
+        "--bind-cores",
+        "--",
+        "true",
+    ])
+    .env("ATLASBOOST_DCMI_LIB", "none")
+    .run();
+    r.assert_code(125);
+    assert!(r.err().contains("CPUs allowed"), "{}", r.describe());
+}

@@ -393,6 +393,11 @@ pub fn host_workers(
         inherited_runtime_visible(settings)?.as_deref(),
     );
     let nic = host_nic(settings, server_id)?;
+    let mut cores = match settings.bind_cores {
+        true => bind_cores(&seats, host)?.into_iter().map(Some).collect(),
+        false => vec![None; seats.len()],
+    }
+    .into_iter();
     let mut workers = Vec::new();
     for seat in seats {
         let logical_id = logical_of(seat.physical_id);
@@ -467,10 +472,49 @@ pub fn host_workers(
             device: logical_id,
             env: vars,
             local: true,
+            cpus: cores.next().flatten(),
         });
     }
     workers.sort_by_key(|w| w.rank);
     Ok(workers)
+}
+
+/// `--bind-cores`: each worker's CPUs, in local-rank order, from its NPU's affinity (the
+/// driver's DCMI library) when it loads, else an even split of this process's allowed CPUs.
+///
+/// # Errors
+///
+/// Too few CPUs, or a DCMI call that fails, naming the host.
+fn bind_cores(seats: &[Seat], host: &str) -> Result<Vec<Vec<usize>>, CliError> {
+    let allowed_set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map_err(|e| CliError::system("read this process's CPU affinity")(e.into()))?;
+    let allowed: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| allowed_set.is_set(c).unwrap_or(false))
+        .collect();
+    let dcmi = atlasboost_dsmi::Dcmi::load().map_err(|e| {
+        CliError::Failure(format!(
+            "--bind-cores: host {host}: {}",
+            atlasboost_core::exchange::error_chain(&e)
+        ))
+    })?;
+    let affinity = match dcmi {
+        Some(dcmi) => Some(
+            seats
+                .iter()
+                .map(|s| dcmi.affinity(s.physical_id))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    CliError::Failure(format!(
+                        "--bind-cores: host {host}: {} ({})",
+                        atlasboost_core::exchange::error_chain(&e),
+                        dcmi.library().display()
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    super::plan::assign_cores(&allowed, affinity.as_deref(), seats.len())
+        .map_err(|why| CliError::Failure(format!("--bind-cores: host {host}: {why}")))
 }
 
 /// The host's interface for the frameworks' own sockets: `--nic` (then `true`), else the one

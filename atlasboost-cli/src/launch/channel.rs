@@ -51,6 +51,9 @@ pub struct WorkerSettings {
     /// `--nic`, as typed: each host finds that interface of its own.
     #[serde(default)]
     pub nic: Option<String>,
+    /// `--bind-cores`: each host binds its workers to their NPUs' CPUs.
+    #[serde(default)]
+    pub bind_cores: bool,
 }
 
 /// Everything a remote agent needs, sent as one JSON line on its standard input.

@@ -125,6 +125,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             max_restarts: args.max_restarts,
             watch: args.hang_timeout.is_some(),
             nic: args.nic.as_ref().map(ToString::to_string),
+            bind_cores: args.bind_cores,
         },
         files: &files,
         logs: logs.as_deref(),
@@ -254,6 +255,17 @@ fn run_attempts(
             )));
         }
         job.first_size.get_or_insert(workers.len());
+        for w in workers.iter().filter(|w| w.local) {
+            if let Some(cpus) = &w.cpus {
+                printer.detail(&format!(
+                    "atlasboost: rank {} (host {}, device {}) runs on CPUs {}",
+                    w.rank,
+                    w.host,
+                    w.device,
+                    plan::cpu_ranges(cpus)
+                ));
+            }
+        }
         let layout = layout(&joined.table, workers.len());
         printer.status(&format!(
             "atlasboost: {}{layout}, rank table {} (ready in {} ms)",
@@ -877,6 +889,7 @@ fn plan_workers(launch: &Launch<'_>, joined: &JoinedHosts) -> Result<Vec<WorkerP
             device,
             env: Vec::new(),
             local: false,
+            cpus: None,
         });
     }
     workers.sort_by_key(|w| w.rank);

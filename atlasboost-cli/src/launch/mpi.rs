@@ -146,6 +146,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             device: 0,
             env: Vec::new(),
             local: false,
+            cpus: None,
         })
         .collect();
     let plan = RunPlan {
@@ -348,6 +349,7 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
         (args.rank_order != ServerOrder::ServerId, "--rank-order"),
         (args.ssh_port.is_some(), "--ssh-port"),
         (args.ssh_identity.is_some(), "--ssh-identity"),
+        (args.bind_cores, "--bind-cores"),
     ];
     if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
         return Err(CliError::Usage(format!(
@@ -488,6 +490,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         device: context.local_rank,
         env: Vec::new(),
         local: true,
+        cpus: None,
     };
     let plan = RunPlan {
         command: command.to_vec(),

@@ -134,6 +134,8 @@ pub struct WorkerPlan {
     pub env: Vec<(OsString, OsString)>,
     /// Started here; `false`: started by the agent of `host`, over ssh.
     pub local: bool,
+    /// `--bind-cores`: the CPUs it may run on.
+    pub cpus: Option<Vec<usize>>,
 }
 
 /// How the workers run.
@@ -402,6 +404,16 @@ fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> 
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
     let launcher = nix::unistd::getpid();
+    let cpus = match &w.cpus {
+        Some(list) => {
+            let mut set = nix::sched::CpuSet::new();
+            for &c in list {
+                set.set(c).map_err(io::Error::from)?;
+            }
+            Some(set)
+        }
+        None => None,
+    };
     let mut cmd = Command::new(program);
     if let Some(files) = &plan.files {
         cmd.envs(files.env(w.rank, plan.pytorch));
@@ -414,7 +426,7 @@ fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> 
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid,
-    // sigprocmask, setrlimit. No allocation, no locks.
+    // sigprocmask, setrlimit, sched_setaffinity. No allocation, no locks.
     unsafe {
         cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
@@ -426,6 +438,10 @@ fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> 
             // Workers get the limit of open files the launcher was given.
             if let Some(&(soft, hard)) = ORIGINAL_FD_LIMIT.get() {
                 setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
+            }
+            // --bind-cores: a system call on a set made before the fork.
+            if let Some(set) = &cpus {
+                nix::sched::sched_setaffinity(Pid::from_raw(0), set)?;
             }
             Ok(())
         });

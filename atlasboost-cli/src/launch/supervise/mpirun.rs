@@ -90,6 +90,7 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         device: 0,
         env: m.env,
         local: true,
+        cpus: None,
     };
     let (pid, out, err) = spawn(&mpirun_plan, &spec).map_err(|e| CliError::Spawn {
         program: mpirun_plan.command.first().cloned().unwrap_or_default(),

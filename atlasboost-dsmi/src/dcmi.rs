@@ -1,0 +1,165 @@
+//! The CPU affinity of each NPU, from the driver's DCMI library (`--bind-cores`): what
+//! torch_npu reads with `dcmi_get_affinity_cpu_info_by_device_id` and `npu-smi info -t topo`
+//! shows. Loaded like DSMI, at run time; a host without it has no affinity to report (the
+//! launcher then splits the allowed CPUs evenly).
+
+use std::ffi::{c_char, c_int};
+use std::path::{Path, PathBuf};
+
+use atlasboost_core::EnvVars;
+use libloading::Library;
+
+use crate::DsmiError;
+
+/// `int dcmi_init(void)`.
+type Init = unsafe extern "C" fn() -> c_int;
+/// `int dcmi_get_affinity_cpu_info_by_device_id(int card_id, int device_id, char
+/// *affinity_cpu, int *length)`.
+type GetAffinity = unsafe extern "C" fn(c_int, c_int, *mut c_char, *mut c_int) -> c_int;
+
+/// Where the driver installs `libdcmi.so`.
+const DRIVER_DIRS: [&str; 2] = [
+    "/usr/local/Ascend/driver/lib64/driver",
+    "/usr/local/Ascend/driver/lib64",
+];
+
+/// The loaded DCMI library.
+#[derive(Debug)]
+pub struct Dcmi {
+    path: PathBuf,
+    get: GetAffinity,
+    // Last: the function above points into it.
+    _library: Library,
+}
+
+impl Dcmi {
+    /// Loads `libdcmi.so` from each directory of `$LD_LIBRARY_PATH` and the driver's; `None`
+    /// when none loads, has the two functions and initialises. `$ATLASBOOST_DCMI_LIB` names
+    /// the library instead (`none`: do not use one).
+    ///
+    /// # Errors
+    ///
+    /// [`DsmiError::NotFound`] when `$ATLASBOOST_DCMI_LIB` names a library that does not load
+    /// as DCMI: a path the user gave is never ignored.
+    pub fn load() -> Result<Option<Dcmi>, DsmiError> {
+        if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DCMI_LIB) {
+            if file == "none" {
+                return Ok(None);
+            }
+            let path = PathBuf::from(file);
+            return Dcmi::load_from(&path)
+                .map(Some)
+                .ok_or_else(|| DsmiError::NotFound {
+                    tried: vec![format!(
+                        "{} (ATLASBOOST_DCMI_LIB: not a DCMI library with dcmi_init and \
+                     dcmi_get_affinity_cpu_info_by_device_id that initialises)",
+                        path.display()
+                    )],
+                });
+        }
+        Ok(std::env::var_os(EnvVars::LD_LIBRARY_PATH)
+            .map(|v| std::env::split_paths(&v).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(DRIVER_DIRS.iter().map(PathBuf::from))
+            .map(|d| d.join("libdcmi.so"))
+            .filter(|p| p.exists())
+            .find_map(|p| Dcmi::load_from(&p)))
+    }
+
+    fn load_from(path: &Path) -> Option<Dcmi> {
+        // SAFETY: loading the driver's library runs its initialisers, which have no
+        // preconditions; the function types are the header's.
+        let library = unsafe { Library::new(path) }.ok()?;
+        // SAFETY: as above; the pointers are used only while `library` is loaded.
+        let init: Init = unsafe { library.get::<Init>(b"dcmi_init") }
+            .ok()
+            .map(|s| *s)?;
+        // SAFETY: as above.
+        let get: GetAffinity =
+            unsafe { library.get::<GetAffinity>(b"dcmi_get_affinity_cpu_info_by_device_id") }
+                .ok()
+                .map(|s| *s)?;
+        // SAFETY: a function of no arguments.
+        if unsafe { init() } != 0 {
+            return None;
+        }
+        Some(Dcmi {
+            path: path.to_path_buf(),
+            get,
+            _library: library,
+        })
+    }
+
+    /// The library in use.
+    pub fn library(&self) -> &Path {
+        &self.path
+    }
+
+    /// The CPUs close to NPU `card` (device 0 of the card: one NPU per card on 910 servers).
+    ///
+    /// # Errors
+    ///
+    /// [`DsmiError::Call`] naming the function, the card and the code; [`DsmiError::Nonsense`]
+    /// for an answer that is not a CPU list.
+    pub fn affinity(&self, card: u32) -> Result<Vec<usize>, DsmiError> {
+        const FUNCTION: &str = "dcmi_get_affinity_cpu_info_by_device_id";
+        let mut buf = [0 as c_char; 256];
+        let mut len = buf.len() as c_int;
+        // SAFETY: a 256-byte buffer and its size, as the function is told.
+        let code = unsafe { (self.get)(card as c_int, 0, buf.as_mut_ptr(), &mut len) };
+        if code != 0 {
+            return Err(DsmiError::Call {
+                function: FUNCTION,
+                device: Some(card),
+                code,
+            });
+        }
+        let bytes: Vec<u8> = buf
+            .iter()
+            .take(usize::try_from(len).unwrap_or(0).min(buf.len()))
+            .take_while(|b| **b != 0)
+            .map(|b| *b as u8)
+            .collect();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        parse_cpu_list(&text).ok_or(DsmiError::Nonsense {
+            function: FUNCTION,
+            what: format!("{text:?} for card {card} (expected a CPU list such as 0-11)"),
+        })
+    }
+}
+
+/// `0-11`, `0-3,8-11` or `5`: the CPUs listed, ascending; `None` when malformed or empty.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',') {
+        let (lo, hi) = match part.trim().split_once('-') {
+            Some((a, b)) => (a.trim().parse().ok()?, b.trim().parse().ok()?),
+            None => {
+                let c: usize = part.trim().parse().ok()?;
+                (c, c)
+            }
+        };
+        if lo > hi || hi > 65_535 {
+            return None;
+        }
+        cpus.extend(lo..=hi);
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_as_linux_writes_them() {
+        assert_eq!(parse_cpu_list("0-3"), Some(vec![0, 1, 2, 3]));
+        assert_eq!(parse_cpu_list("8-9,0-1, 5"), Some(vec![0, 1, 5, 8, 9]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("a-b"), None);
+    }
+}
