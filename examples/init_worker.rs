@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     // SAFETY: this program starts no thread of its own, and init() has stopped its own.
     unsafe { job.export_env() };
     println!(
-        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={} mpi={}",
+        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={} mpi={} gloo={} hccl_if_ip={}",
         job.world.rank,
         job.launcher_rank,
         job.world.size,
@@ -63,6 +63,8 @@ fn main() -> ExitCode {
         } else {
             "no"
         },
+        std::env::var("GLOO_SOCKET_IFNAME").unwrap_or_default(),
+        std::env::var("HCCL_IF_IP").unwrap_or_default(),
     );
     if let Some(file) = hold_until {
         let _ = std::io::stdout().flush();

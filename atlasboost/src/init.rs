@@ -1142,8 +1142,28 @@ fn job_at(
         master_addr: settings.master_addr,
         master_port: settings.master_port,
     })?;
+    let env_world = env.world;
+    let (mut env, mut env_if_unset) = (env.set, env.set_if_unset);
+    // The frameworks' own sockets (gloo, HCCL's root-info mode) on the job's interface:
+    // `ATLASBOOST_NIC` sets them, else the interface of this host's server_id, unless set.
+    if let Some((nic, explicit)) = library_nic(&seat.server_id) {
+        let address = if explicit {
+            nic.ipv4.to_string()
+        } else {
+            seat.server_id.clone()
+        };
+        let vars = [
+            (EnvVars::HCCL_IF_IP, address),
+            (EnvVars::HCCL_SOCKET_IFNAME, nic.name.clone()),
+            (EnvVars::GLOO_SOCKET_IFNAME, nic.name),
+        ];
+        match explicit {
+            true => env.extend(vars),
+            false => env_if_unset.extend(vars),
+        }
+    }
     Ok(Job {
-        world: env.world,
+        world: env_world,
         launcher_rank,
         launcher: None,
         agreement: Agreement::Alone,
@@ -1151,8 +1171,8 @@ fn job_at(
         device_id,
         physical_id: seat.physical_id,
         table_path: table_path.to_path_buf(),
-        env: env.set,
-        env_if_unset: env.set_if_unset,
+        env,
+        env_if_unset,
         _mpi: None,
         _table_lock: None,
     })
@@ -1186,6 +1206,22 @@ fn server_id() -> Result<String, InitError> {
     }
     // The launcher's rule: no address is an error, never a silent 127.0.0.1.
     crate::host::server_id(None).map_err(|error| InitError::NoServerId { error })
+}
+
+/// This host's interface for the job: `ATLASBOOST_NIC`'s (then `true`), else the one that holds
+/// `server_id`. (A malformed `ATLASBOOST_NIC` was refused when the server id was found.)
+fn library_nic(server_id: &str) -> Option<(crate::host::Nic, bool)> {
+    match env(EnvVars::ATLASBOOST_NIC) {
+        Some(text) => {
+            let choice: crate::host::NicChoice = text.parse().ok()?;
+            crate::host::find_nic(&choice).ok().map(|n| (n, true))
+        }
+        None => server_id
+            .parse()
+            .ok()
+            .and_then(crate::host::nic_holding)
+            .map(|n| (n, false)),
+    }
 }
 
 /// `ATLASBOOST_RANK_TABLE_FILE`, else `rank_table.json` in the current directory.

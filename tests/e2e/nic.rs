@@ -1,7 +1,7 @@
 //! The hosts' network interface (`--nic`, and the default without it), in a network namespace
 //! of the test's own with a `docker0`-like bridge and two more interfaces.
 
-use atlasboost_e2e::{Finished, Run, atlasboost_bin};
+use atlasboost_e2e::{Finished, Run, atlasboost_bin, init_worker_bin};
 
 use crate::lines_by_rank;
 
@@ -15,6 +15,15 @@ const SETUP: &str = "set -e; ip link set lo up; \
 /// `atlasboost ARGS` in a new network namespace with [`SETUP`]'s interfaces; `None` (and a
 /// note) where network namespaces or veth pairs are not permitted.
 fn in_namespace(args: &[&str], env: &[(&str, &str)]) -> Option<Finished> {
+    in_namespace_run(&atlasboost_bin(), args, env)
+}
+
+/// `program ARGS` in a new network namespace with [`SETUP`]'s interfaces.
+fn in_namespace_run(
+    program: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Option<Finished> {
     let probe = std::process::Command::new("unshare")
         .args([
             "-n",
@@ -33,10 +42,9 @@ fn in_namespace(args: &[&str], env: &[(&str, &str)]) -> Option<Finished> {
         eprintln!("skipped: {why}");
         return None;
     }
-    let bin = atlasboost_bin();
     let mut run = Run::new(["-n", "sh", "-c", SETUP, "sh"])
         .program("unshare")
-        .args([bin.as_os_str()])
+        .args([program.as_os_str()])
         .args(args);
     for (k, v) in env {
         run = run.env(k, v);
@@ -129,4 +137,35 @@ fn a_nic_that_is_not_there_is_named_with_the_ones_that_are() {
     };
     r.assert_code(2);
     assert!(r.err().contains("\"10.1.0.0/16\""), "{}", r.describe());
+}
+
+/// Library mode: `ATLASBOOST_NIC` picks the server id and the frameworks' interface; without
+/// it, the interface of the server id (never the bridge).
+#[test]
+fn library_mode_takes_atlasboost_nic_and_the_same_default() {
+    let report = |env: &[(&str, &str)]| {
+        let r = in_namespace_run(&init_worker_bin(), &[], env)?;
+        r.assert_code(0);
+        let line = r
+            .out()
+            .lines()
+            .find(|l| l.starts_with("rank="))
+            .map(str::to_string);
+        Some(line.unwrap_or_else(|| panic!("no report\n{}", r.describe())))
+    };
+    let Some(nic) = report(&[("ATLASBOOST_SIM", "2"), ("ATLASBOOST_NIC", "eth8")]) else {
+        return;
+    };
+    assert!(
+        nic.contains("server=10.98.0.5 ") && nic.ends_with(" gloo=eth8 hccl_if_ip=10.98.0.5"),
+        "{nic}"
+    );
+    let Some(default) = report(&[("ATLASBOOST_SIM", "2")]) else {
+        return;
+    };
+    assert!(
+        default.contains("server=10.99.0.5 ")
+            && default.ends_with(" gloo=eth9 hccl_if_ip=10.99.0.5"),
+        "{default}"
+    );
 }
