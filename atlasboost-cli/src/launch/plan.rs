@@ -320,8 +320,14 @@ pub fn assign_cores(
 
 /// `0-3,8`: CPUs as Linux lists them.
 pub fn cpu_ranges(cpus: &[usize]) -> String {
-    let mut sorted = cpus.to_vec();
+    id_ranges(cpus.iter().map(|&c| c as u64), ",")
+}
+
+/// Ids as a short list of ranges, ascending, joined by `sep`: `0-3, 5, 7-8`.
+pub fn id_ranges(ids: impl IntoIterator<Item = u64>, sep: &str) -> String {
+    let mut sorted: Vec<u64> = ids.into_iter().collect();
     sorted.sort_unstable();
+    sorted.dedup();
     let mut parts: Vec<String> = Vec::new();
     let mut i = 0;
     while i < sorted.len() {
@@ -336,7 +342,7 @@ pub fn cpu_ranges(cpus: &[usize]) -> String {
         });
         i = j + 1;
     }
-    parts.join(",")
+    parts.join(sep)
 }
 
 /// Decides which devices run a worker: each host's first `slots` devices (all without slots),

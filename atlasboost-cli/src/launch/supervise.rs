@@ -1666,23 +1666,9 @@ impl<'a> Supervisor<'a> {
     }
 }
 
-/// Sorted ranks as a short list: `0-3, 5, 7-8`.
+/// Ranks as a short list: `0-3, 5, 7-8`.
 fn ranges(ranks: &[u32]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let mut j = i;
-        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
-            j += 1;
-        }
-        parts.push(if j == i {
-            ranks[i].to_string()
-        } else {
-            format!("{}-{}", ranks[i], ranks[j])
-        });
-        i = j + 1;
-    }
-    parts.join(", ")
+    super::plan::id_ranges(ranks.iter().map(|&r| u64::from(r)), ", ")
 }
 
 /// Processes whose parent is the launcher, other than `own` (the lifeline, ssh sessions):

@@ -367,6 +367,11 @@ fn parse_physical(text: &str, count: Option<usize>) -> Result<Vec<u32>, Malforme
     }
 }
 
+/// The C name of a function a fault may name.
+fn known_function(name: &str) -> Option<&'static str> {
+    FUNCTIONS.iter().find(|known| **known == name).copied()
+}
+
 /// One element of `ATLASBOOST_FAKE_DSMI_FAULTS`; the ids it names must exist.
 fn parse_fault(fault: &str, physical: &[u32]) -> Result<Fault, Malformed> {
     let bad = |reason: String| Malformed::new(EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS, fault, reason);
@@ -391,14 +396,11 @@ fn parse_fault(fault: &str, physical: &[u32]) -> Result<Fault, Malformed> {
             Some((function, logical)) => (function.trim(), Some(logical.trim())),
             None => (target.trim(), None),
         };
-        let function = *FUNCTIONS
-            .iter()
-            .find(|known| **known == function)
-            .ok_or_else(|| {
-                bad(format!(
-                    "unknown function {function:?} (expected one of {FUNCTIONS:?})"
-                ))
-            })?;
+        let function = known_function(function).ok_or_else(|| {
+            bad(format!(
+                "unknown function {function:?} (expected one of {FUNCTIONS:?})"
+            ))
+        })?;
         let logical = match logical {
             None => None,
             Some(_) if DEVICELESS.contains(&function) => {
@@ -451,14 +453,11 @@ fn parse_fault(fault: &str, physical: &[u32]) -> Result<Fault, Malformed> {
                 (function.trim(), Some(times))
             }
         };
-        let function = *FUNCTIONS
-            .iter()
-            .find(|known| **known == function)
-            .ok_or_else(|| {
-                bad(format!(
-                    "unknown function {function:?} (expected one of {FUNCTIONS:?})"
-                ))
-            })?;
+        let function = known_function(function).ok_or_else(|| {
+            bad(format!(
+                "unknown function {function:?} (expected one of {FUNCTIONS:?})"
+            ))
+        })?;
         Ok(Fault::TryAgain { function, times })
     } else {
         Err(bad(
