@@ -576,6 +576,40 @@ fn a_command_missing_on_the_remote_hosts_exits_127() {
 }
 
 /// Starts 2 hosts × 2 workers that each fork a `sleep` and print `ready`; returns once all 8
+/// `kill -9` of the launcher of `launch`: it dies, and within 7 s nothing of the job is left on
+/// any host (workers marked `mark`, the `agents`, sshd's sessions) nor of the launcher's own
+/// processes. SPEC: within 5 s (an agent stops its workers with 1 s of grace once its stdin
+/// closes, or once the launcher's heartbeats have been missing for 4 s); 2 s more for the ssh
+/// client's death to reach sshd and the agent over TCP, on a busy 2-core machine.
+fn kill_9_and_assert_nothing_left(
+    launch: Launch,
+    sshd: &Sshd,
+    mark: &str,
+    agents: &BTreeSet<i32>,
+    context: &str,
+) -> Finished {
+    let launch_mark = launch.mark().to_string();
+    let killed = Instant::now();
+    launch.signal(Signal::SIGKILL);
+    let r = launch.wait_at_most(Duration::from_secs(5));
+    assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
+    let budget = Duration::from_secs(7);
+    assert_job_gone(
+        sshd,
+        mark,
+        agents,
+        budget.saturating_sub(killed.elapsed()),
+        &format!("after kill -9 of the launcher {context}"),
+    );
+    assert_no_process_with_env(
+        LAUNCH_MARK,
+        &launch_mark,
+        budget.saturating_sub(killed.elapsed()),
+        "the launcher's own processes after its kill -9",
+    );
+    r
+}
+
 /// processes run, with the agents.
 fn start_forking_job(sshd: &Sshd, mark: &str, grace: &str) -> (Launch, BTreeSet<i32>) {
     let mut launch = over_ssh(
@@ -647,28 +681,7 @@ fn kill_9_of_the_launcher_leaves_nothing_on_any_host() {
     let mark = unique("ssh-kill9");
     let _cleanup = Cleanup(mark.clone());
     let (launch, agents) = start_forking_job(&sshd, &mark, "30");
-    let launch_mark = launch.mark().to_string();
-    let killed = Instant::now();
-    launch.signal(Signal::SIGKILL);
-    let r = launch.wait_at_most(Duration::from_secs(5));
-    assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
-    // SPEC: within 5 s (an agent stops its workers with 1 s of grace once its stdin closes, or
-    // once the launcher's heartbeats have been missing for 4 s). 2 s more: the ssh client's
-    // death must reach sshd and the agent over TCP, on a busy 2-core machine.
-    let budget = Duration::from_secs(7);
-    assert_job_gone(
-        &sshd,
-        &mark,
-        &agents,
-        budget.saturating_sub(killed.elapsed()),
-        "after kill -9 of the launcher",
-    );
-    assert_no_process_with_env(
-        LAUNCH_MARK,
-        &launch_mark,
-        budget.saturating_sub(killed.elapsed()),
-        "the launcher's own processes after its kill -9",
-    );
+    let r = kill_9_and_assert_nothing_left(launch, &sshd, &mark, &agents, "mid-job");
     assert!(!r.out().contains("not stopped"), "{}", r.describe());
 }
 
@@ -1227,25 +1240,7 @@ fn kill_9_of_the_launcher_during_a_restarts_stop_leaves_nothing_on_any_host() {
         |_, err| err.contains("stopping the other"),
     );
     let agents = agents_of(&mark);
-    let launch_mark = launch.mark().to_string();
-    let killed = Instant::now();
-    launch.signal(Signal::SIGKILL);
-    let r = launch.wait_at_most(Duration::from_secs(5));
-    assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
-    let budget = Duration::from_secs(7);
-    assert_job_gone(
-        &sshd,
-        &mark,
-        &agents,
-        budget.saturating_sub(killed.elapsed()),
-        "after kill -9 of the launcher during a restart's stop",
-    );
-    assert_no_process_with_env(
-        LAUNCH_MARK,
-        &launch_mark,
-        budget.saturating_sub(killed.elapsed()),
-        "the launcher's own processes after its kill -9",
-    );
+    kill_9_and_assert_nothing_left(launch, &sshd, &mark, &agents, "during a restart's stop");
 }
 
 /// `kill -9` of the launcher while it waits to restart (between two attempts, when it is about
@@ -1275,23 +1270,5 @@ fn kill_9_of_the_launcher_between_attempts_leaves_nothing_on_any_host() {
     launch.wait_for("the restart's delay", Duration::from_secs(30), |_, err| {
         err.contains("restarting every worker")
     });
-    let launch_mark = launch.mark().to_string();
-    let killed = Instant::now();
-    launch.signal(Signal::SIGKILL);
-    let r = launch.wait_at_most(Duration::from_secs(5));
-    assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
-    let budget = Duration::from_secs(7);
-    assert_job_gone(
-        &sshd,
-        &mark,
-        &BTreeSet::new(),
-        budget.saturating_sub(killed.elapsed()),
-        "after kill -9 of the launcher between two attempts",
-    );
-    assert_no_process_with_env(
-        LAUNCH_MARK,
-        &launch_mark,
-        budget.saturating_sub(killed.elapsed()),
-        "the launcher's own processes after its kill -9",
-    );
+    kill_9_and_assert_nothing_left(launch, &sshd, &mark, &BTreeSet::new(), "between attempts");
 }
