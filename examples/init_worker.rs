@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     // SAFETY: this program starts no thread of its own, and init() has stopped its own.
     unsafe { job.export_env() };
     println!(
-        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={} mpi={} gloo={} hccl_if_ip={}",
+        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={} mpi={} gloo={} hccl_if_ip={} cpus={}",
         job.world.rank,
         job.launcher_rank,
         job.world.size,
@@ -65,6 +65,14 @@ fn main() -> ExitCode {
         },
         std::env::var("GLOO_SOCKET_IFNAME").unwrap_or_default(),
         std::env::var("HCCL_IF_IP").unwrap_or_default(),
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|l| l.trim().to_string())
+            })
+            .unwrap_or_default(),
     );
     if let Some(file) = hold_until {
         let _ = std::io::stdout().flush();

@@ -135,6 +135,8 @@ impl EnvVars {
     pub const ATLASBOOST_DCMI_LIB: &'static str = "ATLASBOOST_DCMI_LIB";
     /// The fake DCMI library: each card's CPU affinity, `0:0-11;1:12-23`.
     pub const ATLASBOOST_FAKE_DCMI_AFFINITY: &'static str = "ATLASBOOST_FAKE_DCMI_AFFINITY";
+    /// Library mode's `--bind-cores`: `1` binds the process to its NPU's CPUs in `init()`.
+    pub const ATLASBOOST_BIND_CORES: &'static str = "ATLASBOOST_BIND_CORES";
     /// Library mode's `--nic`: an interface name or an IPv4 network (CIDR).
     pub const ATLASBOOST_NIC: &'static str = "ATLASBOOST_NIC";
     /// The fake driver: `current` (the real driver's in-and-out `ip_type`) or `old`.

@@ -371,11 +371,45 @@ pub fn init(opts: &InitOptions) -> Result<Job, InitError> {
         },
     };
     let context = launch_context::detect_from_env()?;
-    match context {
-        Some(c) if c.launcher == Launcher::Atlasboost => from_launch(&c, framework),
-        Some(c) => rendezvous(&c, framework),
-        None => alone(framework),
+    let job = match context {
+        Some(c) if c.launcher == Launcher::Atlasboost => from_launch(&c, framework)?,
+        Some(c) => rendezvous(&c, framework)?,
+        None => alone(framework)?,
+    };
+    if env(EnvVars::ATLASBOOST_BIND_CORES).is_some_and(|v| v == "1") {
+        bind_cores(&job)?;
     }
+    Ok(job)
+}
+
+/// `ATLASBOOST_BIND_CORES=1`: binds the calling thread (and what it starts) to this rank's CPUs,
+/// the same plan `atlasboost run --bind-cores` makes for the host's ranks (from the table).
+fn bind_cores(job: &Job) -> Result<(), InitError> {
+    let bad = |reason: String| InitError::BadVariable {
+        variable: EnvVars::ATLASBOOST_BIND_CORES,
+        value: "1".into(),
+        reason,
+    };
+    let value = atlasboost_core::ranktable::read_json(&job.table_path)
+        .map_err(|e| bad(atlasboost_core::exchange::error_chain(&e)))?;
+    let chip = atlasboost_core::ranktable::default_chip(&value);
+    let table = RankTable::from_value(value, &job.table_path.display().to_string(), chip)
+        .map_err(|e| bad(atlasboost_core::exchange::error_chain(&e)))?;
+    let mut seats: Vec<Seat> = Seat::all(&table)
+        .map_err(|e| bad(atlasboost_core::exchange::error_chain(&e)))?
+        .into_iter()
+        .filter(|s| s.server_id == job.server_id)
+        .collect();
+    seats.sort_by_key(|s| s.world.local_rank);
+    let physical: Vec<u32> = seats.iter().map(|s| s.physical_id).collect();
+    let plan = crate::cores::host_plan(&physical).map_err(bad)?;
+    let mine = plan.get(job.world.local_rank as usize).ok_or_else(|| {
+        bad(format!(
+            "local rank {} is not in the table",
+            job.world.local_rank
+        ))
+    })?;
+    crate::cores::bind_current_thread(mine).map_err(|e| bad(format!("cannot bind: {e}")))
 }
 
 /// This process's rank as its launcher numbered it, if a launcher's variables say (and are

@@ -10,6 +10,7 @@
 //!   mode), a free port.
 //! - [`progress`]: what a worker tells its launcher beside its output: heartbeats for the hang
 //!   watchdog, the record of its failure.
+//! - [`cores`]: CPU binding of a host's workers (`--bind-cores`, `ATLASBOOST_BIND_CORES`).
 //! - [`build_info`]: what this build has (MPI support).
 //!
 //! The Python package (`bindings/python`) and the C ABI (`bindings/c`) are thin layers over
@@ -18,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod build_info;
+pub mod cores;
 pub mod host;
 pub mod init;
 pub mod probe;

@@ -172,6 +172,41 @@ fn init_with_torchrun_variables_meets_over_zeromq() {
     assert_eq!(servers.len(), 2, "two simulated hosts: {reports:?}");
 }
 
+/// `ATLASBOOST_BIND_CORES=1`: two ranks of one host, each bound by its own `init()` to its
+/// half of the allowed CPUs (no DCMI: an even split), as `run --bind-cores` would.
+#[test]
+fn init_binds_each_rank_to_cpus_of_its_own_when_asked() {
+    let allowed = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Cpus_allowed_list:")
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap();
+    if allowed.split([',', '-']).count() < 2 {
+        eprintln!("skipped: this process may run on one CPU only ({allowed})");
+        return;
+    }
+    let port = free_port_pair();
+    let (launches, _) = start_workers(2, &[], Duration::from_secs(60), |r| {
+        let mut vars = torchrun_vars(r, 2, 2, port);
+        vars.push(("ATLASBOOST_BIND_CORES".into(), "1".into()));
+        vars.push(("ATLASBOOST_DCMI_LIB".into(), "none".into()));
+        vars
+    });
+    let finished: Vec<Finished> = launches.into_iter().map(Launch::wait).collect();
+    let reports = reports_of(&finished);
+    check_job(&reports, 2, "Zmq");
+    let cpus: std::collections::BTreeSet<&str> =
+        reports.iter().map(|r| r["cpus"].as_str()).collect();
+    assert_eq!(cpus.len(), 2, "each rank its own CPUs: {reports:?}");
+    assert!(
+        !cpus.contains(allowed.as_str()),
+        "bound, not all of {allowed}: {reports:?}"
+    );
+}
+
 #[test]
 fn init_with_srun_variables_takes_the_master_from_the_node_list() {
     let port = free_port_pair();

@@ -486,34 +486,8 @@ pub fn host_workers(
 ///
 /// Too few CPUs, or a DCMI call that fails, naming the host.
 fn bind_cores(seats: &[Seat], host: &str) -> Result<Vec<Vec<usize>>, CliError> {
-    let allowed_set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
-        .map_err(|e| CliError::system("read this process's CPU affinity")(e.into()))?;
-    let allowed: Vec<usize> = (0..nix::sched::CpuSet::count())
-        .filter(|&c| allowed_set.is_set(c).unwrap_or(false))
-        .collect();
-    let dcmi = atlasboost_dsmi::Dcmi::load().map_err(|e| {
-        CliError::Failure(format!(
-            "--bind-cores: host {host}: {}",
-            atlasboost_core::exchange::error_chain(&e)
-        ))
-    })?;
-    let affinity = match dcmi {
-        Some(dcmi) => Some(
-            seats
-                .iter()
-                .map(|s| dcmi.affinity(s.physical_id))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| {
-                    CliError::Failure(format!(
-                        "--bind-cores: host {host}: {} ({})",
-                        atlasboost_core::exchange::error_chain(&e),
-                        dcmi.library().display()
-                    ))
-                })?,
-        ),
-        None => None,
-    };
-    super::plan::assign_cores(&allowed, affinity.as_deref(), seats.len())
+    let physical: Vec<u32> = seats.iter().map(|s| s.physical_id).collect();
+    atlasboost::cores::host_plan(&physical)
         .map_err(|why| CliError::Failure(format!("--bind-cores: host {host}: {why}")))
 }
 

@@ -253,97 +253,7 @@ pub struct Offer {
     pub devices: Vec<Device>,
 }
 
-/// The CPUs of each worker of a host (`--bind-cores`), in local-rank order: never one CPU for two
-/// workers. With the NPUs' affinities (DCMI), workers whose NPUs share an affine range split it
-/// evenly (contiguous pieces, in local-rank order); without, the allowed CPUs are split evenly.
-/// Only `allowed` CPUs (this process's affinity: cgroup cpusets included) are ever given.
-///
-/// # Errors
-///
-/// Why a worker would get no CPU: more workers than allowed CPUs, or an NPU whose affine CPUs
-/// are not allowed or already given.
-pub fn assign_cores(
-    allowed: &[usize],
-    affinity: Option<&[Vec<usize>]>,
-    workers: usize,
-) -> Result<Vec<Vec<usize>>, String> {
-    let split = |cpus: &[usize], n: usize| -> Vec<Vec<usize>> {
-        (0..n)
-            .map(|i| cpus[i * cpus.len() / n..(i + 1) * cpus.len() / n].to_vec())
-            .collect()
-    };
-    let Some(affinity) = affinity else {
-        if workers > allowed.len() {
-            return Err(format!(
-                "{workers} workers on this host but only {} CPUs allowed ({})",
-                allowed.len(),
-                cpu_ranges(allowed)
-            ));
-        }
-        return Ok(split(allowed, workers));
-    };
-    let mut assigned: Vec<Vec<usize>> = vec![Vec::new(); affinity.len()];
-    let mut taken: Vec<usize> = Vec::new();
-    let mut done = vec![false; affinity.len()];
-    for first in 0..affinity.len() {
-        if done[first] {
-            continue;
-        }
-        // The workers whose NPUs have this same range share it.
-        let group: Vec<usize> = (first..affinity.len())
-            .filter(|&i| affinity[i] == affinity[first])
-            .collect();
-        let free: Vec<usize> = affinity[first]
-            .iter()
-            .copied()
-            .filter(|c| allowed.contains(c) && !taken.contains(c))
-            .collect();
-        if free.len() < group.len() {
-            return Err(format!(
-                "the NPU of local rank {first} is affine to CPUs {}, of which {} {} allowed and \
-                 free, for {} worker{}",
-                cpu_ranges(&affinity[first]),
-                free.len(),
-                if free.len() == 1 { "is" } else { "are" },
-                group.len(),
-                if group.len() == 1 { "" } else { "s" }
-            ));
-        }
-        for (i, cpus) in group.iter().zip(split(&free, group.len())) {
-            taken.extend(&cpus);
-            assigned[*i] = cpus;
-            done[*i] = true;
-        }
-    }
-    Ok(assigned)
-}
-
-/// `0-3,8`: CPUs as Linux lists them.
-pub fn cpu_ranges(cpus: &[usize]) -> String {
-    id_ranges(cpus.iter().map(|&c| c as u64), ",")
-}
-
-/// Ids as a short list of ranges, ascending, joined by `sep`: `0-3, 5, 7-8`.
-pub fn id_ranges(ids: impl IntoIterator<Item = u64>, sep: &str) -> String {
-    let mut sorted: Vec<u64> = ids.into_iter().collect();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let mut j = i;
-        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
-            j += 1;
-        }
-        parts.push(if i == j {
-            sorted[i].to_string()
-        } else {
-            format!("{}-{}", sorted[i], sorted[j])
-        });
-        i = j + 1;
-    }
-    parts.join(sep)
-}
+pub use atlasboost::cores::{assign_cores, cpu_ranges, id_ranges};
 
 /// Decides which devices run a worker: each host's first `slots` devices (all without slots),
 /// then, with `-n`, hosts are filled in order until `n` workers are placed (as mpirun maps by
@@ -404,37 +314,6 @@ mod tests {
             e @ CliError::BadHost { .. } => e.to_string(),
             other => panic!("expected a usage error, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn cores_are_split_evenly_or_by_affinity_and_never_shared() {
-        let allowed: Vec<usize> = (0..8).collect();
-        assert_eq!(
-            assign_cores(&allowed, None, 3).unwrap(),
-            vec![vec![0, 1], vec![2, 3, 4], vec![5, 6, 7]]
-        );
-        assert!(
-            assign_cores(&[0, 1], None, 3)
-                .unwrap_err()
-                .contains("only 2 CPUs")
-        );
-        // NPUs 0-1 near CPUs 0-3, NPUs 2-3 near CPUs 4-7 (two NUMA nodes).
-        let near = [
-            vec![0, 1, 2, 3],
-            vec![0, 1, 2, 3],
-            vec![4, 5, 6, 7],
-            vec![4, 5, 6, 7],
-        ];
-        assert_eq!(
-            assign_cores(&allowed, Some(&near), 4).unwrap(),
-            vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]
-        );
-        // A cpuset that allows only CPUs 0-1 and 4: what is left is split, never shared.
-        let got = assign_cores(&[0, 1, 4, 5], Some(&near), 4).unwrap();
-        assert_eq!(got, vec![vec![0], vec![1], vec![4], vec![5]]);
-        let e = assign_cores(&[0, 4, 5], Some(&near), 4).unwrap_err();
-        assert!(e.contains("local rank 0") && e.contains("0-3"), "{e}");
-        assert_eq!(cpu_ranges(&[5, 0, 1, 2, 8]), "0-2,5,8");
     }
 
     #[test]
