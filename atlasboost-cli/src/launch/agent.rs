@@ -390,7 +390,7 @@ pub fn host_workers(
             .iter()
             .map(|s| logical_of(s.physical_id))
             .collect::<Vec<_>>(),
-        inherited_runtime_visible(settings)?.as_deref(),
+        inherited_runtime_visible()?.as_deref(),
     );
     let nic = host_nic(settings, server_id)?;
     let mut cores = match settings.bind_cores {
@@ -540,18 +540,12 @@ pub fn runtime_visible(logical: &[u32], inherited: Option<&[u32]>) -> String {
         .join(",")
 }
 
-/// The `ASCEND_RT_VISIBLE_DEVICES` the probe of this host ran under: forwarded by the launcher
-/// (remote hosts), else this process's.
-fn inherited_runtime_visible(settings: &WorkerSettings) -> Result<Option<Vec<u32>>, CliError> {
+/// The `ASCEND_RT_VISIBLE_DEVICES` the probe of this host ran under: this process's own (the
+/// launcher's for its local hosts, the agent's on a remote one). One the launcher forwards to
+/// remote workers is not what their agent's probe saw, and is replaced.
+fn inherited_runtime_visible() -> Result<Option<Vec<u32>>, CliError> {
     let name = EnvVars::ASCEND_RT_VISIBLE_DEVICES;
-    let value = settings
-        .env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var_os(name))
-        .filter(|v| !v.is_empty());
+    let value = std::env::var_os(name).filter(|v| !v.is_empty());
     let Some(value) = value else {
         return Ok(None);
     };
