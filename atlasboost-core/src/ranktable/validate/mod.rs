@@ -86,12 +86,12 @@ impl fmt::Display for Violation {
     }
 }
 
-/// `Ok` with the warnings when no violation is an error; else [`Error::Invalid`] with all of
-/// them (errors and warnings), naming `origin`.
+/// `Ok` with the warnings when no violation is an error; else [`crate::Error::Invalid`] with
+/// all of them (errors and warnings), naming `origin`.
 ///
 /// # Errors
 ///
-/// [`Error::Invalid`] as above.
+/// [`crate::Error::Invalid`] as above.
 pub fn errors_fail(
     violations: Vec<Violation>,
     origin: impl FnOnce() -> String,
