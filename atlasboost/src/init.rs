@@ -376,8 +376,16 @@ pub fn init(opts: &InitOptions) -> Result<Job, InitError> {
         Some(c) => rendezvous(&c, framework)?,
         None => alone(framework)?,
     };
-    if env(EnvVars::ATLASBOOST_BIND_CORES).is_some_and(|v| v == "1") {
-        bind_cores(&job)?;
+    match env(EnvVars::ATLASBOOST_BIND_CORES).as_deref() {
+        None | Some("0") => {}
+        Some("1") => bind_cores(&job)?,
+        Some(other) => {
+            return Err(InitError::BadVariable {
+                variable: EnvVars::ATLASBOOST_BIND_CORES,
+                value: other.to_string(),
+                reason: "expected 1 (bind this rank to its CPUs) or 0".into(),
+            });
+        }
     }
     Ok(job)
 }
