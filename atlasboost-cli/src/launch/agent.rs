@@ -91,13 +91,60 @@ pub struct Shrink {
 /// What it decided (the answer, and the devices that run a worker) is also left in `decided`,
 /// for the launcher, which may have no local host of its own.
 pub fn launch_combiner(policy: TablePolicy, decided: Arc<Mutex<Option<Decision>>>) -> Combiner {
+    launch_combiner_with(policy, decided, Vec::new(), None)
+}
+
+/// [`launch_combiner`] for a launch whose local hosts reported in-process: the coordinator's
+/// participants are the remote hosts only (participant `i` is host `remote_index[i]`), and
+/// `local` holds the other hosts' reports, by host index.
+pub fn launch_combiner_with(
+    policy: TablePolicy,
+    decided: Arc<Mutex<Option<Decision>>>,
+    local: Vec<(usize, Vec<u8>)>,
+    remote_index: Option<Vec<usize>>,
+) -> Combiner {
     Box::new(move |_, payloads| {
+        let merged;
+        let payloads = match &remote_index {
+            None => payloads,
+            Some(index) => {
+                merged = merge_reports(policy.hosts.len(), &local, index, payloads);
+                &merged
+            }
+        };
         let decision = decide(&policy, payloads)?;
         let reply = serde_json::to_vec(&decision.answer)
             .map_err(|e| format!("cannot encode the answer: {e}"))?;
         *decided.lock().unwrap_or_else(|p| p.into_inner()) = Some(decision);
         Ok(Replies::Same(reply))
     })
+}
+
+/// Every host's report in host order: the local ones and the remote participants'.
+fn merge_reports(
+    hosts: usize,
+    local: &[(usize, Vec<u8>)],
+    remote_index: &[usize],
+    remote: &[Vec<u8>],
+) -> Vec<Vec<u8>> {
+    let mut all = vec![Vec::new(); hosts];
+    for (i, bytes) in local {
+        all[*i].clone_from(bytes);
+    }
+    for (i, bytes) in remote_index.iter().zip(remote) {
+        all[*i].clone_from(bytes);
+    }
+    all
+}
+
+/// Decides the table from every host's report, in host order (the launcher's own decision
+/// when every host is local and no coordinator runs).
+///
+/// # Errors
+///
+/// The first failed probe, naming its host; a table that cannot be built.
+pub fn decide_reports(policy: &TablePolicy, reports: &[Vec<u8>]) -> Result<Decision, String> {
+    decide(policy, reports)
 }
 
 /// What the launcher decided in the rendezvous.
@@ -300,28 +347,7 @@ pub struct Prepared {
 /// The rendezvous's error (which names the failing host when another host failed), a table
 /// that does not parse, or one that cannot be written.
 pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Prepared, CliError> {
-    let devices = probe(&job.discovery, &job.server_id);
-    let host = match &devices {
-        Ok(d) => HostReport::Devices(d.clone()),
-        Err(e) => HostReport::ProbeFailed {
-            server_id: job.server_id.clone(),
-            message: error_chain(e),
-        },
-    };
-    let nic_addr = match &job.nic {
-        Some(choice) => Some(
-            atlasboost::host::find_nic(choice)
-                .map_err(|e| CliError::Usage(format!("--nic {choice}: {e}")))?
-                .ipv4
-                .to_string(),
-        ),
-        None => None,
-    };
-    let report = AgentReport {
-        host,
-        free_port: free_port(&job.server_id),
-        nic_addr,
-    };
+    let (report, devices) = host_report(&job.discovery, &job.server_id, job.nic.as_ref())?;
     let payload = serde_json::to_vec(&report).map_err(CliError::json("encode the host report"))?;
     let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
         &job.endpoint,
@@ -351,36 +377,106 @@ pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Pr
     })
 }
 
+/// One host's report: its probe's devices (or why there are none), a free port, its `--nic`
+/// address; and the devices, for the host's workers.
+///
+/// # Errors
+///
+/// A `--nic` this host has no interface for (exit 2).
+pub fn host_report(
+    discovery: &Discovery,
+    server_id: &str,
+    nic: Option<&atlasboost::host::NicChoice>,
+) -> Result<(AgentReport, Result<Vec<Device>, ProbeError>), CliError> {
+    let devices = probe(discovery, server_id);
+    let host = match &devices {
+        Ok(d) => HostReport::Devices(d.clone()),
+        Err(e) => HostReport::ProbeFailed {
+            server_id: server_id.to_string(),
+            message: error_chain(e),
+        },
+    };
+    let nic_addr = match nic {
+        Some(choice) => Some(
+            atlasboost::host::find_nic(choice)
+                .map_err(|e| CliError::Usage(format!("--nic {choice}: {e}")))?
+                .ipv4
+                .to_string(),
+        ),
+        None => None,
+    };
+    let report = AgentReport {
+        host,
+        free_port: free_port(server_id),
+        nic_addr,
+    };
+    Ok((report, devices))
+}
+
 fn probe(discovery: &Discovery, server_id: &str) -> Result<Vec<Device>, ProbeError> {
     let probe = make_probe(discovery, server_id)?;
     local_devices(probe.as_ref(), discovery.devices.as_ref())
 }
 
+/// One host's part of the decided job.
+#[derive(Debug)]
+pub struct HostPart<'a> {
+    /// Its server id.
+    pub server_id: &'a str,
+    /// Its name, for messages.
+    pub host: &'a str,
+    /// Its seats in the table.
+    pub seats: Vec<Seat>,
+    /// Its devices, as its probe found them (for their logical ids).
+    pub devices: &'a [Device],
+    /// The launcher's answer (first node, port).
+    pub answer: &'a LaunchAnswer,
+}
+
+impl<'a> HostPart<'a> {
+    /// The part of host `server_id` of a whole table (for one host: the whole table is walked).
+    ///
+    /// # Errors
+    ///
+    /// The table's, when an id is not a number.
+    pub fn of(
+        prepared: &'a Prepared,
+        server_id: &'a str,
+        host: &'a str,
+    ) -> Result<HostPart<'a>, CliError> {
+        Ok(HostPart {
+            server_id,
+            host,
+            seats: Seat::all(&prepared.table)?
+                .into_iter()
+                .filter(|s| s.server_id == server_id)
+                .collect(),
+            devices: &prepared.devices,
+            answer: &prepared.answer,
+        })
+    }
+}
+
 /// The workers of one host: one per table entry of the host, in rank order, with their
 /// environment (SPEC §9; `inherited` says which variables the worker inherits, for the ones
-/// set only when unset).
+/// set only when unset). Nothing here walks the whole table: a launcher with thousands of
+/// local hosts calls it once per host.
 ///
 /// # Errors
 ///
 /// The table's or the environment's errors (a table that does not name this host's devices).
 pub fn host_workers(
-    prepared: &Prepared,
-    server_id: &str,
-    host: &str,
+    part: HostPart<'_>,
     settings: &WorkerSettings,
     job_id: &str,
     inherited: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<WorkerPlan>, CliError> {
     let framework: Framework = settings.framework.parse()?;
-    let table = &prepared.table;
-    let mut seats: Vec<Seat> = Seat::all(table)?
-        .into_iter()
-        .filter(|s| s.server_id == server_id)
-        .collect();
+    let (server_id, host) = (part.server_id, part.host);
+    let mut seats = part.seats;
     seats.sort_by_key(|s| s.world.local_rank);
     let logical_of = |physical: u32| {
-        prepared
-            .devices
+        part.devices
             .iter()
             .find(|d| d.physical_id == physical)
             .map_or(physical, |d| d.logical_id)
@@ -410,8 +506,8 @@ pub fn host_workers(
             logical_id: seat.world.local_rank,
             framework,
             job_id,
-            master_addr: &prepared.answer.master_addr,
-            master_port: prepared.answer.master_port,
+            master_addr: &part.answer.master_addr,
+            master_port: part.answer.master_port,
         })?;
         let mut vars: Vec<(OsString, OsString)> = env
             .set
@@ -687,9 +783,7 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
     joined.store(true, Ordering::Release);
     let prepared = prepared?;
     let workers = host_workers(
-        &prepared,
-        &config.server_id,
-        &config.host,
+        HostPart::of(&prepared, &config.server_id, &config.host)?,
         settings,
         &config.job_id,
         &|k| std::env::var_os(k).is_some(),

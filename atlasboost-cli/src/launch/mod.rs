@@ -22,21 +22,19 @@ pub mod relay;
 pub mod remote;
 pub mod supervise;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use atlasboost_core::EnvVars;
 use atlasboost_core::ranktable::{BuildOptions, RankOrder, RankTable};
+use atlasboost_core::{Device, EnvVars};
 use atlasboost_tcp::{Coordinator, CoordinatorConfig, Secret};
 use nix::sys::signal::Signal;
 
-use self::agent::{
-    AgentJob, Decision, Prepared, Shrink, TablePolicy, host_workers, launch_combiner, run_agent,
-};
+use self::agent::{Decision, HostPart, Shrink, TablePolicy, host_workers, launch_combiner_with};
 use self::channel::{AgentConfig, Up, WorkerSettings};
 use self::job::{
     AttemptRecord, check_before_start, ending_of, job_logs, lock_table, new_job_id,
@@ -471,8 +469,8 @@ struct JoinedHosts {
     table: RankTable,
     /// What the launcher decided.
     decision: Decision,
-    /// Local hosts' agents' results, by host index.
-    local: Vec<Option<Prepared>>,
+    /// Local hosts' devices, by host index (`None` for a remote host).
+    local: Vec<Option<Vec<Device>>>,
     /// Remote hosts' sessions.
     remotes: Vec<Remote>,
 }
@@ -486,27 +484,11 @@ struct Rendezvous {
     decided: Arc<Mutex<Option<Decision>>>,
 }
 
-/// The results of the local hosts' agent threads, by host index, and how many are to come.
-type LocalAgents = (mpsc::Receiver<(usize, Result<Prepared, CliError>)>, usize);
-
-/// Step 1 of the join: the coordinator, which decides the table once every host reported.
-fn start_coordinator(launch: &Launch<'_>, printer: &Printer) -> Result<Rendezvous, CliError> {
-    let (args, hosts) = (launch.args, launch.hosts);
-    let secret = Secret::random().map_err(CliError::system("make the job's secret"))?;
-    let bind = match launch.bind {
-        IpAddr::V4(ip) => format!("tcp://{ip}:0"),
-        IpAddr::V6(ip) => format!("tcp://[{ip}]:0"),
-    };
-    let mut config = CoordinatorConfig::new(
-        bind,
-        hosts.len(),
-        launch.job_id,
-        secret.clone(),
-        args.rendezvous_timeout,
-    );
-    config.names = hosts.iter().map(HostPlan::describe).collect();
-    let policy = TablePolicy {
-        hosts: hosts.to_vec(),
+/// How the launcher turns the hosts' reports into the table.
+fn table_policy(launch: &Launch<'_>) -> TablePolicy {
+    let args = launch.args;
+    TablePolicy {
+        hosts: launch.hosts.to_vec(),
         np: args.np,
         build: BuildOptions {
             format: args.format,
@@ -517,11 +499,40 @@ fn start_coordinator(launch: &Launch<'_>, printer: &Printer) -> Result<Rendezvou
             chip: None,
         },
         shrink: launch.shrink.clone(),
+    }
+}
+
+/// Step 1 of the join, with remote hosts: the coordinator, whose participants are the remote
+/// hosts; it decides the table once they reported, with the local hosts' reports.
+fn start_coordinator(
+    launch: &Launch<'_>,
+    local: Vec<(usize, Vec<u8>)>,
+    remote_index: &[usize],
+    printer: &Printer,
+) -> Result<Rendezvous, CliError> {
+    let (args, hosts) = (launch.args, launch.hosts);
+    let secret = Secret::random().map_err(CliError::system("make the job's secret"))?;
+    let bind = match launch.bind {
+        IpAddr::V4(ip) => format!("tcp://{ip}:0"),
+        IpAddr::V6(ip) => format!("tcp://[{ip}]:0"),
     };
+    let mut config = CoordinatorConfig::new(
+        bind,
+        remote_index.len(),
+        launch.job_id,
+        secret.clone(),
+        args.rendezvous_timeout,
+    );
+    config.names = remote_index.iter().map(|&i| hosts[i].describe()).collect();
     // The policy's own words, without the coordinator's framing, for the error message.
     let refusal: Arc<Mutex<Option<String>>> = Arc::default();
     let decided: Arc<Mutex<Option<Decision>>> = Arc::default();
-    let mut combiner = launch_combiner(policy, Arc::clone(&decided));
+    let mut combiner = launch_combiner_with(
+        table_policy(launch),
+        Arc::clone(&decided),
+        local,
+        Some(remote_index.to_vec()),
+    );
     let seen = Arc::clone(&refusal);
     let coordinator = Coordinator::start_with(
         config,
@@ -545,12 +556,13 @@ fn start_coordinator(launch: &Launch<'_>, printer: &Printer) -> Result<Rendezvou
 }
 
 /// Step 2: one ssh session per remote host, running `atlasboost agent` (first: ssh takes the
-/// longest to get going). Returns the sessions and their hosts' indexes.
+/// longest to get going). Participant `i` of the rendezvous is host `remote_index[i]`.
 fn start_remote_agents(
     launch: &Launch<'_>,
+    remote_index: &[usize],
     endpoint: &str,
     secret: &Secret,
-) -> Result<(Vec<Remote>, Vec<usize>), CliError> {
+) -> Result<Vec<Remote>, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
     let ssh = SshOptions {
         port: args.ssh_port,
@@ -567,11 +579,11 @@ fn start_remote_agents(
         .extend(launch.settings.env.iter().cloned());
     let launcher_name = atlasboost_core::host_name();
     let mut remotes = Vec::new();
-    let mut remote_index = Vec::new();
-    for (index, host) in hosts.iter().enumerate().filter(|(_, h)| !h.local) {
+    for (participant, &index) in remote_index.iter().enumerate() {
+        let host = &hosts[index];
         let config = AgentConfig {
-            index,
-            hosts: hosts.len(),
+            index: participant,
+            hosts: remote_index.len(),
             server_id: host.server_id.clone(),
             host: host.describe(),
             launcher: launcher_name.clone(),
@@ -583,70 +595,72 @@ fn start_remote_agents(
             workers: remote_settings.clone(),
         };
         remotes.push(Remote::start(&host.name, &host.describe(), &ssh, &config)?);
-        remote_index.push(index);
     }
-    Ok((remotes, remote_index))
+    Ok(remotes)
 }
 
-/// Step 3: one agent thread per local host.
-fn start_local_agents(
-    launch: &Launch<'_>,
-    endpoint: &str,
-    secret: &Secret,
-) -> Result<LocalAgents, CliError> {
-    let (args, hosts) = (launch.args, launch.hosts);
-    let written = Arc::new(Mutex::new(HashSet::new()));
-    let (tx, rx) = mpsc::channel();
-    let mut left = 0;
-    for (index, host) in hosts.iter().enumerate().filter(|(_, h)| h.local) {
-        let job = AgentJob {
+/// The local hosts' reports (by host index, encoded as an agent sends them), and their devices
+/// (by host index; `None` for a remote host).
+type LocalReports = (Vec<(usize, Vec<u8>)>, Vec<Option<Vec<Device>>>);
+
+/// Step 0: the local hosts' reports, made here: every local host is this machine, so there
+/// is no rendezvous, one decision, one table in memory and one write for all of them.
+fn local_reports(launch: &Launch<'_>) -> Result<LocalReports, CliError> {
+    let mut reports = Vec::new();
+    let mut devices: Vec<Option<Vec<Device>>> = launch.hosts.iter().map(|_| None).collect();
+    for (index, host) in launch.hosts.iter().enumerate().filter(|(_, h)| h.local) {
+        let (report, found) = agent::host_report(
+            &launch.args.discovery,
+            &host.server_id,
+            launch.args.nic.as_ref(),
+        )?;
+        reports.push((
             index,
-            hosts: hosts.len(),
-            server_id: host.server_id.clone(),
-            discovery: args.discovery.clone(),
-            endpoint: endpoint.to_string(),
-            job_id: launch.job_id.to_string(),
-            secret: secret.clone(),
-            timeout: args.rendezvous_timeout + AGENT_SLACK,
-            table_path: launch.settings.rank_table.clone(),
-            nic: args.nic.clone(),
-        };
-        let (tx, written) = (tx.clone(), Arc::clone(&written));
-        std::thread::Builder::new()
-            .name(format!("agent {}", host.server_id))
-            .spawn(move || {
-                let _ = tx.send((index, run_agent(&job, &written)));
-            })
-            .map_err(CliError::system("start an agent thread"))?;
-        left += 1;
+            serde_json::to_vec(&report).map_err(CliError::json("encode the host report"))?,
+        ));
+        devices[index] = Some(found.unwrap_or_default());
     }
-    drop(tx);
-    Ok((rx, left))
+    Ok((reports, devices))
 }
 
-/// Runs the coordinator, every local agent and every remote agent's ssh session until each
-/// host has written the table.
+/// Probes the local hosts, runs the coordinator and every remote agent's ssh session (when
+/// there are remote hosts) until each remote host has written the table, and writes it once
+/// for the local ones.
 fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joined, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
+    let started = Instant::now();
+    let (local_reports, local_devices) = local_reports(launch)?;
+    let remote_index: Vec<usize> = (0..hosts.len()).filter(|&i| !hosts[i].local).collect();
+    if remote_index.is_empty() {
+        // Every host is this machine: the launcher decides at once.
+        let mut reports = vec![Vec::new(); hosts.len()];
+        for (i, r) in local_reports {
+            reports[i] = r;
+        }
+        let decision =
+            agent::decide_reports(&table_policy(launch), &reports).map_err(CliError::Failure)?;
+        printer.detail(&format!(
+            "atlasboost: {} probed and decided in {} ms",
+            counted(hosts.len(), "local host"),
+            started.elapsed().as_millis()
+        ));
+        return finish_join(launch, decision, local_devices, Vec::new(), printer);
+    }
     let Rendezvous {
         coordinator,
         secret,
         refusal,
         decided,
-    } = start_coordinator(launch, printer)?;
+    } = start_coordinator(launch, local_reports, &remote_index, printer)?;
     let endpoint = coordinator.endpoint().to_string();
-    let (mut remotes, remote_index) = start_remote_agents(launch, &endpoint, &secret)?;
-    let (rx, mut left) = start_local_agents(launch, &endpoint, &secret)?;
+    let mut remotes = start_remote_agents(launch, &remote_index, &endpoint, &secret)?;
 
     let progress = std::io::stderr().is_terminal() && !printer.is_quiet();
-    let started = Instant::now();
     let join_limit = args.rendezvous_timeout + AGENT_SLACK + AGENT_SLACK;
     let mut shown = false;
-    let mut local: Vec<Option<Prepared>> = hosts.iter().map(|_| None).collect();
-    // A local agent's error, and a remote host's own diagnosis (ssh's words), which beats the
-    // coordinator's "it never joined".
-    let mut failure: Option<CliError> = None;
+    // A remote host's own diagnosis (ssh's words) beats the coordinator's "it never joined".
     let mut remote_failure: Option<CliError> = None;
+    let mut failure: Option<CliError> = None;
     let mut buf = vec![0u8; 1 << 16];
     loop {
         if let Some(s) = signals
@@ -659,55 +673,22 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             }
             return Ok(Joined::Interrupted(s));
         }
-        let remotes_ready = remotes.iter().all(|r| r.ready);
-        if left == 0 && remotes_ready {
+        if remotes.iter().all(|r| r.ready) || coordinator.failure().is_some() {
             break;
-        }
-        if coordinator.failure().is_some() && left == 0 {
-            break;
-        }
-        let wait = if left > 0 { 20 } else { 0 };
-        match rx.recv_timeout(Duration::from_millis(wait)) {
-            Ok((i, r)) => {
-                left -= 1;
-                match r {
-                    Ok(p) => local[i] = Some(p),
-                    // An agent that fails outside the round (its table cannot be written, say)
-                    // ends the wait: the others would only wait for the timeout.
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => left = 0,
         }
         if let Some(e) = check_remotes(&mut remotes, &mut buf, printer) {
             remote_failure = Some(e);
             break;
         }
-        if left == 0 && !remotes.is_empty() {
-            // Only remote hosts left to hear from: wait on their output, not on a clock.
-            wait_readable(&remotes, Duration::from_millis(20));
-        }
+        // Only remote hosts to hear from: wait on their output, not on a clock.
+        wait_readable(&remotes, Duration::from_millis(20));
         if started.elapsed() > join_limit {
             // The round itself is bounded by the coordinator; this bounds what comes after it
             // (a host that never says it wrote the table: a hung file system, a stalled link).
-            let waiting: Vec<String> = hosts
+            let waiting: Vec<String> = remotes
                 .iter()
-                .enumerate()
-                .filter(|(i, h)| {
-                    if h.local {
-                        local[*i].is_none()
-                    } else {
-                        remote_index
-                            .iter()
-                            .position(|r| r == i)
-                            .is_some_and(|r| !remotes[r].ready)
-                    }
-                })
-                .map(|(_, h)| h.describe())
+                .filter(|r| !r.ready)
+                .map(|r| r.host.clone())
                 .collect();
             failure = Some(CliError::TableNotReported {
                 hosts: waiting,
@@ -718,7 +699,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         if progress && started.elapsed() > Duration::from_secs(1) {
             to_stderr(&format!(
                 "\ratlasboost: hosts joined: {}/{} ({:.0?}, timeout {:.0?})",
-                coordinator.joined(),
+                coordinator.joined() + (hosts.len() - remote_index.len()) as u64,
                 hosts.len(),
                 started.elapsed(),
                 args.rendezvous_timeout
@@ -756,6 +737,18 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         .unwrap_or_else(|p| p.into_inner())
         .take()
         .ok_or_else(|| CliError::Failure("the rendezvous ended without a table".into()))?;
+    finish_join(launch, decision, local_devices, remotes, printer)
+}
+
+/// After the decision: the table parsed and checked once, written once for the local hosts
+/// (they share this machine's file system; the launcher holds the path's lock).
+fn finish_join(
+    launch: &Launch<'_>,
+    decision: Decision,
+    local: Vec<Option<Vec<Device>>>,
+    remotes: Vec<Remote>,
+    printer: &Printer,
+) -> Result<Joined, CliError> {
     for w in &decision.warnings {
         // Shown even with -q: HCCL will say the same, less clearly.
         printer.error(&format!("atlasboost: the rank table: {w}"));
@@ -766,6 +759,12 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         std::path::Path::new("<the launcher's table>"),
         chip,
     )?;
+    if local.iter().any(Option::is_some) {
+        atlasboost_core::ranktable::write_atomically(
+            &launch.settings.rank_table,
+            decision.answer.table.as_bytes(),
+        )?;
+    }
     Ok(Joined::Ready(Box::new(JoinedHosts {
         table,
         decision,
@@ -854,43 +853,63 @@ fn wait_readable(remotes: &[Remote], timeout: Duration) {
 }
 
 /// Every worker of the job, in rank order: local ones with their environment, remote ones
-/// (started by their agents) for output and the summary.
+/// (started by their agents) for output and the summary. One pass over the table.
 fn plan_workers(launch: &Launch<'_>, joined: &JoinedHosts) -> Result<Vec<WorkerPlan>, CliError> {
+    let by_server: HashMap<&str, usize> = launch
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.server_id.as_str(), i))
+        .collect();
+    let remote_devices: HashMap<(&str, u32), u32> = joined
+        .decision
+        .devices
+        .iter()
+        .map(|d| ((d.server_id.as_str(), d.physical_id), d.logical_id))
+        .collect();
+    let mut local_seats: Vec<Vec<atlasboost_core::worker_env::Seat>> =
+        launch.hosts.iter().map(|_| Vec::new()).collect();
     let mut workers = Vec::new();
-    for (index, host) in launch.hosts.iter().enumerate() {
-        if let Some(prepared) = &joined.local[index] {
-            workers.extend(host_workers(
-                prepared,
-                &host.server_id,
-                &host.describe(),
-                launch.settings,
-                launch.job_id,
-                &|k| std::env::var_os(k).is_some(),
-            )?);
-        }
-    }
-    for entry in joined.table.ranks()? {
-        let Some(host) = launch
-            .hosts
-            .iter()
-            .find(|h| h.server_id == entry.server_id && !h.local)
-        else {
+    for seat in atlasboost_core::worker_env::Seat::all(&joined.table)? {
+        let Some(&index) = by_server.get(seat.server_id.as_str()) else {
             continue;
         };
-        let device = joined
-            .decision
-            .devices
-            .iter()
-            .find(|d| d.server_id == entry.server_id && d.physical_id == entry.physical_id)
-            .map_or(entry.physical_id, |d| d.logical_id);
+        let host = &launch.hosts[index];
+        if host.local {
+            local_seats[index].push(seat);
+            continue;
+        }
+        let device = remote_devices
+            .get(&(seat.server_id.as_str(), seat.physical_id))
+            .copied()
+            .unwrap_or(seat.physical_id);
         workers.push(WorkerPlan {
-            rank: entry.rank,
+            rank: seat.world.rank,
             host: host.describe(),
             device,
             env: Vec::new(),
             local: false,
             cpus: None,
         });
+    }
+    for (index, seats) in local_seats.into_iter().enumerate() {
+        let (Some(devices), false) = (&joined.local[index], seats.is_empty()) else {
+            continue;
+        };
+        let host = &launch.hosts[index];
+        let name = host.describe();
+        workers.extend(host_workers(
+            HostPart {
+                server_id: &host.server_id,
+                host: &name,
+                seats,
+                devices,
+                answer: &joined.decision.answer,
+            },
+            launch.settings,
+            launch.job_id,
+            &|k| std::env::var_os(k).is_some(),
+        )?);
     }
     workers.sort_by_key(|w| w.rank);
     debug_assert!(
