@@ -8,6 +8,7 @@
     python3 benches/compare.py init [--runs 10]
     python3 benches/compare.py pip [--runs 1] [--warm]
     python3 benches/compare.py restart [--runs 5] [--torchrun PATH] [--python PATH]
+    python3 benches/compare.py local-hosts [--runs 3] [--hosts 256,512,1024]
 
 - launch: wall time of starting 8 ranks of `true` and waiting for them (targets:
   atlasboost/mpirun median <= 1.0; `atlasboost run --mpi`, which starts mpirun, <= 1.1).
@@ -36,6 +37,10 @@
   benchmark's own (--torchrun, default target/bench-venv/bin/torchrun: `python3 -m venv
   target/bench-venv && target/bench-venv/bin/pip install torch`); the Python package from
   --python (default target/python-venv/bin/python, made by scripts/test-python.sh).
+- local-hosts: `atlasboost run --sim 1 -H <N local addresses>` of `true` (every host is this
+  machine: 127.0.x.y), against the floor: N `true` started by one shell at once; for N = 256,
+  512 and 1,024, with the launcher's peak resident memory (targets: 1,024 hosts <= 3 s and
+  <= 64 MiB).
 
 Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
 output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
@@ -800,6 +805,53 @@ def cmd_restart(args):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- local hosts
+
+
+def local_host_list(n):
+    """N addresses of this machine: 127.0.0.1 ... (250 per /24), one device each."""
+    return ",".join(f"127.0.{i // 250}.{i % 250 + 1}:1" for i in range(n))
+
+
+def run_measured(cmd):
+    """Wall time and the child's own peak resident memory (KiB), failing loudly unless it exits 0."""
+    start = time.perf_counter()
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(p.pid, 0)
+    elapsed = time.perf_counter() - start
+    err = p.stderr.read().decode(errors="replace")
+    p.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        die(f"exit {os.waitstatus_to_exitcode(status)}: {show(cmd[:6])} ...\n{err[-2000:]}")
+    return elapsed, usage.ru_maxrss
+
+
+def cmd_local_hosts(args):
+    atlasboost = find_atlasboost(args.atlasboost)
+    sizes = [int(x) for x in args.hosts.split(",")]
+    print("# local hosts: N hosts x 1 device of `true`, every host this machine\n")
+    print_machine({"atlasboost": atlasboost})
+    print(f"{args.runs} runs of each, alternating; the floor: one shell starting N `true` at once\n")
+    rows = []
+    for n in sizes:
+        ab = [atlasboost, "run", "-q", "--sim", "1", "-H", local_host_list(n), "--", "true"]
+        floor = ["sh", "-c", f"i=0; while [ $i -lt {n} ]; do true & i=$((i+1)); done; wait"]
+        t_ab, t_floor, mem = [], [], []
+        for _ in range(args.runs):
+            t, kib = run_measured(ab)
+            t_ab.append(t)
+            mem.append(kib)
+            t_floor.append(run_measured(floor)[0])
+        med_ab, med_floor = statistics.median(t_ab), statistics.median(t_floor)
+        rows.append([str(n), f"{med_ab:.3f}", f"{med_floor:.3f}", f"{med_ab / med_floor:.1f}",
+                     f"{max(mem) / 1024:.1f}"])
+    print_table(["hosts", "atlasboost s", "floor s", "ratio", "peak MiB"], rows)
+    if 1024 in sizes:
+        r = rows[sizes.index(1024)]
+        ok = float(r[1]) <= 3.0 and float(r[4]) <= 64
+        print(f"\n1,024 hosts: {r[1]} s, {r[4]} MiB (targets <= 3 s and <= 64 MiB: {verdict(ok)})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
@@ -850,6 +902,12 @@ def main():
     s.add_argument("--python", metavar="PATH",
                    help="a Python with the atlasboost package (default target/python-venv/bin/python)")
     s.set_defaults(func=cmd_restart)
+
+    s = add("local-hosts", "Launch time and peak memory of N local simulated hosts against N `true` from a shell.",
+            None)
+    s.add_argument("--runs", type=int, default=3, help="runs of each size (default 3)")
+    s.add_argument("--hosts", default="256,512,1024", help="host counts, comma-separated (default 256,512,1024)")
+    s.set_defaults(func=cmd_local_hosts)
 
     s = sub.add_parser("pip", help=cmd_pip.__doc__, description=cmd_pip.__doc__)
     s.add_argument("--runs", type=int, default=1, help="builds of each (default 1: a cold build takes minutes)")

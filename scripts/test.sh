@@ -125,6 +125,10 @@ python3 benches/compare.py output --only atlasboost,raw --runs 1 --lines 2000 \
 python3 benches/compare.py memory --ranks 16 --seconds 1 --atlasboost target/debug/atlasboost >/dev/null
 python3 benches/compare.py init --runs 1 --atlasboost target/debug/atlasboost \
     --init-worker target/debug/examples/init-worker >/dev/null
+python3 benches/compare.py local-hosts --runs 1 --hosts 16 --atlasboost target/debug/atlasboost \
+    >/dev/null
+python3 benches/compare.py restart --only atlasboost --runs 1 --atlasboost target/debug/atlasboost \
+    >/dev/null
 
 step "the README's main-job command"
 out=$(mktemp)
