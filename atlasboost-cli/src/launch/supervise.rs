@@ -823,7 +823,8 @@ impl<'a> Supervisor<'a> {
         }
         let stuck: Vec<usize> = (0..self.workers.len())
             .filter(|&l| {
-                self.running[l].ended.is_none() && now - self.progress[l].since >= hang.timeout
+                self.running[l].ended.is_none()
+                    && now.saturating_duration_since(self.progress[l].since) >= hang.timeout
             })
             .collect();
         if !stuck.is_empty() {
@@ -850,7 +851,7 @@ impl<'a> Supervisor<'a> {
                 w.rank,
                 w.host,
                 w.device,
-                (now - p.since).as_secs_f64()
+                now.saturating_duration_since(p.since).as_secs_f64()
             ));
             if p.beats > 0 {
                 report.push_str(&format!(
