@@ -282,6 +282,9 @@ table=$tmp/work/rank_table.json
 grep -qxF "atlasboost: rendezvous at $net.1" "$tmp/run.err" ||
     fail "-v does not show 'atlasboost: rendezvous at $net.1'"
 grep -q '12 succeeded, 0 failed' "$tmp/run.err" || fail "the summary is not '12 succeeded, 0 failed'"
+sha=$(sha256sum "$tmp/work/rank_table.json" | cut -d' ' -f1)
+grep -q "atlasboost: rank table SHA-256 $sha " "$tmp/run.err" ||
+    fail "-v does not show the table's SHA-256 $sha"
 [[ -s $table ]] || fail "no rank table at $table"
 
 # Worker lines, per rank: exactly ranks 0-11 once each; 4 per server, on devices 0-3; each in

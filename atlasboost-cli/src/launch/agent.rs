@@ -57,6 +57,9 @@ pub struct LaunchAnswer {
     pub master_addr: String,
     /// A free port on the first node.
     pub master_port: u16,
+    /// The SHA-256 of `table`, in hex: every host checks the bytes it writes against it.
+    #[serde(default)]
+    pub sha256: String,
 }
 
 /// How the launcher turns the agents' reports into the table.
@@ -118,6 +121,43 @@ pub fn launch_combiner_with(
         *decided.lock().unwrap_or_else(|p| p.into_inner()) = Some(decision);
         Ok(Replies::Same(reply))
     })
+}
+
+/// The SHA-256 of `bytes`, in lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Writes the decided table to `path` atomically, then reads it back and checks its SHA-256
+/// against the launcher's: every host's copy is byte-identical, or the launch fails naming
+/// the path.
+///
+/// # Errors
+///
+/// The writer's; [`CliError::Failure`] when the bytes on disk are not the launcher's.
+pub fn write_checked(path: &Path, answer: &LaunchAnswer) -> Result<(), CliError> {
+    if sha256_hex(answer.table.as_bytes()) != answer.sha256 {
+        return Err(CliError::Failure(format!(
+            "the rank table received does not match the launcher's SHA-256 {}",
+            answer.sha256
+        )));
+    }
+    atlasboost_core::ranktable::write_atomically(path, answer.table.as_bytes())?;
+    let on_disk = std::fs::read(path).map_err(CliError::file("read back the rank table", path))?;
+    let got = sha256_hex(&on_disk);
+    if got != answer.sha256 {
+        return Err(CliError::Failure(format!(
+            "{} holds a table whose SHA-256 is {got}, not the launcher's {}: another writer, \
+             or a file system that lost the write",
+            path.display(),
+            answer.sha256
+        )));
+    }
+    Ok(())
 }
 
 /// Every host's report in host order: the local ones and the remote participants'.
@@ -220,9 +260,11 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
         .iter()
         .find(|(s, _, _)| *s == first)
         .map_or((0, None), |(_, p, a)| (*p, a.clone()));
+    let json = table.to_json_pretty();
     Ok(Decision {
         answer: LaunchAnswer {
-            table: table.to_json_pretty(),
+            sha256: sha256_hex(json.as_bytes()),
+            table: json,
             chip: chip.as_str().to_string(),
             master_addr: nic_addr.unwrap_or(first),
             master_port,
@@ -367,7 +409,7 @@ pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Pr
     let table = RankTable::parse(&answer.table, Path::new("<the launcher's answer>"), chip)?;
     let mut done = written.lock().unwrap_or_else(|p| p.into_inner());
     if done.insert(job.table_path.clone()) {
-        atlasboost_core::ranktable::write_atomically(&job.table_path, answer.table.as_bytes())?;
+        write_checked(&job.table_path, &answer)?;
     }
     drop(done);
     Ok(Prepared {
@@ -904,6 +946,29 @@ mod tests {
             (listed.master_addr.as_str(), listed.master_port),
             ("127.0.0.2", 2002)
         );
+    }
+
+    #[test]
+    fn a_table_is_written_only_with_the_launchers_sha256() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        let mut answer = LaunchAnswer {
+            table: "{\"version\": \"1.0\"}".into(),
+            chip: "910".into(),
+            master_addr: "10.0.0.1".into(),
+            master_port: 1,
+            sha256: String::new(),
+        };
+        answer.sha256 = sha256_hex(answer.table.as_bytes());
+        write_checked(&path, &answer).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), answer.table);
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        answer.table.push(' ');
+        let e = write_checked(&path, &answer).unwrap_err().to_string();
+        assert!(e.contains("does not match the launcher's SHA-256"), "{e}");
     }
 
     #[test]

@@ -760,11 +760,13 @@ fn finish_join(
         chip,
     )?;
     if local.iter().any(Option::is_some) {
-        atlasboost_core::ranktable::write_atomically(
-            &launch.settings.rank_table,
-            decision.answer.table.as_bytes(),
-        )?;
+        agent::write_checked(&launch.settings.rank_table, &decision.answer)?;
     }
+    printer.detail(&format!(
+        "atlasboost: rank table SHA-256 {} ({} bytes; every host checks its copy)",
+        decision.answer.sha256,
+        decision.answer.table.len()
+    ));
     Ok(Joined::Ready(Box::new(JoinedHosts {
         table,
         decision,
