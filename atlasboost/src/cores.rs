@@ -19,7 +19,29 @@ pub fn allowed_cpus() -> nix::Result<Vec<usize>> {
         .collect())
 }
 
-/// The CPUs of each worker of a host, whose NPUs have these physical ids, in local-rank order.
+/// The CPUs of the whole host as this process's cgroup allows them (`cpuset.cpus.effective`
+/// of a cgroup v2 hierarchy), else every online CPU: the same set for every rank of a host,
+/// whatever a launcher already bound each to (mpirun's `--bind-to socket`).
+pub fn host_cpus() -> Option<Vec<usize>> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|l| l.strip_prefix("0::")).map(|p| {
+                format!(
+                    "/sys/fs/cgroup{}/cpuset.cpus.effective",
+                    p.trim().trim_end_matches('/')
+                )
+            })
+        });
+    cgroup
+        .into_iter()
+        .chain(["/sys/devices/system/cpu/online".to_string()])
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| atlasboost_dsmi::parse_cpu_list(&text))
+}
+
+/// The CPUs of each worker of a host, whose NPUs have these physical ids, in local-rank order,
+/// within this process's allowed CPUs (the launcher's: it starts all its host's workers).
 ///
 /// # Errors
 ///
@@ -27,6 +49,18 @@ pub fn allowed_cpus() -> nix::Result<Vec<usize>> {
 pub fn host_plan(physical_ids: &[u32]) -> Result<Vec<Vec<usize>>, String> {
     let allowed =
         allowed_cpus().map_err(|e| format!("cannot read this process's CPU affinity: {e}"))?;
+    host_plan_within(&allowed, physical_ids)
+}
+
+/// [`host_plan`] within `allowed` CPUs.
+///
+/// # Errors
+///
+/// As [`host_plan`].
+pub fn host_plan_within(
+    allowed: &[usize],
+    physical_ids: &[u32],
+) -> Result<Vec<Vec<usize>>, String> {
     let chain = |e: &dyn std::error::Error| atlasboost_core::exchange::error_chain(e);
     let affinity = match Dcmi::load().map_err(|e| chain(&e))? {
         Some(dcmi) => Some(
@@ -38,7 +72,7 @@ pub fn host_plan(physical_ids: &[u32]) -> Result<Vec<Vec<usize>>, String> {
         ),
         None => None,
     };
-    assign_cores(&allowed, affinity.as_deref(), physical_ids.len())
+    assign_cores(allowed, affinity.as_deref(), physical_ids.len())
 }
 
 /// Binds the calling thread (and the threads and processes it starts after) to `cpus`.

@@ -410,7 +410,12 @@ fn bind_cores(job: &Job) -> Result<(), InitError> {
         .collect();
     seats.sort_by_key(|s| s.world.local_rank);
     let physical: Vec<u32> = seats.iter().map(|s| s.physical_id).collect();
-    let plan = crate::cores::host_plan(&physical).map_err(bad)?;
+    // Every rank of the host plans from the same CPUs (the host's, not its own affinity: a
+    // launcher may have bound each rank to a socket already).
+    let cpus = crate::cores::host_cpus().ok_or_else(|| {
+        bad("cannot read this host's CPUs (/sys/devices/system/cpu/online)".into())
+    })?;
+    let plan = crate::cores::host_plan_within(&cpus, &physical).map_err(bad)?;
     let mine = plan.get(job.world.local_rank as usize).ok_or_else(|| {
         bad(format!(
             "local rank {} is not in the table",
@@ -1188,7 +1193,7 @@ fn job_at(
     let (mut env, mut env_if_unset) = (env.set, env.set_if_unset);
     // The frameworks' own sockets (gloo, HCCL's root-info mode) on the job's interface:
     // `ATLASBOOST_NIC` sets them, else the interface of this host's server_id, unless set.
-    if let Some((nic, explicit)) = library_nic(&seat.server_id) {
+    if let Some((nic, explicit)) = library_nic(&seat.server_id)? {
         let address = if explicit {
             nic.ipv4.to_string()
         } else {
@@ -1251,18 +1256,30 @@ fn server_id() -> Result<String, InitError> {
 }
 
 /// This host's interface for the job: `ATLASBOOST_NIC`'s (then `true`), else the one that holds
-/// `server_id`. (A malformed `ATLASBOOST_NIC` was refused when the server id was found.)
-fn library_nic(server_id: &str) -> Option<(crate::host::Nic, bool)> {
+/// `server_id`.
+///
+/// # Errors
+///
+/// [`InitError::BadVariable`] for an `ATLASBOOST_NIC` that is malformed or not on this host
+/// (also when `ATLASBOOST_SERVER_ID` gave the server id).
+fn library_nic(server_id: &str) -> Result<Option<(crate::host::Nic, bool)>, InitError> {
     match env(EnvVars::ATLASBOOST_NIC) {
         Some(text) => {
-            let choice: crate::host::NicChoice = text.parse().ok()?;
-            crate::host::find_nic(&choice).ok().map(|n| (n, true))
+            let bad = |reason: String| InitError::BadVariable {
+                variable: EnvVars::ATLASBOOST_NIC,
+                value: text.clone(),
+                reason,
+            };
+            let choice: crate::host::NicChoice = text.parse().map_err(bad)?;
+            crate::host::find_nic(&choice)
+                .map(|n| Some((n, true)))
+                .map_err(|e| bad(e.to_string()))
         }
-        None => server_id
+        None => Ok(server_id
             .parse()
             .ok()
             .and_then(crate::host::nic_holding)
-            .map(|n| (n, false)),
+            .map(|n| (n, false))),
     }
 }
 

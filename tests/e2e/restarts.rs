@@ -260,3 +260,68 @@ fn ctrl_c_during_the_restart_delay_ends_the_job_without_a_restart() {
         r.describe()
     );
 }
+
+/// `--hang-dump` with ranks that went silent together: both are named as stuck (not one of
+/// them "progressing"), each one's stacks are taken (a stand-in `py-spy` on PATH, slow as a
+/// real one can be) and saved, and the job ends 124.
+#[test]
+fn a_hang_dump_takes_every_stuck_ranks_stacks_and_ends_124() {
+    let run = Run::new([
+        "run",
+        "--sim",
+        "2",
+        "--hang-timeout",
+        "2",
+        "--hang-dump",
+        "--grace",
+        "1",
+    ])
+    .args([
+        "--log-dir",
+        "logs",
+        "--",
+        "sh",
+        "-c",
+        "echo ready; sleep 60",
+    ]);
+    let bin = run.dir().join("bin");
+    run.file(
+        "bin/py-spy",
+        "#!/bin/sh\nsleep 1\necho \"Thread 1 (idle): MainThread of $3\"\necho \"    wait_forever (train.py:7)\"\n",
+        true,
+    );
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let r = run.env("PATH", path).timeout(Duration::from_secs(60)).run();
+    r.assert_code(124);
+    let err = r.err();
+    assert!(
+        err.contains("every rank stopped progressing together"),
+        "{}",
+        r.describe()
+    );
+    let stacks: Vec<_> = std::fs::read_dir(r.dir().join("logs"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir() && e.file_name() != "latest")
+        .flat_map(|job| {
+            std::fs::read_dir(job.path())
+                .unwrap()
+                .filter_map(|e| e.ok())
+        })
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".stacks.txt"))
+        .collect();
+    assert_eq!(stacks.len(), 2, "{}", r.describe());
+    for s in stacks {
+        let text = std::fs::read_to_string(s.path()).unwrap();
+        assert!(text.contains("wait_forever (train.py:7)"), "{text}");
+    }
+    assert!(
+        err.contains("wait_forever"),
+        "summarised on the console\n{}",
+        r.describe()
+    );
+}

@@ -104,9 +104,9 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     let bind = rendezvous_address(args, &hosts)?;
     printer.detail(&format!("atlasboost: rendezvous at {bind}"));
 
+    let logs = job_logs(args, &job_id, printer)?;
     let mut lifeline = lifeline::prepare()?;
     let files = RankFiles::create(&job_id)?;
-    let logs = job_logs(args, &job_id, printer)?;
     let mut job = JobState {
         args,
         hosts: &hosts,
@@ -235,84 +235,117 @@ fn run_attempts(
             }
             Err(e) => return Err(e),
         };
-        let workers = plan_workers(&launch, &joined)?;
-        if let Some(list) = &args.ranks
-            && let Some(bad) = list.ranks.iter().find(|r| **r as usize >= workers.len())
-        {
-            return Err(CliError::Usage(format!(
-                "--ranks {}: rank {bad} is not in this job of {} (0-{})",
-                list.text,
-                counted(workers.len(), "rank"),
-                workers.len() - 1
-            )));
-        }
-        if let Some(min) = args.min_np.filter(|&m| m as usize > workers.len()) {
-            return Err(CliError::Usage(format!(
-                "--min-np {min} is more than the job's {} (a restart never grows the job)",
-                counted(workers.len(), "rank")
-            )));
-        }
-        job.first_size.get_or_insert(workers.len());
-        for w in workers.iter().filter(|w| w.local) {
-            if let Some(cpus) = &w.cpus {
-                printer.detail(&format!(
-                    "atlasboost: rank {} (host {}, device {}) runs on CPUs {}",
-                    w.rank,
-                    w.host,
-                    w.device,
-                    plan::cpu_ranges(cpus)
-                ));
+        // After the join, an error of a restart ends the job with a record of the attempt
+        // (and the summary of the earlier ones); the first attempt's errors are the launch's.
+        let ran = (|| -> Result<(JobResult, String), CliError> {
+            let workers = plan_workers(&launch, &joined)?;
+            if let Some(list) = &args.ranks
+                && let Some(bad) = list.ranks.iter().find(|r| **r as usize >= workers.len())
+            {
+                let why = format!(
+                    "--ranks {}: rank {bad} is not in this job of {} (0-{})",
+                    list.text,
+                    counted(workers.len(), "rank"),
+                    workers.len() - 1
+                );
+                // A restart that shrank the job shows the ranks it still has.
+                if attempt == 0 {
+                    return Err(CliError::Usage(why));
+                }
+                printer.status(&format!("atlasboost: warning: {why}"));
             }
-        }
-        let layout = layout(&joined.table, workers.len());
-        printer.status(&format!(
-            "atlasboost: {}{layout}, rank table {} (ready in {} ms)",
-            match attempt {
-                0 => String::new(),
-                n => format!("restart {n} of {}: ", args.max_restarts),
-            },
-            settings.rank_table.display(),
-            attempt_started.elapsed().as_millis()
-        ));
-        let attempt_logs = match (job.logs, args.max_restarts) {
-            (Some(dir), 0) => Some(dir.to_path_buf()),
-            (Some(dir), _) => Some(dir.join(format!("attempt_{attempt}"))),
-            (None, _) => None,
-        };
-        let mut output = Output::new(
-            OutputOptions {
-                tag: !args.no_tag,
-                timestamp: args.timestamp,
-                ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
-                log_dir: attempt_logs.clone(),
-            },
-            &workers.iter().map(|w| w.rank).collect::<Vec<_>>(),
-        )?;
-        let run_plan = RunPlan {
-            command: args.command.clone(),
-            wdir: settings.wdir.clone(),
-            grace: args.grace,
-            files: Some(job.files.clone()),
-            watch: args.hang_timeout.is_some(),
-            hang: args.hang_timeout.map(|timeout| HangWatch {
-                timeout,
-                dump: args.hang_dump,
-                dump_dir: attempt_logs.clone().unwrap_or_else(|| {
-                    settings
-                        .wdir
-                        .join(format!("atlasboost-stacks-{}", job.job_id))
+            if let Some(min) = args
+                .min_np
+                .filter(|&m| attempt == 0 && m as usize > workers.len())
+            {
+                return Err(CliError::Usage(format!(
+                    "--min-np {min} is more than the job's {} (a restart never grows the job)",
+                    counted(workers.len(), "rank")
+                )));
+            }
+            job.first_size.get_or_insert(workers.len());
+            for w in workers.iter().filter(|w| w.local) {
+                if let Some(cpus) = &w.cpus {
+                    printer.detail(&format!(
+                        "atlasboost: rank {} (host {}, device {}) runs on CPUs {}",
+                        w.rank,
+                        w.host,
+                        w.device,
+                        plan::cpu_ranges(cpus)
+                    ));
+                }
+            }
+            let layout = layout(&joined.table, workers.len());
+            printer.status(&format!(
+                "atlasboost: {}{layout}, rank table {} (ready in {} ms)",
+                match attempt {
+                    0 => String::new(),
+                    n => format!("restart {n} of {}: ", args.max_restarts),
+                },
+                settings.rank_table.display(),
+                attempt_started.elapsed().as_millis()
+            ));
+            let attempt_logs = match (job.logs, args.max_restarts) {
+                (Some(dir), 0) => Some(dir.to_path_buf()),
+                (Some(dir), _) => Some(dir.join(format!("attempt_{attempt}"))),
+                (None, _) => None,
+            };
+            let mut output = Output::new(
+                OutputOptions {
+                    tag: !args.no_tag,
+                    timestamp: args.timestamp,
+                    ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
+                    log_dir: attempt_logs.clone(),
+                },
+                &workers.iter().map(|w| w.rank).collect::<Vec<_>>(),
+            )?;
+            let run_plan = RunPlan {
+                command: args.command.clone(),
+                wdir: settings.wdir.clone(),
+                grace: args.grace,
+                files: Some(job.files.clone()),
+                watch: args.hang_timeout.is_some(),
+                hang: args.hang_timeout.map(|timeout| HangWatch {
+                    timeout,
+                    dump: args.hang_dump,
+                    dump_dir: attempt_logs.clone().unwrap_or_else(|| {
+                        let dir = settings
+                            .wdir
+                            .join(format!("atlasboost-stacks-{}", job.job_id));
+                        match args.max_restarts {
+                            0 => dir,
+                            _ => dir.join(format!("attempt_{attempt}")),
+                        }
+                    }),
                 }),
-            }),
-            pytorch: args.framework == atlasboost_core::worker_env::Framework::Pytorch,
+                pytorch: args.framework == atlasboost_core::worker_env::Framework::Pytorch,
+            };
+            let result = run_workers(
+                &run_plan,
+                &workers,
+                &mut output,
+                signals,
+                lifeline,
+                Role::Launcher(joined.remotes),
+            )?;
+            Ok((result, layout))
+        })();
+        let (result, layout) = match ran {
+            Ok(r) => r,
+            Err(e) if attempt > 0 => {
+                let why = atlasboost_core::exchange::error_chain(&e);
+                printer.error(&format!("error: {why}"));
+                job.attempts.push(AttemptRecord {
+                    number: attempt,
+                    layout: None,
+                    duration: attempt_started.elapsed(),
+                    ended: why,
+                    exit_code: e.exit_code(),
+                });
+                return Ok(Outcome::Ended(e.exit_code()));
+            }
+            Err(e) => return Err(e),
         };
-        let result = run_workers(
-            &run_plan,
-            &workers,
-            &mut output,
-            signals,
-            lifeline,
-            Role::Launcher(joined.remotes),
-        )?;
         job.attempts.push(AttemptRecord {
             number: attempt,
             layout: Some(layout),

@@ -20,8 +20,9 @@ use crate::error::CliError;
 /// The most of an error file that is read (a record is a message and a traceback).
 const RECORD_LIMIT: u64 = 256 * 1024;
 
-/// How long `py-spy dump` may take on one worker.
-const PY_SPY_LIMIT: Duration = Duration::from_secs(10);
+/// How long `py-spy dump` may take on one worker: less than the silence after which a peer
+/// counts as lost (4 s), since taking stacks blocks the supervisor's loop.
+const PY_SPY_LIMIT: Duration = Duration::from_secs(3);
 
 /// How long a worker's `faulthandler` has to write its stacks after SIGUSR1.
 const FAULTHANDLER_LIMIT: Duration = Duration::from_secs(2);
@@ -102,11 +103,11 @@ impl RankFiles {
             return self.py_spy(rank, pid, &py_spy);
         }
         let file = self.path(rank, "stacks");
-        // `init()` creates the file when it registers the handler: no file, no handler, and
-        // SIGUSR1 would kill the worker.
-        if std::fs::metadata(&file).is_err() {
-            return "no stacks: py-spy is not installed on this host, and the worker did not \
-                    register faulthandler (atlasboost.init() does)"
+        // `init()` creates the file when it registers the handler; and the worker's own
+        // process must catch SIGUSR1 (a shell that runs Python would die of it).
+        if std::fs::metadata(&file).is_err() || !catches(pid, Signal::SIGUSR1) {
+            return "no stacks: py-spy is not installed on this host, and the worker's process \
+                    does not catch SIGUSR1 (atlasboost.init() registers faulthandler for it)"
                 .into();
         }
         let before = std::fs::metadata(&file).map_or(0, |m| m.len());
@@ -179,6 +180,18 @@ impl RankFiles {
     }
 }
 
+/// Whether process `pid` catches `signal` (its `SigCgt` mask in `/proc/<pid>/status`).
+fn catches(pid: u32, signal: Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal as u32 - 1)) != 0)
+}
+
 /// `name` on `PATH`, if it is there.
 fn find_program(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
@@ -229,9 +242,11 @@ mod tests {
             assert!(
                 files
                     .stacks(3, std::process::id())
-                    .contains("did not register")
+                    .contains("does not catch SIGUSR1")
             );
         }
+        // The default disposition is not a handler.
+        assert!(!catches(std::process::id(), Signal::SIGUSR1));
         files.remove();
         assert!(!files.dir.exists());
     }

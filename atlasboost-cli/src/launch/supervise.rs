@@ -55,8 +55,17 @@ const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 /// How often the workers' progress (lines, heartbeats) is looked at.
 const WATCH_EVERY: Duration = Duration::from_millis(250);
 
-/// How long the launcher waits for the stacks of stuck workers on other hosts.
+/// How long the launcher waits for the stacks of stuck workers on other hosts: at least this,
+/// and [`DUMP_PER_RANK`] for each stuck rank of the host with the most (an agent takes them one
+/// after another).
 const REMOTE_DUMP_LIMIT: Duration = Duration::from_secs(15);
+
+/// The launcher's allowance for one rank's stacks on another host (py-spy's limit, 3 s, and
+/// the way back).
+const DUMP_PER_RANK: Duration = Duration::from_secs(5);
+
+/// The most of a stuck worker's stacks an agent sends up.
+const MAX_STACKS: usize = 256 * 1024;
 
 /// The exit code of a job that hung (as `timeout` uses).
 pub const HANG_EXIT: u8 = 124;
@@ -721,6 +730,7 @@ impl<'a> Supervisor<'a> {
         }
         let mut lost = Vec::new();
         let mut upstream_lost = None;
+        let dumping = self.dumping.is_some();
         match &mut self.role {
             Role::Launcher(remotes) => {
                 for (h, r) in remotes.iter_mut().enumerate() {
@@ -730,7 +740,7 @@ impl<'a> Supervisor<'a> {
                     if due {
                         r.send(Down::Heartbeat);
                     }
-                    if r.last_heard.elapsed() > LOST_AFTER {
+                    if r.last_heard.elapsed() > LOST_AFTER && !dumping {
                         lost.push((
                             h,
                             format!(
@@ -766,7 +776,6 @@ impl<'a> Supervisor<'a> {
             || self.host_failure.is_some()
             || self.interrupted.is_some()
             || self.hang.is_some()
-            || self.dumping.is_some()
     }
 
     /// Every [`WATCH_EVERY`]: notes which workers made progress (a line, a heartbeat), sends
@@ -780,7 +789,7 @@ impl<'a> Supervisor<'a> {
             if !d.waiting.is_empty() {
                 let ranks: Vec<u32> = d.waiting.iter().map(|&l| self.workers[l].rank).collect();
                 output.message(&format!(
-                    "atlasboost: no stacks came from rank {} within {REMOTE_DUMP_LIMIT:.0?}",
+                    "atlasboost: no stacks came from rank {} in time",
                     ranges(&ranks)
                 ));
             }
@@ -818,16 +827,21 @@ impl<'a> Supervisor<'a> {
         let Some(hang) = &self.plan.hang else {
             return;
         };
-        if self.failed_or_interrupted() || self.is_agent() {
+        if self.failed_or_interrupted() || self.dumping.is_some() || self.is_agent() {
             return;
         }
-        let stuck: Vec<usize> = (0..self.workers.len())
-            .filter(|&l| {
-                self.running[l].ended.is_none()
-                    && now.saturating_duration_since(self.progress[l].since) >= hang.timeout
-            })
-            .collect();
-        if !stuck.is_empty() {
+        let silent_for = |l: usize| now.saturating_duration_since(self.progress[l].since);
+        let live = |l: &usize| self.running[*l].ended.is_none();
+        if (0..self.workers.len())
+            .filter(live)
+            .any(|l| silent_for(l) >= hang.timeout)
+        {
+            // Ranks of one collective stop within moments of each other: once one crossed the
+            // timeout, every rank silent for half of it is stuck with it.
+            let stuck: Vec<usize> = (0..self.workers.len())
+                .filter(live)
+                .filter(|&l| silent_for(l) >= hang.timeout / 2)
+                .collect();
             self.on_hang(&stuck, output);
         }
     }
@@ -870,7 +884,8 @@ impl<'a> Supervisor<'a> {
         }
         let summary = if progressing.is_empty() {
             format!(
-                "every rank stopped progressing together (a collective that never completes,                  or a shared resource?):{report}"
+                "every rank stopped progressing together (a collective that never completes, \
+                 or a shared resource?):{report}"
             )
         } else {
             format!(
@@ -893,12 +908,15 @@ impl<'a> Supervisor<'a> {
             return;
         }
         let mut waiting = Vec::new();
+        let mut per_host: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
         for &lane in stuck {
             let rank = self.workers[lane].rank;
             match (self.running[lane].pid, &self.plan.files) {
                 (Some(pid), Some(files)) => {
                     let text = files.stacks(rank, pid.as_raw() as u32);
                     self.save_stacks(lane, &text, &hang.dump_dir, output);
+                    // Taking stacks blocks this loop: nobody's silence meanwhile is theirs.
+                    self.forgive_silence();
                 }
                 _ => {
                     if let Role::Launcher(remotes) = &mut self.role
@@ -907,18 +925,39 @@ impl<'a> Supervisor<'a> {
                             .find(|r| r.host == self.workers[lane].host && !r.done)
                     {
                         r.send(Down::Dump(rank));
+                        *per_host.entry(r.host.clone()).or_default() += 1;
                         waiting.push(lane);
                     }
                 }
             }
         }
+        // An agent takes its ranks' stacks one after another (py-spy: up to 10 s each).
+        let most = per_host.values().copied().max().unwrap_or(0);
         self.dumping = Some(Dumping {
             report: summary,
             waiting,
-            until: Instant::now() + REMOTE_DUMP_LIMIT,
+            until: Instant::now() + REMOTE_DUMP_LIMIT.max(DUMP_PER_RANK.saturating_mul(most)),
         });
         // Finished at once when nothing is awaited (the next watch pass would do the same).
         self.next_watch = Instant::now();
+    }
+
+    /// After a long step that blocked this loop (taking stacks): peers were not heard, nor heard
+    /// from, meanwhile; their silence starts afresh.
+    fn forgive_silence(&mut self) {
+        let now = Instant::now();
+        self.next_heartbeat = now + HEARTBEAT;
+        match &mut self.role {
+            // And a heartbeat now, before the next long step: agents must not take this pause
+            // for a lost launcher.
+            Role::Launcher(remotes) => {
+                for r in remotes.iter_mut().filter(|r| !r.done && r.lost.is_none()) {
+                    r.last_heard = now;
+                    r.send(Down::Heartbeat);
+                }
+            }
+            Role::Agent(up) => up.last_heard = now,
+        }
     }
 
     /// Saves a stuck rank's stacks under the dump directory and shows their start.
@@ -951,10 +990,12 @@ impl<'a> Supervisor<'a> {
             return;
         }
         let live = self.running.iter().filter(|r| r.ended.is_none()).count();
-        output.message(&format!(
-            "atlasboost: stopping the {live} worker{} of the hung job",
-            if live == 1 { "" } else { "s" }
-        ));
+        if live > 0 {
+            output.message(&format!(
+                "atlasboost: stopping the {live} worker{} of the hung job",
+                if live == 1 { "" } else { "s" }
+            ));
+        }
         self.hang = Some(report);
         self.stop(Signal::SIGTERM);
     }
@@ -1166,10 +1207,14 @@ impl<'a> Supervisor<'a> {
             },
             None => format!("no stacks: rank {rank} is not on this host"),
         };
-        output.send(&Up::Stacks {
-            rank,
-            text: text.into_bytes(),
-        });
+        self.forgive_silence();
+        // Within a frame, with room to spare: a dump of many threads can be long.
+        let mut text = text.into_bytes();
+        if text.len() > MAX_STACKS {
+            text.truncate(MAX_STACKS);
+            text.extend_from_slice(b"\n... (cut at 256 KiB)\n");
+        }
+        output.send(&Up::Stacks { rank, text });
     }
 
     /// The launcher is gone: stop every worker, quickly.
@@ -1643,7 +1688,7 @@ impl<'a> Supervisor<'a> {
             .collect();
         let exit_code = match (self.interrupted, &self.host_failure, self.first_failure) {
             (Some(s), _, _) => 128u8.wrapping_add(s as u8),
-            _ if self.hang.is_some() => HANG_EXIT,
+            _ if self.hang.is_some() || self.dumping.is_some() => HANG_EXIT,
             (None, Some(h), _) => h.code,
             (None, None, Some(i)) => workers[i].ending.map_or(ExitCodes::FAILURE, Ending::code),
             (None, None, None) => ExitCodes::SUCCESS,
@@ -1653,7 +1698,10 @@ impl<'a> Supervisor<'a> {
             first_failure: self.first_failure,
             host_failure: self.host_failure.clone(),
             interrupted: self.interrupted,
-            hang: self.hang.clone(),
+            hang: self
+                .hang
+                .clone()
+                .or_else(|| self.dumping.as_ref().map(|d| d.report.clone())),
             lost_hosts: match &self.role {
                 Role::Launcher(remotes) => remotes
                     .iter()
