@@ -222,16 +222,7 @@ fn run_attempts(
             // A restart that cannot go on ends the job, naming why; the first attempt's
             // errors are the launch's.
             Err(e) if attempt > 0 => {
-                let why = atlasboost_core::exchange::error_chain(&e);
-                printer.error(&format!("error: {why}"));
-                job.attempts.push(AttemptRecord {
-                    number: attempt,
-                    layout: None,
-                    duration: attempt_started.elapsed(),
-                    ended: why,
-                    exit_code: e.exit_code(),
-                });
-                return Ok(Outcome::Ended(e.exit_code()));
+                return Ok(end_restart(job, attempt, attempt_started, &e, printer));
             }
             Err(e) => return Err(e),
         };
@@ -333,16 +324,7 @@ fn run_attempts(
         let (result, layout) = match ran {
             Ok(r) => r,
             Err(e) if attempt > 0 => {
-                let why = atlasboost_core::exchange::error_chain(&e);
-                printer.error(&format!("error: {why}"));
-                job.attempts.push(AttemptRecord {
-                    number: attempt,
-                    layout: None,
-                    duration: attempt_started.elapsed(),
-                    ended: why,
-                    exit_code: e.exit_code(),
-                });
-                return Ok(Outcome::Ended(e.exit_code()));
+                return Ok(end_restart(job, attempt, attempt_started, &e, printer));
             }
             Err(e) => return Err(e),
         };
@@ -396,6 +378,27 @@ fn run_attempts(
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// A restart that cannot go on ends the job: the error is said, and recorded as the attempt's
+/// end (the summary lists every attempt).
+fn end_restart(
+    job: &mut JobState<'_>,
+    attempt: u32,
+    started: Instant,
+    e: &CliError,
+    printer: &Printer,
+) -> Outcome {
+    let why = atlasboost_core::exchange::error_chain(e);
+    printer.error(&format!("error: {why}"));
+    job.attempts.push(AttemptRecord {
+        number: attempt,
+        layout: None,
+        duration: started.elapsed(),
+        ended: why,
+        exit_code: e.exit_code(),
+    });
+    Outcome::Ended(e.exit_code())
 }
 
 /// The longest wait before a restart.
