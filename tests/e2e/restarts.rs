@@ -201,6 +201,11 @@ fn kill_9_of_the_launcher_in_a_restarts_stop_phase_leaves_nothing() {
         Duration::from_secs(30),
         |_, err| err.contains("stopping the other"),
     );
+    kill_9_leaves_nothing(launch, "while it stopped the workers for a restart");
+}
+
+/// `kill -9` of the launcher: within 10 s, no process of the launch is left.
+fn kill_9_leaves_nothing(launch: atlasboost_e2e::Launch, when: &str) {
     let mark = launch.mark().to_string();
     launch.signal(Signal::SIGKILL);
     let _ = launch.wait_at_most(Duration::from_secs(10));
@@ -208,7 +213,7 @@ fn kill_9_of_the_launcher_in_a_restarts_stop_phase_leaves_nothing() {
         LAUNCH_MARK,
         &mark,
         Duration::from_secs(10),
-        "kill -9 of the launcher while it stopped the workers for a restart",
+        &format!("kill -9 of the launcher {when}"),
     );
 }
 
@@ -230,14 +235,7 @@ fn kill_9_of_the_launcher_while_it_waits_to_restart_leaves_nothing() {
         "between attempts only the launcher and its lifeline are left: {:?}",
         atlasboost_e2e::pids_with_env(LAUNCH_MARK, &mark)
     );
-    launch.signal(Signal::SIGKILL);
-    let _ = launch.wait_at_most(Duration::from_secs(10));
-    assert_no_process_with_env(
-        LAUNCH_MARK,
-        &mark,
-        Duration::from_secs(10),
-        "kill -9 of the launcher between two attempts",
-    );
+    kill_9_leaves_nothing(launch, "between two attempts");
 }
 
 #[test]
