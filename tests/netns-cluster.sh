@@ -185,6 +185,10 @@ for i in 1 2 3; do
     ip -n "$n" addr add "$ip_i/24" dev "abv${i}n$id"
     ip -n "$n" link set "abv${i}n$id" up
 done
+# A second network on the same links (10.214.S.0/24), for --nic (step 9).
+net2=10.214.${net##*.}
+ip addr add "$net2.1/24" dev "$br"
+for i in 1 2 3; do ip -n "${namespaces[i - 1]}" addr add "$net2.1$i/24" dev "abv${i}n$id"; done
 for ip_i in "${ips[@]}"; do
     # Nothing listens yet: a refusal proves the path both ways.
     err=$(tcp_probe reachable "$ip_i" 22 10 2>&1) ||
@@ -450,8 +454,35 @@ if [[ -n ${NETNS_CLUSTER_TORCH_PYTHON:-} ]]; then
 fi
 say "step 8: $ddp"
 
+# ---------------------------------------------------------------------------------------------
+# 9. --nic: the hosts also have addresses on 10.214.S.0/24. With `--nic 10.214.S.0/24` the
+#    launcher's coordinator listens on its address there and the agents meet it there, MASTER_ADDR
+#    is the first host's address there, and each host's workers get it as HCCL_IF_IP with the
+#    interface's name (server ids stay the -H addresses).
+# ---------------------------------------------------------------------------------------------
+(
+    cd "$tmp"
+    unset ATLASBOOST_SSH_ALL_HOSTS
+    export ATLASBOOST_SSH_OPTIONS="-F $tmp/ssh/ssh_config"
+    exec timeout -k 10 120 "$bin" run -v --sim 2 -H "${ips[0]}:2,${ips[1]}:2" --wdir "$tmp/work" \
+        --nic "$net2.0/24" -- sh -c \
+        'echo "nic $ATLASBOOST_SERVER_ID $MASTER_ADDR $HCCL_IF_IP $HCCL_SOCKET_IFNAME $GLOO_SOCKET_IFNAME"'
+) >"$tmp/nic.out" 2>"$tmp/nic.err" &
+run_pid=$!
+rc=0
+wait "$run_pid" || rc=$?
+run_pid=
+[[ $rc == 0 ]] || { show "$tmp/nic.out" "$tmp/nic.err"; die "the --nic job exited $rc"; }
+grep -qxF "atlasboost: rendezvous at $net2.1" "$tmp/nic.err" ||
+    { show "$tmp/nic.err"; die "--nic $net2.0/24: the rendezvous is not at $net2.1"; }
+for i in 1 2; do
+    want="nic ${ips[i - 1]} $net2.11 $net2.1$i abv${i}n$id abv${i}n$id"
+    [[ $(grep -c "<stdout>:$want\$" "$tmp/nic.out") == 2 ]] ||
+        { show "$tmp/nic.out"; die "--nic: host $i's workers did not print '$want'"; }
+done
+
 [[ ${NETNS_CLUSTER_VERBOSE:-} == 1 ]] && show "$tmp/run.out" "$tmp/run.err"
 say "ok: 12 ranks on 3 namespaced servers (${ips[*]}) over ssh, rendezvous at $net.1;" \
     "one table, 12 identical copies, valid; a second job on a table path held on" \
     "${ips[1]} refused naming that host; a job that lost ${ips[2]}'s link went on with" \
-    "8 ranks on the other two; $((SECONDS - started)) s"
+    "8 ranks on the other two; --nic $net2.0/24 met and exported there; $((SECONDS - started)) s"

@@ -93,7 +93,7 @@ fn without_nic_the_default_skips_bridges_and_the_frameworks_get_its_interface() 
 }
 
 #[test]
-fn nic_by_name_or_network_is_used_for_server_id_rendezvous_and_exports() {
+fn nic_by_name_or_network_is_used_for_server_id_and_exports() {
     for nic in ["eth8", "10.98.0.0/16"] {
         let Some(r) = in_namespace(
             &[&["run", "-v", "--sim", "2", "--nic", nic][..], &SHOW].concat(),
@@ -109,11 +109,9 @@ fn nic_by_name_or_network_is_used_for_server_id_rendezvous_and_exports() {
                 r.describe()
             );
         }
-        assert!(
-            r.err().contains("atlasboost: rendezvous at 10.98.0.5"),
-            "{nic}\n{}",
-            r.describe()
-        );
+        // Every host is this machine: no rendezvous (tests/netns-cluster.sh step 9 checks
+        // that remote hosts meet on the --nic network).
+        assert!(r.err().contains("no rendezvous"), "{nic}\n{}", r.describe());
     }
 }
 

@@ -102,7 +102,6 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         false => None,
     };
     let bind = rendezvous_address(args, &hosts)?;
-    printer.detail(&format!("atlasboost: rendezvous at {bind}"));
 
     let logs = job_logs(args, &job_id, printer)?;
     let mut lifeline = lifeline::prepare()?;
@@ -560,6 +559,7 @@ fn start_coordinator(
         args.rendezvous_timeout,
     );
     config.names = remote_index.iter().map(|&i| hosts[i].describe()).collect();
+    printer.detail(&format!("atlasboost: rendezvous at {}", launch.bind));
     // The policy's own words, without the coordinator's framing, for the error message.
     let refusal: Arc<Mutex<Option<String>>> = Arc::default();
     let decided: Arc<Mutex<Option<Decision>>> = Arc::default();
@@ -675,6 +675,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         }
         let decision =
             agent::decide_reports(&table_policy(launch), &reports).map_err(CliError::Failure)?;
+        printer.detail("atlasboost: every host is this machine: no rendezvous");
         printer.detail(&format!(
             "atlasboost: {} probed and decided in {} ms",
             counted(hosts.len(), "local host"),
