@@ -133,6 +133,9 @@ impl EnvVars {
     pub const GLOO_SOCKET_IFNAME: &'static str = "GLOO_SOCKET_IFNAME";
     /// The DCMI library to load for `--bind-cores` (a file path).
     pub const ATLASBOOST_DCMI_LIB: &'static str = "ATLASBOOST_DCMI_LIB";
+    /// The fake DCMI library: chips per card (default 1; 2 on Atlas A3).
+    pub const ATLASBOOST_FAKE_DCMI_CHIPS_PER_CARD: &'static str =
+        "ATLASBOOST_FAKE_DCMI_CHIPS_PER_CARD";
     /// The fake DCMI library: each card's CPU affinity, `0:0-11;1:12-23`.
     pub const ATLASBOOST_FAKE_DCMI_AFFINITY: &'static str = "ATLASBOOST_FAKE_DCMI_AFFINITY";
     /// Library mode's `--bind-cores`: `1` binds the process to its NPU's CPUs in `init()`.

@@ -16,6 +16,10 @@ type Init = unsafe extern "C" fn() -> c_int;
 /// `int dcmi_get_affinity_cpu_info_by_device_id(int card_id, int device_id, char
 /// *affinity_cpu, int *length)`.
 type GetAffinity = unsafe extern "C" fn(c_int, c_int, *mut c_char, *mut c_int) -> c_int;
+/// `int dcmi_get_card_id_device_id_from_phyid(int *card_id, int *device_id, unsigned int
+/// device_phy_id)`: the card and the chip within it of an NPU's physical id (two chips per card
+/// on Atlas A3).
+type CardOfPhyid = unsafe extern "C" fn(*mut c_int, *mut c_int, std::ffi::c_uint) -> c_int;
 
 /// Where the driver installs `libdcmi.so`.
 const DRIVER_DIRS: [&str; 2] = [
@@ -28,6 +32,7 @@ const DRIVER_DIRS: [&str; 2] = [
 pub struct Dcmi {
     path: PathBuf,
     get: GetAffinity,
+    card_of: Option<CardOfPhyid>,
     // Last: the function above points into it.
     _library: Library,
 }
@@ -80,6 +85,11 @@ impl Dcmi {
             unsafe { library.get::<GetAffinity>(b"dcmi_get_affinity_cpu_info_by_device_id") }
                 .ok()
                 .map(|s| *s)?;
+        // SAFETY: as above; optional (without it a card holds one NPU, its physical id).
+        let card_of: Option<CardOfPhyid> =
+            unsafe { library.get::<CardOfPhyid>(b"dcmi_get_card_id_device_id_from_phyid") }
+                .ok()
+                .map(|s| *s);
         // SAFETY: a function of no arguments.
         if unsafe { init() } != 0 {
             return None;
@@ -87,6 +97,7 @@ impl Dcmi {
         Some(Dcmi {
             path: path.to_path_buf(),
             get,
+            card_of,
             _library: library,
         })
     }
@@ -96,22 +107,47 @@ impl Dcmi {
         &self.path
     }
 
-    /// The CPUs close to NPU `card` (device 0 of the card: one NPU per card on 910 servers).
+    /// The card and the chip within it of the NPU with this physical id: the driver's answer
+    /// when it has `dcmi_get_card_id_device_id_from_phyid`, else (physical id, 0) — one NPU
+    /// per card, as on 910 servers.
     ///
     /// # Errors
     ///
-    /// [`DsmiError::Call`] naming the function, the card and the code; [`DsmiError::Nonsense`]
+    /// [`DsmiError::Call`] naming the function, the NPU and the code.
+    pub fn card_of(&self, physical: u32) -> Result<(c_int, c_int), DsmiError> {
+        let Some(get) = self.card_of else {
+            return Ok((physical as c_int, 0));
+        };
+        let (mut card, mut chip) = (0, 0);
+        // SAFETY: two ints to write through valid pointers.
+        let code = unsafe { get(&mut card, &mut chip, physical) };
+        if code != 0 {
+            return Err(DsmiError::Call {
+                function: "dcmi_get_card_id_device_id_from_phyid",
+                device: Some(physical),
+                code,
+            });
+        }
+        Ok((card, chip))
+    }
+
+    /// The CPUs close to the NPU with this physical id (its card's and chip's).
+    ///
+    /// # Errors
+    ///
+    /// [`DsmiError::Call`] naming the function, the NPU and the code; [`DsmiError::Nonsense`]
     /// for an answer that is not a CPU list.
-    pub fn affinity(&self, card: u32) -> Result<Vec<usize>, DsmiError> {
+    pub fn affinity(&self, physical: u32) -> Result<Vec<usize>, DsmiError> {
         const FUNCTION: &str = "dcmi_get_affinity_cpu_info_by_device_id";
+        let (card, chip) = self.card_of(physical)?;
         let mut buf = [0 as c_char; 256];
         let mut len = buf.len() as c_int;
         // SAFETY: a 256-byte buffer and its size, as the function is told.
-        let code = unsafe { (self.get)(card as c_int, 0, buf.as_mut_ptr(), &mut len) };
+        let code = unsafe { (self.get)(card, chip, buf.as_mut_ptr(), &mut len) };
         if code != 0 {
             return Err(DsmiError::Call {
                 function: FUNCTION,
-                device: Some(card),
+                device: Some(physical),
                 code,
             });
         }
@@ -124,7 +160,9 @@ impl Dcmi {
         let text = String::from_utf8_lossy(&bytes).into_owned();
         parse_cpu_list(&text).ok_or(DsmiError::Nonsense {
             function: FUNCTION,
-            what: format!("{text:?} for card {card} (expected a CPU list such as 0-11)"),
+            what: format!(
+                "{text:?} for card {card}, chip {chip} (expected a CPU list such as 0-11)"
+            ),
         })
     }
 }

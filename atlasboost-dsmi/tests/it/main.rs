@@ -2,6 +2,7 @@
 //! `DsmiProbe` and `HccnProbe` through the real loading path: the fake driver libraries the
 //! workspace builds (`atlasboost-sim/fake-dsmi`, `fake-dsmi-old`), opened with `dlopen`.
 
+mod fake_dcmi;
 mod fake_driver;
 mod hccn;
 
@@ -15,7 +16,10 @@ use atlasboost_core::EnvVars;
 static ENV: Mutex<()> = Mutex::new(());
 
 /// Every variable a test may set; cleared before each test.
-const VARS: [&str; 10] = [
+const VARS: [&str; 13] = [
+    EnvVars::ATLASBOOST_DCMI_LIB,
+    EnvVars::ATLASBOOST_FAKE_DCMI_AFFINITY,
+    EnvVars::ATLASBOOST_FAKE_DCMI_CHIPS_PER_CARD,
     EnvVars::ATLASBOOST_FAKE_DSMI_DEVICES,
     EnvVars::ATLASBOOST_FAKE_DSMI_IP_API,
     EnvVars::ATLASBOOST_DSMI_RETRY_SECS,

@@ -3,6 +3,10 @@
 //! answers an NPU's CPU affinity as the real one does: a `start-end` range of CPU ids (what
 //! torch_npu reads, and `npu-smi info -t topo` shows).
 //!
+//! `dcmi_get_card_id_device_id_from_phyid` maps physical id `p` to card `p / k`, chip `p % k`,
+//! with `k` chips per card from `ATLASBOOST_FAKE_DCMI_CHIPS_PER_CARD` (default 1; 2 is Atlas
+//! A3's).
+//!
 //! The affinity of card `c` comes from `ATLASBOOST_FAKE_DCMI_AFFINITY`, read at every call:
 //! `;`-separated `<card>:<range>` elements, e.g. `0:0-11;1:12-23` (a card not listed answers
 //! `-8005`, as a card that is not there). Unset, every card answers `-8005` too. A malformed
@@ -19,6 +23,42 @@ const OK: c_int = 0;
 const INVALID_PARAMETER: c_int = -8001;
 /// `DCMI_ERR_CODE_INVALID_DEVICE_ID`: no such card or device.
 const INVALID_DEVICE: c_int = -8005;
+
+/// Chips per card (`ATLASBOOST_FAKE_DCMI_CHIPS_PER_CARD`, default 1).
+fn chips_per_card() -> c_int {
+    std::env::var(EnvVars::ATLASBOOST_FAKE_DCMI_CHIPS_PER_CARD)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|k: &c_int| *k >= 1)
+        .unwrap_or(1)
+}
+
+/// `int dcmi_get_card_id_device_id_from_phyid(int *card_id, int *device_id, unsigned int
+/// device_phy_id)`.
+///
+/// # Safety
+///
+/// `card_id` and `device_id` are null or point to writable `int`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_card_id_device_id_from_phyid(
+    card_id: *mut c_int,
+    device_id: *mut c_int,
+    device_phy_id: std::ffi::c_uint,
+) -> c_int {
+    if card_id.is_null() || device_id.is_null() {
+        return INVALID_PARAMETER;
+    }
+    let Ok(phy) = c_int::try_from(device_phy_id) else {
+        return INVALID_DEVICE;
+    };
+    let k = chips_per_card();
+    // SAFETY: non-null, and the caller passes writable `int`s.
+    unsafe {
+        card_id.write(phy / k);
+        device_id.write(phy % k);
+    }
+    OK
+}
 
 /// `int dcmi_init(void)`.
 #[unsafe(no_mangle)]
@@ -70,7 +110,7 @@ pub unsafe extern "C" fn dcmi_get_affinity_cpu_info_by_device_id(
     affinity_cpu: *mut c_char,
     length: *mut c_int,
 ) -> c_int {
-    if affinity_cpu.is_null() || length.is_null() || device_id != 0 {
+    if affinity_cpu.is_null() || length.is_null() || !(0..chips_per_card()).contains(&device_id) {
         return INVALID_PARAMETER;
     }
     let text = match affinity(card_id) {
