@@ -168,24 +168,11 @@ impl Dcmi {
 }
 
 /// `0-11`, `0-3,8-11` or `5`: the CPUs listed, ascending; `None` when malformed or empty.
+/// (The project's one id-list parser, [`atlasboost_core::parse_id_list`].)
 pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',') {
-        let (lo, hi) = match part.trim().split_once('-') {
-            Some((a, b)) => (a.trim().parse().ok()?, b.trim().parse().ok()?),
-            None => {
-                let c: usize = part.trim().parse().ok()?;
-                (c, c)
-            }
-        };
-        if lo > hi || hi > 65_535 {
-            return None;
-        }
-        cpus.extend(lo..=hi);
-    }
+    let mut cpus = atlasboost_core::parse_id_list(text.trim(), "CPU", 65_535).ok()?;
     cpus.sort_unstable();
-    cpus.dedup();
-    (!cpus.is_empty()).then_some(cpus)
+    (!cpus.is_empty()).then(|| cpus.into_iter().map(|c| c as usize).collect())
 }
 
 #[cfg(test)]

@@ -1030,7 +1030,13 @@ fn settle(
         Err(e) => return Ok((table, Written::Failed(error_chain(&e)), None)),
     };
     Ok(match write_table(&shared.table_path, &table, chip) {
-        Ok(()) => (table, Written::Done(shared.table_path.clone()), Some(lock)),
+        Ok(warnings) => {
+            // What HCCL only recommends, said as the launcher says it.
+            for w in warnings {
+                to_stderr(&format!("atlasboost: the rank table: {w}\n"));
+            }
+            (table, Written::Done(shared.table_path.clone()), Some(lock))
+        }
         Err(e) => (table, Written::Failed(error_chain(&e)), None),
     })
 }

@@ -25,8 +25,13 @@ pub fn write_output(
     chip: Chip,
     printer: &Printer,
 ) -> Result<(), CliError> {
-    // What HCCL only recommends is said, never silently written (errors were refused above).
-    for w in atlasboost_core::ranktable::validate_table(table, chip) {
+    // What HCCL only recommends is said, never silently written (errors are refused).
+    let warnings = if path == Path::new("-") {
+        atlasboost_core::ranktable::validate_table(table, chip)
+    } else {
+        write_table(path, table, chip)?
+    };
+    for w in warnings {
         printer.error(&format!("the table: {w}"));
     }
     if path == Path::new("-") {
@@ -34,7 +39,6 @@ pub fn write_output(
             .out(&table.to_json_pretty())
             .map_err(CliError::Stdout);
     }
-    write_table(path, table, chip)?;
     printer.status(&format!(
         "wrote {} ({})",
         path.display(),

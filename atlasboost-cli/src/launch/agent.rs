@@ -18,7 +18,8 @@ use atlasboost::probe::{ProbeError, local_devices, make_probe};
 use atlasboost::settings::Discovery;
 use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
-    BuildOptions, HostDevices, RankOrder, RankTable, build_table, chip_of_devices, largest_world,
+    BuildOptions, HostDevices, RankOrder, RankTable, build_table_checked, chip_of_devices,
+    largest_world,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
 use atlasboost_core::{Chip, Device, EnvVars};
@@ -177,16 +178,6 @@ fn merge_reports(
     all
 }
 
-/// Decides the table from every host's report, in host order (the launcher's own decision
-/// when every host is local and no coordinator runs).
-///
-/// # Errors
-///
-/// The first failed probe, naming its host; a table that cannot be built.
-pub fn decide_reports(policy: &TablePolicy, reports: &[Vec<u8>]) -> Result<Decision, String> {
-    decide(policy, reports)
-}
-
 /// What the launcher decided in the rendezvous.
 #[derive(Debug, Clone)]
 pub struct Decision {
@@ -198,9 +189,10 @@ pub struct Decision {
     pub warnings: Vec<String>,
 }
 
-/// Builds the table from every host's report: the first failed probe fails the launch, naming
-/// its host.
-fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String> {
+/// Builds the table from every host's report, in host order: the first failed probe fails the
+/// launch, naming its host. (The combiner's work, and the launcher's own when every host is
+/// local and no coordinator runs.)
+pub fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String> {
     let mut offers = Vec::with_capacity(payloads.len());
     let mut ports = Vec::with_capacity(payloads.len());
     // A restart leaves out a host whose probe fails now, as it does a lost one.
@@ -244,11 +236,8 @@ fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String
             .collect();
     }
     let chip = chip_of_devices(&devices).map_err(|e| error_chain(&e))?;
-    let table = build_table(&devices, &build).map_err(|e| error_chain(&e))?;
-    let warnings = atlasboost_core::ranktable::validate_table(&table, chip)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let (table, warnings) = build_table_checked(&devices, &build).map_err(|e| error_chain(&e))?;
+    let warnings = warnings.iter().map(ToString::to_string).collect();
     let first = table
         .ranks()
         .map_err(|e| error_chain(&e))?

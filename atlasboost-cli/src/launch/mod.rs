@@ -286,6 +286,7 @@ fn run_attempts(
                     timestamp: args.timestamp,
                     ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
                     log_dir: attempt_logs.clone(),
+                    keep_last_line: args.hang_timeout.is_some(),
                 },
                 &workers.iter().map(|w| w.rank).collect::<Vec<_>>(),
             )?;
@@ -673,8 +674,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         for (i, r) in local_reports {
             reports[i] = r;
         }
-        let decision =
-            agent::decide_reports(&table_policy(launch), &reports).map_err(CliError::Failure)?;
+        let decision = agent::decide(&table_policy(launch), &reports).map_err(CliError::Failure)?;
         printer.detail("atlasboost: every host is this machine: no rendezvous");
         printer.detail(&format!(
             "atlasboost: {} probed and decided in {} ms",

@@ -134,6 +134,8 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             timestamp: args.timestamp,
             ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
             log_dir: logs.clone(),
+            // --hang-timeout is refused with --mpi.
+            keep_last_line: false,
         },
         &ranks,
     )?;

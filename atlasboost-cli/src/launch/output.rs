@@ -196,6 +196,9 @@ pub struct OutputOptions {
     pub ranks: Option<BTreeSet<u32>>,
     /// Also write `DIR/rank.<rank>/{stdout,stderr}.log`.
     pub log_dir: Option<PathBuf>,
+    /// Keep each rank's last line, for the hang watchdog's report (a copy per line: only when
+    /// `--hang-timeout` asks for it).
+    pub keep_last_line: bool,
 }
 
 /// One worker's part of the output.
@@ -371,9 +374,11 @@ impl Output {
                 .write_all(line)
                 .and_then(|()| logs[i].write_all(b"\n"));
         }
-        l.last.clear();
-        l.last
-            .extend_from_slice(&line[..line.len().min(TAIL_LINE_BYTES)]);
+        if self.options.keep_last_line {
+            l.last.clear();
+            l.last
+                .extend_from_slice(&line[..line.len().min(TAIL_LINE_BYTES)]);
+        }
         if stream == Stream::Stderr {
             // Once the tail is full, the oldest line's buffer is reused: no allocation per line.
             let mut kept = if l.tail.len() == TAIL_LINES {

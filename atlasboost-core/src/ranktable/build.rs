@@ -46,6 +46,19 @@ pub struct BuildOptions {
 /// that does not fit the format; [`Error::Invalid`] if the table breaks a rule of the chip
 /// (e.g. a 910 server with devices 2-5).
 pub fn build_table(devices: &[Device], opts: &BuildOptions) -> Result<RankTable> {
+    build_table_checked(devices, opts).map(|(table, _)| table)
+}
+
+/// [`build_table`], also returning the table's warnings (what HCCL only recommends), from the
+/// same validation.
+///
+/// # Errors
+///
+/// As [`build_table`].
+pub fn build_table_checked(
+    devices: &[Device],
+    opts: &BuildOptions,
+) -> Result<(RankTable, Vec<super::Violation>)> {
     let chip = match opts.chip {
         Some(c) => c,
         None => chip_of_devices(devices)?,
@@ -55,10 +68,10 @@ pub fn build_table(devices: &[Device], opts: &BuildOptions) -> Result<RankTable>
         Format::V1_0 | Format::V1_2 => cluster_table(&servers, opts.format)?,
         Format::Legacy => legacy_table(&servers),
     };
-    errors_fail(validate_table(&table, chip), || {
+    let warnings = errors_fail(validate_table(&table, chip), || {
         "the rank table built from the probed devices".into()
-    })
-    .map(|_| table)
+    })?;
+    Ok((table, warnings))
 }
 
 /// The chip family all devices agree on (910 when there are none).

@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use super::model::RankTable;
-use super::validate::{errors_fail, validate_table};
+use super::validate::{Violation, errors_fail, validate_table};
 use crate::device::Chip;
 use crate::error::{Error, Result};
 
@@ -16,17 +16,19 @@ use crate::error::{Error, Result};
 ///
 /// [`Error::BadPath`] if `path` does not end in `.json` (HCCL refuses it), [`Error::Invalid`] if
 /// the table breaks a rule (nothing is written), [`Error::Io`] if the file cannot be written.
-pub fn write_table(path: &Path, table: &RankTable, chip: Chip) -> Result<()> {
+/// Returns the table's warnings (what HCCL only recommends), for the caller to show.
+pub fn write_table(path: &Path, table: &RankTable, chip: Chip) -> Result<Vec<Violation>> {
     if path.extension().is_none_or(|e| e != "json") {
         return Err(Error::BadPath {
             path: path.to_path_buf(),
             reason: "HCCL only loads rank tables whose name ends in .json".into(),
         });
     }
-    errors_fail(validate_table(table, chip), || {
+    let warnings = errors_fail(validate_table(table, chip), || {
         format!("the table for {}", path.display())
     })?;
-    write_atomically(path, table.to_json_pretty().as_bytes())
+    write_atomically(path, table.to_json_pretty().as_bytes())?;
+    Ok(warnings)
 }
 
 /// Writes `contents` to `path` atomically: a temporary file in the same directory, fsync, mode
