@@ -5,6 +5,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, TcpListener, ToSocketAddrs};
 use std::str::FromStr;
 
+use atlasboost_core::EnvVars;
 use nix::ifaddrs::getifaddrs;
 use nix::net::if_::InterfaceFlags;
 
@@ -171,6 +172,59 @@ pub fn find_nic(choice: &NicChoice) -> Result<Nic, HostError> {
         choice: choice.to_string(),
         have: nics.iter().map(ToString::to_string).collect(),
     })
+}
+
+/// The interface a job's frameworks use on this host (gloo, HCCL's own sockets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobNic {
+    /// The interface.
+    pub nic: Nic,
+    /// Named by `--nic` / `ATLASBOOST_NIC` (its variables are set), rather than found by the
+    /// server id (set only where the user has none).
+    pub explicit: bool,
+}
+
+impl JobNic {
+    /// The interface `choice` names (`--nic`, `ATLASBOOST_NIC`, as typed), else the one that
+    /// holds `server_id`, if any.
+    ///
+    /// # Errors
+    ///
+    /// Why `choice` names no interface here: malformed, or not on this host (listing what is).
+    pub fn find(choice: Option<&str>, server_id: &str) -> Result<Option<JobNic>, String> {
+        match choice {
+            Some(text) => {
+                let choice: NicChoice = text.parse()?;
+                let nic = find_nic(&choice).map_err(|e| e.to_string())?;
+                Ok(Some(JobNic {
+                    nic,
+                    explicit: true,
+                }))
+            }
+            None => Ok(server_id
+                .parse()
+                .ok()
+                .and_then(nic_holding)
+                .map(|nic| JobNic {
+                    nic,
+                    explicit: false,
+                })),
+        }
+    }
+
+    /// `HCCL_IF_IP` (the host's address on it: the server id unless `--nic` named it),
+    /// `HCCL_SOCKET_IFNAME` and `GLOO_SOCKET_IFNAME`.
+    pub fn vars(&self, server_id: &str) -> [(&'static str, String); 3] {
+        let address = match self.explicit {
+            true => self.nic.ipv4.to_string(),
+            false => server_id.to_string(),
+        };
+        [
+            (EnvVars::HCCL_IF_IP, address),
+            (EnvVars::HCCL_SOCKET_IFNAME, self.nic.name.clone()),
+            (EnvVars::GLOO_SOCKET_IFNAME, self.nic.name.clone()),
+        ]
+    }
 }
 
 /// The interface that holds `ip` (its address, else the first whose network contains it).

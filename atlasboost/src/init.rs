@@ -1199,20 +1199,19 @@ fn job_at(
     let (mut env, mut env_if_unset) = (env.set, env.set_if_unset);
     // The frameworks' own sockets (gloo, HCCL's root-info mode) on the job's interface:
     // `ATLASBOOST_NIC` sets them, else the interface of this host's server_id, unless set.
-    if let Some((nic, explicit)) = library_nic(&seat.server_id)? {
-        let address = if explicit {
-            nic.ipv4.to_string()
-        } else {
-            seat.server_id.clone()
-        };
-        let vars = [
-            (EnvVars::HCCL_IF_IP, address),
-            (EnvVars::HCCL_SOCKET_IFNAME, nic.name.clone()),
-            (EnvVars::GLOO_SOCKET_IFNAME, nic.name),
-        ];
-        match explicit {
-            true => env.extend(vars),
-            false => env_if_unset.extend(vars),
+    let nic_choice = crate::settings::env(EnvVars::ATLASBOOST_NIC);
+    let nic =
+        crate::host::JobNic::find(nic_choice.as_deref(), &seat.server_id).map_err(|reason| {
+            InitError::BadVariable {
+                variable: EnvVars::ATLASBOOST_NIC,
+                value: nic_choice.clone().unwrap_or_default(),
+                reason,
+            }
+        })?;
+    if let Some(nic) = nic {
+        match nic.explicit {
+            true => env.extend(nic.vars(&seat.server_id)),
+            false => env_if_unset.extend(nic.vars(&seat.server_id)),
         }
     }
     Ok(Job {
@@ -1259,34 +1258,6 @@ fn server_id() -> Result<String, InitError> {
     }
     // The launcher's rule: no address is an error, never a silent 127.0.0.1.
     crate::host::server_id(None).map_err(|error| InitError::NoServerId { error })
-}
-
-/// This host's interface for the job: `ATLASBOOST_NIC`'s (then `true`), else the one that holds
-/// `server_id`.
-///
-/// # Errors
-///
-/// [`InitError::BadVariable`] for an `ATLASBOOST_NIC` that is malformed or not on this host
-/// (also when `ATLASBOOST_SERVER_ID` gave the server id).
-fn library_nic(server_id: &str) -> Result<Option<(crate::host::Nic, bool)>, InitError> {
-    match env(EnvVars::ATLASBOOST_NIC) {
-        Some(text) => {
-            let bad = |reason: String| InitError::BadVariable {
-                variable: EnvVars::ATLASBOOST_NIC,
-                value: text.clone(),
-                reason,
-            };
-            let choice: crate::host::NicChoice = text.parse().map_err(bad)?;
-            crate::host::find_nic(&choice)
-                .map(|n| Some((n, true)))
-                .map_err(|e| bad(e.to_string()))
-        }
-        None => Ok(server_id
-            .parse()
-            .ok()
-            .and_then(crate::host::nic_holding)
-            .map(|n| (n, false))),
-    }
 }
 
 /// `ATLASBOOST_RANK_TABLE_FILE`, else `rank_table.json` in the current directory.

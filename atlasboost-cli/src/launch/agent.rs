@@ -519,7 +519,13 @@ pub fn host_workers(
             .collect::<Vec<_>>(),
         inherited_runtime_visible()?.as_deref(),
     );
-    let nic = host_nic(settings, server_id)?;
+    let nic =
+        atlasboost::host::JobNic::find(settings.nic.as_deref(), server_id).map_err(|why| {
+            CliError::Usage(format!(
+                "--nic {}: {why}",
+                settings.nic.as_deref().unwrap_or("")
+            ))
+        })?;
     let mut cores = match settings.bind_cores {
         true => bind_cores(&seats, host)?.into_iter().map(Some).collect(),
         false => vec![None; seats.len()],
@@ -564,18 +570,10 @@ pub fn host_workers(
                 .filter(|(k, _)| !inherited(k) && !settings.env.iter().any(|(n, _)| n == k))
                 .map(|(k, v)| (k.into(), v.into())),
         );
-        if let Some((nic, explicit)) = &nic {
-            let address = match explicit {
-                true => nic.ipv4.to_string(),
-                false => server_id.to_string(),
-            };
-            for (k, v) in [
-                (EnvVars::HCCL_IF_IP, address),
-                (EnvVars::HCCL_SOCKET_IFNAME, nic.name.clone()),
-                (EnvVars::GLOO_SOCKET_IFNAME, nic.name.clone()),
-            ] {
+        if let Some(nic) = &nic {
+            for (k, v) in nic.vars(server_id) {
                 // `--nic` sets them; without it they are a default the user's own win over.
-                if *explicit || (!inherited(k) && !settings.env.iter().any(|(n, _)| n == k)) {
+                if nic.explicit || (!inherited(k) && !settings.env.iter().any(|(n, _)| n == k)) {
                     vars.push((k.into(), v.into()));
                 }
             }
@@ -616,34 +614,6 @@ fn bind_cores(seats: &[Seat], host: &str) -> Result<Vec<Vec<usize>>, CliError> {
     let physical: Vec<u32> = seats.iter().map(|s| s.physical_id).collect();
     atlasboost::cores::host_plan(&physical)
         .map_err(|why| CliError::Failure(format!("--bind-cores: host {host}: {why}")))
-}
-
-/// The host's interface for the frameworks' own sockets: `--nic` (then `true`), else the one
-/// that holds its `server_id`, if any.
-///
-/// # Errors
-///
-/// A `--nic` this host has no interface for (exit 2), naming the interfaces it has.
-fn host_nic(
-    settings: &WorkerSettings,
-    server_id: &str,
-) -> Result<Option<(atlasboost::host::Nic, bool)>, CliError> {
-    use atlasboost::host::{NicChoice, find_nic, nic_holding};
-    match &settings.nic {
-        Some(text) => {
-            let choice: NicChoice = text
-                .parse()
-                .map_err(|why: String| CliError::Usage(format!("--nic: {why}")))?;
-            let nic =
-                find_nic(&choice).map_err(|e| CliError::Usage(format!("--nic {choice}: {e}")))?;
-            Ok(Some((nic, true)))
-        }
-        None => Ok(server_id
-            .parse()
-            .ok()
-            .and_then(nic_holding)
-            .map(|n| (n, false))),
-    }
 }
 
 /// `ASCEND_RT_VISIBLE_DEVICES` for a host's workers: the driver's logical ids of its job
