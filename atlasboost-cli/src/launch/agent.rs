@@ -187,6 +187,8 @@ pub struct Decision {
     pub devices: Vec<Device>,
     /// What HCCL only recommends and the table does not do (errors are refused).
     pub warnings: Vec<String>,
+    /// The table itself, as built and checked (`answer.table` is its JSON).
+    pub table: RankTable,
 }
 
 /// Builds the table from every host's report, in host order: the first failed probe fails the
@@ -260,6 +262,7 @@ pub fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, St
         },
         devices,
         warnings,
+        table,
     })
 }
 

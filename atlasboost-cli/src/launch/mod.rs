@@ -265,7 +265,7 @@ fn run_attempts(
                     ));
                 }
             }
-            let layout = layout(&joined.table, workers.len());
+            let layout = layout(&joined.decision.table, workers.len());
             printer.status(&format!(
                 "atlasboost: {}{layout}, rank table {} (ready in {} ms)",
                 match attempt {
@@ -501,9 +501,7 @@ enum Joined {
 
 /// Every host after the rendezvous.
 struct JoinedHosts {
-    /// The cluster table.
-    table: RankTable,
-    /// What the launcher decided.
+    /// What the launcher decided (the cluster table included).
     decision: Decision,
     /// Local hosts' devices, by host index (`None` for a remote host).
     local: Vec<Option<Vec<Device>>>,
@@ -790,12 +788,6 @@ fn finish_join(
         // Shown even with -q: HCCL will say the same, less clearly.
         printer.error(&format!("atlasboost: the rank table: {w}"));
     }
-    let chip: atlasboost_core::Chip = decision.answer.chip.parse()?;
-    let table = RankTable::parse(
-        &decision.answer.table,
-        std::path::Path::new("<the launcher's table>"),
-        chip,
-    )?;
     if local.iter().any(Option::is_some) {
         agent::write_checked(&launch.settings.rank_table, &decision.answer)?;
     }
@@ -805,7 +797,6 @@ fn finish_join(
         decision.answer.table.len()
     ));
     Ok(Joined::Ready(Box::new(JoinedHosts {
-        table,
         decision,
         local,
         remotes,
@@ -909,7 +900,7 @@ fn plan_workers(launch: &Launch<'_>, joined: &JoinedHosts) -> Result<Vec<WorkerP
     let mut local_seats: Vec<Vec<atlasboost_core::worker_env::Seat>> =
         launch.hosts.iter().map(|_| Vec::new()).collect();
     let mut workers = Vec::new();
-    for seat in atlasboost_core::worker_env::Seat::all(&joined.table)? {
+    for seat in atlasboost_core::worker_env::Seat::all(&joined.decision.table)? {
         let Some(&index) = by_server.get(seat.server_id.as_str()) else {
             continue;
         };
