@@ -464,7 +464,10 @@ say "step 8: $ddp"
     cd "$tmp"
     unset ATLASBOOST_SSH_ALL_HOSTS
     export ATLASBOOST_SSH_OPTIONS="-F $tmp/ssh/ssh_config"
-    exec timeout -k 10 120 "$bin" run -v --sim 2 -H "${ips[0]}:2,${ips[1]}:2" --wdir "$tmp/work" \
+    # A directory of its own: step 7's lost host may still hold $tmp/work's table lock for the
+    # few seconds its agent takes to notice that the launcher is gone.
+    mkdir -p "$tmp/work9"
+    exec timeout -k 10 120 "$bin" run -v --sim 2 -H "${ips[0]}:2,${ips[1]}:2" --wdir "$tmp/work9" \
         --nic "$net2.0/24" -- sh -c \
         'echo "nic $ATLASBOOST_SERVER_ID $MASTER_ADDR $HCCL_IF_IP $HCCL_SOCKET_IFNAME $GLOO_SOCKET_IFNAME"'
 ) >"$tmp/nic.out" 2>"$tmp/nic.err" &
