@@ -100,6 +100,10 @@ cargo test -p atlasboost-e2e --features mpi --test e2e -- mpi:: 2>&1 | tee -a "$
 # The C library built with MPI support: its program's tests again (build_info says so).
 cargo build --quiet -p atlasboost-c --features mpi
 cargo test -p atlasboost-c --features mpi --test c_program 2>&1 | tee -a "$log"
+# The ssh tests again with the launch tree a chain (--fanout 1): every host is started by the
+# agent of the one before it, and every rule of the flat launch still holds.
+ATLASBOOST_E2E_FANOUT=1 ATLASBOOST_E2E_REQUIRE_SSHD=1 cargo test -p atlasboost-e2e --test e2e -- ssh:: 2>&1 |
+    tee -a "$log"
 # The Python package (bindings/python): built by pip and maturin in a virtual environment,
 # with MPI support, then its pytest suite. (The C ABI's tests, bindings/c, ran above with the
 # workspace; scripts/test-c.sh runs them alone.)
@@ -111,7 +115,7 @@ awk '/^test result:/ || /^=+ .* in [0-9.]+s/ { for (i = 1; i <= NF; i++) { if ($
     { echo "scripts/test.sh: cargo test ran no test" >&2; exit 1; }
 totals=$(cat "$log.total")
 
-step "a 3-server job across network namespaces, over ssh (skips, saying why, where not allowed)"
+step "a 3-server job and a 6-server launch tree across network namespaces, over ssh (skips, saying why, where not allowed)"
 cargo build --quiet -p atlasboost-cli
 bash tests/netns-cluster.sh
 

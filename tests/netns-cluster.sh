@@ -28,7 +28,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${ATLASBOOST_BIN:-$repo/target/debug/atlasboost}
 id=$$
 br=abbr$id
-namespaces=("abns1-$id" "abns2-$id" "abns3-$id")
+# Six servers: steps 4-9 use the first three, step 10 all six in a launch tree.
+count=6
+namespaces=()
+for i in $(seq "$count"); do namespaces+=("abns$i-$id"); done
 sshd=/usr/sbin/sshd
 started=$SECONDS
 tmp=
@@ -50,7 +53,7 @@ cleanup() {
         kill "$run_pid" 2>/dev/null
         wait "$run_pid" 2>/dev/null
     fi
-    for i in 1 2 3; do
+    for i in $(seq "$count"); do
         n=${namespaces[i - 1]}
         # The sshd listeners we started, by the pids they wrote.
         if [[ -n $tmp && -s $tmp/sshd-$i.pid ]]; then
@@ -65,7 +68,7 @@ cleanup() {
             [[ -n $pids ]] && kill $pids 2>/dev/null
         fi
     done
-    for i in 1 2 3; do
+    for i in $(seq "$count"); do
         n=${namespaces[i - 1]}
         if ip netns list 2>/dev/null | grep -qw -- "$n"; then
             for _ in $(seq 50); do
@@ -173,7 +176,7 @@ mkdir -p "$tmp/ssh" "$tmp/work" "$tmp/seen" "$tmp/private"
 }
 ips=()
 hosts=()
-for i in 1 2 3; do
+for i in $(seq "$count"); do
     n=${namespaces[i - 1]}
     ip_i=$net.1$i
     ips+=("$ip_i")
@@ -188,7 +191,7 @@ done
 # A second network on the same links (10.214.S.0/24), for --nic (step 9).
 net2=10.214.${net##*.}
 ip addr add "$net2.1/24" dev "$br"
-for i in 1 2 3; do ip -n "${namespaces[i - 1]}" addr add "$net2.1$i/24" dev "abv${i}n$id"; done
+for i in $(seq "$count"); do ip -n "${namespaces[i - 1]}" addr add "$net2.1$i/24" dev "abv${i}n$id"; done
 for ip_i in "${ips[@]}"; do
     # Nothing listens yet: a refusal proves the path both ways.
     err=$(tcp_probe reachable "$ip_i" 22 10 2>&1) ||
@@ -213,7 +216,7 @@ Host *
     LogLevel ERROR
 EOF
 mkdir -p /run/sshd # sshd's privilege-separation directory; shared, so never removed
-for i in 1 2 3; do
+for i in $(seq "$count"); do
     cat >"$tmp/sshd-$i.conf" <<EOF
 ListenAddress ${ips[i - 1]}
 Port 22
@@ -241,7 +244,7 @@ EOF
         ip netns exec "${namespaces[i - 1]}" "$sshd" -f "$tmp/sshd-$i.conf" -E "$tmp/sshd-$i.log"
     fi || { show "$tmp/sshd-$i.log"; die "sshd did not start in ${namespaces[i - 1]}"; }
 done
-for i in 1 2 3; do
+for i in $(seq "$count"); do
     err=$(tcp_probe open "${ips[i - 1]}" 22 15 2>&1) ||
         { show "$tmp/sshd-$i.log"; die "sshd in ${namespaces[i - 1]} does not accept after 15 s: $err"; }
     # A plain ssh first, so that a key or config problem is reported as such.
@@ -260,7 +263,7 @@ cp "\$RANK_TABLE_FILE" "$tmp/seen/\$ATLASBOOST_SERVER_ID-\$RANK_ID.json"
 netns=\$(stat -L -c %i /proc/self/ns/net)
 echo "ok rank \$RANK_ID server \$ATLASBOOST_SERVER_ID device \$ATLASBOOST_PHYSICAL_ID netns \$netns nic \$HCCL_IF_IP \$GLOO_SOCKET_IFNAME \$HCCL_SOCKET_IFNAME"
 EOF
-host_list=$(IFS=,; echo "${hosts[*]}")
+host_list=$(IFS=,; echo "${hosts[*]:0:3}")
 # In the background and waited for, so that a signal to this script is acted on at once.
 (
     cd "$tmp"
@@ -283,8 +286,8 @@ fail() {
 # 5. Checks.
 # ---------------------------------------------------------------------------------------------
 table=$tmp/work/rank_table.json
-grep -qxF "atlasboost: rendezvous at $net.1" "$tmp/run.err" ||
-    fail "-v does not show 'atlasboost: rendezvous at $net.1'"
+grep -q "atlasboost: launch tree of 3 remote hosts (fanout 32): the launcher opens 3 ssh sessions" \
+    "$tmp/run.err" || fail "-v does not show the flat launch tree of 3 hosts"
 grep -q '12 succeeded, 0 failed' "$tmp/run.err" || fail "the summary is not '12 succeeded, 0 failed'"
 sha=$(sha256sum "$tmp/work/rank_table.json" | cut -d' ' -f1)
 grep -q "atlasboost: rank table SHA-256 $sha " "$tmp/run.err" ||
@@ -294,10 +297,11 @@ grep -q "atlasboost: rank table SHA-256 $sha " "$tmp/run.err" ||
 # Worker lines, per rank: exactly ranks 0-11 once each; 4 per server, on devices 0-3; each in
 # the namespace of its server.
 ns_inodes=()
-for n in "${namespaces[@]}"; do ns_inodes+=("$(stat -L -c %i "/run/netns/$n")"); done
+for n in "${namespaces[@]:0:3}"; do ns_inodes+=("$(stat -L -c %i "/run/netns/$n")"); done
 err=$(python3 - "$tmp/run.out" "$table" "${ips[*]}" "${ns_inodes[*]}" "$id" <<'EOF'
 import collections, json, re, sys
 out, table_path, ips, inodes, nsid = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), sys.argv[5]
+ips = ips[:3]  # the first three servers
 netns_of = dict(zip(ips, inodes))
 # Without --nic, each host's workers get the interface that holds its server_id.
 ifname_of = {ip: f"abv{i + 1}n{nsid}" for i, ip in enumerate(ips)}
@@ -377,7 +381,7 @@ done
 job_a=$(grep -o 'job=ab-[0-9a-f]*' "$tmp/a.out" | head -n 1 | cut -d= -f2)
 [[ -n $job_a ]] || { show "$tmp/a.out" "$tmp/a.err"; die "job A did not start on ${ips[1]}"; }
 rc=0
-job_in_private "$(IFS=,; echo "${ips[*]}")" true >"$tmp/b.out" 2>"$tmp/b.err" || rc=$?
+job_in_private "$(IFS=,; echo "${ips[*]:0:3}")" true >"$tmp/b.out" 2>"$tmp/b.err" || rc=$?
 [[ $rc == 125 ]] || { show "$tmp/b.out" "$tmp/b.err"; die "job B on job A's table exited $rc, want 125"; }
 grep -q "host ${ips[1]}:.*in use by job $job_a" "$tmp/b.err" ||
     { show "$tmp/b.err"; die "job B's error does not name host ${ips[1]} and job $job_a"; }
@@ -390,7 +394,7 @@ wait "$run_pid" || rc=$?
 run_pid=
 [[ $rc == 0 ]] || { show "$tmp/a.out" "$tmp/a.err"; die "job A exited $rc"; }
 rc=0
-job_in_private "$(IFS=,; echo "${ips[*]}")" true >"$tmp/b.out" 2>"$tmp/b.err" || rc=$?
+job_in_private "$(IFS=,; echo "${ips[*]:0:3}")" true >"$tmp/b.out" 2>"$tmp/b.err" || rc=$?
 [[ $rc == 0 ]] || { show "$tmp/b.out" "$tmp/b.err"; die "job B after job A exited $rc, want 0"; }
 
 # ---------------------------------------------------------------------------------------------
@@ -455,10 +459,9 @@ fi
 say "step 8: $ddp"
 
 # ---------------------------------------------------------------------------------------------
-# 9. --nic: the hosts also have addresses on 10.214.S.0/24. With `--nic 10.214.S.0/24` the
-#    launcher's coordinator listens on its address there and the agents meet it there, MASTER_ADDR
-#    is the first host's address there, and each host's workers get it as HCCL_IF_IP with the
-#    interface's name (server ids stay the -H addresses).
+# 9. --nic: the hosts also have addresses on 10.214.S.0/24. With `--nic 10.214.S.0/24`
+#    MASTER_ADDR is the first host's address there, and each host's workers get it as
+#    HCCL_IF_IP with the interface's name (server ids stay the -H addresses).
 # ---------------------------------------------------------------------------------------------
 (
     cd "$tmp"
@@ -476,16 +479,143 @@ rc=0
 wait "$run_pid" || rc=$?
 run_pid=
 [[ $rc == 0 ]] || { show "$tmp/nic.out" "$tmp/nic.err"; die "the --nic job exited $rc"; }
-grep -qxF "atlasboost: rendezvous at $net2.1" "$tmp/nic.err" ||
-    { show "$tmp/nic.err"; die "--nic $net2.0/24: the rendezvous is not at $net2.1"; }
 for i in 1 2; do
     want="nic ${ips[i - 1]} $net2.11 $net2.1$i abv${i}n$id abv${i}n$id"
     [[ $(grep -c "<stdout>:$want\$" "$tmp/nic.out") == 2 ]] ||
         { show "$tmp/nic.out"; die "--nic: host $i's workers did not print '$want'"; }
 done
 
+# ---------------------------------------------------------------------------------------------
+# 10. The launch tree (SPEC §14): six servers with --fanout 2. The launcher opens two ssh
+#     sessions; the agents of servers 1 and 2 start those of servers 3-4 and 5-6 (depth 2).
+#     (a) the job runs, every host writes the byte-identical table (its SHA-256 as -v shows
+#     it), every rank's 400 lines arrive whole and in order; (b) kill -9 of server 1's agent,
+#     an interior one, fails the job within 5 s naming servers 1, 3 and 4; (c) kill -9 of the
+#     launcher leaves no process but sshd in any namespace.
+# ---------------------------------------------------------------------------------------------
+ip link set "abv3r$id" up # step 7 took it down
+all6=$(IFS=,; echo "${ips[*]/%/:2}")
+mkdir -p "$tmp/work10" "$tmp/seen10"
+cat >"$tmp/worker10.sh" <<EOF
+set -eu
+cp "\$RANK_TABLE_FILE" "$tmp/seen10/\$ATLASBOOST_SERVER_ID-\$RANK_ID.json"
+i=0
+while [ \$i -lt 400 ]; do
+    echo "seq \$RANK_ID \$i \$ATLASBOOST_SERVER_ID abcdefghijklmnopqrstuvwxyz0123456789"
+    i=\$((i + 1))
+done
+EOF
+tree_job() { # OUT ERR ARGS...: atlasboost run over the six servers with --fanout 2
+    local out=$1 err=$2
+    shift 2
+    (
+        cd "$tmp"
+        unset ATLASBOOST_SSH_ALL_HOSTS
+        export ATLASBOOST_SSH_OPTIONS="-F $tmp/ssh/ssh_config"
+        exec "$bin" run --fanout 2 --sim 2 -H "$all6" --wdir "$tmp/work10" "$@"
+    ) >"$out" 2>"$err" &
+    run_pid=$!
+}
+tree_job "$tmp/tree.out" "$tmp/tree.err" -v -- sh "$tmp/worker10.sh"
+rc=0
+for _ in $(seq 1200); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$run_pid" 2>/dev/null && { kill -KILL "$run_pid"; die "the tree job ran over 120 s"; }
+wait "$run_pid" || rc=$?
+run_pid=
+[[ $rc == 0 ]] || { show "$tmp/tree.out" "$tmp/tree.err"; die "the tree job exited $rc"; }
+grep -q "launch tree of 6 remote hosts (fanout 2): the launcher opens 2 ssh sessions" "$tmp/tree.err" ||
+    { show "$tmp/tree.err"; die "-v does not show a launch tree of 6 hosts with 2 sessions"; }
+sha10=$(grep -o 'rank table SHA-256 [0-9a-f]*' "$tmp/tree.err" | cut -d' ' -f4)
+[[ -n $sha10 ]] || { show "$tmp/tree.err"; die "-v does not show the table's SHA-256"; }
+copies=("$tmp"/seen10/*.json)
+[[ ${#copies[@]} == 12 ]] || die "want 12 copies of the tree job's table, found ${#copies[@]}"
+for c in "${copies[@]}" "$tmp/work10/rank_table.json"; do
+    [[ $(sha256sum "$c" | cut -d' ' -f1) == "$sha10" ]] ||
+        die "the table read by ${c##*/} is not the launcher's (SHA-256 $sha10)"
+done
+err=$(python3 - "$tmp/tree.out" <<'EOF'
+import re, sys
+pat = re.compile(r"^\[(\d+)\]<stdout>:seq (\d+) (\d+) (\S+) abcdefghijklmnopqrstuvwxyz0123456789$")
+nxt, problems = {}, []
+for line in open(sys.argv[1]):
+    m = pat.match(line.rstrip("\n"))
+    if not m or m.group(1) != m.group(2):
+        problems.append(f"a torn or mistagged line: {line.rstrip()!r}")
+        continue
+    rank, i = int(m.group(1)), int(m.group(3))
+    if nxt.get(rank, 0) != i:
+        problems.append(f"rank {rank}: line {i} after line {nxt.get(rank, 0) - 1}")
+    nxt[rank] = i + 1
+if sorted(nxt) != list(range(12)) or set(nxt.values()) != {400}:
+    problems.append(f"lines per rank: {nxt}, want 400 for each of ranks 0-11")
+print("\n".join(problems[:10]))
+sys.exit(1 if problems else 0)
+EOF
+) || { show "$tmp/tree.err"; die "the tree job's output is wrong:"$'\n'"$err"; }
+
+# Waits for N lines matching PATTERN in FILE, while the job runs.
+wait_lines() {
+    local n=$1 pattern=$2 file=$3
+    for _ in $(seq 300); do
+        [[ $(grep -c -- "$pattern" "$file") -ge $n ]] && return 0
+        kill -0 "$run_pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+# The atlasboost agent running in namespace N (its index, from 1).
+agent_in() {
+    local p
+    for p in $(ip netns pids "${namespaces[$1 - 1]}"); do
+        [[ $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) == "$bin agent " ]] && { echo "$p"; return 0; }
+    done
+    return 1
+}
+tree_job "$tmp/interior.out" "$tmp/interior.err" --grace 1 -- sh -c 'echo up; exec sleep 60'
+wait_lines 12 '<stdout>:up' "$tmp/interior.out" ||
+    { show "$tmp/interior.out" "$tmp/interior.err"; die "the interior-agent job did not start 12 workers"; }
+interior=$(agent_in 1) || die "no atlasboost agent in ${namespaces[0]}"
+ssh_children=$(pgrep -P "$interior" -x ssh | wc -l)
+[[ $ssh_children == 2 ]] ||
+    die "server 1's agent has $ssh_children ssh sessions, want 2 (servers 3 and 4 below it)"
+killed_at=$SECONDS
+kill -KILL "$interior"
+rc=0
+for _ in $(seq 150); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$run_pid" 2>/dev/null && { kill -KILL "$run_pid"; die "the job outlived its interior agent by 15 s"; }
+wait "$run_pid" || rc=$?
+run_pid=
+took=$((SECONDS - killed_at))
+[[ $rc == 125 ]] || { show "$tmp/interior.err"; die "the job whose interior agent died exited $rc, want 125"; }
+[[ $took -le 5 ]] || { show "$tmp/interior.err"; die "the job ended $took s after its interior agent died, want <= 5"; }
+grep -q "^error: host ${ips[0]} failed first: .*below it in the launch tree: ${ips[2]}, ${ips[3]}" \
+    "$tmp/interior.err" ||
+    { show "$tmp/interior.err"; die "the error does not name ${ips[0]} and its subtree ${ips[2]}, ${ips[3]}"; }
+
+tree_job "$tmp/kill9.out" "$tmp/kill9.err" -- sh -c 'echo up; exec sleep 60'
+wait_lines 12 '<stdout>:up' "$tmp/kill9.out" ||
+    { show "$tmp/kill9.out" "$tmp/kill9.err"; die "the kill -9 job did not start 12 workers"; }
+kill -KILL "$run_pid"
+wait "$run_pid" 2>/dev/null || true
+run_pid=
+left=
+for _ in $(seq 100); do
+    left=
+    for i in $(seq "$count"); do
+        for p in $(ip netns pids "${namespaces[i - 1]}"); do
+            [[ $p == "$(<"$tmp/sshd-$i.pid")" ]] && continue
+            left+=" ${namespaces[i - 1]}:$p($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null))"
+        done
+    done
+    [[ -z $left ]] && break
+    sleep 0.1
+done
+[[ -z $left ]] || die "10 s after kill -9 of the launcher, processes are left:$left"
+
 [[ ${NETNS_CLUSTER_VERBOSE:-} == 1 ]] && show "$tmp/run.out" "$tmp/run.err"
-say "ok: 12 ranks on 3 namespaced servers (${ips[*]}) over ssh, rendezvous at $net.1;" \
+say "ok: 12 ranks on 3 namespaced servers (${ips[*]:0:3}) over ssh;" \
     "one table, 12 identical copies, valid; a second job on a table path held on" \
     "${ips[1]} refused naming that host; a job that lost ${ips[2]}'s link went on with" \
-    "8 ranks on the other two; --nic $net2.0/24 met and exported there; $((SECONDS - started)) s"
+    "8 ranks on the other two; --nic $net2.0/24 exported there; a launch tree of 6 servers" \
+    "(fanout 2, depth 2) with one table everywhere and whole ordered lines, its interior agent's" \
+    "death named with its subtree in ${took} s, nothing left after kill -9; $((SECONDS - started)) s"

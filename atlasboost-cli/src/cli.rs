@@ -308,8 +308,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub remote_atlasboost: Option<PathBuf>,
 
-    /// The address remote hosts reach the launcher at [default: this machine's address on the
-    /// route to the first remote host].
+    /// Start the remote hosts' agents in a tree: the launcher, and each agent, opens at most K
+    /// ssh sessions (K at least the number of hosts: every session from the launcher).
+    #[arg(long, value_name = "K", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub fanout: u32,
+
+    /// With --mpi: the address the ranks' relays reach the launcher at [default: this machine's
+    /// address on the route to the first remote host].
     #[arg(long, value_name = "ADDR")]
     pub rendezvous_addr: Option<std::net::IpAddr>,
 

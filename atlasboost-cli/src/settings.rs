@@ -135,6 +135,8 @@ pub struct RunSettings {
     pub remote_atlasboost: Option<PathBuf>,
     /// `--rendezvous-addr`.
     pub rendezvous_addr: Option<IpAddr>,
+    /// `--fanout`: the launch tree's width (at least 1).
+    pub fanout: usize,
     /// `--nic`.
     pub nic: Option<atlasboost::host::NicChoice>,
     /// `--bind-cores`.
@@ -240,6 +242,7 @@ impl From<&RunArgs> for RunSettings {
             ssh_identity: a.ssh_identity.clone(),
             remote_atlasboost: a.remote_atlasboost.clone(),
             rendezvous_addr: a.rendezvous_addr,
+            fanout: a.fanout as usize,
             nic: a.nic.clone(),
             bind_cores: a.bind_cores,
             mpi: a.mpi,

@@ -38,6 +38,7 @@
 //! (it does read and write files: tables, and the lock beside a table).
 #![deny(missing_docs)]
 
+pub mod compact;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 mod device;

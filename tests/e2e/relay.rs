@@ -9,13 +9,14 @@ use atlasboost_e2e::{LAUNCH_MARK, Run, assert_no_process_with_env, kill_marked, 
 
 /// Runs the remote command (its last argument) here. `E2E_CUT_AFTER=N`: pass N bytes of the
 /// agent's output, then end it. `E2E_STALL_AFTER=N`: pass N bytes, then stop reading without
-/// closing (a partitioned network).
+/// closing (a partitioned network). Passed on unbuffered, as ssh does: the rendezvous travels
+/// on the same stream.
 const FAKE_SSH: &str = r#"#!/bin/sh
 for a; do last="$a"; done
 if [ -n "$E2E_CUT_AFTER" ]; then
-  sh -c "$last" | head -c "$E2E_CUT_AFTER"
+  sh -c "$last" | stdbuf -o0 head -c "$E2E_CUT_AFTER"
 elif [ -n "$E2E_STALL_AFTER" ]; then
-  sh -c "$last" | { head -c "$E2E_STALL_AFTER"; exec sleep 60; }
+  sh -c "$last" | { stdbuf -o0 head -c "$E2E_STALL_AFTER"; exec sleep 60; }
 else
   exec sh -c "$last"
 fi

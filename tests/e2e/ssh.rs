@@ -77,7 +77,11 @@ fn over_ssh_with(ssh_config: &Path, mark: &str, args: &[&str]) -> Run {
         !config.contains(char::is_whitespace),
         "ATLASBOOST_SSH_OPTIONS is split at whitespace: {config}"
     );
+    // `scripts/test.sh` runs these tests a second time with the launch tree a chain
+    // (`--fanout 1`): every host is started by the one before it.
+    let fanout = std::env::var("ATLASBOOST_E2E_FANOUT").ok();
     Run::new(["run"])
+        .args(fanout.iter().flat_map(|k| ["--fanout", k.as_str()]))
         .args(args)
         .args(["-x", &format!("{MARK}={mark}")])
         .env("ATLASBOOST_SSH_ALL_HOSTS", "1")
@@ -333,10 +337,17 @@ fn the_secret_is_on_no_command_line_and_the_agent_is_just_bin_agent() {
     job.extend(sshd.sessions());
     let clients: Vec<Vec<String>> = job
         .iter()
-        .filter(|p| p.ppid == launcher && p.comm == "ssh")
+        .filter(|p| p.comm == "ssh")
         .filter_map(|p| cmdline(p.pid))
         .collect();
     assert_eq!(clients.len(), 2, "one ssh per host: {clients:#?}");
+    // The launch tree: the launcher opens at most --fanout sessions, an agent the rest.
+    let fanout: usize = std::env::var("ATLASBOOST_E2E_FANOUT").map_or(32, |k| k.parse().unwrap());
+    let from_launcher = job
+        .iter()
+        .filter(|p| p.ppid == launcher && p.comm == "ssh")
+        .count();
+    assert_eq!(from_launcher, fanout.min(2), "{job:#?}");
     let remote_command = format!("exec '{bin}' agent");
     let mut hosts = BTreeSet::new();
     for c in &clients {

@@ -5,38 +5,36 @@
 //! Local hosts run [`run_agent`] on a thread of the launcher; a remote host runs the same
 //! function inside `atlasboost agent` ([`agent_main`]).
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use atlasboost::host::free_port;
 use atlasboost::probe::{ProbeError, local_devices, make_probe};
 use atlasboost::settings::Discovery;
+use atlasboost_core::compact;
 use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
     BuildOptions, HostDevices, RankOrder, RankTable, build_table_checked, chip_of_devices,
     largest_world,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
-use atlasboost_core::{Chip, Device, EnvVars};
-use atlasboost_tcp::{Combiner, ParticipantConfig, Replies, Secret, ZmqRendezvous};
+use atlasboost_core::{Device, EnvVars};
 use serde::{Deserialize, Serialize};
 
-use super::channel::{self, AgentConfig, Up, WorkerSettings};
+use super::channel::{self, AgentConfig, Down, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
 use super::lifeline;
 use super::output::Output;
 use super::plan::{HostPlan, Offer, assign_workers};
 use super::rank_files::RankFiles;
-use super::supervise::{self, RunPlan, Signals, WorkerPlan};
+use super::remote::Remote;
+use super::supervise::{self, RunPlan, Signals, Upstream, WorkerPlan};
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 
 /// What an agent sends the launcher.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AgentReport {
     /// Its devices, or why it has none.
     pub host: HostReport,
@@ -89,41 +87,6 @@ pub struct Shrink {
     pub left_out: Vec<String>,
 }
 
-/// The coordinator's combiner of a launch: one round, in which every agent reports and all
-/// receive the same [`LaunchAnswer`].
-///
-/// What it decided (the answer, and the devices that run a worker) is also left in `decided`,
-/// for the launcher, which may have no local host of its own.
-pub fn launch_combiner(policy: TablePolicy, decided: Arc<Mutex<Option<Decision>>>) -> Combiner {
-    launch_combiner_with(policy, decided, Vec::new(), None)
-}
-
-/// [`launch_combiner`] for a launch whose local hosts reported in-process: the coordinator's
-/// participants are the remote hosts only (participant `i` is host `remote_index[i]`), and
-/// `local` holds the other hosts' reports, by host index.
-pub fn launch_combiner_with(
-    policy: TablePolicy,
-    decided: Arc<Mutex<Option<Decision>>>,
-    local: Vec<(usize, Vec<u8>)>,
-    remote_index: Option<Vec<usize>>,
-) -> Combiner {
-    Box::new(move |_, payloads| {
-        let merged;
-        let payloads = match &remote_index {
-            None => payloads,
-            Some(index) => {
-                merged = merge_reports(policy.hosts.len(), &local, index, payloads);
-                &merged
-            }
-        };
-        let decision = decide(&policy, payloads)?;
-        let reply = serde_json::to_vec(&decision.answer)
-            .map_err(|e| format!("cannot encode the answer: {e}"))?;
-        *decided.lock().unwrap_or_else(|p| p.into_inner()) = Some(decision);
-        Ok(Replies::Same(reply))
-    })
-}
-
 /// The SHA-256 of `bytes`, in lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
@@ -161,23 +124,6 @@ pub fn write_checked(path: &Path, answer: &LaunchAnswer) -> Result<(), CliError>
     Ok(())
 }
 
-/// Every host's report in host order: the local ones and the remote participants'.
-fn merge_reports(
-    hosts: usize,
-    local: &[(usize, Vec<u8>)],
-    remote_index: &[usize],
-    remote: &[Vec<u8>],
-) -> Vec<Vec<u8>> {
-    let mut all = vec![Vec::new(); hosts];
-    for (i, bytes) in local {
-        all[*i].clone_from(bytes);
-    }
-    for (i, bytes) in remote_index.iter().zip(remote) {
-        all[*i].clone_from(bytes);
-    }
-    all
-}
-
 /// What the launcher decided in the rendezvous.
 #[derive(Debug, Clone)]
 pub struct Decision {
@@ -189,23 +135,18 @@ pub struct Decision {
     pub warnings: Vec<String>,
     /// The table itself, as built and checked (`answer.table` is its JSON).
     pub table: RankTable,
+    /// How it was built (with the host order filled in): what the hosts build it from too.
+    pub build: BuildOptions,
 }
 
 /// Builds the table from every host's report, in host order: the first failed probe fails the
-/// launch, naming its host. (The combiner's work, and the launcher's own when every host is
-/// local and no coordinator runs.)
-pub fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, String> {
-    let mut offers = Vec::with_capacity(payloads.len());
-    let mut ports = Vec::with_capacity(payloads.len());
+/// launch, naming its host. The launcher's work, once every host reported.
+pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decision, String> {
+    let mut offers = Vec::with_capacity(reports.len());
+    let mut ports = Vec::with_capacity(reports.len());
     // A restart leaves out a host whose probe fails now, as it does a lost one.
     let mut unprobed = Vec::new();
-    for (host, bytes) in policy.hosts.iter().zip(payloads) {
-        let report: AgentReport = serde_json::from_slice(bytes).map_err(|e| {
-            format!(
-                "host {} sent a report atlasboost cannot read: {e}",
-                host.describe()
-            )
-        })?;
+    for (host, report) in policy.hosts.iter().zip(reports) {
         match report.host {
             HostReport::Devices(devices) => offers.push(Offer {
                 host: host.describe(),
@@ -263,7 +204,109 @@ pub fn decide(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<Decision, St
         devices,
         warnings,
         table,
+        build,
     })
+}
+
+/// A host's report in the compact form that travels up the launch tree (SPEC §14): a dozen
+/// bytes or so per device, where JSON takes about a hundred.
+pub fn encode_report(report: &AgentReport) -> Vec<u8> {
+    let mut w = compact::Writer::default();
+    match &report.host {
+        HostReport::Devices(devices) => {
+            w.varint(0);
+            compact::put_devices(&mut w, devices);
+        }
+        HostReport::ProbeFailed { server_id, message } => {
+            w.varint(1);
+            w.str(server_id);
+            w.str(message);
+        }
+    }
+    w.varint(u64::from(report.free_port));
+    w.str(report.nic_addr.as_deref().unwrap_or(""));
+    w.buf
+}
+
+/// Reads what [`encode_report`] wrote, naming the host whose report it is.
+///
+/// # Errors
+///
+/// `host X sent a report atlasboost cannot read: ...`.
+pub fn decode_report(bytes: &[u8], host: &str) -> Result<AgentReport, String> {
+    let read = || -> Result<AgentReport, compact::CompactError> {
+        let mut r = compact::Reader::new(bytes);
+        let report = match r.varint("the report's kind")? {
+            0 => HostReport::Devices(compact::get_devices(&mut r)?),
+            1 => HostReport::ProbeFailed {
+                server_id: r.str("the server id")?,
+                message: r.str("the probe's error")?,
+            },
+            other => {
+                return Err(compact::CompactError(format!("a report of kind {other}")));
+            }
+        };
+        let free_port = u16::try_from(r.varint("the free port")?)
+            .map_err(|_| compact::CompactError("a port above 65535".into()))?;
+        let nic_addr = Some(r.str("the --nic address")?).filter(|a| !a.is_empty());
+        r.finish("the report")?;
+        Ok(AgentReport {
+            host: report,
+            free_port,
+            nic_addr,
+        })
+    };
+    read().map_err(|e| format!("host {host} sent a report atlasboost cannot read: {e}"))
+}
+
+/// The launcher's decision in the compact form that travels down the launch tree: what the
+/// table is built from (its devices and options), the first node, and the SHA-256 of the JSON
+/// every host must build from it.
+pub fn encode_decision(decision: &Decision) -> Vec<u8> {
+    let mut w = compact::Writer::default();
+    w.str(&decision.answer.sha256);
+    w.str(&decision.answer.chip);
+    w.str(&decision.answer.master_addr);
+    w.varint(u64::from(decision.answer.master_port));
+    compact::put_table_inputs(&mut w, &decision.devices, &decision.build);
+    w.buf
+}
+
+/// What a host makes of the launcher's decision: the table built here, byte for byte the
+/// launcher's (its SHA-256 is checked), and the answer it is part of.
+///
+/// # Errors
+///
+/// A malformed decision, a table that does not build, or one whose SHA-256 is not the
+/// launcher's.
+pub fn render_decision(bytes: &[u8]) -> Result<(LaunchAnswer, RankTable), CliError> {
+    let bad = |e: compact::CompactError| {
+        CliError::Failure(format!("the launcher's decision cannot be read: {e}"))
+    };
+    let mut r = compact::Reader::new(bytes);
+    let sha256 = r.str("the SHA-256").map_err(bad)?;
+    let chip = r.str("the chip").map_err(bad)?;
+    let master_addr = r.str("the first node").map_err(bad)?;
+    let master_port = r.varint("the port").map_err(bad)?;
+    let (devices, build) = compact::get_table_inputs(&mut r).map_err(bad)?;
+    r.finish("the decision").map_err(bad)?;
+    let (table, _) = build_table_checked(&devices, &build)?;
+    let json = table.to_json_pretty();
+    let got = sha256_hex(json.as_bytes());
+    if got != sha256 {
+        return Err(CliError::Failure(format!(
+            "the rank table built here has SHA-256 {got}, not the launcher's {sha256}: this \
+             host's atlasboost builds tables differently (install the same version everywhere)"
+        )));
+    }
+    let answer = LaunchAnswer {
+        table: json,
+        chip,
+        master_addr,
+        master_port: u16::try_from(master_port).unwrap_or(0),
+        sha256,
+    };
+    Ok((answer, table))
 }
 
 /// A restart's world: the largest the chip's rules allow on what the hosts still have, or why
@@ -335,31 +378,6 @@ fn replan(
     })
 }
 
-/// Everything one agent needs.
-#[derive(Debug, Clone)]
-pub struct AgentJob {
-    /// Its index in the rendezvous (the host's position in the host list).
-    pub index: usize,
-    /// The number of hosts.
-    pub hosts: usize,
-    /// Its host's server id.
-    pub server_id: String,
-    /// How to find devices.
-    pub discovery: Discovery,
-    /// The coordinator.
-    pub endpoint: String,
-    /// The job's id.
-    pub job_id: String,
-    /// The job's secret.
-    pub secret: Secret,
-    /// How long to wait for the launcher's answer.
-    pub timeout: Duration,
-    /// Where to write the table (absolute).
-    pub table_path: PathBuf,
-    /// `--nic`: the host's address on it is reported (for `MASTER_ADDR`).
-    pub nic: Option<atlasboost::host::NicChoice>,
-}
-
 /// What an agent has once the table is written.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -369,46 +387,6 @@ pub struct Prepared {
     pub answer: LaunchAnswer,
     /// This host's devices (for their logical ids).
     pub devices: Vec<Device>,
-}
-
-/// Runs one host's agent up to the point where its workers can start.
-///
-/// `written` lists tables already written by agents of this process: several local hosts
-/// share one file system and write the table once.
-///
-/// # Errors
-///
-/// The rendezvous's error (which names the failing host when another host failed), a table
-/// that does not parse, or one that cannot be written.
-pub fn run_agent(job: &AgentJob, written: &Mutex<HashSet<PathBuf>>) -> Result<Prepared, CliError> {
-    let (report, devices) = host_report(&job.discovery, &job.server_id, job.nic.as_ref())?;
-    let payload = serde_json::to_vec(&report).map_err(CliError::json("encode the host report"))?;
-    let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
-        &job.endpoint,
-        job.index,
-        job.hosts,
-        &job.job_id,
-        job.secret.clone(),
-        job.timeout,
-    ))
-    .map_err(atlasboost_core::Error::from)?;
-    let bytes = rdv
-        .exchange(&payload)
-        .map_err(atlasboost_core::Error::from)?;
-    let answer: LaunchAnswer =
-        serde_json::from_slice(&bytes).map_err(CliError::json("read the launcher's answer"))?;
-    let chip: Chip = answer.chip.parse()?;
-    let table = RankTable::parse(&answer.table, Path::new("<the launcher's answer>"), chip)?;
-    let mut done = written.lock().unwrap_or_else(|p| p.into_inner());
-    if done.insert(job.table_path.clone()) {
-        write_checked(&job.table_path, &answer)?;
-    }
-    drop(done);
-    Ok(Prepared {
-        table,
-        answer,
-        devices: devices.unwrap_or_default(),
-    })
 }
 
 /// One host's report: its probe's devices (or why there are none), a free port, its `--nic`
@@ -707,46 +685,169 @@ pub fn agent_main() -> u8 {
     }
 }
 
-/// Until the returned flag is set, a thread watches standard input: if the launcher's end
-/// closes (the launcher was killed while the hosts were joining), the agent exits at once
-/// instead of waiting out the rendezvous timeout. It only polls; it reads nothing.
-fn watch_for_hang_up() -> Arc<AtomicBool> {
+/// Starts the agents of this agent's children in the launch tree (each told about its own
+/// subtree), in position order.
+fn start_children(config: &AgentConfig) -> Result<Vec<(u32, Remote)>, CliError> {
+    let below = &config.tree;
+    let tree = Tree {
+        size: below.size,
+        fanout: below.fanout,
+    };
+    let mut children = Vec::new();
+    for child in tree.children(Some(config.position)) {
+        let Some(host) = below.hosts.iter().find(|h| h.position == child) else {
+            return Err(CliError::Failure(format!(
+                "the launch tree names position {child} below this host, but not its host"
+            )));
+        };
+        children.push((
+            child as u32,
+            Remote::start(
+                &host.name,
+                &host.host,
+                &below.ssh,
+                &child_config(config, host),
+            )?,
+        ));
+    }
+    Ok(children)
+}
+
+/// The configuration of the child `host` of this agent: the same job, its own subtree.
+pub fn child_config(config: &AgentConfig, host: &TreeHost) -> AgentConfig {
+    let tree = Tree {
+        size: config.tree.size,
+        fanout: config.tree.fanout,
+    };
+    AgentConfig {
+        position: host.position,
+        server_id: host.server_id.clone(),
+        host: host.host.clone(),
+        launcher: config.launcher.clone(),
+        discovery: config.discovery.clone(),
+        job_id: config.job_id.clone(),
+        timeout_ms: config.timeout_ms,
+        workers: config.workers.clone(),
+        tree: TreeBelow {
+            fanout: config.tree.fanout,
+            size: config.tree.size,
+            hosts: config
+                .tree
+                .hosts
+                .iter()
+                .filter(|h| h.position != host.position && tree.is_below(h.position, host.position))
+                .cloned()
+                .collect(),
+            ssh: config.tree.ssh.clone(),
+        },
+    }
+}
+
+/// Writes one frame to standard output at once (before the workers' [`Output`] exists).
+fn say(message: &Up) -> Result<(), CliError> {
+    let mut frame = Vec::new();
+    channel::encode(message, &mut frame);
+    let mut out = std::io::stdout().lock();
+    out.write_all(&frame)
+        .and_then(|()| out.flush())
+        .map_err(CliError::system("write to the launcher"))
+}
+
+/// The join, on a remote host: its report goes up, the agents below pass theirs (and
+/// whatever else they say) up through it, and every command from above is passed down, until
+/// the launcher's decision arrives. Returns the decision.
+fn join_upward(
+    config: &AgentConfig,
+    report: &AgentReport,
+    up: &mut Upstream,
+    children: &mut [(u32, Remote)],
+) -> Result<Vec<u8>, CliError> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
 
-    let joined = Arc::new(AtomicBool::new(false));
-    let done = Arc::clone(&joined);
-    let spawned = std::thread::Builder::new()
-        .name("hang-up watch".into())
-        .spawn(move || {
-            let stdin = std::io::stdin();
-            while !done.load(Ordering::Acquire) {
-                // No event is asked for: poll still reports the hang-up (POLLHUP: the pipe's
-                // writer, or the socket's peer, is gone). Input is never read here, it is the
-                // supervisor's, so data waiting does not wake this loop.
-                let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::empty())];
-                let events = match poll(&mut fds, PollTimeout::from(100u8)) {
-                    Ok(n) if n > 0 => fds[0].revents().unwrap_or(PollFlags::empty()),
-                    _ => continue,
-                };
-                if events.contains(PollFlags::POLLHUP) {
-                    // Best effort: stderr went with the launcher (`eprintln!` would panic).
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "atlasboost agent: the launcher's connection closed while the hosts \
-                         were joining; exiting"
-                    );
-                    std::process::exit(i32::from(ExitCodes::FAILURE));
-                }
-                // POLLERR or POLLNVAL: nothing to watch; the rendezvous timeout still applies.
-                break;
+    say(&Up::Report {
+        bytes: encode_report(report),
+    })?;
+    let timeout = Duration::from_millis(config.timeout_ms);
+    let deadline = Instant::now() + timeout;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut pending: Vec<u8> = Vec::new();
+    // The decision's length, once its line came: its bytes follow.
+    let mut expecting: Option<usize> = None;
+    loop {
+        let ready = {
+            let mut fds: Vec<PollFd<'_>> = Vec::new();
+            if let Some(fd) = up.fd() {
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
             }
-        });
-    if spawned.is_err() {
-        // Without the watch, the rendezvous timeout still ends the wait.
-        joined.store(true, Ordering::Release);
+            for (_, c) in children.iter() {
+                for fd in c.out.iter().chain(c.err.iter()) {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = poll(
+                &mut fds,
+                PollTimeout::try_from(left.min(Duration::from_millis(500)))
+                    .unwrap_or(PollTimeout::MAX),
+            );
+            fds.iter()
+                .any(|f| f.revents().is_some_and(|r| !r.is_empty()))
+        };
+        for (position, child) in children.iter_mut() {
+            for m in child.forward(*position, &mut buf) {
+                say(&m)?;
+            }
+        }
+        if ready && !up.read_raw(&mut pending, &mut buf) {
+            return Err(CliError::Failure(
+                "the launcher's connection closed while the hosts were joining".into(),
+            ));
+        }
+        loop {
+            if let Some(n) = expecting {
+                if pending.len() < n {
+                    break;
+                }
+                let decision: Vec<u8> = pending.drain(..n).collect();
+                // The agents below get it as it came, before this host builds its table.
+                let message = channel::decision_message(&decision);
+                for (_, child) in children.iter_mut() {
+                    child.send_lines(&message);
+                }
+                up.preload(&pending);
+                return Ok(decision);
+            }
+            let Some(end) = pending.iter().position(|&b| b == b'\n') else {
+                if pending.len() > 4096 {
+                    return Err(CliError::Failure(
+                        "the launcher sent a command line longer than 4 KiB".into(),
+                    ));
+                }
+                break;
+            };
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let line = &line[..end];
+            match Down::parse(&String::from_utf8_lossy(line)) {
+                Ok(Down::Decision(n)) => expecting = Some(n),
+                // Commands for the workers mean nothing before they start (a launcher that
+                // gives up closes the connection); the agents below get them all the same.
+                Ok(_) => {
+                    for (_, child) in children.iter_mut() {
+                        child.send_line(line);
+                    }
+                }
+                Err(why) => {
+                    let _ = writeln!(std::io::stderr(), "atlasboost agent: ignoring {why}");
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(CliError::Failure(format!(
+                "no decision from the launcher within {timeout:.0?} of reporting"
+            )));
+        }
     }
-    joined
 }
 
 /// The agent's work once it has its configuration.
@@ -761,31 +862,26 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
     // any worker starts anywhere.
     let launcher = Some(config.launcher.as_str()).filter(|l| !l.is_empty());
     let _table_lock = super::job::lock_table(&settings.rank_table, &config.job_id, launcher)?;
-    let secret = Secret::from_hex(&config.secret)
-        .ok_or_else(|| CliError::Usage("the job's secret is not hex".into()))?;
     let signals = Signals::block()?;
     let mut lifeline = lifeline::prepare()?;
-    let job = AgentJob {
-        index: config.index,
-        hosts: config.hosts,
-        server_id: config.server_id.clone(),
-        discovery: config.discovery.clone(),
-        endpoint: config.endpoint.clone(),
-        job_id: config.job_id.clone(),
-        secret,
-        timeout: Duration::from_millis(config.timeout_ms),
-        table_path: settings.rank_table.clone(),
-        nic: settings
-            .nic
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .map_err(|why: String| CliError::Usage(format!("--nic: {why}")))?,
+    let nic: Option<atlasboost::host::NicChoice> = settings
+        .nic
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(|why: String| CliError::Usage(format!("--nic: {why}")))?;
+    // The agents below start first: ssh takes the longest to get going.
+    let mut children = start_children(config)?;
+    let (report, devices) = host_report(&config.discovery, &config.server_id, nic.as_ref())?;
+    let mut upstream = supervise::Upstream::stdin()?;
+    let decision = join_upward(config, &report, &mut upstream, &mut children)?;
+    let (answer, table) = render_decision(&decision)?;
+    write_checked(&settings.rank_table, &answer)?;
+    let prepared = Prepared {
+        table,
+        answer,
+        devices: devices.unwrap_or_default(),
     };
-    let joined = watch_for_hang_up();
-    let prepared = run_agent(&job, &Mutex::new(HashSet::new()));
-    joined.store(true, Ordering::Release);
-    let prepared = prepared?;
     let workers = host_workers(
         HostPart::of(&prepared, &config.server_id, &config.host)?,
         settings,
@@ -804,14 +900,13 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
         hang: None,
         pytorch: settings.framework.parse::<Framework>()? == Framework::Pytorch,
     };
-    let upstream = supervise::Upstream::stdin()?;
     let result = supervise::run_workers(
         &plan,
         &workers,
         &mut output,
         &signals,
         &mut lifeline,
-        supervise::Role::Agent(upstream),
+        supervise::Role::Agent(upstream.with_children(children)),
     );
     lifeline.close();
     files.remove();
@@ -836,14 +931,12 @@ mod tests {
         }
     }
 
-    fn report(ip: &str, devices: u32, port: u16) -> Vec<u8> {
-        let devices = SimProbe::new(ip, devices).probe().unwrap();
-        serde_json::to_vec(&AgentReport {
-            host: HostReport::Devices(devices),
+    fn report(ip: &str, devices: u32, port: u16) -> AgentReport {
+        AgentReport {
+            host: HostReport::Devices(SimProbe::new(ip, devices).probe().unwrap()),
             free_port: port,
             nic_addr: None,
-        })
-        .unwrap()
+        }
     }
 
     fn policy(hosts: Vec<HostPlan>, np: Option<u32>, order: RankOrder) -> TablePolicy {
@@ -858,8 +951,11 @@ mod tests {
         }
     }
 
-    fn decide_answer(policy: &TablePolicy, payloads: &[Vec<u8>]) -> Result<LaunchAnswer, String> {
-        decide(policy, payloads).map(|d| d.answer)
+    fn decide_answer(
+        policy: &TablePolicy,
+        reports: Vec<AgentReport>,
+    ) -> Result<LaunchAnswer, String> {
+        decide(policy, reports).map(|d| d.answer)
     }
 
     fn servers(answer: &LaunchAnswer) -> Vec<(String, usize)> {
@@ -880,11 +976,14 @@ mod tests {
     #[test]
     fn the_table_follows_slots_and_the_host_order() {
         let hosts = vec![host("127.0.0.2", Some(4)), host("127.0.0.1", None)];
-        let payloads = [report("127.0.0.2", 8, 2002), report("127.0.0.1", 4, 2001)];
+        let payloads = || vec![report("127.0.0.2", 8, 2002), report("127.0.0.1", 4, 2001)];
 
-        let by_id = decide(&policy(hosts.clone(), None, RankOrder::ServerId), &payloads)
-            .unwrap()
-            .answer;
+        let by_id = decide(
+            &policy(hosts.clone(), None, RankOrder::ServerId),
+            payloads(),
+        )
+        .unwrap()
+        .answer;
         assert_eq!(
             servers(&by_id),
             vec![("127.0.0.1".into(), 4), ("127.0.0.2".into(), 4)]
@@ -897,7 +996,7 @@ mod tests {
 
         let listed = decide_answer(
             &policy(hosts, None, RankOrder::Hosts(Vec::new())),
-            &payloads,
+            payloads(),
         )
         .unwrap();
         assert_eq!(
@@ -944,10 +1043,10 @@ mod tests {
     #[test]
     fn a_host_left_without_workers_is_not_in_the_table() {
         let hosts = vec![host("127.0.0.1", Some(2)), host("127.0.0.2", Some(2))];
-        let payloads = [report("127.0.0.1", 8, 1), report("127.0.0.2", 8, 2)];
+        let payloads = vec![report("127.0.0.1", 8, 1), report("127.0.0.2", 8, 2)];
         let answer = decide_answer(
             &policy(hosts, Some(2), RankOrder::Hosts(Vec::new())),
-            &payloads,
+            payloads,
         )
         .unwrap();
         assert_eq!(servers(&answer), vec![("127.0.0.1".into(), 2)]);
@@ -956,27 +1055,26 @@ mod tests {
     #[test]
     fn a_failed_probe_or_a_garbled_report_names_its_host() {
         let hosts = vec![host("127.0.0.1", None), host("127.0.0.2", None)];
-        let failed = serde_json::to_vec(&AgentReport {
+        let failed = AgentReport {
             host: HostReport::ProbeFailed {
                 server_id: "127.0.0.2".into(),
                 message: "the driver said no".into(),
             },
             free_port: 0,
             nic_addr: None,
-        })
-        .unwrap();
+        };
+        // The report travels compact, and reads back as it was.
+        let failed = decode_report(&encode_report(&failed), "127.0.0.2").unwrap();
         let why = decide_answer(
-            &policy(hosts.clone(), None, RankOrder::ServerId),
-            &[report("127.0.0.1", 2, 1), failed],
+            &policy(hosts, None, RankOrder::ServerId),
+            vec![report("127.0.0.1", 2, 1), failed],
         )
         .unwrap_err();
         assert_eq!(why, "host 127.0.0.2: the driver said no");
 
-        let why = decide_answer(
-            &policy(hosts, None, RankOrder::ServerId),
-            &[report("127.0.0.1", 2, 1), b"{not json".to_vec()],
-        )
-        .unwrap_err();
+        let mut garbled = encode_report(&report("127.0.0.2", 2, 7));
+        garbled.truncate(garbled.len() - 3);
+        let why = decode_report(&garbled, "127.0.0.2").unwrap_err();
         assert!(
             why.starts_with("host 127.0.0.2 sent a report atlasboost cannot read"),
             "{why}"
@@ -984,63 +1082,52 @@ mod tests {
     }
 
     #[test]
-    fn an_agent_writes_the_table_the_launcher_decided() {
-        use atlasboost_tcp::{Coordinator, CoordinatorConfig};
-
-        let dir = tempfile::tempdir().unwrap();
-        let secret = Secret::random().unwrap();
-        let timeout = Duration::from_secs(20);
-        let hosts = vec![host("127.0.0.1", Some(2)), host("127.0.0.2", Some(2))];
-        let coordinator = Coordinator::start_with(
-            CoordinatorConfig::new("tcp://127.0.0.1:0", 2, "t", secret.clone(), timeout),
-            launch_combiner(
-                policy(hosts.clone(), None, RankOrder::ServerId),
-                Arc::default(),
-            ),
-        )
-        .unwrap();
-        let written = Mutex::new(HashSet::new());
-        let path = dir.path().join("table.json");
-        let results: Vec<Result<Prepared, CliError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = hosts
-                .iter()
-                .enumerate()
-                .map(|(index, h)| {
-                    let job = AgentJob {
-                        index,
-                        hosts: 2,
-                        server_id: h.server_id.clone(),
-                        discovery: Discovery {
-                            probe: atlasboost::settings::ProbeKind::Sim,
-                            sim: Some(4),
-                            ..Discovery::defaults(atlasboost::settings::Origin::CommandLine)
-                        },
-                        endpoint: coordinator.endpoint().to_string(),
-                        job_id: "t".into(),
-                        secret: secret.clone(),
-                        timeout,
-                        table_path: path.clone(),
-                        nic: None,
-                    };
-                    let written = &written;
-                    s.spawn(move || run_agent(&job, written))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let prepared: Vec<Prepared> = results.into_iter().map(Result::unwrap).collect();
-        let on_disk = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(on_disk, prepared[0].answer.table);
-        assert_eq!(prepared[0].table.rank_count(), 4);
-        assert_eq!(
-            prepared[1].devices.len(),
-            4,
-            "the probe's devices, before slots"
-        );
-        assert_eq!(
-            written.lock().unwrap().len(),
-            1,
-            "one file system, one write"
-        );
+    fn every_host_builds_the_launchers_table_from_the_compact_decision() {
+        let hosts: Vec<HostPlan> = (1..=5)
+            .map(|i| host(&format!("10.0.{i}.1"), None))
+            .collect();
+        let reports: Vec<AgentReport> = (1..=5)
+            .map(|i| {
+                let r = report(&format!("10.0.{i}.1"), 8, 4000 + i);
+                decode_report(&encode_report(&r), "h").unwrap()
+            })
+            .collect();
+        for order in [RankOrder::ServerId, RankOrder::Hosts(Vec::new())] {
+            let decision = decide(&policy(hosts.clone(), None, order), reports.clone()).unwrap();
+            let compact = encode_decision(&decision);
+            assert!(
+                compact.len() * 5 < decision.answer.table.len(),
+                "{} bytes compact against a {}-byte table",
+                compact.len(),
+                decision.answer.table.len()
+            );
+            let (answer, table) = render_decision(&compact).unwrap();
+            assert_eq!(answer.table, decision.answer.table);
+            assert_eq!(answer.sha256, decision.answer.sha256);
+            assert_eq!(
+                (answer.master_addr.as_str(), answer.master_port),
+                (
+                    decision.answer.master_addr.as_str(),
+                    decision.answer.master_port
+                )
+            );
+            assert_eq!(table.rank_count(), 40);
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("t.json");
+            write_checked(&path, &answer).unwrap();
+            assert_eq!(
+                sha256_hex(&std::fs::read(&path).unwrap()),
+                decision.answer.sha256
+            );
+        }
+        // A decision whose SHA-256 is not the table's is refused, naming both.
+        let mut decision = decide(&policy(hosts, None, RankOrder::ServerId), reports).unwrap();
+        decision.answer.sha256 = "0".repeat(64);
+        let e = render_decision(&encode_decision(&decision))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not the launcher's 0000"), "{e}");
+        let e = render_decision(&[1, 2, 3]).unwrap_err().to_string();
+        assert!(e.contains("cannot be read"), "{e}");
     }
 }

@@ -59,10 +59,8 @@ pub struct WorkerSettings {
 /// Everything a remote agent needs, sent as one JSON line on its standard input.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AgentConfig {
-    /// Its index in the rendezvous.
-    pub index: usize,
-    /// The number of hosts.
-    pub hosts: usize,
+    /// Its position in the launch tree (the index of its host among the remote hosts).
+    pub position: usize,
     /// Its host's server id.
     pub server_id: String,
     /// Its host, as the launcher names it in messages.
@@ -72,16 +70,103 @@ pub struct AgentConfig {
     pub launcher: String,
     /// How to find devices, as the launcher resolved its flags.
     pub discovery: Discovery,
-    /// The coordinator.
-    pub endpoint: String,
     /// The job's id.
     pub job_id: String,
-    /// The job's secret, in hex.
-    pub secret: String,
-    /// How long to wait for the launcher's answer, in milliseconds.
+    /// How long to wait for the launcher's decision, in milliseconds.
     pub timeout_ms: u64,
     /// How the workers run.
     pub workers: WorkerSettings,
+    /// The launch tree below this agent: the agents it starts, and theirs (SPEC §14).
+    #[serde(default)]
+    pub tree: TreeBelow,
+}
+
+/// The part of the launch tree an agent is responsible for.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TreeBelow {
+    /// `--fanout`.
+    pub fanout: usize,
+    /// The number of remote hosts (the tree's size).
+    pub size: usize,
+    /// Every host below this agent, at any depth.
+    pub hosts: Vec<TreeHost>,
+    /// How to reach them.
+    pub ssh: SshSpec,
+}
+
+/// A host of the launch tree.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TreeHost {
+    /// Its position in the tree.
+    pub position: usize,
+    /// What ssh is given to reach it.
+    pub name: String,
+    /// How messages name it.
+    pub host: String,
+    /// Its server id.
+    pub server_id: String,
+}
+
+/// How an agent starts its children's agents over ssh: the launcher's settings, as resolved
+/// where the launcher runs (its `ATLASBOOST_SSH_OPTIONS` included).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SshSpec {
+    /// `--ssh-port`.
+    pub port: Option<u16>,
+    /// `--ssh-identity`.
+    pub identity: Option<PathBuf>,
+    /// The command that runs atlasboost on the hosts.
+    pub remote_atlasboost: Vec<OsString>,
+    /// Extra ssh options (`ATLASBOOST_SSH_OPTIONS` of the launcher).
+    pub extra: Vec<String>,
+}
+
+/// The launch tree over the remote hosts (positions `0..size`): the launcher starts the
+/// first `fanout` hosts, and the host at position `p` starts those at `(p + 1) * fanout ..
+/// (p + 2) * fanout` (a heap's numbering), so that no process holds more than `fanout` ssh
+/// sessions and the depth is about log_fanout(size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tree {
+    /// The number of remote hosts.
+    pub size: usize,
+    /// How many children each node has at most (at least 1).
+    pub fanout: usize,
+}
+
+impl Tree {
+    /// The children of `parent` (`None`: the launcher), as positions.
+    pub fn children(self, parent: Option<usize>) -> std::ops::Range<usize> {
+        let k = self.fanout.max(1);
+        let first = parent.map_or(0, |p| (p + 1).saturating_mul(k));
+        first.min(self.size)..first.saturating_add(k).min(self.size)
+    }
+
+    /// The parent of `position` (`None`: the launcher).
+    pub fn parent(self, position: usize) -> Option<usize> {
+        let k = self.fanout.max(1);
+        (position / k).checked_sub(1)
+    }
+
+    /// Whether `position` is `ancestor` or below it.
+    pub fn is_below(self, mut position: usize, ancestor: usize) -> bool {
+        loop {
+            if position == ancestor {
+                return true;
+            }
+            match self.parent(position) {
+                Some(p) => position = p,
+                None => return false,
+            }
+        }
+    }
+
+    /// The child of the launcher whose subtree holds `position`.
+    pub fn top(self, mut position: usize) -> usize {
+        while let Some(p) = self.parent(position) {
+            position = p;
+        }
+        position
+    }
 }
 
 /// Which of a worker's two output streams.
@@ -104,8 +189,9 @@ impl Stream {
 }
 
 /// What an agent writes before its first frame; the number is the protocol's version (2: the
-/// lines frames, `O` and `E`).
-pub const HELLO: &[u8] = b"\x00atlasboost-agent-4\n";
+/// lines frames, `O` and `E`; 4: heartbeats, records and stacks; 5: the launch tree, with the
+/// rendezvous on the channel).
+pub const HELLO: &[u8] = b"\x00atlasboost-agent-5\n";
 
 /// A line longer than this is passed on in pieces of this size, so that a worker printing
 /// without newlines cannot make the launcher hold unbounded memory.
@@ -226,6 +312,33 @@ pub enum Up {
         /// The dump, or why there is none.
         text: Vec<u8>,
     },
+    /// The host's report for the rendezvous (compact: see `agent::encode_report`).
+    Report {
+        /// The report.
+        bytes: Vec<u8>,
+    },
+    /// A message of the host at `host` (a position in the launch tree), passed up by the
+    /// agents between it and the launcher.
+    Via {
+        /// The position of the host that sent it.
+        host: u32,
+        /// What it sent.
+        message: Box<Up>,
+    },
+    /// The session of the host at `host` (a child of the sender) ended before its agent was
+    /// done: the host and everything below it are lost.
+    Lost {
+        /// Its position in the launch tree.
+        host: u32,
+        /// What ssh said last.
+        said: String,
+    },
+    /// A line that ssh or the agent printed on the session's stderr (sent only inside
+    /// [`Up::Via`]: a launcher reads its own sessions' stderr).
+    Said {
+        /// The line.
+        line: Vec<u8>,
+    },
 }
 
 const HEARTBEAT_KIND: u8 = b'h';
@@ -241,6 +354,10 @@ const DONE: u8 = b'd';
 const BEAT: u8 = b'b';
 const RECORDED: u8 = b'R';
 const STACKS: u8 = b's';
+const REPORT: u8 = b'P';
+const VIA: u8 = b'V';
+const LOST: u8 = b'L';
+const SAID: u8 = b'S';
 /// The step of a beat frame that gave none.
 const NO_STEP: i64 = i64::MIN;
 
@@ -288,6 +405,17 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
         }
         Up::Recorded { rank, text } => (RECORDED, *rank, text),
         Up::Stacks { rank, text } => (STACKS, *rank, text),
+        Up::Report { bytes } => (REPORT, 0, bytes),
+        Up::Via { host, message } => {
+            let at = out.len();
+            frame(VIA, *host, &[], out);
+            encode(message, out);
+            let len = (out.len() - at - 9) as u32;
+            out[at + 5..at + 9].copy_from_slice(&len.to_be_bytes());
+            return;
+        }
+        Up::Lost { host, said } => (LOST, *host, said.as_bytes()),
+        Up::Said { line } => (SAID, 0, line),
     };
     frame(kind, rank, payload, out);
 }
@@ -362,8 +490,12 @@ impl Decoder {
             let kind = rest[0];
             let rank = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]);
             let len = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) as usize;
-            if len > MAX_PAYLOAD {
-                return Err(format!("a frame of {len} bytes, more than {MAX_PAYLOAD}"));
+            // A frame passed up the tree is wrapped once: its header fits beside the limit.
+            if len > MAX_PAYLOAD + 9 {
+                return Err(format!(
+                    "a frame of {len} bytes, more than {}",
+                    MAX_PAYLOAD + 9
+                ));
             }
             if rest.len() < 9 + len {
                 break;
@@ -459,28 +591,69 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
             rank,
             text: payload.to_vec(),
         },
+        REPORT => Up::Report {
+            bytes: payload.to_vec(),
+        },
+        VIA => {
+            // Exactly one frame, itself not wrapped: agents pass a wrapped frame on as it is.
+            let inner = payload
+                .get(..9)
+                .ok_or("a via frame too short for a frame")?;
+            let len = u32::from_be_bytes([inner[5], inner[6], inner[7], inner[8]]) as usize;
+            if payload.len() != 9 + len || inner[0] == VIA {
+                return Err("a via frame that does not hold exactly one frame".into());
+            }
+            let inner_rank = u32::from_be_bytes([inner[1], inner[2], inner[3], inner[4]]);
+            Up::Via {
+                host: rank,
+                message: Box::new(decode(inner[0], inner_rank, &payload[9..])?),
+            }
+        }
+        LOST => Up::Lost {
+            host: rank,
+            said: String::from_utf8_lossy(payload).into_owned(),
+        },
+        SAID => Up::Said {
+            line: payload.to_vec(),
+        },
         other => return Err(format!("a frame of unknown kind {other:#04x}")),
     })
 }
 
-/// A line the launcher sends down.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A line the launcher sends down (and each agent passes on to the agents it started).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Down {
     /// Still here.
     Heartbeat,
     /// Pass this signal to every worker.
     Signal(nix::sys::signal::Signal),
-    /// Take the stacks of this rank's worker and send them up ([`Up::Stacks`]).
+    /// Take the stacks of this rank's worker and send them up ([`Up::Stacks`]); an agent
+    /// without that rank says nothing.
     Dump(u32),
+    /// The launcher's decision (compact: see `agent::encode_decision`), once every host
+    /// reported: this many raw bytes follow the line ([`decision_message`]).
+    Decision(usize),
+}
+
+/// The largest decision an agent accepts (a 32,768-rank table takes about 440 KB).
+pub const MAX_DECISION: usize = 256 << 20;
+
+/// The decision as it travels down: its line, then its bytes as they are (no encoding: the
+/// launcher sends K copies of it).
+pub fn decision_message(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Down::Decision(bytes.len()).line().into_bytes();
+    out.extend_from_slice(bytes);
+    out
 }
 
 impl Down {
     /// The line, with its newline.
-    pub fn line(self) -> String {
+    pub fn line(&self) -> String {
         match self {
             Down::Heartbeat => "hb\n".into(),
-            Down::Signal(s) => format!("sig {}\n", s as i32),
+            Down::Signal(s) => format!("sig {}\n", *s as i32),
             Down::Dump(rank) => format!("dump {rank}\n"),
+            Down::Decision(len) => format!("decision {len}\n"),
         }
     }
 
@@ -502,7 +675,16 @@ impl Down {
                 .parse::<u32>()
                 .map(Down::Dump)
                 .map_err(|_| format!("a bad rank in {line:?}")),
-            _ => Err(format!("unknown command {line:?}")),
+            Some(("decision", len)) => len
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n <= MAX_DECISION)
+                .map(Down::Decision)
+                .ok_or_else(|| format!("a decision of a bad length in {line:?}")),
+            _ => Err(format!(
+                "unknown command {:?}",
+                line.chars().take(80).collect::<String>()
+            )),
         }
     }
 }
@@ -564,6 +746,30 @@ mod tests {
                 rank: 6,
                 text: b"Thread 1 (idle)\n".to_vec(),
             },
+            Up::Report {
+                bytes: vec![0, 1, 0xff],
+            },
+            Up::Via {
+                host: 9,
+                message: Box::new(Up::Lines {
+                    rank: 5,
+                    stream: Stream::Stderr,
+                    lines: b"from below\n".to_vec(),
+                }),
+            },
+            Up::Via {
+                host: 3,
+                message: Box::new(Up::Lost {
+                    host: 8,
+                    said: "Connection closed".into(),
+                }),
+            },
+            Up::Via {
+                host: 0,
+                message: Box::new(Up::Said {
+                    line: b"ssh: warning".to_vec(),
+                }),
+            },
         ]
     }
 
@@ -595,6 +801,34 @@ mod tests {
     }
 
     #[test]
+    fn the_tree_has_fanout_children_and_one_parent() {
+        for (size, fanout) in [(6, 2), (7, 1), (100, 32), (4096, 32), (3, 64)] {
+            let tree = Tree { size, fanout };
+            let mut seen = vec![0; size];
+            for parent in std::iter::once(None).chain((0..size).map(Some)) {
+                let children = tree.children(parent);
+                assert!(children.len() <= fanout);
+                for c in children {
+                    seen[c] += 1;
+                    assert_eq!(tree.parent(c), parent, "{size} {fanout}: {c}");
+                    assert_eq!(tree.top(c), parent.map_or(c, |p| tree.top(p)));
+                    assert!(tree.is_below(c, tree.top(c)));
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "{size} {fanout}");
+        }
+        // Fanout 2 over 6 hosts: depth 2; fanout 1 is a chain.
+        let tree = Tree { size: 6, fanout: 2 };
+        assert_eq!(tree.children(None), 0..2);
+        assert_eq!(tree.children(Some(0)), 2..4);
+        assert_eq!(tree.children(Some(1)), 4..6);
+        assert!(tree.is_below(5, 1) && !tree.is_below(5, 0));
+        let chain = Tree { size: 4, fanout: 1 };
+        assert_eq!(chain.children(Some(2)), 3..4);
+        assert_eq!(chain.top(3), 0);
+    }
+
+    #[test]
     fn malformed_frames_are_refused() {
         let mut d = Decoder::default();
         let mut bytes = HELLO.to_vec();
@@ -604,6 +838,19 @@ mod tests {
         let mut bytes = HELLO.to_vec();
         bytes.extend_from_slice(&[b'o', 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
         assert!(d.feed(&bytes).unwrap_err().contains("more than"));
+        // A via frame holds one frame, never a wrapped one.
+        let mut d = Decoder::default();
+        let mut bytes = HELLO.to_vec();
+        let mut inner = Vec::new();
+        encode(
+            &Up::Via {
+                host: 1,
+                message: Box::new(Up::Done),
+            },
+            &mut inner,
+        );
+        frame(VIA, 2, &inner, &mut bytes);
+        assert!(d.feed(&bytes).unwrap_err().contains("exactly one frame"));
     }
 
     #[test]
@@ -612,11 +859,19 @@ mod tests {
             Down::Heartbeat,
             Down::Signal(Signal::SIGTERM),
             Down::Dump(17),
+            Down::Decision(440_000),
         ] {
             assert_eq!(Down::parse(c.line().trim_end()), Ok(c));
         }
+        assert!(
+            Down::parse("decision x")
+                .unwrap_err()
+                .contains("bad length")
+        );
+        assert!(Down::parse(&format!("decision {}", MAX_DECISION + 1)).is_err());
         assert!(Down::parse("sig 99999").unwrap_err().contains("99999"));
         assert!(Down::parse("rm -rf").unwrap_err().contains("rm -rf"));
+        assert_eq!(decision_message(b"\n\x00b"), b"decision 3\n\n\x00b");
         assert!(Down::parse("dump x").unwrap_err().contains("dump x"));
     }
 }

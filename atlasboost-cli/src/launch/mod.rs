@@ -1,14 +1,13 @@
 //! `atlasboost run`: plan the hosts, agree on the rank table, start and watch the workers
 //! (SPEC §5–§9).
 //!
-//! The launcher is the rendezvous coordinator. Each host has an agent ([`agent::run_agent`])
-//! that probes its devices, reports them, receives the table the launcher built from every
-//! report, and writes it. Hosts that are this machine (`127.x.y.z`, its own addresses) run
-//! their agent on a thread of the launcher. Then [`supervise::run_workers`] starts one worker
-//! per table entry and watches them to the end.
-//!
-//! Hosts on other machines are reached over ssh ([`remote`]): one session per host runs
-//! `atlasboost agent`, the same agent code, which reports over the [`channel`].
+//! The launcher decides the table. Hosts that are this machine (`127.x.y.z`, its own
+//! addresses) are probed in-process; hosts on other machines are reached over ssh
+//! ([`remote`]) in a tree (`--fanout`): the launcher starts `atlasboost agent` on its
+//! children, and each agent on its own ([`agent`]). Every agent probes its devices and reports
+//! them up the [`channel`]; the launcher decides once and sends the decision down, compact;
+//! every host builds the same JSON from it and checks its SHA-256. Then
+//! [`supervise::run_workers`] starts one worker per table entry and watches them to the end.
 
 pub mod agent;
 pub mod channel;
@@ -25,27 +24,24 @@ pub mod supervise;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use atlasboost_core::ranktable::{BuildOptions, RankOrder, RankTable};
 use atlasboost_core::{Device, EnvVars};
-use atlasboost_tcp::{Coordinator, CoordinatorConfig, Secret};
 use nix::sys::signal::Signal;
 
-use self::agent::{Decision, HostPart, Shrink, TablePolicy, host_workers, launch_combiner_with};
-use self::channel::{AgentConfig, Up, WorkerSettings};
+use self::agent::{AgentReport, Decision, HostPart, Shrink, TablePolicy, host_workers};
+use self::channel::{AgentConfig, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
 use self::job::{
-    AttemptRecord, check_before_start, ending_of, job_logs, lock_table, new_job_id,
-    rendezvous_address, report, report_attempt, resolve_exports, worker_dir,
+    AttemptRecord, check_before_start, ending_of, job_logs, lock_table, new_job_id, report,
+    report_attempt, resolve_exports, worker_dir,
 };
 use self::output::{Output, OutputOptions};
 use self::plan::{
     HostPlan, check_np, parse_host_list, parse_hostfile, resolve_hosts, this_machine,
 };
 use self::rank_files::RankFiles;
-use self::remote::{Remote, SshOptions};
+use self::remote::{Remote, SshOptions, is_below, top_of};
 use self::supervise::{HangWatch, JobResult, Role, RunPlan, Signals, WorkerPlan, run_workers};
 use crate::commands::counted;
 use crate::error::CliError;
@@ -101,7 +97,6 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         true => Some(lock_table(&table_path, &job_id, None)?),
         false => None,
     };
-    let bind = rendezvous_address(args, &hosts)?;
 
     let logs = job_logs(args, &job_id, printer)?;
     let mut lifeline = lifeline::prepare()?;
@@ -110,7 +105,6 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         args,
         hosts: &hosts,
         job_id: &job_id,
-        bind: &bind,
         base: WorkerSettings {
             framework: args.framework.to_string(),
             command: args.command.clone(),
@@ -155,7 +149,6 @@ struct JobState<'a> {
     args: &'a RunSettings,
     hosts: &'a [HostPlan],
     job_id: &'a str,
-    bind: &'a IpAddr,
     /// The workers' settings; each attempt sets its restart count.
     base: WorkerSettings,
     files: &'a RankFiles,
@@ -205,7 +198,6 @@ fn run_attempts(
             args,
             hosts: &live,
             job_id: job.job_id,
-            bind: job.bind,
             settings: &settings,
             shrink,
         };
@@ -456,8 +448,6 @@ struct Launch<'a> {
     args: &'a RunSettings,
     hosts: &'a [HostPlan],
     job_id: &'a str,
-    /// The coordinator's address (no port).
-    bind: &'a IpAddr,
     settings: &'a WorkerSettings,
     /// A restart's re-planning bounds; `None` for the first attempt.
     shrink: Option<Shrink>,
@@ -509,15 +499,6 @@ struct JoinedHosts {
     remotes: Vec<Remote>,
 }
 
-/// The launch's coordinator, with where its combiner leaves the decision, or its refusal in
-/// its own words (without the coordinator's framing, for the error message).
-struct Rendezvous {
-    coordinator: Coordinator,
-    secret: Secret,
-    refusal: Arc<Mutex<Option<String>>>,
-    decided: Arc<Mutex<Option<Decision>>>,
-}
-
 /// How the launcher turns the hosts' reports into the table.
 fn table_policy(launch: &Launch<'_>) -> TablePolicy {
     let args = launch.args;
@@ -536,67 +517,14 @@ fn table_policy(launch: &Launch<'_>) -> TablePolicy {
     }
 }
 
-/// Step 1 of the join, with remote hosts: the coordinator, whose participants are the remote
-/// hosts; it decides the table once they reported, with the local hosts' reports.
-fn start_coordinator(
-    launch: &Launch<'_>,
-    local: Vec<(usize, Vec<u8>)>,
-    remote_index: &[usize],
-    printer: &Printer,
-) -> Result<Rendezvous, CliError> {
-    let (args, hosts) = (launch.args, launch.hosts);
-    let secret = Secret::random().map_err(CliError::system("make the job's secret"))?;
-    let bind = match launch.bind {
-        IpAddr::V4(ip) => format!("tcp://{ip}:0"),
-        IpAddr::V6(ip) => format!("tcp://[{ip}]:0"),
-    };
-    let mut config = CoordinatorConfig::new(
-        bind,
-        remote_index.len(),
-        launch.job_id,
-        secret.clone(),
-        args.rendezvous_timeout,
-    );
-    config.names = remote_index.iter().map(|&i| hosts[i].describe()).collect();
-    printer.detail(&format!("atlasboost: rendezvous at {}", launch.bind));
-    // The policy's own words, without the coordinator's framing, for the error message.
-    let refusal: Arc<Mutex<Option<String>>> = Arc::default();
-    let decided: Arc<Mutex<Option<Decision>>> = Arc::default();
-    let mut combiner = launch_combiner_with(
-        table_policy(launch),
-        Arc::clone(&decided),
-        local,
-        Some(remote_index.to_vec()),
-    );
-    let seen = Arc::clone(&refusal);
-    let coordinator = Coordinator::start_with(
-        config,
-        Box::new(move |round, payloads| {
-            combiner(round, payloads).inspect_err(|why| {
-                *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
-            })
-        }),
-    )
-    .map_err(atlasboost_core::Error::from)?;
-    printer.detail(&format!(
-        "atlasboost: coordinator at {}",
-        coordinator.endpoint()
-    ));
-    Ok(Rendezvous {
-        coordinator,
-        secret,
-        refusal,
-        decided,
-    })
-}
-
-/// Step 2: one ssh session per remote host, running `atlasboost agent` (first: ssh takes the
-/// longest to get going). Participant `i` of the rendezvous is host `remote_index[i]`.
+/// Step 1: the launch tree's sessions: the launcher starts the agents of its `--fanout`
+/// children over ssh, and each agent those of its own (SPEC §14). Returns one [`Remote`] per
+/// remote host, by position in the tree (remote host `i` is host `remote_index[i]`): a session
+/// for the launcher's children, a host heard through its ancestors for the others.
 fn start_remote_agents(
     launch: &Launch<'_>,
     remote_index: &[usize],
-    endpoint: &str,
-    secret: &Secret,
+    tree: Tree,
 ) -> Result<Vec<Remote>, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
     let ssh = SshOptions {
@@ -606,42 +534,70 @@ fn start_remote_agents(
             Some(p) => vec![p.clone().into_os_string()],
             None => crate::self_command()?,
         },
+        extra: std::env::var_os(EnvVars::ATLASBOOST_SSH_OPTIONS)
+            .map(|o| {
+                o.to_string_lossy()
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     let mut remote_settings = launch.settings.clone();
     remote_settings.env = forwarded_env();
     remote_settings
         .env
         .extend(launch.settings.env.iter().cloned());
-    let launcher_name = atlasboost_core::host_name();
-    let mut remotes = Vec::new();
-    for (participant, &index) in remote_index.iter().enumerate() {
-        let host = &hosts[index];
-        let config = AgentConfig {
-            index: participant,
-            hosts: remote_index.len(),
-            server_id: host.server_id.clone(),
-            host: host.describe(),
-            launcher: launcher_name.clone(),
-            discovery: args.discovery.clone(),
-            endpoint: endpoint.to_string(),
-            job_id: launch.job_id.to_string(),
-            secret: secret.to_hex(),
-            timeout_ms: (args.rendezvous_timeout + AGENT_SLACK).as_millis() as u64,
-            workers: remote_settings.clone(),
-        };
-        remotes.push(Remote::start(&host.name, &host.describe(), &ssh, &config)?);
+    let tree_hosts: Vec<TreeHost> = remote_index
+        .iter()
+        .enumerate()
+        .map(|(position, &i)| TreeHost {
+            position,
+            name: hosts[i].name.clone(),
+            host: hosts[i].describe(),
+            server_id: hosts[i].server_id.clone(),
+        })
+        .collect();
+    // The launcher as the tree's root: its children's configurations are built as any
+    // agent builds its children's.
+    let root = AgentConfig {
+        position: usize::MAX,
+        server_id: String::new(),
+        host: String::new(),
+        launcher: atlasboost_core::host_name(),
+        discovery: args.discovery.clone(),
+        job_id: launch.job_id.to_string(),
+        timeout_ms: (args.rendezvous_timeout + AGENT_SLACK).as_millis() as u64,
+        workers: remote_settings,
+        tree: TreeBelow {
+            fanout: tree.fanout,
+            size: tree.size,
+            hosts: tree_hosts.clone(),
+            ssh: ssh.clone(),
+        },
+    };
+    let mut remotes = Vec::with_capacity(remote_index.len());
+    for (position, host) in tree_hosts.iter().enumerate() {
+        match tree.parent(position) {
+            Some(parent) => remotes.push(Remote::below(&host.host, parent)),
+            None => remotes.push(Remote::start(
+                &host.name,
+                &host.host,
+                &ssh,
+                &agent::child_config(&root, host),
+            )?),
+        }
     }
     Ok(remotes)
 }
 
-/// The local hosts' reports (by host index, encoded as an agent sends them), and their devices
-/// (by host index; `None` for a remote host).
-type LocalReports = (Vec<(usize, Vec<u8>)>, Vec<Option<Vec<Device>>>);
+/// The local hosts' reports and their devices, by host index (`None` for a remote host).
+type LocalReports = (Vec<Option<AgentReport>>, Vec<Option<Vec<Device>>>);
 
 /// Step 0: the local hosts' reports, made here: every local host is this machine, so there
 /// is no rendezvous, one decision, one table in memory and one write for all of them.
 fn local_reports(launch: &Launch<'_>) -> Result<LocalReports, CliError> {
-    let mut reports = Vec::new();
+    let mut reports: Vec<Option<AgentReport>> = launch.hosts.iter().map(|_| None).collect();
     let mut devices: Vec<Option<Vec<Device>>> = launch.hosts.iter().map(|_| None).collect();
     for (index, host) in launch.hosts.iter().enumerate().filter(|(_, h)| h.local) {
         let (report, found) = agent::host_report(
@@ -649,30 +605,28 @@ fn local_reports(launch: &Launch<'_>) -> Result<LocalReports, CliError> {
             &host.server_id,
             launch.args.nic.as_ref(),
         )?;
-        reports.push((
-            index,
-            serde_json::to_vec(&report).map_err(CliError::json("encode the host report"))?,
-        ));
+        reports[index] = Some(report);
         devices[index] = Some(found.unwrap_or_default());
     }
     Ok((reports, devices))
 }
 
-/// Probes the local hosts, runs the coordinator and every remote agent's ssh session (when
-/// there are remote hosts) until each remote host has written the table, and writes it once
-/// for the local ones.
+/// Probes the local hosts, starts the launch tree over ssh (when there are remote hosts),
+/// gathers every host's report up the tree, decides the table once, sends the decision down
+/// in its compact form, and waits until every remote host has built and written the table;
+/// then writes it once for the local hosts.
 fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joined, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
     let started = Instant::now();
-    let (local_reports, local_devices) = local_reports(launch)?;
+    let (mut reports, local_devices) = local_reports(launch)?;
     let remote_index: Vec<usize> = (0..hosts.len()).filter(|&i| !hosts[i].local).collect();
     if remote_index.is_empty() {
         // Every host is this machine: the launcher decides at once.
-        let mut reports = vec![Vec::new(); hosts.len()];
-        for (i, r) in local_reports {
-            reports[i] = r;
-        }
-        let decision = agent::decide(&table_policy(launch), &reports).map_err(CliError::Failure)?;
+        let decision = agent::decide(
+            &table_policy(launch),
+            reports.into_iter().flatten().collect(),
+        )
+        .map_err(CliError::Failure)?;
         printer.detail("atlasboost: every host is this machine: no rendezvous");
         printer.detail(&format!(
             "atlasboost: {} probed and decided in {} ms",
@@ -681,97 +635,130 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         ));
         return finish_join(launch, decision, local_devices, Vec::new(), printer);
     }
-    let Rendezvous {
-        coordinator,
-        secret,
-        refusal,
-        decided,
-    } = start_coordinator(launch, local_reports, &remote_index, printer)?;
-    let endpoint = coordinator.endpoint().to_string();
-    let mut remotes = start_remote_agents(launch, &remote_index, &endpoint, &secret)?;
+    let tree = Tree {
+        size: remote_index.len(),
+        fanout: args.fanout,
+    };
+    printer.detail(&format!(
+        "atlasboost: launch tree of {} (fanout {}): the launcher opens {}",
+        counted(tree.size, "remote host"),
+        tree.fanout,
+        counted(tree.children(None).len(), "ssh session")
+    ));
+    let mut remotes = start_remote_agents(launch, &remote_index, tree)?;
 
     let progress = std::io::stderr().is_terminal() && !printer.is_quiet();
     let join_limit = args.rendezvous_timeout + AGENT_SLACK + AGENT_SLACK;
     let mut shown = false;
-    // A remote host's own diagnosis (ssh's words) beats the coordinator's "it never joined".
-    let mut remote_failure: Option<CliError> = None;
-    let mut failure: Option<CliError> = None;
+    let mut decision: Option<Decision> = None;
     let mut buf = vec![0u8; 1 << 16];
-    loop {
+    let result = loop {
         if let Some(s) = signals
             .pending()
             .into_iter()
             .find(|s| *s != Signal::SIGCHLD)
         {
-            if shown {
-                to_stderr("\n");
+            break Ok(Some(s));
+        }
+        if decision.is_some() && remotes.iter().all(|r| r.ready) {
+            break Ok(None);
+        }
+        let heard = check_remotes(&mut remotes, &mut buf, printer);
+        let mut garbled = None;
+        for (position, bytes) in heard.reports {
+            let index = remote_index[position];
+            match agent::decode_report(&bytes, &hosts[index].describe()) {
+                Ok(report) => reports[index] = Some(report),
+                Err(why) => garbled = Some(CliError::Failure(why)),
             }
-            return Ok(Joined::Interrupted(s));
         }
-        if remotes.iter().all(|r| r.ready) || coordinator.failure().is_some() {
-            break;
+        if let Some(e) = heard.failure.or(garbled) {
+            break Err(e);
         }
-        if let Some(e) = check_remotes(&mut remotes, &mut buf, printer) {
-            remote_failure = Some(e);
-            break;
+        if decision.is_none() && reports.iter().all(Option::is_some) {
+            let decided = match agent::decide(
+                &table_policy(launch),
+                reports.iter_mut().filter_map(Option::take).collect(),
+            ) {
+                Ok(d) => d,
+                Err(why) => break Err(CliError::Failure(why)),
+            };
+            let compact = agent::encode_decision(&decided);
+            let message = channel::decision_message(&compact);
+            for r in remotes.iter_mut().filter(|r| r.parent.is_none()) {
+                r.send_lines(&message);
+            }
+            printer.detail(&format!(
+                "atlasboost: every host reported in {} ms; the decision ({} bytes, for a \
+                 {}-byte table) went down to {}",
+                started.elapsed().as_millis(),
+                compact.len(),
+                decided.answer.table.len(),
+                counted(tree.children(None).len(), "host")
+            ));
+            decision = Some(decided);
         }
         // Only remote hosts to hear from: wait on their output, not on a clock.
         wait_readable(&remotes, Duration::from_millis(20));
+        if decision.is_none() && started.elapsed() > args.rendezvous_timeout {
+            let missing: Vec<String> = remote_index
+                .iter()
+                .filter(|&&i| reports[i].is_none())
+                .map(|&i| hosts[i].describe())
+                .collect();
+            break Err(CliError::Failure(format!(
+                "host{} {} did not join within --rendezvous-timeout {:.0?} (no report from {})",
+                if missing.len() == 1 { "" } else { "s" },
+                missing.join(", "),
+                args.rendezvous_timeout,
+                if missing.len() == 1 {
+                    "its agent"
+                } else {
+                    "their agents"
+                }
+            )));
+        }
         if started.elapsed() > join_limit {
-            // The round itself is bounded by the coordinator; this bounds what comes after it
-            // (a host that never says it wrote the table: a hung file system, a stalled link).
+            // A host that never says it wrote the table: a hung file system, a stalled link.
             let waiting: Vec<String> = remotes
                 .iter()
                 .filter(|r| !r.ready)
                 .map(|r| r.host.clone())
                 .collect();
-            failure = Some(CliError::TableNotReported {
+            break Err(CliError::TableNotReported {
                 hosts: waiting,
                 limit: join_limit,
             });
-            break;
         }
         if progress && started.elapsed() > Duration::from_secs(1) {
+            let joined = reports.iter().filter(|r| r.is_some()).count();
             to_stderr(&format!(
                 "\ratlasboost: hosts joined: {}/{} ({:.0?}, timeout {:.0?})",
-                coordinator.joined() + (hosts.len() - remote_index.len()) as u64,
+                if decision.is_some() {
+                    hosts.len()
+                } else {
+                    joined
+                },
                 hosts.len(),
                 started.elapsed(),
                 args.rendezvous_timeout
             ));
             shown = true;
         }
-    }
+    };
     if shown {
         to_stderr("\n");
     }
-    let coordinator_failure = coordinator.failure();
-    let report = coordinator.finish();
+    if let Some(s) = result? {
+        return Ok(Joined::Interrupted(s));
+    }
     printer.detail(&format!(
-        "atlasboost: rendezvous of {} took {} ms ({} foreign frames dropped)",
+        "atlasboost: rendezvous of {} took {} ms",
         counted(hosts.len(), "host"),
         started.elapsed().as_millis(),
-        report.dropped
     ));
-    if let Some(e) = remote_failure {
-        return Err(e);
-    }
-    if let Some(why) = refusal
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-        .or(coordinator_failure)
-    {
-        return Err(CliError::Failure(why));
-    }
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    let decision = decided
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-        .ok_or_else(|| CliError::Failure("the rendezvous ended without a table".into()))?;
+    let decision =
+        decision.ok_or_else(|| CliError::Failure("the join ended without a table".into()))?;
     finish_join(launch, decision, local_devices, remotes, printer)
 }
 
@@ -803,37 +790,44 @@ fn finish_join(
     })))
 }
 
-/// Reads what the remote sessions said while the launcher waits for them to be ready.
-/// Returns the first failure: a session that ended, or an agent that reported one.
-fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> Option<CliError> {
-    for r in remotes.iter_mut() {
-        while let Some(lines) = r.read_err(buf) {
+/// What the launcher heard from the tree during the join.
+#[derive(Default)]
+struct Heard {
+    /// Reports, by position in the tree.
+    reports: Vec<(usize, Vec<u8>)>,
+    /// The first failure: a session that ended, an agent that reported one.
+    failure: Option<CliError>,
+}
+
+/// Reads what the launch tree said while the launcher waits for its hosts: reports, readiness,
+/// failures, and messages a fast job already sent (kept for the supervisor).
+fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> Heard {
+    let mut heard = Heard::default();
+    for h in 0..remotes.len() {
+        if remotes[h].parent.is_some() {
+            continue;
+        }
+        while let Some(lines) = remotes[h].read_err(buf) {
             if lines.is_empty() {
                 break;
             }
             for l in lines {
-                printer.detail(&format!("atlasboost: host {}: {l}", r.host));
+                printer.detail(&format!("atlasboost: host {}: {l}", remotes[h].host));
             }
         }
-        match r.read_out(buf) {
+        match remotes[h].read_out(buf) {
             Ok(Some(messages)) => {
                 for m in messages {
-                    match m {
-                        Up::Ready => r.ready = true,
-                        Up::Failed { code, message } => {
-                            return Some(CliError::Remote {
-                                message: about_host(&r.host, &message),
-                                code,
-                            });
-                        }
-                        other => r.backlog.push(other),
+                    if let Err(e) = on_joining(remotes, h, m, &mut heard, printer) {
+                        heard.failure.get_or_insert(e);
                     }
                 }
             }
             // A fast job may be over on a host before the others are ready: what it said is in
             // the backlog, and the supervisor judges it.
-            Ok(None) if r.ready => {}
+            Ok(None) if remotes[h].ready => {}
             Ok(None) => {
+                let r = &mut remotes[h];
                 // Drain what ssh said last, for the message.
                 while r.read_err(buf).is_some_and(|l| !l.is_empty()) {}
                 let what = if r.greeted() {
@@ -841,21 +835,111 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> O
                 } else {
                     "ssh could not start atlasboost agent there"
                 };
-                return Some(CliError::HostLost {
+                let e = CliError::HostLost {
                     host: r.host.clone(),
                     what,
                     said: r.err_tail(),
-                });
+                };
+                heard.failure.get_or_insert(with_subtree(remotes, h, e));
             }
             Err(why) => {
-                return Some(CliError::Protocol {
-                    host: r.host.clone(),
+                heard.failure.get_or_insert(CliError::Protocol {
+                    host: remotes[h].host.clone(),
                     why: why.to_string(),
                 });
             }
         }
+        if heard.failure.is_some() {
+            break;
+        }
     }
-    None
+    heard
+}
+
+/// One message of the launcher's child `h` during the join (a host below it speaks through
+/// it, in [`Up::Via`]).
+fn on_joining(
+    remotes: &mut [Remote],
+    h: usize,
+    message: Up,
+    heard: &mut Heard,
+    printer: &Printer,
+) -> Result<(), CliError> {
+    let (v, message) = match message {
+        Up::Via { host, message } => {
+            let v = host as usize;
+            if v >= remotes.len() || v == h || top_of(remotes, v) != h {
+                return Err(CliError::Protocol {
+                    host: remotes[h].host.clone(),
+                    why: format!("a message of host position {host}, which is not below it"),
+                });
+            }
+            (v, *message)
+        }
+        Up::Lost { host, said } => {
+            let v = host as usize;
+            if v >= remotes.len() || v == h || top_of(remotes, v) != h {
+                return Err(CliError::Protocol {
+                    host: remotes[h].host.clone(),
+                    why: format!("a lost host at position {host}, which is not below it"),
+                });
+            }
+            let parent = remotes[v].parent.unwrap_or(h);
+            let e = CliError::HostLost {
+                host: remotes[v].host.clone(),
+                what: "its ssh session from the host above it in the launch tree ended",
+                said: format!(
+                    "{said} (its session was started by host {})",
+                    remotes[parent].host
+                ),
+            };
+            return Err(with_subtree(remotes, v, e));
+        }
+        m => (h, m),
+    };
+    let r = &mut remotes[v];
+    r.last_heard = Instant::now();
+    match message {
+        Up::Report { bytes } => heard.reports.push((v, bytes)),
+        Up::Ready => r.ready = true,
+        Up::Said { line } => {
+            let line = String::from_utf8_lossy(&line).into_owned();
+            printer.detail(&format!("atlasboost: host {}: {line}", r.host));
+            r.heard_err(line);
+        }
+        Up::Failed { code, message } => {
+            return Err(CliError::Remote {
+                message: about_host(&r.host, &message),
+                code,
+            });
+        }
+        // Kept for the supervisor, as it came.
+        other => remotes[h].backlog.push(match v == h {
+            true => other,
+            false => Up::Via {
+                host: v as u32,
+                message: Box::new(other),
+            },
+        }),
+    }
+    Ok(())
+}
+
+/// A lost host's error, naming the hosts below it in the launch tree, reached through it.
+fn with_subtree(remotes: &[Remote], h: usize, e: CliError) -> CliError {
+    let below: Vec<&str> = (0..remotes.len())
+        .filter(|&v| is_below(remotes, v, h))
+        .map(|v| remotes[v].host.as_str())
+        .collect();
+    if below.is_empty() {
+        return e;
+    }
+    CliError::Failure(format!(
+        "{}; with it the {} below it in the launch tree: {}",
+        atlasboost_core::exchange::error_chain(&e),
+        counted(below.len(), "host"),
+        below.join(", ")
+    ))
 }
 
 /// `host X: message`, unless the message already names the host.

@@ -7,11 +7,10 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use atlasboost_core::EnvVars;
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::Signal;
@@ -24,17 +23,9 @@ use crate::error::CliError;
 /// How many of ssh's (and the agent's) last stderr lines are kept for error messages.
 const ERR_TAIL: usize = 10;
 
-/// How to reach the remote hosts.
-#[derive(Debug, Clone, Default)]
-pub struct SshOptions {
-    /// `--ssh-port`.
-    pub port: Option<u16>,
-    /// `--ssh-identity`.
-    pub identity: Option<PathBuf>,
-    /// The command that runs atlasboost on the remote hosts (its path, or e.g. `python3 -m
-    /// atlasboost` for the Python package's launcher); `agent` is appended.
-    pub remote_atlasboost: Vec<OsString>,
-}
+/// How to reach the remote hosts (the command that runs atlasboost there gets `agent`
+/// appended).
+pub use super::channel::SshSpec as SshOptions;
 
 /// How the launcher reaches a peer.
 #[derive(Debug)]
@@ -46,6 +37,9 @@ pub enum Link {
         /// The rank whose worker the relay runs.
         rank: u32,
     },
+    /// A host deeper in the launch tree: an agent above it started it, and its messages come
+    /// through the session of the launcher's child above it.
+    Below,
 }
 
 /// One peer's session, as the launcher sees it.
@@ -76,6 +70,11 @@ pub struct Remote {
     pub last_heard: Instant,
     /// The supervisor has reaped the ssh process (its pid may belong to someone else now).
     pub reaped: bool,
+    /// The launcher's remote through which this host is heard (a host below another in the
+    /// launch tree); `None` for the launcher's own sessions.
+    pub parent: Option<usize>,
+    /// Lost only because the host above it in the launch tree was.
+    pub orphaned: bool,
 }
 
 /// What a new peer starts with.
@@ -95,6 +94,8 @@ fn session(host: &str, link: Link, input: Option<File>, out: Option<OwnedFd>) ->
         lost: None,
         last_heard: Instant::now(),
         reaped: false,
+        parent: None,
+        orphaned: false,
     }
 }
 
@@ -175,11 +176,19 @@ impl Remote {
         Ok(remote)
     }
 
-    /// The ssh process's id (a relay has no process of the launcher's).
+    /// A host deeper in the launch tree, heard through the launcher's remote `parent` (the
+    /// one of the agent that started it).
+    pub fn below(host: &str, parent: usize) -> Remote {
+        let mut r = session(host, Link::Below, None, None);
+        r.parent = Some(parent);
+        r
+    }
+
+    /// The ssh process's id (a relay, or a host below another, has no process of ours).
     pub fn pid(&self) -> Option<u32> {
         match &self.link {
             Link::Ssh(child) => Some(child.id()),
-            Link::Relay { .. } => None,
+            Link::Relay { .. } | Link::Below => None,
         }
     }
 
@@ -187,8 +196,84 @@ impl Remote {
     pub fn relay_rank(&self) -> Option<u32> {
         match self.link {
             Link::Relay { rank } => Some(rank),
-            Link::Ssh(_) => None,
+            Link::Ssh(_) | Link::Below => None,
         }
+    }
+
+    /// Keeps a line of the host's stderr for error messages (one passed up the tree).
+    pub fn heard_err(&mut self, line: String) {
+        self.err_tail.push(line);
+    }
+
+    /// Sends command lines as they are (the decision's).
+    pub fn send_lines(&mut self, lines: &[u8]) {
+        self.write(lines);
+    }
+
+    /// Passes a command line on as it came (an agent to the agents it started).
+    pub fn send_line(&mut self, line: &[u8]) {
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line);
+        bytes.push(b'\n');
+        self.write(&bytes);
+    }
+
+    /// An agent's child: what it said, ready to pass up as this agent's messages. Its frames
+    /// are wrapped in [`Up::Via`] naming `position` (frames already wrapped, from further
+    /// down, pass as they are); its stderr lines become [`Up::Said`]; a session that ends
+    /// before its agent is done becomes [`Up::Lost`]. Never blocks.
+    pub fn forward(&mut self, position: u32, buf: &mut [u8]) -> Vec<Up> {
+        let mut up = Vec::new();
+        let wrap = |m: Up| match m {
+            m @ (Up::Via { .. } | Up::Lost { .. }) => m,
+            m => Up::Via {
+                host: position,
+                message: Box::new(m),
+            },
+        };
+        while let Some(lines) = self.read_err(buf) {
+            if lines.is_empty() {
+                break;
+            }
+            up.extend(lines.into_iter().map(|l| {
+                wrap(Up::Said {
+                    line: l.into_bytes(),
+                })
+            }));
+        }
+        match self.read_out(buf) {
+            Ok(Some(messages)) => {
+                for m in messages {
+                    if matches!(m, Up::Done) {
+                        self.done = true;
+                    }
+                    up.push(wrap(m));
+                }
+                if self.out.is_some() {
+                    return up;
+                }
+            }
+            Ok(None) => {}
+            Err(why) => {
+                self.out = None;
+                self.lost = Some(why.clone());
+                up.push(Up::Lost {
+                    host: position,
+                    said: format!("its agent sent something that is not the protocol: {why}"),
+                });
+                return up;
+            }
+        }
+        if !self.done && self.lost.is_none() {
+            while self.read_err(buf).is_some_and(|l| !l.is_empty()) {}
+            let said = self.err_tail();
+            self.lost = Some(said.clone());
+            up.push(Up::Lost {
+                host: position,
+                said,
+            });
+        }
+        up
     }
 
     /// Sends a command; a session that is gone is noticed when its output ends.
@@ -330,6 +415,31 @@ impl Drop for Remote {
     }
 }
 
+/// The launcher's child above remote `v` in the launch tree (`v` itself for a child).
+pub fn top_of(remotes: &[Remote], mut v: usize) -> usize {
+    // A chain longer than the list would be a loop: bounded.
+    for _ in 0..remotes.len() {
+        match remotes[v].parent {
+            Some(p) => v = p,
+            None => break,
+        }
+    }
+    v
+}
+
+/// Whether remote `v` is below remote `h` in the launch tree.
+pub fn is_below(remotes: &[Remote], v: usize, h: usize) -> bool {
+    let mut at = remotes[v].parent;
+    for _ in 0..remotes.len() {
+        match at {
+            Some(p) if p == h => return true,
+            Some(p) => at = remotes[p].parent,
+            None => return false,
+        }
+    }
+    false
+}
+
 /// `ssh -T -o BatchMode=yes ... host exec '<atlasboost>' agent`.
 fn ssh_args(host: &str, ssh: &SshOptions) -> Vec<OsString> {
     let mut args: Vec<OsString> = ["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
@@ -347,14 +457,7 @@ fn ssh_args(host: &str, ssh: &SshOptions) -> Vec<OsString> {
     if let Some(id) = &ssh.identity {
         args.extend([OsString::from("-i"), id.clone().into_os_string()]);
     }
-    if let Some(extra) = std::env::var_os(EnvVars::ATLASBOOST_SSH_OPTIONS) {
-        args.extend(
-            extra
-                .to_string_lossy()
-                .split_whitespace()
-                .map(OsString::from),
-        );
-    }
+    args.extend(ssh.extra.iter().map(OsString::from));
     args.push("--".into());
     args.push(host.into());
     let command: Vec<String> = ssh
@@ -407,6 +510,7 @@ mod tests {
                 port: Some(2222),
                 identity: Some("/k".into()),
                 remote_atlasboost: vec!["/usr/bin/atlasboost".into()],
+                extra: Vec::new(),
             },
         );
         let args: Vec<String> = args

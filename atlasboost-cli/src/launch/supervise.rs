@@ -8,7 +8,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -36,7 +36,7 @@ use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
 use super::lifeline::{Lifeline, ORIGINAL_FD_LIMIT};
 use super::output::{LineSplitter, Output};
 use super::rank_files::RankFiles;
-use super::remote::Remote;
+use super::remote::{Remote, is_below, top_of};
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 
@@ -241,13 +241,19 @@ pub enum Role {
     Agent(Upstream),
 }
 
-/// An agent's line to its launcher: commands in on stdin (frames go out through [`Output`]).
+/// An agent's line to its launcher: commands in on stdin (frames go out through [`Output`]),
+/// and the sessions of the agents it started below it in the launch tree (SPEC §14), whose
+/// messages it passes up and to which it passes every command on.
 #[derive(Debug)]
 pub struct Upstream {
     fd: Option<OwnedFd>,
     split: LineSplitter,
     last_heard: Instant,
     lost: bool,
+    /// The agents this one started, with their positions in the tree.
+    children: Vec<(u32, Remote)>,
+    /// Command lines read before the supervisor started.
+    queued: Vec<Vec<u8>>,
     /// A relay's signals come from mpirun, its parent, stopping the job: they are passed on to
     /// the worker. An agent's come from elsewhere (sshd's SIGHUP) and mean the launcher is
     /// gone.
@@ -281,8 +287,53 @@ impl Upstream {
             split: LineSplitter::default(),
             last_heard: Instant::now(),
             lost: false,
+            children: Vec::new(),
+            queued: Vec::new(),
             obeys_signals,
         }
+    }
+
+    /// The same line, with the agents this one started below it.
+    pub fn with_children(mut self, children: Vec<(u32, Remote)>) -> Upstream {
+        self.children = children;
+        self
+    }
+
+    /// The descriptor to poll, until the launcher's end closes.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Reads what arrived (never blocks) onto the end of `into`; `false` once the launcher's
+    /// end has closed. (The join reads raw: the decision's bytes follow its line.)
+    pub fn read_raw(&mut self, into: &mut Vec<u8>, buf: &mut [u8]) -> bool {
+        let Some(fd) = self.fd.as_ref() else {
+            return false;
+        };
+        loop {
+            match nix::unistd::read(fd, buf) {
+                Ok(0) => {
+                    self.fd = None;
+                    return false;
+                }
+                Ok(n) => {
+                    self.last_heard = Instant::now();
+                    into.extend_from_slice(&buf[..n]);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return true,
+                Err(_) => {
+                    self.fd = None;
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Bytes read past the decision, for the supervisor: its commands start with them.
+    pub fn preload(&mut self, bytes: &[u8]) {
+        let queued = &mut self.queued;
+        self.split.feed(bytes, &mut |l| queued.push(l.to_vec()));
     }
 }
 
@@ -572,8 +623,9 @@ impl<'a> Supervisor<'a> {
     /// Processes that are the launcher's children but neither workers nor orphans.
     fn not_orphans(&self) -> Vec<u32> {
         let mut own = vec![self.lifeline.pid()];
-        if let Role::Launcher(remotes) = &self.role {
-            own.extend(remotes.iter().filter_map(Remote::pid));
+        match &self.role {
+            Role::Launcher(remotes) => own.extend(remotes.iter().filter_map(Remote::pid)),
+            Role::Agent(up) => own.extend(up.children.iter().filter_map(|(_, c)| c.pid())),
         }
         if let Some(m) = self.mpirun.as_ref().filter(|m| m.ended.is_none()) {
             own.push(m.pid.as_raw() as u32);
@@ -590,11 +642,16 @@ impl<'a> Supervisor<'a> {
         mpirun_ended
             && match &self.role {
                 Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
-                Role::Agent(_) => true,
+                // An agent stays until the agents below it are gone: their sessions end with it.
+                Role::Agent(up) => up.children.iter().all(|(_, c)| c.out.is_none()),
             }
     }
 
     fn run(&mut self, signals: &Signals, output: &mut Output) {
+        // Commands that came with the decision, before the workers started.
+        if matches!(&self.role, Role::Agent(up) if !up.queued.is_empty()) {
+            self.read_upstream(output);
+        }
         loop {
             let all_ended = self.running.iter().all(|r| r.ended.is_some());
             if all_ended && self.wrap_up(output) && self.remotes_finished() {
@@ -920,12 +977,14 @@ impl<'a> Supervisor<'a> {
                 }
                 _ => {
                     if let Role::Launcher(remotes) = &mut self.role
-                        && let Some(r) = remotes
-                            .iter_mut()
-                            .find(|r| r.host == self.workers[lane].host && !r.done)
+                        && let Some(i) = remotes
+                            .iter()
+                            .position(|r| r.host == self.workers[lane].host && !r.done)
                     {
-                        r.send(Down::Dump(rank));
-                        *per_host.entry(r.host.clone()).or_default() += 1;
+                        *per_host.entry(remotes[i].host.clone()).or_default() += 1;
+                        // A host below another hears through the launcher's child above it.
+                        let top = top_of(remotes, i);
+                        remotes[top].send(Down::Dump(rank));
                         waiting.push(lane);
                     }
                 }
@@ -1012,6 +1071,16 @@ impl<'a> Supervisor<'a> {
                     if let Some(fd) = &up.fd {
                         fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
                         sources.push(Source::Upstream);
+                    }
+                    for (h, (_, r)) in up.children.iter().enumerate() {
+                        if let Some(fd) = &r.out {
+                            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                            sources.push(Source::RemoteOut(h));
+                        }
+                        if let Some(fd) = &r.err {
+                            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                            sources.push(Source::RemoteErr(h));
+                        }
                     }
                 }
                 Role::Launcher(remotes) => {
@@ -1161,8 +1230,8 @@ impl<'a> Supervisor<'a> {
         let Role::Agent(up) = &mut self.role else {
             return;
         };
+        let mut lines = std::mem::take(&mut up.queued);
         let Some(fd) = &up.fd else { return };
-        let mut lines = Vec::new();
         let mut ended = false;
         match nix::unistd::read(fd, &mut self.buf) {
             Ok(0) => ended = true,
@@ -1177,9 +1246,15 @@ impl<'a> Supervisor<'a> {
         if ended {
             up.fd = None;
         }
+        // Every command is for the whole tree below too.
+        for line in &lines {
+            for (_, child) in &mut up.children {
+                child.send_line(line);
+            }
+        }
         for line in lines {
             match Down::parse(&String::from_utf8_lossy(&line)) {
-                Ok(Down::Heartbeat) => {}
+                Ok(Down::Heartbeat | Down::Decision(_)) => {}
                 Ok(Down::Dump(rank)) => self.dump_for_launcher(rank, output),
                 Ok(Down::Signal(s)) => {
                     if s == Signal::SIGKILL {
@@ -1198,14 +1273,15 @@ impl<'a> Supervisor<'a> {
 
     /// An agent takes the stacks of its worker of `rank` and sends them up.
     fn dump_for_launcher(&mut self, rank: u32, output: &mut Output) {
-        let text = match self.workers.iter().position(|w| w.rank == rank) {
-            Some(lane) => match (self.running[lane].pid, &self.plan.files) {
-                (Some(pid), Some(files)) if self.running[lane].ended.is_none() => {
-                    files.stacks(rank, pid.as_raw() as u32)
-                }
-                _ => "no stacks: the worker has ended".to_string(),
-            },
-            None => format!("no stacks: rank {rank} is not on this host"),
+        // Commands reach every agent of the tree: the one with the rank answers.
+        let Some(lane) = self.workers.iter().position(|w| w.rank == rank) else {
+            return;
+        };
+        let text = match (self.running[lane].pid, &self.plan.files) {
+            (Some(pid), Some(files)) if self.running[lane].ended.is_none() => {
+                files.stacks(rank, pid.as_raw() as u32)
+            }
+            _ => "no stacks: the worker has ended".to_string(),
         };
         self.forgive_silence();
         // Within a frame, with room to spare: a dump of many threads can be long.
@@ -1226,6 +1302,10 @@ impl<'a> Supervisor<'a> {
             return;
         }
         up.lost = true;
+        // The agents below stop their workers too when their line closes.
+        for (_, child) in &mut up.children {
+            child.hang_up();
+        }
         if self.running.iter().all(|r| r.ended.is_some()) {
             return;
         }
@@ -1243,8 +1323,20 @@ impl<'a> Supervisor<'a> {
         self.stop(Signal::SIGTERM);
     }
 
+    /// An agent passes up what an agent it started said.
+    fn read_child(&mut self, h: usize, output: &mut Output) {
+        let Role::Agent(up) = &mut self.role else {
+            return;
+        };
+        let (position, child) = &mut up.children[h];
+        for m in child.forward(*position, &mut self.buf) {
+            output.send(&m);
+        }
+    }
+
     fn read_remote(&mut self, h: usize, output: &mut Output) {
         let Role::Launcher(remotes) = &mut self.role else {
+            self.read_child(h, output);
             return;
         };
         match remotes[h].read_out(&mut self.buf) {
@@ -1268,7 +1360,7 @@ impl<'a> Supervisor<'a> {
             return;
         };
         let r = &remotes[h];
-        if r.out.is_none() && !r.done && r.lost.is_none() {
+        if r.out.is_none() && r.parent.is_none() && !r.done && r.lost.is_none() {
             let why = match r.relay_rank() {
                 Some(rank) => format!(
                     "the relay of rank {rank} closed its connection before its worker ended \
@@ -1285,6 +1377,7 @@ impl<'a> Supervisor<'a> {
 
     fn read_remote_err(&mut self, h: usize, output: &mut Output) {
         let Role::Launcher(remotes) = &mut self.role else {
+            self.read_child(h, output);
             return;
         };
         if let Some(lines) = remotes[h].read_err(&mut self.buf) {
@@ -1354,6 +1447,53 @@ impl<'a> Supervisor<'a> {
                     self.save_stacks(lane, &text, &hang.dump_dir, output);
                 }
             }
+            Up::Via { host, message } => {
+                let Role::Launcher(remotes) = &mut self.role else {
+                    return;
+                };
+                let v = host as usize;
+                if v == h || v >= remotes.len() || !is_below(remotes, v, h) {
+                    let why = format!(
+                        "its agent passed up a message of host position {host}, which is not \
+                         below it in the launch tree"
+                    );
+                    self.host_lost(h, why, output);
+                    return;
+                }
+                remotes[v].last_heard = Instant::now();
+                self.on_remote(v, *message, output);
+            }
+            Up::Lost { host, said } => {
+                let Role::Launcher(remotes) = &self.role else {
+                    return;
+                };
+                let v = host as usize;
+                if v == h || v >= remotes.len() || !is_below(remotes, v, h) {
+                    let why = format!(
+                        "its agent reported host position {host} lost, which is not below it \
+                         in the launch tree"
+                    );
+                    self.host_lost(h, why, output);
+                    return;
+                }
+                let parent = remotes[v]
+                    .parent
+                    .map_or_else(String::new, |p| remotes[p].host.clone());
+                let why = format!(
+                    "its ssh session from host {parent} ended before its workers did; ssh said: \
+                     {said}"
+                );
+                self.host_lost(v, why, output);
+            }
+            Up::Said { line } => {
+                if let Role::Launcher(remotes) = &mut self.role {
+                    let line = String::from_utf8_lossy(&line).into_owned();
+                    output.message(&format!("atlasboost: host {}: {line}", remotes[h].host));
+                    remotes[h].heard_err(line);
+                }
+            }
+            // Reports belong to the join, which is over.
+            Up::Report { .. } => {}
         }
     }
 
@@ -1386,12 +1526,41 @@ impl<'a> Supervisor<'a> {
 
     /// A host is lost: its workers' fate is unknown, and the job fails.
     fn host_lost(&mut self, h: usize, why: String, output: &mut Output) {
+        let mut why = why;
         if let Role::Launcher(remotes) = &mut self.role {
             if remotes[h].lost.is_some() || remotes[h].done {
                 return;
             }
             remotes[h].lost = Some(why.clone());
             remotes[h].hang_up();
+            // Every host below it in the launch tree was reached through it: gone with it.
+            let below: Vec<usize> = (0..remotes.len())
+                .filter(|&v| v != h && is_below(remotes, v, h))
+                .filter(|&v| remotes[v].lost.is_none() && !remotes[v].done)
+                .collect();
+            if !below.is_empty() {
+                let names: Vec<String> = below.iter().map(|&v| remotes[v].host.clone()).collect();
+                for &v in &below {
+                    remotes[v].lost = Some(format!(
+                        "lost with host {}, above it in the launch tree",
+                        remotes[h].host
+                    ));
+                    remotes[v].orphaned = true;
+                }
+                why = format!(
+                    "{why}; with it the {} below it in the launch tree: {}",
+                    crate::commands::counted(names.len(), "host"),
+                    names.join(", ")
+                );
+                let now = Instant::now();
+                for v in below {
+                    for lane in self.lanes_of(v) {
+                        if self.running[lane].ended.is_none() {
+                            self.running[lane].ended = Some((now, Ending::Lost));
+                        }
+                    }
+                }
+            }
         }
         self.fail_host(h, why, ExitCodes::FAILURE, output);
         if let Some(f) = &mut self.host_failure
@@ -1513,11 +1682,17 @@ impl<'a> Supervisor<'a> {
                 );
                 continue;
             }
-            if let Role::Launcher(remotes) = &mut self.role
-                && let Some(r) = remotes
+            let session = match &mut self.role {
+                Role::Launcher(remotes) => remotes
                     .iter_mut()
-                    .find(|r| r.pid() == Some(pid.as_raw() as u32))
-            {
+                    .find(|r| r.pid() == Some(pid.as_raw() as u32)),
+                Role::Agent(up) => up
+                    .children
+                    .iter_mut()
+                    .map(|(_, c)| c)
+                    .find(|c| c.pid() == Some(pid.as_raw() as u32)),
+            };
+            if let Some(r) = session {
                 r.reaped = true;
                 continue;
             }
@@ -1703,9 +1878,10 @@ impl<'a> Supervisor<'a> {
                 .clone()
                 .or_else(|| self.dumping.as_ref().map(|d| d.report.clone())),
             lost_hosts: match &self.role {
+                // Hosts lost only because a host above them was are not left out of a restart.
                 Role::Launcher(remotes) => remotes
                     .iter()
-                    .filter(|r| r.lost.is_some() && r.relay_rank().is_none())
+                    .filter(|r| r.lost.is_some() && r.relay_rank().is_none() && !r.orphaned)
                     .map(|r| r.host.clone())
                     .collect(),
                 Role::Agent(_) => Vec::new(),
