@@ -21,6 +21,9 @@
 - ssh: the time from the launcher's start to the last worker started, for 1, 2 and 3 hosts x 4
   workers reached over ssh (a real sshd on 127.0.0.2-4, started by the script), against mpirun
   over the same ssh set-up (`--mca plm_rsh_agent`). Needs openssh-server.
+- ssh-netns: the same for 3 and 6 hosts that are network namespaces (each its own sshd, on a
+  bridge; run as root), against mpirun with its tree spawn on and against plain ssh sessions to
+  every host at once (the floor). Target: atlasboost <= 0.6x mpirun at 6 hosts.
 - init: library mode. 8 example workers (examples/init_worker.rs) calling init() under
   `atlasboost run` and under `mpirun` (MPI rendezvous), against a C program doing only
   MPI_Init + MPI_Allgather + MPI_Finalize under mpirun (target: atlasboost run < 0.5x the bare
@@ -627,6 +630,160 @@ def cmd_ssh(args):
             sshd.wait()
 
 
+# ---------------------------------------------------------------- ssh across network namespaces
+
+def start_netns_hosts(tmp, count):
+    """`count` hosts, each a network namespace with its own sshd on port 22, on a bridge with
+    10.215.S.1 in the root namespace. Returns (their addresses, an ssh_config, the bridge's
+    name, a function that removes everything)."""
+    tag = str(os.getpid())
+    bridge, spaces = f"abbb{tag}", [f"abnb{i}-{tag}" for i in range(1, count + 1)]
+    used = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    net = next((f"10.215.{n}" for n in range(256) if f" 10.215.{n}." not in used), None)
+    if net is None:
+        die("every 10.215.S.0/24 subnet is in use")
+    procs = []
+
+    def cleanup():
+        for p in procs:
+            p.kill()
+            p.wait()
+        for ns in spaces:
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+        for i in range(1, count + 1):
+            subprocess.run(["ip", "link", "del", f"abvb{i}r{tag}"], stderr=subprocess.DEVNULL)
+        subprocess.run(["ip", "link", "del", bridge], stderr=subprocess.DEVNULL)
+
+    def ip(*a):
+        r = subprocess.run(["ip", *a], capture_output=True, text=True)
+        if r.returncode != 0:
+            cleanup()
+            die(f"ip {' '.join(a)}: {r.stderr.strip()}")
+
+    ip("link", "add", bridge, "type", "bridge")
+    ip("addr", "add", f"{net}.1/24", "dev", bridge)
+    ip("link", "set", bridge, "up")
+    for key in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / key)], check=True)
+    shutil.copy(tmp / "client_key.pub", tmp / "authorized_keys")
+    (tmp / "ssh_config").write_text(
+        f"Host *\n  IdentityFile {tmp}/client_key\n  IdentitiesOnly yes\n"
+        "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+    )
+    os.makedirs("/run/sshd", exist_ok=True)
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    addrs = []
+    for i, ns in enumerate(spaces, 1):
+        addr = f"{net}.{10 + i}"
+        addrs.append(addr)
+        ip("netns", "add", ns)
+        ip("link", "add", f"abvb{i}r{tag}", "type", "veth", "peer", "name", f"abvb{i}n{tag}", "netns", ns)
+        ip("link", "set", f"abvb{i}r{tag}", "master", bridge, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        ip("-n", ns, "addr", "add", f"{addr}/24", "dev", f"abvb{i}n{tag}")
+        ip("-n", ns, "link", "set", f"abvb{i}n{tag}", "up")
+        conf = tmp / f"sshd-{i}.conf"
+        conf.write_text(
+            f"ListenAddress {addr}\nPort 22\nHostKey {tmp}/host_key\nAuthorizedKeysFile {tmp}/authorized_keys\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            f"UsePAM no\nStrictModes no\nPidFile {tmp}/sshd-{i}.pid\n"
+        )
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, sshd, "-D", "-f", str(conf),
+                                       "-E", str(tmp / f"sshd-{i}.log")]))
+    import socket
+    deadline = time.monotonic() + 15
+    for addr in addrs:
+        while True:
+            try:
+                socket.create_connection((addr, 22), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    cleanup()
+                    die(f"sshd on {addr} did not start within 15 s")
+                time.sleep(0.05)
+    return addrs, tmp / "ssh_config", bridge, cleanup
+
+
+def cmd_ssh_netns(args):
+    """Time from the launcher's start to the last worker started, over ssh to hosts that are
+    network namespaces (each its own sshd): atlasboost run against mpirun with its tree spawn."""
+    if args.runs < 1:
+        die("--runs must be at least 1")
+    if os.geteuid() != 0:
+        die("needs root (network namespaces)")
+    names = selected(args.only, ["atlasboost", "mpirun", "ssh"])
+    tools = {}
+    if "atlasboost" in names:
+        tools["atlasboost"] = find_atlasboost(args.atlasboost)
+    if "mpirun" in names:
+        tools["mpirun"] = find_mpirun()
+    sizes = sorted({min(h, args.hosts) for h in (3, args.hosts)})
+    print(f"# ssh-netns: time from the launcher's start to the last of N hosts x 4 workers started; "
+          f"hosts are network namespaces, each with its own sshd\n")
+    print_machine(tools)
+    with tempfile.TemporaryDirectory(prefix="atlasboost-ssh-netns-") as d:
+        tmp = Path(d)
+        addrs, config, _, cleanup = start_netns_hosts(tmp, args.hosts)
+        try:
+            stamps = tmp / "stamps"
+            worker = ["sh", "-c", f"date +%s%N >> {stamps}"]
+            env = dict(os.environ, ATLASBOOST_SSH_OPTIONS=f"-F {config}")
+            env.pop("ATLASBOOST_SSH_ALL_HOSTS", None)
+            rows, ratios = [], []
+            for hosts in sizes:
+                hl = ",".join(f"{h}:4" for h in addrs[:hosts])
+                cmds = {
+                    "atlasboost": [str(tools.get("atlasboost")), "run", "-q", "--sim", "4", "-H", hl,
+                                   "--wdir", str(tmp), "--", *worker],
+                    # Its tree spawn on (the default, said explicitly), its daemons on the bridge.
+                    "mpirun": [str(tools.get("mpirun")), *MPIRUN_FLAGS, "--mca", "plm_rsh_agent",
+                               f"ssh -F {config}", "--mca", "plm_rsh_no_tree_spawn", "0",
+                               "--mca", "oob_tcp_if_include", f"{addrs[0].rsplit('.', 1)[0]}.0/24",
+                               "-H", hl, "-np", str(4 * hosts), *worker],
+                    # The floor: one plain ssh session per host at once, writing 4 stamps.
+                    "ssh": ["sh", "-c", " ".join(
+                        f"ssh -F {config} {h} 'for i in 1 2 3 4; do date +%s%N >> {stamps}; done' &"
+                        for h in addrs[:hosts]) + " wait"],
+                }
+                if hosts == sizes[0]:
+                    print_commands({n: cmds[n] for n in names})
+                started = {n: [] for n in names}
+                for i in range(args.runs + 1):
+                    for n in names:
+                        stamps.write_text("")
+                        t0 = time.time_ns()
+                        r = subprocess.run(cmds[n], env=env, cwd=tmp, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.PIPE, timeout=120)
+                        if r.returncode != 0:
+                            die(f"{n} with {hosts} hosts exited {r.returncode}: {r.stderr.decode(errors='replace')}")
+                        got = [int(x) for x in stamps.read_text().split()]
+                        if len(got) != 4 * hosts:
+                            die(f"{n} with {hosts} hosts started {len(got)} workers, not {4 * hosts}")
+                        if i > 0:  # the first round warms up
+                            started[n].append((max(got) - t0) / 1e9)
+                for n in names:
+                    t = started[n]
+                    rows.append([f"{hosts} x 4", n, ms(statistics.median(t)), ms(min(t)), ms(max(t))])
+                if "atlasboost" in names:
+                    for other in ("mpirun", "ssh"):
+                        if other in names:
+                            ratio = statistics.median(started["atlasboost"]) / statistics.median(started[other])
+                            ratios.append((hosts, other, ratio))
+            print(f"{args.runs} runs of each, alternating, after one warm-up run of each\n")
+            print_table(["hosts", "launcher", "median ms", "min ms", "max ms"], rows)
+            for hosts, other, ratio in ratios:
+                print(f"{hosts} host(s): atlasboost/{other} median {ratio:.2f}")
+        finally:
+            cleanup()
+
+
 # ---------------------------------------------------------------- pip install
 
 
@@ -894,6 +1051,13 @@ def main():
     s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
     s.add_argument("--hosts", type=int, default=3, choices=[1, 2, 3], help="up to this many hosts (default 3)")
     s.set_defaults(func=cmd_ssh)
+
+    s = add("ssh-netns", "Time to all workers started on 3 and 6 namespace hosts x 4 over ssh: "
+            "atlasboost run vs mpirun (tree spawn on) vs plain ssh sessions (the floor).",
+            "atlasboost,mpirun,ssh")
+    s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
+    s.add_argument("--hosts", type=int, default=6, help="the most hosts (default 6; also 3)")
+    s.set_defaults(func=cmd_ssh_netns)
 
     s = add("restart", "Time from a failed rank to every rank restarted: atlasboost --max-restarts vs "
             "torchrun --max-restarts; and the cost of heartbeat().", "atlasboost,torchrun")

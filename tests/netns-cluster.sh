@@ -567,7 +567,9 @@ wait_lines() {
 agent_in() {
     local p
     for p in $(ip netns pids "${namespaces[$1 - 1]}"); do
-        [[ $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) == "$bin agent " ]] && { echo "$p"; return 0; }
+        # (A process may end between the listing and the read.)
+        [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" || true) == "$bin agent " ]] &&
+            { echo "$p"; return 0; }
     done
     return 1
 }
@@ -591,6 +593,7 @@ took=$((SECONDS - killed_at))
 grep -q "^error: host ${ips[0]} failed first: .*below it in the launch tree: ${ips[2]}, ${ips[3]}" \
     "$tmp/interior.err" ||
     { show "$tmp/interior.err"; die "the error does not name ${ips[0]} and its subtree ${ips[2]}, ${ips[3]}"; }
+say "step 10: an interior agent killed: $(grep '^error:' "$tmp/interior.err")"
 
 tree_job "$tmp/kill9.out" "$tmp/kill9.err" -- sh -c 'echo up; exec sleep 60'
 wait_lines 12 '<stdout>:up' "$tmp/kill9.out" ||
@@ -604,7 +607,7 @@ for _ in $(seq 100); do
     for i in $(seq "$count"); do
         for p in $(ip netns pids "${namespaces[i - 1]}"); do
             [[ $p == "$(<"$tmp/sshd-$i.pid")" ]] && continue
-            left+=" ${namespaces[i - 1]}:$p($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null))"
+            left+=" ${namespaces[i - 1]}:$p($(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" || true))"
         done
     done
     [[ -z $left ]] && break
