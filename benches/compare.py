@@ -15,7 +15,9 @@
 - output: 8 ranks each print LINES lines as fast as they can; every launcher's stdout goes to a
   file, and the file must hold every line (targets: atlasboost line rate >= 4x mpirun's with
   --tag-output, with and without --mpi, and atlasboost time <= 3x a raw `sh` pipe with no
-  launcher at all).
+  launcher at all). `--only ssh-flat,ssh-chain`: the ranks on 3 hosts over a real sshd on
+  127.0.0.2-4, the launch tree flat and a chain (--fanout 1), to compare the rate of lines that
+  pass through agents above their host with lines that do not.
 - memory: the launcher's own peak resident memory while 64 ranks print continuously
   (target < 64 MiB).
 - ssh: the time from the launcher's start to the last worker started, for 1, 2 and 3 hosts x 4
@@ -378,7 +380,10 @@ def cmd_init(args):
 def cmd_output(args):
     if args.runs < 1 or args.lines < 1 or args.ranks < 1:
         die("--runs, --lines and --ranks must be at least 1")
-    names = selected(args.only, ["atlasboost", "atlasboost-mpi", "mpirun", "raw"])
+    # ssh-flat and ssh-chain (the ranks on 3 hosts reached over a real sshd on 127.0.0.2-4; the
+    # launch tree flat, and a chain: --fanout 1) only when asked for by --only.
+    all_names = ["atlasboost", "atlasboost-mpi", "mpirun", "raw", "ssh-flat", "ssh-chain"]
+    names = selected(args.only or "atlasboost,atlasboost-mpi,mpirun,raw", all_names)
     gen = generator(OUTPUT_LINE, args.lines)
     tools, cmds = {}, {}
     if "atlasboost" in names or "atlasboost-mpi" in names:
@@ -396,6 +401,19 @@ def cmd_output(args):
     if "raw" in names:
         # The same ranks with no launcher: one shell starts them all on one shared pipe, untagged.
         cmds["raw"] = ["sh", "-c", f"{gen} & " * args.ranks + "wait"]
+    envs = {}
+    ssh_dir = None
+    if "ssh-flat" in names or "ssh-chain" in names:
+        tools["atlasboost"] = find_atlasboost(args.atlasboost)
+        ssh_dir = tempfile.TemporaryDirectory(prefix="atlasboost-output-ssh-")
+        sshd, config = start_sshd(Path(ssh_dir.name))
+        per = [args.ranks // 3 + (1 if i < args.ranks % 3 else 0) for i in range(3)]
+        hl = ",".join(f"{h}:{n}" for h, n in zip(SSH_HOSTS, per) if n)
+        for n, fanout in (("ssh-flat", "32"), ("ssh-chain", "1")):
+            if n in names:
+                cmds[n] = [tools["atlasboost"], "run", "-q", "--fanout", fanout, "--sim", str(max(per)),
+                           "-H", hl, "--", "sh", "-c", gen]
+                envs[n] = dict(os.environ, ATLASBOOST_SSH_ALL_HOSTS="1", ATLASBOOST_SSH_OPTIONS=f"-F {config}")
     add_baseline(args, names, tools, cmds)
     expected = args.ranks * args.lines
     where = scratch_dir() or tempfile.gettempdir()
@@ -411,7 +429,7 @@ def cmd_output(args):
             for n in names:
                 out_path, err_path = os.path.join(tmp, f"{n}.out"), os.path.join(tmp, f"{n}.err")
                 with open(out_path, "wb") as out:
-                    times[n].append(run_checked(n, cmds[n], out, err_path))
+                    times[n].append(run_checked(n, cmds[n], out, err_path, envs.get(n)))
                 sizes[n], t = check_lines(n, out_path, expected, OUTPUT_LINE)
                 torn[n] = max(torn[n], t)
                 os.remove(out_path)
@@ -436,6 +454,13 @@ def cmd_output(args):
     if "mpirun" in names and "raw" in names:
         print(f"mpirun time / raw time:        {med['mpirun'] / med['raw']:.2f} (for reference)")
     print_baseline_ratios(names, med, "median time")
+    if "ssh-flat" in names and "ssh-chain" in names:
+        print(f"ssh-chain rate / ssh-flat rate: {rate['ssh-chain'] / rate['ssh-flat']:.2f} "
+              "(lines through two agents above their host, against none)")
+    if ssh_dir is not None:
+        sshd.kill()
+        sshd.wait()
+        ssh_dir.cleanup()
     for n in ("atlasboost", "atlasboost-mpi"):
         if torn.get(n):
             print(f"WARNING: {n} tore {torn[n]:,} lines; it should deliver every line whole")
@@ -1035,7 +1060,8 @@ def main():
     s.set_defaults(func=cmd_init)
 
     s = add("output", "Line throughput of 8 chatty ranks: atlasboost run (and run --mpi) vs mpirun "
-            "--tag-output vs a raw pipe.", "atlasboost,atlasboost-mpi,mpirun,raw")
+            "--tag-output vs a raw pipe; with --only ssh-flat,ssh-chain, over ssh to 3 hosts with "
+            "the launch tree flat and a chain.", "atlasboost,atlasboost-mpi,mpirun,raw,ssh-flat,ssh-chain")
     s.add_argument("--runs", type=int, default=3, help="runs of each (default 3)")
     s.add_argument("--lines", type=int, default=250_000, help="lines per rank (default 250000)")
     s.add_argument("--ranks", type=int, default=8, help="ranks (default 8)")

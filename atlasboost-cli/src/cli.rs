@@ -319,7 +319,7 @@ pub struct RunArgs {
     pub rendezvous_addr: Option<std::net::IpAddr>,
 
     /// The network interface of the hosts (a name, or an IPv4 network such as 10.0.0.0/24): this
-    /// machine's server_id, the rendezvous and MASTER_ADDR use it, and the workers get
+    /// machine's server_id, MASTER_ADDR and --mpi's relays use it, and the workers get
     /// HCCL_IF_IP, HCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for it [default: on each host, the
     /// interface of its server_id].
     #[arg(long, value_name = "NAME|CIDR", value_parser = parse_nic)]

@@ -136,6 +136,11 @@ impl<'a> Reader<'a> {
         String::from_utf8(b.to_vec()).map_err(|_| self.fail(what, "text that is not UTF-8"))
     }
 
+    /// How many bytes are left to read.
+    pub fn left(&self) -> usize {
+        self.data.len() - self.at
+    }
+
     /// Whether every byte has been read.
     pub fn is_empty(&self) -> bool {
         self.at == self.data.len()
@@ -226,9 +231,9 @@ pub fn put_devices(w: &mut Writer, devices: &[Device]) {
 /// A truncated or malformed list, naming the device and the field.
 pub fn get_devices(r: &mut Reader<'_>) -> Result<Vec<Device>, CompactError> {
     let count = r.varint("the string count")?;
-    // Every string takes at least a byte: a count beyond the message is a lie, not a reason
-    // to reserve memory.
-    let mut strings = Vec::with_capacity(count.min(r.data.len() as u64) as usize);
+    // A count beyond what the rest of the message can hold is a lie, not a reason to reserve
+    // memory: a string takes at least a byte, a device at least seven.
+    let mut strings = Vec::with_capacity(count.min(r.left() as u64) as usize);
     for i in 0..count {
         strings.push(r.str(&format!("string {i}"))?);
     }
@@ -239,7 +244,7 @@ pub fn get_devices(r: &mut Reader<'_>) -> Result<Vec<Device>, CompactError> {
             .ok_or_else(|| r.fail(what, &format!("string {i} of {}", strings.len())))
     };
     let count = r.varint("the device count")?;
-    let mut devices = Vec::with_capacity(count.min(r.data.len() as u64) as usize);
+    let mut devices = Vec::with_capacity(count.min(r.left() as u64 / 7) as usize);
     for n in 0..count {
         let what = |field: &str| format!("device {n}'s {field}");
         let server = r.varint(&what("server id"))?;
@@ -321,7 +326,7 @@ pub fn get_table_inputs(r: &mut Reader<'_>) -> Result<(Vec<Device>, BuildOptions
         0 => RankOrder::ServerId,
         1 => {
             let n = r.varint("the host order's length")?;
-            let mut list = Vec::with_capacity(n.min(r.data.len() as u64) as usize);
+            let mut list = Vec::with_capacity(n.min(r.left() as u64) as usize);
             for i in 0..n {
                 list.push(r.str(&format!("host {i} of the order"))?);
             }

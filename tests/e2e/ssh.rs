@@ -79,7 +79,9 @@ fn over_ssh_with(ssh_config: &Path, mark: &str, args: &[&str]) -> Run {
     );
     // `scripts/test.sh` runs these tests a second time with the launch tree a chain
     // (`--fanout 1`): every host is started by the one before it.
-    let fanout = std::env::var("ATLASBOOST_E2E_FANOUT").ok();
+    let fanout = std::env::var("ATLASBOOST_E2E_FANOUT")
+        .ok()
+        .filter(|_| !args.contains(&"--fanout"));
     Run::new(["run"])
         .args(fanout.iter().flat_map(|k| ["--fanout", k.as_str()]))
         .args(args)
@@ -1139,6 +1141,67 @@ fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
         &agents,
         Duration::from_secs(5).saturating_sub(killed.elapsed()),
         "after 127.0.0.3's agent was killed",
+    );
+}
+
+/// The agent of a host below another in the launch tree goes silent (stopped, as a hung host
+/// would be, its ssh session still open): the agent above it notices within the lost-host
+/// bound, ends that session and reports the host lost, and the job fails naming it, instead of
+/// waiting for ever on a session that never ends.
+#[test]
+fn a_silent_agent_below_another_is_named_lost_by_the_agent_above_it() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-tree-silent");
+    let _cleanup = Cleanup(mark.clone());
+    // A chain: 127.0.0.3's agent is started, and heard, by 127.0.0.2's.
+    let mut launch = over_ssh(
+        &sshd,
+        &mark,
+        &[
+            "--fanout", "1", "--sim", "2", "-H", TWO_BY_TWO, "--grace", "1",
+        ],
+    )
+    .args(["--", "sh", "-c", "echo ready; exec sleep 60"])
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(20));
+    wait_for_processes(&mark, 4);
+    let agents = agents_of(&mark);
+    let of_3: BTreeSet<i32> = pids_with_env(MARK, &mark)
+        .iter()
+        .filter(|p| agents.contains(&p.ppid))
+        .filter(|p| env_of(p.pid, "ATLASBOOST_SERVER_ID").as_deref() == Some("127.0.0.3"))
+        .map(|p| p.ppid)
+        .collect();
+    assert_eq!(of_3.len(), 1, "one agent runs 127.0.0.3's workers");
+    let agent = Pid::from_raw(*of_3.iter().next().unwrap());
+    let stopped = Instant::now();
+    kill(agent, Signal::SIGSTOP).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(30));
+    let took = stopped.elapsed();
+    // Let it go: its session is closed, so it stops its workers and exits.
+    let _ = kill(agent, Signal::SIGCONT);
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");
+    let errors = r.error_lines();
+    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    assert!(
+        errors[0].starts_with("error: host 127.0.0.3 failed first")
+            && errors[0].contains("heartbeats stopped")
+            && errors[0].contains("said host 127.0.0.2, which started it"),
+        "the error names the silent host and who noticed: {}\n{ctx}",
+        errors[0]
+    );
+    assert!(
+        took < Duration::from_secs(12),
+        "the job ended {took:?} after the agent stopped\n{ctx}"
+    );
+    assert_job_gone(
+        &sshd,
+        &mark,
+        &agents,
+        Duration::from_secs(10),
+        "after the silent agent was let go",
     );
 }
 

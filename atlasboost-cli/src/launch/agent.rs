@@ -1,9 +1,11 @@
-//! The agent of one host (SPEC §6): probe, join the rendezvous, receive the cluster table,
-//! write it. The launcher is the coordinator and decides the table for everyone, so every host
-//! writes the same bytes.
+//! The agent of one host (SPEC §6, §14): probe, report up the launch tree, receive the
+//! launcher's decision, build the table from it and write it, start and watch the host's
+//! workers. The launcher decides the table for everyone, so every host writes the same bytes
+//! (checked by SHA-256).
 //!
-//! Local hosts run [`run_agent`] on a thread of the launcher; a remote host runs the same
-//! function inside `atlasboost agent` ([`agent_main`]).
+//! Local hosts are probed by the launcher itself ([`host_report`]) and their workers planned
+//! with [`host_workers`]; a remote host runs `atlasboost agent` ([`agent_main`]), which also
+//! starts the agents of the hosts below it in the launch tree and passes their messages up.
 
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
@@ -768,6 +770,10 @@ fn join_upward(
     say(&Up::Report {
         bytes: encode_report(report),
     })?;
+    let tree = Tree {
+        size: config.tree.size,
+        fanout: config.tree.fanout,
+    };
     let timeout = Duration::from_millis(config.timeout_ms);
     let deadline = Instant::now() + timeout;
     let mut buf = vec![0u8; 1 << 16];
@@ -795,7 +801,7 @@ fn join_upward(
                 .any(|f| f.revents().is_some_and(|r| !r.is_empty()))
         };
         for (position, child) in children.iter_mut() {
-            for m in child.forward(*position, &mut buf) {
+            for m in child.forward(*position, tree, &mut buf) {
                 say(&m)?;
             }
         }
@@ -906,7 +912,13 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
         &mut output,
         &signals,
         &mut lifeline,
-        supervise::Role::Agent(upstream.with_children(children)),
+        supervise::Role::Agent(upstream.with_children(
+            children,
+            Tree {
+                size: config.tree.size,
+                fanout: config.tree.fanout,
+            },
+        )),
     );
     lifeline.close();
     files.remove();

@@ -43,8 +43,8 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
     Ok(())
 }
 
-/// Where the coordinator listens: `--rendezvous-addr`; else, with remote hosts, this machine's
-/// address on the route to the first of them; else loopback.
+/// Where `--mpi`'s relays reach the launcher: `--rendezvous-addr`; else, with remote hosts, this
+/// machine's address on the route to the first of them; else loopback.
 pub(crate) fn rendezvous_address(
     args: &RunSettings,
     hosts: &[HostPlan],

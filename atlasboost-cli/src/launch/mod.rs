@@ -651,6 +651,7 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
     let join_limit = args.rendezvous_timeout + AGENT_SLACK + AGENT_SLACK;
     let mut shown = false;
     let mut decision: Option<Decision> = None;
+    let mut last_beat = Instant::now();
     let mut buf = vec![0u8; 1 << 16];
     let result = loop {
         if let Some(s) = signals
@@ -697,6 +698,14 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
                 counted(tree.children(None).len(), "host")
             ));
             decision = Some(decided);
+        }
+        // Once the decision is out, hosts that are ready wait for the others: they hear from the
+        // launcher meanwhile, as they will once their workers run.
+        if decision.is_some() && last_beat.elapsed() >= channel::HEARTBEAT {
+            last_beat = Instant::now();
+            for r in remotes.iter_mut().filter(|r| r.parent.is_none()) {
+                r.send(channel::Down::Heartbeat);
+            }
         }
         // Only remote hosts to hear from: wait on their output, not on a clock.
         wait_readable(&remotes, Duration::from_millis(20));
@@ -885,14 +894,10 @@ fn on_joining(
                 });
             }
             let parent = remotes[v].parent.unwrap_or(h);
-            let e = CliError::HostLost {
-                host: remotes[v].host.clone(),
-                what: "its ssh session from the host above it in the launch tree ended",
-                said: format!(
-                    "{said} (its session was started by host {})",
-                    remotes[parent].host
-                ),
-            };
+            let e = CliError::Failure(format!(
+                "host {}: {said} (said host {}, which started it)",
+                remotes[v].host, remotes[parent].host
+            ));
             return Err(with_subtree(remotes, v, e));
         }
         m => (h, m),

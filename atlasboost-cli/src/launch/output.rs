@@ -163,7 +163,11 @@ impl Sink {
 ///
 /// With a `deadline`, a reader that takes no byte for that long is given up on (`TimedOut`):
 /// that is how an agent notices a launcher that vanished without closing the connection.
-fn write_fully(file: &File, mut buf: &[u8], deadline: Option<Duration>) -> io::Result<()> {
+pub(crate) fn write_fully(
+    file: &File,
+    mut buf: &[u8],
+    deadline: Option<Duration>,
+) -> io::Result<()> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     while !buf.is_empty() {
         match (&*file).write(buf) {

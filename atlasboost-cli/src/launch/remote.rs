@@ -15,13 +15,20 @@ use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::Signal;
 
-use super::channel::AgentConfig;
+use super::channel::{AgentConfig, Tree};
 use super::channel::{Decoder, Down, Up};
-use super::output::{LineSplitter, Tail};
+use super::output::{LineSplitter, Tail, write_fully};
 use crate::error::CliError;
 
 /// How many of ssh's (and the agent's) last stderr lines are kept for error messages.
 const ERR_TAIL: usize = 10;
+
+/// How long a write to an ssh session may wait for it to take a byte (a session whose login
+/// hangs, a stalled link): then the session counts as gone, and the launcher (or agent) goes on.
+const SSH_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most of a child's last stderr lines an agent passes up when the child is lost.
+const LOST_SAID: usize = 4096;
 
 /// How to reach the remote hosts (the command that runs atlasboost there gets `agent`
 /// appended).
@@ -101,7 +108,7 @@ fn session(host: &str, link: Link, input: Option<File>, out: Option<OwnedFd>) ->
 
 impl Remote {
     /// Starts `ssh host <remote atlasboost> agent` and sends the agent its configuration on
-    /// standard input (the only place the job's secret travels).
+    /// standard input (never on a command line).
     ///
     /// # Errors
     ///
@@ -138,6 +145,10 @@ impl Remote {
         );
         for fd in out.iter().chain(err.iter()) {
             let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+        }
+        // Writes wait for room up to SSH_WRITE_LIMIT, never for ever.
+        if let Some(input) = &stdin {
+            let _ = fcntl(input, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
         }
         let mut remote = session(host, Link::Ssh(child), stdin, out);
         remote.err = err;
@@ -222,9 +233,21 @@ impl Remote {
     /// are wrapped in [`Up::Via`] naming `position` (frames already wrapped, from further
     /// down, pass as they are); its stderr lines become [`Up::Said`]; a session that ends
     /// before its agent is done becomes [`Up::Lost`]. Never blocks.
-    pub fn forward(&mut self, position: u32, buf: &mut [u8]) -> Vec<Up> {
+    pub fn forward(&mut self, position: u32, tree: Tree, buf: &mut [u8]) -> Vec<Up> {
         let mut up = Vec::new();
+        let below = |host: u32| {
+            host != position
+                && (host as usize) < tree.size
+                && tree.is_below(host as usize, position as usize)
+        };
         let wrap = |m: Up| match m {
+            // From further down, passed on as it is, when it is from below this child.
+            Up::Via { host, .. } | Up::Lost { host, .. } if !below(host) => Up::Lost {
+                host: position,
+                said: format!(
+                    "its agent passed up a message of host position {host}, which is not below it"
+                ),
+            },
             m @ (Up::Via { .. } | Up::Lost { .. }) => m,
             m => Up::Via {
                 host: position,
@@ -266,7 +289,19 @@ impl Remote {
         }
         if !self.done && self.lost.is_none() {
             while self.read_err(buf).is_some_and(|l| !l.is_empty()) {}
-            let said = self.err_tail();
+            let what = match self.greeted() {
+                true => "its ssh session ended before its workers did",
+                false => "ssh could not start atlasboost agent there",
+            };
+            let mut said = format!("{what}; ssh said: {}", self.err_tail());
+            if said.len() > LOST_SAID {
+                let mut cut = LOST_SAID;
+                while !said.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                said.truncate(cut);
+                said.push_str(" ...");
+            }
             self.lost = Some(said.clone());
             up.push(Up::Lost {
                 host: position,
@@ -283,14 +318,31 @@ impl Remote {
 
     /// Writes a command whole. A relay's connection does not block: one so full that a
     /// command line does not fit belongs to a relay that stopped reading, which its silence
-    /// will show; a half-written command would garble the stream, so it counts as gone.
+    /// will show; a half-written command would garble the stream, so it counts as gone. An ssh
+    /// session gets [`SSH_WRITE_LIMIT`] to take each byte (the configuration and the decision
+    /// may be larger than a pipe holds).
     fn write(&mut self, bytes: &[u8]) {
-        if let Some(s) = &mut self.input
-            && s.write_all(bytes).and_then(|()| s.flush()).is_err()
-        {
+        let written = match (&mut self.input, &self.link) {
+            (None, _) => return,
+            (Some(s), Link::Ssh(_)) => write_fully(s, bytes, Some(SSH_WRITE_LIMIT)),
+            (Some(s), _) => s.write_all(bytes).and_then(|()| s.flush()),
+        };
+        if written.is_err() {
             // Ended for the other side too: it must not wait on half a command.
             self.hang_up();
         }
+    }
+
+    /// Ends a session whose agent went silent: ssh is killed (its output then ends, so the
+    /// session counts as finished), and the host is lost for `why`.
+    pub fn end_session(&mut self, why: String) {
+        self.hang_up();
+        if let Link::Ssh(child) = &mut self.link {
+            let _ = child.kill();
+        }
+        self.out = None;
+        self.err = None;
+        self.lost = Some(why);
     }
 
     /// Closes the agent's standard input (or the relay's side of the connection): it stops
@@ -496,6 +548,77 @@ mod tests {
             )),
             "{said}"
         );
+    }
+
+    #[test]
+    fn an_agent_passes_up_what_its_child_says_and_refuses_what_is_not_below_it() {
+        use super::super::channel::{Stream, encode};
+        use std::io::Write as _;
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut theirs = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let ours = OwnedFd::from(listener.accept().unwrap().0);
+        // Child at position 0 of a tree of 6 with fanout 2: positions 2 and 3 are below it.
+        let tree = Tree { size: 6, fanout: 2 };
+        let mut said = super::super::channel::HELLO.to_vec();
+        let line = Up::Lines {
+            rank: 4,
+            stream: Stream::Stdout,
+            lines: b"hello\n".to_vec(),
+        };
+        encode(&line, &mut said);
+        let from_below = Up::Via {
+            host: 3,
+            message: Box::new(Up::Heartbeat),
+        };
+        encode(&from_below, &mut said);
+        encode(
+            &Up::Via {
+                host: 1,
+                message: Box::new(Up::Done),
+            },
+            &mut said,
+        );
+        theirs.write_all(&said).unwrap();
+        let mut child = Remote::relay(ours, "node1", 0, &[]).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            got.extend(child.forward(0, tree, &mut buf));
+            if got.len() >= 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(
+            got[0],
+            Up::Via {
+                host: 0,
+                message: Box::new(line)
+            }
+        );
+        assert_eq!(got[1], from_below);
+        assert!(
+            matches!(&got[2], Up::Lost { host: 0, said } if said.contains("position 1, which is not below it")),
+            "{:?}",
+            got[2]
+        );
+        // The child's session ends before it said it was done: lost, once.
+        drop(theirs);
+        let mut end = Vec::new();
+        for _ in 0..100 {
+            end.extend(child.forward(0, tree, &mut buf));
+            if !end.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(
+            matches!(end.as_slice(), [Up::Lost { host: 0, .. }]),
+            "{end:?}"
+        );
+        assert!(child.forward(0, tree, &mut buf).is_empty());
     }
 
     #[test]

@@ -32,7 +32,7 @@ use self::mpirun_state::Mpirun;
 use self::policy::{SignalAction, SignalState};
 pub use super::channel::Ending;
 use super::channel::Stream;
-use super::channel::{Down, HEARTBEAT, LOST_AFTER, Up};
+use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up};
 use super::lifeline::{Lifeline, ORIGINAL_FD_LIMIT};
 use super::output::{LineSplitter, Output};
 use super::rank_files::RankFiles;
@@ -252,6 +252,8 @@ pub struct Upstream {
     lost: bool,
     /// The agents this one started, with their positions in the tree.
     children: Vec<(u32, Remote)>,
+    /// The tree's shape, to check what the children pass up.
+    tree: Tree,
     /// Command lines read before the supervisor started.
     queued: Vec<Vec<u8>>,
     /// A relay's signals come from mpirun, its parent, stopping the job: they are passed on to
@@ -288,14 +290,16 @@ impl Upstream {
             last_heard: Instant::now(),
             lost: false,
             children: Vec::new(),
+            tree: Tree { size: 0, fanout: 1 },
             queued: Vec::new(),
             obeys_signals,
         }
     }
 
-    /// The same line, with the agents this one started below it.
-    pub fn with_children(mut self, children: Vec<(u32, Remote)>) -> Upstream {
+    /// The same line, with the agents this one started below it in `tree`.
+    pub fn with_children(mut self, children: Vec<(u32, Remote)>, tree: Tree) -> Upstream {
         self.children = children;
+        self.tree = tree;
         self
     }
 
@@ -642,12 +646,17 @@ impl<'a> Supervisor<'a> {
         mpirun_ended
             && match &self.role {
                 Role::Launcher(remotes) => remotes.iter().all(|r| r.done || r.lost.is_some()),
-                // An agent stays until the agents below it are gone: their sessions end with it.
-                Role::Agent(up) => up.children.iter().all(|(_, c)| c.out.is_none()),
+                // An agent stays until the agents below it are gone (their sessions end with
+                // it), unless its own launcher is: then it closes their sessions as it exits.
+                Role::Agent(up) => up.lost || up.children.iter().all(|(_, c)| c.out.is_none()),
             }
     }
 
     fn run(&mut self, signals: &Signals, output: &mut Output) {
+        if let Role::Agent(up) = &mut self.role {
+            // The launcher's silence counts from here: the join was bounded on its own.
+            up.last_heard = Instant::now();
+        }
         // Commands that came with the decision, before the workers started.
         if matches!(&self.role, Role::Agent(up) if !up.queued.is_empty()) {
             self.read_upstream(output);
@@ -797,7 +806,13 @@ impl<'a> Supervisor<'a> {
                     if due {
                         r.send(Down::Heartbeat);
                     }
-                    if r.last_heard.elapsed() > LOST_AFTER && !dumping {
+                    // A host below another is watched first by the agent that started it, which
+                    // names it better (and ends its session); the launcher is the backstop.
+                    let limit = match r.parent {
+                        None => LOST_AFTER,
+                        Some(_) => LOST_AFTER + HEARTBEAT * 2,
+                    };
+                    if r.last_heard.elapsed() > limit && !dumping {
                         lost.push((
                             h,
                             format!(
@@ -811,6 +826,22 @@ impl<'a> Supervisor<'a> {
             Role::Agent(up) => {
                 if due {
                     output.send(&Up::Heartbeat);
+                }
+                // An agent below that went silent (a hung host, a half-open link ssh has not
+                // noticed yet) is ended here and reported lost: its session would otherwise
+                // keep this agent, and the launcher waiting on it, for ever.
+                for (position, child) in up.children.iter_mut() {
+                    if child.out.is_some() && !dumping && child.last_heard.elapsed() > LOST_AFTER {
+                        let why = format!(
+                            "its agent sent nothing for {:.0?} (heartbeats stopped)",
+                            child.last_heard.elapsed()
+                        );
+                        child.end_session(why.clone());
+                        output.send(&Up::Lost {
+                            host: *position,
+                            said: why,
+                        });
+                    }
                 }
                 if !up.lost && output.upstream_closed() {
                     upstream_lost = Some("the launcher stopped reading what this host sends");
@@ -1015,7 +1046,13 @@ impl<'a> Supervisor<'a> {
                     r.send(Down::Heartbeat);
                 }
             }
-            Role::Agent(up) => up.last_heard = now,
+            Role::Agent(up) => {
+                up.last_heard = now;
+                // Their frames waited unread meanwhile: not their silence.
+                for (_, child) in &mut up.children {
+                    child.last_heard = now;
+                }
+            }
         }
     }
 
@@ -1277,6 +1314,13 @@ impl<'a> Supervisor<'a> {
         let Some(lane) = self.workers.iter().position(|w| w.rank == rank) else {
             return;
         };
+        // Taking stacks blocks this loop for up to a few seconds: the agents below hear from
+        // their launcher before and after, so they do not take its silence for its loss.
+        if let Role::Agent(up) = &mut self.role {
+            for (_, child) in &mut up.children {
+                child.send(Down::Heartbeat);
+            }
+        }
         let text = match (self.running[lane].pid, &self.plan.files) {
             (Some(pid), Some(files)) if self.running[lane].ended.is_none() => {
                 files.stacks(rank, pid.as_raw() as u32)
@@ -1284,6 +1328,11 @@ impl<'a> Supervisor<'a> {
             _ => "no stacks: the worker has ended".to_string(),
         };
         self.forgive_silence();
+        if let Role::Agent(up) = &mut self.role {
+            for (_, child) in &mut up.children {
+                child.send(Down::Heartbeat);
+            }
+        }
         // Within a frame, with room to spare: a dump of many threads can be long.
         let mut text = text.into_bytes();
         if text.len() > MAX_STACKS {
@@ -1329,7 +1378,7 @@ impl<'a> Supervisor<'a> {
             return;
         };
         let (position, child) = &mut up.children[h];
-        for m in child.forward(*position, &mut self.buf) {
+        for m in child.forward(*position, up.tree, &mut self.buf) {
             output.send(&m);
         }
     }
@@ -1421,6 +1470,15 @@ impl<'a> Supervisor<'a> {
                 if let Role::Launcher(remotes) = &mut self.role {
                     remotes[h].done = true;
                 }
+                // An agent that failed ends the sessions of the agents below it.
+                let message = match self.lose_below(h).as_slice() {
+                    [] => message,
+                    names => format!(
+                        "{message}; with it the {} below it in the launch tree: {}",
+                        crate::commands::counted(names.len(), "host"),
+                        names.join(", ")
+                    ),
+                };
                 self.fail_host(h, message, code, output);
             }
             Up::Done => {
@@ -1479,10 +1537,7 @@ impl<'a> Supervisor<'a> {
                 let parent = remotes[v]
                     .parent
                     .map_or_else(String::new, |p| remotes[p].host.clone());
-                let why = format!(
-                    "its ssh session from host {parent} ended before its workers did; ssh said: \
-                     {said}"
-                );
+                let why = format!("{said} (said host {parent}, which started it)");
                 self.host_lost(v, why, output);
             }
             Up::Said { line } => {
@@ -1526,42 +1581,21 @@ impl<'a> Supervisor<'a> {
 
     /// A host is lost: its workers' fate is unknown, and the job fails.
     fn host_lost(&mut self, h: usize, why: String, output: &mut Output) {
-        let mut why = why;
         if let Role::Launcher(remotes) = &mut self.role {
             if remotes[h].lost.is_some() || remotes[h].done {
                 return;
             }
             remotes[h].lost = Some(why.clone());
             remotes[h].hang_up();
-            // Every host below it in the launch tree was reached through it: gone with it.
-            let below: Vec<usize> = (0..remotes.len())
-                .filter(|&v| v != h && is_below(remotes, v, h))
-                .filter(|&v| remotes[v].lost.is_none() && !remotes[v].done)
-                .collect();
-            if !below.is_empty() {
-                let names: Vec<String> = below.iter().map(|&v| remotes[v].host.clone()).collect();
-                for &v in &below {
-                    remotes[v].lost = Some(format!(
-                        "lost with host {}, above it in the launch tree",
-                        remotes[h].host
-                    ));
-                    remotes[v].orphaned = true;
-                }
-                why = format!(
-                    "{why}; with it the {} below it in the launch tree: {}",
-                    crate::commands::counted(names.len(), "host"),
-                    names.join(", ")
-                );
-                let now = Instant::now();
-                for v in below {
-                    for lane in self.lanes_of(v) {
-                        if self.running[lane].ended.is_none() {
-                            self.running[lane].ended = Some((now, Ending::Lost));
-                        }
-                    }
-                }
-            }
         }
+        let why = match self.lose_below(h).as_slice() {
+            [] => why,
+            names => format!(
+                "{why}; with it the {} below it in the launch tree: {}",
+                crate::commands::counted(names.len(), "host"),
+                names.join(", ")
+            ),
+        };
         self.fail_host(h, why, ExitCodes::FAILURE, output);
         if let Some(f) = &mut self.host_failure
             && let Role::Launcher(remotes) = &self.role
@@ -1569,6 +1603,37 @@ impl<'a> Supervisor<'a> {
         {
             f.lost = true;
         }
+    }
+
+    /// Every host below host `h` in the launch tree was reached through it: once it is gone
+    /// (lost, or its agent failed), they are lost with it, and their workers' fate is unknown.
+    /// Returns their names. They are not left out of a restart: nothing says they failed.
+    fn lose_below(&mut self, h: usize) -> Vec<String> {
+        let Role::Launcher(remotes) = &mut self.role else {
+            return Vec::new();
+        };
+        let below: Vec<usize> = (0..remotes.len())
+            .filter(|&v| v != h && is_below(remotes, v, h))
+            .filter(|&v| remotes[v].lost.is_none() && !remotes[v].done)
+            .collect();
+        let mut names = Vec::with_capacity(below.len());
+        for &v in &below {
+            remotes[v].lost = Some(format!(
+                "lost with host {}, above it in the launch tree",
+                remotes[h].host
+            ));
+            remotes[v].orphaned = true;
+            names.push(remotes[v].host.clone());
+        }
+        let now = Instant::now();
+        for v in below {
+            for lane in self.lanes_of(v) {
+                if self.running[lane].ended.is_none() {
+                    self.running[lane].ended = Some((now, Ending::Lost));
+                }
+            }
+        }
+        names
     }
 
     fn fail_host(&mut self, h: usize, why: String, code: u8, output: &mut Output) {
