@@ -597,6 +597,27 @@ def start_sshd(tmp):
     return proc, tmp / "ssh_config"
 
 
+def time_workers_started(cmds, names, env, stamps, runs, hosts, cwd=None):
+    """Runs each command `runs` times (after one warm-up run of each), alternating; each of its
+    4 x `hosts` workers appends its start time (ns) to `stamps`. Returns, per command, the times
+    from its start to its last worker's start, in seconds."""
+    started = {n: [] for n in names}
+    for i in range(runs + 1):
+        for n in names:
+            stamps.write_text("")
+            t0 = time.time_ns()
+            r = subprocess.run(cmds[n], env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, timeout=120)
+            if r.returncode != 0:
+                die(f"{n} with {hosts} hosts exited {r.returncode}: {r.stderr.decode(errors='replace')}")
+            got = [int(x) for x in stamps.read_text().split()]
+            if len(got) != 4 * hosts:
+                die(f"{n} with {hosts} hosts started {len(got)} workers, not {4 * hosts}")
+            if i > 0:  # the first round warms up
+                started[n].append((max(got) - t0) / 1e9)
+    return started
+
+
 def cmd_ssh(args):
     """Time from the launcher's start to the last worker started, over ssh."""
     if args.runs < 1:
@@ -627,19 +648,7 @@ def cmd_ssh(args):
                 }
                 if hosts == 1:
                     print_commands({n: cmds[n] for n in names})
-                started = {n: [] for n in names}
-                for i in range(args.runs + 1):
-                    for n in names:
-                        stamps.write_text("")
-                        t0 = time.time_ns()
-                        r = subprocess.run(cmds[n], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-                        if r.returncode != 0:
-                            die(f"{n} with {hosts} hosts exited {r.returncode}: {r.stderr.decode(errors='replace')}")
-                        got = [int(x) for x in stamps.read_text().split()]
-                        if len(got) != 4 * hosts:
-                            die(f"{n} with {hosts} hosts started {len(got)} workers, not {4 * hosts}")
-                        if i > 0:  # the first round warms up
-                            started[n].append((max(got) - t0) / 1e9)
+                started = time_workers_started(cmds, names, env, stamps, args.runs, hosts)
                 for n in names:
                     t = started[n]
                     rows.append([f"{hosts} x 4", n, ms(statistics.median(t)), ms(min(t)), ms(max(t))])
@@ -779,20 +788,7 @@ def cmd_ssh_netns(args):
                 }
                 if hosts == sizes[0]:
                     print_commands({n: cmds[n] for n in names})
-                started = {n: [] for n in names}
-                for i in range(args.runs + 1):
-                    for n in names:
-                        stamps.write_text("")
-                        t0 = time.time_ns()
-                        r = subprocess.run(cmds[n], env=env, cwd=tmp, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.PIPE, timeout=120)
-                        if r.returncode != 0:
-                            die(f"{n} with {hosts} hosts exited {r.returncode}: {r.stderr.decode(errors='replace')}")
-                        got = [int(x) for x in stamps.read_text().split()]
-                        if len(got) != 4 * hosts:
-                            die(f"{n} with {hosts} hosts started {len(got)} workers, not {4 * hosts}")
-                        if i > 0:  # the first round warms up
-                            started[n].append((max(got) - t0) / 1e9)
+                started = time_workers_started(cmds, names, env, stamps, args.runs, hosts, cwd=tmp)
                 for n in names:
                     t = started[n]
                     rows.append([f"{hosts} x 4", n, ms(statistics.median(t)), ms(min(t)), ms(max(t))])

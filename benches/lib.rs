@@ -472,3 +472,15 @@ pub fn run_tcp_floor(payloads: &[Vec<u8>]) -> Result<usize, String> {
         .map_err(|_| "the accepting thread panicked".to_string())??;
     Ok(received)
 }
+
+/// Prints this process's peak resident memory (`VmHWM`) on stderr, for docs/PERFORMANCE.md.
+pub fn print_peak_memory() {
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
+        && let Some(line) = status.lines().find(|l| l.starts_with("VmHWM"))
+    {
+        eprintln!(
+            "peak memory of the benchmark process: {}",
+            line.trim_start_matches("VmHWM:").trim()
+        );
+    }
+}

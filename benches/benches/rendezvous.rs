@@ -75,13 +75,5 @@ criterion_group!(benches, rendezvous);
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
-    // The process's peak resident memory, for docs/PERFORMANCE.md.
-    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
-        && let Some(line) = status.lines().find(|l| l.starts_with("VmHWM"))
-    {
-        eprintln!(
-            "peak memory of the benchmark process: {}",
-            line.trim_start_matches("VmHWM:").trim()
-        );
-    }
+    atlasboost_benches::print_peak_memory();
 }

@@ -252,12 +252,5 @@ criterion_group!(benches, tree);
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
-    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
-        && let Some(line) = status.lines().find(|l| l.starts_with("VmHWM"))
-    {
-        eprintln!(
-            "peak resident memory: {}",
-            line.trim_start_matches("VmHWM:").trim()
-        );
-    }
+    atlasboost_benches::print_peak_memory();
 }

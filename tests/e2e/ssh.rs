@@ -1106,6 +1106,18 @@ fn env_of(pid: i32, name: &str) -> Option<String> {
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
+/// The one agent among `agents` that runs the workers of `host`.
+fn agent_of(mark: &str, agents: &BTreeSet<i32>, host: &str) -> Pid {
+    let of_host: BTreeSet<i32> = pids_with_env(MARK, mark)
+        .iter()
+        .filter(|p| agents.contains(&p.ppid))
+        .filter(|p| env_of(p.pid, "ATLASBOOST_SERVER_ID").as_deref() == Some(host))
+        .map(|p| p.ppid)
+        .collect();
+    assert_eq!(of_host.len(), 1, "one agent runs {host}'s workers");
+    Pid::from_raw(*of_host.iter().next().unwrap())
+}
+
 /// The agent of one host is killed (SIGKILL, say the OOM killer): its lifeline stops that
 /// host's workers, the launcher names the host and stops the other host's.
 #[test]
@@ -1114,16 +1126,9 @@ fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
     let mark = unique("ssh-agent-killed");
     let _cleanup = Cleanup(mark.clone());
     let (launch, agents) = start_forking_job(&sshd, &mark, "30");
-    let of_3: BTreeSet<i32> = pids_with_env(MARK, &mark)
-        .iter()
-        .filter(|p| agents.contains(&p.ppid))
-        .filter(|p| env_of(p.pid, "ATLASBOOST_SERVER_ID").as_deref() == Some("127.0.0.3"))
-        .map(|p| p.ppid)
-        .collect();
-    assert_eq!(of_3.len(), 1, "one agent runs 127.0.0.3's workers");
-    let agent = *of_3.iter().next().unwrap();
+    let agent = agent_of(&mark, &agents, "127.0.0.3");
     let killed = Instant::now();
-    kill(Pid::from_raw(agent), Signal::SIGKILL).unwrap();
+    kill(agent, Signal::SIGKILL).unwrap();
     let r = launch.wait_at_most(Duration::from_secs(20));
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");
@@ -1167,14 +1172,7 @@ fn a_silent_agent_below_another_is_named_lost_by_the_agent_above_it() {
     launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(20));
     wait_for_processes(&mark, 4);
     let agents = agents_of(&mark);
-    let of_3: BTreeSet<i32> = pids_with_env(MARK, &mark)
-        .iter()
-        .filter(|p| agents.contains(&p.ppid))
-        .filter(|p| env_of(p.pid, "ATLASBOOST_SERVER_ID").as_deref() == Some("127.0.0.3"))
-        .map(|p| p.ppid)
-        .collect();
-    assert_eq!(of_3.len(), 1, "one agent runs 127.0.0.3's workers");
-    let agent = Pid::from_raw(*of_3.iter().next().unwrap());
+    let agent = agent_of(&mark, &agents, "127.0.0.3");
     let stopped = Instant::now();
     kill(agent, Signal::SIGSTOP).unwrap();
     let r = launch.wait_at_most(Duration::from_secs(30));

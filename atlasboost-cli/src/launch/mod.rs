@@ -874,25 +874,21 @@ fn on_joining(
     heard: &mut Heard,
     printer: &Printer,
 ) -> Result<(), CliError> {
-    let (v, message) = match message {
-        Up::Via { host, message } => {
-            let v = host as usize;
-            if v >= remotes.len() || v == h || top_of(remotes, v) != h {
-                return Err(CliError::Protocol {
-                    host: remotes[h].host.clone(),
-                    why: format!("a message of host position {host}, which is not below it"),
-                });
-            }
-            (v, *message)
+    // A host below `h` in the tree, or the protocol error that names `h`.
+    let below = |host: u32| {
+        let v = host as usize;
+        match v < remotes.len() && v != h && top_of(remotes, v) == h {
+            true => Ok(v),
+            false => Err(CliError::Protocol {
+                host: remotes[h].host.clone(),
+                why: format!("it passed up host position {host}, which is not below it"),
+            }),
         }
+    };
+    let (v, message) = match message {
+        Up::Via { host, message } => (below(host)?, *message),
         Up::Lost { host, said } => {
-            let v = host as usize;
-            if v >= remotes.len() || v == h || top_of(remotes, v) != h {
-                return Err(CliError::Protocol {
-                    host: remotes[h].host.clone(),
-                    why: format!("a lost host at position {host}, which is not below it"),
-                });
-            }
+            let v = below(host)?;
             let parent = remotes[v].parent.unwrap_or(h);
             let e = CliError::Failure(format!(
                 "host {}: {said} (said host {}, which started it)",

@@ -1110,26 +1110,12 @@ impl<'a> Supervisor<'a> {
                         sources.push(Source::Upstream);
                     }
                     for (h, (_, r)) in up.children.iter().enumerate() {
-                        if let Some(fd) = &r.out {
-                            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                            sources.push(Source::RemoteOut(h));
-                        }
-                        if let Some(fd) = &r.err {
-                            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                            sources.push(Source::RemoteErr(h));
-                        }
+                        watch_session(h, r, &mut fds, &mut sources);
                     }
                 }
                 Role::Launcher(remotes) => {
                     for (h, r) in remotes.iter().enumerate() {
-                        if let Some(fd) = &r.out {
-                            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                            sources.push(Source::RemoteOut(h));
-                        }
-                        if let Some(fd) = &r.err {
-                            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                            sources.push(Source::RemoteErr(h));
-                        }
+                        watch_session(h, r, &mut fds, &mut sources);
                     }
                 }
             }
@@ -1953,6 +1939,23 @@ impl<'a> Supervisor<'a> {
             },
             exit_code,
         }
+    }
+}
+
+/// Polls session `h`'s output and stderr, while they are open.
+fn watch_session<'a>(
+    h: usize,
+    r: &'a Remote,
+    fds: &mut Vec<PollFd<'a>>,
+    sources: &mut Vec<Source>,
+) {
+    if let Some(fd) = &r.out {
+        fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        sources.push(Source::RemoteOut(h));
+    }
+    if let Some(fd) = &r.err {
+        fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        sources.push(Source::RemoteErr(h));
     }
 }
 
