@@ -15,9 +15,9 @@
 - output: 8 ranks each print LINES lines as fast as they can; every launcher's stdout goes to a
   file, and the file must hold every line (targets: atlasboost line rate >= 4x mpirun's with
   --tag-output, with and without --mpi, and atlasboost time <= 3x a raw `sh` pipe with no
-  launcher at all). `--only ssh-flat,ssh-chain`: the ranks on 3 hosts over a real sshd on
-  127.0.0.2-4, the launch tree flat and a chain (--fanout 1), to compare the rate of lines that
-  pass through agents above their host with lines that do not.
+  launcher at all). `--only ssh-flat,ssh-chain`: half the ranks on each of 2 hosts over a real
+  sshd on 127.0.0.2-3, the launch tree flat and a chain (--fanout 1: the second host's lines pass
+  through the first host's agent), to compare the rate of lines passed up the tree.
 - memory: the launcher's own peak resident memory while 64 ranks print continuously
   (target < 64 MiB).
 - ssh: the time from the launcher's start to the last worker started, for 1, 2 and 3 hosts x 4
@@ -55,6 +55,7 @@ The exact command lines and the machine are printed first, for docs/PERFORMANCE.
 """
 
 import argparse
+import atexit
 import math
 import os
 import platform
@@ -402,16 +403,19 @@ def cmd_output(args):
         # The same ranks with no launcher: one shell starts them all on one shared pipe, untagged.
         cmds["raw"] = ["sh", "-c", f"{gen} & " * args.ranks + "wait"]
     envs = {}
-    ssh_dir = None
     if "ssh-flat" in names or "ssh-chain" in names:
         tools["atlasboost"] = find_atlasboost(args.atlasboost)
+        if args.ranks % 2 or (args.ranks // 2) not in (1, 2, 4, 8):
+            die("ssh-flat and ssh-chain put half the ranks on each of 2 hosts: --ranks 2, 4, 8 or 16")
         ssh_dir = tempfile.TemporaryDirectory(prefix="atlasboost-output-ssh-")
         sshd, config = start_sshd(Path(ssh_dir.name))
-        per = [args.ranks // 3 + (1 if i < args.ranks % 3 else 0) for i in range(3)]
-        hl = ",".join(f"{h}:{n}" for h, n in zip(SSH_HOSTS, per) if n)
+        # Stopped whatever happens next (die() exits).
+        atexit.register(lambda: (sshd.kill(), sshd.wait(), ssh_dir.cleanup()))
+        per = args.ranks // 2
+        hl = f"{SSH_HOSTS[0]}:{per},{SSH_HOSTS[1]}:{per}"
         for n, fanout in (("ssh-flat", "32"), ("ssh-chain", "1")):
             if n in names:
-                cmds[n] = [tools["atlasboost"], "run", "-q", "--fanout", fanout, "--sim", str(max(per)),
+                cmds[n] = [tools["atlasboost"], "run", "-q", "--fanout", fanout, "--sim", str(per),
                            "-H", hl, "--", "sh", "-c", gen]
                 envs[n] = dict(os.environ, ATLASBOOST_SSH_ALL_HOSTS="1", ATLASBOOST_SSH_OPTIONS=f"-F {config}")
     add_baseline(args, names, tools, cmds)
@@ -456,11 +460,8 @@ def cmd_output(args):
     print_baseline_ratios(names, med, "median time")
     if "ssh-flat" in names and "ssh-chain" in names:
         print(f"ssh-chain rate / ssh-flat rate: {rate['ssh-chain'] / rate['ssh-flat']:.2f} "
-              "(lines through two agents above their host, against none)")
-    if ssh_dir is not None:
-        sshd.kill()
-        sshd.wait()
-        ssh_dir.cleanup()
+              "(half the lines through an agent above their host, against none)")
+
     for n in ("atlasboost", "atlasboost-mpi"):
         if torn.get(n):
             print(f"WARNING: {n} tore {torn[n]:,} lines; it should deliver every line whole")
