@@ -1211,27 +1211,68 @@ const FIRST_ATTEMPT_WAITS: &str = "echo \"ready attempt=$ATLASBOOST_RESTART_COUN
 /// Starts a two-host job of `FIRST_ATTEMPT_WAITS` with `extra` options, kills 127.0.0.3's agent
 /// once every worker runs, and returns the finished run.
 fn lose_a_host_under_restarts(sshd: &Sshd, mark: &str, extra: &[&str]) -> Finished {
-    let mut launch = over_ssh(
-        sshd,
-        mark,
-        &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "2"],
-    )
-    .args(["--max-restarts", "1", "--restart-delay", "0"])
-    .args(extra)
-    .args(["--", "sh", "-c", FIRST_ATTEMPT_WAITS])
-    .timeout(Duration::from_secs(90))
-    .spawn();
+    lose_this_host_under_restarts(sshd, mark, "127.0.0.3", &[], extra)
+}
+
+/// [`lose_a_host_under_restarts`] killing the agent of `host`, with `launch` options first
+/// (`--fanout`).
+fn lose_this_host_under_restarts(
+    sshd: &Sshd,
+    mark: &str,
+    host: &str,
+    launch: &[&str],
+    extra: &[&str],
+) -> Finished {
+    let mut args = launch.to_vec();
+    args.extend(["--sim", "2", "-H", TWO_BY_TWO, "--grace", "2"]);
+    let mut launch = over_ssh(sshd, mark, &args)
+        .args(["--max-restarts", "1", "--restart-delay", "0"])
+        .args(extra)
+        .args(["--", "sh", "-c", FIRST_ATTEMPT_WAITS])
+        .timeout(Duration::from_secs(90))
+        .spawn();
     launch.wait_for_lines("ready attempt=0", 4, Duration::from_secs(30));
     let agents = agents_of(mark);
-    let of_3: Vec<i32> = pids_with_env(MARK, mark)
-        .iter()
-        .filter(|p| agents.contains(&p.ppid))
-        .filter(|p| env_of(p.pid, "ATLASBOOST_SERVER_ID").as_deref() == Some("127.0.0.3"))
-        .map(|p| p.ppid)
-        .collect();
-    assert!(!of_3.is_empty(), "127.0.0.3's agent runs its workers");
-    kill(Pid::from_raw(of_3[0]), Signal::SIGKILL).unwrap();
+    kill(agent_of(mark, &agents, host), Signal::SIGKILL).unwrap();
     launch.wait_at_most(Duration::from_secs(60))
+}
+
+/// In a chain (`--fanout 1`), the agent of 127.0.0.2, which started 127.0.0.3's, is killed:
+/// 127.0.0.3 is lost with it, named, and the restart leaves out only 127.0.0.2, the host that
+/// was really lost, and runs on 127.0.0.3.
+#[test]
+fn a_lost_interior_host_is_the_only_one_a_restart_leaves_out() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-restart-interior");
+    let _cleanup = Cleanup(mark.clone());
+    let r = lose_this_host_under_restarts(
+        &sshd,
+        &mark,
+        "127.0.0.2",
+        &["--fanout", "1"],
+        &["--min-np", "2"],
+    );
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "the second attempt succeeds\n{ctx}");
+    let out = r.out();
+    let second: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("ready attempt=1"))
+        .collect();
+    assert_eq!(second.len(), 2, "two ranks on the host left\n{ctx}");
+    assert!(
+        second
+            .iter()
+            .all(|l| l.ends_with("size=2 server=127.0.0.3")),
+        "the restart runs on the host below the lost one\n{ctx}"
+    );
+    let err = r.err();
+    assert!(
+        err.contains("with it the 1 host below it in the launch tree: 127.0.0.3")
+            && err.contains("attempt 1: 2 ranks on 1 server (1 × 2)"),
+        "{ctx}"
+    );
+    sshd.assert_no_sessions(Duration::from_secs(10), "after the job");
 }
 
 /// A lost host under `--max-restarts 1 --min-np 2`: the job goes on without it, naming it.

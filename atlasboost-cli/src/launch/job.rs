@@ -232,8 +232,10 @@ pub(crate) fn report_attempt(
             a.ended
         ));
     }
-    if result.host_failure.is_none()
-        && result.hang.is_none()
+    if let Some(h) = &result.host_failure {
+        // Why, in the host's (or ssh's) words, and the hosts lost with it in the launch tree.
+        printer.status(&format!("atlasboost: host {}: {}", h.host, h.message));
+    } else if result.hang.is_none()
         && let Some(text) = root_cause(result).and_then(|i| recorded_text(&result.workers[i]))
     {
         printer.status(&format!("atlasboost: root cause: {text}"));
