@@ -202,6 +202,13 @@ pub struct ProbeArgs {
     /// Print the devices as JSON.
     #[arg(long)]
     pub json: bool,
+
+    /// Sample the devices' telemetry every SECS (default 2) until interrupted, like `npu-smi
+    /// info` refreshed: a table redrawn in place on a terminal, one block per sample otherwise,
+    /// one JSON object per line with --json.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2",
+          value_parser = parse_seconds)]
+    pub watch: Option<std::time::Duration>,
 }
 
 /// `atlasboost run`.

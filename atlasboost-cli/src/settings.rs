@@ -43,6 +43,8 @@ pub struct ProbeSettings {
     pub devices: DeviceSettings,
     /// JSON instead of a table.
     pub json: bool,
+    /// `--watch`: sample the telemetry this often, until interrupted.
+    pub watch: Option<std::time::Duration>,
 }
 
 /// `atlasboost ranktable`.
@@ -175,6 +177,7 @@ impl From<&ProbeArgs> for ProbeSettings {
         ProbeSettings {
             devices: (&a.devices).into(),
             json: a.json,
+            watch: a.watch,
         }
     }
 }

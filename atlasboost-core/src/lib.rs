@@ -48,6 +48,7 @@ pub mod exchange;
 pub mod launch_context;
 pub mod ranktable;
 mod rendezvous;
+pub mod telemetry;
 pub mod time;
 pub mod worker_env;
 mod world;
@@ -56,6 +57,7 @@ pub use device::{Chip, Device, DeviceList, DeviceProbe, Health, parse_id_list, s
 pub use env_vars::EnvVars;
 pub use error::{BoxError, Error, Result};
 pub use rendezvous::Rendezvous;
+pub use telemetry::{DeviceSample, Telemetry};
 pub use world::World;
 
 /// This host's name, as `hostname` prints it (`?` when it cannot be read as UTF-8).

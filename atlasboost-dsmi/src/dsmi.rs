@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use atlasboost_core::{Device, DeviceProbe, EnvVars, Error, Health};
+use atlasboost_core::{Device, DeviceProbe, DeviceSample, EnvVars, Error, Health, Telemetry};
 use libloading::Library;
 
 use crate::DsmiError;
@@ -56,6 +56,12 @@ struct Functions {
     ip: raw::GetDeviceIpAddress,
     chip: Option<raw::GetChipInfo>,
     health: Option<raw::GetDeviceHealth>,
+    // Telemetry (SPEC §13): each optional; a missing one leaves its metric absent.
+    utilization: Option<raw::GetUtilizationRate>,
+    temperature: Option<raw::GetTemperature>,
+    power: Option<raw::GetPowerInfo>,
+    hbm: Option<raw::GetHbmInfo>,
+    errors: Option<raw::GetErrorCode>,
 }
 
 /// Devices from the Ascend driver (SPEC §3, `--probe dsmi`).
@@ -118,6 +124,11 @@ impl DsmiProbe {
             ip: required(&library, path, "dsmi_get_device_ip_address")?,
             chip: optional(&library, "dsmi_get_chip_info"),
             health: optional(&library, "dsmi_get_device_health"),
+            utilization: optional(&library, "dsmi_get_device_utilization_rate"),
+            temperature: optional(&library, "dsmi_get_device_temperature"),
+            power: optional(&library, "dsmi_get_device_power_info"),
+            hbm: optional(&library, "dsmi_get_hbm_info"),
+            errors: optional(&library, "dsmi_get_device_errorcode"),
         };
         Ok(DsmiProbe {
             server_id: server_id.to_string(),
@@ -297,6 +308,67 @@ impl DsmiProbe {
             super_device_id: None,
             super_pod_id: None,
         })
+    }
+}
+
+impl Telemetry for DsmiProbe {
+    /// One call per metric and device, each once (no retry: the next sample comes soon); a
+    /// function the driver lacks, or a call that fails, leaves that metric absent.
+    fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
+        let f = self.functions;
+        devices
+            .iter()
+            .map(|d| {
+                let id = d.logical_id as c_int;
+                let mut s = DeviceSample::of(d.physical_id);
+                if let Some(get) = f.utilization {
+                    let mut rate: c_uint = 0;
+                    // SAFETY: one unsigned int written through a valid pointer.
+                    let code = unsafe { get(id, raw::UTILIZATION_AI_CORE, &mut rate) };
+                    s.ai_core_percent = (code == 0).then_some(rate);
+                }
+                if let Some(get) = f.temperature {
+                    let mut celsius: c_int = 0;
+                    // SAFETY: one int written through a valid pointer.
+                    let code = unsafe { get(id, &mut celsius) };
+                    s.temperature_c = (code == 0).then_some(celsius);
+                }
+                if let Some(get) = f.power {
+                    let mut info = raw::PowerInfo::default();
+                    // SAFETY: a valid struct to write into.
+                    let code = unsafe { get(id, &mut info) };
+                    s.power_decwatts = (code == 0).then_some(u32::from(info.power));
+                }
+                if let Some(get) = f.hbm {
+                    let mut info = raw::HbmInfo::default();
+                    // SAFETY: a valid struct to write into.
+                    if unsafe { get(id, &mut info) } == 0 {
+                        s.hbm_total_mb = Some(info.memory_size / 1024);
+                        s.hbm_used_mb = Some(info.memory_usage / 1024);
+                    }
+                }
+                if let Some(get) = f.health {
+                    let mut code: c_uint = 0;
+                    // SAFETY: one unsigned int written through a valid pointer.
+                    s.health =
+                        (unsafe { get(id, &mut code) } == 0).then(|| Health::from_code(code));
+                }
+                if let Some(get) = f.errors {
+                    let mut count: c_int = 0;
+                    let mut codes = [0 as c_uint; raw::MAX_ERROR_CODES];
+                    // SAFETY: an int and an array of MAX_ERROR_CODES unsigned ints, as the
+                    // header requires.
+                    if unsafe { get(id, &mut count, codes.as_mut_ptr()) } == 0 {
+                        // A count beyond the array would be the driver's bug: clamped.
+                        let n = usize::try_from(count)
+                            .unwrap_or(0)
+                            .min(raw::MAX_ERROR_CODES);
+                        s.error_codes = Some(codes[..n].to_vec());
+                    }
+                }
+                s
+            })
+            .collect()
     }
 }
 

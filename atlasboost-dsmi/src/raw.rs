@@ -55,6 +55,51 @@ pub type GetChipInfo = unsafe extern "C" fn(c_int, *mut ChipInfo) -> c_int;
 /// `int dsmi_get_device_health(int device_id, unsigned int *phealth)`.
 pub type GetDeviceHealth = unsafe extern "C" fn(c_int, *mut c_uint) -> c_int;
 
+/// `struct dsmi_power_info_stru`: the power draw in units of 0.1 W.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PowerInfo {
+    /// Tenths of a watt.
+    pub power: std::ffi::c_ushort,
+}
+
+/// `struct dsmi_hbm_info_stru` (910, 910B, 910_93).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HbmInfo {
+    /// HBM in all, KB.
+    pub memory_size: std::ffi::c_ulonglong,
+    /// Its frequency, MHz.
+    pub freq: c_uint,
+    /// HBM in use, KB.
+    pub memory_usage: std::ffi::c_ulonglong,
+    /// Its temperature, °C.
+    pub temp: c_int,
+    /// Its bandwidth utilisation, percent.
+    pub bandwith_util_rate: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<PowerInfo>() == 2);
+const _: () = assert!(std::mem::size_of::<HbmInfo>() == 32);
+
+/// `dsmi_get_device_utilization_rate`'s `device_type` for the AI cores.
+pub const UTILIZATION_AI_CORE: c_int = 2;
+/// The most error codes `dsmi_get_device_errorcode` writes (`ERROR_CODE_MAX_NUM`).
+pub const MAX_ERROR_CODES: usize = 128;
+
+/// `int dsmi_get_device_utilization_rate(int device_id, int device_type, unsigned int
+/// *putilization_rate)`.
+pub type GetUtilizationRate = unsafe extern "C" fn(c_int, c_int, *mut c_uint) -> c_int;
+/// `int dsmi_get_device_temperature(int device_id, int *ptemperature)`.
+pub type GetTemperature = unsafe extern "C" fn(c_int, *mut c_int) -> c_int;
+/// `int dsmi_get_device_power_info(int device_id, struct dsmi_power_info_stru *pdevice_power_info)`.
+pub type GetPowerInfo = unsafe extern "C" fn(c_int, *mut PowerInfo) -> c_int;
+/// `int dsmi_get_hbm_info(int device_id, struct dsmi_hbm_info_stru *pdevice_hbm_info)`.
+pub type GetHbmInfo = unsafe extern "C" fn(c_int, *mut HbmInfo) -> c_int;
+/// `int dsmi_get_device_errorcode(int device_id, int *errorcount, unsigned int *perrorcode)`;
+/// `perrorcode` holds [`MAX_ERROR_CODES`].
+pub type GetErrorCode = unsafe extern "C" fn(c_int, *mut c_int, *mut c_uint) -> c_int;
+
 /// A NUL-padded C string field as text (up to the first NUL).
 pub fn c_field(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());

@@ -3,7 +3,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use atlasboost_core::{Device, DeviceProbe, EnvVars, Error, Health, Result};
+use atlasboost_core::{
+    Device, DeviceProbe, DeviceSample, EnvVars, Error, Health, Result, Telemetry,
+};
 
 use crate::SimError;
 
@@ -318,6 +320,52 @@ impl DeviceProbe for SimProbe {
     }
 }
 
+impl SimProbe {
+    /// The telemetry of simulated `device` at `second` (Unix time): plausible, deterministic
+    /// and varying with time, each device on its own phase: AI core 35-99 %, HBM 40-88 % of
+    /// 65,536 MB (910B-sized), 42-74 °C, 180-345 W; health as the probe's faults say.
+    pub fn sample_at(&self, device: &Device, second: u64) -> DeviceSample {
+        let phase = u64::from(fnv1a(
+            format!("{}/{}", device.server_id, device.physical_id).as_bytes(),
+        ));
+        // A slow triangle wave (period 120 s) per device: load rises and falls.
+        let wave = |offset: u64, span: u64| -> u64 {
+            let t = (second + phase + offset) % 120;
+            let up = if t < 60 { t } else { 120 - t };
+            up * span / 60
+        };
+        let total = 65_536u64;
+        let health = self
+            .faults()
+            .find_map(|f| match f {
+                SimFault::Unhealthy { physical_id, code } if *physical_id == device.physical_id => {
+                    Some(Health::from_code(*code))
+                }
+                _ => None,
+            })
+            .unwrap_or(Health::Healthy);
+        DeviceSample {
+            physical_id: device.physical_id,
+            ai_core_percent: Some(35 + wave(0, 64) as u32),
+            hbm_used_mb: Some(total * (40 + wave(17, 48)) / 100),
+            hbm_total_mb: Some(total),
+            temperature_c: Some(42 + wave(29, 32) as i32),
+            power_decwatts: Some(1800 + wave(41, 1650) as u32),
+            health: Some(health),
+            error_codes: Some(Vec::new()),
+        }
+    }
+}
+
+impl Telemetry for SimProbe {
+    fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        devices.iter().map(|d| self.sample_at(d, now)).collect()
+    }
+}
+
 /// FNV-1a: a stable hash, so a named host gets the same IPs in every run and on every machine.
 fn fnv1a(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5u32, |h, b| {
@@ -328,6 +376,34 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn simulated_telemetry_is_plausible_deterministic_and_varies() {
+        let probe =
+            SimProbe::new("10.0.0.1", 2).with_faults(parse_faults("unhealthy:1=2").unwrap());
+        let devices = probe.probe().unwrap();
+        let a = probe.sample_at(&devices[0], 1_000);
+        assert_eq!(a, probe.sample_at(&devices[0], 1_000), "deterministic");
+        let over_a_minute: Vec<DeviceSample> = (0..60)
+            .map(|s| probe.sample_at(&devices[0], 1_000 + s))
+            .collect();
+        assert!(
+            over_a_minute
+                .iter()
+                .any(|s| s.ai_core_percent != a.ai_core_percent)
+        );
+        for s in &over_a_minute {
+            assert!((35..=99).contains(&s.ai_core_percent.unwrap()), "{s:?}");
+            assert!(s.hbm_used_mb.unwrap() <= s.hbm_total_mb.unwrap());
+            assert!((42..=74).contains(&s.temperature_c.unwrap()));
+            assert!((180.0..=345.0).contains(&s.power_watts().unwrap()));
+            assert_eq!(s.health, Some(Health::Healthy));
+        }
+        // Devices differ in phase; a fault shows in the sample's health.
+        let b = probe.sample_at(&devices[1], 1_000);
+        assert_eq!(b.health, Some(Health::Unhealthy { code: 2 }));
+        assert_eq!(Telemetry::sample(&probe, &devices).len(), 2);
+    }
 
     #[test]
     fn the_probe_conformance_suite_passes() {

@@ -2,7 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use atlasboost_core::{Device, DeviceList, DeviceProbe, EnvVars, select_devices};
+use atlasboost_core::{
+    Device, DeviceList, DeviceProbe, DeviceSample, EnvVars, Telemetry, select_devices,
+};
 use atlasboost_dsmi::{DsmiError, DsmiProbe, HCCN_CONF, HccnProbe};
 use atlasboost_sim::SimProbe;
 
@@ -110,13 +112,9 @@ pub fn make_probe(
 ) -> Result<Box<dyn DeviceProbe>, ProbeError> {
     let origin = discovery.origin;
     match (discovery.probe, discovery.sim) {
-        (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => Ok(Box::new(
-            SimProbe::new(server_id, n)
-                .with_chip(discovery.sim_chip.clone())
-                .with_ipv6(discovery.sim_ipv6)
-                .with_faults_from_env()
-                .map_err(ProbeError::Sim)?,
-        )),
+        (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => {
+            Ok(Box::new(sim_probe(discovery, server_id, n)?))
+        }
         (ProbeKind::Sim, None) => Err(ProbeError::SimWithoutCount { origin }),
         (kind @ (ProbeKind::Dsmi | ProbeKind::Hccn), Some(_)) => {
             Err(ProbeError::SimAndReal { origin, kind })
@@ -147,6 +145,50 @@ pub fn make_probe(
             })
         }
     }
+}
+
+/// The simulated devices `discovery` asks for (`n` of them).
+fn sim_probe(discovery: &Discovery, server_id: &str, n: u32) -> Result<SimProbe, ProbeError> {
+    SimProbe::new(server_id, n)
+        .with_chip(discovery.sim_chip.clone())
+        .with_ipv6(discovery.sim_ipv6)
+        .with_faults_from_env()
+        .map_err(ProbeError::Sim)
+}
+
+/// No telemetry: every metric absent (hccn.conf describes addresses, not load).
+#[derive(Debug, Clone, Copy)]
+pub struct NoTelemetry;
+
+impl Telemetry for NoTelemetry {
+    fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
+        devices
+            .iter()
+            .map(|d| DeviceSample::of(d.physical_id))
+            .collect()
+    }
+}
+
+/// The telemetry of the devices `probe` (made by [`make_probe`] from `discovery`) finds: the
+/// same backend's (the driver's, or the simulated devices'), re-read at every sample (the
+/// simulated faults too); none for hccn.conf.
+///
+/// # Errors
+///
+/// The simulated faults, when malformed (the driver's absence is no error: no telemetry).
+pub fn make_telemetry(
+    probe: &dyn DeviceProbe,
+    discovery: &Discovery,
+    server_id: &str,
+) -> Result<Box<dyn Telemetry>, ProbeError> {
+    Ok(match (probe.name(), discovery.sim) {
+        ("sim", Some(n)) => Box::new(sim_probe(discovery, server_id, n)?),
+        ("dsmi", _) => match DsmiProbe::load(server_id) {
+            Ok(p) => Box::new(p),
+            Err(_) => Box::new(NoTelemetry),
+        },
+        _ => Box::new(NoTelemetry),
+    })
 }
 
 /// The hccn.conf setting, else `$ATLASBOOST_HCCN_CONF`, else `/etc/hccn.conf`.

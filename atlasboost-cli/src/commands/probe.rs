@@ -1,9 +1,13 @@
-//! `atlasboost probe`: this server's devices, like a small `npu-smi info`.
+//! `atlasboost probe`: this server's devices, like a small `npu-smi info`; with `--watch`,
+//! their telemetry refreshed (SPEC §13).
 
-use atlasboost_core::Device;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use atlasboost_core::{Device, DeviceSample};
 use serde::Serialize;
 
-use atlasboost::probe::{local_devices, make_probe};
+use atlasboost::probe::{local_devices, make_probe, make_telemetry};
 
 use super::devices::server_id;
 use crate::error::CliError;
@@ -26,6 +30,9 @@ pub fn run(args: &ProbeSettings, printer: &Printer) -> Result<(), CliError> {
     let server_id = server_id(&args.devices)?;
     let probe = make_probe(&args.devices.discovery, &server_id)?;
     let devices = local_devices(probe.as_ref(), args.devices.discovery.devices.as_ref())?;
+    if let Some(every) = args.watch {
+        return watch(args, &server_id, probe.as_ref(), &devices, every, printer);
+    }
     let text = if args.json {
         let report = Report {
             server_id: &server_id,
@@ -83,6 +90,121 @@ fn render_table(server_id: &str, probe: &str, devices: &[Device]) -> String {
     out.push_str(&line(header));
     for r in &rows {
         out.push_str(&line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
+    }
+    out
+}
+
+/// One JSON line of `--watch --json`.
+#[derive(Debug, Serialize)]
+struct Sampled<'a> {
+    /// Unix time, seconds.
+    time: f64,
+    server_id: &'a str,
+    devices: &'a [DeviceSample],
+}
+
+/// `--watch`: samples every `every` until interrupted (the default action of SIGINT and
+/// SIGTERM ends it; a closed stdout too).
+fn watch(
+    args: &ProbeSettings,
+    server_id: &str,
+    probe: &dyn atlasboost_core::DeviceProbe,
+    devices: &[Device],
+    every: Duration,
+    printer: &Printer,
+) -> Result<(), CliError> {
+    let redraw = std::io::stdout().is_terminal() && !args.json;
+    loop {
+        // Made again each time: the simulated faults are re-read, as the driver's are.
+        let telemetry = make_telemetry(probe, &args.devices.discovery, server_id)?;
+        let samples = telemetry.sample(devices);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let text = if args.json {
+            let line = Sampled {
+                time: now,
+                server_id,
+                devices: &samples,
+            };
+            serde_json::to_string(&line)
+                .map(|s| s + "\n")
+                .map_err(CliError::json("encode the samples"))?
+        } else {
+            let table = render_samples(server_id, devices, &samples);
+            match redraw {
+                // Home and clear, then the table: redrawn in place.
+                true => format!("\x1b[H\x1b[2J{table}"),
+                false => format!("{table}\n"),
+            }
+        };
+        printer.out(&text).map_err(CliError::Stdout)?;
+        std::thread::sleep(every);
+    }
+}
+
+/// The telemetry table, as `npu-smi info` shows it; `-` for what the driver does not tell.
+fn render_samples(server_id: &str, devices: &[Device], samples: &[DeviceSample]) -> String {
+    let dash = || "-".to_string();
+    let header = [
+        "npu", "chip", "health", "power W", "temp C", "aicore %", "hbm MB", "errors",
+    ];
+    let rows: Vec<[String; 8]> = devices
+        .iter()
+        .zip(samples)
+        .map(|(d, s)| {
+            [
+                d.physical_id.to_string(),
+                d.chip.clone(),
+                s.health.map_or_else(dash, |h| h.to_string()),
+                s.power_watts().map_or_else(dash, |w| format!("{w:.1}")),
+                s.temperature_c.map_or_else(dash, |t| t.to_string()),
+                s.ai_core_percent.map_or_else(dash, |p| p.to_string()),
+                match (s.hbm_used_mb, s.hbm_total_mb) {
+                    (Some(u), Some(t)) => format!("{u} / {t}"),
+                    _ => dash(),
+                },
+                s.error_codes
+                    .as_ref()
+                    .map_or_else(dash, |codes| match codes.is_empty() {
+                        true => "none".into(),
+                        false => codes
+                            .iter()
+                            .map(|c| format!("{c:#x}"))
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    }),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .map(|r| r[c].len())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<&str>| {
+        let mut s = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ");
+        s.truncate(s.trim_end().len());
+        s.push('\n');
+        s
+    };
+    let mut out = format!(
+        "server {server_id}: telemetry of {} device{}\n",
+        devices.len(),
+        if devices.len() == 1 { "" } else { "s" }
+    );
+    out.push_str(&line(header.to_vec()));
+    for r in &rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
     }
     out
 }

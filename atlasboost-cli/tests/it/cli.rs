@@ -1930,3 +1930,66 @@ fn every_framework_selects_the_tables_device_with_subsets_and_container_views() 
         out.stdout
     );
 }
+
+/// `probe --watch --json` through the fake driver (`dlopen`): one JSON line per sample with the
+/// driver's telemetry, and a device made unhealthy (with an error code) between samples shows
+/// in a later one. The watch runs until it is killed; the test reads at most 10 s.
+#[test]
+fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
+    use std::io::BufRead;
+
+    let dir = TempDir::new().unwrap();
+    let faults = dir.path().join("faults");
+    fs::write(&faults, "").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_atlasboost"))
+        .args(["probe", "--probe", "dsmi", "--server-id", "10.0.0.1"])
+        .args(["--watch", "0.1", "--json"])
+        .env("ATLASBOOST_DSMI_LIB", fake_driver())
+        .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
+        .env("ATLASBOOST_FAKE_DSMI_FAULTS_FILE", &faults)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || -> Value {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a sample within 10 s");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    let first = next();
+    assert_eq!(first["server_id"], "10.0.0.1");
+    let devices = first["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[1]["physical_id"], 1);
+    assert_eq!(devices[1]["ai_core_percent"], 17);
+    assert_eq!(devices[1]["temperature_c"], 41);
+    assert_eq!(devices[1]["power_decwatts"], 2050);
+    assert_eq!(devices[1]["hbm_used_mb"], 1536);
+    assert_eq!(devices[1]["hbm_total_mb"], 65536);
+    assert_eq!(devices[1]["health"], "healthy");
+    fs::write(&faults, "unhealthy:1=2\nerrorcode:1=0x80E01801\n").unwrap();
+    let mut seen = None;
+    for _ in 0..50 {
+        let sample = next();
+        if sample["devices"][1]["health"] != "healthy" {
+            seen = Some(sample);
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let sample = seen.expect("the fault within 50 samples");
+    assert_eq!(sample["devices"][1]["health"]["unhealthy"]["code"], 2);
+    assert_eq!(sample["devices"][1]["error_codes"][0], 0x80E0_1801u32);
+    assert_eq!(sample["devices"][0]["health"], "healthy");
+}

@@ -314,3 +314,84 @@ fn a_device_that_is_not_alive_is_offline() {
     assert_eq!(devices[1].health, Health::Unhealthy { code: u32::MAX });
     assert_eq!(devices[1].health.to_string(), "offline");
 }
+
+/// Telemetry through `dlopen`: every call of the driver with its struct, values as the fake
+/// serves them for a container seeing physical 4-7 as logical 0-3 (so a mix-up of logical and
+/// physical ids shows).
+#[test]
+fn every_telemetry_call_comes_through_the_real_loading_path() {
+    use atlasboost_core::Telemetry;
+
+    let _env = Env::set(&[(EnvVars::ATLASBOOST_FAKE_DSMI_PHYSICAL, "4,5,6,7")]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    let devices = probe.probe().unwrap();
+    let samples = probe.sample(&devices);
+    assert_eq!(samples.len(), 4);
+    for s in &samples {
+        let p = s.physical_id;
+        assert!((4..=7).contains(&p));
+        assert_eq!(s.ai_core_percent, Some((10 + 7 * p) % 100), "{s:?}");
+        assert_eq!(s.temperature_c, Some(40 + p as i32));
+        assert_eq!(s.power_decwatts, Some(2000 + 50 * p));
+        assert_eq!(s.power_watts(), Some(f64::from(2000 + 50 * p) / 10.0));
+        assert_eq!(s.hbm_total_mb, Some(65_536));
+        assert_eq!(s.hbm_used_mb, Some(u64::from(1024 + 512 * p)));
+        assert_eq!(s.health, Some(Health::Healthy));
+        assert_eq!(s.error_codes, Some(Vec::new()));
+    }
+}
+
+/// An unhealthy device and an error code injected while sampling show in the next sample; a
+/// failing call leaves only its metric absent.
+#[test]
+fn an_injected_fault_shows_in_the_next_sample() {
+    use atlasboost_core::Telemetry;
+
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults");
+    std::fs::write(&faults, "").unwrap();
+    let _env = Env::set(&[(
+        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE,
+        faults.to_str().unwrap(),
+    )]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    let devices = probe.probe().unwrap();
+    assert!(
+        probe
+            .sample(&devices)
+            .iter()
+            .all(|s| s.health == Some(Health::Healthy))
+    );
+    std::fs::write(
+        &faults,
+        "unhealthy:3\nerrorcode:3=0x80E01801\nerrorcode:3=0x80CB8009\n\
+         fail:dsmi_get_device_temperature@5=8\n",
+    )
+    .unwrap();
+    let next = probe.sample(&devices);
+    assert_eq!(next[3].health, Some(Health::Unhealthy { code: 3 }));
+    assert_eq!(next[3].error_codes, Some(vec![0x80E0_1801, 0x80CB_8009]));
+    assert_eq!(next[2].health, Some(Health::Healthy));
+    assert_eq!(
+        next[5].temperature_c, None,
+        "the failing call's metric only"
+    );
+    assert_eq!(next[5].ai_core_percent, Some(45));
+    assert_eq!(next[4].temperature_c, Some(44));
+}
+
+/// The old driver has none of the telemetry calls (nor health): every metric is absent, and
+/// sampling does not fail.
+#[test]
+fn a_driver_without_the_telemetry_calls_leaves_the_metrics_absent() {
+    use atlasboost_core::{DeviceSample, Telemetry};
+
+    let _env = Env::set(&[]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &built("libdrvdsmi.so")).unwrap();
+    let devices = probe.probe().unwrap();
+    let samples = probe.sample(&devices);
+    assert_eq!(samples.len(), 8);
+    for (s, d) in samples.iter().zip(&devices) {
+        assert_eq!(*s, DeviceSample::of(d.physical_id));
+    }
+}

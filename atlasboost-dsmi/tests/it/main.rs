@@ -16,7 +16,7 @@ use atlasboost_core::EnvVars;
 static ENV: Mutex<()> = Mutex::new(());
 
 /// Every variable a test may set; cleared before each test.
-const VARS: [&str; 13] = [
+const VARS: [&str; 14] = [
     EnvVars::ATLASBOOST_DCMI_LIB,
     EnvVars::ATLASBOOST_FAKE_DCMI_AFFINITY,
     EnvVars::ATLASBOOST_FAKE_DCMI_CHIPS_PER_CARD,
@@ -27,6 +27,7 @@ const VARS: [&str; 13] = [
     EnvVars::ATLASBOOST_FAKE_DSMI_CHIP,
     EnvVars::ATLASBOOST_FAKE_DSMI_IP,
     EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS,
+    EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE,
     EnvVars::ATLASBOOST_DSMI_LIB,
     EnvVars::ASCEND_VISIBLE_DEVICES,
     EnvVars::ASCEND_RT_VISIBLE_DEVICES,

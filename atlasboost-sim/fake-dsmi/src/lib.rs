@@ -43,6 +43,11 @@
 //! `V1`, each NUL-padded to 32 bytes. `dsmi_get_device_health` reports 0 (OK) for every device
 //! unless a fault says otherwise.
 //!
+//! Telemetry (the old library has none of it): [`dsmi_get_device_utilization_rate`] (the AI
+//! cores, type 2), [`dsmi_get_device_temperature`], [`dsmi_get_device_power_info`],
+//! [`dsmi_get_hbm_info`] and [`dsmi_get_device_errorcode`], with values fixed per physical id
+//! (see the `telemetry` module).
+//!
 //! # Faults
 //!
 //! `ATLASBOOST_FAKE_DSMI_FAULTS` is a `;`-separated list (blanks around elements and empty
@@ -59,6 +64,8 @@
 //! - `unhealthy:<physical>[=<code>]`: `dsmi_get_device_health` reports the `unsigned int`
 //!   `<code>` (default 3, critical; `0xffffffff`, as the real driver answers for a device that
 //!   is not alive) for that device, with success;
+//! - `errorcode:<physical>=<code>`: `dsmi_get_device_errorcode` reports `<code>` for that
+//!   device (several faults, several codes);
 //! - `try-again:<function>[=<times>]`: `<function>` answers 51 (`TRY_AGAIN`, a driver that is
 //!   still starting) for its first `<times>` calls on the calling thread, for ever without
 //!   `=`.
@@ -78,9 +85,14 @@
 
 mod optional;
 mod shared;
+mod telemetry;
 
 pub use optional::{DsmiChipInfo, dsmi_get_chip_info, dsmi_get_device_health};
 pub use shared::{
     IPADDR_TYPE_V4, IPADDR_TYPE_V6, IpAddrT, dsmi_get_device_count, dsmi_get_device_ip_address,
     dsmi_get_logicid_from_phyid, dsmi_get_phyid_from_logicid, dsmi_list_device,
+};
+pub use telemetry::{
+    DsmiHbmInfo, DsmiPowerInfo, dsmi_get_device_errorcode, dsmi_get_device_power_info,
+    dsmi_get_device_temperature, dsmi_get_device_utilization_rate, dsmi_get_hbm_info,
 };

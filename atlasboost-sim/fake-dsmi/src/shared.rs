@@ -42,7 +42,7 @@ const PORT_ROCE: c_int = 1;
 
 /// The functions a `fail:` fault may name (the old library lacks the last two, but accepts
 /// faults naming them, so one fault list serves both).
-const FUNCTIONS: [&str; 7] = [
+const FUNCTIONS: [&str; 12] = [
     "dsmi_get_device_count",
     "dsmi_list_device",
     "dsmi_get_phyid_from_logicid",
@@ -50,6 +50,11 @@ const FUNCTIONS: [&str; 7] = [
     "dsmi_get_device_ip_address",
     "dsmi_get_chip_info",
     "dsmi_get_device_health",
+    "dsmi_get_device_utilization_rate",
+    "dsmi_get_device_temperature",
+    "dsmi_get_device_power_info",
+    "dsmi_get_hbm_info",
+    "dsmi_get_device_errorcode",
 ];
 /// The functions that take no device, so a `fail:<function>@<logical>` cannot name them.
 const DEVICELESS: [&str; 2] = ["dsmi_get_device_count", "dsmi_list_device"];
@@ -90,6 +95,8 @@ enum Fault {
         function: &'static str,
         times: Option<u32>,
     },
+    /// `errorcode:<physical>=<code>`: `dsmi_get_device_errorcode` reports `code` for it.
+    ErrorCode { physical: u32, code: c_uint },
 }
 
 /// How `dsmi_get_device_ip_address` treats `ip_addr_t::ip_type` (`ATLASBOOST_FAKE_DSMI_IP_API`).
@@ -295,6 +302,18 @@ impl Config {
         &self.chip_name
     }
 
+    /// The error codes of a device: every `errorcode:` fault naming it, in order.
+    #[allow(dead_code)] // The old library has no dsmi_get_device_errorcode.
+    pub(crate) fn error_codes(&self, physical: u32) -> Vec<c_uint> {
+        self.faults
+            .iter()
+            .filter_map(|fault| match *fault {
+                Fault::ErrorCode { physical: p, code } if p == physical => Some(code),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The health code of a device: the first `unhealthy:` fault naming it, else 0 (OK).
     pub(crate) fn health(&self, physical: u32) -> c_uint {
         self.faults
@@ -442,6 +461,16 @@ fn parse_fault(fault: &str, physical: &[u32]) -> Result<Fault, Malformed> {
             physical: existing_physical(id)?,
             code,
         })
+    } else if let Some(rest) = fault.strip_prefix("errorcode:") {
+        let (id, code) = rest
+            .split_once('=')
+            .ok_or_else(|| bad("expected errorcode:<physical>=<code>".into()))?;
+        let code =
+            parse_uint(code.trim()).ok_or_else(|| bad(format!("bad error code {code:?}")))?;
+        Ok(Fault::ErrorCode {
+            physical: existing_physical(id)?,
+            code,
+        })
     } else if let Some(rest) = fault.strip_prefix("try-again:") {
         let (function, times) = match rest.split_once('=') {
             None => (rest.trim(), None),
@@ -461,7 +490,7 @@ fn parse_fault(fault: &str, physical: &[u32]) -> Result<Fault, Malformed> {
         Ok(Fault::TryAgain { function, times })
     } else {
         Err(bad(
-            "expected fail:, no-ip:, unhealthy: or try-again:".into()
+            "expected fail:, no-ip:, unhealthy:, errorcode: or try-again:".into(),
         ))
     }
 }
