@@ -315,6 +315,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub remote_atlasboost: Option<PathBuf>,
 
+    /// Write the job's events to FILE, one JSON object per line as they happen (job start, table,
+    /// attempts, worker starts and exits, hangs, summary; docs/events.md).
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+
     /// Start the remote hosts' agents in a tree: the launcher, and each agent, opens at most K
     /// ssh sessions (K at least the number of hosts: every session from the launcher).
     #[arg(long, value_name = "K", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]

@@ -139,6 +139,8 @@ pub struct RunSettings {
     pub rendezvous_addr: Option<IpAddr>,
     /// `--fanout`: the launch tree's width (at least 1).
     pub fanout: usize,
+    /// `--events FILE`.
+    pub events: Option<PathBuf>,
     /// `--nic`.
     pub nic: Option<atlasboost::host::NicChoice>,
     /// `--bind-cores`.
@@ -246,6 +248,7 @@ impl From<&RunArgs> for RunSettings {
             remote_atlasboost: a.remote_atlasboost.clone(),
             rendezvous_addr: a.rendezvous_addr,
             fanout: a.fanout as usize,
+            events: a.events.clone(),
             nic: a.nic.clone(),
             bind_cores: a.bind_cores,
             mpi: a.mpi,

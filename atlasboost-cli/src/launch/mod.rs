@@ -11,6 +11,7 @@
 
 pub mod agent;
 pub mod channel;
+pub mod events;
 pub mod job;
 pub mod lifeline;
 pub mod mpi;
@@ -32,6 +33,7 @@ use nix::sys::signal::Signal;
 
 use self::agent::{AgentReport, Decision, HostPart, Shrink, TablePolicy, host_workers};
 use self::channel::{AgentConfig, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
+use self::events::{EventLog, Events};
 use self::job::{
     AttemptRecord, check_before_start, ending_of, job_logs, lock_table, new_job_id, report,
     report_attempt, resolve_exports, worker_dir,
@@ -62,6 +64,11 @@ const AGENT_SLACK: Duration = Duration::from_secs(2);
 /// (126/127).
 pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     if args.mpi {
+        if args.events.is_some() {
+            return Err(CliError::Usage(
+                "--events is not built for --mpi yet; run without --mpi".into(),
+            ));
+        }
         return mpi::run_mpi(args, printer);
     }
     let started = Instant::now();
@@ -99,6 +106,28 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     };
 
     let logs = job_logs(args, &job_id, printer)?;
+    let events = match &args.events {
+        Some(path) => Some(EventLog::create(path, &job_id)?),
+        None => None,
+    };
+    events::emit(
+        events.as_ref(),
+        "job_start",
+        serde_json::json!({
+            "hosts": hosts.iter().map(|h| serde_json::json!({
+                "host": h.describe(),
+                "server_id": h.server_id,
+                "slots": h.slots,
+                "local": h.local,
+            })).collect::<Vec<_>>(),
+            "np": args.np,
+            "command": args.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
+            "framework": args.framework.to_string(),
+            "rank_table": table_path,
+            "max_restarts": args.max_restarts,
+            "fanout": args.fanout,
+        }),
+    );
     let mut lifeline = lifeline::prepare()?;
     let files = RankFiles::create(&job_id)?;
     let mut job = JobState {
@@ -120,6 +149,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         },
         files: &files,
         logs: logs.as_deref(),
+        events: events.clone(),
         lost: Vec::new(),
         first_size: None,
         attempts: Vec::new(),
@@ -141,6 +171,15 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         logs.as_deref(),
         printer,
     );
+    events::emit(
+        events.as_ref(),
+        "summary",
+        serde_json::json!({
+            "exit_code": code,
+            "attempts": job.attempts.len(),
+            "seconds": started.elapsed().as_secs_f64(),
+        }),
+    );
     Ok(code)
 }
 
@@ -153,6 +192,8 @@ struct JobState<'a> {
     base: WorkerSettings,
     files: &'a RankFiles,
     logs: Option<&'a std::path::Path>,
+    /// `--events`.
+    events: Option<Events>,
     /// Hosts lost or failed in an attempt, left out for the rest of the job.
     lost: Vec<String>,
     /// The first attempt's world size: no restart grows past it, nor shrinks below it without
@@ -180,6 +221,10 @@ fn run_attempts(
     let args = job.args;
     for attempt in 0..=args.max_restarts {
         let attempt_started = Instant::now();
+        if let Some(e) = &job.events {
+            e.borrow_mut().set_attempt(attempt);
+        }
+        events::emit(job.events.as_ref(), "attempt_start", serde_json::json!({}));
         let live: Vec<HostPlan> = job
             .hosts
             .iter()
@@ -258,6 +303,18 @@ fn run_attempts(
                 }
             }
             let layout = layout(&joined.decision.table, workers.len());
+            events::emit(
+                job.events.as_ref(),
+                "table",
+                serde_json::json!({
+                    "path": settings.rank_table,
+                    "sha256": joined.decision.answer.sha256,
+                    "ranks": workers.len(),
+                    "servers": joined.decision.table.server_count(),
+                    "layout": layout.trim(),
+                    "warnings": joined.decision.warnings,
+                }),
+            );
             printer.status(&format!(
                 "atlasboost: {}{layout}, rank table {} (ready in {} ms)",
                 match attempt {
@@ -279,6 +336,7 @@ fn run_attempts(
                     ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
                     log_dir: attempt_logs.clone(),
                     keep_last_line: args.hang_timeout.is_some(),
+                    events: job.events.clone(),
                 },
                 &workers.iter().map(|w| w.rank).collect::<Vec<_>>(),
             )?;
@@ -327,6 +385,7 @@ fn run_attempts(
             ended: ending_of(&result),
             exit_code: result.exit_code,
         });
+        attempt_end_event(job);
         let restartable = result.exit_code != 0
             && result.interrupted.is_none()
             && (result.first_failure.is_some()
@@ -390,7 +449,24 @@ fn end_restart(
         ended: why,
         exit_code: e.exit_code(),
     });
+    attempt_end_event(job);
     Outcome::Ended(e.exit_code())
+}
+
+/// The `attempt_end` event of the job's last attempt.
+fn attempt_end_event(job: &JobState<'_>) {
+    if let Some(a) = job.attempts.last() {
+        events::emit(
+            job.events.as_ref(),
+            "attempt_end",
+            serde_json::json!({
+                "attempt": a.number,
+                "ended": a.ended,
+                "exit_code": a.exit_code,
+                "seconds": a.duration.as_secs_f64(),
+            }),
+        );
+    }
 }
 
 /// The longest wait before a restart.

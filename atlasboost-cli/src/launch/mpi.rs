@@ -136,6 +136,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             log_dir: logs.clone(),
             // --hang-timeout is refused with --mpi.
             keep_last_line: false,
+            events: None,
         },
         &ranks,
     )?;

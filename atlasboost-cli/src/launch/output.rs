@@ -203,6 +203,8 @@ pub struct OutputOptions {
     /// Keep each rank's last line, for the hang watchdog's report (a copy per line: only when
     /// `--hang-timeout` asks for it).
     pub keep_last_line: bool,
+    /// `--events`: where the job's events go (the launcher's only).
+    pub events: Option<super::events::Events>,
 }
 
 /// One worker's part of the output.
@@ -312,6 +314,11 @@ impl Output {
     /// sent.
     pub fn upstream_closed(&self) -> bool {
         self.upstream && self.out.closed
+    }
+
+    /// Records an event in the `--events` file, if there is one (SPEC §13).
+    pub fn event(&mut self, event: &str, fields: serde_json::Value) {
+        super::events::emit(self.options.events.as_ref(), event, fields);
     }
 
     /// Sends a message to the launcher now (an agent's output only).

@@ -450,6 +450,20 @@ pub fn run_workers(
             }
         }
     }
+    if !matches!(role, Role::Agent(_)) {
+        for (w, r) in workers.iter().zip(&running) {
+            // A remote host's workers were started by its agent, which said it was ready.
+            output.event(
+                "worker_start",
+                serde_json::json!({
+                    "rank": w.rank,
+                    "host": w.host,
+                    "device": w.device,
+                    "pid": r.pid.map(|p| p.as_raw()),
+                }),
+            );
+        }
+    }
     let mut sup = Supervisor::new(plan, workers, running, pipes, lifeline, role);
     if let Some(e) = failed {
         sup.stop(Signal::SIGKILL);
@@ -1085,6 +1099,7 @@ impl<'a> Supervisor<'a> {
         {
             return;
         }
+        output.event("hang", serde_json::json!({ "report": report }));
         let live = self.running.iter().filter(|r| r.ended.is_none()).count();
         if live > 0 {
             output.message(&format!(
@@ -1457,7 +1472,7 @@ impl<'a> Supervisor<'a> {
                     remotes[h].done = true;
                 }
                 // An agent that failed ends the sessions of the agents below it.
-                let message = match self.lose_below(h).as_slice() {
+                let message = match self.lose_below(h, output).as_slice() {
                     [] => message,
                     names => format!(
                         "{message}; with it the {} below it in the launch tree: {}",
@@ -1574,7 +1589,7 @@ impl<'a> Supervisor<'a> {
             remotes[h].lost = Some(why.clone());
             remotes[h].hang_up();
         }
-        let why = match self.lose_below(h).as_slice() {
+        let why = match self.lose_below(h, output).as_slice() {
             [] => why,
             names => format!(
                 "{why}; with it the {} below it in the launch tree: {}",
@@ -1594,7 +1609,7 @@ impl<'a> Supervisor<'a> {
     /// Every host below host `h` in the launch tree was reached through it: once it is gone
     /// (lost, or its agent failed), they are lost with it, and their workers' fate is unknown.
     /// Returns their names. They are not left out of a restart: nothing says they failed.
-    fn lose_below(&mut self, h: usize) -> Vec<String> {
+    fn lose_below(&mut self, h: usize, output: &mut Output) -> Vec<String> {
         let Role::Launcher(remotes) = &mut self.role else {
             return Vec::new();
         };
@@ -1616,6 +1631,7 @@ impl<'a> Supervisor<'a> {
             for lane in self.lanes_of(v) {
                 if self.running[lane].ended.is_none() {
                     self.running[lane].ended = Some((now, Ending::Lost));
+                    self.exit_event(lane, Ending::Lost, output);
                 }
             }
         }
@@ -1631,6 +1647,7 @@ impl<'a> Supervisor<'a> {
         for lane in self.lanes_of(h) {
             if self.running[lane].ended.is_none() {
                 self.running[lane].ended = Some((now, Ending::Lost));
+                self.exit_event(lane, Ending::Lost, output);
             }
         }
         self.fail_job(&host, why, code, output);
@@ -1792,6 +1809,7 @@ impl<'a> Supervisor<'a> {
             });
             return;
         }
+        self.exit_event(i, ending, output);
         if ending.failed() && !self.failed_or_interrupted() {
             self.first_failure = Some(i);
             let w = &self.workers[i];
@@ -1810,6 +1828,21 @@ impl<'a> Supervisor<'a> {
     }
 
     /// Sends `signal` to every worker (local groups, remote agents), and starts the grace time.
+    /// The `worker_exit` event of the worker of `lane`.
+    fn exit_event(&self, lane: usize, ending: Ending, output: &mut Output) {
+        let w = &self.workers[lane];
+        output.event(
+            "worker_exit",
+            serde_json::json!({
+                "rank": w.rank,
+                "host": w.host,
+                "device": w.device,
+                "status": ending.describe(),
+                "exit_code": ending.code(),
+            }),
+        );
+    }
+
     fn stop(&mut self, signal: Signal) {
         if self.stopping.is_none() {
             self.stopping = Some((Instant::now(), false));

@@ -1993,3 +1993,147 @@ fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
     assert_eq!(sample["devices"][1]["error_codes"][0], 0x80E0_1801u32);
     assert_eq!(sample["devices"][0]["health"], "healthy");
 }
+
+/// `run --events`: every line parses, has the fields docs/events.md promises for its event,
+/// and the events tell the story of a job whose rank 2 fails once and succeeds on the restart.
+#[test]
+fn events_follow_the_schema_through_a_failing_job() {
+    let dir = TempDir::new().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let out = run(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--sim",
+            "4",
+            "-H",
+            "127.0.0.1",
+            "--max-restarts",
+            "1",
+            "--restart-delay",
+            "0",
+            "--events",
+            events.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            // Attempt 0: rank 2 fails, the others wait to be stopped; attempt 1 succeeds.
+            "if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ]; then \
+             if [ \"$RANK\" = 2 ]; then exit 3; fi; exec sleep 30; fi",
+        ],
+    );
+    assert_eq!(out.code, SUCCESS, "{out:?}");
+    // docs/events.md: the fields of each event (besides time, event, job, attempt).
+    let schema: &[(&str, &[&str])] = &[
+        (
+            "job_start",
+            &[
+                "hosts",
+                "np",
+                "command",
+                "framework",
+                "rank_table",
+                "max_restarts",
+                "fanout",
+            ],
+        ),
+        ("attempt_start", &[]),
+        (
+            "table",
+            &["path", "sha256", "ranks", "servers", "layout", "warnings"],
+        ),
+        ("worker_start", &["rank", "host", "device", "pid"]),
+        (
+            "worker_exit",
+            &["rank", "host", "device", "status", "exit_code"],
+        ),
+        ("hang", &["report"]),
+        ("attempt_end", &["ended", "exit_code", "seconds"]),
+        ("summary", &["exit_code", "attempts", "seconds"]),
+    ];
+    let lines: Vec<Value> = fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let mut job = None;
+    for l in &lines {
+        let kind = l["event"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no event: {l}"));
+        let fields = schema
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .unwrap_or_else(|| panic!("an event not in the schema: {l}"))
+            .1;
+        assert!(l["time"].is_f64(), "{l}");
+        let id = l["job"].as_str().unwrap().to_string();
+        assert_eq!(job.get_or_insert(id.clone()), &id, "one job id throughout");
+        for f in fields {
+            assert!(l.get(f).is_some(), "{kind} lacks {f}: {l}");
+        }
+        if kind != "job_start" && kind != "summary" {
+            assert!(l["attempt"].is_u64(), "{kind} without its attempt: {l}");
+        }
+    }
+    let kinds: Vec<&str> = lines.iter().map(|l| l["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"job_start"));
+    assert_eq!(kinds.last(), Some(&"summary"));
+    assert_eq!(kinds.iter().filter(|k| **k == "attempt_start").count(), 2);
+    assert_eq!(kinds.iter().filter(|k| **k == "worker_start").count(), 8);
+    assert_eq!(kinds.iter().filter(|k| **k == "worker_exit").count(), 8);
+    let exits = |attempt: u64| -> Vec<(u64, String, u64)> {
+        let mut e: Vec<(u64, String, u64)> = lines
+            .iter()
+            .filter(|l| l["event"] == "worker_exit" && l["attempt"] == attempt)
+            .map(|l| {
+                (
+                    l["rank"].as_u64().unwrap(),
+                    l["status"].as_str().unwrap().to_string(),
+                    l["exit_code"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        e.sort();
+        e
+    };
+    let stopped = |rank| (rank, "SIGTERM".to_string(), 143);
+    assert_eq!(
+        exits(0),
+        [stopped(0), stopped(1), (2, "exit 3".into(), 3), stopped(3)],
+        "{lines:#?}"
+    );
+    assert_eq!(
+        exits(1),
+        (0..4)
+            .map(|r| (r, "exit 0".to_string(), 0))
+            .collect::<Vec<_>>()
+    );
+    let ends: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["event"] == "attempt_end")
+        .collect();
+    assert_eq!(ends[0]["exit_code"], 3);
+    assert!(
+        ends[0]["ended"]
+            .as_str()
+            .unwrap()
+            .starts_with("rank 2 (host 127.0.0.1")
+    );
+    assert_eq!(ends[1]["ended"], "succeeded");
+    let summary = lines.last().unwrap();
+    assert_eq!(
+        (summary["exit_code"].as_u64(), summary["attempts"].as_u64()),
+        (Some(0), Some(2))
+    );
+    // The table event's SHA-256 is the file's.
+    let table = lines.iter().rfind(|l| l["event"] == "table").unwrap();
+    let written = fs::read(table["path"].as_str().unwrap()).unwrap();
+    use sha2::Digest;
+    let sha: String = sha2::Sha256::digest(&written)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(table["sha256"], sha);
+}
