@@ -40,7 +40,8 @@ make_venv() {
         python3 -m venv "$dir"
     fi
     "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade \
-        'pytest>=8' 'pytest-timeout>=2.3' 'mpi4py>=4' 'maturin>=1.9.4,<2' 'py-spy>=0.4'
+        'pytest>=8' 'pytest-timeout>=2.3' 'mpi4py>=4' 'maturin>=1.9.4,<2' 'py-spy>=0.4' \
+        'prometheus_client>=0.20'
 }
 
 # `pip install ./bindings/python` exactly as a user types it (an isolated build: pip fetches

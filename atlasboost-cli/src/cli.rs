@@ -315,6 +315,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub remote_atlasboost: Option<PathBuf>,
 
+    /// Sample every host's devices (AI core, HBM, temperature, power, health) and workers (CPU,
+    /// memory) this often, for --metrics and --events; `off` for never.
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_monitor_interval)]
+    pub monitor_interval: std::time::Duration,
+
+    /// Serve the job's metrics for Prometheus at ADDR:PORT (a PORT alone: on loopback), with
+    /// MindX npu-exporter's names (npu_chip_info_utilization, ...) and atlasboost's own.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_address)]
+    pub metrics: Option<std::net::SocketAddr>,
+
     /// Write the job's events to FILE, one JSON object per line as they happen (job start, table,
     /// attempts, worker starts and exits, hangs, summary; docs/events.md).
     #[arg(long, value_name = "FILE")]
@@ -384,6 +394,27 @@ pub fn normalize_args(args: Vec<OsString>) -> Vec<OsString> {
 
 fn parse_nic(s: &str) -> Result<NicChoice, String> {
     s.parse()
+}
+
+/// `--monitor-interval`: seconds, at least 1; `off` (zero) for no sampling.
+fn parse_monitor_interval(s: &str) -> Result<std::time::Duration, String> {
+    if s == "off" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let d = parse_seconds(s)?;
+    if d < crate::launch::monitor::MIN_INTERVAL {
+        return Err(format!("{s}: at least 1 second, or off"));
+    }
+    Ok(d)
+}
+
+/// `--metrics`: `ADDR:PORT`, or a port alone (on loopback: nothing is exposed unless asked).
+fn parse_metrics_address(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse()
+        .map_err(|_| format!("{s:?} is not ADDR:PORT (e.g. 127.0.0.1:9400, [::1]:9400) or a port"))
 }
 
 fn parse_export(s: &str) -> Result<(String, Option<String>), String> {

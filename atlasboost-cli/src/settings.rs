@@ -141,6 +141,10 @@ pub struct RunSettings {
     pub fanout: usize,
     /// `--events FILE`.
     pub events: Option<PathBuf>,
+    /// `--monitor-interval` (`None`: off).
+    pub monitor_interval: Option<std::time::Duration>,
+    /// `--metrics ADDR:PORT`.
+    pub metrics: Option<std::net::SocketAddr>,
     /// `--nic`.
     pub nic: Option<atlasboost::host::NicChoice>,
     /// `--bind-cores`.
@@ -249,6 +253,8 @@ impl From<&RunArgs> for RunSettings {
             rendezvous_addr: a.rendezvous_addr,
             fanout: a.fanout as usize,
             events: a.events.clone(),
+            monitor_interval: (!a.monitor_interval.is_zero()).then_some(a.monitor_interval),
+            metrics: a.metrics,
             nic: a.nic.clone(),
             bind_cores: a.bind_cores,
             mpi: a.mpi,

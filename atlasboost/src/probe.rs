@@ -191,6 +191,14 @@ pub fn make_telemetry(
     })
 }
 
+/// The telemetry of host `server_id`'s devices as `discovery` finds them ([`make_probe`],
+/// then [`make_telemetry`]); none when they cannot be probed (the launch reports that itself).
+pub fn telemetry_of(discovery: &Discovery, server_id: &str) -> Box<dyn Telemetry> {
+    make_probe(discovery, server_id)
+        .and_then(|p| make_telemetry(p.as_ref(), discovery, server_id))
+        .unwrap_or_else(|_| Box::new(NoTelemetry))
+}
+
 /// The hccn.conf setting, else `$ATLASBOOST_HCCN_CONF`, else `/etc/hccn.conf`.
 fn hccn_conf(discovery: &Discovery) -> PathBuf {
     discovery

@@ -10,6 +10,7 @@
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atlasboost::host::free_port;
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::channel::{self, AgentConfig, Down, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
 use super::lifeline;
+use super::monitor::{HostMonitor, MonitorPlan};
 use super::output::Output;
 use super::plan::{HostPlan, Offer, assign_workers};
 use super::rank_files::RankFiles;
@@ -687,6 +689,15 @@ pub fn agent_main() -> u8 {
     }
 }
 
+/// The devices of `devices` that `workers` (a host's) run on, by logical id.
+pub fn job_devices(devices: &[Device], workers: &[WorkerPlan]) -> Vec<Device> {
+    devices
+        .iter()
+        .filter(|d| workers.iter().any(|w| w.device == d.logical_id))
+        .cloned()
+        .collect()
+}
+
 /// Starts the agents of this agent's children in the launch tree (each told about its own
 /// subtree), in position order.
 fn start_children(config: &AgentConfig) -> Result<Vec<(u32, Remote)>, CliError> {
@@ -905,6 +916,18 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
         watch: settings.watch,
         hang: None,
         pytorch: settings.framework.parse::<Framework>()? == Framework::Pytorch,
+        monitor: (settings.monitor_ms > 0).then(|| MonitorPlan {
+            every: Duration::from_millis(settings.monitor_ms),
+            hosts: vec![HostMonitor {
+                host: config.host.clone(),
+                devices: job_devices(&prepared.devices, &workers),
+                telemetry: Arc::from(atlasboost::probe::telemetry_of(
+                    &config.discovery,
+                    &config.server_id,
+                )),
+            }],
+        }),
+        metrics: None,
     };
     let result = supervise::run_workers(
         &plan,

@@ -54,6 +54,9 @@ pub struct WorkerSettings {
     /// `--bind-cores`: each host binds its workers to their NPUs' CPUs.
     #[serde(default)]
     pub bind_cores: bool,
+    /// `--monitor-interval`, in milliseconds (0: no sampling).
+    #[serde(default)]
+    pub monitor_ms: u64,
 }
 
 /// Everything a remote agent needs, sent as one JSON line on its standard input.
@@ -339,6 +342,11 @@ pub enum Up {
         /// The line.
         line: Vec<u8>,
     },
+    /// A sample of the host's devices and workers (compact: see `monitor::encode`).
+    Telemetry {
+        /// The sample.
+        bytes: Vec<u8>,
+    },
 }
 
 const HEARTBEAT_KIND: u8 = b'h';
@@ -358,6 +366,7 @@ const REPORT: u8 = b'P';
 const VIA: u8 = b'V';
 const LOST: u8 = b'L';
 const SAID: u8 = b'S';
+const TELEMETRY: u8 = b'T';
 /// The step of a beat frame that gave none.
 const NO_STEP: i64 = i64::MIN;
 
@@ -416,6 +425,7 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
         }
         Up::Lost { host, said } => (LOST, *host, said.as_bytes()),
         Up::Said { line } => (SAID, 0, line),
+        Up::Telemetry { bytes } => (TELEMETRY, 0, bytes),
     };
     frame(kind, rank, payload, out);
 }
@@ -616,6 +626,9 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
         SAID => Up::Said {
             line: payload.to_vec(),
         },
+        TELEMETRY => Up::Telemetry {
+            bytes: payload.to_vec(),
+        },
         other => return Err(format!("a frame of unknown kind {other:#04x}")),
     })
 }
@@ -769,6 +782,9 @@ mod tests {
                 message: Box::new(Up::Said {
                     line: b"ssh: warning".to_vec(),
                 }),
+            },
+            Up::Telemetry {
+                bytes: vec![9, 8, 7],
             },
         ]
     }

@@ -14,6 +14,7 @@ pub mod channel;
 pub mod events;
 pub mod job;
 pub mod lifeline;
+pub mod monitor;
 pub mod mpi;
 pub mod output;
 pub mod plan;
@@ -25,6 +26,7 @@ pub mod supervise;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atlasboost_core::ranktable::{BuildOptions, RankOrder, RankTable};
@@ -38,13 +40,16 @@ use self::job::{
     AttemptRecord, check_before_start, ending_of, job_logs, lock_table, new_job_id, report,
     report_attempt, resolve_exports, worker_dir,
 };
+use self::monitor::{HostMonitor, Metrics, MonitorPlan};
 use self::output::{Output, OutputOptions};
 use self::plan::{
     HostPlan, check_np, parse_host_list, parse_hostfile, resolve_hosts, this_machine,
 };
 use self::rank_files::RankFiles;
 use self::remote::{Remote, SshOptions, is_below, top_of};
-use self::supervise::{HangWatch, JobResult, Role, RunPlan, Signals, WorkerPlan, run_workers};
+use self::supervise::{
+    HangWatch, JobResult, MetricsPlan, Role, RunPlan, Signals, WorkerPlan, run_workers,
+};
 use crate::commands::counted;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -64,10 +69,15 @@ const AGENT_SLACK: Duration = Duration::from_secs(2);
 /// (126/127).
 pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     if args.mpi {
-        if args.events.is_some() {
-            return Err(CliError::Usage(
-                "--events is not built for --mpi yet; run without --mpi".into(),
-            ));
+        for (given, flag) in [
+            (args.events.is_some(), "--events"),
+            (args.metrics.is_some(), "--metrics"),
+        ] {
+            if given {
+                return Err(CliError::Usage(format!(
+                    "{flag} is not built for --mpi yet; run without --mpi"
+                )));
+            }
         }
         return mpi::run_mpi(args, printer);
     }
@@ -128,6 +138,22 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             "fanout": args.fanout,
         }),
     );
+    if args.metrics.is_some() && args.monitor_interval.is_none() {
+        return Err(CliError::Usage(
+            "--metrics needs the samples that --monitor-interval off turns off".into(),
+        ));
+    }
+    let metrics = match args.metrics {
+        Some(address) => {
+            let m = Metrics::serve(address)?;
+            printer.status(&format!(
+                "atlasboost: metrics at http://{}/metrics",
+                m.address()
+            ));
+            Some(Arc::new(m))
+        }
+        None => None,
+    };
     let mut lifeline = lifeline::prepare()?;
     let files = RankFiles::create(&job_id)?;
     let mut job = JobState {
@@ -146,10 +172,12 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             watch: args.hang_timeout.is_some(),
             nic: args.nic.as_ref().map(ToString::to_string),
             bind_cores: args.bind_cores,
+            monitor_ms: args.monitor_interval.map_or(0, |d| d.as_millis() as u64),
         },
         files: &files,
         logs: logs.as_deref(),
         events: events.clone(),
+        metrics,
         lost: Vec::new(),
         first_size: None,
         attempts: Vec::new(),
@@ -194,6 +222,8 @@ struct JobState<'a> {
     logs: Option<&'a std::path::Path>,
     /// `--events`.
     events: Option<Events>,
+    /// `--metrics`.
+    metrics: Option<Arc<Metrics>>,
     /// Hosts lost or failed in an attempt, left out for the rest of the job.
     lost: Vec<String>,
     /// The first attempt's world size: no restart grows past it, nor shrinks below it without
@@ -360,6 +390,24 @@ fn run_attempts(
                     }),
                 }),
                 pytorch: args.framework == atlasboost_core::worker_env::Framework::Pytorch,
+                monitor: args.monitor_interval.map(|every| MonitorPlan {
+                    every,
+                    hosts: local_monitors(&launch, &joined, &workers),
+                }),
+                metrics: job.metrics.as_ref().map(|server| MetricsPlan {
+                    server: Arc::clone(server),
+                    job: job.job_id.to_string(),
+                    attempt,
+                    chips: job_chips(&launch, &joined),
+                    physical: joined
+                        .decision
+                        .table
+                        .ranks()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|r| (r.rank, r.physical_id))
+                        .collect(),
+                }),
             };
             let result = run_workers(
                 &run_plan,
@@ -489,6 +537,51 @@ fn wait_or_signal(signals: &Signals, delay: Duration) -> Option<Signal> {
         }
         std::thread::sleep(left.min(Duration::from_millis(20)));
     }
+}
+
+/// The local hosts the launcher samples itself: their job devices, and their telemetry.
+fn local_monitors(
+    launch: &Launch<'_>,
+    joined: &JoinedHosts,
+    workers: &[WorkerPlan],
+) -> Vec<HostMonitor> {
+    launch
+        .hosts
+        .iter()
+        .zip(&joined.local)
+        .filter_map(|(host, devices)| {
+            let devices = devices.as_ref()?;
+            let name = host.describe();
+            let mine: Vec<WorkerPlan> =
+                workers.iter().filter(|w| w.host == name).cloned().collect();
+            (!mine.is_empty()).then(|| HostMonitor {
+                host: name,
+                devices: agent::job_devices(devices, &mine),
+                telemetry: Arc::from(atlasboost::probe::telemetry_of(
+                    &launch.args.discovery,
+                    &host.server_id,
+                )),
+            })
+        })
+        .collect()
+}
+
+/// The chip of every job device, by (host, physical id), for `--metrics`' `model_name`.
+fn job_chips(launch: &Launch<'_>, joined: &JoinedHosts) -> HashMap<(String, u32), String> {
+    let names: HashMap<&str, String> = launch
+        .hosts
+        .iter()
+        .map(|h| (h.server_id.as_str(), h.describe()))
+        .collect();
+    joined
+        .decision
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let host = names.get(d.server_id.as_str())?;
+            Some(((host.clone(), d.physical_id), d.chip.clone()))
+        })
+        .collect()
 }
 
 /// `N ranks on S servers (S × D)`, the table's shape (`S × D` when every server has D).

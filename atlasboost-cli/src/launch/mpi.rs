@@ -160,6 +160,8 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         watch: false,
         hang: None,
         pytorch: false,
+        monitor: None,
+        metrics: None,
     };
     let mpirun = MpirunPlan {
         command,
@@ -505,6 +507,8 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         watch: false,
         hang: None,
         pytorch: false,
+        monitor: None,
+        metrics: None,
     };
     let result = run_workers(
         &plan,

@@ -34,6 +34,7 @@ pub use super::channel::Ending;
 use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up};
 use super::lifeline::{Lifeline, ORIGINAL_FD_LIMIT};
+use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState};
 use super::output::{LineSplitter, Output};
 use super::rank_files::RankFiles;
 use super::remote::{Remote, is_below, top_of};
@@ -164,6 +165,25 @@ pub struct RunPlan {
     pub hang: Option<HangWatch>,
     /// Whether the workers run the PyTorch framework (torch's error file variable).
     pub pytorch: bool,
+    /// Monitoring (SPEC §13): what this supervisor samples, and how often.
+    pub monitor: Option<MonitorPlan>,
+    /// The launcher's: where the samples and ranks' states are published.
+    pub metrics: Option<MetricsPlan>,
+}
+
+/// What `--metrics` shows beside the samples.
+#[derive(Debug, Clone)]
+pub struct MetricsPlan {
+    /// The server.
+    pub server: std::sync::Arc<Metrics>,
+    /// The job id and the attempt, for the labels.
+    pub job: String,
+    /// The attempt under way.
+    pub attempt: u32,
+    /// The chip of each (host, physical id), for `model_name`.
+    pub chips: std::collections::HashMap<(String, u32), String>,
+    /// The physical id of each rank's device.
+    pub physical: std::collections::HashMap<u32, u32>,
 }
 
 /// `--hang-timeout` and `--hang-dump`.
@@ -569,6 +589,14 @@ struct Supervisor<'a> {
     hang: Option<String>,
     /// The stacks still awaited from other hosts before a hang stops the job.
     dumping: Option<Dumping>,
+    /// When the hosts are sampled next.
+    next_sample: Instant,
+    /// The workers' CPU time at the last sample.
+    cpu: CpuClock,
+    /// The latest sample of every host (the launcher's).
+    samples: std::collections::BTreeMap<String, HostSample>,
+    /// Each lane's line count at the last publication, and when it last changed.
+    printed: Vec<(u64, Instant)>,
 }
 
 /// When a worker last made progress.
@@ -631,7 +659,82 @@ impl<'a> Supervisor<'a> {
             recorded: vec![None; workers.len()],
             hang: None,
             dumping: None,
+            next_sample: Instant::now(),
+            cpu: CpuClock::default(),
+            samples: std::collections::BTreeMap::new(),
+            printed: vec![(0, Instant::now()); workers.len()],
         }
+    }
+
+    /// Samples the hosts this supervisor watches when it is time (SPEC §13): an agent sends
+    /// its sample up, the launcher keeps it, writes it to `--events` and publishes.
+    fn monitor(&mut self, output: &mut Output) {
+        let Some(plan) = &self.plan.monitor else {
+            return;
+        };
+        let now = Instant::now();
+        if now < self.next_sample {
+            return;
+        }
+        self.next_sample = now + plan.every;
+        for host in &plan.hosts {
+            let workers: Vec<(u32, i32)> = self
+                .workers
+                .iter()
+                .zip(&self.running)
+                .filter(|(w, r)| w.local && w.host == host.host && r.ended.is_none())
+                .filter_map(|(w, r)| r.pid.map(|p| (w.rank, p.as_raw())))
+                .collect();
+            let sample = monitor::sample_host(host, &workers, &mut self.cpu);
+            if self.is_agent() {
+                output.send(&Up::Telemetry {
+                    bytes: monitor::encode(&sample),
+                });
+            } else {
+                self.record_sample(sample, output);
+            }
+        }
+        self.publish(output);
+    }
+
+    /// The launcher keeps a host's sample and writes it to `--events`.
+    fn record_sample(&mut self, sample: HostSample, output: &mut Output) {
+        output.event("telemetry", monitor::sample_json(&sample));
+        self.samples.insert(sample.host.clone(), sample);
+    }
+
+    /// The launcher publishes the job's state on `--metrics`.
+    fn publish(&mut self, output: &Output) {
+        let Some(m) = &self.plan.metrics else {
+            return;
+        };
+        let now = Instant::now();
+        let ranks: Vec<RankState> = (0..self.workers.len())
+            .map(|lane| {
+                let lines = output.line_count(lane);
+                let seen = &mut self.printed[lane];
+                if lines != seen.0 {
+                    *seen = (lines, now);
+                }
+                let w = &self.workers[lane];
+                RankState {
+                    rank: w.rank,
+                    host: w.host.clone(),
+                    device: w.device,
+                    physical: m.physical.get(&w.rank).copied(),
+                    up: self.running[lane].ended.is_none(),
+                    lines,
+                    silent_seconds: now.saturating_duration_since(seen.1).as_secs_f64(),
+                }
+            })
+            .collect();
+        m.server.publish(monitor::render(
+            &m.job,
+            m.attempt,
+            &self.samples,
+            &m.chips,
+            &ranks,
+        ));
     }
 
     fn is_agent(&self) -> bool {
@@ -683,6 +786,7 @@ impl<'a> Supervisor<'a> {
             self.escalate();
             self.heartbeats(output);
             self.watch(output);
+            self.monitor(output);
             let mut wait = self
                 .next_heartbeat
                 .saturating_duration_since(Instant::now());
@@ -693,7 +797,10 @@ impl<'a> Supervisor<'a> {
             if watching {
                 wait = wait.min(self.next_watch.saturating_duration_since(Instant::now()));
             }
-            let timeout = if self.has_peers() || watching {
+            if self.plan.monitor.is_some() {
+                wait = wait.min(self.next_sample.saturating_duration_since(Instant::now()));
+            }
+            let timeout = if self.has_peers() || watching || self.plan.monitor.is_some() {
                 PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX)
             } else if self.stopping.is_some() || all_ended {
                 PollTimeout::from(50u8)
@@ -1550,6 +1657,18 @@ impl<'a> Supervisor<'a> {
             }
             // Reports belong to the join, which is over.
             Up::Report { .. } => {}
+            Up::Telemetry { bytes } => match monitor::decode(&bytes) {
+                Ok(sample) => self.record_sample(sample, output),
+                Err(e) => {
+                    if let Role::Launcher(remotes) = &self.role {
+                        output.message(&format!(
+                            "atlasboost: host {}: a telemetry sample atlasboost cannot read ({e}); \
+                             ignored",
+                            remotes[h].host
+                        ));
+                    }
+                }
+            },
         }
     }
 

@@ -2049,6 +2049,7 @@ fn events_follow_the_schema_through_a_failing_job() {
             &["rank", "host", "device", "status", "exit_code"],
         ),
         ("hang", &["report"]),
+        ("telemetry", &["host", "devices", "workers"]),
         ("attempt_end", &["ended", "exit_code", "seconds"]),
         ("summary", &["exit_code", "attempts", "seconds"]),
     ];
@@ -2083,6 +2084,11 @@ fn events_follow_the_schema_through_a_failing_job() {
     assert_eq!(kinds.iter().filter(|k| **k == "attempt_start").count(), 2);
     assert_eq!(kinds.iter().filter(|k| **k == "worker_start").count(), 8);
     assert_eq!(kinds.iter().filter(|k| **k == "worker_exit").count(), 8);
+    // Every host is sampled when its workers start (then every --monitor-interval).
+    let sample = lines.iter().find(|l| l["event"] == "telemetry").unwrap();
+    assert_eq!(sample["host"], "127.0.0.1");
+    assert_eq!(sample["devices"].as_array().unwrap().len(), 4);
+    assert!(sample["devices"][0]["ai_core_percent"].is_u64(), "{sample}");
     let exits = |attempt: u64| -> Vec<(u64, String, u64)> {
         let mut e: Vec<(u64, String, u64)> = lines
             .iter()

@@ -83,6 +83,8 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         watch: false,
         hang: None,
         pytorch: false,
+        monitor: None,
+        metrics: None,
     };
     let spec = WorkerPlan {
         rank: 0,

@@ -1,0 +1,597 @@
+//! Monitoring (SPEC §13): every `--monitor-interval`, each host samples its devices (the
+//! probe's [`Telemetry`]) and its workers (CPU and memory from `/proc`); an agent sends its
+//! sample up the channel, compact; the launcher keeps the latest of every host, writes it to
+//! `--events`, and serves it, with each rank's state, on `--metrics` in Prometheus's text
+//! format with MindX `npu-exporter`'s metric names, which existing dashboards key on.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use atlasboost_core::compact::{self, CompactError, Reader};
+use atlasboost_core::{Device, DeviceSample, Health, Telemetry};
+
+use crate::error::CliError;
+
+/// The shortest `--monitor-interval`.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What a supervisor samples, and how often.
+#[derive(Clone)]
+pub struct MonitorPlan {
+    /// `--monitor-interval`.
+    pub every: Duration,
+    /// The hosts this supervisor samples itself (the launcher: its local hosts; an agent: its
+    /// own).
+    pub hosts: Vec<HostMonitor>,
+}
+
+impl std::fmt::Debug for MonitorPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MonitorPlan")
+            .field("every", &self.every)
+            .field(
+                "hosts",
+                &self.hosts.iter().map(|h| &h.host).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// One host to sample.
+#[derive(Clone)]
+pub struct HostMonitor {
+    /// The host, as messages name it.
+    pub host: String,
+    /// The devices its workers use, as its probe found them.
+    pub devices: Vec<Device>,
+    /// Where their telemetry comes from.
+    pub telemetry: Arc<dyn Telemetry>,
+}
+
+impl std::fmt::Debug for HostMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMonitor")
+            .field("host", &self.host)
+            .field("devices", &self.devices.len())
+            .finish()
+    }
+}
+
+/// One worker's use of its host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerStat {
+    /// Its rank.
+    pub rank: u32,
+    /// CPU used since the last sample, in tenths of a percent of one core.
+    pub cpu_permille: u32,
+    /// Resident memory, KiB.
+    pub rss_kib: u64,
+}
+
+/// One sample of one host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSample {
+    /// The host.
+    pub host: String,
+    /// Its job devices.
+    pub devices: Vec<DeviceSample>,
+    /// Its workers that run.
+    pub workers: Vec<WorkerStat>,
+}
+
+fn opt(w: &mut compact::Writer, v: Option<u64>) {
+    // 0 is absent, n + 1 is n.
+    w.varint(v.map_or(0, |v| v.saturating_add(1)));
+}
+
+fn get_opt(r: &mut Reader<'_>, what: &str) -> Result<Option<u64>, CompactError> {
+    Ok(r.varint(what)?.checked_sub(1))
+}
+
+/// The compact form of a sample, as an agent sends it up (about a dozen bytes a device).
+pub fn encode(sample: &HostSample) -> Vec<u8> {
+    let mut w = compact::Writer::default();
+    w.str(&sample.host);
+    w.varint(sample.devices.len() as u64);
+    for d in &sample.devices {
+        w.varint(u64::from(d.physical_id));
+        opt(&mut w, d.ai_core_percent.map(u64::from));
+        opt(&mut w, d.hbm_used_mb);
+        opt(&mut w, d.hbm_total_mb);
+        // Temperatures below zero do not occur on a running NPU; they read as absent.
+        opt(&mut w, d.temperature_c.and_then(|t| u64::try_from(t).ok()));
+        opt(&mut w, d.power_decwatts.map(u64::from));
+        opt(
+            &mut w,
+            d.health.map(|h| match h {
+                Health::Healthy => 0,
+                Health::Unhealthy { code } => u64::from(code),
+            }),
+        );
+        match &d.error_codes {
+            None => w.varint(0),
+            Some(codes) => {
+                w.varint(codes.len() as u64 + 1);
+                for c in codes {
+                    w.varint(u64::from(*c));
+                }
+            }
+        }
+    }
+    w.varint(sample.workers.len() as u64);
+    for s in &sample.workers {
+        w.varint(u64::from(s.rank));
+        w.varint(u64::from(s.cpu_permille));
+        w.varint(s.rss_kib);
+    }
+    w.buf
+}
+
+/// Reads what [`encode`] wrote.
+///
+/// # Errors
+///
+/// What is malformed, and where.
+pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
+    let mut r = Reader::new(bytes);
+    let host = r.str("the host")?;
+    let n = r.varint("the device count")?;
+    let mut devices = Vec::with_capacity(n.min(r.left() as u64) as usize);
+    let small = |v: Option<u64>, what: &str| -> Result<Option<u32>, CompactError> {
+        v.map(|v| u32::try_from(v).map_err(|_| CompactError(format!("{what} {v} is too large"))))
+            .transpose()
+    };
+    for _ in 0..n {
+        let physical_id = r.u32("a device id")?;
+        let ai = get_opt(&mut r, "the AI core")?;
+        let hbm_used_mb = get_opt(&mut r, "the HBM used")?;
+        let hbm_total_mb = get_opt(&mut r, "the HBM total")?;
+        let temperature = get_opt(&mut r, "the temperature")?;
+        let power = get_opt(&mut r, "the power")?;
+        let health = get_opt(&mut r, "the health")?;
+        let codes = match r.varint("the error count")? {
+            0 => None,
+            k => {
+                let k = k - 1;
+                let mut codes = Vec::with_capacity(k.min(r.left() as u64) as usize);
+                for _ in 0..k {
+                    codes.push(r.u32("an error code")?);
+                }
+                Some(codes)
+            }
+        };
+        devices.push(DeviceSample {
+            physical_id,
+            ai_core_percent: small(ai, "the AI core")?,
+            hbm_used_mb,
+            hbm_total_mb,
+            temperature_c: small(temperature, "the temperature")?
+                .and_then(|t| i32::try_from(t).ok()),
+            power_decwatts: small(power, "the power")?,
+            health: small(health, "the health")?.map(Health::from_code),
+            error_codes: codes,
+        });
+    }
+    let n = r.varint("the worker count")?;
+    let mut workers = Vec::with_capacity(n.min(r.left() as u64) as usize);
+    for _ in 0..n {
+        workers.push(WorkerStat {
+            rank: r.u32("a rank")?,
+            cpu_permille: r.u32("a CPU use")?,
+            rss_kib: r.varint("a resident size")?,
+        });
+    }
+    r.finish("the sample")?;
+    Ok(HostSample {
+        host,
+        devices,
+        workers,
+    })
+}
+
+/// Reads workers' CPU time and resident memory from `/proc`, remembering each one's CPU time
+/// at the last read, so that a sample says what it used since.
+#[derive(Debug, Default)]
+pub struct CpuClock {
+    last: HashMap<i32, (u64, Instant)>,
+}
+
+impl CpuClock {
+    /// The use of `pid` (rank `rank`); `None` when it has gone.
+    pub fn stat(&mut self, rank: u32, pid: i32) -> Option<WorkerStat> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command's closing parenthesis: state, then 10 fields before utime.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        let rss_pages = fields.get(21)?.parse::<u64>().ok()?;
+        let now = Instant::now();
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .map_or(100, |v| v.max(1) as u64);
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .map_or(4096, |v| v.max(1) as u64);
+        let cpu_permille = match self.last.insert(pid, (ticks, now)) {
+            Some((before, at)) => {
+                let wall = now.saturating_duration_since(at).as_secs_f64();
+                let used = ticks.saturating_sub(before) as f64 / hz as f64;
+                if wall > 0.0 {
+                    (used / wall * 1000.0).round() as u32
+                } else {
+                    0
+                }
+            }
+            None => 0,
+        };
+        Some(WorkerStat {
+            rank,
+            cpu_permille,
+            rss_kib: rss_pages * page / 1024,
+        })
+    }
+}
+
+/// Samples `host`: its devices' telemetry, and `workers` (rank, pid) of it that run.
+pub fn sample_host(host: &HostMonitor, workers: &[(u32, i32)], cpu: &mut CpuClock) -> HostSample {
+    HostSample {
+        host: host.host.clone(),
+        devices: host.telemetry.sample(&host.devices),
+        workers: workers
+            .iter()
+            .filter_map(|&(rank, pid)| cpu.stat(rank, pid))
+            .collect(),
+    }
+}
+
+/// The events-file form of a sample.
+pub fn sample_json(sample: &HostSample) -> serde_json::Value {
+    serde_json::json!({
+        "host": sample.host,
+        "devices": sample.devices,
+        "workers": sample.workers.iter().map(|w| serde_json::json!({
+            "rank": w.rank,
+            "cpu_percent": f64::from(w.cpu_permille) / 10.0,
+            "rss_mib": w.rss_kib / 1024,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A rank as `--metrics` shows it.
+#[derive(Debug, Clone)]
+pub struct RankState {
+    /// Its rank.
+    pub rank: u32,
+    /// Its host.
+    pub host: String,
+    /// Its device (logical id on its host).
+    pub device: u32,
+    /// Its device's physical id, when known.
+    pub physical: Option<u32>,
+    /// Whether it runs.
+    pub up: bool,
+    /// Lines it printed.
+    pub lines: u64,
+    /// Seconds since its last line (since its start if none).
+    pub silent_seconds: f64,
+}
+
+/// The Prometheus text of the job's state: npu-exporter's metrics per device (labels `id`,
+/// `model_name`, `host`, `rank`, `job`), and atlasboost's own per rank and job.
+pub fn render(
+    job: &str,
+    attempt: u32,
+    samples: &BTreeMap<String, HostSample>,
+    chips: &HashMap<(String, u32), String>,
+    ranks: &[RankState],
+) -> String {
+    let mut out = String::new();
+    let rank_of: HashMap<(&str, u32), u32> = ranks
+        .iter()
+        .filter_map(|r| r.physical.map(|p| ((r.host.as_str(), p), r.rank)))
+        .collect();
+    let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    type Get = fn(&DeviceSample) -> Option<f64>;
+    let npu: [(&str, &str, Get); 7] = [
+        (
+            "npu_chip_info_utilization",
+            "AI core utilisation, percent.",
+            |d| d.ai_core_percent.map(f64::from),
+        ),
+        ("npu_chip_info_hbm_used_memory", "HBM in use, MB.", |d| {
+            d.hbm_used_mb.map(|v| v as f64)
+        }),
+        ("npu_chip_info_hbm_total_memory", "HBM in all, MB.", |d| {
+            d.hbm_total_mb.map(|v| v as f64)
+        }),
+        (
+            "npu_chip_info_temperature",
+            "Chip temperature, degrees Celsius.",
+            |d| d.temperature_c.map(f64::from),
+        ),
+        ("npu_chip_info_power", "Power draw, watts.", |d| {
+            d.power_watts()
+        }),
+        ("npu_chip_info_health_status", "1 healthy, 0 not.", |d| {
+            d.health.map(|h| if h.is_healthy() { 1.0 } else { 0.0 })
+        }),
+        (
+            "npu_chip_info_error_code",
+            "The first current error code, 0 for none.",
+            |d| {
+                d.error_codes
+                    .as_ref()
+                    .map(|c| c.first().map_or(0.0, |&c| f64::from(c)))
+            },
+        ),
+    ];
+    for (name, help, get) in npu {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (host, sample) in samples {
+            for d in &sample.devices {
+                let Some(v) = get(d) else { continue };
+                let model = chips
+                    .get(&(host.clone(), d.physical_id))
+                    .map_or_else(|| "Ascend".to_string(), |c| format!("Ascend{c}"));
+                let rank = rank_of
+                    .get(&(host.as_str(), d.physical_id))
+                    .map_or_else(String::new, |r| format!(",rank=\"{r}\""));
+                let _ = writeln!(
+                    out,
+                    "{name}{{id=\"{}\",model_name=\"{}\",host=\"{}\"{rank},job=\"{}\"}} {v}",
+                    d.physical_id,
+                    esc(&model),
+                    esc(host),
+                    esc(job)
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP machine_npu_nums NPUs of the job on the host.\n# TYPE machine_npu_nums gauge"
+    );
+    for (host, sample) in samples {
+        let _ = writeln!(
+            out,
+            "machine_npu_nums{{host=\"{}\",job=\"{}\"}} {}",
+            esc(host),
+            esc(job),
+            sample.devices.len()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP atlasboost_attempt The attempt under way, 0 for the first start.\n\
+         # TYPE atlasboost_attempt gauge\natlasboost_attempt{{job=\"{}\"}} {attempt}",
+        esc(job)
+    );
+    type PerRank = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&RankState) -> f64,
+    );
+    let per_rank: [PerRank; 3] = [
+        (
+            "atlasboost_rank_up",
+            "1 while the rank's worker runs.",
+            "gauge",
+            |r| {
+                if r.up { 1.0 } else { 0.0 }
+            },
+        ),
+        (
+            "atlasboost_rank_last_output_seconds",
+            "Seconds since the rank's last output line (to the monitor interval).",
+            "gauge",
+            |r| r.silent_seconds,
+        ),
+        (
+            "atlasboost_rank_output_lines_total",
+            "Lines the rank printed.",
+            "counter",
+            |r| r.lines as f64,
+        ),
+    ];
+    for (name, help, kind, get) in per_rank {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for r in ranks {
+            let _ = writeln!(
+                out,
+                "{name}{{rank=\"{}\",host=\"{}\",device=\"{}\",job=\"{}\"}} {}",
+                r.rank,
+                esc(&r.host),
+                r.device,
+                esc(job),
+                get(r)
+            );
+        }
+    }
+    let workers: Vec<&WorkerStat> = samples.values().flat_map(|s| &s.workers).collect();
+    let host_of: HashMap<u32, &str> = ranks.iter().map(|r| (r.rank, r.host.as_str())).collect();
+    let _ = writeln!(
+        out,
+        "# HELP atlasboost_rank_cpu_percent CPU the rank's worker used, percent of one core.\n\
+         # TYPE atlasboost_rank_cpu_percent gauge"
+    );
+    for w in &workers {
+        let _ = writeln!(
+            out,
+            "atlasboost_rank_cpu_percent{{rank=\"{}\",host=\"{}\",job=\"{}\"}} {}",
+            w.rank,
+            esc(host_of.get(&w.rank).copied().unwrap_or("")),
+            esc(job),
+            f64::from(w.cpu_permille) / 10.0
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP atlasboost_rank_resident_bytes Resident memory of the rank's worker.\n\
+         # TYPE atlasboost_rank_resident_bytes gauge"
+    );
+    for w in &workers {
+        let _ = writeln!(
+            out,
+            "atlasboost_rank_resident_bytes{{rank=\"{}\",host=\"{}\",job=\"{}\"}} {}",
+            w.rank,
+            esc(host_of.get(&w.rank).copied().unwrap_or("")),
+            esc(job),
+            w.rss_kib * 1024
+        );
+    }
+    out
+}
+
+/// `--metrics ADDR:PORT`: a small HTTP server (its own thread) that answers every request
+/// with the latest text [`Metrics::publish`] gave it.
+pub struct Metrics {
+    text: Arc<Mutex<String>>,
+    server: Arc<tiny_http::Server>,
+    address: SocketAddr,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl Metrics {
+    /// Listens on `address` and serves from a thread of its own.
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::Usage`] naming the address when it cannot be bound.
+    pub fn serve(address: SocketAddr) -> Result<Metrics, CliError> {
+        let server = tiny_http::Server::http(address).map_err(|e| {
+            CliError::Usage(format!("--metrics {address}: cannot listen there: {e}"))
+        })?;
+        let bound = match server.server_addr() {
+            tiny_http::ListenAddr::IP(a) => a,
+            tiny_http::ListenAddr::Unix(_) => address,
+        };
+        let server = Arc::new(server);
+        let text: Arc<Mutex<String>> = Arc::default();
+        let (serving, latest) = (Arc::clone(&server), Arc::clone(&text));
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                for request in serving.incoming_requests() {
+                    let body = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let mut response = tiny_http::Response::from_string(body);
+                    if let Ok(h) = tiny_http::Header::from_bytes(
+                        &b"Content-Type"[..],
+                        &b"text/plain; version=0.0.4; charset=utf-8"[..],
+                    ) {
+                        response.add_header(h);
+                    }
+                    // A client that went away is its own business.
+                    let _ = request.respond(response);
+                }
+            })
+            .map_err(CliError::system("start the metrics thread"))?;
+        Ok(Metrics {
+            text,
+            server,
+            address: bound,
+        })
+    }
+
+    /// Where it listens (the port the kernel chose for port 0).
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// What the next requests are answered.
+    pub fn publish(&self, text: String) {
+        *self.text.lock().unwrap_or_else(|p| p.into_inner()) = text;
+    }
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        self.server.unblock();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_round_trips_compact_and_absent_stays_absent() {
+        let sample = HostSample {
+            host: "10.0.0.1".into(),
+            devices: vec![
+                DeviceSample {
+                    physical_id: 3,
+                    ai_core_percent: Some(0),
+                    hbm_used_mb: Some(1024),
+                    hbm_total_mb: Some(65_536),
+                    temperature_c: Some(55),
+                    power_decwatts: Some(2150),
+                    health: Some(Health::Unhealthy { code: 3 }),
+                    error_codes: Some(vec![0x80E0_1801]),
+                },
+                DeviceSample::of(4),
+            ],
+            workers: vec![WorkerStat {
+                rank: 7,
+                cpu_permille: 995,
+                rss_kib: 123_456,
+            }],
+        };
+        let bytes = encode(&sample);
+        assert!(bytes.len() < 60, "{} bytes", bytes.len());
+        assert_eq!(decode(&bytes).unwrap(), sample);
+        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn the_text_has_npu_exporters_names_and_labels() {
+        let mut samples = BTreeMap::new();
+        samples.insert(
+            "10.0.0.1".to_string(),
+            HostSample {
+                host: "10.0.0.1".into(),
+                devices: vec![DeviceSample {
+                    physical_id: 5,
+                    ai_core_percent: Some(77),
+                    health: Some(Health::Healthy),
+                    ..DeviceSample::of(5)
+                }],
+                workers: Vec::new(),
+            },
+        );
+        let chips = HashMap::from([(("10.0.0.1".to_string(), 5), "910".to_string())]);
+        let ranks = [RankState {
+            rank: 1,
+            host: "10.0.0.1".into(),
+            device: 1,
+            physical: Some(5),
+            up: true,
+            lines: 9,
+            silent_seconds: 2.0,
+        }];
+        let text = render("ab-1", 2, &samples, &chips, &ranks);
+        for want in [
+            "npu_chip_info_utilization{id=\"5\",model_name=\"Ascend910\",host=\"10.0.0.1\",rank=\"1\",job=\"ab-1\"} 77",
+            "npu_chip_info_health_status{id=\"5\",model_name=\"Ascend910\",host=\"10.0.0.1\",rank=\"1\",job=\"ab-1\"} 1",
+            "machine_npu_nums{host=\"10.0.0.1\",job=\"ab-1\"} 1",
+            "atlasboost_attempt{job=\"ab-1\"} 2",
+            "atlasboost_rank_up{rank=\"1\",host=\"10.0.0.1\",device=\"1\",job=\"ab-1\"} 1",
+            "atlasboost_rank_output_lines_total{rank=\"1\",host=\"10.0.0.1\",device=\"1\",job=\"ab-1\"} 9",
+        ] {
+            assert!(text.contains(want), "{want}\n{text}");
+        }
+        // An absent metric has no line.
+        assert!(!text.contains("npu_chip_info_temperature{"), "{text}");
+    }
+}
