@@ -23,6 +23,9 @@
 - ssh: the time from the launcher's start to the last worker started, for 1, 2 and 3 hosts x 4
   workers reached over ssh (a real sshd on 127.0.0.2-4, started by the script), against mpirun
   over the same ssh set-up (`--mca plm_rsh_agent`). Needs openssh-server.
+- monitor: the CPU time of the launcher and of each agent over a 60 s job of 2 hosts x 8
+  simulated devices over ssh (a real sshd on 127.0.0.2-3), with --monitor-interval 1 against
+  off (target: < 1 % of one core extra).
 - ssh-netns: the same for 3 and 6 hosts that are network namespaces (each its own sshd, on a
   bridge; run as root), against mpirun with its tree spawn on and against plain ssh sessions to
   every host at once (the floor). Target: atlasboost <= 0.6x mpirun at 6 hosts.
@@ -806,6 +809,99 @@ def cmd_ssh_netns(args):
             cleanup()
 
 
+# ---------------------------------------------------------------- monitoring overhead
+
+def proc_cpu_seconds(pid):
+    """CPU seconds `pid` has run so far (its main thread, from /proc/PID/schedstat: in
+    nanoseconds, where /proc/PID/stat counts 10 ms ticks), or None once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def watch_cpu(cmd, env):
+    """Runs `cmd` to its end, sampling every 0.2 s the CPU seconds of every process of its
+    binary (`cmd[0]`: the launcher and its lifeline, the agents and theirs; not other jobs' of
+    other builds). Returns (wall seconds, launcher's CPU seconds, agents' CPU seconds)."""
+    seen = {}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    while proc.poll() is None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if not cmdline or cmdline[0] != os.fsencode(cmd[0]):
+                continue
+            cpu = proc_cpu_seconds(pid)
+            if cpu is not None:
+                seen[pid] = (b"agent" in cmdline[1:2], cpu)
+        time.sleep(0.2)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        die(f"{show(cmd)} exited {proc.returncode}: {proc.stderr.read().decode(errors='replace')[-2000:]}")
+    launcher = sum(cpu for agent, cpu in seen.values() if not agent)
+    agents = sum(cpu for agent, cpu in seen.values() if agent)
+    return wall, launcher, agents
+
+
+def cmd_monitor(args):
+    """CPU time of the launcher and of an agent with monitoring every second, 16 simulated
+    devices on 2 hosts over ssh, against monitoring off, in one run."""
+    if args.runs < 1 or args.seconds < 1:
+        die("--runs and --seconds must be at least 1")
+    tool = str(find_atlasboost(args.atlasboost))
+    print(f"# monitor: CPU of the launcher and the agents over {args.seconds} s, 2 hosts x 8 simulated "
+          "devices over ssh, --monitor-interval 1 against off\n")
+    print_machine({"atlasboost": tool})
+    with tempfile.TemporaryDirectory(prefix="atlasboost-monitor-") as d:
+        tmp = Path(d)
+        sshd, config = start_sshd(tmp)
+        atexit.register(lambda: (sshd.kill(), sshd.wait()))
+        env = dict(os.environ, ATLASBOOST_SSH_ALL_HOSTS="1", ATLASBOOST_SSH_OPTIONS=f"-F {config}")
+        hl = f"{SSH_HOSTS[0]}:8,{SSH_HOSTS[1]}:8"
+        runs = {"on (1 s)": [], "off": []}
+        for _ in range(args.runs):
+            for name, interval in (("on (1 s)", "1"), ("off", "off")):
+                cmd = [tool, "run", "-q", "--sim", "8", "-H", hl, "--monitor-interval", interval,
+                       "--", "sleep", str(args.seconds)]
+                runs[name].append(watch_cpu(cmd, env))
+        print_table(["monitoring", "launcher CPU s", "per agent CPU s", "wall s"], [
+            [name, f"{l:.3f}", f"{a / 2:.3f}", f"{w:.1f}"] for name, rs in runs.items() for w, l, a in rs
+        ])
+        med = {n: (statistics.median(l for _, l, _ in rs), statistics.median(a / 2 for _, _, a in rs))
+               for n, rs in runs.items()}
+        extra_l = (med["on (1 s)"][0] - med["off"][0]) / args.seconds * 100
+        extra_a = (med["on (1 s)"][1] - med["off"][1]) / args.seconds * 100
+        print(f"\nextra CPU with monitoring every second (medians): the launcher {extra_l:.3f} % of one core, "
+              f"an agent {extra_a:.3f} % (target < 1 %)")
+
+    # The output benchmark's job (8 local ranks printing as fast as they can), with monitoring
+    # every second and without, alternating: its line rate must not change beyond noise.
+    lines = 250_000
+    gen = generator(OUTPUT_LINE, lines)
+    times = {"on (1 s)": [], "off": []}
+    with tempfile.TemporaryDirectory(prefix="atlasboost-monitor-out-", dir=scratch_dir()) as d:
+        for _ in range(max(3, args.runs)):
+            for name, interval in (("on (1 s)", "1"), ("off", "off")):
+                out_path = os.path.join(d, "out")
+                cmd = [tool, "run", "-q", "--sim", "8", "--monitor-interval", interval, "--", "sh", "-c", gen]
+                with open(out_path, "wb") as out:
+                    times[name].append(run_checked(name, cmd, out))
+                check_lines(name, out_path, 8 * lines, OUTPUT_LINE)
+    rate = {n: 8 * lines / statistics.median(t) for n, t in times.items()}
+    print()
+    print_table(["monitoring", "median s", "min s", "max s", "lines/s"], [
+        [n, f"{statistics.median(t):.3f}", f"{min(t):.3f}", f"{max(t):.3f}", f"{rate[n]:,.0f}"]
+        for n, t in times.items()
+    ])
+    print(f"\noutput rate with monitoring every second / without: {rate['on (1 s)'] / rate['off']:.2f}")
+
+
 # ---------------------------------------------------------------- pip install
 
 
@@ -1074,6 +1170,12 @@ def main():
     s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
     s.add_argument("--hosts", type=int, default=3, choices=[1, 2, 3], help="up to this many hosts (default 3)")
     s.set_defaults(func=cmd_ssh)
+
+    s = add("monitor", "CPU of the launcher and an agent with --monitor-interval 1 (16 simulated devices, "
+            "2 hosts over ssh) against monitoring off.", None)
+    s.add_argument("--runs", type=int, default=1, help="runs of each (default 1)")
+    s.add_argument("--seconds", type=int, default=60, help="how long each job runs (default 60)")
+    s.set_defaults(func=cmd_monitor)
 
     s = add("ssh-netns", "Time to all workers started on 3 and 6 namespace hosts x 4 over ssh: "
             "atlasboost run vs mpirun (tree spawn on) vs plain ssh sessions (the floor).",

@@ -133,6 +133,10 @@ python3 benches/compare.py local-hosts --runs 1 --hosts 16 --atlasboost target/d
     >/dev/null
 python3 benches/compare.py restart --only atlasboost --runs 1 --atlasboost target/debug/atlasboost \
     >/dev/null
+python3 benches/compare.py monitor --seconds 2 --runs 1 --atlasboost target/debug/atlasboost >/dev/null
+python3 benches/compare.py ssh-netns --runs 1 --hosts 3 --atlasboost "$PWD/target/debug/atlasboost" >/dev/null
+python3 benches/compare.py output --only ssh-flat,ssh-chain --runs 1 --lines 2000 \
+    --atlasboost target/debug/atlasboost >/dev/null
 
 step "the README's main-job command"
 out=$(mktemp)
