@@ -1203,6 +1203,67 @@ fn a_silent_agent_below_another_is_named_lost_by_the_agent_above_it() {
     );
 }
 
+/// Monitoring over ssh (SPEC §13): each agent samples its host and sends the sample up the
+/// channel (through the tree: a chain here); the launcher writes them to `--events`.
+#[test]
+fn remote_hosts_send_their_samples_up_to_the_events_file() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-telemetry");
+    let _cleanup = Cleanup(mark.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let r = over_ssh(
+        &sshd,
+        &mark,
+        &["--fanout", "1", "--sim", "2", "-H", TWO_BY_TWO],
+    )
+    .args(["--monitor-interval", "1", "--events"])
+    .args([events.to_str().unwrap()])
+    .args(["--", "sleep", "1.5"])
+    .timeout(Duration::from_secs(60))
+    .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx}");
+    let samples: Vec<serde_json::Value> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "telemetry")
+        .collect();
+    for host in ["127.0.0.2", "127.0.0.3"] {
+        let of_host: Vec<&serde_json::Value> =
+            samples.iter().filter(|s| s["host"] == host).collect();
+        assert!(
+            !of_host.is_empty(),
+            "no sample of {host}: {samples:#?}\n{ctx}"
+        );
+        let s = of_host[0];
+        assert_eq!(s["devices"].as_array().unwrap().len(), 2, "{s}");
+        assert!(s["devices"][0]["ai_core_percent"].is_u64(), "{s}");
+        assert_eq!(s["devices"][1]["health"], "healthy", "{s}");
+        // Its workers, with their CPU and memory, in some sample.
+        let want: Vec<u64> = if host == "127.0.0.2" {
+            vec![0, 1]
+        } else {
+            vec![2, 3]
+        };
+        let ranks_of = |s: &serde_json::Value| -> Vec<u64> {
+            let mut r: Vec<u64> = s["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w["rank"].as_u64().unwrap())
+                .collect();
+            r.sort_unstable();
+            r
+        };
+        assert!(
+            of_host.iter().any(|s| ranks_of(s) == want),
+            "no sample of {host} with ranks {want:?}: {of_host:#?}"
+        );
+    }
+}
+
 /// A worker that waits (bounded) on its first attempt and succeeds at once on a restart.
 const FIRST_ATTEMPT_WAITS: &str = "echo \"ready attempt=$ATLASBOOST_RESTART_COUNT size=$RANK_SIZE \
      server=$ATLASBOOST_SERVER_ID\"; \
