@@ -21,6 +21,7 @@ mod relay;
 mod restarts;
 mod signals;
 mod ssh;
+mod status;
 
 use std::collections::BTreeMap;
 

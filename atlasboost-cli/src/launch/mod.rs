@@ -21,6 +21,7 @@ pub mod plan;
 pub mod rank_files;
 pub mod relay;
 pub mod remote;
+pub mod status;
 pub mod supervise;
 
 use std::collections::HashMap;
@@ -367,6 +368,8 @@ fn run_attempts(
                     log_dir: attempt_logs.clone(),
                     keep_last_line: args.hang_timeout.is_some(),
                     events: job.events.clone(),
+                    // SPEC §13: on a terminal only, never in a pipe or a file, never with -q.
+                    status: std::io::stderr().is_terminal() && !printer.is_quiet(),
                 },
                 &workers.iter().map(|w| w.rank).collect::<Vec<_>>(),
             )?;

@@ -137,6 +137,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             // --hang-timeout is refused with --mpi.
             keep_last_line: false,
             events: None,
+            status: false,
         },
         &ranks,
     )?;

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, IsTerminal, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -133,6 +133,8 @@ struct Sink {
     stalled: bool,
     /// How long a write may wait for a reader that takes nothing (`None`: for ever).
     deadline: Option<Duration>,
+    /// The status block every write goes around (on a terminal).
+    around: Option<indicatif::MultiProgress>,
 }
 
 impl Sink {
@@ -143,13 +145,19 @@ impl Sink {
             closed: false,
             stalled: false,
             deadline: None,
+            around: None,
         })
     }
 
     fn flush(&mut self) {
         if !self.closed && !self.buf.is_empty() {
             let started = Instant::now();
-            self.closed = write_fully(&self.file, &self.buf, self.deadline).is_err();
+            let write = || write_fully(&self.file, &self.buf, self.deadline).is_err();
+            self.closed = match &self.around {
+                // The block is taken away, the lines written, and the block drawn below them.
+                Some(block) => block.suspend(write),
+                None => write(),
+            };
             if started.elapsed() >= STALL {
                 self.stalled = true;
             }
@@ -205,6 +213,8 @@ pub struct OutputOptions {
     pub keep_last_line: bool,
     /// `--events`: where the job's events go (the launcher's only).
     pub events: Option<super::events::Events>,
+    /// Keep a live status block at the bottom of the console (stderr is a terminal).
+    pub status: bool,
 }
 
 /// One worker's part of the output.
@@ -233,6 +243,8 @@ pub struct Output {
     upstream: bool,
     /// Upstream: the lines frame being filled at the end of `out.buf` (rank, stream, where).
     batch: Option<(u32, Stream, usize)>,
+    /// The live status block, on a terminal.
+    status: Option<super::status::StatusBlock>,
 }
 
 impl Output {
@@ -271,7 +283,17 @@ impl Output {
             lanes,
             upstream: false,
             batch: None,
+            status: None,
         };
+        if output.options.status {
+            let block = super::status::StatusBlock::new();
+            // Lines written to a file or a pipe need not move the block.
+            if io::stdout().is_terminal() {
+                output.out.around = Some(block.multi());
+            }
+            output.err.around = Some(block.multi());
+            output.status = Some(block);
+        }
         output.tick();
         Ok(output)
     }
@@ -314,6 +336,32 @@ impl Output {
     /// sent.
     pub fn upstream_closed(&self) -> bool {
         self.upstream && self.out.closed
+    }
+
+    /// Shows `lines` in the status block, when there is one.
+    pub fn set_status(&mut self, lines: &[String]) {
+        if let Some(block) = &mut self.status {
+            // Lines waiting to be written go first, above the block.
+            self.out.flush();
+            self.err.flush();
+            block.show(lines);
+        }
+    }
+
+    /// Takes the status block away for good: the summary follows.
+    pub fn end_status(&mut self) {
+        if let Some(mut block) = self.status.take() {
+            self.out.flush();
+            self.err.flush();
+            block.clear();
+            self.out.around = None;
+            self.err.around = None;
+        }
+    }
+
+    /// Whether a status block is shown.
+    pub fn has_status(&self) -> bool {
+        self.status.is_some()
     }
 
     /// Records an event in the `--events` file, if there is one (SPEC §13).

@@ -38,6 +38,7 @@ use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState
 use super::output::{LineSplitter, Output};
 use super::rank_files::RankFiles;
 use super::remote::{Remote, is_below, top_of};
+use super::status::{self, HostLine};
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 
@@ -67,6 +68,9 @@ const DUMP_PER_RANK: Duration = Duration::from_secs(5);
 
 /// The most of a stuck worker's stacks an agent sends up.
 const MAX_STACKS: usize = 256 * 1024;
+
+/// How often the status block is redrawn (its clock, ranks that ended).
+const STATUS_EVERY: Duration = Duration::from_secs(1);
 
 /// The exit code of a job that hung (as `timeout` uses).
 pub const HANG_EXIT: u8 = 124;
@@ -597,6 +601,10 @@ struct Supervisor<'a> {
     samples: std::collections::BTreeMap<String, HostSample>,
     /// Each lane's line count at the last publication, and when it last changed.
     printed: Vec<(u64, Instant)>,
+    /// When supervision began (the status block's clock).
+    began: Instant,
+    /// When the status block is redrawn next (every second, on a terminal).
+    next_status: Instant,
 }
 
 /// When a worker last made progress.
@@ -663,7 +671,45 @@ impl<'a> Supervisor<'a> {
             cpu: CpuClock::default(),
             samples: std::collections::BTreeMap::new(),
             printed: vec![(0, Instant::now()); workers.len()],
+            began: Instant::now(),
+            next_status: Instant::now(),
         }
+    }
+
+    /// Redraws the status block (a launcher on a terminal): ranks per host, their samples, the
+    /// slowest rank's step.
+    fn refresh_status(&mut self, output: &mut Output) {
+        if self.is_agent() || !output.has_status() {
+            return;
+        }
+        self.next_status = Instant::now() + STATUS_EVERY;
+        let mut hosts: Vec<(&str, usize, usize)> = Vec::new();
+        for (w, r) in self.workers.iter().zip(&self.running) {
+            let alive = usize::from(r.ended.is_none());
+            match hosts.iter_mut().find(|(h, _, _)| *h == w.host) {
+                Some(h) => {
+                    h.1 += alive;
+                    h.2 += 1;
+                }
+                None => hosts.push((&w.host, alive, 1)),
+            }
+        }
+        let lines: Vec<HostLine<'_>> = hosts
+            .iter()
+            .map(|&(host, alive, ranks)| HostLine {
+                host,
+                alive,
+                ranks,
+                sample: self.samples.get(host),
+            })
+            .collect();
+        let slowest = (0..self.workers.len())
+            .filter(|&l| self.running[l].ended.is_none())
+            .filter_map(|l| self.progress[l].step.map(|s| (s, self.workers[l].rank)))
+            .min()
+            .map(|(step, rank)| (rank, step));
+        let text = status::lines(self.began.elapsed().as_secs(), &lines, slowest);
+        output.set_status(&text);
     }
 
     /// Samples the hosts this supervisor watches when it is time (SPEC §13): an agent sends
@@ -695,6 +741,7 @@ impl<'a> Supervisor<'a> {
             }
         }
         self.publish(output);
+        self.refresh_status(output);
     }
 
     /// The launcher keeps a host's sample and writes it to `--events`.
@@ -770,6 +817,7 @@ impl<'a> Supervisor<'a> {
     }
 
     fn run(&mut self, signals: &Signals, output: &mut Output) {
+        self.refresh_status(output);
         if let Role::Agent(up) = &mut self.role {
             // The launcher's silence counts from here: the join was bounded on its own.
             up.last_heard = Instant::now();
@@ -787,6 +835,9 @@ impl<'a> Supervisor<'a> {
             self.heartbeats(output);
             self.watch(output);
             self.monitor(output);
+            if output.has_status() && Instant::now() >= self.next_status {
+                self.refresh_status(output);
+            }
             let mut wait = self
                 .next_heartbeat
                 .saturating_duration_since(Instant::now());
@@ -800,7 +851,14 @@ impl<'a> Supervisor<'a> {
             if self.plan.monitor.is_some() {
                 wait = wait.min(self.next_sample.saturating_duration_since(Instant::now()));
             }
-            let timeout = if self.has_peers() || watching || self.plan.monitor.is_some() {
+            if output.has_status() {
+                wait = wait.min(self.next_status.saturating_duration_since(Instant::now()));
+            }
+            let timeout = if self.has_peers()
+                || watching
+                || self.plan.monitor.is_some()
+                || output.has_status()
+            {
                 PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX)
             } else if self.stopping.is_some() || all_ended {
                 PollTimeout::from(50u8)
@@ -815,6 +873,7 @@ impl<'a> Supervisor<'a> {
         }
         self.pipes.clear();
         output.flush();
+        output.end_status();
     }
 
     fn has_peers(&self) -> bool {
