@@ -9,6 +9,7 @@
     python3 benches/compare.py pip [--runs 1] [--warm]
     python3 benches/compare.py restart [--runs 5] [--torchrun PATH] [--python PATH]
     python3 benches/compare.py local-hosts [--runs 3] [--hosts 256,512,1024]
+    tests/slurm-cluster.sh python3 benches/compare.py slurm [--runs 10]
 
 - launch: wall time of starting 8 ranks of `true` and waiting for them (targets:
   atlasboost/mpirun median <= 1.0; `atlasboost run --mpi`, which starts mpirun, <= 1.1).
@@ -49,6 +50,12 @@
   machine: 127.0.x.y), against the floor: N `true` started by one shell at once; for N = 256,
   512 and 1,024, with the launcher's peak resident memory (targets: 1,024 hosts <= 3 s and
   <= 64 MiB).
+
+- slurm: inside one Slurm allocation of every node (taken with salloc when not inside one
+  already), the launch time of `atlasboost run --launcher slurm --sim 4 -- true` (one srun
+  step of agents, the rendezvous, the table, 4 workers per node) against plain `srun -N<nodes>
+  --ntasks-per-node=4 true`, which does no table (target: atlasboost <= 1.5x srun). Run it
+  inside the real Slurm of tests/slurm-cluster.sh (or any Slurm with a few idle nodes).
 
 Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
 output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
@@ -809,6 +816,37 @@ def cmd_ssh_netns(args):
             cleanup()
 
 
+# ---------------------------------------------------------------- slurm
+
+def cmd_slurm(args):
+    """Launch time inside one Slurm allocation: atlasboost run --launcher slurm against srun."""
+    if args.runs < 1:
+        die("--runs must be at least 1")
+    if "SLURM_JOB_ID" not in os.environ:
+        # One allocation for every run of both, as a user's salloc would hold it.
+        nodes = args.nodes or len(os.environ.get("SLURM_CLUSTER_NODES", "x x x").split())
+        cmd = ["salloc", f"-N{nodes}", "--quiet", sys.executable, *sys.argv]
+        os.execvp(cmd[0], cmd)
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "0")) or die("SLURM_JOB_NUM_NODES is not set")
+    names = selected(args.only, ["atlasboost", "srun"])
+    tools = {"atlasboost": find_atlasboost(args.atlasboost), "srun": shutil.which("srun") or die("no srun")}
+    cmds = {
+        "atlasboost": [str(tools["atlasboost"]), "run", "-q", "--launcher", "slurm", "--sim", "4",
+                       "--wdir", tempfile.gettempdir(), "--", "true"],
+        "srun": ["srun", f"-N{nodes}", "--ntasks-per-node=4", "true"],
+    }
+    print(f"# slurm: start {nodes} nodes x 4 ranks of `true` and wait for them, in allocation "
+          f"{os.environ['SLURM_JOB_ID']} ({os.environ.get('SLURM_JOB_NODELIST')})\n")
+    print_machine(tools)
+    print_commands({n: cmds[n] for n in names})
+    times = time_alternating(names, cmds, args.runs)
+    rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
+    print_table(["launcher", "median ms", "min ms", "max ms"], rows)
+    if len(names) == 2:
+        ratio = statistics.median(times["atlasboost"]) / statistics.median(times["srun"])
+        print(f"\natlasboost/srun median: {ratio:.2f} (target <= 1.5: {verdict(ratio <= 1.5)})")
+
+
 # ---------------------------------------------------------------- monitoring overhead
 
 def proc_cpu_seconds(pid):
@@ -1191,6 +1229,12 @@ def main():
     s.add_argument("--python", metavar="PATH",
                    help="a Python with the atlasboost package (default target/python-venv/bin/python)")
     s.set_defaults(func=cmd_restart)
+
+    s = add("slurm", "Launch time in one Slurm allocation: atlasboost run --launcher slurm vs srun.",
+            "atlasboost,srun")
+    s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
+    s.add_argument("--nodes", type=int, help="nodes to allocate (default: SLURM_CLUSTER_NODES's, else 3)")
+    s.set_defaults(func=cmd_slurm)
 
     s = add("local-hosts", "Launch time and peak memory of N local simulated hosts against N `true` from a shell.",
             None)

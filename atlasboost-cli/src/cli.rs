@@ -47,11 +47,20 @@ pub enum Command {
     /// Internal: the remote side of a launch, started by `atlasboost run` over ssh; reads its
     /// configuration on standard input.
     #[command(hide = true)]
-    Agent,
+    Agent(AgentArgs),
     /// Internal: one rank of `atlasboost run --mpi`, started by mpirun: runs the worker and
     /// sends its output and exit to the launcher.
     #[command(hide = true)]
     Relay(RelayArgs),
+}
+
+/// `atlasboost agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Started by the srun step of `--launcher slurm`: connect back to the launcher with the
+    /// invitation read on standard input, and speak the channel on that connection.
+    #[arg(long)]
+    pub slurm: bool,
 }
 
 /// `atlasboost relay -- COMMAND`.
@@ -330,6 +339,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
 
+    /// How the hosts' agents are started: over ssh, or by one srun step inside a Slurm
+    /// allocation, on its nodes (or on those -H/--hostfile name).
+    #[arg(long, value_enum, value_name = "ENGINE", default_value = "auto")]
+    pub launcher: LauncherArg,
+
     /// Start the remote hosts' agents in a tree: the launcher, and each agent, opens at most K
     /// ssh sessions (K at least the number of hosts: every session from the launcher).
     #[arg(long, value_name = "K", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
@@ -359,6 +373,17 @@ pub struct RunArgs {
     /// The command each worker runs, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// `--launcher`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LauncherArg {
+    /// slurm inside an allocation (SLURM_JOB_ID set) without -H/--hostfile, else ssh.
+    Auto,
+    /// ssh, in a tree (--fanout).
+    Ssh,
+    /// One srun step inside the Slurm allocation; its nodes are the hosts.
+    Slurm,
 }
 
 /// `--rank-order`.

@@ -100,7 +100,7 @@ fn run_command_line(args: Vec<OsString>) -> u8 {
             commands::probe::run(&args.into(), &printer).map(|()| ExitCodes::SUCCESS)
         }
         Command::Run(args) => launch::run(&args.as_ref().into(), &printer),
-        Command::Agent => Ok(launch::agent::agent_main()),
+        Command::Agent(args) => Ok(launch::agent::agent_main(args.slurm)),
         Command::Relay(args) => Ok(launch::mpi::relay_main(&args.command)),
     };
     match result {

@@ -34,6 +34,11 @@ impl Printer {
         say(message);
     }
 
+    /// Whether details are shown (`--verbose`, not `--quiet`).
+    pub fn is_verbose(&self) -> bool {
+        self.verbose && !self.quiet
+    }
+
     /// Whether `--quiet` was given (no progress displays either).
     pub fn is_quiet(&self) -> bool {
         self.quiet

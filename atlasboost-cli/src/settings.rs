@@ -13,12 +13,23 @@ use atlasboost_core::worker_env::Framework;
 use atlasboost_core::{Chip, ranktable::Format};
 
 use crate::cli::{
-    DeviceArgs, DiscoveryArgs, MergeArgs, ProbeArgs, RankOrderArg, RanktableArgs, RunArgs,
-    ValidateArgs,
+    DeviceArgs, DiscoveryArgs, LauncherArg, MergeArgs, ProbeArgs, RankOrderArg, RanktableArgs,
+    RunArgs, ValidateArgs,
 };
 pub use crate::rank_list::RankList;
 
-/// The order of the servers in a table (`--rank-order`).
+/// How the hosts' agents are started (`--launcher`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// Slurm inside an allocation without `-H`/`--hostfile`, else ssh.
+    Auto,
+    /// ssh, in a tree.
+    Ssh,
+    /// One `srun` step.
+    Slurm,
+}
+
+/// `--rank-order`: how servers are ordered in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerOrder {
     /// Sorted by server id (what MindSpore and HCCL's legacy parser expect).
@@ -139,6 +150,8 @@ pub struct RunSettings {
     pub rendezvous_addr: Option<IpAddr>,
     /// `--fanout`: the launch tree's width (at least 1).
     pub fanout: usize,
+    /// `--launcher`.
+    pub launcher: Engine,
     /// `--events FILE`.
     pub events: Option<PathBuf>,
     /// `--monitor-interval` (`None`: off).
@@ -252,6 +265,11 @@ impl From<&RunArgs> for RunSettings {
             remote_atlasboost: a.remote_atlasboost.clone(),
             rendezvous_addr: a.rendezvous_addr,
             fanout: a.fanout as usize,
+            launcher: match a.launcher {
+                LauncherArg::Auto => Engine::Auto,
+                LauncherArg::Ssh => Engine::Ssh,
+                LauncherArg::Slurm => Engine::Slurm,
+            },
             events: a.events.clone(),
             monitor_interval: (!a.monitor_interval.is_zero()).then_some(a.monitor_interval),
             metrics: a.metrics,

@@ -204,6 +204,15 @@ impl EnvVars {
     pub const SLURM_JOB_NODELIST: &'static str = "SLURM_JOB_NODELIST";
     /// Slurm: the allocation's nodes (the older name).
     pub const SLURM_NODELIST: &'static str = "SLURM_NODELIST";
+    /// Slurm: the allocation's task counts per node (`2(x3),1`).
+    pub const SLURM_TASKS_PER_NODE: &'static str = "SLURM_TASKS_PER_NODE";
+    /// Slurm: the name of the node a task runs on.
+    pub const SLURMD_NODENAME: &'static str = "SLURMD_NODENAME";
+    /// Slurm: the address of the host where `srun` ran, as a task sees it.
+    pub const SLURM_LAUNCH_NODE_IPADDR: &'static str = "SLURM_LAUNCH_NODE_IPADDR";
+    /// Extra arguments for the `srun` that starts the agents under `--launcher slurm`, split on
+    /// white space (e.g. `--partition=debug`).
+    pub const ATLASBOOST_SRUN_OPTIONS: &'static str = "ATLASBOOST_SRUN_OPTIONS";
     /// Which attempt a worker belongs to: 0, then 1 after the first restart (SPEC §12).
     pub const ATLASBOOST_RESTART_COUNT: &'static str = "ATLASBOOST_RESTART_COUNT";
     /// `--max-restarts` of the job.

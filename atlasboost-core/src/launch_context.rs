@@ -305,17 +305,7 @@ pub fn detect_from_env() -> Result<Option<LaunchContext>> {
 /// The first host of a Slurm node list: `node[03-05,9],gpu1` gives `node03`. Slurm places
 /// task 0 on the first node of the step.
 fn first_slurm_host(list: &str) -> Option<String> {
-    let first = list.split(',').next()?.trim();
-    let host = match first.split_once('[') {
-        // `node[03-05` (the split at ',' cut the bracket): the prefix and the first number,
-        // keeping its zero padding.
-        Some((prefix, range)) => {
-            let start = range.split(['-', ']']).next()?;
-            format!("{prefix}{start}")
-        }
-        None => first.to_string(),
-    };
-    (!host.is_empty()).then_some(host)
+    crate::slurm::expand_hostlist(list).ok()?.into_iter().next()
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! - [`launch_context`]: how a worker was started (atlasboost, Open MPI, MPICH, Slurm,
 //!   torchrun), read from its environment.
 //! - [`ranktable::TableLock`]: one running job per rank-table path and host.
+//! - [`slurm`]: Slurm's host lists and task counts per node, as its job environment writes them.
 //!
 //! ```
 //! use std::net::IpAddr;
@@ -48,6 +49,7 @@ pub mod exchange;
 pub mod launch_context;
 pub mod ranktable;
 mod rendezvous;
+pub mod slurm;
 pub mod telemetry;
 pub mod time;
 pub mod worker_env;

@@ -4,7 +4,8 @@
 //! Each module is one part of the contract of `atlasboost run`: what workers see
 //! ([`cluster`]), how a failure ends the job ([`failure`]), signals to the launcher
 //! ([`signals`]), that nothing of a job outlives it ([`lifetime`]), the workers' output
-//! ([`output`]), bad input ([`errors`]), and remote hosts reached over ssh ([`ssh`]).
+//! ([`output`]), bad input ([`errors`]), remote hosts reached over ssh ([`ssh`]), and Slurm
+//! as the launch engine ([`slurm`]).
 
 mod cluster;
 mod concurrent;
@@ -20,6 +21,7 @@ mod output;
 mod relay;
 mod restarts;
 mod signals;
+mod slurm;
 mod ssh;
 mod status;
 

@@ -640,7 +640,18 @@ fn inherited_runtime_visible() -> Result<Option<Vec<u32>>, CliError> {
 /// `atlasboost agent`: the remote side of a launch. Reads its [`AgentConfig`] from the first
 /// line of standard input, then speaks the [`channel`] protocol on standard
 /// output until its workers are done. Returns its exit code.
-pub fn agent_main() -> u8 {
+///
+/// With `slurm` (started by the srun step of `--launcher slurm`), it first connects back to
+/// the launcher with the invitation on standard input, and its standard input and output are
+/// that connection from then on ([`super::slurm::agent_connect`]).
+pub fn agent_main(slurm: bool) -> u8 {
+    if slurm && let Err(why) = super::slurm::agent_connect(&super::slurm::process_env) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "atlasboost agent: cannot join the launcher: {why}"
+        );
+        return ExitCodes::FAILURE;
+    }
     let mut up = std::io::stdout().lock();
     let mut say = |m: &Up| {
         let mut frame = Vec::new();
@@ -676,7 +687,7 @@ pub fn agent_main() -> u8 {
     if hello.is_err() {
         return ExitCodes::FAILURE;
     }
-    match run_remote(&config) {
+    match run_remote(&config, slurm) {
         Ok(code) => code,
         Err(e) => {
             let code = e.exit_code();
@@ -868,7 +879,7 @@ fn join_upward(
 }
 
 /// The agent's work once it has its configuration.
-fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
+fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     let settings = &config.workers;
     if !settings.wdir.is_dir() {
         return Err(CliError::NoWorkerDir {
@@ -890,7 +901,7 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
     // The agents below start first: ssh takes the longest to get going.
     let mut children = start_children(config)?;
     let (report, devices) = host_report(&config.discovery, &config.server_id, nic.as_ref())?;
-    let mut upstream = supervise::Upstream::stdin()?;
+    let mut upstream = supervise::Upstream::stdin()?.under_slurm(slurm);
     let decision = join_upward(config, &report, &mut upstream, &mut children)?;
     let (answer, table) = render_decision(&decision)?;
     write_checked(&settings.rank_table, &answer)?;
@@ -909,6 +920,7 @@ fn run_remote(config: &AgentConfig) -> Result<u8, CliError> {
     let files = RankFiles::create(&config.job_id)?;
     output.send(&Up::Ready);
     let plan = RunPlan {
+        helpers: Vec::new(),
         command: settings.command.clone(),
         wdir: settings.wdir.clone(),
         grace: Duration::from_millis(settings.grace_ms),

@@ -21,6 +21,7 @@ pub mod plan;
 pub mod rank_files;
 pub mod relay;
 pub mod remote;
+pub mod slurm;
 pub mod status;
 pub mod supervise;
 
@@ -55,7 +56,7 @@ use crate::commands::counted;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 use crate::printer::{Printer, to_stderr};
-use crate::settings::{RunSettings, ServerOrder};
+use crate::settings::{Engine, RunSettings, ServerOrder};
 
 /// How much longer an agent waits for the launcher's answer than the launcher waits for the
 /// agents, so that a timeout is reported by the one that knows who is missing.
@@ -80,13 +81,15 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
                 )));
             }
         }
+        uses_slurm(args)?;
         return mpi::run_mpi(args, printer);
     }
     let started = Instant::now();
     // Before anything can start a thread (the driver library's initialisers, when it is
     // loaded below, may): every thread must inherit the blocked mask.
     let signals = Signals::block()?;
-    let hosts = plan_hosts(args)?;
+    let slurm = uses_slurm(args)?;
+    let hosts = plan_hosts(args, slurm)?;
     // Refuse what cannot work before anything starts.
     atlasboost::probe::make_probe(&args.discovery, &hosts[0].server_id)?;
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
@@ -159,6 +162,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     let files = RankFiles::create(&job_id)?;
     let mut job = JobState {
         args,
+        slurm,
         hosts: &hosts,
         job_id: &job_id,
         base: WorkerSettings {
@@ -215,6 +219,8 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
 /// The job across its attempts.
 struct JobState<'a> {
     args: &'a RunSettings,
+    /// The agents are started by srun.
+    slurm: bool,
     hosts: &'a [HostPlan],
     job_id: &'a str,
     /// The workers' settings; each attempt sets its restart count.
@@ -272,6 +278,7 @@ fn run_attempts(
         });
         let launch = Launch {
             args,
+            slurm: job.slurm,
             hosts: &live,
             job_id: job.job_id,
             settings: &settings,
@@ -393,6 +400,7 @@ fn run_attempts(
                     }),
                 }),
                 pytorch: args.framework == atlasboost_core::worker_env::Framework::Pytorch,
+                helpers: joined.step.iter().map(slurm::Step::pid).collect(),
                 monitor: args.monitor_interval.map(|every| MonitorPlan {
                     every,
                     hosts: local_monitors(&launch, &joined, &workers),
@@ -618,6 +626,8 @@ fn layout(table: &RankTable, ranks: usize) -> String {
 /// What every step of a launch needs to know.
 struct Launch<'a> {
     args: &'a RunSettings,
+    /// The agents are started by srun.
+    slurm: bool,
     hosts: &'a [HostPlan],
     job_id: &'a str,
     settings: &'a WorkerSettings,
@@ -625,8 +635,67 @@ struct Launch<'a> {
     shrink: Option<Shrink>,
 }
 
-fn plan_hosts(args: &RunSettings) -> Result<Vec<HostPlan>, CliError> {
+/// Whether the agents are started by srun (SPEC §14): `--launcher slurm`, or `auto` inside an
+/// allocation without `-H`/`--hostfile`.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] for `--launcher slurm` outside an allocation, or with `--mpi`.
+fn uses_slurm(args: &RunSettings) -> Result<bool, CliError> {
+    let inside = slurm::in_allocation(&slurm::process_env);
+    let listed = args.hosts.is_some() || args.hostfile.is_some();
+    match args.launcher {
+        Engine::Ssh => Ok(false),
+        Engine::Auto => Ok(inside && !listed && !args.mpi),
+        Engine::Slurm if args.mpi => Err(CliError::Usage(
+            "--launcher slurm starts atlasboost's agents; --mpi starts mpirun, which finds the \
+             allocation itself: drop one of them"
+                .into(),
+        )),
+        Engine::Slurm if !inside => Err(CliError::Usage(
+            "--launcher slurm needs a Slurm allocation (SLURM_JOB_ID is not set): run inside \
+             salloc or sbatch"
+                .into(),
+        )),
+        Engine::Slurm => Ok(true),
+    }
+}
+
+/// The hosts of a launch under Slurm: the allocation's (or those of -H/--hostfile, as Slurm
+/// names its nodes), with the addresses Slurm reaches them at as server ids. Every host is
+/// reached through the step, this machine too (its workers then run in the step, under
+/// Slurm's accounting, like the others').
+fn slurm_hosts(args: &RunSettings) -> Result<Vec<HostPlan>, CliError> {
+    let specs = match (&args.hosts, &args.hostfile) {
+        (Some(list), _) => parse_host_list(list)?,
+        (None, Some(file)) => parse_hostfile(file)?,
+        (None, None) => slurm::allocation_hosts(&slurm::process_env)?,
+    };
+    let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+    let addresses = slurm::node_addresses(&names)?;
+    let mut seen: HashMap<std::net::Ipv4Addr, &str> = HashMap::new();
+    let mut hosts = Vec::with_capacity(specs.len());
+    for (spec, ip) in specs.iter().zip(addresses) {
+        if let Some(first) = seen.insert(ip, &spec.name) {
+            return Err(CliError::Usage(format!(
+                "Slurm nodes {first:?} and {:?} ({}) have the same address, {ip}; list each \
+                 server once",
+                spec.name, spec.origin
+            )));
+        }
+        hosts.push(HostPlan {
+            name: spec.name.clone(),
+            server_id: ip.to_string(),
+            slots: spec.slots,
+            local: false,
+        });
+    }
+    Ok(hosts)
+}
+
+fn plan_hosts(args: &RunSettings, slurm: bool) -> Result<Vec<HostPlan>, CliError> {
     let mut hosts = match (&args.hosts, &args.hostfile) {
+        _ if slurm => slurm_hosts(args)?,
         (Some(list), _) => resolve_hosts(&parse_host_list(list)?)?,
         (None, Some(file)) => resolve_hosts(&parse_hostfile(file)?)?,
         (None, None) => vec![this_machine(args.nic.as_ref())?],
@@ -669,6 +738,8 @@ struct JoinedHosts {
     local: Vec<Option<Vec<Device>>>,
     /// Remote hosts' sessions.
     remotes: Vec<Remote>,
+    /// The srun step of the agents (`--launcher slurm`): ended after the sessions are.
+    step: Option<slurm::Step>,
 }
 
 /// How the launcher turns the hosts' reports into the table.
@@ -698,6 +769,68 @@ fn start_remote_agents(
     remote_index: &[usize],
     tree: Tree,
 ) -> Result<Vec<Remote>, CliError> {
+    let root = root_config(launch, remote_index, tree)?;
+    let mut remotes = Vec::with_capacity(remote_index.len());
+    for (position, host) in root.tree.hosts.iter().enumerate() {
+        match tree.parent(position) {
+            Some(parent) => remotes.push(Remote::below(&host.host, parent)),
+            None => remotes.push(Remote::start(
+                &host.name,
+                &host.host,
+                &root.tree.ssh,
+                &agent::child_config(&root, host),
+            )?),
+        }
+    }
+    Ok(remotes)
+}
+
+/// The remote hosts under Slurm (SPEC §14): one srun step starts every agent (Slurm's own
+/// tree fans out), and each connects back to the launcher, which then sends it its
+/// configuration. Returns the hosts, awaited until their agents connect, and the step.
+fn start_slurm_step(
+    launch: &Launch<'_>,
+    remote_index: &[usize],
+    printer: &Printer,
+) -> Result<(Vec<Remote>, AgentConfig, slurm::Step), CliError> {
+    // Flat: every agent is the launcher's child, none starts another.
+    let tree = Tree {
+        size: remote_index.len(),
+        fanout: remote_index.len().max(1),
+    };
+    let root = root_config(launch, remote_index, tree)?;
+    let nodes: Vec<String> = root.tree.hosts.iter().map(|h| h.name.clone()).collect();
+    let address = match &launch.args.nic {
+        Some(choice) => Some(std::net::IpAddr::V4(
+            atlasboost::host::find_nic(choice)
+                .map_err(|error| CliError::Usage(format!("--nic {choice}: {error}")))?
+                .ipv4,
+        )),
+        None => None,
+    };
+    let step = slurm::Step::start(&slurm::StepPlan {
+        nodes: &nodes,
+        atlasboost: &root.tree.ssh.remote_atlasboost,
+        address,
+        job_id: launch.job_id,
+        verbose: printer.is_verbose(),
+    })?;
+    let remotes = root
+        .tree
+        .hosts
+        .iter()
+        .map(|h| Remote::awaited(&h.host))
+        .collect();
+    Ok((remotes, root, step))
+}
+
+/// The launcher as the root of the launch tree: its children's configurations are built from
+/// it as any agent builds its children's.
+fn root_config(
+    launch: &Launch<'_>,
+    remote_index: &[usize],
+    tree: Tree,
+) -> Result<AgentConfig, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
     let ssh = SshOptions {
         port: args.ssh_port,
@@ -730,9 +863,7 @@ fn start_remote_agents(
             server_id: hosts[i].server_id.clone(),
         })
         .collect();
-    // The launcher as the tree's root: its children's configurations are built as any
-    // agent builds its children's.
-    let root = AgentConfig {
+    Ok(AgentConfig {
         position: usize::MAX,
         server_id: String::new(),
         host: String::new(),
@@ -744,23 +875,10 @@ fn start_remote_agents(
         tree: TreeBelow {
             fanout: tree.fanout,
             size: tree.size,
-            hosts: tree_hosts.clone(),
-            ssh: ssh.clone(),
+            hosts: tree_hosts,
+            ssh,
         },
-    };
-    let mut remotes = Vec::with_capacity(remote_index.len());
-    for (position, host) in tree_hosts.iter().enumerate() {
-        match tree.parent(position) {
-            Some(parent) => remotes.push(Remote::below(&host.host, parent)),
-            None => remotes.push(Remote::start(
-                &host.name,
-                &host.host,
-                &ssh,
-                &agent::child_config(&root, host),
-            )?),
-        }
-    }
-    Ok(remotes)
+    })
 }
 
 /// The local hosts' reports and their devices, by host index (`None` for a remote host).
@@ -811,13 +929,25 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         size: remote_index.len(),
         fanout: args.fanout,
     };
-    printer.detail(&format!(
-        "atlasboost: launch tree of {} (fanout {}): the launcher opens {}",
-        counted(tree.size, "remote host"),
-        tree.fanout,
-        counted(tree.children(None).len(), "ssh session")
-    ));
-    let mut remotes = start_remote_agents(launch, &remote_index, tree)?;
+    let (mut remotes, mut step) = match launch.slurm {
+        true => {
+            let (remotes, root, step) = start_slurm_step(launch, &remote_index, printer)?;
+            printer.detail(&format!(
+                "atlasboost: Slurm step of {}: srun starts their agents, which connect back",
+                counted(remotes.len(), "host")
+            ));
+            (remotes, Some((step, root)))
+        }
+        false => {
+            printer.detail(&format!(
+                "atlasboost: launch tree of {} (fanout {}): the launcher opens {}",
+                counted(tree.size, "remote host"),
+                tree.fanout,
+                counted(tree.children(None).len(), "ssh session")
+            ));
+            (start_remote_agents(launch, &remote_index, tree)?, None)
+        }
+    };
 
     let progress = std::io::stderr().is_terminal() && !printer.is_quiet();
     let join_limit = args.rendezvous_timeout + AGENT_SLACK + AGENT_SLACK;
@@ -835,6 +965,11 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
         }
         if decision.is_some() && remotes.iter().all(|r| r.ready) {
             break Ok(None);
+        }
+        if let Some((step, root)) = &mut step
+            && let Err(e) = admit_agents(step, root, &mut remotes, printer)
+        {
+            break Err(e);
         }
         let heard = check_remotes(&mut remotes, &mut buf, printer);
         let mut garbled = None;
@@ -880,15 +1015,17 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
             }
         }
         // Only remote hosts to hear from: wait on their output, not on a clock.
-        wait_readable(&remotes, Duration::from_millis(20));
+        let door = step.as_ref().map(|(s, _)| s.fds()).unwrap_or_default();
+        wait_readable(&remotes, &door, Duration::from_millis(20));
         if decision.is_none() && started.elapsed() > args.rendezvous_timeout {
             let missing: Vec<String> = remote_index
                 .iter()
                 .filter(|&&i| reports[i].is_none())
                 .map(|&i| hosts[i].describe())
                 .collect();
+            let unconnected = remotes.iter().filter(|r| r.is_awaited()).count();
             break Err(CliError::Failure(format!(
-                "host{} {} did not join within --rendezvous-timeout {:.0?} (no report from {})",
+                "host{} {} did not join within --rendezvous-timeout {:.0?} (no report from {}{})",
                 if missing.len() == 1 { "" } else { "s" },
                 missing.join(", "),
                 args.rendezvous_timeout,
@@ -896,6 +1033,14 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
                     "its agent"
                 } else {
                     "their agents"
+                },
+                match &step {
+                    Some((s, _)) if unconnected > 0 => format!(
+                        "; {} never connected back; srun said: {}",
+                        counted(unconnected, "agent"),
+                        s.said()
+                    ),
+                    _ => String::new(),
                 }
             )));
         }
@@ -940,7 +1085,54 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
     ));
     let decision =
         decision.ok_or_else(|| CliError::Failure("the join ended without a table".into()))?;
-    finish_join(launch, decision, local_devices, remotes, printer)
+    let mut joined = finish_join(launch, decision, local_devices, remotes, printer)?;
+    if let (Joined::Ready(j), Some((s, _))) = (&mut joined, step) {
+        j.step = Some(s);
+    }
+    Ok(joined)
+}
+
+/// The Slurm step's agents that connected since the last look: each gets its configuration.
+/// srun ending before every agent is in fails the join, with what srun said.
+fn admit_agents(
+    step: &mut slurm::Step,
+    root: &AgentConfig,
+    remotes: &mut [Remote],
+    printer: &Printer,
+) -> Result<(), CliError> {
+    let config_of = |position: usize| -> Result<Vec<u8>, CliError> {
+        let mut line = serde_json::to_vec(&agent::child_config(root, &root.tree.hosts[position]))
+            .map_err(CliError::json("encode the agent's settings"))?;
+        line.push(b'\n');
+        Ok(line)
+    };
+    for why in step.serve(remotes, &config_of)? {
+        printer.status(&format!("atlasboost: {why}"));
+    }
+    let waiting: Vec<&str> = remotes
+        .iter()
+        .filter(|r| r.is_awaited())
+        .map(|r| r.host.as_str())
+        .collect();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    if let Some(status) = step.ended() {
+        // What srun said last may still be on its way through the pipe.
+        std::thread::sleep(Duration::from_millis(100));
+        return Err(CliError::Failure(format!(
+            "srun ended ({status}) before the agents of {} connected back; srun said: {}",
+            waiting.join(", "),
+            step.said()
+        )));
+    }
+    if step.age() > Duration::from_secs(2) && step.age().as_millis() % 5000 < 25 {
+        printer.detail(&format!(
+            "atlasboost: waiting for the agents of {} to connect back",
+            waiting.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// After the decision: the table parsed and checked once, written once for the local hosts
@@ -968,6 +1160,7 @@ fn finish_join(
         decision,
         local,
         remotes,
+        step: None,
     })))
 }
 
@@ -985,7 +1178,7 @@ struct Heard {
 fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> Heard {
     let mut heard = Heard::default();
     for h in 0..remotes.len() {
-        if remotes[h].parent.is_some() {
+        if remotes[h].parent.is_some() || remotes[h].is_awaited() {
             continue;
         }
         while let Some(lines) = remotes[h].read_err(buf) {
@@ -1125,13 +1318,15 @@ pub(crate) fn about_host(host: &str, message: &str) -> String {
 }
 
 /// Waits until a remote session has something to read, or `timeout`.
-fn wait_readable(remotes: &[Remote], timeout: Duration) {
+fn wait_readable(remotes: &[Remote], also: &[std::os::fd::BorrowedFd<'_>], timeout: Duration) {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
     let mut fds: Vec<PollFd<'_>> = remotes
         .iter()
         .flat_map(|r| r.out.iter().chain(r.err.iter()))
-        .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+        .map(|fd| fd.as_fd())
+        .chain(also.iter().copied())
+        .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
         .collect();
     let _ = poll(
         &mut fds,

@@ -154,6 +154,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         })
         .collect();
     let plan = RunPlan {
+        helpers: Vec::new(),
         command: args.command.clone(),
         wdir,
         grace: args.grace,
@@ -499,6 +500,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         cpus: None,
     };
     let plan = RunPlan {
+        helpers: Vec::new(),
         command: command.to_vec(),
         wdir: std::env::current_dir().map_err(CliError::system("read the current directory"))?,
         // The launcher's --grace: for a stop of its own (mpirun's SIGTERM, what the worker left

@@ -9,7 +9,8 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
@@ -47,6 +48,12 @@ pub enum Link {
     /// A host deeper in the launch tree: an agent above it started it, and its messages come
     /// through the session of the launcher's child above it.
     Below,
+    /// An agent of the launcher's `srun` step (`--launcher slurm`), on the TCP connection it
+    /// made back to the launcher; `joined` once it has (until then the host is awaited).
+    Step {
+        /// Whether its agent has connected.
+        joined: bool,
+    },
 }
 
 /// One peer's session, as the launcher sees it.
@@ -82,6 +89,8 @@ pub struct Remote {
     pub parent: Option<usize>,
     /// Lost only because the host above it in the launch tree was.
     pub orphaned: bool,
+    /// srun's last lines, for a host of the Slurm step.
+    step_said: Option<Arc<Mutex<Tail>>>,
 }
 
 /// What a new peer starts with.
@@ -103,6 +112,7 @@ fn session(host: &str, link: Link, input: Option<File>, out: Option<OwnedFd>) ->
         reaped: false,
         parent: None,
         orphaned: false,
+        step_said: None,
     }
 }
 
@@ -195,11 +205,72 @@ impl Remote {
         r
     }
 
+    /// A host of the Slurm step, whose agent has not connected yet.
+    pub fn awaited(host: &str) -> Remote {
+        session(host, Link::Step { joined: false }, None, None)
+    }
+
+    /// The awaited host's agent has connected, on the session `door` (the door's): this
+    /// host's channel is that connection from now on.
+    pub fn attach_step(&mut self, mut door: Remote, srun_said: Arc<Mutex<Tail>>) {
+        self.step_said = Some(srun_said);
+        self.input = door.input.take();
+        self.out = door.out.take();
+        self.decoder = std::mem::take(&mut door.decoder);
+        self.backlog = std::mem::take(&mut door.backlog);
+        self.last_heard = Instant::now();
+        self.link = Link::Step { joined: true };
+    }
+
+    /// A host of the Slurm step whose agent has not connected yet: nothing to read or lose.
+    pub fn is_awaited(&self) -> bool {
+        matches!(self.link, Link::Step { joined: false })
+    }
+
+    /// srun's line saying that Slurm cancelled the step (`*** STEP 7.0 ON n1 CANCELLED AT
+    /// ... ***`), waiting at most `wait` for it; `None` for a host not of a Slurm step, or a
+    /// step that was not cancelled.
+    pub fn cancelled_by_slurm(&self, wait: Duration) -> Option<String> {
+        let said = self.step_said.as_ref()?;
+        let until = Instant::now() + wait;
+        loop {
+            let line = said
+                .lock()
+                .ok()
+                .and_then(|t| t.find(|l| l.contains("CANCELLED AT")));
+            if line.is_some() || Instant::now() >= until {
+                return line;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Why the host is lost when its channel ends before its agent said it was done.
+    pub fn ended_early(&self) -> String {
+        match &self.link {
+            Link::Relay { rank } => format!(
+                "the relay of rank {rank} closed its connection before its worker ended (killed?)"
+            ),
+            Link::Step { .. } => format!(
+                "its agent's connection ended before its workers did (the node, or Slurm's step, \
+                 ended){}",
+                match self.err_tail.joined() {
+                    Some(said) => format!("; it said: {said}"),
+                    None => String::new(),
+                }
+            ),
+            Link::Ssh(_) | Link::Below => format!(
+                "its ssh session ended before its workers did; ssh said: {}",
+                self.err_tail()
+            ),
+        }
+    }
+
     /// The ssh process's id (a relay, or a host below another, has no process of ours).
     pub fn pid(&self) -> Option<u32> {
         match &self.link {
             Link::Ssh(child) => Some(child.id()),
-            Link::Relay { .. } | Link::Below => None,
+            Link::Relay { .. } | Link::Below | Link::Step { .. } => None,
         }
     }
 
@@ -207,7 +278,7 @@ impl Remote {
     pub fn relay_rank(&self) -> Option<u32> {
         match self.link {
             Link::Relay { rank } => Some(rank),
-            Link::Ssh(_) | Link::Below => None,
+            Link::Ssh(_) | Link::Below | Link::Step { .. } => None,
         }
     }
 
@@ -324,7 +395,9 @@ impl Remote {
     fn write(&mut self, bytes: &[u8]) {
         let written = match (&mut self.input, &self.link) {
             (None, _) => return,
-            (Some(s), Link::Ssh(_)) => write_fully(s, bytes, Some(SSH_WRITE_LIMIT)),
+            (Some(s), Link::Ssh(_) | Link::Step { .. }) => {
+                write_fully(s, bytes, Some(SSH_WRITE_LIMIT))
+            }
             (Some(s), _) => s.write_all(bytes).and_then(|()| s.flush()),
         };
         if written.is_err() {
@@ -348,7 +421,9 @@ impl Remote {
     /// Closes the agent's standard input (or the relay's side of the connection): it stops
     /// its workers and exits.
     pub fn hang_up(&mut self) {
-        if let (Some(input), Link::Relay { .. }) = (self.input.take(), &self.link) {
+        if let (Some(input), Link::Relay { .. } | Link::Step { .. }) =
+            (self.input.take(), &self.link)
+        {
             // The connection is one socket with two descriptors: closing this one alone would
             // not end it, so its writing side is shut for the relay to see the end.
             let _ = nix::sys::socket::shutdown(

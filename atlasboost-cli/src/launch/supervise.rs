@@ -75,6 +75,10 @@ const STATUS_EVERY: Duration = Duration::from_secs(1);
 /// The exit code of a job that hung (as `timeout` uses).
 pub const HANG_EXIT: u8 = 124;
 
+/// How long the launcher waits for srun's word that Slurm cancelled the step, once an agent's
+/// connection has ended.
+const SLURM_CANCEL_WAIT: Duration = Duration::from_secs(1);
+
 /// How long an agent whose launcher is gone gives its workers between SIGTERM and SIGKILL, so
 /// that they are gone within 5 s of the launcher.
 const LAUNCHER_LOST_GRACE: Duration = Duration::from_secs(1);
@@ -171,6 +175,9 @@ pub struct RunPlan {
     pub pytorch: bool,
     /// Monitoring (SPEC §13): what this supervisor samples, and how often.
     pub monitor: Option<MonitorPlan>,
+    /// The launcher's own children besides workers and sessions (the `srun` of the agents'
+    /// step): never taken for the workers' orphans.
+    pub helpers: Vec<u32>,
     /// The launcher's: where the samples and ranks' states are published.
     pub metrics: Option<MetricsPlan>,
 }
@@ -284,6 +291,8 @@ pub struct Upstream {
     /// the worker. An agent's come from elsewhere (sshd's SIGHUP) and mean the launcher is
     /// gone.
     obeys_signals: bool,
+    /// Started by Slurm's srun (`--launcher slurm`).
+    slurm: bool,
 }
 
 impl Upstream {
@@ -317,7 +326,15 @@ impl Upstream {
             tree: Tree { size: 0, fanout: 1 },
             queued: Vec::new(),
             obeys_signals,
+            slurm: false,
         }
+    }
+
+    /// The agent was started by Slurm's srun: a signal comes from Slurm stopping the step
+    /// (`scancel`, the time limit), which the launcher is told, with the signal's exit code.
+    pub fn under_slurm(mut self, slurm: bool) -> Upstream {
+        self.slurm = slurm;
+        self
     }
 
     /// The same line, with the agents this one started below it in `tree`.
@@ -791,6 +808,7 @@ impl<'a> Supervisor<'a> {
     /// Processes that are the launcher's children but neither workers nor orphans.
     fn not_orphans(&self) -> Vec<u32> {
         let mut own = vec![self.lifeline.pid()];
+        own.extend(&self.plan.helpers);
         match &self.role {
             Role::Launcher(remotes) => own.extend(remotes.iter().filter_map(Remote::pid)),
             Role::Agent(up) => own.extend(up.children.iter().filter_map(|(_, c)| c.pid())),
@@ -1034,7 +1052,7 @@ impl<'a> Supervisor<'a> {
             self.host_lost(h, why, output);
         }
         if let Some(why) = upstream_lost {
-            self.upstream_lost(why, output);
+            self.upstream_lost(why, ExitCodes::FAILURE, output);
         }
         self.check_mpirun(output);
     }
@@ -1471,7 +1489,11 @@ impl<'a> Supervisor<'a> {
             }
         }
         if ended {
-            self.upstream_lost("the launcher's connection closed", output);
+            self.upstream_lost(
+                "the launcher's connection closed",
+                ExitCodes::FAILURE,
+                output,
+            );
         }
     }
 
@@ -1509,8 +1531,30 @@ impl<'a> Supervisor<'a> {
         output.send(&Up::Stacks { rank, text });
     }
 
+    /// An agent of the Slurm step got a signal: Slurm is ending the step (`scancel`, the time
+    /// limit), and has signalled the workers too. The launcher is still there: it is told why
+    /// (with the signal's exit code) before any worker's end reaches it, and the workers are
+    /// stopped; a second signal kills them.
+    fn slurm_stops(&mut self, s: Signal, output: &mut Output) {
+        if self.stopping.is_some() {
+            self.kill_now();
+            return;
+        }
+        let why = format!(
+            "got {} from Slurm (scancel, or the job's time limit, stops the step)",
+            s.as_str()
+        );
+        output.send(&Up::Failed {
+            code: 128u8.wrapping_add(s as u8),
+            message: format!("{why}; the agent stopped its workers"),
+        });
+        output.message(&format!("atlasboost agent: {why}; stopping the workers"));
+        self.grace = self.grace.min(LAUNCHER_LOST_GRACE);
+        self.stop(Signal::SIGTERM);
+    }
+
     /// The launcher is gone: stop every worker, quickly.
-    fn upstream_lost(&mut self, why: &str, output: &mut Output) {
+    fn upstream_lost(&mut self, why: &str, code: u8, output: &mut Output) {
         let Role::Agent(up) = &mut self.role else {
             return;
         };
@@ -1528,7 +1572,7 @@ impl<'a> Supervisor<'a> {
         // Said as a failure too, so that a launcher that comes back knows why its workers
         // ended (rather than blaming the first one to die of the SIGTERM).
         output.send(&Up::Failed {
-            code: ExitCodes::FAILURE,
+            code,
             message: format!("{why}; the agent stopped its workers"),
         });
         output.message(&format!(
@@ -1577,16 +1621,18 @@ impl<'a> Supervisor<'a> {
         };
         let r = &remotes[h];
         if r.out.is_none() && r.parent.is_none() && !r.done && r.lost.is_none() {
-            let why = match r.relay_rank() {
-                Some(rank) => format!(
-                    "the relay of rank {rank} closed its connection before its worker ended \
-                     (killed?)"
-                ),
-                None => format!(
-                    "its ssh session ended before its workers did; ssh said: {}",
-                    r.err_tail()
-                ),
-            };
+            // `scancel` of the agents' step kills them at once (SIGKILL): only srun's lines say
+            // why, and they may come a moment after the connection closed.
+            if let Some(line) = r.cancelled_by_slurm(SLURM_CANCEL_WAIT) {
+                let why = format!("Slurm cancelled the agents' step (scancel): {line}");
+                if let Role::Launcher(remotes) = &mut self.role {
+                    remotes[h].lost = Some(why.clone());
+                    remotes[h].hang_up();
+                }
+                self.fail_host(h, why, 128 + Signal::SIGTERM as u8, output);
+                return;
+            }
+            let why = r.ended_early();
             self.host_lost(h, why, output);
         }
     }
@@ -1636,6 +1682,11 @@ impl<'a> Supervisor<'a> {
             Up::Failed { code, message } => {
                 if let Role::Launcher(remotes) = &mut self.role {
                     remotes[h].done = true;
+                    // The job is ending already: what the agent says is still news (Slurm
+                    // stopping the step, say, after its signal ended a worker).
+                    if self.first_failure.is_some() || self.interrupted.is_some() {
+                        output.message(&format!("atlasboost: host {}: {message}", remotes[h].host));
+                    }
                 }
                 // An agent that failed ends the sessions of the agents below it.
                 let message = match self.lose_below(h, output).as_slice() {
@@ -1880,8 +1931,11 @@ impl<'a> Supervisor<'a> {
             SignalAction::KillNow => self.kill_now(),
             // An agent takes orders from its launcher; a signal from elsewhere (sshd's SIGHUP
             // when the session ends) means the launcher is gone.
+            SignalAction::UpstreamLost if matches!(&self.role, Role::Agent(up) if up.slurm) => {
+                self.slurm_stops(s, output);
+            }
             SignalAction::UpstreamLost => {
-                self.upstream_lost(&format!("got {}", s.as_str()), output);
+                self.upstream_lost(&format!("got {}", s.as_str()), ExitCodes::FAILURE, output);
             }
             SignalAction::Interrupt => {
                 let live = self.running.iter().filter(|r| r.ended.is_none()).count();

@@ -76,6 +76,7 @@ pub fn run_mpirun(
 /// lifeline.
 fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpirun, CliError> {
     let mpirun_plan = RunPlan {
+        helpers: Vec::new(),
         command: m.command,
         wdir: plan.wdir.clone(),
         grace: plan.grace,

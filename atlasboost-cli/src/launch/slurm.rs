@@ -1,0 +1,657 @@
+//! Slurm as the launch engine (SPEC §14, `--launcher slurm`): the hosts of the allocation,
+//! and one `srun` step that starts every host's agent, in place of ssh.
+//!
+//! Inside an allocation the hosts come from `SLURM_JOB_NODELIST` (and their slots from
+//! `SLURM_TASKS_PER_NODE` when the allocation asked for tasks); their server ids from the
+//! addresses Slurm reaches them at (`scontrol show node`'s `NodeAddr`).
+//!
+//! The step is `srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpu-bind=none ... atlasboost
+//! agent --slurm`, as Open MPI starts its daemons under Slurm: Slurm's own tree starts the
+//! agents, its accounting and `scancel` apply, and no ssh is needed. srun multiplexes one
+//! stdin and one stdout for all its tasks, so the channel of each agent is not srun's stdio:
+//! the launcher writes one invitation line on srun's stdin (broadcast to every task with
+//! `--input=all`), which holds the job's secret and the port of a door like the relays' of
+//! `run --mpi` ([`relay`](super::relay)); each agent connects back to the launcher (at the
+//! address Slurm gives its tasks, `SLURM_LAUNCH_NODE_IPADDR`, or `--nic`'s), proves it holds the
+//! secret, and then speaks the [`channel`](super::channel) protocol on that connection exactly
+//! as over ssh. The secret is never on a command line or in the step's environment (which
+//! `scontrol show step` and `/proc` show).
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use atlasboost_core::EnvVars;
+use atlasboost_core::slurm::{
+    NotationError, compress_hostlist, expand_hostlist, expand_tasks_per_node,
+};
+use atlasboost_tcp::Secret;
+use nix::sys::signal::Signal;
+use serde::{Deserialize, Serialize};
+
+use super::output::Tail;
+use super::plan::HostSpec;
+use super::relay::{DoorEvent, Introduction, RelayDoor, introduce};
+use super::remote::Remote;
+use crate::error::CliError;
+use crate::printer::to_stderr;
+
+/// How many of srun's last lines are kept for error messages.
+const SRUN_TAIL: usize = 12;
+
+/// How long an agent waits for each step of connecting back to the launcher.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long srun gets to end by itself once its agents are told to stop, before it is
+/// signalled; then as long again before SIGKILL.
+const SRUN_END_GRACE: Duration = Duration::from_secs(5);
+
+/// The longest invitation line an agent reads.
+const MAX_INVITATION: usize = 64 * 1024;
+
+/// Reads a variable of the environment (a function, so that tests give their own).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// The process's own environment, for [`Env`].
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Whether this process runs inside a Slurm allocation (`SLURM_JOB_ID` is set).
+pub fn in_allocation(env: Env<'_>) -> bool {
+    env(EnvVars::SLURM_JOB_ID).is_some()
+}
+
+/// The allocation's hosts, from `SLURM_JOB_NODELIST` (or the older `SLURM_NODELIST`), with
+/// slots from `SLURM_TASKS_PER_NODE` when the allocation asked for tasks (`--ntasks` or
+/// `--ntasks-per-node`, which set `SLURM_NTASKS`/`SLURM_NTASKS_PER_NODE`); without, Slurm's
+/// one task per node is its default, not the user's wish, and each host runs one worker per
+/// device.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] naming the variable and the part of it that is malformed, a missing
+/// node list, or task counts that do not match the nodes.
+pub fn allocation_hosts(env: Env<'_>) -> Result<Vec<HostSpec>, CliError> {
+    let job = env(EnvVars::SLURM_JOB_ID).unwrap_or_default();
+    let (var, list) = [EnvVars::SLURM_JOB_NODELIST, EnvVars::SLURM_NODELIST]
+        .into_iter()
+        .find_map(|v| env(v).map(|l| (v, l)))
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "Slurm job {job}: SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside \
+                 salloc or sbatch, or pass -H/--hostfile"
+            ))
+        })?;
+    let named = |var: &str, e: NotationError| CliError::Usage(format!("{var}={e}"));
+    let names = expand_hostlist(&list).map_err(|e| named(var, e))?;
+    let asked_for_tasks = env("SLURM_NTASKS_PER_NODE").is_some() || env("SLURM_NTASKS").is_some();
+    let slots: Vec<Option<u32>> = match env(EnvVars::SLURM_TASKS_PER_NODE) {
+        Some(tasks) => {
+            let counts = expand_tasks_per_node(&tasks)
+                .map_err(|e| named(EnvVars::SLURM_TASKS_PER_NODE, e))?;
+            if counts.len() != names.len() {
+                return Err(CliError::Usage(format!(
+                    "{}={tasks:?} counts {} nodes, but {var}={list:?} has {}",
+                    EnvVars::SLURM_TASKS_PER_NODE,
+                    counts.len(),
+                    names.len()
+                )));
+            }
+            counts
+                .into_iter()
+                .map(|c| asked_for_tasks.then_some(c))
+                .collect()
+        }
+        None => vec![None; names.len()],
+    };
+    Ok(names
+        .into_iter()
+        .zip(slots)
+        .map(|(name, slots)| HostSpec {
+            name,
+            slots,
+            origin: var.to_string(),
+        })
+        .collect())
+}
+
+/// Each node's address as Slurm reaches it (`NodeAddr`, which is the node's name unless the
+/// cluster says otherwise), from one `scontrol show node --oneliner`, resolved to IPv4: the
+/// hosts' server ids. A node `scontrol` does not list is resolved by its name.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] naming a node whose address does not resolve to IPv4.
+pub fn node_addresses(names: &[String]) -> Result<Vec<Ipv4Addr>, CliError> {
+    let listed = scontrol_node_addrs(names);
+    names
+        .iter()
+        .map(|name| {
+            let addr = listed.get(name).map_or(name.as_str(), String::as_str);
+            resolve_ipv4(addr).ok_or_else(|| {
+                CliError::Usage(format!(
+                    "Slurm node {name:?}: its address {addr:?} does not resolve to an IPv4 address \
+                     (server ids are IPv4 addresses); pass -H with addresses"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// `NodeName` → `NodeAddr` from `scontrol show node --oneliner` (empty if scontrol fails: the
+/// names are resolved then, and an error names the node that does not resolve).
+fn scontrol_node_addrs(names: &[String]) -> HashMap<String, String> {
+    let output = Command::new("scontrol")
+        .args(["show", "node", "--oneliner"])
+        .arg(compress_hostlist(names))
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let Ok(output) = output else {
+        return HashMap::new();
+    };
+    parse_node_addrs(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// The `NodeName=` and `NodeAddr=` of each line of `scontrol show node --oneliner`.
+fn parse_node_addrs(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter_map(|line| {
+            let field = |key: &str| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix(key))
+                    .map(str::to_string)
+            };
+            Some((field("NodeName=")?, field("NodeAddr=")?))
+        })
+        .collect()
+}
+
+fn resolve_ipv4(name: &str) -> Option<Ipv4Addr> {
+    if let Ok(ip) = name.parse::<Ipv4Addr>() {
+        return Some(ip);
+    }
+    (name, 0)
+        .to_socket_addrs()
+        .ok()?
+        .find_map(|a| match a.ip() {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(_) => None,
+        })
+}
+
+/// What the launcher tells every agent of the step on srun's stdin: where to connect, and the
+/// secret to prove it belongs to the job.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Invitation {
+    /// The job's id.
+    pub job_id: String,
+    /// The job's secret, in hex.
+    pub secret: String,
+    /// The address to connect to; `None`: `SLURM_LAUNCH_NODE_IPADDR`.
+    pub address: Option<IpAddr>,
+    /// The door's port.
+    pub port: u16,
+    /// How many hosts the step has.
+    pub size: u32,
+}
+
+/// The `srun` step that runs the agents, and the door they connect back to.
+pub struct Step {
+    srun: Child,
+    door: RelayDoor,
+    /// The launcher's remote for each node name, by position.
+    positions: HashMap<String, usize>,
+    /// srun's (and the agents' stderr's) last lines.
+    said: Arc<Mutex<Tail>>,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Step")
+            .field("srun", &self.srun.id())
+            .field("hosts", &self.positions.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the step is started.
+#[derive(Debug)]
+pub struct StepPlan<'a> {
+    /// The hosts' Slurm node names, by position.
+    pub nodes: &'a [String],
+    /// The command that runs atlasboost on the nodes (`agent --slurm` is appended).
+    pub atlasboost: &'a [OsString],
+    /// Where the door listens and agents connect (`--nic`'s address), if not everywhere.
+    pub address: Option<IpAddr>,
+    /// The job's id.
+    pub job_id: &'a str,
+    /// Whether srun's lines are shown as they come (`-v`).
+    pub verbose: bool,
+}
+
+impl Step {
+    /// Opens the door and starts `srun ... atlasboost agent --slurm` on `plan.nodes`, with the
+    /// invitation on its stdin.
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::Failure`] when the door cannot be opened or srun cannot be started.
+    pub fn start(plan: &StepPlan<'_>) -> Result<Step, CliError> {
+        let size = plan.nodes.len() as u32;
+        let secret = Secret::random().map_err(CliError::system("make the job's secret"))?;
+        let door = RelayDoor::open(
+            plan.address.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            size,
+            plan.job_id,
+            secret.clone(),
+        )
+        .map_err(CliError::system("listen for the agents of the Slurm step"))?;
+        let mut cmd = Command::new("srun");
+        cmd.args(srun_args(plan.nodes));
+        if let Some(extra) = std::env::var_os(EnvVars::ATLASBOOST_SRUN_OPTIONS) {
+            cmd.args(extra.to_string_lossy().split_whitespace());
+        }
+        cmd.args(plan.atlasboost).args(["agent", "--slurm"]);
+        let (reader, writer) = nix::unistd::pipe().map_err(|e| {
+            CliError::system("make a pipe for srun's output")(std::io::Error::from(e))
+        })?;
+        let writer2 = writer
+            .try_clone()
+            .map_err(CliError::system("make a pipe for srun's output"))?;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::from(writer))
+            .stderr(Stdio::from(writer2))
+            // Not in the launcher's group: a Ctrl-C reaches the agents through their channel,
+            // after the launcher decided what to do with it.
+            .process_group(0);
+        // SAFETY: only prctl between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                Ok(())
+            });
+        }
+        let mut srun = cmd.spawn().map_err(|source| {
+            CliError::Failure(format!(
+                "cannot start srun (the Slurm launcher; is Slurm installed here?): {source}"
+            ))
+        })?;
+        // The pipe's writing ends are srun's now; ours closed with `cmd`.
+        drop(cmd);
+        let said = Arc::new(Mutex::new(Tail::new(SRUN_TAIL)));
+        drain(File::from(reader), Arc::clone(&said), plan.verbose);
+        let invitation = Invitation {
+            job_id: plan.job_id.to_string(),
+            secret: secret.to_hex(),
+            address: plan.address,
+            port: door.address().port(),
+            size,
+        };
+        if let Some(mut stdin) = srun.stdin.take() {
+            let mut line = serde_json::to_vec(&invitation)
+                .map_err(CliError::json("encode the agents' invitation"))?;
+            line.push(b'\n');
+            // One short line into an empty pipe; srun's stdin is closed after it.
+            let _ = stdin.write_all(&line);
+        }
+        Ok(Step {
+            srun,
+            door,
+            positions: plan
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.clone(), i))
+                .collect(),
+            said,
+            started: Instant::now(),
+        })
+    }
+
+    /// The descriptors to wait on for agents knocking at the door.
+    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        let mut fds = self.door.listeners();
+        fds.extend(self.door.knocks());
+        fds
+    }
+
+    /// Takes the agents that connected and proved themselves: each becomes the session of its
+    /// host in `remotes` (by node name), which is sent `config_of(position)` at once. Returns
+    /// what went wrong at the door, for messages (strangers are refused and named, never
+    /// admitted).
+    pub fn serve(
+        &mut self,
+        remotes: &mut [Remote],
+        config_of: &dyn Fn(usize) -> Result<Vec<u8>, CliError>,
+    ) -> Result<Vec<String>, CliError> {
+        let knocks: Vec<usize> = (0..self.door.knocking()).collect();
+        let mut refused = Vec::new();
+        for event in self.door.serve(true, &knocks) {
+            match event {
+                DoorEvent::Admitted { host, remote, .. } => {
+                    let Some(&position) = self.positions.get(&host) else {
+                        refused.push(format!(
+                            "an agent of the job on node {host:?}, which is not one of the step's \
+                             nodes"
+                        ));
+                        continue;
+                    };
+                    let config = config_of(position)?;
+                    let r = &mut remotes[position];
+                    r.attach_step(*remote, Arc::clone(&self.said));
+                    r.send_lines(&config);
+                }
+                DoorEvent::Refused(why) => refused.push(why.replace("relays'", "agents'")),
+            }
+        }
+        Ok(refused)
+    }
+
+    /// srun's exit status once it has ended (`None` while it runs, or when the supervisor
+    /// has reaped it).
+    pub fn ended(&mut self) -> Option<String> {
+        match self.srun.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            Ok(None) => None,
+            Err(_) => Some("ended".into()),
+        }
+    }
+
+    /// srun's last lines, joined for a message.
+    pub fn said(&self) -> String {
+        self.said
+            .lock()
+            .ok()
+            .and_then(|t| t.joined())
+            .unwrap_or_else(|| "(nothing)".into())
+    }
+
+    /// srun's process id.
+    pub fn pid(&self) -> u32 {
+        self.srun.id()
+    }
+
+    /// How long ago srun was started.
+    pub fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+impl Drop for Step {
+    /// srun ends once every agent has (their channels are closed before the step is dropped);
+    /// one that does not is signalled: srun passes SIGTERM on to the step's tasks, and SIGKILL
+    /// ends it.
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.srun.id() as i32);
+        for (signal, wait) in [
+            (None, SRUN_END_GRACE),
+            (Some(Signal::SIGTERM), SRUN_END_GRACE),
+            (Some(Signal::SIGKILL), SRUN_END_GRACE),
+        ] {
+            // `try_wait` fails once the supervisor has reaped srun: it has ended then, and
+            // its pid may be someone else's.
+            if !matches!(self.srun.try_wait(), Ok(None)) {
+                return;
+            }
+            if let Some(s) = signal {
+                let _ = nix::sys::signal::kill(pid, s);
+            }
+            let until = Instant::now() + wait;
+            while Instant::now() < until {
+                if !matches!(self.srun.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// srun's arguments before the agent's command: one task per node, on exactly these nodes;
+/// the whole job killed when an agent dies; no CPU binding (the agents' workers bind
+/// themselves, `--bind-cores`); every resource of the node for the step, since the workers run
+/// in it; the invitation to every task; each line labelled with its task.
+fn srun_args(nodes: &[String]) -> Vec<String> {
+    let n = nodes.len();
+    vec![
+        format!("--nodes={n}"),
+        format!("--ntasks={n}"),
+        "--ntasks-per-node=1".into(),
+        format!("--nodelist={}", compress_hostlist(nodes)),
+        "--kill-on-bad-exit=1".into(),
+        "--cpu-bind=none".into(),
+        "--whole".into(),
+        "--input=all".into(),
+        "--label".into(),
+        "--unbuffered".into(),
+        "--job-name=atlasboost-agents".into(),
+    ]
+}
+
+/// Reads srun's output to its end on a thread of its own (so that srun never blocks on a full
+/// pipe, whatever the launcher is busy with): keeps the last lines, and shows them with `-v`.
+fn drain(reader: File, said: Arc<Mutex<Tail>>, verbose: bool) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).split(b'\n') {
+            let Ok(line) = line else { return };
+            let line = String::from_utf8_lossy(&line).trim_end().to_string();
+            if verbose {
+                to_stderr(&format!("atlasboost: srun: {line}\n"));
+            }
+            if let Ok(mut tail) = said.lock() {
+                tail.push(line);
+            }
+        }
+    });
+}
+
+/// The agent's side, before it reads its configuration: reads the invitation from stdin,
+/// connects back to the launcher, proves it belongs to the job, and puts the connection in
+/// place of its stdin and stdout, where the agent's channel is.
+///
+/// # Errors
+///
+/// What failed, naming the address or the variable.
+pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
+    let line = read_invitation()?;
+    let invitation: Invitation = serde_json::from_slice(&line)
+        .map_err(|e| format!("the invitation on standard input is not valid: {e}"))?;
+    let secret = Secret::from_hex(&invitation.secret)
+        .ok_or("the invitation's secret is not 64 hex digits")?;
+    let number = |var: &str| -> Result<u32, String> {
+        let v = env(var).ok_or_else(|| format!("{var} is not set; is this a task of srun?"))?;
+        v.parse()
+            .map_err(|_| format!("{var}={v:?} is not a number"))
+    };
+    let node_id = number(EnvVars::SLURM_NODEID)?;
+    let node = env(EnvVars::SLURMD_NODENAME).ok_or_else(|| {
+        format!(
+            "{} is not set; is this a task of srun?",
+            EnvVars::SLURMD_NODENAME
+        )
+    })?;
+    let address = match invitation.address {
+        Some(a) => a.to_string(),
+        None => env(EnvVars::SLURM_LAUNCH_NODE_IPADDR).ok_or_else(|| {
+            format!(
+                "{} is not set, and the launcher named no address (--nic)",
+                EnvVars::SLURM_LAUNCH_NODE_IPADDR
+            )
+        })?,
+    };
+    let target = match address.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{address}]:{}", invitation.port),
+        Err(_) => format!("{address}:{}", invitation.port),
+    };
+    let connection = introduce(
+        &target,
+        None,
+        &Introduction {
+            job_id: &invitation.job_id,
+            secret: &secret,
+            rank: node_id,
+            size: invitation.size,
+            local_rank: 0,
+            host: &node,
+        },
+        CONNECT_TIMEOUT,
+    )?;
+    nix::unistd::dup2_stdin(&connection)
+        .and_then(|()| nix::unistd::dup2_stdout(&connection))
+        .map_err(|e| format!("cannot put the connection in place of stdin and stdout: {e}"))?;
+    Ok(())
+}
+
+/// The first line of stdin, read byte by byte (nothing after it is taken from the descriptor,
+/// and the standard library's buffer of stdin stays empty).
+fn read_invitation() -> Result<Vec<u8>, String> {
+    let stdin = std::io::stdin();
+    let fd: OwnedFd = stdin
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("cannot use standard input: {e}"))?;
+    let mut file = File::from(fd);
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match file.read(&mut byte) {
+            Ok(0) => return Err("no invitation on standard input (srun's stdin ended)".into()),
+            Ok(_) if byte[0] == b'\n' => return Ok(line),
+            Ok(_) => line.push(byte[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("cannot read standard input: {e}")),
+        }
+        if line.len() > MAX_INVITATION {
+            return Err(format!("an invitation longer than {MAX_INVITATION} bytes"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| vars.get(k).cloned()
+    }
+
+    #[test]
+    fn the_allocation_gives_hosts_and_slots_only_when_tasks_were_asked_for() {
+        let env = env_of(&[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_JOB_NODELIST", "n[1-3],gpu1"),
+            ("SLURM_TASKS_PER_NODE", "2(x3),1"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+        ]);
+        let hosts = allocation_hosts(&env).unwrap();
+        let got: Vec<(&str, Option<u32>)> =
+            hosts.iter().map(|h| (h.name.as_str(), h.slots)).collect();
+        assert_eq!(
+            got,
+            [
+                ("n1", Some(2)),
+                ("n2", Some(2)),
+                ("n3", Some(2)),
+                ("gpu1", Some(1))
+            ]
+        );
+        assert_eq!(hosts[0].origin, "SLURM_JOB_NODELIST");
+        // `salloc -N3` alone: Slurm's one task per node is no wish of the user's.
+        let env = env_of(&[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_NODELIST", "n[1-3]"),
+            ("SLURM_TASKS_PER_NODE", "1(x3)"),
+        ]);
+        let hosts = allocation_hosts(&env).unwrap();
+        assert!(hosts.iter().all(|h| h.slots.is_none()));
+        assert_eq!(hosts[2].origin, "SLURM_NODELIST");
+    }
+
+    #[test]
+    fn a_malformed_allocation_names_the_variable_and_the_part() {
+        for (vars, want) in [
+            (
+                vec![("SLURM_JOB_ID", "7"), ("SLURM_JOB_NODELIST", "n[1-3,x]")],
+                "SLURM_JOB_NODELIST=\"n[1-3,x]\": [1-3,x]: \"x\" is not a number",
+            ),
+            (
+                vec![
+                    ("SLURM_JOB_ID", "7"),
+                    ("SLURM_JOB_NODELIST", "n[1-3]"),
+                    ("SLURM_TASKS_PER_NODE", "2(x3"),
+                ],
+                "SLURM_TASKS_PER_NODE=\"2(x3\"",
+            ),
+            (
+                vec![
+                    ("SLURM_JOB_ID", "7"),
+                    ("SLURM_JOB_NODELIST", "n[1-3]"),
+                    ("SLURM_TASKS_PER_NODE", "2(x2)"),
+                ],
+                "counts 2 nodes, but SLURM_JOB_NODELIST=\"n[1-3]\" has 3",
+            ),
+            (vec![("SLURM_JOB_ID", "7")], "SLURM_JOB_NODELIST is not"),
+        ] {
+            let env = env_of(&vars);
+            let e = allocation_hosts(&env).unwrap_err().to_string();
+            assert!(e.contains(want), "{vars:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn node_addresses_are_read_off_scontrols_lines() {
+        let text = "NodeName=abn1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.215.0.11 \
+                    NodeHostName=abn1 Version=22.05.8\n\
+                    NodeName=abn2 NodeAddr=abn2.cluster NodeHostName=abn2\n\
+                    garbage line\n";
+        let addrs = parse_node_addrs(text);
+        assert_eq!(addrs.len(), 2);
+        assert_eq!(addrs["abn1"], "10.215.0.11");
+        assert_eq!(addrs["abn2"], "abn2.cluster");
+    }
+
+    #[test]
+    fn a_node_that_resolves_nowhere_is_named() {
+        let e = node_addresses(&["no-such-node.invalid".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Slurm node \"no-such-node.invalid\""), "{e}");
+        assert_eq!(
+            node_addresses(&["127.0.0.7".into()]).unwrap(),
+            [Ipv4Addr::new(127, 0, 0, 7)]
+        );
+    }
+
+    #[test]
+    fn srun_runs_one_agent_per_listed_node_and_kills_the_step_when_one_dies() {
+        let args = srun_args(&["n1".into(), "n2".into(), "n3".into(), "gpu7".into()]);
+        for want in [
+            "--nodes=4",
+            "--ntasks=4",
+            "--ntasks-per-node=1",
+            "--nodelist=n[1-3],gpu7",
+            "--kill-on-bad-exit=1",
+            "--cpu-bind=none",
+            "--input=all",
+        ] {
+            assert!(
+                args.iter().any(|a| a == want),
+                "{want} missing from {args:?}"
+            );
+        }
+    }
+}

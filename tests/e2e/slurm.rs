@@ -1,0 +1,664 @@
+//! Slurm as the launch engine (SPEC §14), against a real Slurm: `tests/slurm-cluster.sh`
+//! brings up slurmctld and one slurmd per network namespace (munge, Debian's slurm-wlm) and
+//! runs these tests inside it, with `SLURM_CONF` and `SLURM_CLUSTER_*` set:
+//!
+//! ```sh
+//! cargo build -p atlasboost-cli
+//! tests/slurm-cluster.sh cargo test -p atlasboost-e2e --test e2e slurm:: -- --test-threads=1
+//! ```
+//!
+//! `salloc -N3 atlasboost run ...` runs from the root namespace; srun starts one agent per
+//! node (each in its node's namespace), which connects back to the launcher. Outside the
+//! fixture every test says that it skips and passes having tested nothing;
+//! `ATLASBOOST_E2E_REQUIRE_SLURM=1` makes that a failure.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use atlasboost_e2e::{
+    LAUNCH_MARK, Launch, Run, assert_no_process_with_env, atlasboost_bin, descendants, example,
+    wait_until,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::lines_by_rank;
+
+/// The cluster the fixture started.
+struct Cluster {
+    conf: String,
+    nodes: Vec<String>,
+    netns: Vec<String>,
+}
+
+/// The fixture's cluster, or `None` (said on stderr) outside it.
+fn cluster_or_skip(test: &str) -> Option<Cluster> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (Some(conf), Some(nodes), Some(netns)) = (
+        var("SLURM_CONF"),
+        var("SLURM_CLUSTER_NODES"),
+        var("SLURM_CLUSTER_NETNS"),
+    ) else {
+        let why = "not inside tests/slurm-cluster.sh (SLURM_CONF and SLURM_CLUSTER_* unset)";
+        assert!(
+            std::env::var_os("ATLASBOOST_E2E_REQUIRE_SLURM").is_none_or(|v| v != "1"),
+            "{test}: {why}, and ATLASBOOST_E2E_REQUIRE_SLURM=1"
+        );
+        eprintln!("slurm::{test}: skipped: {why}");
+        return None;
+    };
+    Some(Cluster {
+        conf,
+        nodes: nodes.split_whitespace().map(str::to_string).collect(),
+        netns: netns.split_whitespace().map(str::to_string).collect(),
+    })
+}
+
+impl Cluster {
+    /// `salloc -N<all> atlasboost ARGS...` (salloc's output joins atlasboost's).
+    fn salloc(&self, args: &[&str]) -> Run {
+        let n = format!("-N{}", self.nodes.len());
+        Run::new([n.as_str(), "--quiet"])
+            .program("salloc")
+            .args([atlasboost_bin().as_os_str()])
+            .args(args)
+            .env("SLURM_CONF", &self.conf)
+            .timeout(Duration::from_secs(120))
+    }
+
+    /// A Slurm client command's output.
+    fn client(&self, program: &str, args: &[&str]) -> String {
+        let out = Command::new(program)
+            .args(args)
+            .env("SLURM_CONF", &self.conf)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The network namespace inode of each node, by node name.
+    fn namespace_inodes(&self) -> BTreeMap<u64, String> {
+        use std::os::unix::fs::MetadataExt;
+        self.nodes
+            .iter()
+            .zip(&self.netns)
+            .map(|(node, ns)| {
+                let m = std::fs::metadata(format!("/run/netns/{ns}"))
+                    .unwrap_or_else(|e| panic!("namespace {ns} of node {node}: {e}"));
+                (m.ino(), node.clone())
+            })
+            .collect()
+    }
+
+    /// The processes of the nodes' namespaces other than the slurmd daemons: what a job left.
+    fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        for ns in &self.netns {
+            let out = Command::new("ip")
+                .args(["netns", "pids", ns])
+                .output()
+                .unwrap_or_else(|e| panic!("ip netns pids {ns}: {e}"));
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                    .unwrap_or_default();
+                if comm.trim() != "slurmd" && !cmdline.is_empty() {
+                    left.push(format!("{ns}: {pid} {}", cmdline.trim()));
+                }
+            }
+        }
+        left
+    }
+
+    /// Waits (at most 20 s) until the nodes run nothing but slurmd.
+    fn assert_nothing_left(&self, context: &str) {
+        let clean = wait_until(Duration::from_secs(20), || self.leftovers().is_empty());
+        assert!(
+            clean,
+            "{context}: processes are left on the nodes after 20 s:\n{}",
+            self.leftovers().join("\n")
+        );
+    }
+
+    /// The job's steps (`squeue -s`), other than its `extern` and `interactive` ones.
+    fn steps(&self, job: &str) -> Vec<String> {
+        self.client("squeue", &["-h", "-s", "-j", job, "-o", "%i %j"])
+            .lines()
+            .filter(|l| !l.contains("extern") && !l.contains("interactive"))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// A small deterministic generator (xorshift64), so that a failing expression can be found
+/// again.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// A host list of the kinds clusters use: prefixes, brackets with numbers and ranges of
+/// several widths, zero padding, several brackets in one name, several names (and, rarely, a
+/// suffix after the last bracket, which Slurm 22.05 refuses and atlasboost reads).
+fn hostlist(rng: &mut Xorshift) -> String {
+    let prefixes = ["node", "n", "gpu-", "rack1-n", "cn", "a.b-", "x"];
+    let suffix = |rng: &mut Xorshift| if rng.below(20) == 0 { "a" } else { "" };
+    let mut names = Vec::new();
+    for _ in 0..=rng.below(3) {
+        let mut name = prefixes[rng.below(prefixes.len() as u64) as usize].to_string();
+        for group in 0..=rng.below(2) {
+            if group > 0 {
+                name.push_str(["-", "s", "r"][rng.below(3) as usize]);
+            }
+            let width = 1 + rng.below(3) as usize;
+            let mut ranges = Vec::new();
+            let mut next = rng.below(20);
+            for _ in 0..=rng.below(3) {
+                let lo = next;
+                let hi = lo + rng.below(6);
+                ranges.push(match lo == hi {
+                    true => format!("{lo:0width$}"),
+                    false => format!("{lo:0width$}-{hi:0width$}"),
+                });
+                next = hi + 1 + rng.below(5);
+            }
+            name.push_str(&format!("[{}]", ranges.join(",")));
+        }
+        name.push_str(suffix(rng));
+        names.push(name);
+    }
+    names.join(",")
+}
+
+#[test]
+fn hostlists_expand_as_scontrol_show_hostnames_does() {
+    let Some(cluster) = cluster_or_skip("hostlists_expand_as_scontrol_show_hostnames_does") else {
+        return;
+    };
+    let mut rng = Xorshift(0x5eed_1234_abcd_0001);
+    let mut fixed: Vec<String> = [
+        "node[01-04,07],gpu-[1-2]",
+        "n[8-11]",
+        "n[098-101]",
+        "a[1-2]b[3-4]",
+        "rack[1-2]-n[01-02]",
+        "single",
+        "x[0]",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    fixed.extend((0..300).map(|_| hostlist(&mut rng)));
+    let (mut compared, mut suffixed) = (0, 0);
+    for list in &fixed {
+        let out = Command::new("scontrol")
+            .args(["show", "hostnames", list])
+            .env("SLURM_CONF", &cluster.conf)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        let complaint = String::from_utf8_lossy(&out.stderr);
+        let ours = atlasboost_core::slurm::expand_hostlist(list);
+        if said.contains("Invalid hostlist")
+            || complaint.contains("Invalid hostlist")
+            || !out.status.success()
+        {
+            // Only atlasboost's one extension may read what Slurm 22.05 refuses.
+            let suffix = list
+                .split(',')
+                .any(|n| n.rfind(']').is_some_and(|i| i + 1 < n.len()));
+            assert!(
+                suffix || ours.is_err(),
+                "{list}: scontrol refuses it, atlasboost reads {ours:?}"
+            );
+            suffixed += 1;
+            continue;
+        }
+        let want: Vec<String> = said.lines().map(str::to_string).collect();
+        let got =
+            ours.unwrap_or_else(|e| panic!("{list}: scontrol expands it, atlasboost refuses: {e}"));
+        assert_eq!(got, want, "{list}: atlasboost and scontrol differ");
+        compared += 1;
+    }
+    eprintln!(
+        "slurm: {compared} host lists agree with scontrol; {suffixed} refused by it (atlasboost reads those with a suffix)"
+    );
+    assert!(compared >= 250, "only {compared} host lists compared");
+    // The launcher's own compression, for srun --nodelist, reads back the same in Slurm.
+    let names: Vec<String> = ["n1", "n2", "n3", "n07", "gpu-1", "n08", "x"]
+        .map(str::to_string)
+        .to_vec();
+    let compressed = atlasboost_core::slurm::compress_hostlist(&names);
+    let back: Vec<String> = cluster
+        .client("scontrol", &["show", "hostnames", &compressed])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(back, names, "{compressed}");
+}
+
+/// What each worker leaves: a copy of the table it read, and a line naming its node and the
+/// network namespace it runs in.
+const WORKER: &str = r#"set -eu
+cp "$RANK_TABLE_FILE" "seen/$RANK_ID.json"
+netns=$(stat -L -c %i /proc/self/ns/net)
+echo "ok rank $RANK_ID node $SLURMD_NODENAME netns $netns server $ATLASBOOST_SERVER_ID device $ATLASBOOST_PHYSICAL_ID"
+"#;
+
+#[test]
+fn a_job_in_an_allocation_runs_every_nodes_workers_through_one_srun_step() {
+    let Some(cluster) =
+        cluster_or_skip("a_job_in_an_allocation_runs_every_nodes_workers_through_one_srun_step")
+    else {
+        return;
+    };
+    let n = cluster.nodes.len();
+    let run = cluster.salloc(&["run", "-v", "--sim", "4", "--", "sh", "worker.sh"]);
+    run.file("worker.sh", WORKER, false);
+    std::fs::create_dir_all(run.dir().join("seen")).unwrap();
+    let done = run.run();
+    done.assert_code(0);
+    let err = done.err();
+    assert!(
+        err.contains(&format!(
+            "Slurm step of {n} hosts: srun starts their agents"
+        )),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        err.contains(&format!("{} succeeded, 0 failed", 4 * n)),
+        "{}",
+        done.describe()
+    );
+    // Every rank once, four per node, each in its node's namespace, devices 0-3.
+    let inodes = cluster.namespace_inodes();
+    let by_rank = lines_by_rank(&done.out(), "stdout");
+    assert_eq!(by_rank.len(), 4 * n, "{}", done.describe());
+    let mut devices: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for (rank, lines) in &by_rank {
+        assert_eq!(lines.len(), 1, "rank {rank}: {lines:?}");
+        let words: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(words[..2], ["ok", "rank"], "rank {rank}: {lines:?}");
+        assert_eq!(
+            words[2],
+            rank.to_string(),
+            "a tag on another rank's line: {lines:?}"
+        );
+        let (node, netns, device) = (words[4], words[6], words[10]);
+        let ran_in = inodes.get(&netns.parse::<u64>().unwrap());
+        assert_eq!(
+            ran_in.map(String::as_str),
+            Some(node),
+            "rank {rank} of node {node} ran in network namespace {netns}"
+        );
+        devices
+            .entry(node.to_string())
+            .or_default()
+            .insert(device.parse().unwrap());
+    }
+    for node in &cluster.nodes {
+        assert_eq!(
+            devices
+                .get(node)
+                .map(|d| d.iter().copied().collect::<Vec<_>>()),
+            Some(vec![0, 1, 2, 3]),
+            "node {node}"
+        );
+    }
+    // One table, byte-identical wherever a worker read it, valid, naming every node.
+    let table = done.dir().join("rank_table.json");
+    let bytes = std::fs::read(&table).unwrap();
+    for rank in 0..4 * n {
+        let copy = done.dir().join(format!("seen/{rank}.json"));
+        assert_eq!(
+            std::fs::read(&copy).unwrap(),
+            bytes,
+            "rank {rank}'s copy of the table"
+        );
+    }
+    let validated = Command::new(atlasboost_bin())
+        .arg("validate")
+        .arg(&table)
+        .output()
+        .unwrap();
+    assert!(validated.status.success(), "{validated:?}");
+    let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(parsed["server_count"], n.to_string());
+    cluster.assert_nothing_left("after a job that succeeded");
+}
+
+#[test]
+fn the_example_trainer_runs_under_salloc_without_a_host_list() {
+    let Some(cluster) =
+        cluster_or_skip("the_example_trainer_runs_under_salloc_without_a_host_list")
+    else {
+        return;
+    };
+    let n = cluster.nodes.len();
+    let train = example("train.py");
+    let done = cluster
+        .salloc(&["run", "--sim", "4", "--", "python3"])
+        .args([train.as_os_str()])
+        .args(["--steps", "2", "--sleep", "0"])
+        .run();
+    done.assert_code(0);
+    let by_rank = lines_by_rank(&done.out(), "stdout");
+    assert_eq!(by_rank.len(), 4 * n, "{}", done.describe());
+    for (rank, lines) in &by_rank {
+        let first = format!("rank {rank}/{} on device ", 4 * n);
+        assert!(
+            lines[0].starts_with(&first) && lines[0].contains(&format!("{n} servers")),
+            "rank {rank}: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn a_failed_worker_fails_the_job_naming_it_and_its_node() {
+    let Some(cluster) = cluster_or_skip("a_failed_worker_fails_the_job_naming_it_and_its_node")
+    else {
+        return;
+    };
+    let done = cluster
+        .salloc(&[
+            "run",
+            "--sim",
+            "2",
+            "--grace",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo node=$SLURMD_NODENAME; if [ $RANK_ID = 3 ]; then exit 7; fi; exec sleep 60",
+        ])
+        .run();
+    done.assert_code(7);
+    let node_of_3 = lines_by_rank(&done.out(), "stdout")
+        .get(&3)
+        .and_then(|l| l.first().cloned())
+        .unwrap_or_default();
+    let node_of_3 = node_of_3.trim_start_matches("node=");
+    assert!(!node_of_3.is_empty(), "{}", done.describe());
+    let err = done.err();
+    assert!(
+        err.lines()
+            .any(|l| l.contains("rank 3") && l.contains("exit") && l.contains('7')),
+        "the failure of rank 3 is not named:\n{}",
+        done.describe()
+    );
+    // The summary's row of rank 3 names its host, whose server id is its node's address.
+    let ip_of = cluster_ips(&cluster);
+    assert!(
+        err.contains(&ip_of[node_of_3]),
+        "rank 3's host ({node_of_3}, {}) is not named:\n{}",
+        ip_of[node_of_3],
+        done.describe()
+    );
+    cluster.assert_nothing_left("after a failed job");
+}
+
+/// Each node's address, by node name.
+fn cluster_ips(cluster: &Cluster) -> BTreeMap<String, String> {
+    let ips = std::env::var("SLURM_CLUSTER_IPS").unwrap_or_default();
+    cluster
+        .nodes
+        .iter()
+        .cloned()
+        .zip(ips.split_whitespace().map(str::to_string))
+        .collect()
+}
+
+/// A job whose workers say `ready` with their job and step ids, then sleep; returned once
+/// every worker is ready, with the job's id and the agents' step id.
+fn started_sleepers(cluster: &Cluster) -> (Launch, String, String) {
+    let n = cluster.nodes.len();
+    let mut launch = cluster
+        .salloc(&[
+            "run",
+            "--sim",
+            "2",
+            "--grace",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo ready job=$SLURM_JOB_ID step=$SLURM_STEP_ID; exec sleep 100",
+        ])
+        .spawn();
+    launch.wait_for_lines("ready job=", 2 * n, Duration::from_secs(60));
+    let out = String::from_utf8_lossy(&launch.stdout()).into_owned();
+    let line = out.lines().find(|l| l.contains("ready job=")).unwrap();
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or_default()
+            .to_string()
+    };
+    (launch, field("job="), field("step="))
+}
+
+#[test]
+fn scancel_of_the_step_ends_the_workers_and_atlasboost_exits_143() {
+    let Some(cluster) =
+        cluster_or_skip("scancel_of_the_step_ends_the_workers_and_atlasboost_exits_143")
+    else {
+        return;
+    };
+    let (launch, job, step) = started_sleepers(&cluster);
+    assert!(!job.is_empty() && !step.is_empty(), "no job or step id");
+    let mark = launch.mark().to_string();
+    cluster.client("scancel", &[&format!("{job}.{step}")]);
+    let done = launch.wait_at_most(Duration::from_secs(30));
+    done.assert_code(143);
+    assert!(
+        done.err()
+            .contains("Slurm cancelled the agents' step (scancel)")
+            && done.err().contains("CANCELLED AT"),
+        "the message does not say Slurm cancelled the step:\n{}",
+        done.describe()
+    );
+    cluster.assert_nothing_left("after scancel of the step");
+    assert_no_process_with_env(LAUNCH_MARK, &mark, Duration::from_secs(10), "after scancel");
+}
+
+#[test]
+fn scancel_of_the_job_leaves_nothing_on_any_node() {
+    let Some(cluster) = cluster_or_skip("scancel_of_the_job_leaves_nothing_on_any_node") else {
+        return;
+    };
+    let (launch, job, _) = started_sleepers(&cluster);
+    let mark = launch.mark().to_string();
+    cluster.client("scancel", &[&job]);
+    let done = launch.wait_at_most(Duration::from_secs(30));
+    // Slurm sends the step's processes SIGTERM (SIGKILL after KillWait): the agents say so,
+    // and salloc passes on atlasboost's status.
+    done.assert_code(143);
+    assert!(
+        done.err()
+            .contains("from Slurm (scancel, or the job's time limit"),
+        "the message does not say Slurm stopped the job:\n{}",
+        done.describe()
+    );
+    cluster.assert_nothing_left("after scancel of the job");
+    assert_no_process_with_env(LAUNCH_MARK, &mark, Duration::from_secs(10), "after scancel");
+}
+
+#[test]
+fn kill_9_of_atlasboost_ends_the_step_and_leaves_nothing() {
+    let Some(cluster) = cluster_or_skip("kill_9_of_atlasboost_ends_the_step_and_leaves_nothing")
+    else {
+        return;
+    };
+    let (launch, job, _) = started_sleepers(&cluster);
+    let mark = launch.mark().to_string();
+    let atlasboost: PathBuf = atlasboost_bin();
+    let launcher = descendants(launch.pid())
+        .into_iter()
+        .find(|p| {
+            atlasboost_e2e::cmdline(p.pid).is_some_and(|c| {
+                c.first()
+                    .is_some_and(|a| std::path::Path::new(a) == atlasboost)
+            })
+        })
+        .expect("the launcher below salloc");
+    kill(Pid::from_raw(launcher.pid), Signal::SIGKILL).unwrap();
+    cluster.assert_nothing_left("after kill -9 of the launcher");
+    assert_no_process_with_env(LAUNCH_MARK, &mark, Duration::from_secs(10), "after kill -9");
+    assert!(
+        wait_until(Duration::from_secs(20), || cluster.steps(&job).is_empty()),
+        "the agents' step of job {job} is still there: {:?}",
+        cluster.steps(&job)
+    );
+    let _ = launch.wait_at_most(Duration::from_secs(30));
+}
+
+#[test]
+fn a_restart_starts_a_new_step_and_monitoring_reaches_the_events_file() {
+    let Some(cluster) =
+        cluster_or_skip("a_restart_starts_a_new_step_and_monitoring_reaches_the_events_file")
+    else {
+        return;
+    };
+    let n = cluster.nodes.len();
+    let done = cluster
+        .salloc(&[
+            "run",
+            "--sim",
+            "2",
+            "--max-restarts",
+            "1",
+            "--restart-delay",
+            "0",
+            "--monitor-interval",
+            "1",
+            "--events",
+            "events.jsonl",
+            "--",
+            "sh",
+            "-c",
+            "echo attempt=$ATLASBOOST_RESTART_COUNT step=$SLURM_STEP_ID
+             if [ $ATLASBOOST_RESTART_COUNT = 0 ] && [ $RANK_ID = 1 ]; then exit 5; fi
+             sleep 2",
+        ])
+        .run();
+    done.assert_code(0);
+    let out = done.out();
+    let steps = |attempt: u32| -> BTreeSet<String> {
+        out.lines()
+            .filter_map(|l| l.split_once(&format!(":attempt={attempt} step=")))
+            .map(|(_, step)| step.to_string())
+            .collect()
+    };
+    let (first, second) = (steps(0), steps(1));
+    assert_eq!(
+        first.len(),
+        1,
+        "attempt 0 ran in steps {first:?}\n{}",
+        done.describe()
+    );
+    assert_eq!(
+        second.len(),
+        1,
+        "attempt 1 ran in steps {second:?}\n{}",
+        done.describe()
+    );
+    assert_ne!(first, second, "the restart reused the agents' step");
+    assert_eq!(
+        out.lines().filter(|l| l.contains(":attempt=1 ")).count(),
+        2 * n,
+        "{}",
+        done.describe()
+    );
+    // Each node's agent sampled its devices and sent them up its connection.
+    let events = std::fs::read_to_string(done.dir().join("events.jsonl")).unwrap();
+    let sampled: BTreeSet<String> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| {
+            e["event"] == "telemetry" && e["devices"].as_array().is_some_and(|d| d.len() == 2)
+        })
+        .filter_map(|e| e["host"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(sampled.len(), n, "hosts with telemetry: {sampled:?}");
+    cluster.assert_nothing_left("after a restarted job");
+}
+
+/// Without a cluster: what the launcher makes of Slurm's variables before it starts anything.
+#[test]
+fn slurm_settings_are_checked_before_anything_starts() {
+    let outside = Run::new(["run", "--launcher", "slurm", "--sim", "2", "--", "true"]).run();
+    outside.assert_code(2);
+    assert!(
+        outside
+            .err()
+            .contains("--launcher slurm needs a Slurm allocation (SLURM_JOB_ID is not set)"),
+        "{}",
+        outside.describe()
+    );
+    let malformed = Run::new(["run", "--sim", "2", "--", "true"])
+        .env("SLURM_JOB_ID", "7")
+        .env("SLURM_JOB_NODELIST", "n[1-3,x]")
+        .run();
+    malformed.assert_code(2);
+    assert!(
+        malformed
+            .err()
+            .contains("SLURM_JOB_NODELIST=\"n[1-3,x]\": [1-3,x]: \"x\" is not a number"),
+        "{}",
+        malformed.describe()
+    );
+    let uneven = Run::new(["run", "--sim", "2", "--", "true"])
+        .env("SLURM_JOB_ID", "7")
+        .env("SLURM_JOB_NODELIST", "n[1-3]")
+        .env("SLURM_TASKS_PER_NODE", "2(x2)")
+        .run();
+    uneven.assert_code(2);
+    assert!(
+        uneven.err().contains(
+            "SLURM_TASKS_PER_NODE=\"2(x2)\" counts 2 nodes, but SLURM_JOB_NODELIST=\"n[1-3]\" has 3"
+        ),
+        "{}",
+        uneven.describe()
+    );
+    // Inside an allocation, -H means ssh (or this machine), as the user listed the hosts.
+    let listed = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--", "true"])
+        .env("SLURM_JOB_ID", "7")
+        .env("SLURM_JOB_NODELIST", "n[1-3]")
+        .run();
+    listed.assert_code(0);
+    let with_mpi = Run::new([
+        "run",
+        "--mpi",
+        "--launcher",
+        "slurm",
+        "--sim",
+        "2",
+        "--",
+        "true",
+    ])
+    .env("SLURM_JOB_ID", "7")
+    .run();
+    with_mpi.assert_code(2);
+    assert!(
+        with_mpi
+            .err()
+            .contains("--launcher slurm starts atlasboost's agents"),
+        "{}",
+        with_mpi.describe()
+    );
+}
