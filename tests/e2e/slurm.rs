@@ -33,6 +33,24 @@ struct Cluster {
     netns: Vec<String>,
 }
 
+impl Drop for Cluster {
+    /// Whatever a test left running (it failed half-way, say) is cancelled, so that the next
+    /// test finds the nodes idle.
+    fn drop(&mut self) {
+        let _ = Command::new("scancel")
+            .args(["--user", "root"])
+            .env("SLURM_CONF", &self.conf)
+            .status();
+        wait_until(Duration::from_secs(20), || {
+            Command::new("squeue")
+                .args(["-h", "-o", "%i"])
+                .env("SLURM_CONF", &self.conf)
+                .output()
+                .is_ok_and(|o| o.stdout.iter().all(u8::is_ascii_whitespace))
+        });
+    }
+}
+
 /// The fixture's cluster, or `None` (said on stderr) outside it.
 fn cluster_or_skip(test: &str) -> Option<Cluster> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -46,7 +64,12 @@ fn cluster_or_skip(test: &str) -> Option<Cluster> {
             std::env::var_os("ATLASBOOST_E2E_REQUIRE_SLURM").is_none_or(|v| v != "1"),
             "{test}: {why}, and ATLASBOOST_E2E_REQUIRE_SLURM=1"
         );
-        eprintln!("slurm::{test}: skipped: {why}");
+        let line = format!(
+            "\n*** skipping: slurm::{test}: {why}; it tests nothing here (run it in the fixture, \
+             or set ATLASBOOST_E2E_REQUIRE_SLURM=1 to make this a failure) ***\n"
+        );
+        // Straight to file descriptor 2: eprintln! would be captured by the test harness.
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         return None;
     };
     Some(Cluster {
@@ -59,8 +82,14 @@ fn cluster_or_skip(test: &str) -> Option<Cluster> {
 impl Cluster {
     /// `salloc -N<all> atlasboost ARGS...` (salloc's output joins atlasboost's).
     fn salloc(&self, args: &[&str]) -> Run {
+        self.salloc_with(&[], args)
+    }
+
+    /// `salloc -N<all> SALLOC_ARGS... atlasboost ARGS...`.
+    fn salloc_with(&self, salloc_args: &[&str], args: &[&str]) -> Run {
         let n = format!("-N{}", self.nodes.len());
         Run::new([n.as_str(), "--quiet"])
+            .args(salloc_args)
             .program("salloc")
             .args([atlasboost_bin().as_os_str()])
             .args(args)
@@ -423,6 +452,47 @@ fn cluster_ips(cluster: &Cluster) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The job's secret (64 hex digits) is on no agent's command line and in no agent's
+/// environment, where `ps`, `/proc` and `scontrol show step` would show it to others.
+fn assert_secret_out_of_sight(cluster: &Cluster) {
+    let secret_like = |text: &str| {
+        text.split(|c: char| !c.is_ascii_hexdigit())
+            .any(|w| w.len() >= 64)
+    };
+    let mut agents = 0;
+    for ns in &cluster.netns {
+        let pids = Command::new("ip")
+            .args(["netns", "pids", ns])
+            .output()
+            .unwrap();
+        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+            let pid: i32 = pid.parse().unwrap();
+            let Some(cmdline) = atlasboost_e2e::cmdline(pid) else {
+                continue;
+            };
+            if !cmdline.iter().any(|a| a == "agent") {
+                continue;
+            }
+            agents += 1;
+            assert_eq!(
+                cmdline[1..],
+                ["agent", "--slurm"],
+                "agent {pid}'s command line"
+            );
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            for var in String::from_utf8_lossy(&environ).split('\0') {
+                assert!(!secret_like(var), "agent {pid}'s environment has {var}");
+            }
+        }
+    }
+    // Each agent, and its lifeline (a fork of it, with its command line).
+    assert!(
+        agents >= cluster.nodes.len(),
+        "{agents} agents on {} nodes",
+        cluster.nodes.len()
+    );
+}
+
 /// A job whose workers say `ready` with their job and step ids, then sleep; returned once
 /// every worker is ready, with the job's id and the agents' step id.
 fn started_sleepers(cluster: &Cluster) -> (Launch, String, String) {
@@ -483,6 +553,7 @@ fn scancel_of_the_job_leaves_nothing_on_any_node() {
     };
     let (launch, job, _) = started_sleepers(&cluster);
     let mark = launch.mark().to_string();
+    assert_secret_out_of_sight(&cluster);
     cluster.client("scancel", &[&job]);
     let done = launch.wait_at_most(Duration::from_secs(30));
     // Slurm sends the step's processes SIGTERM (SIGKILL after KillWait): the agents say so,
@@ -661,4 +732,133 @@ fn slurm_settings_are_checked_before_anything_starts() {
         "{}",
         with_mpi.describe()
     );
+}
+
+#[test]
+fn a_lost_node_is_left_out_of_the_restart() {
+    let Some(cluster) = cluster_or_skip("a_lost_node_is_left_out_of_the_restart") else {
+        return;
+    };
+    let n = cluster.nodes.len();
+    let mut launch = cluster
+        .salloc(&[
+            "run",
+            "--sim",
+            "2",
+            "--max-restarts",
+            "1",
+            "--min-np",
+            "2",
+            "--restart-delay",
+            "0",
+            "--grace",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo attempt=$ATLASBOOST_RESTART_COUNT node=$SLURMD_NODENAME
+             if [ $ATLASBOOST_RESTART_COUNT = 0 ]; then exec sleep 60; fi",
+        ])
+        .spawn();
+    launch.wait_for_lines("attempt=0", 2 * n, Duration::from_secs(60));
+    // The last node's agent dies (as in a node failure): Slurm ends the whole step
+    // (--kill-on-bad-exit), and the launcher restarts on the other nodes.
+    let victim = cluster.nodes.last().unwrap().clone();
+    let ns = cluster.netns.last().unwrap();
+    let pids = Command::new("ip")
+        .args(["netns", "pids", ns])
+        .output()
+        .unwrap();
+    let agent = String::from_utf8_lossy(&pids.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .find(|&p| atlasboost_e2e::cmdline(p).is_some_and(|c| c.iter().any(|a| a == "agent")))
+        .expect("the agent of the last node");
+    kill(Pid::from_raw(agent), Signal::SIGKILL).unwrap();
+    let done = launch.wait_at_most(Duration::from_secs(60));
+    done.assert_code(0);
+    let again: Vec<String> = done
+        .out()
+        .lines()
+        .filter(|l| l.contains(":attempt=1 "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(again.len(), 2 * (n - 1), "{}", done.describe());
+    assert!(
+        again
+            .iter()
+            .all(|l| !l.ends_with(&format!("node={victim}"))),
+        "node {victim} ran in the restart:\n{}",
+        done.describe()
+    );
+    assert!(
+        done.err().contains(&format!("host {victim} (")),
+        "{}",
+        done.describe()
+    );
+    cluster.assert_nothing_left("after a restart without a lost node");
+}
+
+#[test]
+fn an_allocation_that_asked_for_tasks_gives_each_node_that_many_workers() {
+    let Some(cluster) =
+        cluster_or_skip("an_allocation_that_asked_for_tasks_gives_each_node_that_many_workers")
+    else {
+        return;
+    };
+    let n = cluster.nodes.len();
+    // SLURM_TASKS_PER_NODE=1(x3): one worker per node, though each has 4 devices.
+    let done = cluster
+        .salloc_with(
+            &["--ntasks-per-node=1"],
+            &[
+                "run",
+                "--sim",
+                "4",
+                "--",
+                "sh",
+                "-c",
+                "echo on $SLURMD_NODENAME",
+            ],
+        )
+        .run();
+    done.assert_code(0);
+    let by_rank = lines_by_rank(&done.out(), "stdout");
+    assert_eq!(by_rank.len(), n, "{}", done.describe());
+    let nodes: BTreeSet<&str> = by_rank
+        .values()
+        .filter_map(|l| l.first()?.strip_prefix("on "))
+        .collect();
+    assert_eq!(nodes.len(), n, "{}", done.describe());
+}
+
+#[test]
+fn agents_that_cannot_start_fail_the_launch_with_what_srun_said() {
+    let Some(cluster) =
+        cluster_or_skip("agents_that_cannot_start_fail_the_launch_with_what_srun_said")
+    else {
+        return;
+    };
+    let done = cluster
+        .salloc(&[
+            "run",
+            "--remote-atlasboost",
+            "/no/such/atlasboost",
+            "--sim",
+            "2",
+            "--",
+            "true",
+        ])
+        .timeout(Duration::from_secs(60))
+        .run();
+    done.assert_code(125);
+    let err = done.err();
+    assert!(
+        err.contains("srun ended")
+            && err.contains("before the agents of")
+            && err.contains("/no/such/atlasboost"),
+        "{}",
+        done.describe()
+    );
+    cluster.assert_nothing_left("after agents that could not start");
 }

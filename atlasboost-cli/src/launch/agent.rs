@@ -687,7 +687,7 @@ pub fn agent_main(slurm: bool) -> u8 {
     if hello.is_err() {
         return ExitCodes::FAILURE;
     }
-    match run_remote(&config, slurm) {
+    let code = match run_remote(&config, slurm) {
         Ok(code) => code,
         Err(e) => {
             let code = e.exit_code();
@@ -697,7 +697,11 @@ pub fn agent_main(slurm: bool) -> u8 {
             });
             code
         }
+    };
+    if slurm {
+        super::slurm::agent_disconnect();
     }
+    code
 }
 
 /// The devices of `devices` that `workers` (a host's) run on, by logical id.

@@ -109,11 +109,6 @@ impl Tail {
         self.lines.push_back(line);
     }
 
-    /// The last line kept that matches.
-    pub fn find(&self, matches: impl Fn(&str) -> bool) -> Option<String> {
-        self.lines.iter().rev().find(|l| matches(l)).cloned()
-    }
-
     /// The lines kept, oldest first, joined with ` | `; `None` if there are none.
     pub fn joined(&self) -> Option<String> {
         (!self.lines.is_empty()).then(|| self.lines.iter().cloned().collect::<Vec<_>>().join(" | "))

@@ -90,7 +90,48 @@ pub struct Remote {
     /// Lost only because the host above it in the launch tree was.
     pub orphaned: bool,
     /// srun's last lines, for a host of the Slurm step.
-    step_said: Option<Arc<Mutex<Tail>>>,
+    step_said: Option<Arc<Mutex<SrunSaid>>>,
+}
+
+/// What the srun of a Slurm step said (its own lines and the agents' stderr), as its reader
+/// thread collects it.
+#[derive(Debug)]
+pub struct SrunSaid {
+    /// The last lines.
+    pub tail: Tail,
+    /// The line saying that Slurm cancelled the step (`*** STEP 7.0 ON n1 CANCELLED AT ...
+    /// ***`, or srun's `Job step aborted`), when it came before srun ended the step itself.
+    pub cancelled: Option<String>,
+    /// srun itself ended the step (`--kill-on-bad-exit`, after an agent died): a cancellation
+    /// that follows is its doing, not `scancel`'s.
+    pub terminating: bool,
+}
+
+impl SrunSaid {
+    /// Nothing said yet; the last `keep` lines will be kept.
+    pub fn new(keep: usize) -> SrunSaid {
+        SrunSaid {
+            tail: Tail::new(keep),
+            cancelled: None,
+            terminating: false,
+        }
+    }
+
+    /// One more line of srun's.
+    pub fn push(&mut self, line: String) {
+        if line.contains("Terminating StepId") || line.contains("Terminating job step") {
+            self.terminating = true;
+        } else if !self.terminating
+            && (line.contains("CANCELLED AT") || line.contains("Job step aborted"))
+            // slurmstepd's line is kept when there is one: it names the step and the time.
+            && self.cancelled.as_ref().is_none_or(|c| !c.contains("CANCELLED AT"))
+        {
+            // `scancel`: slurmctld tells srun, and slurmstepd says so, before the tasks die;
+            // when srun ends the step itself (an agent died), it says so first.
+            self.cancelled = Some(line.clone());
+        }
+        self.tail.push(line);
+    }
 }
 
 /// What a new peer starts with.
@@ -212,7 +253,7 @@ impl Remote {
 
     /// The awaited host's agent has connected, on the session `door` (the door's): this
     /// host's channel is that connection from now on.
-    pub fn attach_step(&mut self, mut door: Remote, srun_said: Arc<Mutex<Tail>>) {
+    pub fn attach_step(&mut self, mut door: Remote, srun_said: Arc<Mutex<SrunSaid>>) {
         self.step_said = Some(srun_said);
         self.input = door.input.take();
         self.out = door.out.take();
@@ -228,21 +269,32 @@ impl Remote {
     }
 
     /// srun's line saying that Slurm cancelled the step (`*** STEP 7.0 ON n1 CANCELLED AT
-    /// ... ***`), waiting at most `wait` for it; `None` for a host not of a Slurm step, or a
-    /// step that was not cancelled.
+    /// ... ***`, `scancel`), waiting at most `wait` for it; `None` for a host not of a Slurm
+    /// step, a step that was not cancelled, or one that srun ended itself because an agent
+    /// died (`--kill-on-bad-exit`).
     pub fn cancelled_by_slurm(&self, wait: Duration) -> Option<String> {
         let said = self.step_said.as_ref()?;
         let until = Instant::now() + wait;
         loop {
-            let line = said
-                .lock()
-                .ok()
-                .and_then(|t| t.find(|l| l.contains("CANCELLED AT")));
-            if line.is_some() || Instant::now() >= until {
-                return line;
+            if let Ok(s) = said.lock() {
+                if let Some(line) = &s.cancelled {
+                    return Some(line.clone());
+                }
+                if s.terminating {
+                    return None;
+                }
+            }
+            if Instant::now() >= until {
+                return None;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// A host of the Slurm step (lost with it when srun ends the step after another agent
+    /// died: it is not left out of a restart).
+    pub fn is_of_step(&self) -> bool {
+        matches!(self.link, Link::Step { .. })
     }
 
     /// Why the host is lost when its channel ends before its agent said it was done.
@@ -604,6 +656,39 @@ fn shell_quote(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn srun_tells_scancel_from_its_own_ending_of_the_step() {
+        let said = |lines: &[&str]| {
+            let mut s = SrunSaid::new(4);
+            for l in lines {
+                s.push((*l).to_string());
+            }
+            s
+        };
+        // scancel: slurmstepd's word first, then srun's reaction to the killed tasks.
+        let scancel = said(&[
+            "0: slurmstepd-n1: error: *** STEP 3.0 ON n1 CANCELLED AT 2026-12-01T23:08:12 ***",
+            "srun: Job step aborted: Waiting up to 4 seconds for job step to finish.",
+            "srun: error: n2: task 1: Killed",
+            "srun: launch/slurm: _step_signal: Terminating StepId=3.0",
+        ]);
+        assert!(
+            scancel
+                .cancelled
+                .unwrap()
+                .contains("STEP 3.0 ON n1 CANCELLED AT")
+        );
+        let aborted = said(&["srun: Job step aborted: Waiting up to 4 seconds"]);
+        assert!(aborted.cancelled.unwrap().contains("Job step aborted"));
+        // --kill-on-bad-exit: an agent died, srun ended the step, which slurmstepd then reports.
+        let bad_exit = said(&[
+            "srun: error: n3: task 2: Killed",
+            "srun: launch/slurm: _step_signal: Terminating StepId=3.0",
+            "0: slurmstepd-n1: error: *** STEP 3.0 ON n1 CANCELLED AT 2026-12-01T23:07:04 ***",
+        ]);
+        assert!(bad_exit.terminating && bad_exit.cancelled.is_none());
+    }
 
     #[test]
     fn an_agent_of_another_version_is_named_as_such() {

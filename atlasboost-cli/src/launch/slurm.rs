@@ -36,10 +36,9 @@ use atlasboost_tcp::Secret;
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 
-use super::output::Tail;
 use super::plan::HostSpec;
 use super::relay::{DoorEvent, Introduction, RelayDoor, introduce};
-use super::remote::Remote;
+use super::remote::{Remote, SrunSaid};
 use crate::error::CliError;
 use crate::printer::to_stderr;
 
@@ -211,7 +210,7 @@ pub struct Step {
     /// The launcher's remote for each node name, by position.
     positions: HashMap<String, usize>,
     /// srun's (and the agents' stderr's) last lines.
-    said: Arc<Mutex<Tail>>,
+    said: Arc<Mutex<SrunSaid>>,
     started: Instant,
 }
 
@@ -288,7 +287,7 @@ impl Step {
         })?;
         // The pipe's writing ends are srun's now; ours closed with `cmd`.
         drop(cmd);
-        let said = Arc::new(Mutex::new(Tail::new(SRUN_TAIL)));
+        let said = Arc::new(Mutex::new(SrunSaid::new(SRUN_TAIL)));
         drain(File::from(reader), Arc::clone(&said), plan.verbose);
         let invitation = Invitation {
             job_id: plan.job_id.to_string(),
@@ -372,7 +371,7 @@ impl Step {
         self.said
             .lock()
             .ok()
-            .and_then(|t| t.joined())
+            .and_then(|s| s.tail.joined())
             .unwrap_or_else(|| "(nothing)".into())
     }
 
@@ -440,7 +439,7 @@ fn srun_args(nodes: &[String]) -> Vec<String> {
 
 /// Reads srun's output to its end on a thread of its own (so that srun never blocks on a full
 /// pipe, whatever the launcher is busy with): keeps the last lines, and shows them with `-v`.
-fn drain(reader: File, said: Arc<Mutex<Tail>>, verbose: bool) {
+fn drain(reader: File, said: Arc<Mutex<SrunSaid>>, verbose: bool) {
     std::thread::spawn(move || {
         for line in BufReader::new(reader).split(b'\n') {
             let Ok(line) = line else { return };
@@ -448,8 +447,8 @@ fn drain(reader: File, said: Arc<Mutex<Tail>>, verbose: bool) {
             if verbose {
                 to_stderr(&format!("atlasboost: srun: {line}\n"));
             }
-            if let Ok(mut tail) = said.lock() {
-                tail.push(line);
+            if let Ok(mut said) = said.lock() {
+                said.push(line);
             }
         }
     });
@@ -510,6 +509,31 @@ pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
         .and_then(|()| nix::unistd::dup2_stdout(&connection))
         .map_err(|e| format!("cannot put the connection in place of stdin and stdout: {e}"))?;
     Ok(())
+}
+
+/// The agent's side, once it is done: closes its half of the connection and waits (at most
+/// [`CONNECT_TIMEOUT`]) for the launcher to close the other, so that nothing the launcher sent
+/// is left unread: closing a socket with unread data resets the connection, and the launcher
+/// could lose the agent's last frames.
+pub fn agent_disconnect() {
+    let _ = nix::sys::socket::shutdown(1, nix::sys::socket::Shutdown::Write);
+    let until = Instant::now() + CONNECT_TIMEOUT;
+    let mut buf = [0u8; 4096];
+    let stdin = std::io::stdin();
+    let fd = stdin.as_fd();
+    while Instant::now() < until {
+        let mut poll = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(100u16)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        match nix::unistd::read(fd, &mut buf) {
+            Ok(0) => return,
+            Ok(_) | Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// The first line of stdin, read byte by byte (nothing after it is taken from the descriptor,

@@ -1702,6 +1702,11 @@ impl<'a> Supervisor<'a> {
             Up::Done => {
                 if let Role::Launcher(remotes) = &mut self.role {
                     remotes[h].done = true;
+                    // An agent of the Slurm step waits for the launcher's end of the
+                    // connection before it exits (so that nothing is left unread): it is done.
+                    if remotes[h].is_of_step() {
+                        remotes[h].hang_up();
+                    }
                 }
             }
             Up::Beat { rank, beats, step } => {
@@ -1826,6 +1831,14 @@ impl<'a> Supervisor<'a> {
                 names.join(", ")
             ),
         };
+        // srun ends the whole step once one agent died (--kill-on-bad-exit): the hosts lost
+        // after the first were lost with the step, and are not left out of a restart.
+        if let (Some(f), Role::Launcher(remotes)) = (&self.host_failure, &mut self.role)
+            && f.lost
+            && remotes[h].is_of_step()
+        {
+            remotes[h].orphaned = true;
+        }
         self.fail_host(h, why, ExitCodes::FAILURE, output);
         if let Some(f) = &mut self.host_failure
             && let Role::Launcher(remotes) = &self.role
