@@ -512,7 +512,7 @@ pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
 }
 
 /// The agent's side, once it is done: closes its half of the connection and waits (at most
-/// [`CONNECT_TIMEOUT`]) for the launcher to close the other, so that nothing the launcher sent
+/// 20 s) for the launcher to close the other, so that nothing the launcher sent
 /// is left unread: closing a socket with unread data resets the connection, and the launcher
 /// could lose the agent's last frames.
 pub fn agent_disconnect() {
