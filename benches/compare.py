@@ -54,8 +54,10 @@
 - slurm: inside one Slurm allocation of every node (taken with salloc when not inside one
   already), the launch time of `atlasboost run --launcher slurm --sim 4 -- true` (one srun
   step of agents, the rendezvous, the table, 4 workers per node) against plain `srun -N<nodes>
-  --ntasks-per-node=4 true`, which does no table (target: atlasboost <= 1.5x srun). Run it
-  inside the real Slurm of tests/slurm-cluster.sh (or any Slurm with a few idle nodes).
+  --ntasks-per-node=4 true`, which does no table (target: atlasboost <= 1.5x srun), and
+  against srun-agents: the step atlasboost itself runs (one task per node, its options), with
+  `true` for the agent. Run it inside the real Slurm of tests/slurm-cluster.sh (or any Slurm
+  with a few idle nodes).
 
 Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
 output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
@@ -828,12 +830,15 @@ def cmd_slurm(args):
         cmd = ["salloc", f"-N{nodes}", "--quiet", sys.executable, *sys.argv]
         os.execvp(cmd[0], cmd)
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "0")) or die("SLURM_JOB_NUM_NODES is not set")
-    names = selected(args.only, ["atlasboost", "srun"])
+    names = selected(args.only, ["atlasboost", "srun", "srun-agents"])
     tools = {"atlasboost": find_atlasboost(args.atlasboost), "srun": shutil.which("srun") or die("no srun")}
     cmds = {
         "atlasboost": [str(tools["atlasboost"]), "run", "-q", "--launcher", "slurm", "--sim", "4",
                        "--wdir", tempfile.gettempdir(), "--", "true"],
         "srun": ["srun", f"-N{nodes}", "--ntasks-per-node=4", "true"],
+        # The step atlasboost itself runs, with `true` for the agent: what srun costs it.
+        "srun-agents": ["srun", f"-N{nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                        "--cpu-bind=none", "--whole", "--input=all", "--label", "--unbuffered", "true"],
     }
     print(f"# slurm: start {nodes} nodes x 4 ranks of `true` and wait for them, in allocation "
           f"{os.environ['SLURM_JOB_ID']} ({os.environ.get('SLURM_JOB_NODELIST')})\n")
@@ -842,9 +847,12 @@ def cmd_slurm(args):
     times = time_alternating(names, cmds, args.runs)
     rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
     print_table(["launcher", "median ms", "min ms", "max ms"], rows)
-    if len(names) == 2:
+    if "atlasboost" in names and "srun" in names:
         ratio = statistics.median(times["atlasboost"]) / statistics.median(times["srun"])
         print(f"\natlasboost/srun median: {ratio:.2f} (target <= 1.5: {verdict(ratio <= 1.5)})")
+    if "atlasboost" in names and "srun-agents" in names:
+        ratio = statistics.median(times["atlasboost"]) / statistics.median(times["srun-agents"])
+        print(f"atlasboost/srun-agents median: {ratio:.2f} (what atlasboost adds to its own step)")
 
 
 # ---------------------------------------------------------------- monitoring overhead
@@ -1231,7 +1239,7 @@ def main():
     s.set_defaults(func=cmd_restart)
 
     s = add("slurm", "Launch time in one Slurm allocation: atlasboost run --launcher slurm vs srun.",
-            "atlasboost,srun")
+            "atlasboost,srun,srun-agents")
     s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
     s.add_argument("--nodes", type=int, help="nodes to allocate (default: SLURM_CLUSTER_NODES's, else 3)")
     s.set_defaults(func=cmd_slurm)
