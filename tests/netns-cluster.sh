@@ -25,6 +25,8 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=tests/netns-lib.sh
+. "$repo/tests/netns-lib.sh"
 bin=${ATLASBOOST_BIN:-$repo/target/debug/atlasboost}
 id=$$
 br=abbr$id
@@ -54,34 +56,16 @@ cleanup() {
         wait "$run_pid" 2>/dev/null
     fi
     for i in $(seq "$count"); do
-        n=${namespaces[i - 1]}
         # The sshd listeners we started, by the pids they wrote.
         if [[ -n $tmp && -s $tmp/sshd-$i.pid ]]; then
             pid=$(<"$tmp/sshd-$i.pid")
             [[ $pid =~ ^[0-9]+$ ]] && kill "$pid" 2>/dev/null
         fi
-        # Whatever else still runs inside our own namespace (ssh sessions, agents, workers)
-        # was started by this run.
-        if ip netns list 2>/dev/null | grep -qw -- "$n"; then
-            pids=$(ip netns pids "$n" 2>/dev/null)
-            # shellcheck disable=SC2086 # a list of pids
-            [[ -n $pids ]] && kill $pids 2>/dev/null
-        fi
     done
-    for i in $(seq "$count"); do
-        n=${namespaces[i - 1]}
-        if ip netns list 2>/dev/null | grep -qw -- "$n"; then
-            for _ in $(seq 50); do
-                [[ -z $(ip netns pids "$n" 2>/dev/null) ]] && break
-                sleep 0.1
-            done
-            pids=$(ip netns pids "$n" 2>/dev/null)
-            # shellcheck disable=SC2086 # a list of pids
-            [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
-            ip netns del "$n" || say "warning: cannot delete namespace $n" >&2
-        fi
-        ip link del "abv${i}r$id" 2>/dev/null
-    done
+    # Whatever else still runs inside our own namespaces (ssh sessions, agents, workers) was
+    # started by this run.
+    netns_remove "${namespaces[@]}"
+    for i in $(seq "$count"); do ip link del "abv${i}r$id" 2>/dev/null; done
     ip link del "$br" 2>/dev/null
     [[ -n $tmp && -d $tmp ]] && rm -rf -- "$tmp"
     exit "$rc"
@@ -127,23 +111,11 @@ EOF
 # 1. Preconditions: what is missing or not permitted is a skip.
 # ---------------------------------------------------------------------------------------------
 [[ $(id -u) == 0 ]] || skip "needs root (network namespaces and sshd)"
-for tool in ip ssh ssh-keygen python3 timeout unshare nsenter; do
+for tool in ip ssh ssh-keygen python3 timeout unshare nsenter flock; do
     command -v "$tool" >/dev/null 2>&1 || skip "$tool is not installed"
 done
 [[ -x $sshd ]] || skip "$sshd is not installed (openssh-server)"
-probe_ns=abns0-$id
-if ! err=$(ip netns add "$probe_ns" 2>&1); then
-    skip "ip netns add is not permitted here: $err"
-fi
-ip netns del "$probe_ns"
-if ! err=$(ip link add "abv0r$id" type veth peer name "abv0n$id" 2>&1); then
-    skip "cannot create a veth pair here: $err"
-fi
-ip link del "abv0r$id"
-if ! err=$(ip link add "$br" type bridge 2>&1); then
-    skip "cannot create a bridge here: $err"
-fi
-ip link del "$br"
+netns_check_allowed "abns0-$id" "abv0r$id" "abv0n$id" "$br"
 [[ -x $bin ]] || die "$bin is not there; build it with: cargo build -p atlasboost-cli"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/netns-cluster.XXXXXX")
@@ -154,26 +126,9 @@ mkdir -p "$tmp/ssh" "$tmp/work" "$tmp/seen" "$tmp/private"
 # ---------------------------------------------------------------------------------------------
 # 2. Topology: bridge + 3 namespaces; the root namespace is 10.213.S.1 on the bridge.
 # ---------------------------------------------------------------------------------------------
-{
-    # Pick a free 10.213.S.0/24 and claim it (with the bridge address) under a lock, so that
-    # parallel runs get different subnets.
-    if command -v flock >/dev/null 2>&1; then
-        exec 9>"${TMPDIR:-/tmp}/atlasboost-netns-cluster.lock"
-        flock -w 30 9 || die "cannot take the subnet lock"
-    fi
-    used=$(ip -4 -o addr show | awk '{print $4}')
-    for s in $(seq 0 255); do
-        grep -q "^10\.213\.$s\." <<<"$used" || { net=10.213.$s; break; }
-    done
-    [[ -n $net ]] || die "every 10.213.S.0/24 subnet is in use"
-    ip link add "$br" type bridge
-    ip addr add "$net.1/24" dev "$br"
-    ip link set "$br" up
-    if command -v flock >/dev/null 2>&1; then
-        flock -u 9
-        exec 9>&-
-    fi
-}
+# A free 10.213.S.0/24, claimed under a lock so that parallel runs get different subnets.
+netns_bridge "$br" 10.213 "${TMPDIR:-/tmp}/atlasboost-netns-cluster.lock"
+net=$NETNS_NET
 ips=()
 hosts=()
 for i in $(seq "$count"); do
@@ -181,12 +136,7 @@ for i in $(seq "$count"); do
     ip_i=$net.1$i
     ips+=("$ip_i")
     hosts+=("$ip_i:4")
-    ip netns add "$n"
-    ip link add "abv${i}r$id" type veth peer name "abv${i}n$id" netns "$n"
-    ip link set "abv${i}r$id" master "$br" up
-    ip -n "$n" link set lo up
-    ip -n "$n" addr add "$ip_i/24" dev "abv${i}n$id"
-    ip -n "$n" link set "abv${i}n$id" up
+    netns_add_host "$n" "abv${i}r$id" "abv${i}n$id" "$br" "$ip_i"
 done
 # A second network on the same links (10.214.S.0/24), for --nic (step 9).
 net2=10.214.${net##*.}

@@ -44,6 +44,8 @@
 # it (not root, no netns/veth/bridge, no slurm or munge binaries); "slurm-cluster: FAILED: <why>"
 # and the daemons' log tails on stderr, exit 1, when setting up fails.
 set -euo pipefail
+# shellcheck source=tests/netns-lib.sh
+. "$(cd "$(dirname "$0")" && pwd)/netns-lib.sh"
 
 id=$$
 count=${SLURM_CLUSTER_NODES_COUNT:-3}
@@ -183,25 +185,7 @@ cleanup() {
         reap 3 "$munged_pid" || kill -KILL "$munged_pid" 2>/dev/null
     fi
     # Whatever else still runs inside our namespaces (slurmstepd, tasks) was started by this run.
-    for n in "${namespaces[@]}"; do
-        if [[ -e /run/netns/$n ]]; then
-            pids=$(ip netns pids "$n" 2>/dev/null)
-            # shellcheck disable=SC2086 # a list of pids
-            [[ -n $pids ]] && kill $pids 2>/dev/null
-        fi
-    done
-    for n in "${namespaces[@]}"; do
-        if [[ -e /run/netns/$n ]]; then
-            for _ in $(seq 30); do
-                [[ -z $(ip netns pids "$n" 2>/dev/null) ]] && break
-                sleep 0.1
-            done
-            pids=$(ip netns pids "$n" 2>/dev/null)
-            # shellcheck disable=SC2086 # a list of pids
-            [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
-            ip netns del "$n" || say "warning: cannot delete namespace $n" >&2
-        fi
-    done
+    netns_remove "${namespaces[@]}"
     pids=$(ours)
     if [[ -n $pids ]]; then
         # shellcheck disable=SC2086 # a list of pids
@@ -230,19 +214,7 @@ for tool in slurmctld slurmd slurmstepd srun salloc scontrol scancel squeue mung
     declare "bin_$tool=$p"
 done
 [[ -f /etc/hosts ]] || skip "there is no /etc/hosts to show the nodes' names in"
-probe_ns=slns0-$id
-if ! err=$(ip netns add "$probe_ns" 2>&1); then
-    skip "ip netns add is not permitted here: $err"
-fi
-ip netns del "$probe_ns"
-if ! err=$(ip link add "slv0r$id" type veth peer name "slv0n$id" 2>&1); then
-    skip "cannot create a veth pair here: $err"
-fi
-ip link del "slv0r$id"
-if ! err=$(ip link add "$br" type bridge 2>&1); then
-    skip "cannot create a bridge here: $err"
-fi
-ip link del "$br"
+netns_check_allowed "slns0-$id" "slv0r$id" "slv0n$id" "$br"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/slurm-cluster.XXXXXX")
 [[ $tmp =~ ^[A-Za-z0-9/._-]+$ ]] || die "the temporary directory '$tmp' has odd characters in its path"
@@ -255,33 +227,15 @@ conf=$tmp/slurm.conf
 # ---------------------------------------------------------------------------------------------
 # 2. Topology: bridge + one namespace per node; the root namespace is 10.215.S.1 on the bridge.
 # ---------------------------------------------------------------------------------------------
-{
-    # Pick a free 10.215.S.0/24 and claim it (with the bridge address) under a lock, so that
-    # parallel runs get different subnets.
-    exec 9>"$lock"
-    flock -w 30 9 || die "cannot take the lock $lock"
-    used=$(ip -4 -o addr show | awk '{print $4}')
-    for s in $(seq 0 255); do
-        grep -q "^10\.215\.$s\." <<<"$used" || { net=10.215.$s; break; }
-    done
-    [[ -n $net ]] || die "every 10.215.S.0/24 subnet is in use"
-    ip link add "$br" type bridge
-    ip addr add "$net.1/24" dev "$br"
-    ip link set "$br" up
-    flock -u 9
-    exec 9>&-
-}
+# A free 10.215.S.0/24, claimed under a lock so that parallel runs get different subnets.
+netns_bridge "$br" 10.215 "$lock"
+net=$NETNS_NET
 bridge_ip=$net.1
 for i in $(seq "$count"); do
     n=${namespaces[i - 1]}
     ip_i=$net.1$i
     ips+=("$ip_i")
-    ip netns add "$n"
-    ip link add "slv${i}r$id" type veth peer name "slv${i}n$id" netns "$n"
-    ip link set "slv${i}r$id" master "$br" up
-    ip -n "$n" link set lo up
-    ip -n "$n" addr add "$ip_i/24" dev "slv${i}n$id"
-    ip -n "$n" link set "slv${i}n$id" up
+    netns_add_host "$n" "slv${i}r$id" "slv${i}n$id" "$br" "$ip_i"
 done
 
 # ---------------------------------------------------------------------------------------------

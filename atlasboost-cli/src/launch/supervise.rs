@@ -77,7 +77,7 @@ pub const HANG_EXIT: u8 = 124;
 
 /// How long the launcher waits for srun's word that Slurm cancelled the step, once an agent's
 /// connection has ended.
-const SLURM_CANCEL_WAIT: Duration = Duration::from_secs(1);
+const SLURM_CANCEL_WAIT: Duration = Duration::from_secs(3);
 
 /// How long an agent whose launcher is gone gives its workers between SIGTERM and SIGKILL, so
 /// that they are gone within 5 s of the launcher.
