@@ -851,3 +851,68 @@ fn agents_that_cannot_start_fail_the_launch_with_what_srun_said() {
     );
     cluster.assert_nothing_left("after agents that could not start");
 }
+
+#[test]
+fn metrics_show_every_nodes_devices_as_over_ssh() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let port = atlasboost_e2e::free_port_pair().to_string();
+    let mut launch = cluster
+        .salloc(&[
+            "run",
+            "--sim",
+            "2",
+            "--monitor-interval",
+            "1",
+            "--metrics",
+            &port,
+            "--",
+            "sh",
+            "-c",
+            "echo up; exec sleep 30",
+        ])
+        .spawn();
+    launch.wait_for_lines(
+        "<stdout>:up",
+        2 * cluster.nodes.len(),
+        Duration::from_secs(60),
+    );
+    let scrape = || -> String {
+        let url = format!("http://127.0.0.1:{port}/metrics");
+        Command::new("python3")
+            .args([
+                "-c",
+                "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())",
+                &url,
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let ips = cluster_ips(&cluster);
+    // Every node's two devices, under npu-exporter's name, with the node as `host`.
+    let every_node = |text: &str| {
+        ips.values().all(|ip| {
+            text.lines()
+                .filter(|l| {
+                    l.starts_with("npu_chip_info_hbm_total_memory{") && l.contains(ip.as_str())
+                })
+                .count()
+                == 2
+        })
+    };
+    let mut text = String::new();
+    let seen = wait_until(Duration::from_secs(20), || {
+        text = scrape();
+        every_node(&text)
+    });
+    launch.signal(Signal::SIGTERM);
+    let done = launch.wait_at_most(Duration::from_secs(30));
+    assert!(
+        seen,
+        "not every node's devices in the metrics:\n{text}\n{}",
+        done.describe()
+    );
+    cluster.assert_nothing_left("after a job with --metrics");
+}
