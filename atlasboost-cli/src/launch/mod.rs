@@ -1075,7 +1075,19 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
     if shown {
         to_stderr("\n");
     }
-    if let Some(s) = result? {
+    // On the way out, the agents are told to stop (their channels close) before srun is
+    // waited for.
+    let interrupted = match result {
+        Ok(i) => i,
+        Err(e) => {
+            drop(remotes);
+            drop(step);
+            return Err(e);
+        }
+    };
+    if let Some(s) = interrupted {
+        drop(remotes);
+        drop(step);
         return Ok(Joined::Interrupted(s));
     }
     printer.detail(&format!(
@@ -1125,12 +1137,6 @@ fn admit_agents(
             waiting.join(", "),
             step.said()
         )));
-    }
-    if step.age() > Duration::from_secs(2) && step.age().as_millis() % 5000 < 25 {
-        printer.detail(&format!(
-            "atlasboost: waiting for the agents of {} to connect back",
-            waiting.join(", ")
-        ));
     }
     Ok(())
 }

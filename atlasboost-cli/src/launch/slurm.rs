@@ -211,7 +211,6 @@ pub struct Step {
     positions: HashMap<String, usize>,
     /// srun's (and the agents' stderr's) last lines.
     said: Arc<Mutex<SrunSaid>>,
-    started: Instant,
 }
 
 impl std::fmt::Debug for Step {
@@ -313,7 +312,6 @@ impl Step {
                 .map(|(i, n)| (n.clone(), i))
                 .collect(),
             said,
-            started: Instant::now(),
         })
     }
 
@@ -345,6 +343,12 @@ impl Step {
                         ));
                         continue;
                     };
+                    if !remotes[position].is_awaited() {
+                        refused.push(format!(
+                            "a second agent for node {host:?}, whose agent is already in"
+                        ));
+                        continue;
+                    }
                     let config = config_of(position)?;
                     let r = &mut remotes[position];
                     r.attach_step(*remote, Arc::clone(&self.said));
@@ -378,11 +382,6 @@ impl Step {
     /// srun's process id.
     pub fn pid(&self) -> u32 {
         self.srun.id()
-    }
-
-    /// How long ago srun was started.
-    pub fn age(&self) -> Duration {
-        self.started.elapsed()
     }
 }
 
