@@ -52,6 +52,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 /// signalled; then as long again before SIGKILL.
 const SRUN_END_GRACE: Duration = Duration::from_secs(5);
 
+/// How long `scontrol show node` may take (slurmctld busy or gone).
+const SCONTROL_LIMIT: Duration = Duration::from_secs(20);
+
 /// The longest invitation line an agent reads.
 const MAX_INVITATION: usize = 64 * 1024;
 
@@ -145,19 +148,39 @@ pub fn node_addresses(names: &[String]) -> Result<Vec<Ipv4Addr>, CliError> {
         .collect()
 }
 
-/// `NodeName` → `NodeAddr` from `scontrol show node --oneliner` (empty if scontrol fails: the
-/// names are resolved then, and an error names the node that does not resolve).
+/// `NodeName` → `NodeAddr` from `scontrol show node --oneliner` (empty if scontrol fails or
+/// takes longer than [`SCONTROL_LIMIT`]: the names are resolved then, and an error names the
+/// node that does not resolve).
 fn scontrol_node_addrs(names: &[String]) -> HashMap<String, String> {
-    let output = Command::new("scontrol")
+    let child = Command::new("scontrol")
         .args(["show", "node", "--oneliner"])
         .arg(compress_hostlist(names))
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .output();
-    let Ok(output) = output else {
+        .spawn();
+    let Ok(mut child) = child else {
         return HashMap::new();
     };
-    parse_node_addrs(&String::from_utf8_lossy(&output.stdout))
+    // Read on a thread of its own: thousands of nodes are more than a pipe holds.
+    let reader = child.stdout.take().map(|mut out| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = out.read_to_string(&mut text);
+            text
+        })
+    });
+    let until = Instant::now() + SCONTROL_LIMIT;
+    while matches!(child.try_wait(), Ok(None)) {
+        if Instant::now() >= until {
+            let _ = child.kill();
+            let _ = child.wait();
+            return HashMap::new();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let text = reader.and_then(|r| r.join().ok()).unwrap_or_default();
+    parse_node_addrs(&text)
 }
 
 /// The `NodeName=` and `NodeAddr=` of each line of `scontrol show node --oneliner`.
