@@ -521,48 +521,51 @@ fn started_sleepers(cluster: &Cluster) -> (Launch, String, String) {
     (launch, field("job="), field("step="))
 }
 
+/// Starts a job of sleepers, checks that its secret is out of sight, cancels `target(job,
+/// step)`, and checks that atlasboost exits 143 saying `says`, leaving nothing anywhere.
+fn scancel_ends_the_job(cluster: &Cluster, target: fn(&str, &str) -> String, says: &str) {
+    let (launch, job, step) = started_sleepers(cluster);
+    assert!(!job.is_empty() && !step.is_empty(), "no job or step id");
+    let mark = launch.mark().to_string();
+    assert_secret_out_of_sight(cluster);
+    let target = target(&job, &step);
+    cluster.client("scancel", &[&target]);
+    let done = launch.wait_at_most(Duration::from_secs(30));
+    done.assert_code(143);
+    assert!(
+        done.err().contains(says),
+        "scancel {target}: the message does not say {says:?}:\n{}",
+        done.describe()
+    );
+    cluster.assert_nothing_left(&format!("after scancel {target}"));
+    assert_no_process_with_env(LAUNCH_MARK, &mark, Duration::from_secs(10), "after scancel");
+}
+
 #[test]
 fn scancel_of_the_step_ends_the_workers_and_atlasboost_exits_143() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
-    let (launch, job, step) = started_sleepers(&cluster);
-    assert!(!job.is_empty() && !step.is_empty(), "no job or step id");
-    let mark = launch.mark().to_string();
-    cluster.client("scancel", &[&format!("{job}.{step}")]);
-    let done = launch.wait_at_most(Duration::from_secs(30));
-    done.assert_code(143);
-    assert!(
-        done.err()
-            .contains("Slurm cancelled the agents' step (scancel)"),
-        "the message does not say Slurm cancelled the step:\n{}",
-        done.describe()
+    // Slurm kills the agents at once (SIGKILL): srun's lines say why.
+    scancel_ends_the_job(
+        &cluster,
+        |job, step| format!("{job}.{step}"),
+        "Slurm cancelled the agents' step (scancel)",
     );
-    cluster.assert_nothing_left("after scancel of the step");
-    assert_no_process_with_env(LAUNCH_MARK, &mark, Duration::from_secs(10), "after scancel");
 }
 
 #[test]
-fn scancel_of_the_job_leaves_nothing_on_any_node() {
+fn scancel_of_the_job_ends_the_workers_and_atlasboost_exits_143() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
-    let (launch, job, _) = started_sleepers(&cluster);
-    let mark = launch.mark().to_string();
-    assert_secret_out_of_sight(&cluster);
-    cluster.client("scancel", &[&job]);
-    let done = launch.wait_at_most(Duration::from_secs(30));
     // Slurm sends the step's processes SIGTERM (SIGKILL after KillWait): the agents say so,
     // and salloc passes on atlasboost's status.
-    done.assert_code(143);
-    assert!(
-        done.err()
-            .contains("from Slurm (scancel, or the job's time limit"),
-        "the message does not say Slurm stopped the job:\n{}",
-        done.describe()
+    scancel_ends_the_job(
+        &cluster,
+        |job, _| job.to_string(),
+        "from Slurm (scancel, or the job's time limit",
     );
-    cluster.assert_nothing_left("after scancel of the job");
-    assert_no_process_with_env(LAUNCH_MARK, &mark, Duration::from_secs(10), "after scancel");
 }
 
 #[test]
