@@ -919,3 +919,37 @@ fn metrics_show_every_nodes_devices_as_over_ssh() {
     );
     cluster.assert_nothing_left("after a job with --metrics");
 }
+
+#[test]
+fn sbatch_runs_the_job_from_the_allocations_first_node() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let n = cluster.nodes.len();
+    let nodes = format!("-N{n}");
+    let run = Run::new(["--wait", nodes.as_str(), "-o", "out.txt", "job.sh"])
+        .program("sbatch")
+        .env("SLURM_CONF", &cluster.conf)
+        .timeout(Duration::from_secs(120));
+    // The batch script runs on the first node, in its namespace: so does the launcher there.
+    let script = format!(
+        "#!/bin/sh\nexec {} run --sim 2 -- sh -c 'echo rank $RANK_ID on $SLURMD_NODENAME'\n",
+        atlasboost_bin().display()
+    );
+    run.file("job.sh", script, true);
+    let done = run.run();
+    done.assert_code(0);
+    let out = std::fs::read_to_string(done.dir().join("out.txt")).unwrap_or_default();
+    let by_rank = lines_by_rank(&out, "stdout");
+    assert_eq!(by_rank.len(), 2 * n, "{out}");
+    let ran_on: BTreeSet<&str> = by_rank
+        .values()
+        .filter_map(|l| l.first()?.rsplit(' ').next())
+        .collect();
+    assert_eq!(ran_on.len(), n, "{out}");
+    assert!(
+        out.contains(&format!("{} succeeded, 0 failed", 2 * n)),
+        "{out}"
+    );
+    cluster.assert_nothing_left("after an sbatch job");
+}
