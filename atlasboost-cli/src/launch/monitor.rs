@@ -376,6 +376,8 @@ pub fn render(
         &'static str,
         fn(&RankState) -> f64,
     );
+    // A metric of each rank's worker: its name, help, and value.
+    type PerWorker = (&'static str, &'static str, fn(&WorkerStat) -> f64);
     let per_rank: [PerRank; 3] = [
         (
             "atlasboost_rank_up",
@@ -414,35 +416,31 @@ pub fn render(
     }
     let workers: Vec<&WorkerStat> = samples.values().flat_map(|s| &s.workers).collect();
     let host_of: HashMap<u32, &str> = ranks.iter().map(|r| (r.rank, r.host.as_str())).collect();
-    let _ = writeln!(
-        out,
-        "# HELP atlasboost_rank_cpu_percent CPU the rank's worker used, percent of one core.\n\
-         # TYPE atlasboost_rank_cpu_percent gauge"
-    );
-    for w in &workers {
-        let _ = writeln!(
-            out,
-            "atlasboost_rank_cpu_percent{{rank=\"{}\",host=\"{}\",job=\"{}\"}} {}",
-            w.rank,
-            esc(host_of.get(&w.rank).copied().unwrap_or("")),
-            esc(job),
-            f64::from(w.cpu_permille) / 10.0
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP atlasboost_rank_resident_bytes Resident memory of the rank's worker.\n\
-         # TYPE atlasboost_rank_resident_bytes gauge"
-    );
-    for w in &workers {
-        let _ = writeln!(
-            out,
-            "atlasboost_rank_resident_bytes{{rank=\"{}\",host=\"{}\",job=\"{}\"}} {}",
-            w.rank,
-            esc(host_of.get(&w.rank).copied().unwrap_or("")),
-            esc(job),
-            w.rss_kib * 1024
-        );
+    // The workers' own use, from their hosts' samples.
+    let per_worker: [PerWorker; 2] = [
+        (
+            "atlasboost_rank_cpu_percent",
+            "CPU the rank's worker used, percent of one core.",
+            |w| f64::from(w.cpu_permille) / 10.0,
+        ),
+        (
+            "atlasboost_rank_resident_bytes",
+            "Resident memory of the rank's worker.",
+            |w| (w.rss_kib * 1024) as f64,
+        ),
+    ];
+    for (name, help, get) in per_worker {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for w in &workers {
+            let _ = writeln!(
+                out,
+                "{name}{{rank=\"{}\",host=\"{}\",job=\"{}\"}} {}",
+                w.rank,
+                esc(host_of.get(&w.rank).copied().unwrap_or("")),
+                esc(job),
+                get(w)
+            );
+        }
     }
     out
 }
