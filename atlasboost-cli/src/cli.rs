@@ -52,6 +52,39 @@ pub enum Command {
     /// sends its output and exit to the launcher.
     #[command(hide = true)]
     Relay(RelayArgs),
+    /// Internal: ssh's `ProxyCommand` for a session of `atlasboost run`: connects with
+    /// TCP_NODELAY and hands the connection to ssh (`ProxyUseFdpass`).
+    #[command(name = "ssh-connect", hide = true)]
+    SshConnect(SshConnectArgs),
+}
+
+/// `atlasboost ssh-connect HOST PORT`.
+#[derive(Debug, Args)]
+pub struct SshConnectArgs {
+    /// The host to connect to (ssh's `%h`).
+    pub host: String,
+    /// Its port (ssh's `%p`).
+    pub port: u16,
+    /// Seconds to wait for each connection (ssh's `ConnectTimeout`).
+    #[arg(long, default_value_t = 10)]
+    pub timeout: u64,
+    /// How many rounds of tries over the host's addresses (ssh's `ConnectionAttempts`).
+    #[arg(long, default_value_t = 1)]
+    pub attempts: u32,
+    /// Which addresses to try (ssh's `AddressFamily`).
+    #[arg(long, value_enum, default_value_t = AddressFamilyArg::Any)]
+    pub family: AddressFamilyArg,
+}
+
+/// ssh's `AddressFamily`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AddressFamilyArg {
+    /// IPv4 and IPv6.
+    Any,
+    /// IPv4 only.
+    Inet,
+    /// IPv6 only.
+    Inet6,
 }
 
 /// `atlasboost agent`.

@@ -102,6 +102,7 @@ fn run_command_line(args: Vec<OsString>) -> u8 {
         Command::Run(args) => launch::run(&args.as_ref().into(), &printer),
         Command::Agent(args) => Ok(launch::agent::agent_main(args.slurm)),
         Command::Relay(args) => Ok(launch::mpi::relay_main(&args.command)),
+        Command::SshConnect(args) => Ok(launch::ssh_connect::connect_main(args)),
     };
     match result {
         Ok(code) => code,

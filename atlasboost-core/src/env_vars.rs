@@ -114,6 +114,10 @@ impl EnvVars {
     /// Extra arguments for every `ssh` the launcher runs, split on whitespace (e.g.
     /// `-F /path/ssh_config`): for tests and unusual set-ups.
     pub const ATLASBOOST_SSH_OPTIONS: &'static str = "ATLASBOOST_SSH_OPTIONS";
+    /// `0`: let ssh open its own connections. By default atlasboost opens them, with
+    /// TCP_NODELAY (`atlasboost ssh-connect`), where the host's ssh configuration has no
+    /// proxy of its own.
+    pub const ATLASBOOST_SSH_NODELAY: &'static str = "ATLASBOOST_SSH_NODELAY";
     /// `1`: reach every host over ssh, this machine's own addresses too (tests).
     pub const ATLASBOOST_SSH_ALL_HOSTS: &'static str = "ATLASBOOST_SSH_ALL_HOSTS";
     /// The fake driver (tests): how many devices it serves (default 8).

@@ -1446,3 +1446,179 @@ fn kill_9_of_the_launcher_between_attempts_leaves_nothing_on_any_host() {
     });
     kill_9_and_assert_nothing_left(launch, &sshd, &mark, &BTreeSet::new(), "between attempts");
 }
+
+/// ssh's connection is opened by `atlasboost ssh-connect`, with TCP_NODELAY, where the user's
+/// ssh configuration has no proxy of its own; a `ProxyCommand` of the user's is kept and used;
+/// `ATLASBOOST_SSH_NODELAY=0` turns it off. Every way, the job runs.
+#[test]
+fn ssh_connections_come_from_atlasboost_unless_the_user_has_a_proxy_or_says_no() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-connect");
+    let _cleanup = Cleanup(mark.clone());
+    let args = [
+        "-v",
+        "--sim",
+        "1",
+        "-H",
+        "127.0.0.2:1,127.0.0.3:1",
+        "--",
+        "true",
+    ];
+
+    let r = over_ssh(&sshd, &mark, &args).run();
+    let ctx2 = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx2}");
+    assert!(
+        r.err()
+            .contains("ssh to 127.0.0.2: atlasboost opens the connection, with TCP_NODELAY"),
+        "{ctx2}"
+    );
+
+    // The user's own proxy: it records each use, then connects (handing ssh the socket).
+    let dir = sshd.ssh_config().parent().unwrap().to_path_buf();
+    let used = dir.join("proxy-used");
+    let config = dir.join("ssh_config_with_proxy");
+    let text = format!(
+        "{}  ProxyCommand sh -c 'echo %h >> {}; exec {} ssh-connect %h %p'\n  ProxyUseFdpass yes\n",
+        std::fs::read_to_string(sshd.ssh_config()).unwrap(),
+        used.display(),
+        bin()
+    );
+    std::fs::write(&config, text).unwrap();
+    let r = over_ssh_with(&config, &mark, &args).run();
+    let ctx2 = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx2}");
+    assert!(
+        r.err().contains(
+            "ssh to 127.0.0.2: ssh's own connection (its ssh configuration sets ProxyCommand)"
+        ),
+        "{ctx2}"
+    );
+    let mut hosts: Vec<String> = std::fs::read_to_string(&used)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    hosts.sort();
+    assert_eq!(
+        hosts,
+        ["127.0.0.2", "127.0.0.3"],
+        "the user's ProxyCommand made both connections\n{ctx2}"
+    );
+
+    let r = over_ssh(&sshd, &mark, &args)
+        .env("ATLASBOOST_SSH_NODELAY", "0")
+        .run();
+    let ctx2 = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx2}");
+    assert!(
+        r.err()
+            .contains("ssh to 127.0.0.2: ssh's own connection (ATLASBOOST_SSH_NODELAY=0)"),
+        "{ctx2}"
+    );
+}
+
+/// `atlasboost ssh-connect HOST PORT` connects, sets TCP_NODELAY and sends the connected
+/// socket on its standard output, as ssh's `ProxyUseFdpass` expects; a refused connection
+/// and a standard output that is no socket are named.
+#[test]
+fn ssh_connect_hands_over_a_connected_socket_with_nodelay() {
+    use std::io::IoSliceMut;
+    use std::net::{SocketAddr, TcpListener};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::net::UnixStream;
+    use std::process::{Command, Stdio};
+
+    use nix::cmsg_space;
+    use nix::sys::socket::{
+        ControlMessageOwned, MsgFlags, SockaddrStorage, getpeername, getsockopt, recvmsg, sockopt,
+    };
+
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let out = Command::new(atlasboost_bin())
+        .args(["ssh-connect", "127.0.0.1", &port])
+        .stdout(Stdio::from(OwnedFd::from(theirs)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ssh-connect: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut byte = [0u8; 1];
+    let mut iov = [IoSliceMut::new(&mut byte)];
+    let mut space = cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        ours.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::empty(),
+    )
+    .unwrap();
+    let fds: Vec<_> = msg
+        .cmsgs()
+        .unwrap()
+        .filter_map(|c| match c {
+            ControlMessageOwned::ScmRights(fds) => Some(fds),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(fds.len(), 1, "one descriptor came over stdout: {fds:?}");
+    // SAFETY: the descriptor was just received, and nothing else owns it.
+    let socket = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    assert!(
+        getsockopt(&socket, sockopt::TcpNoDelay).unwrap(),
+        "TCP_NODELAY is on"
+    );
+    let peer: SockaddrStorage = getpeername(socket.as_raw_fd()).unwrap();
+    assert_eq!(
+        peer.as_sockaddr_in()
+            .map(|a| SocketAddr::from(std::net::SocketAddrV4::from(*a))),
+        Some(listener.local_addr().unwrap()),
+        "connected to the listener"
+    );
+    let (_, from) = listener.accept().unwrap();
+    let local: SockaddrStorage = nix::sys::socket::getsockname(socket.as_raw_fd()).unwrap();
+    assert_eq!(
+        local
+            .as_sockaddr_in()
+            .map(|a| SocketAddr::from(std::net::SocketAddrV4::from(*a))),
+        Some(from),
+        "the listener accepted this very connection"
+    );
+
+    // Nothing listens on a port just freed.
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let (_keep, theirs) = UnixStream::pair().unwrap();
+    let out = Command::new(atlasboost_bin())
+        .args(["ssh-connect", "127.0.0.1", &closed, "--timeout", "5"])
+        .stdout(Stdio::from(OwnedFd::from(theirs)))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    assert!(
+        err.contains(&format!("cannot connect to 127.0.0.1 port {closed}")),
+        "{err}"
+    );
+
+    let out = Command::new(atlasboost_bin())
+        .args(["ssh-connect", "127.0.0.1", &port])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    assert!(
+        err.contains("cannot hand the connection to 127.0.0.1 port")
+            && err.contains("started by ssh, with ProxyUseFdpass=yes"),
+        "{err}"
+    );
+}

@@ -33,6 +33,7 @@ use super::output::Output;
 use super::plan::{HostPlan, Offer, assign_workers};
 use super::rank_files::RankFiles;
 use super::remote::Remote;
+use super::ssh_connect;
 use super::supervise::{self, RunPlan, Signals, Upstream, WorkerPlan};
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -721,19 +722,26 @@ fn start_children(config: &AgentConfig) -> Result<Vec<(u32, Remote)>, CliError> 
         size: below.size,
         fanout: below.fanout,
     };
-    let mut children = Vec::new();
+    let mut hosts = Vec::new();
     for child in tree.children(Some(config.position)) {
         let Some(host) = below.hosts.iter().find(|h| h.position == child) else {
             return Err(CliError::Failure(format!(
                 "the launch tree names position {child} below this host, but not its host"
             )));
         };
+        hosts.push(host);
+    }
+    let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+    let connects = ssh_connect::plan(&names, &below.ssh);
+    let mut children = Vec::new();
+    for (host, connect) in hosts.into_iter().zip(&connects) {
         children.push((
-            child as u32,
+            host.position as u32,
             Remote::start(
                 &host.name,
                 &host.host,
                 &below.ssh,
+                connect,
                 &child_config(config, host),
             )?,
         ));

@@ -22,6 +22,7 @@ pub mod rank_files;
 pub mod relay;
 pub mod remote;
 pub mod slurm;
+pub mod ssh_connect;
 pub mod status;
 pub mod supervise;
 
@@ -768,18 +769,30 @@ fn start_remote_agents(
     launch: &Launch<'_>,
     remote_index: &[usize],
     tree: Tree,
+    printer: &Printer,
 ) -> Result<Vec<Remote>, CliError> {
     let root = root_config(launch, remote_index, tree)?;
+    let children: Vec<&TreeHost> = tree
+        .children(None)
+        .map(|position| &root.tree.hosts[position])
+        .collect();
+    let names: Vec<&str> = children.iter().map(|h| h.name.as_str()).collect();
+    let connects = ssh_connect::plan(&names, &root.tree.ssh);
     let mut remotes = Vec::with_capacity(remote_index.len());
     for (position, host) in root.tree.hosts.iter().enumerate() {
         match tree.parent(position) {
             Some(parent) => remotes.push(Remote::below(&host.host, parent)),
-            None => remotes.push(Remote::start(
-                &host.name,
-                &host.host,
-                &root.tree.ssh,
-                &agent::child_config(&root, host),
-            )?),
+            None => {
+                let connect = &connects[position];
+                printer.detail(&connect.describe(&host.host));
+                remotes.push(Remote::start(
+                    &host.name,
+                    &host.host,
+                    &root.tree.ssh,
+                    connect,
+                    &agent::child_config(&root, host),
+                )?);
+            }
         }
     }
     Ok(remotes)
@@ -945,7 +958,10 @@ fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joi
                 tree.fanout,
                 counted(tree.children(None).len(), "ssh session")
             ));
-            (start_remote_agents(launch, &remote_index, tree)?, None)
+            (
+                start_remote_agents(launch, &remote_index, tree, printer)?,
+                None,
+            )
         }
     };
 

@@ -19,6 +19,7 @@ use nix::sys::signal::Signal;
 use super::channel::{AgentConfig, Tree};
 use super::channel::{Decoder, Down, Up};
 use super::output::{LineSplitter, Tail, write_fully};
+use super::ssh_connect::Connect;
 use crate::error::CliError;
 
 /// How many of ssh's (and the agent's) last stderr lines are kept for error messages.
@@ -168,10 +169,11 @@ impl Remote {
         host_name: &str,
         host: &str,
         ssh: &SshOptions,
+        connect: &Connect,
         config: &AgentConfig,
     ) -> Result<Remote, CliError> {
         let mut cmd = Command::new("ssh");
-        cmd.args(ssh_args(host_name, ssh));
+        cmd.args(ssh_args(host_name, ssh, connect));
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -620,7 +622,22 @@ pub fn is_below(remotes: &[Remote], v: usize, h: usize) -> bool {
 }
 
 /// `ssh -T -o BatchMode=yes ... host exec '<atlasboost>' agent`.
-fn ssh_args(host: &str, ssh: &SshOptions) -> Vec<OsString> {
+fn ssh_args(host: &str, ssh: &SshOptions, connect: &Connect) -> Vec<OsString> {
+    let mut args = ssh_options(ssh);
+    args.extend(connect.ssh_args().iter().cloned());
+    args.push("--".into());
+    args.push(host.into());
+    let command: Vec<String> = ssh
+        .remote_atlasboost
+        .iter()
+        .map(|a| shell_quote(Path::new(a)))
+        .collect();
+    args.push(format!("exec {} agent", command.join(" ")).into());
+    args
+}
+
+/// The options every ssh of a launch gets, before the host (`ssh -G` gets them too).
+pub(super) fn ssh_options(ssh: &SshOptions) -> Vec<OsString> {
     let mut args: Vec<OsString> = ["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
         .iter()
         .map(OsString::from)
@@ -637,14 +654,6 @@ fn ssh_args(host: &str, ssh: &SshOptions) -> Vec<OsString> {
         args.extend([OsString::from("-i"), id.clone().into_os_string()]);
     }
     args.extend(ssh.extra.iter().map(OsString::from));
-    args.push("--".into());
-    args.push(host.into());
-    let command: Vec<String> = ssh
-        .remote_atlasboost
-        .iter()
-        .map(|a| shell_quote(Path::new(a)))
-        .collect();
-    args.push(format!("exec {} agent", command.join(" ")).into());
     args
 }
 
@@ -795,13 +804,23 @@ mod tests {
                 remote_atlasboost: vec!["/usr/bin/atlasboost".into()],
                 extra: Vec::new(),
             },
+            &Connect::Direct(vec!["-o".into(), "ProxyUseFdpass=yes".into()]),
         );
         let args: Vec<String> = args
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        let tail = &args[args.len() - 3..];
-        assert_eq!(tail, ["--", "node1", "exec '/usr/bin/atlasboost' agent"]);
+        let tail = &args[args.len() - 5..];
+        assert_eq!(
+            tail,
+            [
+                "-o",
+                "ProxyUseFdpass=yes",
+                "--",
+                "node1",
+                "exec '/usr/bin/atlasboost' agent"
+            ]
+        );
         assert!(args.windows(2).any(|w| w == ["-p", "2222"]));
         assert!(args.windows(2).any(|w| w == ["-o", "BatchMode=yes"]));
     }
