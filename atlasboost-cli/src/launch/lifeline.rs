@@ -17,12 +17,13 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::libc;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -153,8 +154,26 @@ impl Lifeline {
         let until = Instant::now() + CLOSE_WAIT;
         loop {
             match waitpid(self.guard, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Err(Errno::EINTR) => {}
+                // Exited, or already reaped by the supervisor (ECHILD).
+                _ => return,
+            }
+        }
+        // It is alive, and only this thread reaps it: its pid cannot be taken by another
+        // process while its pidfd is opened.
+        if let Some(exited) = exit_within(self.guard, CLOSE_WAIT) {
+            if !exited {
+                let _ = nix::sys::signal::kill(self.guard, Signal::SIGKILL);
+            }
+            let _ = waitpid(self.guard, None);
+            return;
+        }
+        // No pidfd (a kernel before 5.3): look again and again, briefly.
+        loop {
+            match waitpid(self.guard, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) if Instant::now() < until => {
-                    std::thread::sleep(Duration::from_millis(2));
+                    std::thread::sleep(Duration::from_micros(200));
                 }
                 Ok(WaitStatus::StillAlive) => {
                     let _ = nix::sys::signal::kill(self.guard, Signal::SIGKILL);
@@ -165,6 +184,30 @@ impl Lifeline {
                 // Exited, or already reaped by the supervisor (ECHILD).
                 _ => return,
             }
+        }
+    }
+}
+
+/// Waits up to `limit` for the child `pid` to exit, without reaping it, on a pidfd: whether it
+/// did; `None` where the kernel has no pidfd. Sleeping between looks would cost every launch
+/// (and every relay of `--mpi`) the length of a sleep at its end.
+fn exit_within(pid: Pid, limit: Duration) -> Option<bool> {
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor was just opened, and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let until = Instant::now() + limit;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        match poll(&mut [PollFd::new(fd.as_fd(), PollFlags::POLLIN)], timeout) {
+            Ok(0) => return Some(false),
+            Ok(_) => return Some(true),
+            Err(Errno::EINTR) => {}
+            Err(_) => return None,
         }
     }
 }
@@ -255,5 +298,40 @@ fn guard(pipe: &OwnedFd, null: &OwnedFd, open: &[RawFd], groups: &mut Vec<i32>) 
             let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
         }
         libc::_exit(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closing_the_lifeline_reaps_its_guard() {
+        let lifeline = Lifeline::start().unwrap();
+        let guard = lifeline.guard;
+        lifeline.close();
+        // Reaped by close: no longer a child of this process, not even a zombie.
+        assert_eq!(
+            waitpid(guard, Some(WaitPidFlag::WNOHANG)),
+            Err(Errno::ECHILD)
+        );
+    }
+
+    #[test]
+    fn exit_within_tells_a_living_child_from_one_that_exited() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        assert_eq!(
+            exit_within(pid, Duration::from_millis(50)),
+            Some(false),
+            "sleep 30 is still running"
+        );
+        child.kill().unwrap();
+        assert_eq!(exit_within(pid, Duration::from_secs(10)), Some(true));
+        // Not reaped by exit_within: the exit status is still there.
+        assert!(child.wait().is_ok());
     }
 }
