@@ -19,7 +19,7 @@ use nix::sys::signal::Signal;
 use super::channel::{AgentConfig, Tree};
 use super::channel::{Decoder, Down, Up};
 use super::output::{LineSplitter, Tail, write_fully};
-use super::ssh_connect::Connect;
+use super::ssh_connect::{Connect, ssh_options};
 use crate::error::CliError;
 
 /// How many of ssh's (and the agent's) last stderr lines are kept for error messages.
@@ -633,27 +633,6 @@ fn ssh_args(host: &str, ssh: &SshOptions, connect: &Connect) -> Vec<OsString> {
         .map(|a| shell_quote(Path::new(a)))
         .collect();
     args.push(format!("exec {} agent", command.join(" ")).into());
-    args
-}
-
-/// The options every ssh of a launch gets, before the host (`ssh -G` gets them too).
-pub(super) fn ssh_options(ssh: &SshOptions) -> Vec<OsString> {
-    let mut args: Vec<OsString> = ["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-        .iter()
-        .map(OsString::from)
-        .collect();
-    // ssh's own keep-alive: a silent network ends the session (the agent then stops its
-    // workers), besides the launcher's heartbeats.
-    for o in ["ServerAliveInterval=2", "ServerAliveCountMax=2"] {
-        args.extend([OsString::from("-o"), OsString::from(o)]);
-    }
-    if let Some(port) = ssh.port {
-        args.extend([OsString::from("-p"), OsString::from(port.to_string())]);
-    }
-    if let Some(id) = &ssh.identity {
-        args.extend([OsString::from("-i"), id.clone().into_os_string()]);
-    }
-    args.extend(ssh.extra.iter().map(OsString::from));
     args
 }
 

@@ -34,7 +34,7 @@ use atlasboost_core::env_vars::EnvVars;
 use crate::cli::{AddressFamilyArg, SshConnectArgs};
 use crate::exit::ExitCodes;
 
-use super::remote::{SshOptions, ssh_options};
+use super::channel::SshSpec as SshOptions;
 
 /// The variable that turns the direct connection off (`0`).
 const NODELAY_VAR: &str = EnvVars::ATLASBOOST_SSH_NODELAY;
@@ -106,6 +106,27 @@ pub fn plan(hosts: &[&str], ssh: &SshOptions) -> Vec<Connect> {
             Err(why) => Connect::Own(why),
         })
         .collect()
+}
+
+/// The options every ssh of a launch gets, before the host (`ssh -G` gets them too).
+pub fn ssh_options(ssh: &SshOptions) -> Vec<OsString> {
+    let mut args: Vec<OsString> = ["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    // ssh's own keep-alive: a silent network ends the session (the agent then stops its
+    // workers), besides the launcher's heartbeats.
+    for o in ["ServerAliveInterval=2", "ServerAliveCountMax=2"] {
+        args.extend([OsString::from("-o"), OsString::from(o)]);
+    }
+    if let Some(port) = ssh.port {
+        args.extend([OsString::from("-p"), OsString::from(port.to_string())]);
+    }
+    if let Some(id) = &ssh.identity {
+        args.extend([OsString::from("-i"), id.clone().into_os_string()]);
+    }
+    args.extend(ssh.extra.iter().map(OsString::from));
+    args
 }
 
 /// The output of one `ssh -G`, once it has exited by `deadline`.
