@@ -73,7 +73,7 @@ impl Connect {
 }
 
 /// How ssh reaches each of `hosts` (names as given to ssh), in order. `ssh -G` runs for all
-/// of them at once, bounded by [`RESOLVE_LIMIT`].
+/// of them at once, bounded by 5 s in all.
 pub fn plan(hosts: &[&str], ssh: &SshOptions) -> Vec<Connect> {
     let own = |why: &str| vec![Connect::Own(why.to_string()); hosts.len()];
     if std::env::var_os(NODELAY_VAR).is_some_and(|v| v == "0") {
