@@ -74,6 +74,16 @@ pub fn main_with(args: Vec<OsString>, self_command: Vec<OsString>) -> u8 {
 }
 
 fn run_command_line(args: Vec<OsString>) -> u8 {
+    // mpirun starts `atlasboost relay -- COMMAND...` once per rank of `run --mpi`, and a
+    // launch waits for the last of them: building clap's whole command tree first cost each
+    // relay about a third of its start (docs/PERFORMANCE.md). Any other form goes to clap.
+    if let [_, relay, dashes, command @ ..] = args.as_slice()
+        && relay == "relay"
+        && dashes == "--"
+        && !command.is_empty()
+    {
+        return launch::mpi::relay_main(command);
+    }
     let cli = match Cli::try_parse_from(cli::normalize_args(args)) {
         Ok(cli) => cli,
         Err(e) => {
