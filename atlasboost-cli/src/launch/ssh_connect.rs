@@ -80,7 +80,7 @@ pub fn plan(hosts: &[&str], ssh: &SshOptions) -> Vec<Connect> {
         return own(&format!("{NODELAY_VAR}=0"));
     }
     // The connect runs where this process runs, so it must be this very program; a launcher
-    // embedded in Python would start an interpreter for each host, slower than the wait.
+    // embedded in another program (`main_with`) would start that program for each host.
     let exe = match crate::self_command() {
         Ok(command) if command.len() == 1 => std::path::PathBuf::from(&command[0]),
         _ => return own("atlasboost runs inside another program"),
