@@ -772,11 +772,11 @@ fn start_remote_agents(
     printer: &Printer,
 ) -> Result<Vec<Remote>, CliError> {
     let root = root_config(launch, remote_index, tree)?;
-    let children: Vec<&TreeHost> = tree
+    // How ssh reaches each of the launcher's children (positions 0..fanout).
+    let names: Vec<&str> = tree
         .children(None)
-        .map(|position| &root.tree.hosts[position])
+        .map(|position| root.tree.hosts[position].name.as_str())
         .collect();
-    let names: Vec<&str> = children.iter().map(|h| h.name.as_str()).collect();
     let connects = ssh_connect::plan(&names, &root.tree.ssh);
     let mut remotes = Vec::with_capacity(remote_index.len());
     for (position, host) in root.tree.hosts.iter().enumerate() {
