@@ -51,6 +51,17 @@ impl Drop for Cluster {
     }
 }
 
+/// The fixture's cluster, or returns from the test (which then passes) outside it;
+/// [`cluster_or_skip`] has said so loudly.
+macro_rules! cluster_or_skip {
+    () => {
+        match cluster_or_skip() {
+            Some(cluster) => cluster,
+            None => return,
+        }
+    };
+}
+
 /// The fixture's cluster, or `None` (said on stderr) outside it.
 fn cluster_or_skip() -> Option<Cluster> {
     let test = std::thread::current()
@@ -220,9 +231,7 @@ fn hostlist(rng: &mut Xorshift) -> String {
 
 #[test]
 fn hostlists_expand_as_scontrol_show_hostnames_does() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let mut rng = Xorshift(0x5eed_1234_abcd_0001);
     let mut fixed: Vec<String> = [
         "node[01-04,07],gpu-[1-2]",
@@ -294,9 +303,7 @@ echo "ok rank $RANK_ID node $SLURMD_NODENAME netns $netns server $ATLASBOOST_SER
 
 #[test]
 fn a_job_in_an_allocation_runs_every_nodes_workers_through_one_srun_step() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let n = cluster.nodes.len();
     let run = cluster.salloc(&["run", "-v", "--sim", "4", "--", "sh", "worker.sh"]);
     run.file("worker.sh", WORKER, false);
@@ -375,9 +382,7 @@ fn a_job_in_an_allocation_runs_every_nodes_workers_through_one_srun_step() {
 
 #[test]
 fn the_example_trainer_runs_under_salloc_without_a_host_list() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let n = cluster.nodes.len();
     let train = example("train.py");
     let done = cluster
@@ -399,9 +404,7 @@ fn the_example_trainer_runs_under_salloc_without_a_host_list() {
 
 #[test]
 fn a_failed_worker_fails_the_job_naming_it_and_its_node() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let done = cluster
         .salloc(&[
             "run",
@@ -543,9 +546,7 @@ fn scancel_ends_the_job(cluster: &Cluster, target: fn(&str, &str) -> String, say
 
 #[test]
 fn scancel_of_the_step_ends_the_workers_and_atlasboost_exits_143() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     // Slurm kills the agents at once (SIGKILL): srun's lines say why.
     scancel_ends_the_job(
         &cluster,
@@ -556,9 +557,7 @@ fn scancel_of_the_step_ends_the_workers_and_atlasboost_exits_143() {
 
 #[test]
 fn scancel_of_the_job_ends_the_workers_and_atlasboost_exits_143() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     // Slurm sends the step's processes SIGTERM (SIGKILL after KillWait): the agents say so,
     // and salloc passes on atlasboost's status.
     scancel_ends_the_job(
@@ -570,9 +569,7 @@ fn scancel_of_the_job_ends_the_workers_and_atlasboost_exits_143() {
 
 #[test]
 fn kill_9_of_atlasboost_ends_the_step_and_leaves_nothing() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let (launch, job, _) = started_sleepers(&cluster);
     let mark = launch.mark().to_string();
     let atlasboost: PathBuf = atlasboost_bin();
@@ -598,9 +595,7 @@ fn kill_9_of_atlasboost_ends_the_step_and_leaves_nothing() {
 
 #[test]
 fn a_restart_starts_a_new_step_and_monitoring_reaches_the_events_file() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let n = cluster.nodes.len();
     let done = cluster
         .salloc(&[
@@ -732,9 +727,7 @@ fn slurm_settings_are_checked_before_anything_starts() {
 
 #[test]
 fn a_lost_node_is_left_out_of_the_restart() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let n = cluster.nodes.len();
     let mut launch = cluster
         .salloc(&[
@@ -797,9 +790,7 @@ fn a_lost_node_is_left_out_of_the_restart() {
 
 #[test]
 fn an_allocation_that_asked_for_tasks_gives_each_node_that_many_workers() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let n = cluster.nodes.len();
     // SLURM_TASKS_PER_NODE=1(x3): one worker per node, though each has 4 devices.
     let done = cluster
@@ -828,9 +819,7 @@ fn an_allocation_that_asked_for_tasks_gives_each_node_that_many_workers() {
 
 #[test]
 fn agents_that_cannot_start_fail_the_launch_with_what_srun_said() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let done = cluster
         .salloc(&[
             "run",
@@ -857,9 +846,7 @@ fn agents_that_cannot_start_fail_the_launch_with_what_srun_said() {
 
 #[test]
 fn metrics_show_every_nodes_devices_as_over_ssh() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let port = atlasboost_e2e::free_port_pair().to_string();
     let mut launch = cluster
         .salloc(&[
@@ -922,9 +909,7 @@ fn metrics_show_every_nodes_devices_as_over_ssh() {
 
 #[test]
 fn sbatch_runs_the_job_from_the_allocations_first_node() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = cluster_or_skip!();
     let n = cluster.nodes.len();
     let nodes = format!("-N{n}");
     let run = Run::new(["--wait", nodes.as_str(), "-o", "out.txt", "job.sh"])

@@ -79,6 +79,10 @@ pub const HANG_EXIT: u8 = 124;
 /// connection has ended.
 const SLURM_CANCEL_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a worker's SIGKILL under a Slurm step waits for srun to say the step was
+/// cancelled, before it counts as the worker's own failure.
+const SLURM_KILLED_WORKER_WAIT: Duration = Duration::from_secs(1);
+
 /// How long an agent whose launcher is gone gives its workers between SIGTERM and SIGKILL, so
 /// that they are gone within 5 s of the launcher.
 const LAUNCHER_LOST_GRACE: Duration = Duration::from_secs(1);
@@ -1621,20 +1625,31 @@ impl<'a> Supervisor<'a> {
         };
         let r = &remotes[h];
         if r.out.is_none() && r.parent.is_none() && !r.done && r.lost.is_none() {
+            let why = r.ended_early();
             // `scancel` of the agents' step kills them at once (SIGKILL): only srun's lines say
             // why, and they may come a moment after the connection closed.
-            if let Some(line) = r.cancelled_by_slurm(SLURM_CANCEL_WAIT) {
-                let why = format!("Slurm cancelled the agents' step (scancel): {line}");
-                if let Role::Launcher(remotes) = &mut self.role {
-                    remotes[h].lost = Some(why.clone());
-                    remotes[h].hang_up();
-                }
-                self.fail_host(h, why, 128 + Signal::SIGTERM as u8, output);
-                return;
+            if !self.step_cancelled(h, SLURM_CANCEL_WAIT, output) {
+                self.host_lost(h, why, output);
             }
-            let why = r.ended_early();
-            self.host_lost(h, why, output);
         }
+    }
+
+    /// Whether Slurm cancelled the step of host `h` (srun says so, within `wait`); if so the
+    /// job fails for it, with 128 + SIGTERM, as for any `scancel`. Slurm kills the step's
+    /// agents and workers at once, so the first news of it may be a worker's SIGKILL or the
+    /// agent's connection closing.
+    fn step_cancelled(&mut self, h: usize, wait: Duration, output: &mut Output) -> bool {
+        let Role::Launcher(remotes) = &mut self.role else {
+            return false;
+        };
+        let Some(line) = remotes[h].cancelled_by_slurm(wait) else {
+            return false;
+        };
+        let why = format!("Slurm cancelled the agents' step (scancel): {line}");
+        remotes[h].lost = Some(why.clone());
+        remotes[h].hang_up();
+        self.fail_host(h, why, 128 + Signal::SIGTERM as u8, output);
+        true
     }
 
     fn read_remote_err(&mut self, h: usize, output: &mut Output) {
@@ -1675,6 +1690,17 @@ impl<'a> Supervisor<'a> {
                 }
             }
             Up::Exited { rank, ending } => {
+                // A worker of the Slurm step killed before the job failed: `scancel` of the
+                // step, whose SIGKILL may reach it before its agent, or an OOM kill. srun
+                // says which within moments; the wait is short, well inside the agents'
+                // heartbeat bound.
+                if ending == Ending::Signaled(Signal::SIGKILL)
+                    && self.first_failure.is_none()
+                    && self.interrupted.is_none()
+                    && matches!(&self.role, Role::Launcher(r) if r[h].is_of_step())
+                {
+                    self.step_cancelled(h, SLURM_KILLED_WORKER_WAIT, output);
+                }
                 if let Some(lane) = self.lane_of(h, rank) {
                     self.worker_ended(lane, ending, output);
                 }
