@@ -742,6 +742,8 @@ fn a_lost_node_is_left_out_of_the_restart() {
             "0",
             "--grace",
             "2",
+            "--events",
+            "events.jsonl",
             "--",
             "sh",
             "-c",
@@ -785,7 +787,135 @@ fn a_lost_node_is_left_out_of_the_restart() {
         "{}",
         done.describe()
     );
+    // Only the node whose agent died is left out; those lost with the step are not.
+    let events = std::fs::read_to_string(done.dir().join("events.jsonl")).unwrap();
+    let left_out: Vec<(String, String)> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "host_left_out")
+        .map(|e| (e["host"].to_string(), e["why"].to_string()))
+        .collect();
+    assert!(
+        matches!(&left_out[..], [(host, why)]
+            if host.starts_with(&format!("\"{victim} (")) && why == "\"lost\""),
+        "{left_out:?}"
+    );
     cluster.assert_nothing_left("after a restart without a lost node");
+}
+
+/// Puts a node that a test drained back into service, however the test ends, so that the next
+/// test's `salloc` gets every node.
+struct Undrain<'a> {
+    cluster: &'a Cluster,
+    node: String,
+}
+
+impl Drop for Undrain<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("nodename={}", self.node), "state=resume"])
+            .env("SLURM_CONF", &self.cluster.conf)
+            .status();
+    }
+}
+
+#[test]
+fn a_node_that_slurm_drained_is_left_out_of_the_restart_with_slurms_reason() {
+    let cluster = cluster_or_skip!();
+    let n = cluster.nodes.len();
+    let victim = cluster.nodes[1].clone();
+    let mut launch = cluster
+        .salloc(&[
+            "run",
+            "--sim",
+            "2",
+            "--max-restarts",
+            "1",
+            "--min-np",
+            "2",
+            "--restart-delay",
+            "0",
+            "--events",
+            "events.jsonl",
+            "--",
+            "sh",
+            "-c",
+            // Attempt 0: rank 0 fails once the test has drained a node; the others wait.
+            "echo attempt=$ATLASBOOST_RESTART_COUNT node=$SLURMD_NODENAME
+             if [ $ATLASBOOST_RESTART_COUNT = 0 ]; then
+               if [ $RANK_ID = 0 ]; then
+                 while [ ! -e fail ]; do sleep 0.1; done; exit 7
+               fi
+               exec sleep 60
+             fi",
+        ])
+        .spawn();
+    launch.wait_for_lines("attempt=0", 2 * n, Duration::from_secs(60));
+    // As a health check does when it finds a faulty NPU: the node stays up, its agent and
+    // workers keep running, and only Slurm's state says not to use it.
+    let undrain = Undrain {
+        cluster: &cluster,
+        node: victim.clone(),
+    };
+    cluster.client(
+        "scontrol",
+        &[
+            "update",
+            &format!("nodename={victim}"),
+            "state=drain",
+            "reason=npu 3 ecc errors",
+        ],
+    );
+    std::fs::write(launch.dir().join("fail"), "").unwrap();
+    let done = launch.wait_at_most(Duration::from_secs(60));
+    drop(undrain);
+    done.assert_code(0);
+    let out = done.out();
+    let again: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(":attempt=1 "))
+        .map(|l| l.rsplit_once(" node=").map_or("", |(_, node)| node))
+        .collect();
+    assert_eq!(again.len(), 2 * (n - 1), "{}", done.describe());
+    assert!(
+        !again.contains(&victim.as_str()),
+        "the drained node {victim} ran in the restart:\n{}",
+        done.describe()
+    );
+    let said = done
+        .err()
+        .lines()
+        .find(|l| l.contains("out of the restart"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no word of the drained node:\n{}", done.describe()));
+    assert!(
+        said.starts_with(&format!("atlasboost: leaving {victim} ("))
+            && said.contains(&format!("Slurm says {victim} is "))
+            && said.contains("DRAIN")
+            && said.ends_with("(npu 3 ecc errors)"),
+        "{said}"
+    );
+    let events = std::fs::read_to_string(done.dir().join("events.jsonl")).unwrap();
+    let left_out: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "host_left_out")
+        .collect();
+    assert_eq!(left_out.len(), 1, "{left_out:?}");
+    assert!(
+        left_out[0]["host"]
+            .as_str()
+            .is_some_and(|h| h.starts_with(&format!("{victim} ("))),
+        "{left_out:?}"
+    );
+    assert_eq!(left_out[0]["attempt"], 0, "{left_out:?}");
+    assert!(
+        left_out[0]["why"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("Slurm says")),
+        "{left_out:?}"
+    );
+    cluster.assert_nothing_left("after a restart without a drained node");
 }
 
 #[test]

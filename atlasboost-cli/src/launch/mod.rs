@@ -459,14 +459,14 @@ fn run_attempts(
         }
         // Left out for the rest of the job (SPEC §12): hosts lost, whether or not that ended
         // the attempt, and the host whose agent failed it.
-        for host in result
-            .lost_hosts
-            .iter()
-            .chain(result.host_failure.as_ref().map(|h| &h.host))
-        {
-            if !job.lost.contains(host) {
-                job.lost.push(host.clone());
-            }
+        for host in &result.lost_hosts {
+            leave_out(job, host, "lost");
+        }
+        if let Some(failed) = &result.host_failure {
+            leave_out(job, &failed.host, "its agent failed");
+        }
+        if job.slurm {
+            leave_out_unusable_nodes(job, printer);
         }
         // A storm of restarts is bounded: the delay doubles with each, up to 30 s.
         let delay = args
@@ -489,6 +489,52 @@ fn run_attempts(
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// Leaves `host` (as [`HostPlan::describe`] names it) out of the rest of the job, saying why in
+/// the events.
+fn leave_out(job: &mut JobState<'_>, host: &str, why: &str) {
+    if job.lost.iter().any(|h| h == host) {
+        return;
+    }
+    job.lost.push(host.to_string());
+    events::emit(
+        job.events.as_ref(),
+        "host_left_out",
+        serde_json::json!({ "host": host, "why": why }),
+    );
+}
+
+/// Under Slurm, a restart also leaves out the nodes Slurm says not to use now: drained (by a
+/// health check that found a faulty NPU, or by an administrator), down, failing or not
+/// responding. srun would refuse a node that is gone, and a drained one would meet its fault
+/// again. When Slurm cannot be asked, the restart goes on without the answer, saying so.
+fn leave_out_unusable_nodes(job: &mut JobState<'_>, printer: &Printer) {
+    let live: Vec<&HostPlan> = job
+        .hosts
+        .iter()
+        .filter(|h| !job.lost.contains(&h.describe()))
+        .collect();
+    let names: Vec<String> = live.iter().map(|h| h.name.clone()).collect();
+    match slurm::unusable_nodes(&names) {
+        Ok(nodes) => {
+            for node in nodes {
+                let Some(host) = live.iter().find(|h| h.name == node.name) else {
+                    continue;
+                };
+                let why = format!("Slurm says {node}");
+                printer.error(&format!(
+                    "atlasboost: leaving {} out of the restart: {why}",
+                    host.describe()
+                ));
+                leave_out(job, &host.describe(), &why);
+            }
+        }
+        Err(why) => printer.error(&format!(
+            "atlasboost: warning: cannot ask Slurm which nodes are drained or down ({why}); \
+             the restart leaves out only the hosts that were lost"
+        )),
+    }
 }
 
 /// A restart that cannot go on ends the job: the error is said, and recorded as the attempt's

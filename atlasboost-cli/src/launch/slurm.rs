@@ -152,49 +152,190 @@ pub fn node_addresses(names: &[String]) -> Result<Vec<Ipv4Addr>, CliError> {
 /// takes longer than [`SCONTROL_LIMIT`]: the names are resolved then, and an error names the
 /// node that does not resolve).
 fn scontrol_node_addrs(names: &[String]) -> HashMap<String, String> {
-    let child = Command::new("scontrol")
+    let text = scontrol_show_nodes(names).unwrap_or_default();
+    parse_nodes(&text)
+        .into_iter()
+        .filter_map(|(name, node)| Some((name, node.addr?)))
+        .collect()
+}
+
+/// The output of `scontrol show node --oneliner NODES`, or why there is none (scontrol
+/// missing, failing, or taking longer than [`SCONTROL_LIMIT`]).
+fn scontrol_show_nodes(names: &[String]) -> Result<String, String> {
+    show_nodes_with("scontrol".as_ref(), names)
+}
+
+/// [`scontrol_show_nodes`] with `program` as scontrol.
+fn show_nodes_with(program: &std::ffi::OsStr, names: &[String]) -> Result<String, String> {
+    let mut child = Command::new(program)
         .args(["show", "node", "--oneliner"])
         .arg(compress_hostlist(names))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn();
-    let Ok(mut child) = child else {
-        return HashMap::new();
-    };
-    // Read on a thread of its own: thousands of nodes are more than a pipe holds.
-    let reader = child.stdout.take().map(|mut out| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = out.read_to_string(&mut text);
-            text
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run scontrol: {e}"))?;
+    // Read on threads of their own: thousands of nodes are more than a pipe holds.
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        pipe.map(|mut p| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = p.read_to_string(&mut text);
+                text
+            })
         })
-    });
+    };
+    let out = read(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = read(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let until = Instant::now() + SCONTROL_LIMIT;
-    while matches!(child.try_wait(), Ok(None)) {
-        if Instant::now() >= until {
-            let _ = child.kill();
-            let _ = child.wait();
-            return HashMap::new();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "scontrol show node took longer than {} s",
+                    SCONTROL_LIMIT.as_secs()
+                ));
+            }
+            Err(e) => return Err(format!("cannot wait for scontrol: {e}")),
         }
-        std::thread::sleep(Duration::from_millis(10));
+    };
+    let joined = |t: Option<std::thread::JoinHandle<String>>| {
+        t.and_then(|t| t.join().ok()).unwrap_or_default()
+    };
+    let (text, said) = (joined(out), joined(err));
+    if !status.success() {
+        let said = said.trim();
+        return Err(match said.is_empty() {
+            true => format!("scontrol show node ended with {status}"),
+            false => format!("scontrol show node ended with {status}: {said}"),
+        });
     }
-    let text = reader.and_then(|r| r.join().ok()).unwrap_or_default();
-    parse_node_addrs(&text)
+    Ok(text)
 }
 
-/// The `NodeName=` and `NodeAddr=` of each line of `scontrol show node --oneliner`.
-fn parse_node_addrs(text: &str) -> HashMap<String, String> {
+/// What `scontrol show node` says of one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct NodeRecord {
+    /// `NodeAddr=`.
+    addr: Option<String>,
+    /// `State=`: a base state and flags, `IDLE+DRAIN`, `DOWN+NOT_RESPONDING`.
+    state: String,
+    /// `Reason=`, without the `[user@time]` Slurm appends.
+    reason: Option<String>,
+}
+
+/// Each line of `scontrol show node --oneliner`, by `NodeName=`. `Reason=` is the last field
+/// of a line and holds spaces (`Reason=npu 3 ecc errors [root@2026-12-02T02:41:41]`).
+fn parse_nodes(text: &str) -> HashMap<String, NodeRecord> {
     text.lines()
         .filter_map(|line| {
+            let (fields, reason) = match line.split_once(" Reason=") {
+                Some((fields, reason)) => (fields, Some(reason)),
+                None => (line, None),
+            };
             let field = |key: &str| {
-                line.split_whitespace()
+                fields
+                    .split_whitespace()
                     .find_map(|w| w.strip_prefix(key))
                     .map(str::to_string)
             };
-            Some((field("NodeName=")?, field("NodeAddr=")?))
+            let reason = reason.map(|r| {
+                let r = r.trim_end();
+                match r.rfind(" [") {
+                    Some(at) if r.ends_with(']') => r[..at].to_string(),
+                    _ => r.to_string(),
+                }
+            });
+            let node = NodeRecord {
+                addr: field("NodeAddr="),
+                state: field("State=").unwrap_or_default(),
+                reason: reason.filter(|r| !r.is_empty() && r != "(null)"),
+            };
+            Some((field("NodeName=")?, node))
         })
         .collect()
+}
+
+/// Whether a node in this `State=` must not be given work: down, drained or draining (a
+/// health check, or an administrator, took it out), failing, not responding, or powered down.
+fn unusable_state(state: &str) -> bool {
+    state.split('+').any(|flag| {
+        // sinfo's marks (`DOWN*`, `IDLE~`) may follow a state; scontrol spells them out.
+        let flag = flag.trim_end_matches(|c: char| !c.is_ascii_alphanumeric() && c != '_');
+        matches!(
+            flag,
+            "DOWN"
+                | "DRAIN"
+                | "DRAINED"
+                | "DRAINING"
+                | "FAIL"
+                | "FAILING"
+                | "NOT_RESPONDING"
+                | "NO_RESPOND"
+                | "POWER_DOWN"
+                | "POWERED_DOWN"
+                | "POWERING_DOWN"
+        )
+    })
+}
+
+/// A node that Slurm says not to use, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnusableNode {
+    /// Its `NodeName`.
+    pub name: String,
+    /// Its `State=`.
+    pub state: String,
+    /// Its `Reason=`, when one is set.
+    pub reason: Option<String>,
+}
+
+impl std::fmt::Display for UnusableNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} is {}", self.name, self.state)?;
+        match &self.reason {
+            Some(reason) => write!(f, " ({reason})"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The nodes among `names` that Slurm says not to use now ([`unusable_state`]), as
+/// `scontrol show node` reports them. A node scontrol does not list is not among them.
+///
+/// # Errors
+///
+/// Why Slurm could not be asked ([`scontrol_show_nodes`]).
+pub fn unusable_nodes(names: &[String]) -> Result<Vec<UnusableNode>, String> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let nodes = parse_nodes(&scontrol_show_nodes(names)?);
+    Ok(names
+        .iter()
+        .filter_map(|name| {
+            let node = nodes.get(name)?;
+            unusable_state(&node.state).then(|| UnusableNode {
+                name: name.clone(),
+                state: node.state.clone(),
+                reason: node.reason.clone(),
+            })
+        })
+        .collect())
 }
 
 fn resolve_ipv4(name: &str) -> Option<Ipv4Addr> {
@@ -664,10 +805,81 @@ mod tests {
                     NodeHostName=abn1 Version=22.05.8\n\
                     NodeName=abn2 NodeAddr=abn2.cluster NodeHostName=abn2\n\
                     garbage line\n";
-        let addrs = parse_node_addrs(text);
-        assert_eq!(addrs.len(), 2);
-        assert_eq!(addrs["abn1"], "10.215.0.11");
-        assert_eq!(addrs["abn2"], "abn2.cluster");
+        let nodes = parse_nodes(text);
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes["abn1"].addr.as_deref(), Some("10.215.0.11"));
+        assert_eq!(nodes["abn2"].addr.as_deref(), Some("abn2.cluster"));
+    }
+
+    #[test]
+    fn node_states_and_reasons_are_read_off_scontrols_lines() {
+        // As Slurm 22.05 prints them (the fixture's scontrol, shortened): `OS=` holds spaces,
+        // and `Reason=` is last, with spaces and Slurm's `[user@time]`.
+        let text = "NodeName=abn1 NodeAddr=10.215.0.11 OS=Linux 6.1 #1 SMP State=IDLE \
+                    ThreadsPerCore=1\n\
+                    NodeName=abn2 NodeAddr=10.215.0.12 State=IDLE+DRAIN ThreadsPerCore=1 \
+                    ExtSensorsTemp=n/s Reason=npu 3 ecc errors [root@2026-12-02T02:41:41]\n\
+                    NodeName=abn3 State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@x]\n\
+                    NodeName=abn4 State=MIXED+DRAIN Reason=hc\n";
+        let nodes = parse_nodes(text);
+        assert_eq!(nodes["abn1"].state, "IDLE");
+        assert_eq!(nodes["abn1"].reason, None);
+        assert_eq!(nodes["abn2"].state, "IDLE+DRAIN");
+        assert_eq!(nodes["abn2"].reason.as_deref(), Some("npu 3 ecc errors"));
+        assert_eq!(nodes["abn2"].addr.as_deref(), Some("10.215.0.12"));
+        assert_eq!(nodes["abn3"].reason.as_deref(), Some("Not responding"));
+        assert_eq!(nodes["abn4"].reason.as_deref(), Some("hc"));
+        for (state, unusable) in [
+            ("IDLE", false),
+            ("ALLOCATED", false),
+            ("MIXED+COMPLETING", false),
+            ("IDLE+DRAIN", true),
+            ("ALLOCATED+DRAIN", true),
+            ("DOWN", true),
+            ("DOWN*", true),
+            ("IDLE+NOT_RESPONDING", true),
+            ("ALLOCATED+FAIL", true),
+            ("IDLE+POWERED_DOWN", true),
+            ("RESERVED", false),
+        ] {
+            assert_eq!(unusable_state(state), unusable, "{state}");
+        }
+        let node = UnusableNode {
+            name: "abn2".into(),
+            state: "IDLE+DRAIN".into(),
+            reason: Some("npu 3 ecc errors".into()),
+        };
+        assert_eq!(node.to_string(), "abn2 is IDLE+DRAIN (npu 3 ecc errors)");
+    }
+
+    #[test]
+    fn a_scontrol_that_cannot_answer_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("scontrol");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho \"slurm_load_node error: Unable to contact slurm controller\" >&2\n\
+             exit 1\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let names = ["abn1".to_string()];
+        // Another test's fork may briefly hold the script open for writing (ETXTBSY).
+        let mut e = String::new();
+        for _ in 0..50 {
+            e = show_nodes_with(fake.as_os_str(), &names).unwrap_err();
+            if !e.contains("Text file busy") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            e.starts_with("scontrol show node ended with exit status: 1: slurm_load_node error"),
+            "{e}"
+        );
+        let e = show_nodes_with(dir.path().join("missing").as_os_str(), &names).unwrap_err();
+        assert!(e.starts_with("cannot run scontrol: "), "{e}");
     }
 
     #[test]

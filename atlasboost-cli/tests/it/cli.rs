@@ -2051,6 +2051,7 @@ fn events_follow_the_schema_through_a_failing_job() {
         ("hang", &["report"]),
         ("telemetry", &["host", "devices", "workers"]),
         ("attempt_end", &["ended", "exit_code", "seconds"]),
+        ("host_left_out", &["host", "why"]),
         ("summary", &["exit_code", "attempts", "seconds"]),
     ];
     let lines: Vec<Value> = fs::read_to_string(&events)
