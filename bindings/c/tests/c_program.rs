@@ -364,3 +364,69 @@ fn the_header_compiles_and_links_as_cpp() {
             "ATLASBOOST_ERR_NOT_INITIALIZED atlasboost is not initialised: call init() first",
         );
 }
+
+/// The system libraries a program linked against `libatlasboost.a` needs, as README's "C and
+/// C++" section gives them (rustc's `--print native-static-libs`, which lists the C++ runtime
+/// that the vendored libzmq needs); an MPI build needs MPI's own too.
+const STATIC_LIBS: &[&str] = &[
+    "-lstdc++",
+    "-lgcc_s",
+    "-lpthread",
+    "-ldl",
+    "-lm",
+    "-lrt",
+    "-lutil",
+];
+
+#[test]
+fn the_static_archive_links_with_readmes_libraries_and_runs_a_job() {
+    let dir = scratch();
+    let cc = compiler("CC", "cc");
+    require(&cc, "a C compiler", "CC");
+    // Cargo puts the archive beside the shared library.
+    let archive = library_dir().join("libatlasboost.a");
+    assert!(
+        archive.is_file(),
+        "no {}: run `cargo build -p atlasboost-c`",
+        archive.display()
+    );
+    let program = dir.path().join("test_init_static");
+    let mut cmd = Command::new(&cc);
+    cmd.args(["-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(crate_dir().join("tests").join("c").join("test_init.c"))
+        .arg(&archive)
+        .args(STATIC_LIBS);
+    if cfg!(feature = "mpi") {
+        // The MPI build links the MPI library the archive was built against.
+        let link = Command::new("mpicc")
+            .arg("--showme:link")
+            .output()
+            .unwrap_or_else(|e| panic!("the MPI build's archive needs mpicc --showme:link: {e}"));
+        cmd.args(String::from_utf8_lossy(&link.stdout).split_whitespace());
+    }
+    cmd.arg("-o").arg(&program);
+    run(cmd, dir.path()).assert_success();
+    // Linked without -L or an rpath: nothing of libatlasboost.so can be loaded at run time.
+    let mut job = Command::new(atlasboost_bin());
+    job.args(["run", "--sim", "4", "-H", "127.0.0.1:2,127.0.0.2:2", "--"])
+        .arg(&program)
+        .arg("launched");
+    let finished = run(job, dir.path());
+    finished.assert_success();
+    let passed = finished
+        .stdout
+        .lines()
+        .filter(|l| l.contains("test_init: launched: rank ") && l.ends_with(" checks passed"))
+        .count();
+    assert_eq!(passed, 4, "{}", finished.show());
+    let mut alone = Command::new(&program);
+    alone.arg("before-init");
+    run(alone, dir.path())
+        .assert_success()
+        .assert_stdout_has(&format!(
+            "build: atlasboost {} (MPI support: {})\n",
+            env!("CARGO_PKG_VERSION"),
+            if cfg!(feature = "mpi") { "yes" } else { "no" }
+        ));
+}
