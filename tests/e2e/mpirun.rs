@@ -153,7 +153,7 @@ fn the_first_rank_to_fail_sets_the_code_and_the_summary_names_each_rank() {
         return;
     }
     let f = run_mpi(4)
-        .args(["--", "sh", "-c"])
+        .args(["--events", "events.jsonl", "--", "sh", "-c"])
         .args([
             // Rank 2 fails once every rank runs (so every relay has called in), at most 30 s.
             "touch ready.$OMPI_COMM_WORLD_RANK; \
@@ -185,6 +185,57 @@ fn the_first_rank_to_fail_sets_the_code_and_the_summary_names_each_rank() {
         let status = if rank == 2 { "exit" } else { "stopped" };
         assert_eq!(row[3], status, "{err}");
     }
+    // --events (docs/events.md) as without --mpi: each rank's start when its relay calls in,
+    // its end, the attempt's root cause and the job's code.
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(f.dir().join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"job_start"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"summary"), "{kinds:?}");
+    let of = |kind: &str| -> Vec<&serde_json::Value> {
+        events.iter().filter(|e| e["event"] == kind).collect()
+    };
+    let mut started: Vec<(u64, String, u64)> = of("worker_start")
+        .iter()
+        .map(|e| {
+            (
+                e["rank"].as_u64().unwrap(),
+                e["host"].as_str().unwrap().to_string(),
+                e["device"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    started.sort();
+    let want: Vec<(u64, String, u64)> = (0..4).map(|r| (r, host.clone(), r)).collect();
+    assert_eq!(started, want, "{events:?}");
+    let mut ended: Vec<(u64, u64)> = of("worker_exit")
+        .iter()
+        .map(|e| {
+            (
+                e["rank"].as_u64().unwrap(),
+                e["exit_code"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    ended.sort();
+    assert_eq!(ended, [(0, 143), (1, 143), (2, 7), (3, 143)], "{events:?}");
+    let end = of("attempt_end");
+    assert!(
+        end.len() == 1
+            && end[0]["exit_code"] == 7
+            && end[0]["ended"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("rank 2 (host ") && w.ends_with("failed: exit 7")),
+        "{end:?}"
+    );
+    assert_eq!(of("summary")[0]["exit_code"], 7, "{events:?}");
+    assert!(
+        events.iter().all(|e| e["job"] == events[0]["job"]),
+        "one job id: {events:?}"
+    );
 }
 
 #[test]
@@ -326,6 +377,15 @@ fn what_can_be_refused_before_mpirun_starts_is() {
     assert!(
         f.err()
             .contains("--ranks 5: rank 5 is not in this job of 2 ranks (0-1)"),
+        "{}",
+        f.describe()
+    );
+    let f = run_mpi(2)
+        .args(["--metrics", "127.0.0.1:0", "--", "true"])
+        .run();
+    f.assert_code(2);
+    assert!(
+        f.err().contains("--metrics is not built for --mpi yet"),
         "{}",
         f.describe()
     );

@@ -72,15 +72,10 @@ const AGENT_SLACK: Duration = Duration::from_secs(2);
 /// (126/127).
 pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     if args.mpi {
-        for (given, flag) in [
-            (args.events.is_some(), "--events"),
-            (args.metrics.is_some(), "--metrics"),
-        ] {
-            if given {
-                return Err(CliError::Usage(format!(
-                    "{flag} is not built for --mpi yet; run without --mpi"
-                )));
-            }
+        if args.metrics.is_some() {
+            return Err(CliError::Usage(
+                "--metrics is not built for --mpi yet; run without --mpi".into(),
+            ));
         }
         uses_slurm(args)?;
         return mpi::run_mpi(args, printer);
@@ -125,23 +120,21 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         Some(path) => Some(EventLog::create(path, &job_id)?),
         None => None,
     };
-    events::emit(
+    events::job_start(
         events.as_ref(),
-        "job_start",
-        serde_json::json!({
-            "hosts": hosts.iter().map(|h| serde_json::json!({
-                "host": h.describe(),
-                "server_id": h.server_id,
-                "slots": h.slots,
-                "local": h.local,
-            })).collect::<Vec<_>>(),
-            "np": args.np,
-            "command": args.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
-            "framework": args.framework.to_string(),
-            "rank_table": table_path,
-            "max_restarts": args.max_restarts,
-            "fanout": args.fanout,
-        }),
+        args,
+        hosts
+            .iter()
+            .map(|h| {
+                serde_json::json!({
+                    "host": h.describe(),
+                    "server_id": h.server_id,
+                    "slots": h.slots,
+                    "local": h.local,
+                })
+            })
+            .collect(),
+        &table_path,
     );
     if args.metrics.is_some() && args.monitor_interval.is_none() {
         return Err(CliError::Usage(

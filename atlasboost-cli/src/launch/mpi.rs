@@ -22,8 +22,9 @@ use atlasboost_core::launch_context;
 use atlasboost_tcp::Secret;
 
 use super::channel::{self, Up};
+use super::events::{self, EventLog};
 use super::job::{
-    check_before_start, job_logs, lock_table, new_job_id, rendezvous_address, report,
+    check_before_start, ending_of, job_logs, lock_table, new_job_id, rendezvous_address, report,
     resolve_exports, worker_dir,
 };
 use super::lifeline;
@@ -125,6 +126,35 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             .collect::<Vec<_>>()
             .join(" ")
     ));
+    let events = match &args.events {
+        Some(path) => Some(EventLog::create(path, &job_id)?),
+        None => None,
+    };
+    // Where mpirun puts the ranks is known only when their relays call: the hosts as given.
+    let given: Vec<serde_json::Value> = match hosts.is_empty() {
+        true => vec![serde_json::json!({
+            "host": atlasboost_core::host_name(),
+            "server_id": null,
+            "slots": np,
+            "local": true,
+        })],
+        false => hosts
+            .iter()
+            .map(|h| {
+                serde_json::json!({
+                    "host": h.name,
+                    "server_id": null,
+                    "slots": h.slots,
+                    "local": false,
+                })
+            })
+            .collect(),
+    };
+    events::job_start(events.as_ref(), args, given, &table_path);
+    if let Some(e) = &events {
+        e.borrow_mut().set_attempt(0);
+    }
+    events::emit(events.as_ref(), "attempt_start", serde_json::json!({}));
     let mut lifeline = lifeline::prepare()?;
     let ranks: Vec<u32> = (0..np).collect();
     let logs = job_logs(args, &job_id, printer)?;
@@ -136,7 +166,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             log_dir: logs.clone(),
             // --hang-timeout is refused with --mpi.
             keep_last_line: false,
-            events: None,
+            events: events.clone(),
             status: false,
         },
         &ranks,
@@ -190,6 +220,21 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         started.elapsed(),
         logs.as_deref(),
         printer,
+    );
+    let seconds = started.elapsed().as_secs_f64();
+    events::emit(
+        events.as_ref(),
+        "attempt_end",
+        serde_json::json!({
+            "ended": ending_of(&result),
+            "exit_code": result.exit_code,
+            "seconds": seconds,
+        }),
+    );
+    events::emit(
+        events.as_ref(),
+        "summary",
+        serde_json::json!({ "exit_code": result.exit_code, "attempts": 1, "seconds": seconds }),
     );
     Ok(result.exit_code)
 }

@@ -141,6 +141,16 @@ impl Supervisor<'_> {
                     // init() takes the device of its local rank: this is its logical id.
                     self.workers[lane].device = local_rank;
                     self.running[lane].started = Instant::now();
+                    // The relay starts its worker now; its pid is the relay's to know.
+                    output.event(
+                        "worker_start",
+                        serde_json::json!({
+                            "rank": rank,
+                            "host": self.workers[lane].host,
+                            "device": local_rank,
+                            "pid": null,
+                        }),
+                    );
                     let Role::Launcher(remotes) = &mut self.role else {
                         continue;
                     };
