@@ -11,6 +11,7 @@ use std::rc::Rc;
 
 use serde_json::{Map, Value, json};
 
+use super::plan::HostPlan;
 use crate::error::CliError;
 use crate::settings::RunSettings;
 
@@ -104,6 +105,16 @@ pub fn job_start(
             "fanout": args.fanout,
         }),
     );
+}
+
+/// A host as `job_start` lists it.
+pub fn host_json(h: &HostPlan) -> Value {
+    json!({
+        "host": h.describe(),
+        "server_id": h.server_id,
+        "slots": h.slots,
+        "local": h.local,
+    })
 }
 
 /// Emits `event` if there is an event file.

@@ -123,17 +123,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     events::job_start(
         events.as_ref(),
         args,
-        hosts
-            .iter()
-            .map(|h| {
-                serde_json::json!({
-                    "host": h.describe(),
-                    "server_id": h.server_id,
-                    "slots": h.slots,
-                    "local": h.local,
-                })
-            })
-            .collect(),
+        hosts.iter().map(events::host_json).collect(),
         &table_path,
     );
     if args.metrics.is_some() && args.monitor_interval.is_none() {

@@ -85,11 +85,15 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     };
     // The relays connect here: loopback when every rank is on this machine, else this
     // machine's address on the route to the first other host (or --rendezvous-addr).
+    let resolved = match hosts.is_empty() {
+        true => Vec::new(),
+        false => resolve_hosts(&hosts)?,
+    };
     let relay_ip = if hosts.is_empty() {
         args.rendezvous_addr
             .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
     } else {
-        rendezvous_address(args, &resolve_hosts(&hosts)?)?
+        rendezvous_address(args, &resolved)?
     };
     let secret = Secret::random().map_err(CliError::system("make the job's secret"))?;
     let door = RelayDoor::open(relay_ip, np, &job_id, secret.clone()).map_err(|source| {
@@ -130,25 +134,16 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         Some(path) => Some(EventLog::create(path, &job_id)?),
         None => None,
     };
-    // Where mpirun puts the ranks is known only when their relays call: the hosts as given.
-    let given: Vec<serde_json::Value> = match hosts.is_empty() {
+    // mpirun places the ranks on the hosts given, or on this machine (whose address is not
+    // needed, so not looked up).
+    let given: Vec<serde_json::Value> = match resolved.is_empty() {
         true => vec![serde_json::json!({
             "host": atlasboost_core::host_name(),
             "server_id": null,
             "slots": np,
             "local": true,
         })],
-        false => hosts
-            .iter()
-            .map(|h| {
-                serde_json::json!({
-                    "host": h.name,
-                    "server_id": null,
-                    "slots": h.slots,
-                    "local": false,
-                })
-            })
-            .collect(),
+        false => resolved.iter().map(events::host_json).collect(),
     };
     events::job_start(events.as_ref(), args, given, &table_path);
     if let Some(e) = &events {
