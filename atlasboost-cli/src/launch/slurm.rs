@@ -314,12 +314,13 @@ impl std::fmt::Display for UnusableNode {
     }
 }
 
-/// The nodes among `names` that Slurm says not to use now ([`unusable_state`]), as
-/// `scontrol show node` reports them. A node scontrol does not list is not among them.
+/// The nodes among `names` that Slurm says not to use now (drained or draining, down, failing,
+/// not responding, powered down), as `scontrol show node` reports them. A node scontrol does not list is not among them.
 ///
 /// # Errors
 ///
-/// Why Slurm could not be asked ([`scontrol_show_nodes`]).
+/// Why Slurm could not be asked: scontrol missing, failing (with what it said), or taking
+/// longer than 20 s.
 pub fn unusable_nodes(names: &[String]) -> Result<Vec<UnusableNode>, String> {
     if names.is_empty() {
         return Ok(Vec::new());
