@@ -315,7 +315,8 @@ impl std::fmt::Display for UnusableNode {
 }
 
 /// The nodes among `names` that Slurm says not to use now (drained or draining, down, failing,
-/// not responding, powered down), as `scontrol show node` reports them. A node scontrol does not list is not among them.
+/// not responding, powered down), as `scontrol show node` reports them. A node scontrol does
+/// not list is not among them.
 ///
 /// # Errors
 ///
