@@ -103,7 +103,9 @@ ATLASBOOST_E2E_REQUIRE_SSHD=1 ATLASBOOST_E2E_REQUIRE_MPIRUN=1 ATLASBOOST_E2E_REQ
 # Library mode under Open MPI: the example worker rebuilt with MPI support, then the e2e
 # tests that run it under mpirun and `atlasboost run --mpi`.
 cargo build --quiet -p atlasboost-examples --examples --features mpi
-cargo test -p atlasboost-e2e --features mpi --test e2e -- mpi:: 2>&1 | tee -a "$log"
+# (and the table options of --mpi, with init() meeting over MPI instead of ZeroMQ).
+cargo test -p atlasboost-e2e --features mpi --test e2e -- mpi:: \
+    library::run_mpi_passes_format_and_rank_order 2>&1 | tee -a "$log"
 # The C library built with MPI support: its program's tests again (build_info says so).
 cargo build --quiet -p atlasboost-c --features mpi
 cargo test -p atlasboost-c --features mpi --test c_program 2>&1 | tee -a "$log"

@@ -71,6 +71,11 @@ impl EnvVars {
     pub const ATLASBOOST_SERVER_ID: &'static str = "ATLASBOOST_SERVER_ID";
     /// The absolute rank-table path.
     pub const ATLASBOOST_RANK_TABLE_FILE: &'static str = "ATLASBOOST_RANK_TABLE_FILE";
+    /// Library mode's table format, as `--format`: `1.0` (default), `1.2` or `legacy`.
+    pub const ATLASBOOST_RANK_TABLE_FORMAT: &'static str = "ATLASBOOST_RANK_TABLE_FORMAT";
+    /// Library mode's server order, as `--rank-order`: `server-id` (default), or `hosts` (as
+    /// the launcher placed them: by each server's lowest rank).
+    pub const ATLASBOOST_RANK_ORDER: &'static str = "ATLASBOOST_RANK_ORDER";
     /// `tensorflow`, `mindspore` or `pytorch`.
     pub const ATLASBOOST_FRAMEWORK: &'static str = "ATLASBOOST_FRAMEWORK";
     /// The job's id.

@@ -31,7 +31,8 @@ use std::time::Duration;
 use atlasboost_core::exchange::error_chain;
 use atlasboost_core::launch_context::{self, LaunchContext, Launcher};
 use atlasboost_core::ranktable::{
-    BuildOptions, LockOwner, RankTable, TableLock, TableLockError, build_table, write_table,
+    BuildOptions, Format, LockOwner, RankOrder, RankTable, TableLock, TableLockError, build_table,
+    write_table,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
 use atlasboost_core::{Device, EnvVars, Rendezvous, World};
@@ -512,6 +513,124 @@ struct Claim {
     /// Launcher rank 0 only: the job's `MASTER_ADDR` and `MASTER_PORT`, so every process gets
     /// the same.
     master: Option<(String, u16)>,
+    /// The table it asks for; every process must ask for the same.
+    #[serde(default)]
+    table: TableChoice,
+}
+
+/// The table a process asks for: `ATLASBOOST_RANK_TABLE_FORMAT` and `ATLASBOOST_RANK_ORDER`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct TableChoice {
+    /// The format's name (`1.0`, `1.2`, `legacy`).
+    format: String,
+    /// Servers by the lowest rank of each (`hosts`), else by server id.
+    by_rank: bool,
+}
+
+impl Default for TableChoice {
+    /// `--format` and `--rank-order`'s defaults: format 1.0, servers by id.
+    fn default() -> Self {
+        TableChoice {
+            format: Format::default().as_str().to_string(),
+            by_rank: false,
+        }
+    }
+}
+
+impl TableChoice {
+    /// From the environment; a value that is not one of the choices is named.
+    fn from_env() -> Result<TableChoice, InitError> {
+        let format = match env(EnvVars::ATLASBOOST_RANK_TABLE_FORMAT) {
+            None => Format::default(),
+            Some(v) => v.parse::<Format>().map_err(|_| InitError::BadVariable {
+                variable: EnvVars::ATLASBOOST_RANK_TABLE_FORMAT,
+                value: v,
+                reason: "expected 1.0, 1.2 or legacy (as `atlasboost run --format`)".into(),
+            })?,
+        };
+        let by_rank = match env(EnvVars::ATLASBOOST_RANK_ORDER).as_deref() {
+            None | Some("server-id") => false,
+            Some("hosts") => true,
+            Some(other) => {
+                return Err(InitError::BadVariable {
+                    variable: EnvVars::ATLASBOOST_RANK_ORDER,
+                    value: other.to_string(),
+                    reason: "expected server-id or hosts (as `atlasboost run --rank-order`)".into(),
+                });
+            }
+        };
+        if by_rank && format == Format::Legacy {
+            return Err(InitError::BadVariable {
+                variable: EnvVars::ATLASBOOST_RANK_ORDER,
+                value: "hosts".into(),
+                reason: format!(
+                    "{}=legacy ranks servers by server_id; use server-id",
+                    EnvVars::ATLASBOOST_RANK_TABLE_FORMAT
+                ),
+            });
+        }
+        Ok(TableChoice {
+            format: format.as_str().to_string(),
+            by_rank,
+        })
+    }
+}
+
+/// What to build from `claims` (in rank order): the table every process asked for, with the
+/// servers in order of their lowest rank when it asked for `hosts`.
+///
+/// # Errors
+///
+/// [`InitError::Config`] naming the first process that asked for another table than rank 0.
+fn build_options(claims: &[Claim]) -> Result<BuildOptions, InitError> {
+    let Some(first) = claims.first() else {
+        return Ok(BuildOptions::default());
+    };
+    if let Some(other) = claims.iter().find(|c| c.table != first.table) {
+        let says = |c: &Claim| {
+            format!(
+                "format {}, order {}",
+                c.table.format,
+                if c.table.by_rank {
+                    "hosts"
+                } else {
+                    "server-id"
+                }
+            )
+        };
+        return Err(InitError::Config(format!(
+            "rank {} asks for a rank table of {} but rank {} for {}: give every process the same \
+             {} and {}",
+            other.rank,
+            says(other),
+            first.rank,
+            says(first),
+            EnvVars::ATLASBOOST_RANK_TABLE_FORMAT,
+            EnvVars::ATLASBOOST_RANK_ORDER
+        )));
+    }
+    let format = first
+        .table
+        .format
+        .parse::<Format>()
+        .map_err(|e| InitError::Config(e.to_string()))?;
+    let order = match first.table.by_rank {
+        false => RankOrder::ServerId,
+        true => {
+            let mut hosts: Vec<String> = Vec::new();
+            for c in claims {
+                if !hosts.contains(&c.server_id) {
+                    hosts.push(c.server_id.clone());
+                }
+            }
+            RankOrder::Hosts(hosts)
+        }
+    };
+    Ok(BuildOptions {
+        format,
+        order,
+        chip: None,
+    })
 }
 
 /// What a process tells the others in the second round: whether it wrote the table.
@@ -565,6 +684,7 @@ struct Shared {
     table_path: PathBuf,
     server_id: String,
     timeout: Duration,
+    table: TableChoice,
 }
 
 impl Shared {
@@ -581,6 +701,7 @@ impl Shared {
             table_path: table_path()?,
             server_id: server_id()?,
             timeout: timeout()?,
+            table: TableChoice::from_env()?,
         })
     }
 }
@@ -881,7 +1002,10 @@ fn answer_claims(payloads: &[Vec<u8>]) -> Result<(Replies, Vec<String>), String>
     let Ok(devices) = check_claims(&claims) else {
         return Ok(everyone(common));
     };
-    let Ok(table) = build_table(&devices, &BuildOptions::default()) else {
+    let Ok(options) = build_options(&claims) else {
+        return Ok(everyone(common));
+    };
+    let Ok(table) = build_table(&devices, &options) else {
         return Ok(everyone(common));
     };
     if atlasboost_core::ranktable::chip_of_devices(&devices).is_err() {
@@ -955,6 +1079,7 @@ fn make_claim(rank: u32, local_rank: u32, shared: &Shared) -> (Claim, Result<Dev
         local_rank,
         device: device.clone(),
         master,
+        table: shared.table.clone(),
     };
     (claim, device)
 }
@@ -1007,7 +1132,7 @@ fn settle(
     shared: &Shared,
 ) -> Result<(RankTable, Written, Option<TableLock>), InitError> {
     let devices = check_claims(claims)?;
-    let table = build_table(&devices, &BuildOptions::default())?;
+    let table = build_table(&devices, &build_options(claims)?)?;
     let chip = atlasboost_core::ranktable::chip_of_devices(&devices)?;
     let writer = claims
         .iter()
@@ -1584,6 +1709,11 @@ mod tests {
     /// device of its local rank; rank 0 names the master. The hosts' ids run backwards
     /// (`10.0.{hosts-1}.1` first), so the table's ranks are not the launcher's.
     fn claims(hosts: u32, per_host: u32) -> Vec<Vec<u8>> {
+        claims_asking(hosts, per_host, &TableChoice::default())
+    }
+
+    /// [`claims`], each asking for `table`.
+    fn claims_asking(hosts: u32, per_host: u32, table: &TableChoice) -> Vec<Vec<u8>> {
         (0..hosts * per_host)
             .map(|rank| {
                 let (host, local) = (rank / per_host, rank % per_host);
@@ -1603,6 +1733,7 @@ mod tests {
                         super_pod_id: None,
                     }),
                     master: None,
+                    table: table.clone(),
                 };
                 let claim = Claim {
                     master: (rank == 0).then(|| (claim.server_id.clone(), 29500)),
@@ -1653,6 +1784,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_table_every_process_asks_for_is_built_in_its_format_and_order() {
+        // `hosts`: servers in the order the launcher placed them, so table ranks are the
+        // launcher's even though the server ids run backwards.
+        let by_rank = TableChoice {
+            format: "1.0".into(),
+            by_rank: true,
+        };
+        let payloads = claims_asking(3, 4, &by_rank);
+        let (replies, _) = answer_claims(&payloads).unwrap();
+        for rank in (0..12).filter(|r| r % 4 != 0) {
+            let a = seat_of(&replies, rank).unwrap();
+            assert_eq!(a.seat.world.rank, rank as u32, "{a:?}");
+        }
+        let all = parse_claims(&payloads).unwrap();
+        let table =
+            build_table(&check_claims(&all).unwrap(), &build_options(&all).unwrap()).unwrap();
+        assert_eq!(table.format(), Format::V1_0);
+        // legacy: the format of old TensorFlow stacks, whose RANK_ID is the pod_name.
+        let legacy = TableChoice {
+            format: "legacy".into(),
+            by_rank: false,
+        };
+        let all = parse_claims(&claims_asking(2, 2, &legacy)).unwrap();
+        let table =
+            build_table(&check_claims(&all).unwrap(), &build_options(&all).unwrap()).unwrap();
+        assert_eq!(table.format(), Format::Legacy);
+        // A claim of an older atlasboost, without the field, asks for the defaults.
+        let old: Claim = serde_json::from_str(
+            r#"{"rank":0,"server_id":"10.0.0.1","local_rank":0,"device":{"Err":"none"},"master":null}"#,
+        )
+        .unwrap();
+        assert_eq!(old.table, TableChoice::default());
+    }
+
+    #[test]
+    fn processes_that_ask_for_different_tables_are_named() {
+        let mut all = parse_claims(&claims(2, 2)).unwrap();
+        all[3].table = TableChoice {
+            format: "legacy".into(),
+            by_rank: true,
+        };
+        let e = build_options(&all).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "rank 3 asks for a rank table of format legacy, order hosts but rank 0 for \
+                 format 1.0, order server-id"
+            ) && e.contains("ATLASBOOST_RANK_TABLE_FORMAT"),
+            "{e}"
+        );
+        // The coordinator sends every claim to everyone, who then fail alike.
+        let payloads: Vec<Vec<u8>> = all.iter().map(|c| serde_json::to_vec(c).unwrap()).collect();
+        let (replies, _) = answer_claims(&payloads).unwrap();
+        assert!(matches!(replies, Replies::Same(_)), "{replies:?}");
     }
 
     #[test]

@@ -254,6 +254,73 @@ fn atlasboost_run_mpi_with_a_worker_without_mpi_meets_over_zeromq() {
     check_job(&reports, 4, "Zmq");
 }
 
+/// `--format` and `--rank-order` under `--mpi` reach each worker's `init()`
+/// (`ATLASBOOST_RANK_TABLE_FORMAT`, `ATLASBOOST_RANK_ORDER`), which writes, byte for byte, the
+/// table that `atlasboost run` writes with the same options, and gives each rank the same
+/// `RANK_ID`.
+#[test]
+fn run_mpi_passes_format_and_rank_order_to_init_which_writes_the_launchers_table() {
+    if atlasboost_e2e::mpirun_or_skip().is_none() {
+        return;
+    }
+    let rank_ids = |f: &Finished| -> BTreeMap<u32, String> {
+        reports(&f.out())
+            .iter()
+            .map(|r| (num(r, "launcher_rank"), r["rank_id"].clone()))
+            .collect()
+    };
+    for options in [["--format", "legacy"], ["--rank-order", "hosts"]] {
+        let job = |mpi: bool| {
+            let mut args = vec!["run", "--sim", "8", "-n", "4"];
+            if mpi {
+                args.insert(1, "--mpi");
+            }
+            Run::new(args)
+                .args(options)
+                .args(["--"])
+                .args([init_worker_bin()])
+                .timeout(Duration::from_secs(60))
+                .run()
+        };
+        let (library, launcher) = (job(true), job(false));
+        library.assert_code(0);
+        launcher.assert_code(0);
+        let table = |f: &Finished| std::fs::read(f.dir().join("rank_table.json")).unwrap();
+        assert!(
+            table(&library) == table(&launcher),
+            "{options:?}: init()'s table differs from the launcher's:\n{}\n{}",
+            String::from_utf8_lossy(&table(&library)),
+            String::from_utf8_lossy(&table(&launcher))
+        );
+        assert_eq!(rank_ids(&library), rank_ids(&launcher), "{options:?}");
+        assert_eq!(rank_ids(&library).len(), 4, "{}", library.describe());
+    }
+    // The legacy format orders servers by id: refused before mpirun starts.
+    let f = Run::new(["run", "--mpi", "--sim", "8", "--format", "legacy"])
+        .args(["--rank-order", "hosts", "--", "true"])
+        .run();
+    f.assert_code(2);
+    assert!(
+        f.err()
+            .contains("--rank-order hosts cannot apply to --format legacy"),
+        "{}",
+        f.describe()
+    );
+    // Library mode names its variables.
+    let f = Run::new::<[&str; 0], &str>([])
+        .program(init_worker_bin())
+        .env("ATLASBOOST_SIM", "2")
+        .env("ATLASBOOST_RANK_TABLE_FORMAT", "2.0")
+        .run();
+    f.assert_code(1);
+    assert!(
+        f.err()
+            .contains("ATLASBOOST_RANK_TABLE_FORMAT=2.0: expected 1.0, 1.2 or legacy"),
+        "{}",
+        f.describe()
+    );
+}
+
 #[test]
 fn every_process_of_a_host_must_name_the_same_table() {
     let port = free_port_pair();

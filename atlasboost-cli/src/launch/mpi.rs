@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use atlasboost_core::EnvVars;
 use atlasboost_core::exchange::error_chain;
 use atlasboost_core::launch_context;
+use atlasboost_core::ranktable::Format;
 use atlasboost_tcp::Secret;
 
 use super::channel::{self, Up};
@@ -322,6 +323,19 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
             job.table_path.display().to_string(),
         ),
         (EnvVars::ATLASBOOST_JOB_ID.into(), job.job_id.into()),
+        // Always, so that a value in mpirun's own environment cannot differ from the options.
+        (
+            EnvVars::ATLASBOOST_RANK_TABLE_FORMAT.into(),
+            args.format.as_str().into(),
+        ),
+        (
+            EnvVars::ATLASBOOST_RANK_ORDER.into(),
+            match args.rank_order {
+                ServerOrder::ServerId => "server-id",
+                ServerOrder::Hosts => "hosts",
+            }
+            .into(),
+        ),
         (
             EnvVars::ATLASBOOST_RENDEZVOUS_TIMEOUT.into(),
             args.rendezvous_timeout.as_secs_f64().to_string(),
@@ -392,12 +406,17 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
         (args.discovery.devices.is_some(), "--devices"),
         (args.discovery.sim_ipv6, "--sim-ipv6"),
         (args.discovery.sim_chip != "910", "--sim-chip"),
-        (args.format.as_str() != "1.0", "--format"),
-        (args.rank_order != ServerOrder::ServerId, "--rank-order"),
         (args.ssh_port.is_some(), "--ssh-port"),
         (args.ssh_identity.is_some(), "--ssh-identity"),
         (args.bind_cores, "--bind-cores"),
     ];
+    if args.rank_order == ServerOrder::Hosts && args.format == Format::Legacy {
+        return Err(CliError::Usage(
+            "--rank-order hosts cannot apply to --format legacy, which ranks servers by \
+             server_id"
+                .into(),
+        ));
+    }
     if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
         return Err(CliError::Usage(format!(
             "{flag} cannot be used with --mpi: mpirun starts the workers and their init() \
@@ -666,6 +685,9 @@ mod tests {
             "MASTER_ADDR=node1",
             "ATLASBOOST_RELAY_ADDR=10.0.0.9:4000",
             "ATLASBOOST_RELAY_GRACE_MS=10000",
+            // The table init() writes: --format and --rank-order, here their defaults.
+            "ATLASBOOST_RANK_TABLE_FORMAT=1.0",
+            "ATLASBOOST_RANK_ORDER=server-id",
             // By name only: mpirun passes its own value on.
             "ATLASBOOST_RELAY_SECRET",
         ] {
@@ -696,7 +718,7 @@ mod tests {
     fn options_mpirun_cannot_honour_are_refused_by_name() {
         for (flag, argv) in [
             ("--devices", vec!["--devices", "0-3"]),
-            ("--format", vec!["--format", "1.2"]),
+            ("--sim-chip", vec!["--sim", "8", "--sim-chip", "910b"]),
             ("--ssh-port", vec!["--ssh-port", "2222"]),
         ] {
             let mut full = argv.clone();
@@ -710,6 +732,21 @@ mod tests {
                 }
                 other => panic!("{flag}: expected a usage error, got {other:?}"),
             }
+        }
+        // The table's format and order reach init() in the workers.
+        let table = run_args(&["--format", "legacy", "--rank-order", "hosts", "--", "w"]);
+        assert!(refuse_unsupported(&table).is_ok());
+        let hosts = parse_host_list("node1:8").unwrap_or_else(|e| panic!("{e}"));
+        let cmd = command(&table, &hosts, 8, false);
+        for var in [
+            "ATLASBOOST_RANK_TABLE_FORMAT=legacy",
+            "ATLASBOOST_RANK_ORDER=hosts",
+        ] {
+            let at = cmd.iter().position(|a| a == var);
+            assert!(
+                at.is_some_and(|i| cmd[i - 1] == "-x"),
+                "-x {var} in {cmd:?}"
+            );
         }
         // What atlasboost's own output does, --mpi does too.
         let own = [
