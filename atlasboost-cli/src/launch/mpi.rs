@@ -734,12 +734,12 @@ mod tests {
             }
         }
         // The table's format and order reach init() in the workers.
-        let table = run_args(&["--format", "legacy", "--rank-order", "hosts", "--", "w"]);
+        let table = run_args(&["--format", "1.2", "--rank-order", "hosts", "--", "w"]);
         assert!(refuse_unsupported(&table).is_ok());
         let hosts = parse_host_list("node1:8").unwrap_or_else(|e| panic!("{e}"));
         let cmd = command(&table, &hosts, 8, false);
         for var in [
-            "ATLASBOOST_RANK_TABLE_FORMAT=legacy",
+            "ATLASBOOST_RANK_TABLE_FORMAT=1.2",
             "ATLASBOOST_RANK_ORDER=hosts",
         ] {
             let at = cmd.iter().position(|a| a == var);
@@ -748,6 +748,14 @@ mod tests {
                 "-x {var} in {cmd:?}"
             );
         }
+        // The legacy format orders servers by id.
+        let legacy = run_args(&["--format", "legacy", "--rank-order", "hosts", "--", "w"]);
+        assert!(
+            matches!(refuse_unsupported(&legacy), Err(CliError::Usage(m))
+                if m.starts_with("--rank-order hosts cannot apply to --format legacy")),
+            "{:?}",
+            refuse_unsupported(&legacy)
+        );
         // What atlasboost's own output does, --mpi does too.
         let own = [
             "--sim",
