@@ -1,5 +1,33 @@
-//! What `/proc` says of a process: how the launcher tells its own children (and their
-//! identity, a pid and a start time) from strangers.
+//! Processes: what `/proc` says of one (how the launcher tells its own children, and their
+//! identity, a pid and a start time, from strangers), and waiting for a helper program with a
+//! deadline.
+
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// Waits for `child` (a short-lived helper: `scontrol`, `ssh -G`, `py-spy`) until `deadline`,
+/// looking every `every`. `Ok(None)`: it had not exited by then, and was killed and reaped.
+///
+/// # Errors
+///
+/// The error of `try_wait` (the child is then killed and reaped too).
+pub fn wait_until(
+    child: &mut Child,
+    deadline: Instant,
+    every: Duration,
+) -> std::io::Result<Option<ExitStatus>> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(every),
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return other.map(|_| None);
+            }
+        }
+    }
+}
 
 /// What `/proc/<pid>/stat` says of a process that atlasboost needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,5 +77,35 @@ mod stat_tests {
         assert_eq!(parse_stat("4242 (x) S"), None);
         let me = process_stat(std::process::id()).unwrap();
         assert_eq!(me.ppid, std::os::unix::process::parent_id());
+    }
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use std::process::Command;
+
+    use super::*;
+
+    #[test]
+    fn a_helper_is_waited_for_until_the_deadline_then_killed_and_reaped() {
+        let mut quick = Command::new("true").spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = wait_until(&mut quick, deadline, Duration::from_millis(1)).unwrap();
+        assert!(status.is_some_and(|s| s.success()), "{status:?}");
+        let mut slow = Command::new("sleep").arg("30").spawn().unwrap();
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(100);
+        let status = wait_until(&mut slow, deadline, Duration::from_millis(5)).unwrap();
+        assert_eq!(status, None);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "it waited for sleep 30"
+        );
+        // Killed and reaped: its status is known, and it was SIGKILL.
+        let reaped = slow.try_wait().unwrap();
+        assert!(
+            reaped.is_some_and(|s| std::os::unix::process::ExitStatusExt::signal(&s) == Some(9)),
+            "{reaped:?}"
+        );
     }
 }

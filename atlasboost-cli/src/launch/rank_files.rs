@@ -16,6 +16,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::error::CliError;
+use crate::process::wait_until;
 
 /// The most of an error file that is read (a record is a message and a traceback).
 const RECORD_LIMIT: u64 = 256 * 1024;
@@ -154,18 +155,10 @@ impl RankFiles {
             Ok(c) => c,
             Err(e) => return format!("no stacks: cannot run {}: {e}", py_spy.display()),
         };
-        let until = Instant::now() + PY_SPY_LIMIT;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Some(status),
-                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break None;
-                }
-            }
-        };
+        let deadline = Instant::now() + PY_SPY_LIMIT;
+        let status = wait_until(&mut child, deadline, Duration::from_millis(20))
+            .ok()
+            .flatten();
         let text = std::fs::read_to_string(&out).unwrap_or_default();
         match status {
             Some(s) if s.success() => text,

@@ -41,6 +41,7 @@ use super::relay::{DoorEvent, Introduction, RelayDoor, introduce};
 use super::remote::{Remote, SrunSaid};
 use crate::error::CliError;
 use crate::printer::to_stderr;
+use crate::process::wait_until;
 
 /// How many of srun's last lines are kept for error messages.
 const SRUN_TAIL: usize = 12;
@@ -197,21 +198,16 @@ fn show_nodes_with(program: &std::ffi::OsStr, names: &[String]) -> Result<String
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let until = Instant::now() + SCONTROL_LIMIT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "scontrol show node took longer than {} s",
-                    SCONTROL_LIMIT.as_secs()
-                ));
-            }
-            Err(e) => return Err(format!("cannot wait for scontrol: {e}")),
+    let deadline = Instant::now() + SCONTROL_LIMIT;
+    let status = match wait_until(&mut child, deadline, Duration::from_millis(10)) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            return Err(format!(
+                "scontrol show node took longer than {} s",
+                SCONTROL_LIMIT.as_secs()
+            ));
         }
+        Err(e) => return Err(format!("cannot wait for scontrol: {e}")),
     };
     let joined = |t: Option<std::thread::JoinHandle<String>>| {
         t.and_then(|t| t.join().ok()).unwrap_or_default()

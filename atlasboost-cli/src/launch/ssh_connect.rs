@@ -33,6 +33,7 @@ use atlasboost_core::env_vars::EnvVars;
 
 use crate::cli::{AddressFamilyArg, SshConnectArgs};
 use crate::exit::ExitCodes;
+use crate::process::wait_until;
 
 use super::channel::SshSpec as SshOptions;
 
@@ -131,20 +132,15 @@ pub fn ssh_options(ssh: &SshOptions) -> Vec<OsString> {
 
 /// The output of one `ssh -G`, once it has exited by `deadline`.
 fn resolved(mut child: Child, deadline: Instant) -> Result<String, String> {
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "ssh -G did not answer within {} s",
-                    RESOLVE_LIMIT.as_secs()
-                ));
-            }
-            Err(e) => return Err(format!("ssh -G could not be waited for: {e}")),
+    let status = match wait_until(&mut child, deadline, Duration::from_millis(1)) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            return Err(format!(
+                "ssh -G did not answer within {} s",
+                RESOLVE_LIMIT.as_secs()
+            ));
         }
+        Err(e) => return Err(format!("ssh -G could not be waited for: {e}")),
     };
     // Its output is a few kilobytes, so it fit in the pipe and ssh did not wait to write it.
     let mut out = String::new();

@@ -218,6 +218,21 @@ fn compile_test_program() -> &'static Path {
     })
 }
 
+/// A job of `ranks` test programs in "launched" mode succeeded, and each rank passed its checks.
+fn assert_every_rank_passed(finished: &Finished, ranks: u32) {
+    finished.assert_success();
+    for rank in 0..ranks {
+        finished.assert_stdout_has(&format!("test_init: launched: rank {rank}: "));
+    }
+    let passed = finished
+        .stdout
+        .lines()
+        .filter(|l| l.contains("test_init: launched: rank ") && l.ends_with(" checks passed"))
+        .count();
+    assert_eq!(passed, ranks as usize, "{}", finished.show());
+    assert!(!finished.stderr.contains("FAILED"), "{}", finished.show());
+}
+
 #[test]
 fn every_rank_of_a_launched_job_sees_its_own_place() {
     let dir = scratch();
@@ -227,17 +242,7 @@ fn every_rank_of_a_launched_job_sees_its_own_place() {
         .arg(program)
         .arg("launched");
     let finished = run(cmd, dir.path());
-    finished.assert_success();
-    for rank in 0..4 {
-        finished.assert_stdout_has(&format!("test_init: launched: rank {rank}: "));
-    }
-    let passed = finished
-        .stdout
-        .lines()
-        .filter(|l| l.contains("test_init: launched: rank ") && l.ends_with(" checks passed"))
-        .count();
-    assert_eq!(passed, 4, "{}", finished.show());
-    assert!(!finished.stderr.contains("FAILED"), "{}", finished.show());
+    assert_every_rank_passed(&finished, 4);
     assert!(dir.path().join("rank_table.json").is_file());
 }
 
@@ -412,14 +417,7 @@ fn the_static_archive_links_with_readmes_libraries_and_runs_a_job() {
     job.args(["run", "--sim", "4", "-H", "127.0.0.1:2,127.0.0.2:2", "--"])
         .arg(&program)
         .arg("launched");
-    let finished = run(job, dir.path());
-    finished.assert_success();
-    let passed = finished
-        .stdout
-        .lines()
-        .filter(|l| l.contains("test_init: launched: rank ") && l.ends_with(" checks passed"))
-        .count();
-    assert_eq!(passed, 4, "{}", finished.show());
+    assert_every_rank_passed(&run(job, dir.path()), 4);
     let mut alone = Command::new(&program);
     alone.arg("before-init");
     run(alone, dir.path())
