@@ -11,9 +11,7 @@ use std::rc::Rc;
 
 use serde_json::{Map, Value, json};
 
-use super::plan::HostPlan;
 use crate::error::CliError;
-use crate::settings::RunSettings;
 
 /// The event file of a job; shared by the launcher and each attempt's output.
 pub type Events = Rc<RefCell<EventLog>>;
@@ -82,39 +80,6 @@ impl EventLog {
     pub fn set_attempt(&mut self, attempt: u32) {
         self.attempt = Some(attempt);
     }
-}
-
-/// The `job_start` event: `hosts` as the engine knows them before anything starts (objects of
-/// `host`, `server_id`, `slots`, `local`), the rest from the settings.
-pub fn job_start(
-    events: Option<&Events>,
-    args: &RunSettings,
-    hosts: Vec<Value>,
-    rank_table: &Path,
-) {
-    emit(
-        events,
-        "job_start",
-        json!({
-            "hosts": hosts,
-            "np": args.np,
-            "command": args.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
-            "framework": args.framework.to_string(),
-            "rank_table": rank_table,
-            "max_restarts": args.max_restarts,
-            "fanout": args.fanout,
-        }),
-    );
-}
-
-/// A host as `job_start` lists it.
-pub fn host_json(h: &HostPlan) -> Value {
-    json!({
-        "host": h.describe(),
-        "server_id": h.server_id,
-        "slots": h.slots,
-        "local": h.local,
-    })
 }
 
 /// Emits `event` if there is an event file.

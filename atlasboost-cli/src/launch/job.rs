@@ -11,6 +11,7 @@ use atlasboost::progress::RecordedError;
 use atlasboost_core::ranktable::{LockOwner, TableLock};
 use atlasboost_tcp::Secret;
 
+use super::events::{self, Events};
 use super::output;
 use super::plan::HostPlan;
 use super::supervise::{JobResult, WorkerResult};
@@ -170,6 +171,39 @@ pub(crate) struct AttemptRecord {
     pub ended: String,
     /// The exit code it called for.
     pub exit_code: u8,
+}
+
+/// The `job_start` event: `hosts` as the engine knows them before anything starts (objects of
+/// `host`, `server_id`, `slots`, `local`), the rest from the settings.
+pub(crate) fn job_start_event(
+    events: Option<&Events>,
+    args: &RunSettings,
+    hosts: Vec<serde_json::Value>,
+    rank_table: &Path,
+) {
+    events::emit(
+        events,
+        "job_start",
+        serde_json::json!({
+            "hosts": hosts,
+            "np": args.np,
+            "command": args.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
+            "framework": args.framework.to_string(),
+            "rank_table": rank_table,
+            "max_restarts": args.max_restarts,
+            "fanout": args.fanout,
+        }),
+    );
+}
+
+/// A host as the `job_start` event lists it (docs/events.md).
+pub(crate) fn host_json(h: &HostPlan) -> serde_json::Value {
+    serde_json::json!({
+        "host": h.describe(),
+        "server_id": h.server_id,
+        "slots": h.slots,
+        "local": h.local,
+    })
 }
 
 /// Why an attempt ended, in a few words.

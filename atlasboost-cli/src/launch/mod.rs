@@ -40,8 +40,8 @@ use self::agent::{AgentReport, Decision, HostPart, Shrink, TablePolicy, host_wor
 use self::channel::{AgentConfig, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
 use self::events::{EventLog, Events};
 use self::job::{
-    AttemptRecord, check_before_start, ending_of, job_logs, lock_table, new_job_id, report,
-    report_attempt, resolve_exports, worker_dir,
+    AttemptRecord, check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table,
+    new_job_id, report, report_attempt, resolve_exports, worker_dir,
 };
 use self::monitor::{HostMonitor, Metrics, MonitorPlan};
 use self::output::{Output, OutputOptions};
@@ -120,10 +120,10 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         Some(path) => Some(EventLog::create(path, &job_id)?),
         None => None,
     };
-    events::job_start(
+    job_start_event(
         events.as_ref(),
         args,
-        hosts.iter().map(events::host_json).collect(),
+        hosts.iter().map(host_json).collect(),
         &table_path,
     );
     if args.metrics.is_some() && args.monitor_interval.is_none() {

@@ -25,8 +25,8 @@ use atlasboost_tcp::Secret;
 use super::channel::{self, Up};
 use super::events::{self, EventLog};
 use super::job::{
-    check_before_start, ending_of, job_logs, lock_table, new_job_id, rendezvous_address, report,
-    resolve_exports, worker_dir,
+    check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table, new_job_id,
+    rendezvous_address, report, resolve_exports, worker_dir,
 };
 use super::lifeline;
 use super::output::{Output, OutputOptions};
@@ -144,9 +144,9 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             "slots": np,
             "local": true,
         })],
-        false => resolved.iter().map(events::host_json).collect(),
+        false => resolved.iter().map(host_json).collect(),
     };
-    events::job_start(events.as_ref(), args, given, &table_path);
+    job_start_event(events.as_ref(), args, given, &table_path);
     if let Some(e) = &events {
         e.borrow_mut().set_attempt(0);
     }
