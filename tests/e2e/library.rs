@@ -255,9 +255,9 @@ fn atlasboost_run_mpi_with_a_worker_without_mpi_meets_over_zeromq() {
 }
 
 /// `--format` and `--rank-order` under `--mpi` reach each worker's `init()`
-/// (`ATLASBOOST_RANK_TABLE_FORMAT`, `ATLASBOOST_RANK_ORDER`), which writes, byte for byte, the
-/// table that `atlasboost run` writes with the same options, and gives each rank the same
-/// `RANK_ID`.
+/// (`ATLASBOOST_RANK_TABLE_FORMAT`, `ATLASBOOST_RANK_ORDER`): with `--format legacy` it writes,
+/// byte for byte, the table that `atlasboost run` writes, with the same `RANK_ID`s; with
+/// `--rank-order hosts` the servers come in the order mpirun filled them.
 #[test]
 fn run_mpi_passes_format_and_rank_order_to_init_which_writes_the_launchers_table() {
     if atlasboost_e2e::mpirun_or_skip().is_none() {
@@ -269,31 +269,75 @@ fn run_mpi_passes_format_and_rank_order_to_init_which_writes_the_launchers_table
             .map(|r| (num(r, "launcher_rank"), r["rank_id"].clone()))
             .collect()
     };
-    for options in [["--format", "legacy"], ["--rank-order", "hosts"]] {
-        let job = |mpi: bool| {
-            let mut args = vec!["run", "--sim", "8", "-n", "4"];
-            if mpi {
-                args.insert(1, "--mpi");
-            }
-            Run::new(args)
-                .args(options)
-                .args(["--"])
-                .args([init_worker_bin()])
-                .timeout(Duration::from_secs(60))
-                .run()
-        };
-        let (library, launcher) = (job(true), job(false));
-        library.assert_code(0);
-        launcher.assert_code(0);
-        let table = |f: &Finished| std::fs::read(f.dir().join("rank_table.json")).unwrap();
-        assert!(
-            table(&library) == table(&launcher),
-            "{options:?}: init()'s table differs from the launcher's:\n{}\n{}",
-            String::from_utf8_lossy(&table(&library)),
-            String::from_utf8_lossy(&table(&launcher))
-        );
-        assert_eq!(rank_ids(&library), rank_ids(&launcher), "{options:?}");
-        assert_eq!(rank_ids(&library).len(), 4, "{}", library.describe());
+    let job = |mpi: bool| {
+        let mut args = vec!["run", "--sim", "8", "-n", "4", "--format", "legacy", "--"];
+        if mpi {
+            args.insert(1, "--mpi");
+        }
+        Run::new(args)
+            .args([init_worker_bin()])
+            .timeout(Duration::from_secs(60))
+            .run()
+    };
+    let (library, launcher) = (job(true), job(false));
+    library.assert_code(0);
+    launcher.assert_code(0);
+    let table = |f: &Finished| std::fs::read(f.dir().join("rank_table.json")).unwrap();
+    assert!(
+        table(&library) == table(&launcher),
+        "init()'s legacy table differs from the launcher's:\n{}\n{}",
+        String::from_utf8_lossy(&table(&library)),
+        String::from_utf8_lossy(&table(&launcher))
+    );
+    assert_eq!(rank_ids(&library), rank_ids(&launcher));
+    assert_eq!(rank_ids(&library).len(), 4, "{}", library.describe());
+    // `--rank-order hosts`: two servers that mpirun fills in the order opposite to their ids
+    // (ranks 0-1 say they are on 10.9.0.2, ranks 2-3 on 10.9.0.1; each pair writes a table of
+    // its own, as on two machines).
+    for (order, servers) in [
+        ("hosts", ["10.9.0.2", "10.9.0.1"]),
+        ("server-id", ["10.9.0.1", "10.9.0.2"]),
+    ] {
+        let f = Run::new([
+            "run",
+            "--mpi",
+            "--sim",
+            "8",
+            "-n",
+            "4",
+            "--rank-order",
+            order,
+        ])
+        .args(["--", "sh", "-c"])
+        .args([format!(
+            "r=$OMPI_COMM_WORLD_RANK; ATLASBOOST_SERVER_ID=10.9.0.$((2 - r / 2)) \
+                 ATLASBOOST_RANK_TABLE_FILE=$PWD/table-$((r / 2)).json exec {}",
+            init_worker_bin().display()
+        )])
+        .timeout(Duration::from_secs(60))
+        .run();
+        f.assert_code(0);
+        let first = std::fs::read(f.dir().join("table-0.json")).unwrap();
+        let second = std::fs::read(f.dir().join("table-1.json")).unwrap();
+        assert!(first == second, "{order}: the two servers' tables differ");
+        let table: Value = serde_json::from_slice(&first).unwrap();
+        let listed: Vec<&str> = table["server_list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["server_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(listed, servers, "{order}: {table}");
+        // Each rank's RANK_ID is its device's place in that order.
+        let ids = rank_ids(&f);
+        let want: Vec<(u32, String)> = (0..4u32)
+            .map(|r| {
+                let first_listed = servers[0] == format!("10.9.0.{}", 2 - r / 2);
+                let place = if first_listed { r % 2 } else { 2 + r % 2 };
+                (r, place.to_string())
+            })
+            .collect();
+        assert_eq!(ids.into_iter().collect::<Vec<_>>(), want, "{order}");
     }
     // The legacy format orders servers by id: refused before mpirun starts.
     let f = Run::new(["run", "--mpi", "--sim", "8", "--format", "legacy"])

@@ -194,6 +194,7 @@ fn the_first_rank_to_fail_sets_the_code_and_the_summary_names_each_rank() {
         .collect();
     let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
     assert_eq!(kinds.first(), Some(&"job_start"), "{kinds:?}");
+    assert_eq!(events[0]["np"], 4, "{:?}", events[0]);
     assert_eq!(kinds.last(), Some(&"summary"), "{kinds:?}");
     let of = |kind: &str| -> Vec<&serde_json::Value> {
         events.iter().filter(|e| e["event"] == kind).collect()
@@ -388,6 +389,28 @@ fn what_can_be_refused_before_mpirun_starts_is() {
         f.err().contains("--metrics is not built for --mpi yet"),
         "{}",
         f.describe()
+    );
+    // An mpirun that cannot start: the events still end with the attempt and the summary.
+    let f = run_mpi(2)
+        .env("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")
+        .args(["--events", "events.jsonl", "--", "true"])
+        .run();
+    f.assert_code(127);
+    let events = std::fs::read_to_string(f.dir().join("events.jsonl")).unwrap();
+    let last: Vec<serde_json::Value> = events
+        .lines()
+        .rev()
+        .take(2)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        last[0]["event"] == "summary"
+            && last[0]["exit_code"] == 127
+            && last[1]["event"] == "attempt_end"
+            && last[1]["ended"]
+                .as_str()
+                .is_some_and(|e| e.contains("/nonexistent/mpirun")),
+        "{events}"
     );
     let f = run_mpi(2).args(["--", ""]).run();
     f.assert_code(2);

@@ -173,11 +173,12 @@ pub(crate) struct AttemptRecord {
     pub exit_code: u8,
 }
 
-/// The `job_start` event: `hosts` as the engine knows them before anything starts (objects of
-/// `host`, `server_id`, `slots`, `local`), the rest from the settings.
+/// The `job_start` event: `np` when it is known before anything starts, `hosts` as the engine
+/// knows them (objects of `host`, `server_id`, `slots`, `local`), the rest from the settings.
 pub(crate) fn job_start_event(
     events: Option<&Events>,
     args: &RunSettings,
+    np: Option<u32>,
     hosts: Vec<serde_json::Value>,
     rank_table: &Path,
 ) {
@@ -186,7 +187,7 @@ pub(crate) fn job_start_event(
         "job_start",
         serde_json::json!({
             "hosts": hosts,
-            "np": args.np,
+            "np": np,
             "command": args.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
             "framework": args.framework.to_string(),
             "rank_table": rank_table,

@@ -123,6 +123,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     job_start_event(
         events.as_ref(),
         args,
+        args.np,
         hosts.iter().map(host_json).collect(),
         &table_path,
     );

@@ -146,11 +146,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         })],
         false => resolved.iter().map(host_json).collect(),
     };
-    job_start_event(events.as_ref(), args, given, &table_path);
-    if let Some(e) = &events {
-        e.borrow_mut().set_attempt(0);
-    }
-    events::emit(events.as_ref(), "attempt_start", serde_json::json!({}));
+    job_start_event(events.as_ref(), args, Some(np), given, &table_path);
     let mut lifeline = lifeline::prepare()?;
     let ranks: Vec<u32> = (0..np).collect();
     let logs = job_logs(args, &job_id, printer)?;
@@ -200,6 +196,10 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         door,
         timeout: args.rendezvous_timeout,
     };
+    if let Some(e) = &events {
+        e.borrow_mut().set_attempt(0);
+    }
+    events::emit(events.as_ref(), "attempt_start", serde_json::json!({}));
     let result = run_mpirun(
         &plan,
         &workers,
@@ -209,6 +209,22 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         mpirun,
     );
     lifeline.close();
+    // The attempt's end is recorded however it ended (mpirun that cannot start included).
+    let (ended, code) = match &result {
+        Ok(r) => (ending_of(r), r.exit_code),
+        Err(e) => (error_chain(e), e.exit_code()),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    events::emit(
+        events.as_ref(),
+        "attempt_end",
+        serde_json::json!({ "ended": ended, "exit_code": code, "seconds": seconds }),
+    );
+    events::emit(
+        events.as_ref(),
+        "summary",
+        serde_json::json!({ "exit_code": code, "attempts": 1, "seconds": seconds }),
+    );
     let result = result?;
     report(
         Some(&result),
@@ -216,21 +232,6 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         started.elapsed(),
         logs.as_deref(),
         printer,
-    );
-    let seconds = started.elapsed().as_secs_f64();
-    events::emit(
-        events.as_ref(),
-        "attempt_end",
-        serde_json::json!({
-            "ended": ending_of(&result),
-            "exit_code": result.exit_code,
-            "seconds": seconds,
-        }),
-    );
-    events::emit(
-        events.as_ref(),
-        "summary",
-        serde_json::json!({ "exit_code": result.exit_code, "attempts": 1, "seconds": seconds }),
     );
     Ok(result.exit_code)
 }

@@ -56,6 +56,9 @@ const SRUN_END_GRACE: Duration = Duration::from_secs(5);
 /// How long `scontrol show node` may take (slurmctld busy or gone).
 const SCONTROL_LIMIT: Duration = Duration::from_secs(20);
 
+/// The same before a restart, which waits for it (a Ctrl-C meanwhile is acted on after it).
+const RESTART_SCONTROL_LIMIT: Duration = Duration::from_secs(5);
+
 /// The longest invitation line an agent reads.
 const MAX_INVITATION: usize = 64 * 1024;
 
@@ -153,7 +156,7 @@ pub fn node_addresses(names: &[String]) -> Result<Vec<Ipv4Addr>, CliError> {
 /// takes longer than [`SCONTROL_LIMIT`]: the names are resolved then, and an error names the
 /// node that does not resolve).
 fn scontrol_node_addrs(names: &[String]) -> HashMap<String, String> {
-    let text = scontrol_show_nodes(names).unwrap_or_default();
+    let text = scontrol_show_nodes(names, SCONTROL_LIMIT).unwrap_or_default();
     parse_nodes(&text)
         .into_iter()
         .filter_map(|(name, node)| Some((name, node.addr?)))
@@ -161,13 +164,19 @@ fn scontrol_node_addrs(names: &[String]) -> HashMap<String, String> {
 }
 
 /// The output of `scontrol show node --oneliner NODES`, or why there is none (scontrol
-/// missing, failing, or taking longer than [`SCONTROL_LIMIT`]).
-fn scontrol_show_nodes(names: &[String]) -> Result<String, String> {
-    show_nodes_with("scontrol".as_ref(), names)
+/// missing, failing without a line, or taking longer than `limit`). scontrol exits 1 when one
+/// of the nodes is not known ("Node abn9 not found") and still lists the others: that output
+/// is kept.
+fn scontrol_show_nodes(names: &[String], limit: Duration) -> Result<String, String> {
+    show_nodes_with("scontrol".as_ref(), names, limit)
 }
 
 /// [`scontrol_show_nodes`] with `program` as scontrol.
-fn show_nodes_with(program: &std::ffi::OsStr, names: &[String]) -> Result<String, String> {
+fn show_nodes_with(
+    program: &std::ffi::OsStr,
+    names: &[String],
+    limit: Duration,
+) -> Result<String, String> {
     let mut child = Command::new(program)
         .args(["show", "node", "--oneliner"])
         .arg(compress_hostlist(names))
@@ -198,13 +207,13 @@ fn show_nodes_with(program: &std::ffi::OsStr, names: &[String]) -> Result<String
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let deadline = Instant::now() + SCONTROL_LIMIT;
+    let deadline = Instant::now() + limit;
     let status = match wait_until(&mut child, deadline, Duration::from_millis(10)) {
         Ok(Some(status)) => status,
         Ok(None) => {
             return Err(format!(
                 "scontrol show node took longer than {} s",
-                SCONTROL_LIMIT.as_secs()
+                limit.as_secs()
             ));
         }
         Err(e) => return Err(format!("cannot wait for scontrol: {e}")),
@@ -213,7 +222,7 @@ fn show_nodes_with(program: &std::ffi::OsStr, names: &[String]) -> Result<String
         t.and_then(|t| t.join().ok()).unwrap_or_default()
     };
     let (text, said) = (joined(out), joined(err));
-    if !status.success() {
+    if !status.success() && text.trim().is_empty() {
         let said = said.trim();
         return Err(match said.is_empty() {
             true => format!("scontrol show node ended with {status}"),
@@ -270,7 +279,11 @@ fn parse_nodes(text: &str) -> HashMap<String, NodeRecord> {
 /// health check, or an administrator, took it out), failing, not responding, or powered down.
 fn unusable_state(state: &str) -> bool {
     state.split('+').any(|flag| {
-        // sinfo's marks (`DOWN*`, `IDLE~`) may follow a state; scontrol spells them out.
+        // sinfo's mark `*` (also in older scontrol) means not responding.
+        if flag.ends_with('*') {
+            return true;
+        }
+        // Other marks (`IDLE~`, `MIXED#`) say nothing against the node.
         let flag = flag.trim_end_matches(|c: char| !c.is_ascii_alphanumeric() && c != '_');
         matches!(
             flag,
@@ -281,10 +294,14 @@ fn unusable_state(state: &str) -> bool {
                 | "FAIL"
                 | "FAILING"
                 | "NOT_RESPONDING"
-                | "NO_RESPOND"
+                | "INVALID_REG"
+                | "FUTURE"
+                | "REBOOT_ISSUED"
                 | "POWER_DOWN"
+                | "POWER_DRAIN"
                 | "POWERED_DOWN"
                 | "POWERING_DOWN"
+                | "POWERING_UP"
         )
     })
 }
@@ -311,27 +328,46 @@ impl std::fmt::Display for UnusableNode {
 }
 
 /// The nodes among `names` that Slurm says not to use now (drained or draining, down, failing,
-/// not responding, powered down), as `scontrol show node` reports them. A node scontrol does
-/// not list is not among them.
+/// not responding, powered down, or no longer Slurm's), as `scontrol show node` reports them.
 ///
 /// # Errors
 ///
-/// Why Slurm could not be asked: scontrol missing, failing (with what it said), or taking
-/// longer than 20 s.
+/// Why Slurm could not be asked: scontrol missing, failing (with what it said), taking
+/// longer than 5 s, or listing none of the nodes.
 pub fn unusable_nodes(names: &[String]) -> Result<Vec<UnusableNode>, String> {
     if names.is_empty() {
         return Ok(Vec::new());
     }
-    let nodes = parse_nodes(&scontrol_show_nodes(names)?);
+    let nodes = parse_nodes(&scontrol_show_nodes(names, RESTART_SCONTROL_LIMIT)?);
+    unusable_among(names, &nodes)
+}
+
+/// [`unusable_nodes`] from scontrol's lines, parsed. A node scontrol does not list is no
+/// longer Slurm's (srun would refuse it); when it lists none of them, its output was not what
+/// this reads, and nothing is said against any node.
+fn unusable_among(
+    names: &[String],
+    nodes: &HashMap<String, NodeRecord>,
+) -> Result<Vec<UnusableNode>, String> {
+    if !names.iter().any(|n| nodes.contains_key(n)) {
+        return Err(format!(
+            "scontrol show node listed none of {}",
+            compress_hostlist(names)
+        ));
+    }
     Ok(names
         .iter()
-        .filter_map(|name| {
-            let node = nodes.get(name)?;
-            unusable_state(&node.state).then(|| UnusableNode {
+        .filter_map(|name| match nodes.get(name) {
+            None => Some(UnusableNode {
+                name: name.clone(),
+                state: "not known to Slurm".into(),
+                reason: None,
+            }),
+            Some(node) => unusable_state(&node.state).then(|| UnusableNode {
                 name: name.clone(),
                 state: node.state.clone(),
                 reason: node.reason.clone(),
-            })
+            }),
         })
         .collect())
 }
@@ -838,7 +874,12 @@ mod tests {
             ("IDLE+NOT_RESPONDING", true),
             ("ALLOCATED+FAIL", true),
             ("IDLE+POWERED_DOWN", true),
+            ("IDLE*", true),
+            ("ALLOCATED*", true),
+            ("IDLE~", false),
+            ("MIXED#", false),
             ("RESERVED", false),
+            ("IDLE+REBOOT_ISSUED", true),
         ] {
             assert_eq!(unusable_state(state), unusable, "{state}");
         }
@@ -850,34 +891,63 @@ mod tests {
         assert_eq!(node.to_string(), "abn2 is IDLE+DRAIN (npu 3 ecc errors)");
     }
 
-    #[test]
-    fn a_scontrol_that_cannot_answer_says_why() {
+    /// [`show_nodes_with`] a fake scontrol, the shell script `script`, asked for `names`.
+    fn fake_scontrol(script: &str, names: &[String]) -> Result<String, String> {
         let dir = tempfile::tempdir().unwrap();
         let fake = dir.path().join("scontrol");
-        std::fs::write(
-            &fake,
-            "#!/bin/sh\necho \"slurm_load_node error: Unable to contact slurm controller\" >&2\n\
-             exit 1\n",
-        )
-        .unwrap();
+        std::fs::write(&fake, format!("#!/bin/sh\n{script}")).unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let names = ["abn1".to_string()];
         // Another test's fork may briefly hold the script open for writing (ETXTBSY).
-        let mut e = String::new();
         for _ in 0..50 {
-            e = show_nodes_with(fake.as_os_str(), &names).unwrap_err();
-            if !e.contains("Text file busy") {
-                break;
+            let said = show_nodes_with(fake.as_os_str(), names, SCONTROL_LIMIT);
+            if !said.as_ref().is_err_and(|e| e.contains("Text file busy")) {
+                return said;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        panic!("{} stayed busy", fake.display())
+    }
+
+    #[test]
+    fn a_scontrol_that_cannot_answer_says_why() {
+        let names = ["abn1".to_string()];
+        let e = fake_scontrol(
+            "echo 'slurm_load_node error: Unable to contact slurm controller' >&2\nexit 1\n",
+            &names,
+        )
+        .unwrap_err();
         assert!(
             e.starts_with("scontrol show node ended with exit status: 1: slurm_load_node error"),
             "{e}"
         );
-        let e = show_nodes_with(dir.path().join("missing").as_os_str(), &names).unwrap_err();
+        let e =
+            show_nodes_with("/nonexistent/scontrol".as_ref(), &names, SCONTROL_LIMIT).unwrap_err();
         assert!(e.starts_with("cannot run scontrol: "), "{e}");
+    }
+
+    #[test]
+    fn a_node_scontrol_does_not_list_is_unusable_unless_it_lists_none() {
+        // `scontrol show node abn1,abn9` prints abn1, says "Node abn9 not found" and exits 1.
+        let names = ["abn1".to_string(), "abn9".to_string()];
+        let text = fake_scontrol(
+            "echo 'NodeName=abn1 NodeAddr=10.0.0.1 State=IDLE'\n\
+             echo 'Node abn9 not found' >&2\nexit 1\n",
+            &names,
+        )
+        .unwrap();
+        let unusable = unusable_among(&names, &parse_nodes(&text)).unwrap();
+        assert_eq!(
+            unusable,
+            [UnusableNode {
+                name: "abn9".into(),
+                state: "not known to Slurm".into(),
+                reason: None,
+            }]
+        );
+        assert_eq!(unusable[0].to_string(), "abn9 is not known to Slurm");
+        let e = unusable_among(&names, &parse_nodes("garbage\n")).unwrap_err();
+        assert_eq!(e, "scontrol show node listed none of abn[1,9]");
     }
 
     #[test]
