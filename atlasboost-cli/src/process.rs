@@ -2,6 +2,7 @@
 //! identity, a pid and a start time, from strangers), and waiting for a helper program with a
 //! deadline.
 
+use std::io::Read;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,71 @@ fn parse_stat(stat: &str) -> Option<ProcessStat> {
     })
 }
 
+/// What a helper program printed, once it exited.
+#[derive(Debug)]
+pub struct HelperOutput {
+    /// How it exited.
+    pub status: ExitStatus,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+}
+
+/// Runs `child` (started with piped stdout and stderr) to its end, at most `limit` after
+/// `since`, as [`wait_until`] does, and returns what it printed. Both pipes are read on threads of their own meanwhile, so a
+/// helper that prints more than a pipe holds (`scontrol` of thousands of nodes) never waits
+/// on its reader.
+///
+/// # Errors
+///
+/// What went wrong, naming `what`: the limit passed (the child was killed), or waiting
+/// failed.
+pub fn output_within(
+    mut child: Child,
+    since: Instant,
+    limit: Duration,
+    every: Duration,
+    what: &str,
+) -> Result<HelperOutput, String> {
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        pipe.map(|mut p| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = p.read_to_string(&mut text);
+                text
+            })
+        })
+    };
+    let out = read(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = read(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let waited = wait_until(&mut child, since + limit, every);
+    // The pipes close when the child ends, killed or not: the readers end too.
+    let joined = |t: Option<std::thread::JoinHandle<String>>| {
+        t.and_then(|t| t.join().ok()).unwrap_or_default()
+    };
+    let (stdout, stderr) = (joined(out), joined(err));
+    match waited {
+        Ok(Some(status)) => Ok(HelperOutput {
+            status,
+            stdout,
+            stderr,
+        }),
+        Ok(None) => Err(format!("{what} took longer than {limit:?}; stopped it")),
+        Err(e) => Err(format!("cannot wait for {what}: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod stat_tests {
     use super::*;
@@ -85,6 +151,39 @@ mod wait_tests {
     use std::process::Command;
 
     use super::*;
+
+    #[test]
+    fn a_helpers_output_is_read_whole_even_beyond_a_pipe() {
+        let piped = |script: &str| {
+            Command::new("sh")
+                .args(["-c", script])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        // 1 MiB on stdout, more than a pipe holds: read while it runs, so it ends.
+        let out = output_within(
+            piped("head -c 1048576 /dev/zero | tr '\\0' x; echo said >&2; exit 3"),
+            Instant::now(),
+            Duration::from_secs(30),
+            Duration::from_millis(5),
+            "the helper",
+        )
+        .unwrap();
+        assert_eq!(out.stdout.len(), 1 << 20);
+        assert_eq!(out.stderr, "said\n");
+        assert_eq!(out.status.code(), Some(3));
+        let e = output_within(
+            piped("exec sleep 30"),
+            Instant::now(),
+            Duration::from_millis(100),
+            Duration::from_millis(5),
+            "the helper",
+        )
+        .unwrap_err();
+        assert_eq!(e, "the helper took longer than 100ms; stopped it");
+    }
 
     #[test]
     fn a_helper_is_waited_for_until_the_deadline_then_killed_and_reaped() {

@@ -518,23 +518,13 @@ struct Claim {
     table: TableChoice,
 }
 
-/// The table a process asks for: `ATLASBOOST_RANK_TABLE_FORMAT` and `ATLASBOOST_RANK_ORDER`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The table a process asks for: `ATLASBOOST_RANK_TABLE_FORMAT` and `ATLASBOOST_RANK_ORDER`
+/// (by default format 1.0, servers by id).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct TableChoice {
-    /// The format's name (`1.0`, `1.2`, `legacy`).
-    format: String,
+    format: Format,
     /// Servers by the lowest rank of each (`hosts`), else by server id.
     by_rank: bool,
-}
-
-impl Default for TableChoice {
-    /// `--format` and `--rank-order`'s defaults: format 1.0, servers by id.
-    fn default() -> Self {
-        TableChoice {
-            format: Format::default().as_str().to_string(),
-            by_rank: false,
-        }
-    }
 }
 
 impl TableChoice {
@@ -569,10 +559,14 @@ impl TableChoice {
                 ),
             });
         }
-        Ok(TableChoice {
-            format: format.as_str().to_string(),
-            by_rank,
-        })
+        Ok(TableChoice { format, by_rank })
+    }
+}
+
+impl std::fmt::Display for TableChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let order = if self.by_rank { "hosts" } else { "server-id" };
+        write!(f, "format {}, order {order}", self.format)
     }
 }
 
@@ -587,47 +581,33 @@ fn build_options(claims: &[Claim]) -> Result<BuildOptions, InitError> {
         return Ok(BuildOptions::default());
     };
     if let Some(other) = claims.iter().find(|c| c.table != first.table) {
-        let says = |c: &Claim| {
-            format!(
-                "format {}, order {}",
-                c.table.format,
-                if c.table.by_rank {
-                    "hosts"
-                } else {
-                    "server-id"
-                }
-            )
-        };
         return Err(InitError::Config(format!(
             "rank {} asks for a rank table of {} but rank {} for {}: give every process the same \
              {} and {}",
             other.rank,
-            says(other),
+            other.table,
             first.rank,
-            says(first),
+            first.table,
             EnvVars::ATLASBOOST_RANK_TABLE_FORMAT,
             EnvVars::ATLASBOOST_RANK_ORDER
         )));
     }
-    let format = first
-        .table
-        .format
-        .parse::<Format>()
-        .map_err(|e| InitError::Config(e.to_string()))?;
     let order = match first.table.by_rank {
         false => RankOrder::ServerId,
         true => {
-            let mut hosts: Vec<String> = Vec::new();
-            for c in claims {
-                if !hosts.contains(&c.server_id) {
-                    hosts.push(c.server_id.clone());
-                }
-            }
-            RankOrder::Hosts(hosts)
+            // Each server once, where its lowest rank is (claims are in rank order).
+            let mut seen = std::collections::HashSet::new();
+            RankOrder::Hosts(
+                claims
+                    .iter()
+                    .filter(|c| seen.insert(c.server_id.as_str()))
+                    .map(|c| c.server_id.clone())
+                    .collect(),
+            )
         }
     };
     Ok(BuildOptions {
-        format,
+        format: first.table.format,
         order,
         chip: None,
     })
@@ -1791,7 +1771,7 @@ mod tests {
         // `hosts`: servers in the order the launcher placed them, so table ranks are the
         // launcher's even though the server ids run backwards.
         let by_rank = TableChoice {
-            format: "1.0".into(),
+            format: Format::V1_0,
             by_rank: true,
         };
         let payloads = claims_asking(3, 4, &by_rank);
@@ -1806,7 +1786,7 @@ mod tests {
         assert_eq!(table.format(), Format::V1_0);
         // legacy: the format of old TensorFlow stacks, whose RANK_ID is the pod_name.
         let legacy = TableChoice {
-            format: "legacy".into(),
+            format: Format::Legacy,
             by_rank: false,
         };
         let all = parse_claims(&claims_asking(2, 2, &legacy)).unwrap();
@@ -1825,7 +1805,7 @@ mod tests {
     fn processes_that_ask_for_different_tables_are_named() {
         let mut all = parse_claims(&claims(2, 2)).unwrap();
         all[3].table = TableChoice {
-            format: "legacy".into(),
+            format: Format::Legacy,
             by_rank: true,
         };
         let e = build_options(&all).unwrap_err().to_string();

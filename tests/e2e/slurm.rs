@@ -18,8 +18,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use atlasboost_e2e::{
-    LAUNCH_MARK, Launch, Run, assert_no_process_with_env, atlasboost_bin, descendants, example,
-    wait_until,
+    Finished, LAUNCH_MARK, Launch, Run, assert_no_process_with_env, atlasboost_bin, descendants,
+    example, wait_until,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -647,13 +647,9 @@ fn a_restart_starts_a_new_step_and_monitoring_reaches_the_events_file() {
         done.describe()
     );
     // Each node's agent sampled its devices and sent them up its connection.
-    let events = std::fs::read_to_string(done.dir().join("events.jsonl")).unwrap();
-    let sampled: BTreeSet<String> = events
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|e| {
-            e["event"] == "telemetry" && e["devices"].as_array().is_some_and(|d| d.len() == 2)
-        })
+    let sampled: BTreeSet<String> = events_of(&done, "telemetry")
+        .iter()
+        .filter(|e| e["devices"].as_array().is_some_and(|d| d.len() == 2))
         .filter_map(|e| e["host"].as_str().map(str::to_string))
         .collect();
     assert_eq!(sampled.len(), n, "hosts with telemetry: {sampled:?}");
@@ -788,11 +784,8 @@ fn a_lost_node_is_left_out_of_the_restart() {
         done.describe()
     );
     // Only the node whose agent died is left out; those lost with the step are not.
-    let events = std::fs::read_to_string(done.dir().join("events.jsonl")).unwrap();
-    let left_out: Vec<(String, String)> = events
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|e| e["event"] == "host_left_out")
+    let left_out: Vec<(String, String)> = events_of(&done, "host_left_out")
+        .iter()
         .map(|e| (e["host"].to_string(), e["why"].to_string()))
         .collect();
     assert!(
@@ -801,6 +794,16 @@ fn a_lost_node_is_left_out_of_the_restart() {
         "{left_out:?}"
     );
     cluster.assert_nothing_left("after a restart without a lost node");
+}
+
+/// The events of kind `event` in the `events.jsonl` of a finished job.
+fn events_of(done: &Finished, event: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(done.dir().join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == event)
+        .collect()
 }
 
 /// Puts a node that a test drained back into service, however the test ends, so that the next
@@ -895,12 +898,7 @@ fn a_node_that_slurm_drained_is_left_out_of_the_restart_with_slurms_reason() {
             && said.ends_with("(npu 3 ecc errors)"),
         "{said}"
     );
-    let events = std::fs::read_to_string(done.dir().join("events.jsonl")).unwrap();
-    let left_out: Vec<serde_json::Value> = events
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|e| e["event"] == "host_left_out")
-        .collect();
+    let left_out = events_of(&done, "host_left_out");
     assert_eq!(left_out.len(), 1, "{left_out:?}");
     assert!(
         left_out[0]["host"]

@@ -41,7 +41,7 @@ use super::relay::{DoorEvent, Introduction, RelayDoor, introduce};
 use super::remote::{Remote, SrunSaid};
 use crate::error::CliError;
 use crate::printer::to_stderr;
-use crate::process::wait_until;
+use crate::process::output_within;
 
 /// How many of srun's last lines are kept for error messages.
 const SRUN_TAIL: usize = 12;
@@ -177,7 +177,7 @@ fn show_nodes_with(
     names: &[String],
     limit: Duration,
 ) -> Result<String, String> {
-    let mut child = Command::new(program)
+    let child = Command::new(program)
         .args(["show", "node", "--oneliner"])
         .arg(compress_hostlist(names))
         .stdin(Stdio::null())
@@ -185,51 +185,21 @@ fn show_nodes_with(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run scontrol: {e}"))?;
-    // Read on threads of their own: thousands of nodes are more than a pipe holds.
-    let read = |pipe: Option<Box<dyn Read + Send>>| {
-        pipe.map(|mut p| {
-            std::thread::spawn(move || {
-                let mut text = String::new();
-                let _ = p.read_to_string(&mut text);
-                text
-            })
-        })
-    };
-    let out = read(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = read(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + limit;
-    let status = match wait_until(&mut child, deadline, Duration::from_millis(10)) {
-        Ok(Some(status)) => status,
-        Ok(None) => {
-            return Err(format!(
-                "scontrol show node took longer than {} s",
-                limit.as_secs()
-            ));
-        }
-        Err(e) => return Err(format!("cannot wait for scontrol: {e}")),
-    };
-    let joined = |t: Option<std::thread::JoinHandle<String>>| {
-        t.and_then(|t| t.join().ok()).unwrap_or_default()
-    };
-    let (text, said) = (joined(out), joined(err));
-    if !status.success() && text.trim().is_empty() {
-        let said = said.trim();
+    let out = output_within(
+        child,
+        Instant::now(),
+        limit,
+        Duration::from_millis(10),
+        "scontrol show node",
+    )?;
+    if !out.status.success() && out.stdout.trim().is_empty() {
+        let said = out.stderr.trim();
         return Err(match said.is_empty() {
-            true => format!("scontrol show node ended with {status}"),
-            false => format!("scontrol show node ended with {status}: {said}"),
+            true => format!("scontrol show node ended with {}", out.status),
+            false => format!("scontrol show node ended with {}: {said}", out.status),
         });
     }
-    Ok(text)
+    Ok(out.stdout)
 }
 
 /// What `scontrol show node` says of one node.

@@ -20,7 +20,7 @@
 //! `ATLASBOOST_SSH_NODELAY=0` turns all this off.
 
 use std::ffi::OsString;
-use std::io::{IoSlice, Read};
+use std::io::IoSlice;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -33,7 +33,7 @@ use atlasboost_core::env_vars::EnvVars;
 
 use crate::cli::{AddressFamilyArg, SshConnectArgs};
 use crate::exit::ExitCodes;
-use crate::process::wait_until;
+use crate::process::output_within;
 
 use super::channel::SshSpec as SshOptions;
 
@@ -99,10 +99,10 @@ pub fn plan(hosts: &[&str], ssh: &SshOptions) -> Vec<Connect> {
                 .map_err(|e| format!("ssh -G could not start: {e}"))
         })
         .collect();
-    let deadline = Instant::now() + RESOLVE_LIMIT;
+    let since = Instant::now();
     children
         .into_iter()
-        .map(|child| match child.and_then(|c| resolved(c, deadline)) {
+        .map(|child| match child.and_then(|c| resolved(c, since)) {
             Ok(config) => decide(&config, &exe),
             Err(why) => Connect::Own(why),
         })
@@ -130,32 +130,20 @@ pub fn ssh_options(ssh: &SshOptions) -> Vec<OsString> {
     args
 }
 
-/// The output of one `ssh -G`, once it has exited by `deadline`.
-fn resolved(mut child: Child, deadline: Instant) -> Result<String, String> {
-    let status = match wait_until(&mut child, deadline, Duration::from_millis(1)) {
-        Ok(Some(status)) => status,
-        Ok(None) => {
-            return Err(format!(
-                "ssh -G did not answer within {} s",
-                RESOLVE_LIMIT.as_secs()
-            ));
-        }
-        Err(e) => return Err(format!("ssh -G could not be waited for: {e}")),
-    };
-    // Its output is a few kilobytes, so it fit in the pipe and ssh did not wait to write it.
-    let mut out = String::new();
-    let mut err = String::new();
-    if let Some(mut s) = child.stdout.take() {
-        let _ = s.read_to_string(&mut out);
+/// The output of one `ssh -G` of a batch started at `since`.
+fn resolved(child: Child, since: Instant) -> Result<String, String> {
+    let out = output_within(
+        child,
+        since,
+        RESOLVE_LIMIT,
+        Duration::from_millis(1),
+        "ssh -G",
+    )?;
+    if !out.status.success() {
+        let said = out.stderr.lines().next().unwrap_or("").trim();
+        return Err(format!("ssh -G failed ({}): {said}", out.status));
     }
-    if let Some(mut s) = child.stderr.take() {
-        let _ = s.read_to_string(&mut err);
-    }
-    if !status.success() {
-        let said = err.lines().next().unwrap_or("").trim();
-        return Err(format!("ssh -G failed ({status}): {said}"));
-    }
-    Ok(out)
+    Ok(out.stdout)
 }
 
 /// How to reach a host whose configuration, as `ssh -G` prints it, is `config`, with

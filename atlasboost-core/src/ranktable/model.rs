@@ -19,15 +19,18 @@ pub const HOST_NIC_IP_RESERVED: &str = "reserve";
 /// The group name of the legacy format (HCCL merges every group into this one).
 pub const LEGACY_GROUP_NAME: &str = "hccl_world_group";
 
-/// Which rank-table format to write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// Which rank-table format to write (in JSON, as `--format` spells it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum Format {
     /// Version `1.0`: Atlas 910 and 910B (A2).
     #[default]
+    #[serde(rename = "1.0")]
     V1_0,
     /// Version `1.2`: Atlas A3 / SuperPoD (adds `super_device_id` and `super_pod_list`).
+    #[serde(rename = "1.2")]
     V1_2,
     /// The `group_list` format of old TensorFlow stacks (no `version` key).
+    #[serde(rename = "legacy")]
     Legacy,
 }
 
