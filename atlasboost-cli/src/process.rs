@@ -71,9 +71,11 @@ pub struct HelperOutput {
 }
 
 /// Runs `child` (started with piped stdout and stderr) to its end, at most `limit` after
-/// `since`, as [`wait_until`] does, and returns what it printed. Both pipes are read on threads of their own meanwhile, so a
-/// helper that prints more than a pipe holds (`scontrol` of thousands of nodes) never waits
-/// on its reader.
+/// `since`, as [`wait_until`] does, and returns what it printed. Both pipes are read on
+/// threads of their own meanwhile, so a helper that prints more than a pipe holds (`scontrol`
+/// of thousands of nodes) never waits on its reader. The pipes are read up to the same limit:
+/// a process the helper left behind may hold them open (a killed helper's children do), and
+/// its readers are then left to end with it.
 ///
 /// # Errors
 ///
@@ -87,13 +89,15 @@ pub fn output_within(
     what: &str,
 ) -> Result<HelperOutput, String> {
     let read = |pipe: Option<Box<dyn Read + Send>>| {
-        pipe.map(|mut p| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(mut p) = pipe {
             std::thread::spawn(move || {
                 let mut text = String::new();
                 let _ = p.read_to_string(&mut text);
-                text
-            })
-        })
+                let _ = tx.send(text);
+            });
+        }
+        rx
     };
     let out = read(
         child
@@ -107,21 +111,26 @@ pub fn output_within(
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let waited = wait_until(&mut child, since + limit, every);
-    // The pipes close when the child ends, killed or not: the readers end too.
-    let joined = |t: Option<std::thread::JoinHandle<String>>| {
-        t.and_then(|t| t.join().ok()).unwrap_or_default()
+    let deadline = since + limit;
+    let too_long = || format!("{what} took longer than {limit:?}; stopped it");
+    let status = match wait_until(&mut child, deadline, every) {
+        Ok(Some(status)) => status,
+        Ok(None) => return Err(too_long()),
+        Err(e) => return Err(format!("cannot wait for {what}: {e}")),
     };
-    let (stdout, stderr) = (joined(out), joined(err));
-    match waited {
-        Ok(Some(status)) => Ok(HelperOutput {
-            status,
-            stdout,
-            stderr,
-        }),
-        Ok(None) => Err(format!("{what} took longer than {limit:?}; stopped it")),
-        Err(e) => Err(format!("cannot wait for {what}: {e}")),
-    }
+    let text = |rx: std::sync::mpsc::Receiver<String>| {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(text) => Ok(text),
+            // No pipe to read.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(String::new()),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(too_long()),
+        }
+    };
+    Ok(HelperOutput {
+        status,
+        stdout: text(out)?,
+        stderr: text(err)?,
+    })
 }
 
 #[cfg(test)]
@@ -174,6 +183,16 @@ mod wait_tests {
         assert_eq!(out.stdout.len(), 1 << 20);
         assert_eq!(out.stderr, "said\n");
         assert_eq!(out.status.code(), Some(3));
+        // It exits, but what it started holds its output open: given up at the limit.
+        let e = output_within(
+            piped("sleep 3 & echo started"),
+            Instant::now(),
+            Duration::from_millis(300),
+            Duration::from_millis(5),
+            "the helper",
+        )
+        .unwrap_err();
+        assert_eq!(e, "the helper took longer than 300ms; stopped it");
         let e = output_within(
             piped("exec sleep 30"),
             Instant::now(),
