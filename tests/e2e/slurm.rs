@@ -917,6 +917,53 @@ fn a_node_that_slurm_drained_is_left_out_of_the_restart_with_slurms_reason() {
 }
 
 #[test]
+fn a_node_drained_after_the_allocation_is_named_at_the_launch_and_still_runs() {
+    let cluster = cluster_or_skip!();
+    let n = cluster.nodes.len();
+    let victim = cluster.nodes[n - 1].clone();
+    let _undrain = Undrain {
+        cluster: &cluster,
+        node: victim.clone(),
+    };
+    // Drained between salloc's allocation and the launch, as a health check does.
+    let drain = format!(
+        "scontrol update nodename={victim} state=drain 'reason=npu 5 offline' && exec \"$@\""
+    );
+    let done = cluster
+        .salloc_with(
+            &["sh", "-c", &drain, "sh"],
+            &[
+                "run",
+                "--sim",
+                "2",
+                "--",
+                "sh",
+                "-c",
+                "echo node=$SLURMD_NODENAME",
+            ],
+        )
+        .run();
+    done.assert_code(0);
+    let err = done.err();
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("Slurm says")).collect();
+    assert_eq!(
+        said,
+        [format!(
+            "atlasboost: warning: Slurm says {victim} is ALLOCATED+DRAIN (npu 5 offline); srun \
+             starts its workers all the same"
+        )],
+        "{}",
+        done.describe()
+    );
+    let on_victim = done
+        .out()
+        .lines()
+        .filter(|l| l.ends_with(&format!("node={victim}")))
+        .count();
+    assert_eq!(on_victim, 2, "{}", done.describe());
+}
+
+#[test]
 fn an_allocation_that_asked_for_tasks_gives_each_node_that_many_workers() {
     let cluster = cluster_or_skip!();
     let n = cluster.nodes.len();

@@ -85,7 +85,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     // loaded below, may): every thread must inherit the blocked mask.
     let signals = Signals::block()?;
     let slurm = uses_slurm(args)?;
-    let hosts = plan_hosts(args, slurm)?;
+    let hosts = plan_hosts(args, slurm, printer)?;
     // Refuse what cannot work before anything starts.
     atlasboost::probe::make_probe(&args.discovery, &hosts[0].server_id)?;
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
@@ -696,17 +696,31 @@ fn uses_slurm(args: &RunSettings) -> Result<bool, CliError> {
 /// names its nodes), with the addresses Slurm reaches them at as server ids. Every host is
 /// reached through the step, this machine too (its workers then run in the step, under
 /// Slurm's accounting, like the others').
-fn slurm_hosts(args: &RunSettings) -> Result<Vec<HostPlan>, CliError> {
+///
+/// A node Slurm says not to use (drained since the allocation gave it, by a health check or an
+/// administrator; down; no longer Slurm's) is named with Slurm's state and reason. Its workers
+/// start all the same, as srun would start them: the job keeps the size it was given, and a
+/// restart leaves the node out.
+fn slurm_hosts(args: &RunSettings, printer: &Printer) -> Result<Vec<HostPlan>, CliError> {
     let specs = match (&args.hosts, &args.hostfile) {
         (Some(list), _) => parse_host_list(list)?,
         (None, Some(file)) => parse_hostfile(file)?,
         (None, None) => slurm::allocation_hosts(&slurm::process_env)?,
     };
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
-    let addresses = slurm::node_addresses(&names)?;
+    let nodes = slurm::nodes_at_start(&names)?;
+    for node in &nodes.unusable {
+        printer.error(&format!(
+            "atlasboost: warning: Slurm says {node}; srun starts its workers all the same{}",
+            match args.max_restarts {
+                0 => "",
+                _ => " (a restart leaves it out)",
+            }
+        ));
+    }
     let mut seen: HashMap<std::net::Ipv4Addr, &str> = HashMap::new();
     let mut hosts = Vec::with_capacity(specs.len());
-    for (spec, ip) in specs.iter().zip(addresses) {
+    for (spec, ip) in specs.iter().zip(nodes.addresses) {
         if let Some(first) = seen.insert(ip, &spec.name) {
             return Err(CliError::Usage(format!(
                 "Slurm nodes {first:?} and {:?} ({}) have the same address, {ip}; list each \
@@ -724,9 +738,13 @@ fn slurm_hosts(args: &RunSettings) -> Result<Vec<HostPlan>, CliError> {
     Ok(hosts)
 }
 
-fn plan_hosts(args: &RunSettings, slurm: bool) -> Result<Vec<HostPlan>, CliError> {
+fn plan_hosts(
+    args: &RunSettings,
+    slurm: bool,
+    printer: &Printer,
+) -> Result<Vec<HostPlan>, CliError> {
     let mut hosts = match (&args.hosts, &args.hostfile) {
-        _ if slurm => slurm_hosts(args)?,
+        _ if slurm => slurm_hosts(args, printer)?,
         (Some(list), _) => resolve_hosts(&parse_host_list(list)?)?,
         (None, Some(file)) => resolve_hosts(&parse_hostfile(file)?)?,
         (None, None) => vec![this_machine(args.nic.as_ref())?],

@@ -129,19 +129,46 @@ pub fn allocation_hosts(env: Env<'_>) -> Result<Vec<HostSpec>, CliError> {
         .collect())
 }
 
+/// What Slurm says of the job's nodes when it starts, from one `scontrol show node
+/// --oneliner`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodesAtStart {
+    /// Each node's address as Slurm reaches it, resolved to IPv4, in the order of the names:
+    /// the hosts' server ids.
+    pub addresses: Vec<Ipv4Addr>,
+    /// The nodes Slurm says not to use now (drained after the allocation gave them, down, ...);
+    /// empty when scontrol could not answer.
+    pub unusable: Vec<UnusableNode>,
+}
+
 /// Each node's address as Slurm reaches it (`NodeAddr`, which is the node's name unless the
-/// cluster says otherwise), from one `scontrol show node --oneliner`, resolved to IPv4: the
-/// hosts' server ids. A node `scontrol` does not list is resolved by its name.
+/// cluster says otherwise), resolved to IPv4, and the nodes Slurm says not to use, from one
+/// `scontrol show node --oneliner` (bounded to 20 s). A node `scontrol` does not list, or
+/// every node when scontrol cannot answer, is resolved by its name.
 ///
 /// # Errors
 ///
 /// [`CliError::Usage`] naming a node whose address does not resolve to IPv4.
-pub fn node_addresses(names: &[String]) -> Result<Vec<Ipv4Addr>, CliError> {
-    let listed = scontrol_node_addrs(names);
+pub fn nodes_at_start(names: &[String]) -> Result<NodesAtStart, CliError> {
+    let listed = parse_nodes(&scontrol_show_nodes(names, SCONTROL_LIMIT).unwrap_or_default());
+    Ok(NodesAtStart {
+        addresses: addresses_of(names, &listed)?,
+        unusable: unusable_among(names, &listed).unwrap_or_default(),
+    })
+}
+
+/// Each of `names` resolved to IPv4, through its `NodeAddr` where scontrol listed it.
+fn addresses_of(
+    names: &[String],
+    listed: &HashMap<String, NodeRecord>,
+) -> Result<Vec<Ipv4Addr>, CliError> {
     names
         .iter()
         .map(|name| {
-            let addr = listed.get(name).map_or(name.as_str(), String::as_str);
+            let addr = listed
+                .get(name)
+                .and_then(|node| node.addr.as_deref())
+                .unwrap_or(name);
             resolve_ipv4(addr).ok_or_else(|| {
                 CliError::Usage(format!(
                     "Slurm node {name:?}: its address {addr:?} does not resolve to an IPv4 address \
@@ -149,17 +176,6 @@ pub fn node_addresses(names: &[String]) -> Result<Vec<Ipv4Addr>, CliError> {
                 ))
             })
         })
-        .collect()
-}
-
-/// `NodeName` → `NodeAddr` from `scontrol show node --oneliner` (empty if scontrol fails or
-/// takes longer than [`SCONTROL_LIMIT`]: the names are resolved then, and an error names the
-/// node that does not resolve).
-fn scontrol_node_addrs(names: &[String]) -> HashMap<String, String> {
-    let text = scontrol_show_nodes(names, SCONTROL_LIMIT).unwrap_or_default();
-    parse_nodes(&text)
-        .into_iter()
-        .filter_map(|(name, node)| Some((name, node.addr?)))
         .collect()
 }
 
@@ -922,13 +938,20 @@ mod tests {
 
     #[test]
     fn a_node_that_resolves_nowhere_is_named() {
-        let e = node_addresses(&["no-such-node.invalid".into()])
+        let none = HashMap::new();
+        let e = addresses_of(&["no-such-node.invalid".into()], &none)
             .unwrap_err()
             .to_string();
         assert!(e.contains("Slurm node \"no-such-node.invalid\""), "{e}");
         assert_eq!(
-            node_addresses(&["127.0.0.7".into()]).unwrap(),
+            addresses_of(&["127.0.0.7".into()], &none).unwrap(),
             [Ipv4Addr::new(127, 0, 0, 7)]
+        );
+        // A listed node is reached at its NodeAddr, not its name.
+        let listed = parse_nodes("NodeName=abn1 NodeAddr=127.0.0.9 State=IDLE\n");
+        assert_eq!(
+            addresses_of(&["abn1".into()], &listed).unwrap(),
+            [Ipv4Addr::new(127, 0, 0, 9)]
         );
     }
 
