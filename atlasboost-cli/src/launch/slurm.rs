@@ -297,7 +297,7 @@ fn unusable_state(state: &str) -> bool {
 pub struct UnusableNode {
     /// Its `NodeName`.
     pub name: String,
-    /// Its `State=`.
+    /// Its `State=`, or `not one of its nodes` when scontrol does not list it.
     pub state: String,
     /// Its `Reason=`, when one is set.
     pub reason: Option<String>,
@@ -346,7 +346,7 @@ fn unusable_among(
         .filter_map(|name| match nodes.get(name) {
             None => Some(UnusableNode {
                 name: name.clone(),
-                state: "not known to Slurm".into(),
+                state: "not one of its nodes".into(),
                 reason: None,
             }),
             Some(node) => unusable_state(&node.state).then(|| UnusableNode {
@@ -927,11 +927,11 @@ mod tests {
             unusable,
             [UnusableNode {
                 name: "abn9".into(),
-                state: "not known to Slurm".into(),
+                state: "not one of its nodes".into(),
                 reason: None,
             }]
         );
-        assert_eq!(unusable[0].to_string(), "abn9 is not known to Slurm");
+        assert_eq!(unusable[0].to_string(), "abn9 is not one of its nodes");
         let e = unusable_among(&names, &parse_nodes("garbage\n")).unwrap_err();
         assert_eq!(e, "scontrol show node listed none of abn[1,9]");
     }
