@@ -27,15 +27,37 @@ pub const TAIL_LINES: usize = 10;
 /// A tail line longer than this is shortened in the failure report.
 const TAIL_LINE_BYTES: usize = 512;
 
-/// Cuts a byte stream into lines ending in `\n`, `\r` or `\r\n`, across reads.
-#[derive(Debug, Default)]
+/// Cuts a byte stream into lines ending in `\n`, `\r` or `\r\n`, across reads. A line longer
+/// than [`MAX_LINE`] comes out in pieces of at most that size, wherever the reads end.
+#[derive(Debug)]
 pub struct LineSplitter {
     partial: Vec<u8>,
+    /// The largest piece: [`MAX_LINE`] (smaller in tests, to reach its edges).
+    max: usize,
     /// The last read ended in `\r`: a `\n` starting the next one belongs to it.
     after_cr: bool,
+    /// The last read ended where a piece was cut off a long line: a terminator starting the
+    /// next one ends that piece, and is not an empty line of its own.
+    after_cut: bool,
+}
+
+impl Default for LineSplitter {
+    fn default() -> LineSplitter {
+        LineSplitter::with_max(MAX_LINE)
+    }
 }
 
 impl LineSplitter {
+    /// Pieces of at most `max` bytes.
+    fn with_max(max: usize) -> LineSplitter {
+        LineSplitter {
+            partial: Vec::new(),
+            max,
+            after_cr: false,
+            after_cut: false,
+        }
+    }
+
     /// Feeds bytes; `emit` gets every line they complete, without its terminator.
     pub fn feed(&mut self, mut data: &[u8], emit: &mut impl FnMut(&[u8])) {
         if data.is_empty() {
@@ -45,34 +67,45 @@ impl LineSplitter {
         if std::mem::take(&mut self.after_cr) && data.first() == Some(&b'\n') {
             data = &data[1..];
         }
+        if std::mem::take(&mut self.after_cut) && matches!(data.first(), Some(b'\n' | b'\r')) {
+            data = self.past_terminator(data, 0);
+        }
+        let max = self.max;
         while let Some(i) = memchr::memchr2(b'\n', b'\r', data) {
             if self.partial.is_empty() {
-                for piece in pieces(&data[..i]) {
+                for piece in pieces(&data[..i], max) {
                     emit(piece);
                 }
             } else {
                 self.partial.extend_from_slice(&data[..i]);
-                for piece in pieces(&self.partial) {
+                for piece in pieces(&self.partial, max) {
                     emit(piece);
                 }
                 self.partial.clear();
             }
-            let mut next = i + 1;
-            if data[i] == b'\r' {
-                match data.get(next) {
-                    Some(b'\n') => next += 1,
-                    Some(_) => {}
-                    None => self.after_cr = true,
-                }
-            }
-            data = &data[next..];
+            data = self.past_terminator(data, i);
         }
         self.partial.extend_from_slice(data);
-        while self.partial.len() >= MAX_LINE {
-            let rest = self.partial.split_off(MAX_LINE);
+        while self.partial.len() >= max {
+            let rest = self.partial.split_off(max);
             emit(&self.partial);
             self.partial = rest;
+            self.after_cut = self.partial.is_empty();
         }
+    }
+
+    /// What follows the terminator at `data[i]` (`\r\n` is one); a `\r` that ends the read
+    /// may be the first half of one.
+    fn past_terminator<'a>(&mut self, data: &'a [u8], i: usize) -> &'a [u8] {
+        let mut next = i + 1;
+        if data[i] == b'\r' {
+            match data.get(next) {
+                Some(b'\n') => next += 1,
+                Some(_) => {}
+                None => self.after_cr = true,
+            }
+        }
+        &data[next..]
     }
 
     /// The stream ended: a last line without terminator is still a line.
@@ -115,11 +148,10 @@ impl Tail {
     }
 }
 
-/// A line in pieces of at most [`MAX_LINE`] bytes (one piece for an empty line).
-fn pieces(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+/// A line in pieces of at most `max` bytes (one piece for an empty line).
+fn pieces(line: &[u8], max: usize) -> impl Iterator<Item = &[u8]> {
     let empty: &[u8] = &[];
-    line.chunks(MAX_LINE)
-        .chain(line.is_empty().then_some(empty))
+    line.chunks(max).chain(line.is_empty().then_some(empty))
 }
 
 /// A descriptor written with whole buffers; once its reader is gone (`| head`), output to it
@@ -591,7 +623,11 @@ mod tests {
     use super::*;
 
     fn split(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
-        let mut s = LineSplitter::default();
+        split_max(chunks, MAX_LINE)
+    }
+
+    fn split_max(chunks: &[&[u8]], max: usize) -> Vec<Vec<u8>> {
+        let mut s = LineSplitter::with_max(max);
         let mut lines = Vec::new();
         for c in chunks {
             s.feed(c, &mut |l| lines.push(l.to_vec()));
@@ -626,14 +662,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_terminator_right_after_a_cut_piece_ends_it() {
+        // The piece is cut when the read ends; the newline comes in the next one.
+        let full = vec![b'x'; MAX_LINE];
+        for (after, want) in [
+            (&b"\nnext\n"[..], 2),
+            (b"\r\nnext\n", 2),
+            (b"\rnext\n", 2),
+            (b"\n\nnext\n", 3),
+        ] {
+            let lines = split(&[&full, after]);
+            assert_eq!(lines.len(), want, "{after:?}");
+            assert_eq!(lines[0], full);
+            assert_eq!(lines[want - 1], b"next");
+        }
+        assert_eq!(split(&[&full, b"\r", b"\nnext"]).len(), 2);
+    }
+
     proptest! {
-        /// However the bytes are cut into reads, the lines are the same.
+        /// However the bytes are cut into reads, the lines are the same, and long lines come
+        /// out in the same pieces.
         #[test]
         fn reads_do_not_change_the_lines(
             text in proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'a'), any::<u8>()], 0..200),
             cuts in proptest::collection::vec(0usize..200, 0..10),
+            max in prop_oneof![1usize..8, Just(MAX_LINE)],
         ) {
-            let whole = split(&[&text]);
+            let whole = split_max(&[&text], max);
             let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(text.len())).collect();
             cuts.sort_unstable();
             let mut pieces = Vec::new();
@@ -643,7 +699,7 @@ mod tests {
                 start = c;
             }
             pieces.push(&text[start..]);
-            prop_assert_eq!(split(&pieces), whole);
+            prop_assert_eq!(split_max(&pieces, max), whole);
         }
     }
 }
