@@ -180,6 +180,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             let code = result.exit_code;
             (Some(result), code)
         }
+        Outcome::Stopped(result, code) => (Some(result), code),
         Outcome::Ended(code) => (None, code),
     };
     report(
@@ -228,6 +229,8 @@ struct JobState<'a> {
 enum Outcome {
     /// Its workers ran: their result.
     Ran(JobResult),
+    /// Its workers ran (their result), and a signal came before the restart: the exit code.
+    Stopped(JobResult, u8),
     /// It ended before any worker started (a signal while the hosts joined, a restart that
     /// found no valid world): the exit code.
     Ended(u8),
@@ -469,7 +472,7 @@ fn run_attempts(
                 "atlasboost: stopped by {} before the restart",
                 s.as_str()
             ));
-            return Ok(Outcome::Ended(128u8.wrapping_add(s as u8)));
+            return Ok(Outcome::Stopped(result, 128u8.wrapping_add(s as u8)));
         }
     }
     unreachable!("the last attempt returns")
