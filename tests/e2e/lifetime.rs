@@ -132,6 +132,26 @@ fn a_grandchild_ignoring_sigterm_is_killed_after_the_grace_time() {
     );
 }
 
+/// A daemon (setsid) whose child made a session of its own and ignores SIGTERM, as does its
+/// sleep: each is re-parented to the launcher only once the one above it has died, and each
+/// must be stopped as it comes.
+#[test]
+fn a_daemons_children_are_stopped_as_they_are_orphaned() {
+    grandchild_is_stopped(
+        // The worker exits once the sleep has started (its pid in $f), not before.
+        r#"f=$(mktemp -u)
+           setsid sh -c 'setsid sh -c "trap \"\" TERM; sleep 300 & echo \$! > $0; wait" & wait' \
+             "$f" </dev/null >/dev/null 2>&1 &
+           i=0
+           while [ ! -s "$f" ]; do
+             i=$((i + 1)); [ $i -gt 250 ] && { echo "no sleep" >&2; exit 99; }
+             sleep 0.02
+           done
+           echo "forked $(cat "$f")"; rm -f "$f"; exit 0"#,
+        "a daemon's children",
+    );
+}
+
 /// A grandchild that left the worker's session (setsid) but holds its stdout: the launcher
 /// cannot stop what it does not know, but it must not wait for it forever either.
 #[test]

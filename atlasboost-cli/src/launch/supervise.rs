@@ -6,6 +6,7 @@
 //! means signalling its group (its own children included), SIGTERM first, SIGKILL after the
 //! grace time. Nothing is ever signalled by name.
 
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -600,6 +601,9 @@ struct Supervisor<'a> {
     grace: Duration,
     /// What the workers left behind has been sent SIGTERM.
     leftovers_stopped: bool,
+    /// The orphans sent SIGTERM so far (an orphan is the launcher's child, so its pid is not
+    /// reused before the launcher reaps it).
+    orphans_termed: HashSet<Pid>,
     drain_until: Option<Instant>,
     next_heartbeat: Instant,
     buf: Vec<u8>,
@@ -671,6 +675,7 @@ impl<'a> Supervisor<'a> {
             stopping: None,
             grace: plan.grace,
             leftovers_stopped: false,
+            orphans_termed: HashSet::new(),
             drain_until: None,
             next_heartbeat: Instant::now(),
             buf: vec![0; 1 << 16],
@@ -946,7 +951,19 @@ impl<'a> Supervisor<'a> {
                 self.stopping = Some((Instant::now(), false));
             }
             self.signal_groups(Signal::SIGTERM);
-            signal_orphans(&own, Signal::SIGTERM);
+        }
+        // Orphans keep coming as their parents die (a daemon's children are re-parented to the
+        // launcher when it exits): each is stopped as it comes, as the first ones were.
+        let killed = self.stopping.is_some_and(|(_, killed)| killed);
+        if self.leftovers_stopped && !orphans.is_empty() {
+            self.signal_orphans(
+                &orphans,
+                if killed {
+                    Signal::SIGKILL
+                } else {
+                    Signal::SIGTERM
+                },
+            );
         }
         if groups_gone && !self.pipes.is_empty() && self.drain_until.is_none() {
             // Every group is empty, yet a pipe is open: a process that left its group
@@ -955,7 +972,10 @@ impl<'a> Supervisor<'a> {
         }
         let drained =
             self.pipes.is_empty() || self.drain_until.is_some_and(|t| Instant::now() >= t);
-        let finished = drained && (groups_gone || self.drain_until.is_some());
+        // After SIGKILL, orphans still coming are waited for up to the drain's bound.
+        let orphans_coming =
+            !orphans.is_empty() && self.drain_until.is_none_or(|t| Instant::now() < t);
+        let finished = drained && !orphans_coming && (groups_gone || self.drain_until.is_some());
         if finished && !self.pipes.is_empty() {
             let mut ranks: Vec<u32> = self
                 .pipes
@@ -2129,9 +2149,27 @@ impl<'a> Supervisor<'a> {
         self.signal_groups(Signal::SIGKILL);
         self.signal_remotes(Signal::SIGKILL);
         self.signal_mpirun(Signal::SIGKILL);
-        signal_orphans(&self.not_orphans(), Signal::SIGKILL);
+        self.signal_orphans(&orphans(&self.not_orphans()), Signal::SIGKILL);
         self.stopping = Some((self.stopping.map_or(Instant::now(), |s| s.0), true));
         self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
+    }
+
+    /// Signals orphans (not the workers: they are signalled through their groups), each with
+    /// the process group it leads or that lives in a session a worker's descendant made
+    /// (`setsid`): every process there descends from the workers. SIGTERM goes once to each.
+    fn signal_orphans(&mut self, orphans: &[Pid], signal: Signal) {
+        let our_session = nix::unistd::getsid(None).ok();
+        for &pid in orphans {
+            if signal == Signal::SIGTERM && !self.orphans_termed.insert(pid) {
+                continue;
+            }
+            let _ = nix::sys::signal::kill(pid, signal);
+            if let Ok(group) = nix::unistd::getpgid(Some(pid))
+                && (group == pid || nix::unistd::getsid(Some(pid)).ok() != our_session)
+            {
+                let _ = killpg(group, signal);
+            }
+        }
     }
 
     /// SIGKILL once the grace time is over.
@@ -2305,13 +2343,6 @@ fn children_of_this_process() -> Option<Vec<u32>> {
         );
     }
     Some(children)
-}
-
-/// Signals the orphans (not the workers: they are signalled through their groups).
-fn signal_orphans(own: &[u32], signal: Signal) {
-    for pid in orphans(own) {
-        let _ = nix::sys::signal::kill(pid, signal);
-    }
 }
 
 #[cfg(test)]
