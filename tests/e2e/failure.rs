@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use atlasboost_e2e::{Finished, Run, assert_no_process_with_env, example, unique};
+use atlasboost_e2e::{
+    Finished, Run, assert_no_process_with_env, example, proc_stat, unique, wait_until,
+};
+use nix::sys::signal::Signal;
 
 const MARK: &str = "ATLASBOOST_E2E_MARK";
 
@@ -144,4 +147,54 @@ fn workers_that_resist_sigterm_are_killed_after_the_grace_time() {
         );
     }
     assert_no_process_with_env(MARK, &mark, Duration::from_secs(3), "after the failed job");
+}
+
+/// Ranks that fail in the same moment each failed on their own: none is counted as stopped by
+/// the other's failure. The launcher is paused (SIGSTOP) while both exit, so that it finds
+/// both exits at once, whatever the machine's timing.
+#[test]
+fn ranks_that_fail_together_are_failed_not_stopped() {
+    let mut launch = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--", "sh", "-c"])
+        .args(["echo ready; while [ ! -e go ]; do sleep 0.01; done; exit $((RANK_ID + 3))"])
+        .timeout(Duration::from_secs(40))
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
+    let launcher = launch.pid();
+    let workers: Vec<i32> = atlasboost_e2e::descendants(launcher)
+        .into_iter()
+        .filter(|p| p.ppid == launcher && p.comm == "sh")
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(workers.len(), 2, "two workers, the launcher's children");
+    launch.signal(Signal::SIGSTOP);
+    std::fs::write(launch.dir().join("go"), "").unwrap();
+    let both_exited = wait_until(Duration::from_secs(10), || {
+        workers
+            .iter()
+            .all(|&pid| proc_stat(pid).is_none_or(|p| !p.alive()))
+    });
+    launch.signal(Signal::SIGCONT);
+    assert!(
+        both_exited,
+        "the workers did not exit while the launcher was paused"
+    );
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    assert!(matches!(r.code(), Some(3 | 4)), "{}", r.describe());
+    assert!(
+        r.err().contains(": 0 succeeded, 2 failed, 0 stopped"),
+        "{}",
+        r.describe()
+    );
+    // The row after the host: device, status, time.
+    assert!(
+        summary_row(&r, 0).starts_with("0 exit 3 "),
+        "{}",
+        r.describe()
+    );
+    assert!(
+        summary_row(&r, 1).starts_with("1 exit 4 "),
+        "{}",
+        r.describe()
+    );
+    assert!(!r.err().contains("stopping the other"), "{}", r.describe());
 }

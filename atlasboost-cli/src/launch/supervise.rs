@@ -2017,60 +2017,76 @@ impl<'a> Supervisor<'a> {
 
     /// Collects every child that has exited (workers, and their orphans: the launcher is a
     /// subreaper).
+    ///
+    /// Every exit already there is collected before any is acted on: workers that ended in
+    /// the same moment as the first failure ended on their own, and the stop that failure
+    /// starts must neither count them as stopped nor signal their groups.
     fn reap(&mut self, output: &mut Output) {
+        let mut ended = Vec::new();
         loop {
-            let status = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) | Err(_) => {
-                    // A group whose last process was just reaped may have its id reused from
-                    // now on: mark it gone (and tell the lifeline) before anything signals it.
-                    self.check_groups();
-                    return;
-                }
-                Ok(s) => s,
-            };
-            let (pid, ending) = match status {
-                WaitStatus::Exited(pid, code) => (pid, Ending::Exited(code)),
-                WaitStatus::Signaled(pid, sig, _) => (pid, Ending::Signaled(sig)),
-                _ => continue,
-            };
-            if pid.as_raw() as u32 == self.lifeline.pid() {
-                self.lifeline.reaped();
-                output.message(
-                    "atlasboost: warning: the lifeline process exited early; if the launcher \
-                     is killed now, workers' children may survive it",
-                );
-                continue;
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => ended.push((pid, Ending::Exited(code))),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => ended.push((pid, Ending::Signaled(sig))),
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => {}
             }
-            let session = match &mut self.role {
-                Role::Launcher(remotes) => remotes
-                    .iter_mut()
-                    .find(|r| r.pid() == Some(pid.as_raw() as u32)),
-                Role::Agent(up) => up
-                    .children
-                    .iter_mut()
-                    .map(|(_, c)| c)
-                    .find(|c| c.pid() == Some(pid.as_raw() as u32)),
-            };
-            if let Some(r) = session {
-                r.reaped = true;
-                continue;
-            }
-            if self.mpirun.as_ref().is_some_and(|m| m.pid == pid) {
-                self.mpirun_exited(ending, output);
-                self.check_groups();
-                continue;
-            }
-            let Some(i) = self.running.iter().position(|r| r.pid == Some(pid)) else {
-                continue;
-            };
-            // Its group may be empty now, its id free for reuse: find out before anything
-            // (the stop a failure starts) signals it.
-            if killpg(pid, None) == Err(Errno::ESRCH) {
-                self.running[i].group_gone = true;
-                self.lifeline.forget(pid.as_raw());
-            }
-            self.worker_ended(i, ending, output);
         }
+        // A group whose last process was just reaped may have its id reused from now on: mark
+        // it gone (and tell the lifeline) before anything signals it.
+        self.check_groups();
+        // Every worker of the batch has ended before any of them is acted on.
+        let now = Instant::now();
+        let mut workers = Vec::new();
+        for (pid, ending) in ended {
+            if let Some(i) = self.reaped(pid, ending, output)
+                && self.running[i].ended.is_none()
+            {
+                self.running[i].ended = Some((now, ending));
+                workers.push((i, ending));
+            }
+        }
+        for (i, ending) in workers {
+            self.after_worker_ended(i, ending, output);
+        }
+    }
+
+    /// One child collected by [`Self::reap`]: the lane of the worker it was, if it was one.
+    fn reaped(&mut self, pid: Pid, ending: Ending, output: &mut Output) -> Option<usize> {
+        if pid.as_raw() as u32 == self.lifeline.pid() {
+            self.lifeline.reaped();
+            output.message(
+                "atlasboost: warning: the lifeline process exited early; if the launcher \
+                 is killed now, workers' children may survive it",
+            );
+            return None;
+        }
+        let session = match &mut self.role {
+            Role::Launcher(remotes) => remotes
+                .iter_mut()
+                .find(|r| r.pid() == Some(pid.as_raw() as u32)),
+            Role::Agent(up) => up
+                .children
+                .iter_mut()
+                .map(|(_, c)| c)
+                .find(|c| c.pid() == Some(pid.as_raw() as u32)),
+        };
+        if let Some(r) = session {
+            r.reaped = true;
+            return None;
+        }
+        if self.mpirun.as_ref().is_some_and(|m| m.pid == pid) {
+            self.mpirun_exited(ending, output);
+            self.check_groups();
+            return None;
+        }
+        let i = self.running.iter().position(|r| r.pid == Some(pid))?;
+        // Its group may be empty now, its id free for reuse: find out before anything
+        // (the stop a failure starts) signals it.
+        if killpg(pid, None) == Err(Errno::ESRCH) {
+            self.running[i].group_gone = true;
+            self.lifeline.forget(pid.as_raw());
+        }
+        Some(i)
     }
 
     /// A worker ended: an agent reports it; the launcher fails the job if it failed first.
@@ -2079,6 +2095,11 @@ impl<'a> Supervisor<'a> {
             return;
         }
         self.running[i].ended = Some((Instant::now(), ending));
+        self.after_worker_ended(i, ending, output);
+    }
+
+    /// What follows a worker's end, once it is recorded.
+    fn after_worker_ended(&mut self, i: usize, ending: Ending, output: &mut Output) {
         if self.running[i].pid.is_some() {
             self.drain_lane(i, output);
             if ending.failed()
@@ -2105,14 +2126,17 @@ impl<'a> Supervisor<'a> {
             self.first_failure = Some(i);
             let w = &self.workers[i];
             let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+            let stopping = match live {
+                0 => String::new(),
+                1 => "; stopping the other 1 worker".to_string(),
+                n => format!("; stopping the other {n} workers"),
+            };
             output.message(&format!(
-                "atlasboost: rank {} (host {}, device {}) failed ({}); stopping the other \
-                 {live} worker{}",
+                "atlasboost: rank {} (host {}, device {}) failed ({}){stopping}",
                 w.rank,
                 w.host,
                 w.device,
                 ending.describe(),
-                if live == 1 { "" } else { "s" }
             ));
             self.stop(Signal::SIGTERM);
         }
