@@ -936,16 +936,27 @@ impl<'a> Supervisor<'a> {
                     left.join(", ")
                 ));
             }
-            if !orphans.is_empty() {
-                let n = orphans.len();
+            // Orphans still in a worker's group were counted with it.
+            let outside = orphans
+                .iter()
+                .filter(|&&pid| {
+                    nix::unistd::getpgid(Some(pid))
+                        .is_ok_and(|group| !self.running.iter().any(|r| r.pid == Some(group)))
+                })
+                .count();
+            if outside > 0 {
+                let n = outside;
                 what.push(format!(
                     "{n} process{} outside them",
                     if n == 1 { "" } else { "es" }
                 ));
             }
             output.message(&format!(
-                "atlasboost: every worker has exited; stopping what they left running ({})",
-                what.join(", and ")
+                "atlasboost: every worker has exited; stopping what they left running{}",
+                match what.is_empty() {
+                    true => String::new(),
+                    false => format!(" ({})", what.join(", and ")),
+                }
             ));
             if self.stopping.is_none() {
                 self.stopping = Some((Instant::now(), false));
