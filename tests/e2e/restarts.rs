@@ -298,9 +298,14 @@ fn a_hang_dump_takes_every_stuck_ranks_stacks_and_ends_124() {
         "echo ready; sleep 60",
     ]);
     let bin = run.dir().join("bin");
+    let spied = run.dir().join("py-spy.log");
     run.file(
         "bin/py-spy",
-        "#!/bin/sh\nsleep 1\necho \"Thread 1 (idle): MainThread of $3\"\necho \"    wait_forever (train.py:7)\"\n",
+        &format!(
+            "#!/bin/sh\necho start >> {log}\nsleep 1\necho end >> {log}\n\
+             echo \"Thread 1 (idle): MainThread of $3\"\necho \"    wait_forever (train.py:7)\"\n",
+            log = spied.display()
+        ),
         true,
     );
     let path = format!(
@@ -335,6 +340,13 @@ fn a_hang_dump_takes_every_stuck_ranks_stacks_and_ends_124() {
     assert!(
         err.contains("wait_forever"),
         "summarised on the console\n{}",
+        r.describe()
+    );
+    // Both ranks' stacks were taken at the same time, not one after the other.
+    assert_eq!(
+        std::fs::read_to_string(&spied).unwrap(),
+        "start\nstart\nend\nend\n",
+        "{}",
         r.describe()
     );
 }

@@ -96,6 +96,31 @@ impl RankFiles {
         (!text.is_empty()).then_some(text)
     }
 
+    /// [`Self::stacks`] of several workers (`(rank, pid)`), taken at the same time, in their
+    /// order.
+    pub fn stacks_of(&self, workers: &[(u32, u32)]) -> Vec<String> {
+        std::thread::scope(|scope| {
+            let taking: Vec<_> = workers
+                .iter()
+                .map(|&(rank, pid)| {
+                    std::thread::Builder::new()
+                        .spawn_scoped(scope, move || self.stacks(rank, pid))
+                        .map_err(|_| (rank, pid))
+                })
+                .collect();
+            taking
+                .into_iter()
+                .map(|t| match t {
+                    Ok(t) => t
+                        .join()
+                        .unwrap_or_else(|_| "no stacks: taking them failed".to_string()),
+                    // No thread to spare: this one takes them.
+                    Err((rank, pid)) => self.stacks(rank, pid),
+                })
+                .collect()
+        })
+    }
+
     /// The Python stacks of worker `rank` (process `pid`): `py-spy dump` when it is installed,
     /// else SIGUSR1 to a worker whose `init()` registered `faulthandler`; else why there are
     /// none.

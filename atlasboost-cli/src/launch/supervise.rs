@@ -1230,15 +1230,11 @@ impl<'a> Supervisor<'a> {
         }
         let mut waiting = Vec::new();
         let mut per_host: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+        let mut local = Vec::new();
         for &lane in stuck {
             let rank = self.workers[lane].rank;
             match (self.running[lane].pid, &self.plan.files) {
-                (Some(pid), Some(files)) => {
-                    let text = files.stacks(rank, pid.as_raw() as u32);
-                    self.save_stacks(lane, &text, &hang.dump_dir, output);
-                    // Taking stacks blocks this loop: nobody's silence meanwhile is theirs.
-                    self.forgive_silence();
-                }
+                (Some(pid), Some(_)) => local.push((lane, rank, pid.as_raw() as u32)),
                 _ => {
                     if let Role::Launcher(remotes) = &mut self.role
                         && let Some(i) = remotes
@@ -1253,6 +1249,16 @@ impl<'a> Supervisor<'a> {
                     }
                 }
             }
+        }
+        if let (false, Some(files)) = (local.is_empty(), &self.plan.files) {
+            // All at once: this loop (and a Ctrl-C) waits for the slowest, not for the sum.
+            let ranks: Vec<(u32, u32)> = local.iter().map(|&(_, rank, pid)| (rank, pid)).collect();
+            let texts = files.stacks_of(&ranks);
+            for (&(lane, _, _), text) in local.iter().zip(texts) {
+                self.save_stacks(lane, &text, &hang.dump_dir, output);
+            }
+            // Taking stacks blocked this loop: nobody's silence meanwhile is theirs.
+            self.forgive_silence();
         }
         // An agent takes its ranks' stacks one after another (py-spy: up to 10 s each).
         let most = per_host.values().copied().max().unwrap_or(0);
