@@ -301,7 +301,7 @@ fn a_hang_dump_takes_every_stuck_ranks_stacks_and_ends_124() {
     let spied = run.dir().join("py-spy.log");
     run.file(
         "bin/py-spy",
-        &format!(
+        format!(
             "#!/bin/sh\necho start >> {log}\nsleep 1\necho end >> {log}\n\
              echo \"Thread 1 (idle): MainThread of $3\"\necho \"    wait_forever (train.py:7)\"\n",
             log = spied.display()

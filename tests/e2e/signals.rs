@@ -182,3 +182,67 @@ fn after_sigint_a_leftover_grandchild_is_stopped_without_waiting_the_grace_time(
     );
     assert_all_gone(&mark, "after SIGINT");
 }
+
+/// A console nobody reads (`| less` left alone, a paused terminal) must not keep the launcher
+/// from hearing a signal: SIGTERM is passed on, the grace time runs, and the launcher ends
+/// 143, saying that it left output unshown, with nothing of the job left behind.
+#[test]
+fn sigterm_is_heard_while_nobody_reads_the_console() {
+    let mark = atlasboost_e2e::unique("stuck-console");
+    // stdout is a pipe that this test holds open and never reads.
+    let (unread, write) = nix::unistd::pipe().unwrap();
+    let mut launcher = std::process::Command::new(atlasboost_e2e::atlasboost_bin())
+        .args(["run", "--sim", "2", "-H", "127.0.0.1", "--grace", "1"])
+        .args(["-x", &format!("ATLASBOOST_E2E_MARK={mark}")])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo ready >&2; exec yes stuck-console-line",
+        ])
+        .current_dir(std::env::temp_dir())
+        .env(LAUNCH_MARK, &mark)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = launcher.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    // Both workers run, and the pipe (64 KiB) is long full.
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = launcher.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(unread);
+    let err = reader.join().unwrap();
+    let status = status.unwrap_or_else(|| {
+        panic!("the launcher did not end within 20 s of SIGTERM (--grace 1)\n{err}")
+    });
+    assert_eq!(status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("the console took nothing more, and SIGTERM asked to stop"),
+        "{err}"
+    );
+    assert_no_process_with_env(
+        "ATLASBOOST_E2E_MARK",
+        &mark,
+        Duration::from_secs(3),
+        "after the launcher whose console nobody read",
+    );
+}

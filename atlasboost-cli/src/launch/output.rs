@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::fs::File;
 use std::io::{self, BufWriter, IsTerminal, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -154,15 +154,33 @@ fn pieces(line: &[u8], max: usize) -> impl Iterator<Item = &[u8]> {
     line.chunks(max).chain(line.is_empty().then_some(empty))
 }
 
+/// How a [`Sink`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Every flush writes everything, waiting for the reader as long as it takes (or up to
+    /// the sink's deadline): a regular file, an agent's channel to its launcher.
+    Whole,
+    /// A console that can block (a pipe, a terminal), on a non-blocking description of its
+    /// own: a flush writes what the reader takes now, and the rest waits in the buffer, so
+    /// that the supervisor's loop goes on (signals, the grace time) while nobody reads.
+    Pending,
+    /// The same for a socket, written with `MSG_DONTWAIT` (a socket cannot be reopened).
+    PendingSocket,
+}
+
 /// A descriptor written with whole buffers; once its reader is gone (`| head`), output to it
 /// is dropped and the job goes on.
 #[derive(Debug)]
 struct Sink {
     file: File,
     buf: Vec<u8>,
+    mode: Mode,
     closed: bool,
     /// A write had to wait for the reader (see [`Output::take_stall`]).
     stalled: bool,
+    /// The last flush left bytes the reader did not take: the next is tried at the end of
+    /// the supervisor's pass, not at every line.
+    behind: bool,
     /// How long a write may wait for a reader that takes nothing (`None`: for ever).
     deadline: Option<Duration>,
     /// The status block every write goes around (on a terminal).
@@ -170,32 +188,113 @@ struct Sink {
 }
 
 impl Sink {
-    fn new(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Sink> {
+    /// A sink that writes whole buffers to (a duplicate of) `fd`.
+    fn new(fd: BorrowedFd<'_>) -> io::Result<Sink> {
         Ok(Sink {
             file: File::from(fd.try_clone_to_owned()?),
             buf: Vec::with_capacity(1 << 16),
+            mode: Mode::Whole,
             closed: false,
             stalled: false,
+            behind: false,
             deadline: None,
             around: None,
         })
     }
 
+    /// A sink for the console `fd` (standard output or error), which never waits for its
+    /// reader where the descriptor allows it: a pipe or a terminal is opened again, on a
+    /// description of its own that can be non-blocking without changing the one the shell
+    /// and other processes share; a socket is sent to with `MSG_DONTWAIT`. A regular file
+    /// never blocks for long, and anything that cannot be opened again is written whole.
+    fn console(fd: BorrowedFd<'_>) -> io::Result<Sink> {
+        use nix::fcntl::OFlag;
+        use nix::sys::stat::{SFlag, fstat};
+        let mut sink = Sink::new(fd)?;
+        let kind = fstat(fd).map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT);
+        match kind {
+            Ok(SFlag::S_IFIFO | SFlag::S_IFCHR) => {
+                use std::os::unix::fs::OpenOptionsExt;
+                let own = std::fs::OpenOptions::new()
+                    .write(true)
+                    // A terminal opened again must not become the controlling one.
+                    .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+                    .open(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                // Without /proc, or a pipe whose reader is gone: written whole, as before.
+                if let Ok(own) = own {
+                    sink.file = own;
+                    sink.mode = Mode::Pending;
+                }
+            }
+            Ok(SFlag::S_IFSOCK) => sink.mode = Mode::PendingSocket,
+            _ => {}
+        }
+        Ok(sink)
+    }
+
+    /// Whether bytes wait for a reader that has not taken them yet.
+    fn waiting(&self) -> bool {
+        !self.closed && !self.buf.is_empty()
+    }
+
     fn flush(&mut self) {
-        if !self.closed && !self.buf.is_empty() {
-            let started = Instant::now();
-            let write = || write_fully(&self.file, &self.buf, self.deadline).is_err();
-            self.closed = match &self.around {
-                // The block is taken away, the lines written, and the block drawn below them.
-                Some(block) => block.suspend(write),
-                None => write(),
-            };
-            if started.elapsed() >= STALL {
+        if self.closed || self.buf.is_empty() {
+            self.buf.clear();
+            return;
+        }
+        let started = Instant::now();
+        let (file, buf, mode, deadline) = (&self.file, &self.buf, self.mode, self.deadline);
+        let write = || match mode {
+            Mode::Whole => write_fully(file, buf, deadline).map(|()| buf.len()),
+            Mode::Pending | Mode::PendingSocket => write_now(file, buf, mode),
+        };
+        let written = match &self.around {
+            // The block is taken away, the lines written, and the block drawn below them.
+            Some(block) => block.suspend(write),
+            None => write(),
+        };
+        self.behind = false;
+        match written {
+            Ok(n) if n == self.buf.len() => self.buf.clear(),
+            Ok(n) => {
+                self.buf.drain(..n);
                 self.stalled = true;
+                self.behind = true;
+            }
+            Err(_) => {
+                self.closed = true;
+                self.buf.clear();
             }
         }
-        self.buf.clear();
+        if started.elapsed() >= STALL {
+            self.stalled = true;
+        }
     }
+}
+
+/// Writes what the reader takes now, without waiting: the bytes written.
+fn write_now(file: &File, buf: &[u8], mode: Mode) -> io::Result<usize> {
+    use nix::sys::socket::{MsgFlags, send};
+    let mut done = 0;
+    while done < buf.len() {
+        let wrote = match mode {
+            Mode::PendingSocket => send(
+                file.as_raw_fd(),
+                &buf[done..],
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            )
+            .map_err(io::Error::from),
+            _ => (&*file).write(&buf[done..]),
+        };
+        match wrote {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
 }
 
 /// Writes all of `buf`, also to a descriptor someone left non-blocking: on `EAGAIN` it waits
@@ -308,8 +407,8 @@ impl Output {
             });
         }
         let mut output = Output {
-            out: Sink::new(io::stdout().as_fd()).map_err(console)?,
-            err: Sink::new(io::stderr().as_fd()).map_err(console)?,
+            out: Sink::console(io::stdout().as_fd()).map_err(console)?,
+            err: Sink::console(io::stderr().as_fd()).map_err(console)?,
             options,
             stamp: Vec::new(),
             lanes,
@@ -352,7 +451,11 @@ impl Output {
     pub fn upstream_to(connection: OwnedFd, ranks: &[u32]) -> Result<Output, CliError> {
         let mut output = Output::new(OutputOptions::default(), ranks)?;
         output.upstream = true;
+        // Frames are written whole (within the deadline below), and so are messages.
         output.out.file = File::from(connection);
+        output.out.mode = Mode::Whole;
+        output.err =
+            Sink::new(io::stderr().as_fd()).map_err(|e| CliError::system("use the console")(e))?;
         // The launcher reads this; if it stops reading for as long as it may stay silent, it
         // is gone (a machine that lost its network closes nothing), and the agent must not
         // block for ever holding its workers.
@@ -494,7 +597,7 @@ impl Output {
         }
         sink.buf.extend_from_slice(line);
         sink.buf.push(b'\n');
-        if sink.buf.len() >= 1 << 16 {
+        if sink.buf.len() >= 1 << 16 && !sink.behind {
             sink.flush();
         }
     }
@@ -544,6 +647,95 @@ impl Output {
     /// must not count against them.
     pub fn take_stall(&mut self) -> bool {
         std::mem::take(&mut self.out.stalled) | std::mem::take(&mut self.err.stalled)
+    }
+
+    /// Bytes of the console's that its reader has not taken yet (see [`Mode::Pending`]).
+    pub fn backlog(&self) -> usize {
+        [&self.out, &self.err]
+            .iter()
+            .filter(|s| s.waiting())
+            .map(|s| s.buf.len())
+            .sum()
+    }
+
+    /// The console's descriptors that have bytes waiting for their reader, to wait until it
+    /// takes some (`POLLOUT`).
+    pub fn waiting_fds(&self) -> Vec<BorrowedFd<'_>> {
+        [&self.out, &self.err]
+            .into_iter()
+            .filter(|s| s.waiting() && s.mode != Mode::Whole)
+            .map(|s| s.file.as_fd())
+            .collect()
+    }
+
+    /// The supervisor held the workers' output back for the console: nobody could be heard
+    /// meanwhile (see [`Output::take_stall`]).
+    pub fn held_back(&mut self) {
+        self.out.stalled = true;
+    }
+
+    /// At the end: waits until the console has taken every byte, for at most `limit`
+    /// (`None`: as long as it takes), or until a signal arrives on `interrupt` (the
+    /// launcher's signalfd, not read here). What is left then is dropped, and said on stderr
+    /// if stderr can take it. The log files (`--log-dir`) have everything.
+    pub fn drain_console(&mut self, interrupt: BorrowedFd<'_>, limit: Option<Duration>) {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        self.flush();
+        let until = limit.map(|l| Instant::now() + l);
+        loop {
+            let left = until.map(|t| t.saturating_duration_since(Instant::now()));
+            let waiting = self.waiting_fds();
+            if waiting.is_empty() {
+                return;
+            }
+            let mut fds: Vec<PollFd<'_>> = waiting
+                .into_iter()
+                .map(|fd| PollFd::new(fd, PollFlags::POLLOUT))
+                .collect();
+            fds.push(PollFd::new(interrupt, PollFlags::POLLIN));
+            let timeout = left.map_or(PollTimeout::NONE, |l| {
+                PollTimeout::try_from(l).unwrap_or(PollTimeout::MAX)
+            });
+            let ready = poll(&mut fds, timeout).unwrap_or(0);
+            let signalled = fds
+                .last()
+                .and_then(PollFd::revents)
+                .is_some_and(|r| !r.is_empty());
+            drop(fds);
+            if ready == 0 || signalled {
+                self.give_up_console(&match signalled {
+                    true => "a signal came".to_string(),
+                    false => format!("it took nothing for {:.0?}", limit.unwrap_or_default()),
+                });
+                return;
+            }
+            self.flush();
+        }
+    }
+
+    /// Drops what the console has not taken, and every line after it (the log files still
+    /// get them), saying so on stderr if stderr can take it: the console took nothing, and
+    /// `why` it is not waited for.
+    pub fn give_up_console(&mut self, why: &str) {
+        let dropped = self.out.buf.len() + self.err.buf.len();
+        let note = format!(
+            "atlasboost: the console took nothing more, and {why}: {dropped} bytes of output, and \
+             the lines after them, are not shown{}\n",
+            match &self.options.log_dir {
+                Some(dir) => format!(" (the logs in {} have them)", dir.display()),
+                None => String::new(),
+            }
+        );
+        self.out.buf.clear();
+        self.out.closed = true;
+        // Said only where it can be: stderr may be the console that took nothing.
+        if self.err.waiting() {
+            self.err.buf.clear();
+            self.err.closed = true;
+        } else {
+            self.err.buf.extend_from_slice(note.as_bytes());
+            self.err.flush();
+        }
     }
 
     /// How many lines worker `lane` has printed.

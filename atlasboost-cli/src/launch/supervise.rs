@@ -55,6 +55,10 @@ const HANDLED: [Signal; 4] = [
 /// their groups may hold their pipes open).
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 
+/// Bytes waiting for the console beyond which the workers' output is no longer read until it
+/// takes some.
+const HOLD_BACK: usize = 1 << 20;
+
 /// How often the workers' progress (lines, heartbeats) is looked at.
 const WATCH_EVERY: Duration = Duration::from_millis(250);
 
@@ -440,6 +444,8 @@ enum Source {
     Knock(usize),
     /// mpirun's stdout or stderr.
     MpirunPipe(usize),
+    /// The console, which has bytes waiting for its reader, can take more.
+    Console,
 }
 
 /// Starts every local worker and supervises the job to the end.
@@ -899,7 +905,11 @@ impl<'a> Supervisor<'a> {
             p.split.finish(&mut |l| output.line(p.lane, p.stream, l));
         }
         self.pipes.clear();
-        output.flush();
+        // Every worker is gone: what the console has not taken yet is waited for, but not
+        // after a signal (the one that stopped the job, for at most the grace time, or a next
+        // one).
+        let limit = self.interrupted.map(|_| self.grace);
+        output.drain_console(signals.fd(), limit);
         output.end_status();
     }
 
@@ -976,7 +986,9 @@ impl<'a> Supervisor<'a> {
                 },
             );
         }
-        if groups_gone && !self.pipes.is_empty() && self.drain_until.is_none() {
+        // Pipes not read while the console holds the output back are not held by anyone.
+        let held = output.backlog() >= HOLD_BACK;
+        if groups_gone && !self.pipes.is_empty() && self.drain_until.is_none() && !held {
             // Every group is empty, yet a pipe is open: a process that left its group
             // (setsid) holds it. Read what comes for a while, not forever.
             self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
@@ -1338,11 +1350,34 @@ impl<'a> Supervisor<'a> {
 
     /// Waits for output, exits, signals or messages once, and handles what came.
     fn poll_once(&mut self, signals: &Signals, output: &mut Output, timeout: PollTimeout) {
+        // A console that takes nothing holds the output back: what brings more lines is not
+        // read until it takes some (the workers then wait on their pipes, as they would for a
+        // console written whole), while signals, exits and the grace time go on.
+        let mut held = output.backlog() >= HOLD_BACK;
+        if held
+            && let (Some(signal), Some((since, _))) = (self.interrupted, self.stopping)
+            && since.elapsed() >= self.grace
+        {
+            // Asked to stop, and the grace time is over: the console is not waited for.
+            output.give_up_console(&format!(
+                "{} asked to stop {:.0?} ago",
+                signal.as_str(),
+                self.grace
+            ));
+            held = false;
+        }
+        if held {
+            output.held_back();
+        }
         let ready: Vec<Source> = {
             let mut fds = Vec::with_capacity(self.pipes.len() + 4);
             let mut sources = Vec::with_capacity(self.pipes.len() + 4);
             fds.push(PollFd::new(signals.fd(), PollFlags::POLLIN));
             sources.push(Source::Signals);
+            for fd in output.waiting_fds() {
+                fds.push(PollFd::new(fd, PollFlags::POLLOUT));
+                sources.push(Source::Console);
+            }
             match &self.role {
                 Role::Agent(up) => {
                     if let Some(fd) = &up.fd {
@@ -1353,18 +1388,19 @@ impl<'a> Supervisor<'a> {
                         watch_session(h, r, &mut fds, &mut sources);
                     }
                 }
-                Role::Launcher(remotes) => {
+                Role::Launcher(remotes) if !held => {
                     for (h, r) in remotes.iter().enumerate() {
                         watch_session(h, r, &mut fds, &mut sources);
                     }
                 }
+                Role::Launcher(_) => {}
             }
-            for (i, p) in self.pipes.iter().enumerate() {
+            for (i, p) in self.pipes.iter().enumerate().filter(|_| !held) {
                 fds.push(PollFd::new(p.fd.as_fd(), PollFlags::POLLIN));
                 sources.push(Source::Pipe(i));
             }
             if let Some(m) = &self.mpirun {
-                for (i, (fd, _)) in m.pipes.iter().enumerate() {
+                for (i, (fd, _)) in m.pipes.iter().enumerate().filter(|_| !held) {
                     fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
                     sources.push(Source::MpirunPipe(i));
                 }
@@ -1393,6 +1429,8 @@ impl<'a> Supervisor<'a> {
         let (mut listening, mut knocks) = (false, Vec::new());
         for source in ready {
             match source {
+                // Written below, with everything else.
+                Source::Console => {}
                 Source::Door => listening = true,
                 Source::Knock(i) => knocks.push(i),
                 Source::MpirunPipe(i) => {
@@ -1438,6 +1476,10 @@ impl<'a> Supervisor<'a> {
     /// Up to 16 reads: a bounded number per poll keeps one chatty worker from starving the rest.
     fn read_some(buf: &mut [u8], p: &mut Pipe, output: &mut Output) -> PipeState {
         for _ in 0..16 {
+            // A console that does not keep up holds the output back, within a pass too.
+            if output.backlog() >= HOLD_BACK {
+                return PipeState::More;
+            }
             match nix::unistd::read(&p.fd, buf) {
                 Ok(0) => {
                     p.split.finish(&mut |l| output.line(p.lane, p.stream, l));
