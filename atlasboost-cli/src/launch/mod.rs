@@ -85,9 +85,14 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     // loaded below, may): every thread must inherit the blocked mask.
     let signals = Signals::block()?;
     let slurm = uses_slurm(args)?;
-    let hosts = plan_hosts(args, slurm, printer)?;
+    // Until the first process starts, a signal ends the launcher at once: reading a hostfile,
+    // resolving names or loading the driver may block for long.
+    let hosts =
+        signals.exit_on_signal_during("reading the hosts", || plan_hosts(args, slurm, printer))?;
     // Refuse what cannot work before anything starts.
-    atlasboost::probe::make_probe(&args.discovery, &hosts[0].server_id)?;
+    signals.exit_on_signal_during("loading the device probe", || {
+        atlasboost::probe::make_probe(&args.discovery, &hosts[0].server_id)
+    })?;
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
@@ -972,7 +977,9 @@ fn local_reports(launch: &Launch<'_>) -> Result<LocalReports, CliError> {
 fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joined, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
     let started = Instant::now();
-    let (mut reports, local_devices) = local_reports(launch)?;
+    // The driver may retry for seconds; no process of the attempt has started yet.
+    let (mut reports, local_devices) = signals
+        .exit_on_signal_during("probing this machine's devices", || local_reports(launch))?;
     let remote_index: Vec<usize> = (0..hosts.len()).filter(|&i| !hosts[i].local).collect();
     if remote_index.is_empty() {
         // Every host is this machine: the launcher decides at once.

@@ -132,6 +132,65 @@ impl Signals {
         Ok(Signals { fd })
     }
 
+    /// Runs `work`, which may block for long before anything of the job has started (a
+    /// hostfile on a hung mount, the driver's retries, a slow name service), so that a SIGINT,
+    /// SIGTERM or SIGHUP meanwhile still ends the launcher at once, with 128 + N, as if
+    /// atlasboost did not handle signals: there is nothing to stop yet. `doing` says what it
+    /// was doing (`probing this machine's devices`).
+    ///
+    /// A thread watches a signalfd of its own for the three; the handled signals stay blocked
+    /// in every thread, as [`Signals::block`] needs.
+    pub fn exit_on_signal_during<T>(&self, doing: &str, work: impl FnOnce() -> T) -> T {
+        let mut set = SigSet::empty();
+        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            set.add(s);
+        }
+        let (Ok(watched), Ok((done_read, done_write))) = (
+            SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC),
+            nix::unistd::pipe2(OFlag::O_CLOEXEC),
+        ) else {
+            // Without them, the signal is heard once the work is done, as before.
+            return work();
+        };
+        let note = format!("while {doing}");
+        let watcher = std::thread::Builder::new()
+            .name("ab-signals".into())
+            .spawn(move || {
+                let mut fds = [
+                    PollFd::new(watched.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(done_read.as_fd(), PollFlags::POLLIN),
+                ];
+                loop {
+                    match poll(&mut fds, PollTimeout::NONE) {
+                        Err(Errno::EINTR) => continue,
+                        Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                        return;
+                    }
+                    if let Ok(Some(info)) = watched.read_signal()
+                        && let Ok(signal) = Signal::try_from(info.ssi_signo as i32)
+                    {
+                        let line = format!(
+                            "atlasboost: got {} {note}, before anything started; exiting\n",
+                            signal.as_str()
+                        );
+                        // No lock of the main thread's is taken: it may hold one, blocked.
+                        let _ = nix::unistd::write(std::io::stderr(), line.as_bytes());
+                        std::process::exit(128 + signal as i32);
+                    }
+                }
+            });
+        let result = work();
+        let _ = nix::unistd::write(&done_write, b"x");
+        if let Ok(watcher) = watcher {
+            // Until it returns, a signal it took still ends the process here.
+            let _ = watcher.join();
+        }
+        result
+    }
+
     /// The signals received since the last call, in order.
     pub fn pending(&self) -> Vec<Signal> {
         let mut got = Vec::new();

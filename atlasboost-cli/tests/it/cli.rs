@@ -2144,3 +2144,68 @@ fn events_follow_the_schema_through_a_failing_job() {
         .collect();
     assert_eq!(table["sha256"], sha);
 }
+
+/// Before anything of the job has started, `run` may block for long: a hostfile that is a
+/// FIFO nobody writes (or on a hung mount), a driver that answers "try again" for its whole
+/// retry time. A signal then ends it at once with 128 + N, naming what it was doing.
+#[test]
+fn a_signal_before_anything_started_ends_run_at_once() {
+    let dir = tempdir();
+    let fifo = dir.path().join("hosts");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let fifo = fifo.to_string_lossy().into_owned();
+    let fault = "try-again:dsmi_get_device_count=100000";
+    let cases: [(&[&str], &[(&str, &str)], _, _); 2] = [
+        (
+            &["run", "--sim", "2", "--hostfile", &fifo, "--", "true"],
+            &[],
+            nix::sys::signal::Signal::SIGINT,
+            "got SIGINT while reading the hosts, before anything started",
+        ),
+        (
+            &["run", "--probe", "dsmi", "--", "true"],
+            &[
+                ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+                ("ATLASBOOST_FAKE_DSMI_FAULTS", fault),
+                ("ATLASBOOST_DSMI_RETRY_SECS", "60"),
+            ],
+            nix::sys::signal::Signal::SIGTERM,
+            "got SIGTERM while probing this machine's devices, before anything started",
+        ),
+    ];
+    for (args, env, signal, says) in cases {
+        let mut cmd = command(dir.path(), args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Long enough to be blocked where the case blocks.
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+        // Bounded: without the fix it would wait for the FIFO (for ever) or the retries (60 s).
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                panic!("{args:?}: still running 20 s after {signal}")
+            })
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(128 + signal as i32),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
