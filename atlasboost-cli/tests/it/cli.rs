@@ -2150,16 +2150,19 @@ fn events_follow_the_schema_through_a_failing_job() {
 /// retry time. A signal then ends it at once with 128 + N, naming what it was doing.
 #[test]
 fn a_signal_before_anything_started_ends_run_at_once() {
+    use nix::sys::signal::Signal;
     let dir = tempdir();
     let fifo = dir.path().join("hosts");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let fifo = fifo.to_string_lossy().into_owned();
     let fault = "try-again:dsmi_get_device_count=100000";
-    let cases: [(&[&str], &[(&str, &str)], _, _); 2] = [
+    /// Arguments, environment, the signal, and what the launcher says of it.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], Signal, &'a str);
+    let cases: [Case; 2] = [
         (
             &["run", "--sim", "2", "--hostfile", &fifo, "--", "true"],
             &[],
-            nix::sys::signal::Signal::SIGINT,
+            Signal::SIGINT,
             "got SIGINT while reading the hosts, before anything started",
         ),
         (
@@ -2169,7 +2172,7 @@ fn a_signal_before_anything_started_ends_run_at_once() {
                 ("ATLASBOOST_FAKE_DSMI_FAULTS", fault),
                 ("ATLASBOOST_DSMI_RETRY_SECS", "60"),
             ],
-            nix::sys::signal::Signal::SIGTERM,
+            Signal::SIGTERM,
             "got SIGTERM while probing this machine's devices, before anything started",
         ),
     ];
@@ -2196,7 +2199,7 @@ fn a_signal_before_anything_started_ends_run_at_once() {
         let out = rx
             .recv_timeout(std::time::Duration::from_secs(20))
             .unwrap_or_else(|_| {
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
                 panic!("{args:?}: still running 20 s after {signal}")
             })
             .unwrap();
