@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use atlasboost_core::{
     Device, DeviceList, DeviceProbe, DeviceSample, EnvVars, Telemetry, select_devices,
 };
-use atlasboost_dsmi::{DsmiError, DsmiProbe, HCCN_CONF, HccnProbe};
+use atlasboost_dsmi::{DsmiError, DsmiProbe, HCCN_CONF, HccnProbe, VisibleDevices};
 use atlasboost_sim::SimProbe;
 
 use crate::settings::{Discovery, Origin, ProbeKind, Setting};
@@ -70,6 +70,9 @@ pub enum ProbeError {
         /// The hccn.conf looked for.
         hccn: PathBuf,
     },
+    /// `ASCEND_RT_VISIBLE_DEVICES` (applied to simulated devices too) is malformed.
+    #[error(transparent)]
+    Visible(DsmiError),
     /// The probe ran and failed.
     #[error(transparent)]
     Probe(#[from] atlasboost_core::Error),
@@ -112,9 +115,10 @@ pub fn make_probe(
 ) -> Result<Box<dyn DeviceProbe>, ProbeError> {
     let origin = discovery.origin;
     match (discovery.probe, discovery.sim) {
-        (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => {
-            Ok(Box::new(sim_probe(discovery, server_id, n)?))
-        }
+        (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => Ok(Box::new(SimVisible {
+            sim: sim_probe(discovery, server_id, n)?,
+            visible: VisibleDevices::from_env().map_err(ProbeError::Visible)?,
+        })),
         (ProbeKind::Sim, None) => Err(ProbeError::SimWithoutCount { origin }),
         (kind @ (ProbeKind::Dsmi | ProbeKind::Hccn), Some(_)) => {
             Err(ProbeError::SimAndReal { origin, kind })
@@ -154,6 +158,32 @@ fn sim_probe(discovery: &Discovery, server_id: &str, n: u32) -> Result<SimProbe,
         .with_ipv6(discovery.sim_ipv6)
         .with_faults_from_env()
         .map_err(ProbeError::Sim)
+}
+
+/// Simulated devices as a process under `ASCEND_RT_VISIBLE_DEVICES` sees them: only the
+/// listed logical ids, renumbered from 0, as the driver's probes apply it. (The workers
+/// inherit the variable; without this, two ranks would be given one device.)
+struct SimVisible {
+    sim: SimProbe,
+    visible: VisibleDevices,
+}
+
+impl DeviceProbe for SimVisible {
+    fn name(&self) -> &str {
+        self.sim.name()
+    }
+
+    fn probe(&self) -> atlasboost_core::Result<Vec<Device>> {
+        let devices = self.sim.probe()?;
+        let server_id = devices.first().map(|d| d.server_id.clone());
+        self.visible
+            .apply_runtime(devices)
+            .map_err(|e| atlasboost_core::Error::Probe {
+                probe: "sim".into(),
+                server_id: server_id.unwrap_or_default(),
+                source: Box::new(e),
+            })
+    }
 }
 
 /// No telemetry: every metric absent (hccn.conf describes addresses, not load).

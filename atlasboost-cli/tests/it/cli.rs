@@ -1929,6 +1929,32 @@ fn every_framework_selects_the_tables_device_with_subsets_and_container_views() 
         "{}",
         out.stdout
     );
+    // The launcher itself under the runtime's visible list, with simulated devices: it sees
+    // logical 1 and 3 of 4, renumbered 0-1, and maps them back for the workers.
+    let out = run_env(
+        dir.path(),
+        &["run", "-q", "--sim", "4", "--", "python3", worker],
+        &[("ASCEND_RT_VISIBLE_DEVICES", "1,3")],
+    );
+    out.expect_code(SUCCESS);
+    let got = selected_devices(&out);
+    assert_eq!(
+        got,
+        vec![
+            ("1".to_string(), ["1", "1", "1"].map(String::from)),
+            ("3".to_string(), ["3", "3", "3"].map(String::from)),
+        ],
+        "{}",
+        out.stdout
+    );
+    // A value that names a device the host does not have is the variable's error.
+    run_env(
+        dir.path(),
+        &["probe", "--sim", "2"],
+        &[("ASCEND_RT_VISIBLE_DEVICES", "5")],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&["ASCEND_RT_VISIBLE_DEVICES=\"5\"", "device 5"]);
 }
 
 /// `probe --watch --json` through the fake driver (`dlopen`): one JSON line per sample with the
