@@ -279,7 +279,7 @@ pub struct RunArgs {
 
     /// Where every host writes the cluster rank table (relative to --wdir); one running job per
     /// path on each host.
-    #[arg(long, value_name = "PATH", default_value = "rank_table.json")]
+    #[arg(long, value_name = "PATH", default_value = "rank_table.json", value_parser = parse_table_path)]
     pub rank_table: PathBuf,
 
     /// Rank table format.
@@ -328,12 +328,14 @@ pub struct RunArgs {
     pub max_restarts: u32,
 
     /// Seconds before the first restart, doubling for each one after it up to 30.
-    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_seconds_or_zero)]
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_seconds_or_zero,
+          requires = "max_restarts")]
     pub restart_delay: Duration,
 
     /// The smallest world a restart may shrink to, leaving out unhealthy devices and lost hosts
     /// [default: the first attempt's size: no shrinking].
-    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..),
+          requires = "max_restarts")]
     pub min_np: Option<u32>,
 
     /// Fail the attempt (exit 124) when a rank shows no progress, no output line and no
@@ -384,7 +386,7 @@ pub struct RunArgs {
 
     /// With --mpi: the address the ranks' relays reach the launcher at [default: this machine's
     /// address on the route to the first remote host].
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", requires = "mpi")]
     pub rendezvous_addr: Option<std::net::IpAddr>,
 
     /// The network interface of the hosts (a name, or an IPv4 network such as 10.0.0.0/24): this
@@ -448,6 +450,15 @@ pub fn normalize_args(args: Vec<OsString>) -> Vec<OsString> {
             }
         })
         .collect()
+}
+
+/// A rank table's path: HCCL loads only names that end in `.json`.
+fn parse_table_path(s: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(s);
+    match path.extension().is_some_and(|e| e == "json") {
+        true => Ok(path),
+        false => Err("HCCL only loads rank tables whose name ends in .json".into()),
+    }
 }
 
 fn parse_nic(s: &str) -> Result<NicChoice, String> {

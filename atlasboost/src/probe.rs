@@ -30,6 +30,14 @@ pub enum ProbeError {
         /// The real probe asked for.
         kind: ProbeKind,
     },
+    /// `--hccn-conf` given with a probe that never reads it.
+    #[error("{other} does not read hccn.conf: --hccn-conf {} would be ignored; drop one of them", path.display())]
+    HccnConfUnused {
+        /// The flag that picks another source (`--sim`, `--probe dsmi`).
+        other: &'static str,
+        /// The hccn.conf given.
+        path: PathBuf,
+    },
     /// The simulated devices' settings (`ATLASBOOST_SIM_FAULTS`) are malformed.
     #[error(transparent)]
     Sim(atlasboost_core::Error),
@@ -91,7 +99,9 @@ impl ProbeError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            ProbeError::SimWithoutCount { .. } | ProbeError::SimAndReal { .. }
+            ProbeError::SimWithoutCount { .. }
+                | ProbeError::SimAndReal { .. }
+                | ProbeError::HccnConfUnused { .. }
         )
     }
 }
@@ -114,6 +124,21 @@ pub fn make_probe(
     server_id: &str,
 ) -> Result<Box<dyn DeviceProbe>, ProbeError> {
     let origin = discovery.origin;
+    // A flag the chosen probe never reads is an error, not a silent no-op. (A variable may be
+    // set machine-wide, for other jobs: only the flag is refused.)
+    if let (Some(path), Origin::CommandLine) = (&discovery.hccn_conf, origin) {
+        let other = match (discovery.probe, discovery.sim) {
+            (_, Some(_)) => Some("--sim"),
+            (ProbeKind::Dsmi, None) => Some("--probe dsmi"),
+            _ => None,
+        };
+        if let Some(other) = other {
+            return Err(ProbeError::HccnConfUnused {
+                other,
+                path: path.clone(),
+            });
+        }
+    }
     match (discovery.probe, discovery.sim) {
         (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => Ok(Box::new(SimVisible {
             sim: sim_probe(discovery, server_id, n)?,

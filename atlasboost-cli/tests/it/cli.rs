@@ -1671,7 +1671,17 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     run(
         dir.path(),
         &[
-            "run", "--sim", "4", "-n", "4", "--min-np", "8", "--", "true",
+            "run",
+            "--sim",
+            "4",
+            "-n",
+            "4",
+            "--max-restarts",
+            "1",
+            "--min-np",
+            "8",
+            "--",
+            "true",
         ],
     )
     .expect_code(USAGE)
@@ -1681,7 +1691,17 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     run(
         dir.path(),
         &[
-            "run", "--sim", "2", "--min-np", "3", "--", "sh", "-c", "echo RAN",
+            "run",
+            "--sim",
+            "2",
+            "--max-restarts",
+            "1",
+            "--min-np",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo RAN",
         ],
     )
     .expect_code(USAGE)
@@ -1694,7 +1714,7 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     .stderr_has(&["--hang-timeout"]);
     for flags in [
         &["--max-restarts", "1"][..],
-        &["--min-np", "1"],
+        &["--max-restarts", "1", "--min-np", "1"],
         &["--hang-timeout", "5"],
     ] {
         let mut args = vec!["run", "--mpi", "--sim", "2"];
@@ -1710,6 +1730,31 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     )
     .expect_code(USAGE)
     .stderr_has(&["--hang-timeout"]);
+    // Flags that only mean something with another are refused without it, never ignored.
+    for (flags, needs) in [
+        (&["--min-np", "1"][..], "--max-restarts"),
+        (&["--restart-delay", "5"], "--max-restarts"),
+        (&["--rendezvous-addr", "127.0.0.1"], "--mpi"),
+        (
+            &["--hccn-conf", "/etc/hccn.conf"],
+            "--sim does not read hccn.conf",
+        ),
+    ] {
+        let mut args = vec!["run", "--sim", "2"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", "echo RAN"]);
+        let out = run(dir.path(), &args);
+        out.expect_code(USAGE).stderr_has(&[needs]);
+        assert!(!out.stdout.contains("RAN"), "{flags:?}: {}", out.stdout);
+    }
+    // HCCL loads only tables named *.json.
+    run(
+        dir.path(),
+        &["run", "--sim", "2", "--rank-table", "t.txt", "--", "true"],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--rank-table", ".json"]);
+    assert!(!dir.path().join("t.txt").exists());
 }
 
 /// The fixtures of what HCCL only warns about (atlasboost-core/tests/fixtures/warning): each
