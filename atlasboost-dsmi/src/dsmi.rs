@@ -31,7 +31,8 @@ const CHIP_WITHOUT_CHIP_INFO: &str = "910";
 /// else each directory of `$LD_LIBRARY_PATH`, then the driver's own directories, each with
 /// `libdrvdsmi_host.so` first and `libdrvdsmi.so` second.
 pub fn library_candidates() -> Vec<PathBuf> {
-    if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB) {
+    // Empty counts as unset, as for every variable.
+    if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB).filter(|f| !f.is_empty()) {
         return vec![PathBuf::from(file)];
     }
     let mut dirs: Vec<PathBuf> = std::env::var_os(EnvVars::LD_LIBRARY_PATH)

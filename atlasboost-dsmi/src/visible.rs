@@ -30,6 +30,11 @@ impl VisibleDevices {
         let read = |name: &'static str| -> Result<Option<Vec<u32>>, DsmiError> {
             match std::env::var(name) {
                 Ok(v) if !v.trim().is_empty() => parse_list(name, &v).map(Some),
+                Err(std::env::VarError::NotUnicode(v)) => Err(DsmiError::BadVisible {
+                    variable: name,
+                    value: v.to_string_lossy().into_owned(),
+                    reason: "is not UTF-8".into(),
+                }),
                 _ => Ok(None),
             }
         };

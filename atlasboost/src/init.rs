@@ -1367,9 +1367,8 @@ fn server_id() -> Result<String, InitError> {
 
 /// `ATLASBOOST_RANK_TABLE_FILE`, else `rank_table.json` in the current directory.
 fn table_path() -> Result<PathBuf, InitError> {
-    let path = PathBuf::from(
-        env(EnvVars::ATLASBOOST_RANK_TABLE_FILE).unwrap_or_else(|| "rank_table.json".into()),
-    );
+    let path = crate::settings::env_path(EnvVars::ATLASBOOST_RANK_TABLE_FILE)
+        .unwrap_or_else(|| "rank_table.json".into());
     if path.is_absolute() {
         return Ok(path);
     }
@@ -1560,8 +1559,8 @@ fn private_dir() -> Result<PathBuf, InitError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 
     let uid = nix::unistd::geteuid().as_raw();
-    let dir = match env(EnvVars::XDG_RUNTIME_DIR) {
-        Some(runtime) => PathBuf::from(runtime).join("atlasboost"),
+    let dir = match crate::settings::env_path(EnvVars::XDG_RUNTIME_DIR) {
+        Some(runtime) => runtime.join("atlasboost"),
         None => std::env::temp_dir().join(format!("atlasboost-{uid}")),
     };
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {

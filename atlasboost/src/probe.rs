@@ -259,7 +259,7 @@ fn hccn_conf(discovery: &Discovery) -> PathBuf {
     discovery
         .hccn_conf
         .clone()
-        .or_else(|| std::env::var_os(EnvVars::ATLASBOOST_HCCN_CONF).map(PathBuf::from))
+        .or_else(|| crate::settings::env_path(EnvVars::ATLASBOOST_HCCN_CONF))
         .unwrap_or_else(|| PathBuf::from(HCCN_CONF))
 }
 

@@ -181,9 +181,19 @@ impl Discovery {
     }
 }
 
-/// A variable's value in library mode; empty (or blank) counts as unset.
+/// A variable's value in library mode; empty (or blank) counts as unset. A value that is not
+/// UTF-8 is read with its bad bytes replaced (U+FFFD), so that it is refused by name where it
+/// is parsed, not taken for unset.
 pub(crate) fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    let value = std::env::var_os(name)?;
+    Some(value.to_string_lossy().into_owned()).filter(|v| !v.trim().is_empty())
+}
+
+/// A path variable's value, as bytes (a path need not be UTF-8); empty counts as unset.
+pub(crate) fn env_path(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
 }
 
 /// A number of seconds more than 0 (possibly fractional): `--rendezvous-timeout`,

@@ -496,6 +496,33 @@ fn library_mode_names_the_variables_the_user_set_not_flags() {
     assert!(!err.contains("--sim"), "no flag in library mode: {err}");
 }
 
+/// A value that is not UTF-8 is that variable's error, not taken for unset (which would pick
+/// the defaults: the driver, this host's address).
+#[test]
+fn a_variable_that_is_not_utf8_is_named() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"sim\xff");
+    for (name, says) in [
+        (
+            "ATLASBOOST_PROBE",
+            "ATLASBOOST_PROBE=sim\u{fffd}: expected auto",
+        ),
+        (
+            "ATLASBOOST_SIM",
+            "ATLASBOOST_SIM=sim\u{fffd}: expected a number",
+        ),
+        ("ATLASBOOST_SERVER_ID", "ATLASBOOST_SERVER_ID"),
+    ] {
+        let f = Run::new::<[&str; 0], &str>([])
+            .program(init_worker_bin())
+            .env("ATLASBOOST_SIM", "2")
+            .env(name, bad)
+            .run();
+        f.assert_code(1);
+        assert!(f.err().contains(says), "{name}: {}", f.describe());
+    }
+}
+
 /// A host with no IPv4 address (a network namespace with only loopback) has no `server_id`:
 /// library mode fails as the launcher does, each saying how to give one.
 #[test]

@@ -2283,3 +2283,36 @@ fn a_signal_before_anything_started_ends_run_at_once() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// A variable that is not UTF-8 is named, not taken for unset; an empty path variable is
+/// unset, as every empty variable is, not a path named "".
+#[test]
+fn odd_variable_values_are_named_or_unset_never_guessed() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempdir();
+    let out = command(dir.path(), &["probe", "--sim", "2"])
+        .env(
+            "ASCEND_RT_VISIBLE_DEVICES",
+            std::ffi::OsStr::from_bytes(b"\xff1"),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(FAILURE));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ASCEND_RT_VISIBLE_DEVICES=") && err.contains("is not UTF-8"),
+        "{err}"
+    );
+    // Empty: the default file is the one looked for.
+    if Path::new("/etc/hccn.conf").exists() {
+        eprintln!("skipping the empty ATLASBOOST_HCCN_CONF case: this machine has /etc/hccn.conf");
+        return;
+    }
+    run_env(
+        dir.path(),
+        &["probe", "--probe", "hccn"],
+        &[("ATLASBOOST_HCCN_CONF", "")],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&["/etc/hccn.conf does not exist"]);
+}
