@@ -155,6 +155,20 @@ pub trait DeviceProbe: Send + Sync {
     fn probe(&self) -> Result<Vec<Device>>;
 }
 
+/// Why `ip` cannot be a device's RoCE address, which other servers' devices connect to: the
+/// unspecified address (the device has none), the broadcast address, a multicast address, or a
+/// loopback address (no other server reaches it). `None` for an address that can be one.
+#[must_use]
+pub fn device_ip_problem(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        _ if ip.is_unspecified() => Some("the unspecified address (the device has none)"),
+        IpAddr::V4(v4) if v4.is_broadcast() => Some("the broadcast address"),
+        _ if ip.is_multicast() => Some("a multicast address"),
+        _ if ip.is_loopback() => Some("a loopback address, which no other server reaches"),
+        _ => None,
+    }
+}
+
 /// A set of physical device ids as given on the command line: `0-3`, `0,1,4`, `0-1,6-7`.
 /// Serialised as that text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

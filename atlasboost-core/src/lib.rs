@@ -55,7 +55,9 @@ pub mod time;
 pub mod worker_env;
 mod world;
 
-pub use device::{Chip, Device, DeviceList, DeviceProbe, Health, parse_id_list, select_devices};
+pub use device::{
+    Chip, Device, DeviceList, DeviceProbe, Health, device_ip_problem, parse_id_list, select_devices,
+};
 pub use env_vars::EnvVars;
 pub use error::{BoxError, Error, Result};
 pub use rendezvous::Rendezvous;

@@ -63,6 +63,12 @@ pub fn parse_hccn_conf(text: &str, path: &Path) -> Result<BTreeMap<u32, IpAddr>,
                 continue;
             }
         };
+        if let Some(problem) = atlasboost_core::device_ip_problem(ip) {
+            problems.push(format!(
+                "line {line_no}: address_{id}={ip} is {problem}, not a device's RoCE address"
+            ));
+            continue;
+        }
         if let Some((_, first)) = addresses.get(&id) {
             problems.push(format!(
                 "line {line_no}: address_{id} is given again (first on line {first})"
@@ -181,7 +187,9 @@ mod tests {
     #[test]
     fn every_problem_is_listed_with_its_line() {
         let text = "address_0=10.0.0.1\naddress_0=10.0.0.2\naddress_1=10.0.0.1\n\
-                    address_2=10.0.0.300\naddress_x=1.2.3.4\nnonsense\nnetmask=1\n";
+                    address_2=10.0.0.300\naddress_x=1.2.3.4\nnonsense\nnetmask=1\n\
+                    address_3=0.0.0.0\naddress_4=255.255.255.255\naddress_5=127.0.0.1\n\
+                    address_6=224.0.0.1\naddress_7=::1\n";
         let e = parse(text).unwrap_err();
         for want in [
             "line 2: address_0 is given again (first on line 1)",
@@ -190,6 +198,11 @@ mod tests {
             "line 5: \"address_x\" does not end in a device id",
             "line 6: \"nonsense\" is not key_<id>=value",
             "line 7: key \"netmask\" has no _<id> suffix",
+            "line 8: address_3=0.0.0.0 is the unspecified address (the device has none)",
+            "line 9: address_4=255.255.255.255 is the broadcast address",
+            "line 10: address_5=127.0.0.1 is a loopback address",
+            "line 11: address_6=224.0.0.1 is a multicast address",
+            "line 12: address_7=::1 is a loopback address",
         ] {
             assert!(e.contains(want), "{want:?} missing from:\n{e}");
         }

@@ -18,10 +18,17 @@ impl Validator {
         for part in s.split(',') {
             let part = part.trim();
             match part.parse::<IpAddr>() {
-                Ok(ip) => {
-                    ips.push((ip, loc));
-                    families.note(ip.is_ipv6(), || loc.key("device_ip"));
-                }
+                Ok(ip) => match crate::device::device_ip_problem(ip) {
+                    Some(problem) => self.push(
+                        loc.key("device_ip"),
+                        Rule::InvalidIp,
+                        format!("{ip} is {problem}: HCCL connects to a device at its RoCE address"),
+                    ),
+                    None => {
+                        ips.push((ip, loc));
+                        families.note(ip.is_ipv6(), || loc.key("device_ip"));
+                    }
+                },
                 Err(_) => self.push(
                     loc.key("device_ip"),
                     Rule::InvalidIp,
