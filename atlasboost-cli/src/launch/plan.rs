@@ -54,7 +54,7 @@ pub fn parse_host_list(list: &str) -> Result<Vec<HostSpec>, CliError> {
     list.split(',')
         .map(|item| {
             let item = item.trim();
-            let (name, slots) = match item.split_once(':') {
+            let (name, slots) = match split_slots(item) {
                 Some((name, slots)) => (name, Some(slots)),
                 None => (item, None),
             };
@@ -90,7 +90,7 @@ pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
         };
         let mut words = line.split_whitespace();
         let first = words.next().unwrap_or("");
-        let (name, mut slots) = match first.split_once(':') {
+        let (name, mut slots) = match split_slots(first) {
             Some((name, slots)) => (name, Some(slots)),
             None => (first, None),
         };
@@ -118,9 +118,28 @@ pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
     Ok(hosts)
 }
 
+/// `host:slots` split at its colon; an IPv6 address (two colons or more, or in brackets) is
+/// left whole, for [`host_spec`] to name.
+fn split_slots(entry: &str) -> Option<(&str, &str)> {
+    let ipv6 = entry.starts_with('[') || entry.matches(':').count() > 1;
+    entry.split_once(':').filter(|_| !ipv6)
+}
+
 fn host_spec(name: &str, slots: Option<&str>, origin: &str) -> Result<HostSpec, String> {
     if name.is_empty() {
         return Err("has no host name".into());
+    }
+    if name.contains(':') {
+        return Err(
+            "is an IPv6 address; a host's server id is its IPv4 address: give the host's \
+             IPv4 address or name"
+                .into(),
+        );
+    }
+    if let Ok(ip) = name.parse::<Ipv4Addr>()
+        && (ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast())
+    {
+        return Err(format!("is {ip}, which no host can be reached at"));
     }
     if let Some(c) = name
         .chars()
@@ -335,6 +354,15 @@ mod tests {
         assert!(m.contains("no host name"), "{m}");
         let m = usage(parse_host_list("a b").unwrap_err());
         assert!(m.contains("' '"), "{m}");
+        // IPv6 (bare or in brackets) is named as such, not misread at its first colon.
+        for list in ["::1", "[::1]:2", "fe80::1,a"] {
+            let m = usage(parse_host_list(list).unwrap_err());
+            assert!(m.contains("is an IPv6 address"), "{list}: {m}");
+        }
+        for list in ["0.0.0.0:2", "255.255.255.255", "224.0.0.1"] {
+            let m = usage(parse_host_list(list).unwrap_err());
+            assert!(m.contains("which no host can be reached at"), "{list}: {m}");
+        }
     }
 
     #[test]
@@ -366,6 +394,11 @@ mod tests {
         writeln!(f, "127.0.0.1 slots=two").unwrap();
         let m = usage(parse_hostfile(f.path()).unwrap_err());
         assert!(m.contains(":1:") && m.contains("\"two\""), "{m}");
+
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "127.0.0.1\n::1 slots=2").unwrap();
+        let m = usage(parse_hostfile(f.path()).unwrap_err());
+        assert!(m.contains(":2:") && m.contains("is an IPv6 address"), "{m}");
 
         let mut f = tempfile::NamedTempFile::new().unwrap();
         writeln!(f, "# nothing").unwrap();
