@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use atlasboost::progress::RecordedError;
-use atlasboost_core::ranktable::{LockOwner, TableLock};
+use atlasboost_core::ranktable::{Format, LockOwner, TableLock};
 use atlasboost_tcp::Secret;
 
 use super::events::{self, Events};
@@ -18,7 +18,7 @@ use super::supervise::{JobResult, WorkerResult};
 use crate::commands::counted;
 use crate::error::CliError;
 use crate::printer::Printer;
-use crate::settings::RunSettings;
+use crate::settings::{RunSettings, ServerOrder};
 
 /// Jobs with more workers than this get a shorter summary: counts and the failures only.
 pub(crate) const FULL_SUMMARY_MAX: usize = 64;
@@ -28,6 +28,13 @@ pub(crate) const FULL_SUMMARY_MAX: usize = 64;
 pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Result<(), CliError> {
     if args.command.first().is_none_or(|c| c.is_empty()) {
         return Err(CliError::Usage("the command to run is empty".into()));
+    }
+    if args.rank_order == ServerOrder::Hosts && args.format == Format::Legacy {
+        return Err(CliError::Usage(
+            "--rank-order hosts cannot apply to --format legacy, which ranks servers by \
+             server_id"
+                .into(),
+        ));
     }
     if let (Some(list), Some(size)) = (&args.ranks, size)
         && let Some(bad) = list.ranks.iter().find(|r| u64::from(**r) >= size)

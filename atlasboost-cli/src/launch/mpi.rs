@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use atlasboost_core::EnvVars;
 use atlasboost_core::exchange::error_chain;
 use atlasboost_core::launch_context;
-use atlasboost_core::ranktable::Format;
 use atlasboost_tcp::Secret;
 
 use super::channel::{self, Up};
@@ -411,13 +410,6 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
         (args.ssh_identity.is_some(), "--ssh-identity"),
         (args.bind_cores, "--bind-cores"),
     ];
-    if args.rank_order == ServerOrder::Hosts && args.format == Format::Legacy {
-        return Err(CliError::Usage(
-            "--rank-order hosts cannot apply to --format legacy, which ranks servers by \
-             server_id"
-                .into(),
-        ));
-    }
     if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
         return Err(CliError::Usage(format!(
             "{flag} cannot be used with --mpi: mpirun starts the workers and their init() \
@@ -752,10 +744,10 @@ mod tests {
         // The legacy format orders servers by id.
         let legacy = run_args(&["--format", "legacy", "--rank-order", "hosts", "--", "w"]);
         assert!(
-            matches!(refuse_unsupported(&legacy), Err(CliError::Usage(m))
+            matches!(check_before_start(&legacy, None), Err(CliError::Usage(m))
                 if m.starts_with("--rank-order hosts cannot apply to --format legacy")),
             "{:?}",
-            refuse_unsupported(&legacy)
+            check_before_start(&legacy, None)
         );
         // What atlasboost's own output does, --mpi does too.
         let own = [

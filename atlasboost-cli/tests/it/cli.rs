@@ -1755,6 +1755,23 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     .expect_code(USAGE)
     .stderr_has(&["--rank-table", ".json"]);
     assert!(!dir.path().join("t.txt").exists());
+    // Options that contradict each other, before anything starts.
+    run(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "2",
+            "--format",
+            "legacy",
+            "--rank-order",
+            "hosts",
+            "--",
+            "true",
+        ],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--rank-order hosts cannot apply to --format legacy"]);
 }
 
 /// The fixtures of what HCCL only warns about (atlasboost-core/tests/fixtures/warning): each
