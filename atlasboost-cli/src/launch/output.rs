@@ -181,6 +181,8 @@ struct Sink {
     /// The last flush left bytes the reader did not take: the next is tried at the end of
     /// the supervisor's pass, not at every line.
     behind: bool,
+    /// Why writing failed, other than a reader that went away (`| head`): said once.
+    failure: Option<String>,
     /// How long a write may wait for a reader that takes nothing (`None`: for ever).
     deadline: Option<Duration>,
     /// The status block every write goes around (on a terminal).
@@ -197,6 +199,7 @@ impl Sink {
             closed: false,
             stalled: false,
             behind: false,
+            failure: None,
             deadline: None,
             around: None,
         })
@@ -261,7 +264,10 @@ impl Sink {
                 self.stalled = true;
                 self.behind = true;
             }
-            Err(_) => {
+            Err(e) => {
+                if e.kind() != io::ErrorKind::BrokenPipe {
+                    self.failure = Some(e.to_string());
+                }
                 self.closed = true;
                 self.buf.clear();
             }
@@ -634,6 +640,21 @@ impl Output {
         self.close_batch();
         self.out.flush();
         self.err.flush();
+        // A console that fails (a full disk), unlike one whose reader left, is said once.
+        if let Some(why) = self.out.failure.take().filter(|_| !self.upstream) {
+            let shown = match &self.options.log_dir {
+                Some(dir) => format!(" (the logs in {} still get it)", dir.display()),
+                None => String::new(),
+            };
+            self.err.buf.extend_from_slice(
+                format!(
+                    "atlasboost: warning: cannot write the workers' output to standard output \
+                     ({why}); it is dropped from now on{shown}\n"
+                )
+                .as_bytes(),
+            );
+            self.err.flush();
+        }
         for l in &mut self.lanes {
             if let Some(logs) = &mut l.logs {
                 let _ = logs[0].flush();

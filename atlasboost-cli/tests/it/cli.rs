@@ -2333,3 +2333,31 @@ fn odd_variable_values_are_named_or_unset_never_guessed() {
     .expect_code(FAILURE)
     .stderr_has(&["/etc/hccn.conf does not exist"]);
 }
+
+/// A console that cannot be written (a full disk), unlike one whose reader left (`| head`),
+/// is said once on stderr; the job goes on.
+#[test]
+fn a_console_that_fails_is_said_once() {
+    let dir = tempdir();
+    let Ok(full) = fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipping: this machine has no /dev/full");
+        return;
+    };
+    let out = command(
+        dir.path(),
+        &["run", "-q", "--sim", "2", "--", "seq", "1", "50000"],
+    )
+    .stdout(full)
+    .stderr(Stdio::piped())
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(SUCCESS), "{err}");
+    assert_eq!(
+        err.matches("cannot write the workers' output to standard output")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("No space left on device"), "{err}");
+}
