@@ -249,7 +249,7 @@ pub struct ProbeArgs {
     /// info` refreshed: a table redrawn in place on a terminal, one block per sample otherwise,
     /// one JSON object per line with --json.
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2",
-          value_parser = parse_seconds)]
+          value_parser = parse_watch_interval)]
     pub watch: Option<std::time::Duration>,
 }
 
@@ -340,7 +340,7 @@ pub struct RunArgs {
 
     /// Fail the attempt (exit 124) when a rank shows no progress, no output line and no
     /// heartbeat, for SECS [default: off].
-    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECS", value_parser = parse_hang_timeout)]
     pub hang_timeout: Option<Duration>,
 
     /// With --hang-timeout: take each stuck rank's Python stacks first (py-spy, or faulthandler).
@@ -463,6 +463,25 @@ fn parse_table_path(s: &str) -> Result<PathBuf, String> {
 
 fn parse_nic(s: &str) -> Result<NicChoice, String> {
     s.parse()
+}
+
+/// `--watch`: seconds, at least 0.1 (the driver is asked for every device at each sample).
+fn parse_watch_interval(s: &str) -> Result<Duration, String> {
+    at_least(s, Duration::from_millis(100))
+}
+
+/// `--hang-timeout`: seconds, at least 0.5 (progress is looked at every 0.25 s).
+fn parse_hang_timeout(s: &str) -> Result<Duration, String> {
+    at_least(s, Duration::from_millis(500))
+}
+
+/// Seconds, at least `min`.
+fn at_least(s: &str, min: Duration) -> Result<Duration, String> {
+    let d = parse_seconds(s)?;
+    match d < min {
+        true => Err(format!("{s}: at least {} s", min.as_secs_f64())),
+        false => Ok(d),
+    }
 }
 
 /// `--monitor-interval`: seconds, at least 1; `off` (zero) for no sampling.
@@ -590,6 +609,22 @@ mod tests {
         assert!(parse_seconds("0").is_err());
         assert!(parse_seconds_or_zero("-1").is_err());
         assert!(parse_seconds_or_zero("inf").is_err());
+        assert_eq!(
+            parse_watch_interval("1e-9").unwrap_err(),
+            "1e-9: at least 0.1 s"
+        );
+        assert_eq!(
+            parse_watch_interval("0.1").unwrap(),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            parse_hang_timeout("0.1").unwrap_err(),
+            "0.1: at least 0.5 s"
+        );
+        assert_eq!(
+            parse_hang_timeout("0.5").unwrap(),
+            Duration::from_millis(500)
+        );
     }
 
     #[test]
