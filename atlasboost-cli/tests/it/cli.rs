@@ -885,6 +885,14 @@ fn validate_a_file_that_is_not_json_exits_125_with_line_and_column() {
     run(dir.path(), &["validate", "broken.json"])
         .expect_code(FAILURE)
         .stderr_has(&["broken.json", "line", "column"]);
+    // A valid table saved with an editor's byte-order mark: the mark is named.
+    sim_table(dir.path(), "10.0.0.1", "8", "a.json", &[]);
+    let mut bytes = b"\xef\xbb\xbf".to_vec();
+    bytes.extend(fs::read(dir.path().join("a.json")).unwrap());
+    fs::write(dir.path().join("bom.json"), bytes).unwrap();
+    run(dir.path(), &["validate", "bom.json"])
+        .expect_code(FAILURE)
+        .stderr_has(&["bom.json", "byte-order mark"]);
 }
 
 #[test]

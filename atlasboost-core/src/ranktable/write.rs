@@ -83,6 +83,16 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value> {
         path: path.to_path_buf(),
         source,
     })?;
+    // JSON has no byte-order mark; an editor's one would otherwise be "expected value at
+    // line 1 column 1".
+    if bytes.starts_with(b"\xef\xbb\xbf") {
+        return Err(Error::BadPath {
+            path: path.to_path_buf(),
+            reason: "the file starts with a UTF-8 byte-order mark (EF BB BF), which is not JSON; \
+                     save it without one"
+                .into(),
+        });
+    }
     serde_json::from_slice(&bytes).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,
