@@ -670,7 +670,7 @@ impl Output {
         std::mem::take(&mut self.out.stalled) | std::mem::take(&mut self.err.stalled)
     }
 
-    /// Bytes of the console's that its reader has not taken yet (see [`Mode::Pending`]).
+    /// Bytes of the console's that its reader has not taken yet.
     pub fn backlog(&self) -> usize {
         [&self.out, &self.err]
             .iter()
