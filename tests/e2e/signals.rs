@@ -183,24 +183,24 @@ fn after_sigint_a_leftover_grandchild_is_stopped_without_waiting_the_grace_time(
     assert_all_gone(&mark, "after SIGINT");
 }
 
-/// A console nobody reads (`| less` left alone, a paused terminal) must not keep the launcher
-/// from hearing a signal: SIGTERM is passed on, the grace time runs, and the launcher ends
-/// 143, saying that it left output unshown, with nothing of the job left behind.
-#[test]
-fn sigterm_is_heard_while_nobody_reads_the_console() {
+/// Runs `worker` on 2 ranks with the launcher's stdout a pipe nobody reads; once `ready`
+/// (given the job's mark) says so, sends `signal`; returns the exit status (`None`: still
+/// running 20 s later, then killed) and stderr.
+fn with_a_console_nobody_reads(
+    worker: &str,
+    ready: impl FnOnce(&str),
+    signal: Signal,
+) -> (Option<std::process::ExitStatus>, String) {
     let mark = atlasboost_e2e::unique("stuck-console");
     // stdout is a pipe that this test holds open and never reads.
     let (unread, write) = nix::unistd::pipe().unwrap();
+    // A directory of its own: its rank table is this job's alone.
+    let wdir = tempfile::tempdir().unwrap();
     let mut launcher = std::process::Command::new(atlasboost_e2e::atlasboost_bin())
         .args(["run", "--sim", "2", "-H", "127.0.0.1", "--grace", "1"])
         .args(["-x", &format!("ATLASBOOST_E2E_MARK={mark}")])
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "echo ready >&2; exec yes stuck-console-line",
-        ])
-        .current_dir(std::env::temp_dir())
+        .args(["--", "sh", "-c", worker])
+        .current_dir(wdir.path())
         .env(LAUNCH_MARK, &mark)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::from(write))
@@ -213,10 +213,9 @@ fn sigterm_is_heard_while_nobody_reads_the_console() {
         let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
         text
     });
-    // Both workers run, and the pipe (64 KiB) is long full.
-    std::thread::sleep(Duration::from_secs(2));
+    ready(&mark);
     let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
-    nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(pid, signal).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(status) = launcher.try_wait().unwrap() {
@@ -231,18 +230,57 @@ fn sigterm_is_heard_while_nobody_reads_the_console() {
     };
     drop(unread);
     let err = reader.join().unwrap();
-    let status = status.unwrap_or_else(|| {
-        panic!("the launcher did not end within 20 s of SIGTERM (--grace 1)\n{err}")
-    });
-    assert_eq!(status.code(), Some(143), "{err}");
-    assert!(
-        err.contains("the console took nothing more, and SIGTERM asked to stop"),
-        "{err}"
-    );
     assert_no_process_with_env(
         "ATLASBOOST_E2E_MARK",
         &mark,
         Duration::from_secs(3),
         "after the launcher whose console nobody read",
     );
+    (status, err)
+}
+
+/// A console nobody reads (`| less` left alone, a paused terminal) must not keep the launcher
+/// from hearing a signal: SIGTERM is passed on, the grace time runs, and the launcher ends
+/// 143, saying that it left output unshown, with nothing of the job left behind.
+#[test]
+fn sigterm_is_heard_while_nobody_reads_the_console() {
+    // Both workers run, and the pipe (64 KiB) is long full.
+    let (status, err) = with_a_console_nobody_reads(
+        "exec yes stuck-console-line",
+        |_| std::thread::sleep(Duration::from_secs(2)),
+        Signal::SIGTERM,
+    );
+    let status =
+        status.unwrap_or_else(|| panic!("still running 20 s after SIGTERM (--grace 1)\n{err}"));
+    assert_eq!(status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("the console took nothing more, and SIGTERM asked to stop"),
+        "{err}"
+    );
+}
+
+/// Workers that have all ended leave lines the console has not taken; the launcher waits for
+/// it, but a Ctrl-C then ends the wait: 130, and the lines left are counted.
+#[test]
+fn ctrl_c_ends_the_wait_for_a_console_nobody_reads() {
+    let (status, err) = with_a_console_nobody_reads(
+        // About 350 KB per rank, tagged: all read (under the 1 MiB held back), more than the
+        // pipe takes.
+        "seq 1 20000",
+        |mark| {
+            let ended = atlasboost_e2e::wait_until(Duration::from_secs(20), || {
+                atlasboost_e2e::pids_with_env("ATLASBOOST_E2E_MARK", mark).is_empty()
+            });
+            assert!(ended, "the workers did not end");
+            std::thread::sleep(Duration::from_millis(300));
+        },
+        Signal::SIGINT,
+    );
+    let status = status.unwrap_or_else(|| panic!("still running 20 s after SIGINT\n{err}"));
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("the console took nothing more, and a signal came"),
+        "{err}"
+    );
+    assert!(err.contains("2 succeeded"), "{err}");
 }

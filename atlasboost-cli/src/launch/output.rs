@@ -696,10 +696,16 @@ impl Output {
     }
 
     /// At the end: waits until the console has taken every byte, for at most `limit`
-    /// (`None`: as long as it takes), or until a signal arrives on `interrupt` (the
-    /// launcher's signalfd, not read here). What is left then is dropped, and said on stderr
-    /// if stderr can take it. The log files (`--log-dir`) have everything.
-    pub fn drain_console(&mut self, interrupt: BorrowedFd<'_>, limit: Option<Duration>) {
+    /// (`None`: as long as it takes), or until a signal that stops the job arrives. When
+    /// `interrupt` (the launcher's signalfd) is readable, `stops` reads it and says whether
+    /// one of its signals stops the job (a SIGCHLD does not). What is left then is dropped,
+    /// and said on stderr if stderr can take it. The log files (`--log-dir`) have everything.
+    pub fn drain_console(
+        &mut self,
+        interrupt: BorrowedFd<'_>,
+        limit: Option<Duration>,
+        stops: &mut dyn FnMut() -> bool,
+    ) {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         self.flush();
         let until = limit.map(|l| Instant::now() + l);
@@ -718,11 +724,12 @@ impl Output {
                 PollTimeout::try_from(l).unwrap_or(PollTimeout::MAX)
             });
             let ready = poll(&mut fds, timeout).unwrap_or(0);
-            let signalled = fds
+            let readable = fds
                 .last()
                 .and_then(PollFd::revents)
                 .is_some_and(|r| !r.is_empty());
             drop(fds);
+            let signalled = readable && stops();
             if ready == 0 || signalled {
                 self.give_up_console(&match signalled {
                     true => "a signal came".to_string(),

@@ -968,7 +968,20 @@ impl<'a> Supervisor<'a> {
         // after a signal (the one that stopped the job, for at most the grace time, or a next
         // one).
         let limit = self.interrupted.map(|_| self.grace);
-        output.drain_console(signals.fd(), limit);
+        let mut came = Vec::new();
+        output.drain_console(signals.fd(), limit, &mut || {
+            let got = signals.pending();
+            let stops = got.iter().any(|s| *s != Signal::SIGCHLD);
+            came.extend(got);
+            stops
+        });
+        // Every worker has ended, but a SIGINT now still ends the job with 130, and no
+        // restart follows.
+        if let Some(s) = came.into_iter().find(|s| *s != Signal::SIGCHLD)
+            && self.interrupted.is_none()
+        {
+            self.interrupted = Some(s);
+        }
         output.end_status();
     }
 
@@ -2116,14 +2129,17 @@ impl<'a> Supervisor<'a> {
             }
             SignalAction::Interrupt => {
                 let live = self.running.iter().filter(|r| r.ended.is_none()).count();
-                output.message(&format!(
-                    "atlasboost: got {}; passing it on to {live} worker{} \
-                     (SIGKILL in {:.0?}; {} again to kill now)",
-                    s.as_str(),
-                    if live == 1 { "" } else { "s" },
-                    self.plan.grace,
-                    s.as_str()
-                ));
+                output.message(&match live {
+                    0 => format!("atlasboost: got {}; every worker has ended", s.as_str()),
+                    _ => format!(
+                        "atlasboost: got {}; passing it on to {live} worker{} \
+                         (SIGKILL in {:.0?}; {} again to kill now)",
+                        s.as_str(),
+                        if live == 1 { "" } else { "s" },
+                        self.plan.grace,
+                        s.as_str()
+                    ),
+                });
                 self.interrupted = Some(s);
                 self.stop(s);
                 // What the workers leave behind is stopped as soon as they have all exited.
