@@ -977,9 +977,13 @@ fn local_reports(launch: &Launch<'_>) -> Result<LocalReports, CliError> {
 fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joined, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
     let started = Instant::now();
-    // The driver may retry for seconds; no process of the attempt has started yet.
-    let (mut reports, local_devices) = signals
-        .exit_on_signal_during("probing this machine's devices", || local_reports(launch))?;
+    // The driver may retry for seconds; no process of the job has started yet. (A restart
+    // goes on to its summary instead: the signal is heard once its workers start.)
+    let (mut reports, local_devices) = match launch.shrink {
+        None => signals
+            .exit_on_signal_during("probing this machine's devices", || local_reports(launch))?,
+        Some(_) => local_reports(launch)?,
+    };
     let remote_index: Vec<usize> = (0..hosts.len()).filter(|&i| !hosts[i].local).collect();
     if remote_index.is_empty() {
         // Every host is this machine: the launcher decides at once.
