@@ -1,7 +1,9 @@
 //! `atlasboost validate`: every rule HCCL applies, every violation listed.
 
 use atlasboost_core::Error;
-use atlasboost_core::ranktable::{RankTable, Violation, default_chip, read_json};
+use atlasboost_core::ranktable::{
+    RankTable, Violation, default_chip, duplicate_keys, read_json_bytes,
+};
 use serde::Serialize;
 
 use super::{counted, summary};
@@ -35,15 +37,17 @@ struct Report<'a> {
 ///
 /// A file that cannot be read, or is not JSON (with the parser's line and column): exit 125.
 pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
-    let value = read_json(&args.file)?;
+    let (value, bytes) = read_json_bytes(&args.file)?;
     let chip = args.chip.unwrap_or_else(|| default_chip(&value));
     // One validation: every violation, errors and warnings, either way.
-    let (table, violations) =
+    let (table, mut violations) =
         match RankTable::from_value_checked(value, &args.file.display().to_string(), chip) {
             Ok((t, warnings)) => (Some(t), warnings),
             Err(Error::Invalid { violations, .. }) => (None, violations),
             Err(e) => return Err(e.into()),
         };
+    // What the parsed value no longer shows: a key given twice, of which only the last counts.
+    violations.extend(duplicate_keys(&bytes));
     let errors = violations.iter().filter(|v| v.is_error()).count();
     let warnings = violations.len() - errors;
     let valid = table.is_some() && !(args.strict && warnings > 0);

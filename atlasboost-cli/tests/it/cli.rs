@@ -2369,3 +2369,28 @@ fn a_console_that_fails_is_said_once() {
     );
     assert!(err.contains("No space left on device"), "{err}");
 }
+
+/// A key given twice in one object is a warning at its path (only the last is read); with
+/// --strict it fails the table.
+#[test]
+fn validate_warns_of_a_key_given_twice() {
+    let dir = tempdir();
+    sim_table(dir.path(), "10.0.0.1", "8", "a.json", &[]);
+    let text = fs::read_to_string(dir.path().join("a.json")).unwrap();
+    let doubled = text.replacen(
+        "\"status\": \"completed\"",
+        "\"status\": \"failed\", \"status\": \"completed\"",
+        1,
+    );
+    assert_ne!(doubled, text, "the table has a status to double");
+    fs::write(dir.path().join("twice.json"), doubled).unwrap();
+    let out = run(dir.path(), &["validate", "twice.json"]);
+    out.expect_code(SUCCESS);
+    let said = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        said.contains("$.status: warning: \"status\" is given 2 times")
+            && said.contains("[duplicate-key]"),
+        "{said}"
+    );
+    run(dir.path(), &["validate", "--strict", "twice.json"]).expect_code(1);
+}

@@ -21,10 +21,10 @@ pub use model::{
 };
 pub use shrink::{HostDevices, largest_world};
 pub use validate::{
-    MAX_SERVER_ID_LEN, Rule, Severity, Violation, default_chip, errors_fail, validate_table,
-    validate_value,
+    MAX_SERVER_ID_LEN, Rule, Severity, Violation, default_chip, duplicate_keys, errors_fail,
+    validate_table, validate_value,
 };
-pub use write::{read_json, read_table, write_atomically, write_table};
+pub use write::{read_json, read_json_bytes, read_table, write_atomically, write_table};
 
 #[cfg(test)]
 mod proptests;

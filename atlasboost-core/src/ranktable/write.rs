@@ -78,6 +78,16 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
 ///
 /// [`Error::Io`] if it cannot be read, [`Error::Json`] if it is not JSON.
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    read_json_bytes(path).map(|(value, _)| value)
+}
+
+/// [`read_json`], with the file's bytes (for [`duplicate_keys`](super::duplicate_keys), which
+/// the parsed value can no longer show).
+///
+/// # Errors
+///
+/// As [`read_json`].
+pub fn read_json_bytes(path: &Path) -> Result<(serde_json::Value, Vec<u8>)> {
     let bytes = fs::read(path).map_err(|source| Error::Io {
         action: "cannot read",
         path: path.to_path_buf(),
@@ -93,10 +103,11 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value> {
                 .into(),
         });
     }
-    serde_json::from_slice(&bytes).map_err(|source| Error::Json {
+    let value = serde_json::from_slice(&bytes).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    Ok((value, bytes))
 }
 
 /// Reads a table file and validates it for `chip`.

@@ -14,10 +14,13 @@ use crate::device::Chip;
 
 mod cluster;
 mod devices;
+mod keys;
 mod legacy;
 mod ranks;
 mod super_pods;
 mod topology;
+
+pub use keys::duplicate_keys;
 
 /// The longest `server_id` HCCL accepts.
 pub const MAX_SERVER_ID_LEN: usize = 64;
@@ -159,6 +162,8 @@ pub enum Rule {
     DeviceIpCount,
     /// `host_ip` is not IPv4.
     HostIp,
+    /// A key is given twice in one object: only the last value is read (a warning).
+    DuplicateKey,
 }
 
 impl Rule {
@@ -189,6 +194,7 @@ impl Rule {
             Rule::DuplicatePodName => "duplicate-pod-name",
             Rule::DeviceIpCount => "device-ip-count",
             Rule::HostIp => "host-ip",
+            Rule::DuplicateKey => "duplicate-key",
         }
     }
 }
