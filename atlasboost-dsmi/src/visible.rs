@@ -27,22 +27,22 @@ impl VisibleDevices {
     ///
     /// [`DsmiError::BadVisible`] naming the variable whose value is malformed.
     pub fn from_env() -> Result<VisibleDevices, DsmiError> {
-        let read = |name: &'static str| -> Result<Option<Vec<u32>>, DsmiError> {
-            match std::env::var(name) {
-                Ok(v) if !v.trim().is_empty() => parse_list(name, &v).map(Some),
-                Err(std::env::VarError::NotUnicode(v)) => Err(DsmiError::BadVisible {
-                    variable: name,
-                    value: v.to_string_lossy().into_owned(),
-                    reason: "is not UTF-8".into(),
-                }),
-                _ => Ok(None),
-            }
-        };
         let visible = VisibleDevices {
-            physical: read(EnvVars::ASCEND_VISIBLE_DEVICES)?,
-            runtime: read(EnvVars::ASCEND_RT_VISIBLE_DEVICES)?,
+            physical: read_list(EnvVars::ASCEND_VISIBLE_DEVICES)?,
+            ..VisibleDevices::runtime_from_env()?
         };
-        if let Some(ids) = &visible.runtime
+        Ok(visible)
+    }
+
+    /// Only `ASCEND_RT_VISIBLE_DEVICES`: what applies to devices that are not a driver's view
+    /// of a host (simulated ones), which no container runtime mounted.
+    ///
+    /// # Errors
+    ///
+    /// [`DsmiError::BadVisible`] when it is malformed.
+    pub fn runtime_from_env() -> Result<VisibleDevices, DsmiError> {
+        let runtime = read_list(EnvVars::ASCEND_RT_VISIBLE_DEVICES)?;
+        if let Some(ids) = &runtime
             && ids.windows(2).any(|w| w[0] >= w[1])
         {
             return Err(DsmiError::BadVisible {
@@ -51,7 +51,10 @@ impl VisibleDevices {
                 reason: "the CANN runtime needs ascending ids, each once".into(),
             });
         }
-        Ok(visible)
+        Ok(VisibleDevices {
+            physical: None,
+            runtime,
+        })
     }
 
     /// Keeps the devices whose physical id is listed, renumbered 0..n-1 in physical order.
@@ -124,6 +127,19 @@ fn pick(
         .into_iter()
         .filter(|d| ids.contains(&key(d)))
         .collect())
+}
+
+/// A list variable, `None` when unset or blank.
+fn read_list(name: &'static str) -> Result<Option<Vec<u32>>, DsmiError> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => parse_list(name, &v).map(Some),
+        Err(std::env::VarError::NotUnicode(v)) => Err(DsmiError::BadVisible {
+            variable: name,
+            value: v.to_string_lossy().into_owned(),
+            reason: "is not UTF-8".into(),
+        }),
+        _ => Ok(None),
+    }
 }
 
 /// `0-3`, `1,3`, `0-2,4`: ids in the order written.

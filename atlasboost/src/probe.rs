@@ -142,7 +142,7 @@ pub fn make_probe(
     match (discovery.probe, discovery.sim) {
         (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => Ok(Box::new(SimVisible {
             sim: sim_probe(discovery, server_id, n)?,
-            visible: VisibleDevices::from_env().map_err(ProbeError::Visible)?,
+            visible: VisibleDevices::runtime_from_env().map_err(ProbeError::Visible)?,
         })),
         (ProbeKind::Sim, None) => Err(ProbeError::SimWithoutCount { origin }),
         (kind @ (ProbeKind::Dsmi | ProbeKind::Hccn), Some(_)) => {

@@ -189,10 +189,11 @@ pub(crate) fn env(name: &str) -> Option<String> {
     Some(value.to_string_lossy().into_owned()).filter(|v| !v.trim().is_empty())
 }
 
-/// A path variable's value, as bytes (a path need not be UTF-8); empty counts as unset.
+/// A path variable's value, as bytes (a path need not be UTF-8); empty (or blank) counts as
+/// unset, as for [`env`].
 pub(crate) fn env_path(name: &str) -> Option<std::path::PathBuf> {
     std::env::var_os(name)
-        .filter(|v| !v.is_empty())
+        .filter(|v| !v.to_string_lossy().trim().is_empty())
         .map(std::path::PathBuf::from)
 }
 

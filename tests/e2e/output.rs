@@ -1,7 +1,7 @@
 //! Workers' output (SPEC: output): every line once, whole, in order, tagged; `\r`, a last line
 //! without newline and raw bytes; `--no-tag`, `--timestamp`, `--log-dir`, `--ranks`.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use atlasboost_e2e::{Finished, Run};
 
@@ -412,4 +412,110 @@ fn a_full_non_blocking_stdout_loses_no_line() {
         40_000,
         "nothing else, nothing torn"
     );
+}
+
+/// `2>&1` into a pipe read slowly: the launcher writes both streams through one non-blocking
+/// buffer, so partial writes never cut a line with the other stream's bytes, and every line
+/// of each rank and stream arrives, in order.
+#[test]
+fn both_streams_into_one_slow_pipe_stay_whole_and_ordered() {
+    use std::io::Read;
+    let (read, write) = nix::unistd::pipe().unwrap();
+    let write2 = write.try_clone().unwrap();
+    let wdir = tempfile::tempdir().unwrap();
+    let mut launcher = std::process::Command::new(atlasboost_e2e::atlasboost_bin())
+        .args([
+            "run",
+            "-q",
+            "--sim",
+            "2",
+            "-H",
+            "127.0.0.1",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg("i=0; while [ $i -lt 3000 ]; do echo out$i; echo err$i >&2; i=$((i + 1)); done")
+        .current_dir(wdir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::from(write2))
+        .spawn()
+        .unwrap();
+    // A reader slower than the job: 4 KiB, then a pause.
+    let mut pipe = std::fs::File::from(read);
+    let mut text = Vec::new();
+    let mut chunk = vec![0u8; 4096];
+    let started = Instant::now();
+    loop {
+        match pipe.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => text.extend_from_slice(&chunk[..n]),
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the pipe never closed"
+        );
+    }
+    assert!(launcher.wait().unwrap().success());
+    let text = String::from_utf8(text).unwrap();
+    let mut next: std::collections::HashMap<(String, String), u32> = Default::default();
+    for line in text.lines() {
+        // `[r]<stdout>:outN` or `[r]<stderr>:errN`, whole.
+        let (tag, body) = line
+            .split_once(">:")
+            .unwrap_or_else(|| panic!("a torn or untagged line: {line:?}"));
+        let (rank, stream) = tag
+            .strip_prefix('[')
+            .and_then(|t| t.split_once("]<"))
+            .unwrap_or_else(|| panic!("a torn line: {line:?}"));
+        let want = match stream {
+            "stdout" => "out",
+            "stderr" => "err",
+            _ => panic!("a torn line: {line:?}"),
+        };
+        let n: u32 = body
+            .strip_prefix(want)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("a torn line: {line:?}"));
+        let seen = next
+            .entry((rank.to_string(), stream.to_string()))
+            .or_insert(0);
+        assert_eq!(n, *seen, "rank {rank} {stream} out of order at {line:?}");
+        *seen += 1;
+    }
+    assert_eq!(next.len(), 4, "{next:?}");
+    assert!(next.values().all(|&n| n == 3000), "{next:?}");
+}
+
+/// A console read only after a while holds the workers' output back longer than
+/// `--hang-timeout`: that silence is the console's, not a hang, and nothing is lost.
+#[test]
+fn a_console_held_back_is_not_a_hang() {
+    let r = Run::new([
+        "run",
+        "--sim",
+        "2",
+        "-H",
+        "127.0.0.1",
+        "--hang-timeout",
+        "1",
+        "--",
+        "seq",
+        "1",
+        "300000",
+    ])
+    .nonblocking_stdout(Duration::from_secs(3))
+    .run();
+    r.assert_code(0);
+    let by_rank = crate::lines_by_rank(&r.out(), "stdout");
+    for rank in 0..2 {
+        assert_eq!(
+            by_rank.get(&rank).map_or(0, Vec::len),
+            300_000,
+            "rank {rank}\n{}",
+            r.err()
+        );
+    }
 }

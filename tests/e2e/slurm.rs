@@ -949,8 +949,8 @@ fn a_node_drained_after_the_allocation_is_named_at_the_launch_and_still_runs() {
     assert_eq!(
         said,
         [format!(
-            "atlasboost: warning: Slurm says {victim} is ALLOCATED+DRAIN (npu 5 offline); srun \
-             starts its workers all the same"
+            "atlasboost: warning: Slurm says {victim} is ALLOCATED+DRAIN (npu 5 offline); the \
+             launch goes on with the nodes the allocation gave"
         )],
         "{}",
         done.describe()

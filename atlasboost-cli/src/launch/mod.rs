@@ -93,6 +93,11 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     signals.exit_on_signal_during("loading the device probe", || {
         atlasboost::probe::make_probe(&args.discovery, &hosts[0].server_id)
     })?;
+    // The first attempt's local probe, before any state of the job exists (the driver may
+    // retry for seconds).
+    let first_local = signals.exit_on_signal_during("probing this machine's devices", || {
+        probe_local_hosts(args, &hosts)
+    })?;
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
@@ -175,11 +180,15 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         metrics,
         lost: Vec::new(),
         first_size: None,
+        first_local: Some(first_local),
         attempts: Vec::new(),
     };
     let outcome = run_attempts(&mut job, &signals, &mut lifeline, printer);
     lifeline.close();
     files.remove();
+    // Nothing of the job is left: a signal now acts as it would without atlasboost, so that a
+    // summary written to a console that takes nothing cannot make the launcher deaf.
+    signals.release();
     let (result, code) = match outcome? {
         Outcome::Ran(result) => {
             let code = result.exit_code;
@@ -227,6 +236,8 @@ struct JobState<'a> {
     /// The first attempt's world size: no restart grows past it, nor shrinks below it without
     /// `--min-np`.
     first_size: Option<usize>,
+    /// The local hosts' reports for the first attempt, probed before the job's state existed.
+    first_local: Option<LocalReports>,
     attempts: Vec<AttemptRecord>,
 }
 
@@ -277,7 +288,8 @@ fn run_attempts(
             settings: &settings,
             shrink,
         };
-        let joined = match join(&launch, signals, printer) {
+        let probed = job.first_local.take();
+        let joined = match join(&launch, probed, signals, printer) {
             Ok(Joined::Ready(j)) => j,
             Ok(Joined::Interrupted(s)) => {
                 printer.status(&format!(
@@ -719,7 +731,8 @@ fn slurm_hosts(args: &RunSettings, printer: &Printer) -> Result<Vec<HostPlan>, C
     let nodes = slurm::nodes_at_start(&names)?;
     for node in &nodes.unusable {
         printer.error(&format!(
-            "atlasboost: warning: Slurm says {node}; srun starts its workers all the same{}",
+            "atlasboost: warning: Slurm says {node}; the launch goes on with the nodes the \
+             allocation gave{}",
             match args.max_restarts {
                 0 => "",
                 _ => " (a restart leaves it out)",
@@ -955,15 +968,12 @@ type LocalReports = (Vec<Option<AgentReport>>, Vec<Option<Vec<Device>>>);
 
 /// Step 0: the local hosts' reports, made here: every local host is this machine, so there
 /// is no rendezvous, one decision, one table in memory and one write for all of them.
-fn local_reports(launch: &Launch<'_>) -> Result<LocalReports, CliError> {
-    let mut reports: Vec<Option<AgentReport>> = launch.hosts.iter().map(|_| None).collect();
-    let mut devices: Vec<Option<Vec<Device>>> = launch.hosts.iter().map(|_| None).collect();
-    for (index, host) in launch.hosts.iter().enumerate().filter(|(_, h)| h.local) {
-        let (report, found) = agent::host_report(
-            &launch.args.discovery,
-            &host.server_id,
-            launch.args.nic.as_ref(),
-        )?;
+fn probe_local_hosts(args: &RunSettings, hosts: &[HostPlan]) -> Result<LocalReports, CliError> {
+    let mut reports: Vec<Option<AgentReport>> = hosts.iter().map(|_| None).collect();
+    let mut devices: Vec<Option<Vec<Device>>> = hosts.iter().map(|_| None).collect();
+    for (index, host) in hosts.iter().enumerate().filter(|(_, h)| h.local) {
+        let (report, found) =
+            agent::host_report(&args.discovery, &host.server_id, args.nic.as_ref())?;
         reports[index] = Some(report);
         devices[index] = Some(found.unwrap_or_default());
     }
@@ -974,15 +984,19 @@ fn local_reports(launch: &Launch<'_>) -> Result<LocalReports, CliError> {
 /// gathers every host's report up the tree, decides the table once, sends the decision down
 /// in its compact form, and waits until every remote host has built and written the table;
 /// then writes it once for the local hosts.
-fn join(launch: &Launch<'_>, signals: &Signals, printer: &Printer) -> Result<Joined, CliError> {
+///
+/// `probed`: the local hosts' reports when they were probed already (the first attempt's).
+fn join(
+    launch: &Launch<'_>,
+    probed: Option<LocalReports>,
+    signals: &Signals,
+    printer: &Printer,
+) -> Result<Joined, CliError> {
     let (args, hosts) = (launch.args, launch.hosts);
     let started = Instant::now();
-    // The driver may retry for seconds; no process of the job has started yet. (A restart
-    // goes on to its summary instead: the signal is heard once its workers start.)
-    let (mut reports, local_devices) = match launch.shrink {
-        None => signals
-            .exit_on_signal_during("probing this machine's devices", || local_reports(launch))?,
-        Some(_) => local_reports(launch)?,
+    let (mut reports, local_devices) = match probed {
+        Some(reports) => reports,
+        None => probe_local_hosts(args, hosts)?,
     };
     let remote_index: Vec<usize> = (0..hosts.len()).filter(|&i| !hosts[i].local).collect();
     if remote_index.is_empty() {

@@ -158,14 +158,12 @@ fn pieces(line: &[u8], max: usize) -> impl Iterator<Item = &[u8]> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Every flush writes everything, waiting for the reader as long as it takes (or up to
-    /// the sink's deadline): a regular file, an agent's channel to its launcher.
+    /// the sink's deadline): a terminal, a regular file, an agent's channel to its launcher.
     Whole,
-    /// A console that can block (a pipe, a terminal), on a non-blocking description of its
-    /// own: a flush writes what the reader takes now, and the rest waits in the buffer, so
-    /// that the supervisor's loop goes on (signals, the grace time) while nobody reads.
+    /// A pipe, on a non-blocking description of its own: a flush writes what the reader
+    /// takes now, and the rest waits in the buffer, so that the supervisor's loop goes on
+    /// (signals, the grace time) while nobody reads (`| less` left alone, `| sleep`).
     Pending,
-    /// The same for a socket, written with `MSG_DONTWAIT` (a socket cannot be reopened).
-    PendingSocket,
 }
 
 /// A descriptor written with whole buffers; once its reader is gone (`| head`), output to it
@@ -173,7 +171,10 @@ enum Mode {
 #[derive(Debug)]
 struct Sink {
     file: File,
+    /// Bytes to write: `buf[start..]` (what a partial write left; compacted lazily, so that a
+    /// slow reader does not cost a copy of the backlog per write).
     buf: Vec<u8>,
+    start: usize,
     mode: Mode,
     closed: bool,
     /// A write had to wait for the reader (see [`Output::take_stall`]).
@@ -190,11 +191,12 @@ struct Sink {
 }
 
 impl Sink {
-    /// A sink that writes whole buffers to (a duplicate of) `fd`.
-    fn new(fd: BorrowedFd<'_>) -> io::Result<Sink> {
-        Ok(Sink {
-            file: File::from(fd.try_clone_to_owned()?),
+    /// A sink that writes whole buffers to `file`.
+    fn new(file: File) -> Sink {
+        Sink {
+            file,
             buf: Vec::with_capacity(1 << 16),
+            start: 0,
             mode: Mode::Whole,
             closed: false,
             stalled: false,
@@ -202,54 +204,68 @@ impl Sink {
             failure: None,
             deadline: None,
             around: None,
-        })
+        }
     }
 
-    /// A sink for the console `fd` (standard output or error), which never waits for its
-    /// reader where the descriptor allows it: a pipe or a terminal is opened again, on a
-    /// description of its own that can be non-blocking without changing the one the shell
-    /// and other processes share; a socket is sent to with `MSG_DONTWAIT`. A regular file
-    /// never blocks for long, and anything that cannot be opened again is written whole.
+    /// A sink for the console `fd` (standard output or error). A pipe is opened again
+    /// (`/proc/self/fd/N`), on a description of its own that can be non-blocking without
+    /// changing the one the shell and the pipe's other writers share, and written in
+    /// [`Mode::Pending`]. Anything else is written whole: a terminal (the status block draws on
+    /// it, and a line must not be cut by stderr's), a file, a socket, or a pipe that cannot be
+    /// opened again (its reader is gone, or there is no /proc).
     fn console(fd: BorrowedFd<'_>) -> io::Result<Sink> {
-        use nix::fcntl::OFlag;
-        use nix::sys::stat::{SFlag, fstat};
-        let mut sink = Sink::new(fd)?;
-        let kind = fstat(fd).map(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT);
-        match kind {
-            Ok(SFlag::S_IFIFO | SFlag::S_IFCHR) => {
-                use std::os::unix::fs::OpenOptionsExt;
-                let own = std::fs::OpenOptions::new()
-                    .write(true)
-                    // A terminal opened again must not become the controlling one.
-                    .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
-                    .open(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-                // Without /proc, or a pipe whose reader is gone: written whole, as before.
-                if let Ok(own) = own {
-                    sink.file = own;
-                    sink.mode = Mode::Pending;
-                }
+        use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+        let mut sink = Sink::new(File::from(fd.try_clone_to_owned()?));
+        let meta = sink.file.metadata()?;
+        if meta.file_type().is_fifo() {
+            let own = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+                .open(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            // The same pipe, not another object under that name.
+            if let Ok(own) = own
+                && own
+                    .metadata()
+                    .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()))
+            {
+                sink.file = own;
+                sink.mode = Mode::Pending;
             }
-            Ok(SFlag::S_IFSOCK) => sink.mode = Mode::PendingSocket,
-            _ => {}
         }
         Ok(sink)
     }
 
+    /// Bytes that wait for the reader.
+    fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
     /// Whether bytes wait for a reader that has not taken them yet.
     fn waiting(&self) -> bool {
-        !self.closed && !self.buf.is_empty()
+        !self.closed && self.pending() > 0
+    }
+
+    /// Drops every byte waiting.
+    fn clear(&mut self) {
+        self.buf.clear();
+        self.start = 0;
     }
 
     fn flush(&mut self) {
-        if self.closed || self.buf.is_empty() {
-            self.buf.clear();
+        if self.closed || self.pending() == 0 {
+            self.clear();
             return;
         }
         let started = Instant::now();
-        let (file, buf, mode, deadline) = (&self.file, &self.buf, self.mode, self.deadline);
+        let (file, bytes, mode, deadline) = (
+            &self.file,
+            &self.buf[self.start..],
+            self.mode,
+            self.deadline,
+        );
         let write = || match mode {
-            Mode::Whole => write_fully(file, buf, deadline).map(|()| buf.len()),
-            Mode::Pending | Mode::PendingSocket => write_now(file, buf, mode),
+            Mode::Whole => write_fully(file, bytes, deadline).map(|()| bytes.len()),
+            Mode::Pending => write_now(file, bytes),
         };
         let written = match &self.around {
             // The block is taken away, the lines written, and the block drawn below them.
@@ -258,18 +274,21 @@ impl Sink {
         };
         self.behind = false;
         match written {
-            Ok(n) if n == self.buf.len() => self.buf.clear(),
+            Ok(n) if n == self.pending() => self.clear(),
             Ok(n) => {
-                self.buf.drain(..n);
-                self.stalled = true;
+                self.start += n;
                 self.behind = true;
+                if self.start > self.buf.len() / 2 {
+                    self.buf.drain(..self.start);
+                    self.start = 0;
+                }
             }
             Err(e) => {
                 if e.kind() != io::ErrorKind::BrokenPipe {
                     self.failure = Some(e.to_string());
                 }
                 self.closed = true;
-                self.buf.clear();
+                self.clear();
             }
         }
         if started.elapsed() >= STALL {
@@ -278,21 +297,21 @@ impl Sink {
     }
 }
 
-/// Writes what the reader takes now, without waiting: the bytes written.
-fn write_now(file: &File, buf: &[u8], mode: Mode) -> io::Result<usize> {
-    use nix::sys::socket::{MsgFlags, send};
+/// Whether `a` and `b` are the same file (device and inode).
+fn same_object(a: &File, b: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// Writes what the reader takes now, without waiting (`file` is non-blocking): the bytes
+/// written.
+fn write_now(file: &File, buf: &[u8]) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
-        let wrote = match mode {
-            Mode::PendingSocket => send(
-                file.as_raw_fd(),
-                &buf[done..],
-                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            )
-            .map_err(io::Error::from),
-            _ => (&*file).write(&buf[done..]),
-        };
-        match wrote {
+        match (&*file).write(&buf[done..]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -378,6 +397,9 @@ pub struct Output {
     lanes: Vec<Lane>,
     /// A remote agent's output: every line goes to the launcher as a frame on stdout.
     upstream: bool,
+    /// Standard error is the same pipe as standard output (`2>&1 | ...`): its lines go into
+    /// stdout's buffer, in order, so that a partial write of one is never cut by the other's.
+    err_is_out: bool,
     /// Upstream: the lines frame being filled at the end of `out.buf` (rank, stream, where).
     batch: Option<(u32, Stream, usize)>,
     /// The live status block, on a terminal.
@@ -393,6 +415,18 @@ impl Output {
     /// cannot be duplicated.
     pub fn new(options: OutputOptions, ranks: &[u32]) -> Result<Output, CliError> {
         let console = |e| CliError::system("use the console")(e);
+        let out = Sink::console(io::stdout().as_fd()).map_err(console)?;
+        let err = Sink::console(io::stderr().as_fd()).map_err(console)?;
+        Output::with_sinks(options, ranks, out, err)
+    }
+
+    /// [`Output::new`] writing to `out` and `err`.
+    fn with_sinks(
+        options: OutputOptions,
+        ranks: &[u32],
+        out: Sink,
+        err: Sink,
+    ) -> Result<Output, CliError> {
         let mut lanes = Vec::with_capacity(ranks.len());
         for &rank in ranks {
             let logs = match &options.log_dir {
@@ -412,13 +446,15 @@ impl Output {
                 last: Vec::new(),
             });
         }
+        let err_is_out = out.mode == Mode::Pending && same_object(&out.file, &err.file);
         let mut output = Output {
-            out: Sink::console(io::stdout().as_fd()).map_err(console)?,
-            err: Sink::console(io::stderr().as_fd()).map_err(console)?,
+            out,
+            err,
             options,
             stamp: Vec::new(),
             lanes,
             upstream: false,
+            err_is_out,
             batch: None,
             status: None,
         };
@@ -455,13 +491,17 @@ impl Output {
     ///
     /// As [`Output::new`].
     pub fn upstream_to(connection: OwnedFd, ranks: &[u32]) -> Result<Output, CliError> {
-        let mut output = Output::new(OutputOptions::default(), ranks)?;
-        output.upstream = true;
         // Frames are written whole (within the deadline below), and so are messages.
-        output.out.file = File::from(connection);
-        output.out.mode = Mode::Whole;
-        output.err =
-            Sink::new(io::stderr().as_fd()).map_err(|e| CliError::system("use the console")(e))?;
+        let stderr = io::stderr()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(CliError::system("use the console"))?;
+        let (out, err) = (
+            Sink::new(File::from(connection)),
+            Sink::new(File::from(stderr)),
+        );
+        let mut output = Output::with_sinks(OutputOptions::default(), ranks, out, err)?;
+        output.upstream = true;
         // The launcher reads this; if it stops reading for as long as it may stay silent, it
         // is gone (a machine that lost its network closes nothing), and the agent must not
         // block for ever holding its workers.
@@ -594,8 +634,8 @@ impl Output {
             return;
         }
         let sink = match stream {
-            Stream::Stdout => &mut self.out,
-            Stream::Stderr => &mut self.err,
+            Stream::Stderr if !self.err_is_out => &mut self.err,
+            _ => &mut self.out,
         };
         sink.buf.extend_from_slice(&self.stamp);
         if self.options.tag {
@@ -622,10 +662,16 @@ impl Output {
             self.err.flush();
             return;
         }
-        self.out.flush();
-        self.err.buf.extend_from_slice(text.as_bytes());
-        self.err.buf.push(b'\n');
-        self.err.flush();
+        let sink = match self.err_is_out {
+            true => &mut self.out,
+            false => {
+                self.out.flush();
+                &mut self.err
+            }
+        };
+        sink.buf.extend_from_slice(text.as_bytes());
+        sink.buf.push(b'\n');
+        sink.flush();
     }
 
     /// Ends the lines frame being filled, if any.
@@ -642,17 +688,13 @@ impl Output {
         self.err.flush();
         // A console that fails (a full disk), unlike one whose reader left, is said once.
         if let Some(why) = self.out.failure.take().filter(|_| !self.upstream) {
-            let shown = match &self.options.log_dir {
-                Some(dir) => format!(" (the logs in {} still get it)", dir.display()),
-                None => String::new(),
-            };
-            self.err.buf.extend_from_slice(
-                format!(
-                    "atlasboost: warning: cannot write the workers' output to standard output \
-                     ({why}); it is dropped from now on{shown}\n"
-                )
-                .as_bytes(),
+            let text = format!(
+                "atlasboost: warning: cannot write the workers' output to standard output \
+                 ({why}); it is dropped from now on{}",
+                self.logs_have_them()
             );
+            self.err.buf.extend_from_slice(text.as_bytes());
+            self.err.buf.push(b'\n');
             self.err.flush();
         }
         for l in &mut self.lanes {
@@ -675,7 +717,7 @@ impl Output {
         [&self.out, &self.err]
             .iter()
             .filter(|s| s.waiting())
-            .map(|s| s.buf.len())
+            .map(|s| s.pending())
             .sum()
     }
 
@@ -723,7 +765,12 @@ impl Output {
             let timeout = left.map_or(PollTimeout::NONE, |l| {
                 PollTimeout::try_from(l).unwrap_or(PollTimeout::MAX)
             });
-            let ready = poll(&mut fds, timeout).unwrap_or(0);
+            let ready = match poll(&mut fds, timeout) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => continue,
+                // Cannot wait: what the console has not taken is not waited for.
+                Err(_) => 0,
+            };
             let readable = fds
                 .last()
                 .and_then(PollFd::revents)
@@ -733,7 +780,10 @@ impl Output {
             if ready == 0 || signalled {
                 self.give_up_console(&match signalled {
                     true => "a signal came".to_string(),
-                    false => format!("it took nothing for {:.0?}", limit.unwrap_or_default()),
+                    false => format!(
+                        "the job's end waited {:.0?} for it",
+                        limit.unwrap_or_default()
+                    ),
                 });
                 return;
             }
@@ -745,24 +795,31 @@ impl Output {
     /// get them), saying so on stderr if stderr can take it: the console took nothing, and
     /// `why` it is not waited for.
     pub fn give_up_console(&mut self, why: &str) {
-        let dropped = self.out.buf.len() + self.err.buf.len();
+        let dropped = self.backlog();
         let note = format!(
             "atlasboost: the console took nothing more, and {why}: {dropped} bytes of output, and \
              the lines after them, are not shown{}\n",
-            match &self.options.log_dir {
-                Some(dir) => format!(" (the logs in {} have them)", dir.display()),
-                None => String::new(),
-            }
+            self.logs_have_them()
         );
-        self.out.buf.clear();
-        self.out.closed = true;
+        // Only a stream that holds bytes back is given up; the other one still works.
+        for sink in [&mut self.out, &mut self.err] {
+            if sink.waiting() {
+                sink.clear();
+                sink.closed = true;
+            }
+        }
         // Said only where it can be: stderr may be the console that took nothing.
-        if self.err.waiting() {
-            self.err.buf.clear();
-            self.err.closed = true;
-        } else {
+        if !self.err.closed && !self.err_is_out {
             self.err.buf.extend_from_slice(note.as_bytes());
             self.err.flush();
+        }
+    }
+
+    /// ` (the logs in DIR have them)` with `--log-dir`, for messages about lines not shown.
+    fn logs_have_them(&self) -> String {
+        match &self.options.log_dir {
+            Some(dir) => format!(" (the logs in {} have them)", dir.display()),
+            None => String::new(),
         }
     }
 

@@ -134,9 +134,10 @@ impl Signals {
 
     /// Runs `work`, which may block for long before anything of the job has started (a
     /// hostfile on a hung mount, the driver's retries, a slow name service), so that a SIGINT,
-    /// SIGTERM or SIGHUP meanwhile still ends the launcher at once, with 128 + N, as if
-    /// atlasboost did not handle signals: there is nothing to stop yet. `doing` says what it
-    /// was doing (`probing this machine's devices`).
+    /// SIGTERM or SIGHUP meanwhile still ends the launcher at once: it dies of the signal, as
+    /// if atlasboost did not handle signals (an ignored one, `nohup`'s SIGHUP, stays ignored).
+    /// There is nothing to stop yet. `doing` says what it was doing (`probing this machine's
+    /// devices`).
     ///
     /// A thread watches a signalfd of its own for the three; the handled signals stay blocked
     /// in every thread, as [`Signals::block`] needs.
@@ -172,13 +173,16 @@ impl Signals {
                     if let Ok(Some(info)) = watched.read_signal()
                         && let Ok(signal) = Signal::try_from(info.ssi_signo as i32)
                     {
+                        if ignored(signal) {
+                            continue;
+                        }
                         let line = format!(
                             "atlasboost: got {} {note}, before anything started; exiting\n",
                             signal.as_str()
                         );
                         // No lock of the main thread's is taken: it may hold one, blocked.
                         let _ = nix::unistd::write(std::io::stderr(), line.as_bytes());
-                        std::process::exit(128 + signal as i32);
+                        die_of(signal);
                     }
                 }
             });
@@ -189,6 +193,17 @@ impl Signals {
             let _ = watcher.join();
         }
         result
+    }
+
+    /// Lets SIGINT, SIGTERM and SIGHUP act as they would without atlasboost (their inherited
+    /// disposition), once nothing of the job is left to stop: what the launcher still writes
+    /// (the summary, to a console that may take nothing) must not make it deaf to them.
+    pub fn release(&self) {
+        let mut set = SigSet::empty();
+        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            set.add(s);
+        }
+        let _ = set.thread_unblock();
     }
 
     /// The signals received since the last call, in order.
@@ -205,6 +220,38 @@ impl Signals {
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// Whether `signal` is ignored in this process (`nohup`'s SIGHUP, a shell's background job's
+/// SIGINT).
+fn ignored(signal: Signal) -> bool {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, sigaction};
+    let keep = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    // SAFETY: reads the disposition by setting one and putting the old one back; neither
+    // runs handler code.
+    match unsafe { sigaction(signal, &keep) } {
+        Ok(old) => {
+            let _ = unsafe { sigaction(signal, &old) };
+            old.handler() == SigHandler::SigIgn
+        }
+        Err(_) => false,
+    }
+}
+
+/// Ends the process by `signal`'s default action, from this thread: no exit handler runs
+/// (another thread may hold the dynamic loader's or the driver's locks, which `exit` would
+/// wait for).
+fn die_of(signal: Signal) -> ! {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, sigaction};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: the default disposition installs no handler code.
+    let _ = unsafe { sigaction(signal, &default) };
+    let mut set = SigSet::empty();
+    set.add(signal);
+    let _ = set.thread_unblock();
+    let _ = nix::sys::signal::raise(signal);
+    // Not reached: the signal's default action ends the process.
+    std::process::abort()
 }
 
 /// One worker to start (or, in the launcher, one worker a remote agent starts).
@@ -967,7 +1014,11 @@ impl<'a> Supervisor<'a> {
         // Every worker is gone: what the console has not taken yet is waited for, but not
         // after a signal (the one that stopped the job, for at most the grace time, or a next
         // one).
-        let limit = self.interrupted.map(|_| self.grace);
+        // After a signal, the console gets what is left of the grace time since the stop.
+        let limit = self.interrupted.map(|_| {
+            let since = self.stopping.map_or_else(Instant::now, |(since, _)| since);
+            self.grace.saturating_sub(since.elapsed())
+        });
         let mut came = Vec::new();
         output.drain_console(signals.fd(), limit, &mut || {
             let got = signals.pending();
@@ -1065,8 +1116,10 @@ impl<'a> Supervisor<'a> {
             // (setsid) holds it. Read what comes for a while, not forever.
             self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
         }
-        let drained =
-            self.pipes.is_empty() || self.drain_until.is_some_and(|t| Instant::now() >= t);
+        // While the console holds the output back, the pipes are ours not to read, not a
+        // stranger's to hold: their last lines (a traceback, for the logs too) are waited for.
+        let drained = self.pipes.is_empty()
+            || (!held && self.drain_until.is_some_and(|t| Instant::now() >= t));
         // After SIGKILL, orphans still coming are waited for up to the drain's bound.
         let orphans_coming =
             !orphans.is_empty() && self.drain_until.is_none_or(|t| Instant::now() < t);
@@ -1439,7 +1492,12 @@ impl<'a> Supervisor<'a> {
             held = false;
         }
         if held {
+            // Lines and beats wait unread in the pipes: no rank's silence, no peer's, is its own.
             output.held_back();
+            let now = Instant::now();
+            for p in &mut self.progress {
+                p.since = now;
+            }
         }
         let ready: Vec<Source> = {
             let mut fds = Vec::with_capacity(self.pipes.len() + 4);
@@ -1542,14 +1600,14 @@ impl<'a> Supervisor<'a> {
 
     /// Reads what a pipe has; false at its end.
     fn read_pipe(buf: &mut [u8], p: &mut Pipe, output: &mut Output) -> bool {
-        Self::read_some(buf, p, output) != PipeState::Ended
+        Self::read_some(buf, p, output, true) != PipeState::Ended
     }
 
     /// Up to 16 reads: a bounded number per poll keeps one chatty worker from starving the rest.
-    fn read_some(buf: &mut [u8], p: &mut Pipe, output: &mut Output) -> PipeState {
+    /// With `hold`, a console that does not keep up holds the output back, within a pass too.
+    fn read_some(buf: &mut [u8], p: &mut Pipe, output: &mut Output, hold: bool) -> PipeState {
         for _ in 0..16 {
-            // A console that does not keep up holds the output back, within a pass too.
-            if output.backlog() >= HOLD_BACK {
+            if hold && output.backlog() >= HOLD_BACK {
                 return PipeState::More;
             }
             match nix::unistd::read(&p.fd, buf) {
@@ -1575,9 +1633,11 @@ impl<'a> Supervisor<'a> {
     /// reads as ended again on the next poll, and is removed then.
     fn drain_lane(&mut self, lane: usize, output: &mut Output) {
         for p in self.pipes.iter_mut().filter(|p| p.lane == lane) {
-            // Bounded: a child of the worker may still be writing to the same pipe.
+            // Bounded: a child of the worker may still be writing to the same pipe. Read past
+            // a console that holds the output back: bounded too, and its last lines must come
+            // before what is said of its exit.
             for _ in 0..64 {
-                if Self::read_some(&mut self.buf, p, output) != PipeState::More {
+                if Self::read_some(&mut self.buf, p, output, false) != PipeState::More {
                     break;
                 }
             }
@@ -2313,8 +2373,9 @@ impl<'a> Supervisor<'a> {
     }
 
     /// Signals orphans (not the workers: they are signalled through their groups), each with
-    /// the process group it leads or that lives in a session a worker's descendant made
-    /// (`setsid`): every process there descends from the workers. SIGTERM goes once to each.
+    /// the process group it leads or that lives in a session it made (`setsid`): an orphan,
+    /// and every process of such a group, descends from the job (its workers, or a helper the
+    /// launcher started, such as ssh's `ControlPersist` daemon). SIGTERM goes once to each.
     fn signal_orphans(&mut self, orphans: &[Pid], signal: Signal) {
         let our_session = nix::unistd::getsid(None).ok();
         for &pid in orphans {
@@ -2390,6 +2451,10 @@ impl<'a> Supervisor<'a> {
             self.poll_once(signals, output, PollTimeout::from(50u8));
         }
         self.check_groups();
+        // What the console has not taken yet: waited for as long as the rest, no longer.
+        output.drain_console(signals.fd(), Some(DRAIN_AFTER_KILL), &mut || {
+            signals.pending().iter().any(|s| *s != Signal::SIGCHLD)
+        });
     }
 
     fn result(&self, output: &Output) -> JobResult {
