@@ -489,11 +489,7 @@ fn parse_monitor_interval(s: &str) -> Result<std::time::Duration, String> {
     if s == "off" {
         return Ok(std::time::Duration::ZERO);
     }
-    let d = parse_seconds(s)?;
-    if d < crate::launch::monitor::MIN_INTERVAL {
-        return Err(format!("{s}: at least 1 second, or off"));
-    }
-    Ok(d)
+    at_least(s, crate::launch::monitor::MIN_INTERVAL).map_err(|e| format!("{e}, or off"))
 }
 
 /// `--metrics`: `ADDR:PORT`, or a port alone (on loopback: nothing is exposed unless asked).

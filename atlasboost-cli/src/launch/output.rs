@@ -306,8 +306,8 @@ fn same_object(a: &File, b: &File) -> bool {
     }
 }
 
-/// Writes what the reader takes now, without waiting (`file` is non-blocking): the bytes
-/// written.
+/// Writes what the reader takes now: the bytes written. On a non-blocking `file` it never
+/// waits; on a blocking one it writes everything.
 fn write_now(file: &File, buf: &[u8]) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
@@ -333,24 +333,21 @@ pub(crate) fn write_fully(
     deadline: Option<Duration>,
 ) -> io::Result<()> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    while !buf.is_empty() {
-        match (&*file).write(buf) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLOUT)];
-                let timeout = deadline.map_or(PollTimeout::NONE, |d| {
-                    PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
-                });
-                if poll(&mut fds, timeout).map_err(io::Error::from)? == 0 {
-                    return Err(io::ErrorKind::TimedOut.into());
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+    loop {
+        buf = &buf[write_now(file, buf)?..];
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLOUT)];
+        let timeout = deadline.map_or(PollTimeout::NONE, |d| {
+            PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
+        });
+        match poll(&mut fds, timeout) {
+            Ok(0) => return Err(io::ErrorKind::TimedOut.into()),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
 }
 
 /// How the console shows workers' lines.

@@ -2383,8 +2383,9 @@ impl<'a> Supervisor<'a> {
                 continue;
             }
             let _ = nix::sys::signal::kill(pid, signal);
+            let own_session = |session: Pid| our_session.is_some_and(|ours| ours != session);
             if let Ok(group) = nix::unistd::getpgid(Some(pid))
-                && (group == pid || nix::unistd::getsid(Some(pid)).ok() != our_session)
+                && (group == pid || nix::unistd::getsid(Some(pid)).is_ok_and(own_session))
             {
                 let _ = killpg(group, signal);
             }
