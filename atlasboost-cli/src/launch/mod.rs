@@ -93,11 +93,6 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     signals.exit_on_signal_during("loading the device probe", || {
         atlasboost::probe::make_probe(&args.discovery, &hosts[0].server_id)
     })?;
-    // The first attempt's local probe, before any state of the job exists (the driver may
-    // retry for seconds).
-    let first_local = signals.exit_on_signal_during("probing this machine's devices", || {
-        probe_local_hosts(args, &hosts)
-    })?;
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
@@ -117,6 +112,16 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             counted(size as usize, "rank")
         )));
     }
+    if args.metrics.is_some() && args.monitor_interval.is_none() {
+        return Err(CliError::Usage(
+            "--metrics needs the samples that --monitor-interval off turns off".into(),
+        ));
+    }
+    // The first attempt's local probe, after the usage checks and before any state of the job
+    // exists (the driver may retry for seconds).
+    let first_local = signals.exit_on_signal_during("probing this machine's devices", || {
+        probe_local_hosts(args, &hosts)
+    })?;
     let job_id = new_job_id()?;
     // Held to the end of the job, across restarts: no other job replaces this table while
     // the workers run.
@@ -137,11 +142,6 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         hosts.iter().map(host_json).collect(),
         &table_path,
     );
-    if args.metrics.is_some() && args.monitor_interval.is_none() {
-        return Err(CliError::Usage(
-            "--metrics needs the samples that --monitor-interval off turns off".into(),
-        ));
-    }
     let metrics = match args.metrics {
         Some(address) => {
             let m = Metrics::serve(address)?;

@@ -208,6 +208,8 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         mpirun,
     );
     lifeline.close();
+    // Nothing of the job is left: as in `run`, signals act as without atlasboost from here.
+    signals.release();
     // The attempt's end is recorded however it ended (mpirun that cannot start included).
     let (ended, code) = match &result {
         Ok(r) => (ending_of(r), r.exit_code),

@@ -121,8 +121,13 @@ impl Signals {
         // SAFETY: the default disposition installs no handler code.
         unsafe { nix::sys::signal::signal(Signal::SIGCHLD, nix::sys::signal::SigHandler::SigDfl) }
             .map_err(|e| CliError::system("reset SIGCHLD")(e.into()))?;
+        // An ignored one (`nohup`'s SIGHUP, SIGINT in a script's background job) stays
+        // ignored: blocked, it would still be queued and read from the signalfd.
         let mut set = SigSet::empty();
-        for s in HANDLED {
+        for s in HANDLED
+            .into_iter()
+            .filter(|&s| s == Signal::SIGCHLD || !ignored(s))
+        {
             set.add(s);
         }
         set.thread_block()
@@ -180,8 +185,14 @@ impl Signals {
                             "atlasboost: got {} {note}, before anything started; exiting\n",
                             signal.as_str()
                         );
-                        // No lock of the main thread's is taken: it may hold one, blocked.
-                        let _ = nix::unistd::write(std::io::stderr(), line.as_bytes());
+                        // No lock of the main thread's is taken: it may hold one, blocked. A
+                        // stderr that takes nothing now is not waited for: the line is short
+                        // (one write of it does not block once there is room).
+                        let stderr = std::io::stderr();
+                        let mut room = [PollFd::new(stderr.as_fd(), PollFlags::POLLOUT)];
+                        if poll(&mut room, PollTimeout::from(100u8)).is_ok_and(|n| n > 0) {
+                            let _ = nix::unistd::write(stderr, line.as_bytes());
+                        }
                         die_of(signal);
                     }
                 }
@@ -199,6 +210,8 @@ impl Signals {
     /// disposition), once nothing of the job is left to stop: what the launcher still writes
     /// (the summary, to a console that may take nothing) must not make it deaf to them.
     pub fn release(&self) {
+        // One that came after the job's end is not acted on: the job has ended already.
+        let _ = self.pending();
         let mut set = SigSet::empty();
         for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
             set.add(s);
@@ -534,6 +547,9 @@ struct Pipe {
     stream: Stream,
     fd: OwnedFd,
     split: LineSplitter,
+    /// Read to its end by [`Supervisor::drain_lane`]: removed at the end of the poll (which
+    /// may not poll it again while the console holds the output back).
+    at_end: bool,
 }
 
 /// Where a polled descriptor comes from.
@@ -595,6 +611,7 @@ pub fn run_workers(
                         stream,
                         fd,
                         split: LineSplitter::default(),
+                        at_end: false,
                     });
                 }
             }
@@ -711,6 +728,9 @@ struct Supervisor<'a> {
     stopping: Option<(Instant, bool)>,
     /// The grace time of the stop in progress (shorter when the launcher is lost).
     grace: Duration,
+    /// When the first SIGINT, SIGTERM or SIGHUP came, whatever the stop did with it (one that
+    /// comes while a failure already stops the job sets no `interrupted`).
+    signalled: Option<Instant>,
     /// What the workers left behind has been sent SIGTERM.
     leftovers_stopped: bool,
     /// The orphans sent SIGTERM so far (an orphan is the launcher's child, so its pid is not
@@ -786,6 +806,7 @@ impl<'a> Supervisor<'a> {
             interrupted: None,
             stopping: None,
             grace: plan.grace,
+            signalled: None,
             leftovers_stopped: false,
             orphans_termed: HashSet::new(),
             drain_until: None,
@@ -1015,10 +1036,9 @@ impl<'a> Supervisor<'a> {
         // after a signal (the one that stopped the job, for at most the grace time, or a next
         // one).
         // After a signal, the console gets what is left of the grace time since the stop.
-        let limit = self.interrupted.map(|_| {
-            let since = self.stopping.map_or_else(Instant::now, |(since, _)| since);
-            self.grace.saturating_sub(since.elapsed())
-        });
+        let limit = self
+            .signalled
+            .map(|at| self.grace.saturating_sub(at.elapsed()));
         let mut came = Vec::new();
         output.drain_console(signals.fd(), limit, &mut || {
             let got = signals.pending();
@@ -1117,7 +1137,11 @@ impl<'a> Supervisor<'a> {
             self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
         }
         // While the console holds the output back, the pipes are ours not to read, not a
-        // stranger's to hold: their last lines (a traceback, for the logs too) are waited for.
+        // stranger's to hold: their last lines (a traceback, for the logs too) are waited for,
+        // and the bound on a stranger's counts from when they are read again.
+        if held && let Some(until) = &mut self.drain_until {
+            *until = (*until).max(Instant::now() + DRAIN_AFTER_KILL);
+        }
         let drained = self.pipes.is_empty()
             || (!held && self.drain_until.is_some_and(|t| Instant::now() >= t));
         // After SIGKILL, orphans still coming are waited for up to the drain's bound.
@@ -1479,15 +1503,16 @@ impl<'a> Supervisor<'a> {
         // read until it takes some (the workers then wait on their pipes, as they would for a
         // console written whole), while signals, exits and the grace time go on.
         let mut held = output.backlog() >= HOLD_BACK;
+        let killed = self.stopping.is_some_and(|(_, killed)| killed);
         if held
-            && let (Some(signal), Some((since, _))) = (self.interrupted, self.stopping)
-            && since.elapsed() >= self.grace
+            && let Some(at) = self.signalled
+            && (killed || at.elapsed() >= self.grace)
         {
-            // Asked to stop, and the grace time is over: the console is not waited for.
+            // Asked to stop by a signal, and the grace time is over (or the stop is a kill
+            // already): the console is not waited for.
             output.give_up_console(&format!(
-                "{} asked to stop {:.0?} ago",
-                signal.as_str(),
-                self.grace
+                "a signal asked to stop {:.1} s ago",
+                at.elapsed().as_secs_f64()
             ));
             held = false;
         }
@@ -1587,6 +1612,7 @@ impl<'a> Supervisor<'a> {
         for i in closed.into_iter().rev() {
             self.pipes.swap_remove(i);
         }
+        self.pipes.retain(|p| !p.at_end);
         if let Some(m) = &mut self.mpirun {
             mpirun_closed.sort_unstable();
             for i in mpirun_closed.into_iter().rev() {
@@ -1637,8 +1663,13 @@ impl<'a> Supervisor<'a> {
             // a console that holds the output back: bounded too, and its last lines must come
             // before what is said of its exit.
             for _ in 0..64 {
-                if Self::read_some(&mut self.buf, p, output, false) != PipeState::More {
-                    break;
+                match Self::read_some(&mut self.buf, p, output, false) {
+                    PipeState::More => {}
+                    PipeState::Ended => {
+                        p.at_end = true;
+                        break;
+                    }
+                    PipeState::Empty => break,
                 }
             }
         }
@@ -2159,6 +2190,7 @@ impl<'a> Supervisor<'a> {
             self.reap(output);
             return;
         }
+        self.signalled.get_or_insert_with(Instant::now);
         let state = SignalState {
             agent: self.is_agent(),
             obeys_signals: matches!(&self.role, Role::Agent(up) if up.obeys_signals),
