@@ -728,12 +728,6 @@ impl Output {
             .collect()
     }
 
-    /// The supervisor held the workers' output back for the console: nobody could be heard
-    /// meanwhile (see [`Output::take_stall`]).
-    pub fn held_back(&mut self) {
-        self.out.stalled = true;
-    }
-
     /// At the end: waits until the console has taken every byte, for at most `limit`
     /// (`None`: as long as it takes), or until a signal that stops the job arrives. When
     /// `interrupt` (the launcher's signalfd) is readable, `stops` reads it and says whether

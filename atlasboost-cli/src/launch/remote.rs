@@ -500,7 +500,10 @@ impl Remote {
         let mut got = Vec::new();
         for _ in 0..16 {
             match nix::unistd::read(fd, buf) {
-                Ok(0) => {
+                // A peer that closes with bytes of ours unread (a relay that said it is done
+                // while a heartbeat was on its way) resets the connection: its end, as EOF,
+                // after everything it sent (which `got` holds).
+                Ok(0) | Err(Errno::ECONNRESET) => {
                     self.out = None;
                     return if got.is_empty() {
                         Ok(None)
@@ -644,6 +647,32 @@ fn shell_quote(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A relay that closes its connection with a heartbeat of ours unread resets it: what it
+    /// sent before (its `done`) still counts, and the reset is its end, not a protocol error.
+    #[test]
+    fn a_peer_that_resets_after_its_last_frames_has_ended() {
+        use std::io::Write;
+        use std::os::unix::net::UnixStream;
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let mut frames = super::super::channel::HELLO.to_vec();
+        super::super::channel::encode(&Up::Done, &mut frames);
+        theirs.write_all(&frames).unwrap();
+        // Ours to them, never read: their close then resets the connection.
+        (&ours).write_all(b"unread").unwrap();
+        drop(theirs);
+        ours.set_nonblocking(true).unwrap();
+        let mut remote = session(
+            "h",
+            Link::Relay { rank: 0 },
+            None,
+            Some(OwnedFd::from(ours)),
+        );
+        let mut buf = vec![0u8; 1024];
+        let got = remote.read_out(&mut buf).unwrap();
+        assert!(matches!(got.as_deref(), Some([Up::Done])), "{got:?}");
+        assert!(remote.out.is_none(), "the session has ended");
+    }
 
     #[test]
     fn srun_tells_scancel_from_its_own_ending_of_the_step() {

@@ -1517,11 +1517,14 @@ impl<'a> Supervisor<'a> {
             held = false;
         }
         if held {
-            // Lines and beats wait unread in the pipes: no rank's silence, no peer's, is its own.
-            output.held_back();
+            // Lines, beats and peers' frames wait unread: no rank's silence, no peer's, is its
+            // own. (Ours is not: heartbeats still go out on time.)
             let now = Instant::now();
             for p in &mut self.progress {
                 p.since = now;
+            }
+            if let Role::Launcher(remotes) = &mut self.role {
+                remotes.iter_mut().for_each(|r| r.last_heard = now);
             }
         }
         let ready: Vec<Source> = {
