@@ -29,6 +29,13 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
     if args.command.first().is_none_or(|c| c.is_empty()) {
         return Err(CliError::Usage("the command to run is empty".into()));
     }
+    if args.min_np.is_some() && args.max_restarts == 0 {
+        return Err(CliError::Usage(
+            "--min-np bounds how far a restart may shrink the job, and --max-restarts 0 allows \
+             none"
+                .into(),
+        ));
+    }
     if args.rank_order == ServerOrder::Hosts && args.format == Format::Legacy {
         return Err(CliError::Usage(
             "--rank-order hosts cannot apply to --format legacy, which ranks servers by \

@@ -1741,6 +1741,10 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     // Flags that only mean something with another are refused without it, never ignored.
     for (flags, needs) in [
         (&["--min-np", "1"][..], "--max-restarts"),
+        (
+            &["--max-restarts", "0", "--min-np", "1"],
+            "--max-restarts 0 allows none",
+        ),
         (&["--restart-delay", "5"], "--max-restarts"),
         (&["--rendezvous-addr", "127.0.0.1"], "--mpi"),
         (
