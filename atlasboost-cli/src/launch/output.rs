@@ -214,7 +214,7 @@ impl Sink {
     /// it, and a line must not be cut by stderr's), a file, a socket, or a pipe that cannot be
     /// opened again (its reader is gone, or there is no /proc).
     fn console(fd: BorrowedFd<'_>) -> io::Result<Sink> {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         let mut sink = Sink::new(File::from(fd.try_clone_to_owned()?));
         let meta = sink.file.metadata()?;
         if meta.file_type().is_fifo() {
@@ -224,9 +224,7 @@ impl Sink {
                 .open(format!("/proc/self/fd/{}", fd.as_raw_fd()));
             // The same pipe, not another object under that name.
             if let Ok(own) = own
-                && own
-                    .metadata()
-                    .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()))
+                && same_object(&own, &sink.file)
             {
                 sink.file = own;
                 sink.mode = Mode::Pending;

@@ -59,6 +59,11 @@ const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 /// takes some.
 const HOLD_BACK: usize = 1 << 20;
 
+/// Whether the console holds the workers' output back (see [`HOLD_BACK`]).
+fn holding_back(output: &Output) -> bool {
+    output.backlog() >= HOLD_BACK
+}
+
 /// How often the workers' progress (lines, heartbeats) is looked at.
 const WATCH_EVERY: Duration = Duration::from_millis(250);
 
@@ -178,9 +183,6 @@ impl Signals {
                     if let Ok(Some(info)) = watched.read_signal()
                         && let Ok(signal) = Signal::try_from(info.ssi_signo as i32)
                     {
-                        if ignored(signal) {
-                            continue;
-                        }
                         let line = format!(
                             "atlasboost: got {} {note}, before anything started; exiting\n",
                             signal.as_str()
@@ -1130,7 +1132,7 @@ impl<'a> Supervisor<'a> {
             );
         }
         // Pipes not read while the console holds the output back are not held by anyone.
-        let held = output.backlog() >= HOLD_BACK;
+        let held = holding_back(output);
         if groups_gone && !self.pipes.is_empty() && self.drain_until.is_none() && !held {
             // Every group is empty, yet a pipe is open: a process that left its group
             // (setsid) holds it. Read what comes for a while, not forever.
@@ -1502,7 +1504,7 @@ impl<'a> Supervisor<'a> {
         // A console that takes nothing holds the output back: what brings more lines is not
         // read until it takes some (the workers then wait on their pipes, as they would for a
         // console written whole), while signals, exits and the grace time go on.
-        let mut held = output.backlog() >= HOLD_BACK;
+        let mut held = holding_back(output);
         let killed = self.stopping.is_some_and(|(_, killed)| killed);
         if held
             && let Some(at) = self.signalled
@@ -1636,7 +1638,7 @@ impl<'a> Supervisor<'a> {
     /// With `hold`, a console that does not keep up holds the output back, within a pass too.
     fn read_some(buf: &mut [u8], p: &mut Pipe, output: &mut Output, hold: bool) -> PipeState {
         for _ in 0..16 {
-            if hold && output.backlog() >= HOLD_BACK {
+            if hold && holding_back(output) {
                 return PipeState::More;
             }
             match nix::unistd::read(&p.fd, buf) {
