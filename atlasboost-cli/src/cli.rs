@@ -151,7 +151,8 @@ pub struct DiscoveryArgs {
     #[arg(long, value_name = "LIST", value_parser = parse_device_list)]
     pub devices: Option<DeviceList>,
 
-    /// The hccn.conf to read [default: $ATLASBOOST_HCCN_CONF, else /etc/hccn.conf].
+    /// The hccn.conf to read, with --probe hccn or auto [default: $ATLASBOOST_HCCN_CONF, else
+    /// /etc/hccn.conf].
     #[arg(long, value_name = "PATH")]
     pub hccn_conf: Option<PathBuf>,
 }
@@ -277,8 +278,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", default_value = "tensorflow", value_parser = framework_parser())]
     pub framework: Framework,
 
-    /// Where every host writes the cluster rank table (relative to --wdir); one running job per
-    /// path on each host.
+    /// Where every host writes the cluster rank table (relative to --wdir; a name ending in
+    /// .json); one running job per path on each host.
     #[arg(long, value_name = "PATH", default_value = "rank_table.json", value_parser = parse_table_path)]
     pub rank_table: PathBuf,
 
@@ -327,12 +328,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub max_restarts: u32,
 
-    /// Seconds before the first restart, doubling for each one after it up to 30.
+    /// With --max-restarts: seconds before the first restart, doubling for each one after it up
+    /// to 30.
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_seconds_or_zero,
           requires = "max_restarts")]
     pub restart_delay: Duration,
 
-    /// The smallest world a restart may shrink to, leaving out unhealthy devices and lost hosts
+    /// With --max-restarts: the smallest world a restart may shrink to, leaving out unhealthy
+    /// devices and lost hosts
     /// [default: the first attempt's size: no shrinking].
     #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..),
           requires = "max_restarts")]
