@@ -32,7 +32,8 @@
   every host at once (the floor); `atlasboost-nagle` is atlasboost with ssh's own connection
   (ATLASBOOST_SSH_NODELAY=0). --clean-login gives each sshd a home with Debian's default
   .bashrc in place of this machine's /root (whose .bashrc may run slow tools at every login).
-  Target: atlasboost <= 0.6x mpirun at 6 hosts.
+  --kex ALGORITHMS sets ssh's KexAlgorithms for every contender (e.g. curve25519-sha256,
+  OpenSSH's default before 9.0). Target: atlasboost <= 0.6x mpirun at 6 hosts.
 - init: library mode. 8 example workers (examples/init_worker.rs) calling init() under
   `atlasboost run` and under `mpirun` (MPI rendezvous), against a C program doing only
   MPI_Init + MPI_Allgather + MPI_Finalize under mpirun (target: atlasboost run < 0.5x the bare
@@ -690,7 +691,7 @@ def cmd_ssh(args):
 
 # ---------------------------------------------------------------- ssh across network namespaces
 
-def start_netns_hosts(tmp, count, clean_login=False):
+def start_netns_hosts(tmp, count, clean_login=False, kex=None):
     """`count` hosts, each a network namespace with its own sshd on port 22, on a bridge with
     10.215.S.1 in the root namespace. With `clean_login`, each sshd (and so every login) sees
     a home of its own in place of /root, with Debian's default .bashrc and .profile. Returns
@@ -734,6 +735,7 @@ def start_netns_hosts(tmp, count, clean_login=False):
     (tmp / "ssh_config").write_text(
         f"Host *\n  IdentityFile {tmp}/client_key\n  IdentitiesOnly yes\n"
         "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        + (f"  KexAlgorithms {kex}\n" if kex else "")
     )
     os.makedirs("/run/sshd", exist_ok=True)
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -799,9 +801,15 @@ def cmd_ssh_netns(args):
     print_machine(tools)
     with tempfile.TemporaryDirectory(prefix="atlasboost-ssh-netns-") as d:
         tmp = Path(d)
-        addrs, config, _, cleanup = start_netns_hosts(tmp, args.hosts, args.clean_login)
+        addrs, config, _, cleanup = start_netns_hosts(tmp, args.hosts, args.clean_login, args.kex)
         login = "a clean home (Debian's default .bashrc)" if args.clean_login else "this machine's /root"
-        print(f"logins: {login}\n")
+        # ssh names a KexAlgorithms it does not know when it reads the config.
+        checked = subprocess.run(["ssh", "-F", str(config), "-G", addrs[0]], capture_output=True, text=True)
+        if checked.returncode != 0:
+            cleanup()
+            die(f"ssh refuses the config (--kex {args.kex}?): {checked.stderr.strip()}")
+        kex = next((l.split(None, 1)[1] for l in checked.stdout.splitlines() if l.startswith("kexalgorithms ")), "?")
+        print(f"logins: {login}\nkey exchange offered by ssh: {kex}\n")
         try:
             stamps = tmp / "stamps"
             worker = ["sh", "-c", f"date +%s%N >> {stamps}"]
@@ -1259,6 +1267,8 @@ def main():
             "atlasboost,atlasboost-nagle,mpirun,ssh")
     s.add_argument("--runs", type=int, default=10, help="timed runs of each (default 10)")
     s.add_argument("--hosts", type=int, default=6, help="the most hosts (default 6; also 3)")
+    s.add_argument("--kex", metavar="ALGORITHMS",
+                   help="KexAlgorithms for every contender's ssh (in the shared ssh_config)")
     s.add_argument("--clean-login", action="store_true",
                    help="each sshd gets a home with Debian's default .bashrc in place of /root")
     s.set_defaults(func=cmd_ssh_netns)
