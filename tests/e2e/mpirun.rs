@@ -549,3 +549,30 @@ fn what_a_worker_leaves_behind_is_killed_after_the_grace_time() {
     );
     assert_no_process_with_env(MARK, &mark, Duration::from_secs(5), "after the job");
 }
+
+/// A console read only after longer than a relay may go unheard (4 s): the launcher stops
+/// reading its relays while the console holds 1 MiB back; the relays hold their workers'
+/// output back in turn and wait, hearing the launcher's heartbeats. Nothing is lost. (More
+/// lines than the pipes and socket buffers between a worker and the launcher hold: 7 MB a
+/// rank.)
+#[test]
+fn relays_wait_for_a_console_read_late() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let f = run_mpi(2)
+        .args(["-q", "--", "seq", "1", "1000000"])
+        .nonblocking_stdout(Duration::from_secs(7))
+        .run();
+    f.assert_code(0);
+    let by_rank = lines_by_rank(&f.out(), "stdout");
+    let want: Vec<String> = (1..=1_000_000).map(|i| i.to_string()).collect();
+    for rank in 0..2 {
+        assert!(
+            by_rank.get(&rank) == Some(&want),
+            "rank {rank}: {} of 1000000 lines, in order\n{}",
+            by_rank.get(&rank).map_or(0, Vec::len),
+            f.err()
+        );
+    }
+}

@@ -87,8 +87,9 @@ fn an_agent_whose_launcher_stops_reading_stops_its_workers() {
         "a host is named as lost: {}",
         r.describe()
     );
-    // The agents cannot write; after LOST_AFTER (4 s) they give up and stop their workers,
-    // though the relay still holds their output open.
+    // The agents cannot write, and the launcher that gave them up (it ends their sessions)
+    // sends no more heartbeats: they stop their workers, though the relay still holds their
+    // output open.
     assert_no_process_with_env(
         "E2E_WORKER",
         &worker,
@@ -96,4 +97,51 @@ fn an_agent_whose_launcher_stops_reading_stops_its_workers() {
         "workers of agents whose launcher stopped reading",
     );
     kill_marked(LAUNCH_MARK, &mark);
+}
+
+/// A console read only after longer than an agent may go unheard (`LOST_AFTER`, 4 s): the
+/// launcher stops reading its agents while the console holds 1 MiB back, and each agent then
+/// holds its workers' output back in turn. The launcher's heartbeats still reach the agents,
+/// so none gives up: the job finishes, every line whole. Flat, and through a chain whose
+/// interior agent holds back its child's output too.
+#[test]
+fn agents_wait_for_a_console_read_late() {
+    for fanout in ["32", "1"] {
+        let run = Run::new([
+            "run",
+            "--sim",
+            "1",
+            "-H",
+            "127.0.0.2:1,127.0.0.3:1",
+            "--fanout",
+            fanout,
+            "--",
+            "seq",
+            "1",
+            "300000",
+        ]);
+        let ssh = run.file("fakebin/ssh", FAKE_SSH, true);
+        let path = format!(
+            "{}:{}",
+            ssh.parent().unwrap().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let r = run
+            .env("PATH", path)
+            .env("ATLASBOOST_SSH_ALL_HOSTS", "1")
+            .nonblocking_stdout(Duration::from_secs(7))
+            .timeout(Duration::from_secs(60))
+            .run();
+        r.assert_code(0);
+        let by_rank = crate::lines_by_rank(&r.out(), "stdout");
+        let want: Vec<String> = (1..=300_000).map(|i| i.to_string()).collect();
+        for rank in 0..2 {
+            assert!(
+                by_rank.get(&rank) == Some(&want),
+                "--fanout {fanout}, rank {rank}: {} of 300000 lines, in order\n{}",
+                by_rank.get(&rank).map_or(0, Vec::len),
+                r.err()
+            );
+        }
+    }
 }

@@ -435,6 +435,39 @@ for i in range({LINES}):
     sshd.assert_no_sessions(Duration::from_secs(3), "after the job");
 }
 
+/// A console read only after longer than an agent may go unheard (4 s), over real ssh: the
+/// launcher stops reading its sessions, ssh's flow control stops the agents' writes, and the
+/// agents hold their workers' output back, hearing the launcher's heartbeats on the other
+/// direction of the same sessions. The job finishes and every line arrives, in order.
+#[test]
+fn remote_hosts_wait_for_a_console_read_late() {
+    // More than ssh's channel window (2 MiB), its buffers and the pipes hold: 7 MB a host.
+    const LINES: u32 = 1_000_000;
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-late-console");
+    let _cleanup = Cleanup(mark.clone());
+    let r = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "1", "-H", "127.0.0.2:1,127.0.0.3:1"],
+    )
+    .args(["--", "seq", "1", &LINES.to_string()])
+    .nonblocking_stdout(Duration::from_secs(7))
+    .timeout(Duration::from_secs(60))
+    .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx}");
+    let by_rank = crate::lines_by_rank(&r.out(), "stdout");
+    let want: Vec<String> = (1..=LINES).map(|i| i.to_string()).collect();
+    for rank in 0..2 {
+        assert!(
+            by_rank.get(&rank) == Some(&want),
+            "rank {rank}: {} of {LINES} lines, in order\n{ctx}",
+            by_rank.get(&rank).map_or(0, Vec::len),
+        );
+    }
+}
+
 /// A line longer than 1 MiB is passed on in pieces of 1 MiB (SPEC: output), from a remote
 /// worker as from a local one. Written so that the agent has read 1 MiB - 1 bytes of it when
 /// the rest comes, with the newline, in one read: the piece must still be cut at 1 MiB (and

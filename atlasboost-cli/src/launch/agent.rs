@@ -9,6 +9,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -914,6 +915,8 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     let mut children = start_children(config)?;
     let (report, devices) = host_report(&config.discovery, &config.server_id, nic.as_ref())?;
     let mut upstream = supervise::Upstream::stdin()?.under_slurm(slurm);
+    // Heard after the supervisor is done with the commands: while the last frames wait.
+    let launcher = upstream.commands()?;
     let decision = join_upward(config, &report, &mut upstream, &mut children)?;
     let (answer, table) = render_decision(&decision)?;
     write_checked(&settings.rank_table, &answer)?;
@@ -969,8 +972,11 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     );
     lifeline.close();
     files.remove();
+    if result.is_ok() {
+        output.send(&Up::Done);
+    }
+    supervise::send_the_rest(&mut output, &signals, launcher.as_fd());
     result?;
-    output.send(&Up::Done);
     Ok(ExitCodes::SUCCESS)
 }
 

@@ -13,6 +13,7 @@
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,7 @@ use super::plan::{HostSpec, parse_host_list, parse_hostfile, resolve_hosts};
 use super::relay::{Introduction, RelayDoor, introduce};
 use super::supervise::{
     MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
+    send_the_rest,
 };
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -540,9 +542,10 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
                 why,
             }
         })?;
-    let commands = connection
-        .try_clone()
-        .map_err(CliError::system("duplicate the connection"))?;
+    // Commands go to the supervisor; the launcher is heard on `launcher` after it.
+    let [commands, launcher] = [connection.try_clone(), connection.try_clone()]
+        .map(|c| c.map_err(CliError::system("duplicate the connection")));
+    let (commands, launcher) = (commands?, launcher?);
     let mut output = Output::upstream_to(connection, &[context.rank])?;
     output.send_raw(channel::HELLO);
     let worker = WorkerPlan {
@@ -597,6 +600,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
             code
         }
     };
+    send_the_rest(&mut output, &signals, launcher.as_fd());
     Ok(code)
 }
 

@@ -157,8 +157,8 @@ fn pieces(line: &[u8], max: usize) -> impl Iterator<Item = &[u8]> {
 /// How a [`Sink`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// Every flush writes everything, waiting for the reader as long as it takes (or up to
-    /// the sink's deadline): a terminal, a regular file, an agent's channel to its launcher.
+    /// Every flush writes everything, waiting for the reader as long as it takes: a terminal,
+    /// a regular file, a socket.
     Whole,
     /// A pipe, on a non-blocking description of its own: a flush writes what the reader
     /// takes now, and the rest waits in the buffer, so that the supervisor's loop goes on
@@ -184,8 +184,6 @@ struct Sink {
     behind: bool,
     /// Why writing failed, other than a reader that went away (`| head`): said once.
     failure: Option<String>,
-    /// How long a write may wait for a reader that takes nothing (`None`: for ever).
-    deadline: Option<Duration>,
     /// The status block every write goes around (on a terminal).
     around: Option<indicatif::MultiProgress>,
 }
@@ -202,7 +200,6 @@ impl Sink {
             stalled: false,
             behind: false,
             failure: None,
-            deadline: None,
             around: None,
         }
     }
@@ -255,14 +252,9 @@ impl Sink {
             return;
         }
         let started = Instant::now();
-        let (file, bytes, mode, deadline) = (
-            &self.file,
-            &self.buf[self.start..],
-            self.mode,
-            self.deadline,
-        );
+        let (file, bytes, mode) = (&self.file, &self.buf[self.start..], self.mode);
         let write = || match mode {
-            Mode::Whole => write_fully(file, bytes, deadline).map(|()| bytes.len()),
+            Mode::Whole => write_fully(file, bytes, None).map(|()| bytes.len()),
             Mode::Pending => write_now(file, bytes),
         };
         let written = match &self.around {
@@ -324,7 +316,7 @@ fn write_now(file: &File, buf: &[u8]) -> io::Result<usize> {
 /// until the reader makes room, as a blocking write would.
 ///
 /// With a `deadline`, a reader that takes no byte for that long is given up on (`TimedOut`):
-/// that is how an agent notices a launcher that vanished without closing the connection.
+/// that is how the launcher notices an ssh session that takes no more commands.
 pub(crate) fn write_fully(
     file: &File,
     mut buf: &[u8],
@@ -366,6 +358,17 @@ pub struct OutputOptions {
     pub events: Option<super::events::Events>,
     /// Keep a live status block at the bottom of the console (stderr is a terminal).
     pub status: bool,
+}
+
+/// How long [`Output::drain_console`] waits for the console to take what is left.
+#[derive(Debug, Clone, Copy)]
+pub enum DrainFor<'a> {
+    /// At most this long (`None`: as long as it takes).
+    AtMost(Option<Duration>),
+    /// An agent's or a relay's: for as long as the launcher is heard on this descriptor (its
+    /// commands), at least every `LOST_AFTER`. A launcher whose console holds output back
+    /// reads nothing for a while but still sends its heartbeats.
+    WhileHeard(BorrowedFd<'a>),
 }
 
 /// One worker's part of the output.
@@ -486,29 +489,25 @@ impl Output {
     ///
     /// As [`Output::new`].
     pub fn upstream_to(connection: OwnedFd, ranks: &[u32]) -> Result<Output, CliError> {
-        // Frames are written whole (within the deadline below), and so are messages.
-        let stderr = io::stderr()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(CliError::system("use the console"))?;
-        let (out, err) = (
-            Sink::new(File::from(connection)),
-            Sink::new(File::from(stderr)),
-        );
-        let mut output = Output::with_sinks(OutputOptions::default(), ranks, out, err)?;
-        output.upstream = true;
-        // The launcher reads this; if it stops reading for as long as it may stay silent, it
-        // is gone (a machine that lost its network closes nothing), and the agent must not
-        // block for ever holding its workers.
+        // The launcher stops reading while its own console holds output back (`| less`), for
+        // as long as that takes: frames wait here, and the workers' pipes are not read, as on
+        // the launcher's host. Whether the launcher is still there is told by its heartbeats,
+        // not by whether it reads (see `drain_console`). Messages go the same way when stderr
+        // is a pipe.
         let _ = nix::fcntl::fcntl(
-            &output.out.file,
+            &connection,
             nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
         );
-        output.out.deadline = Some(super::channel::LOST_AFTER);
+        let mut out = Sink::new(File::from(connection));
+        out.mode = Mode::Pending;
+        let err =
+            Sink::console(io::stderr().as_fd()).map_err(CliError::system("use the console"))?;
+        let mut output = Output::with_sinks(OutputOptions::default(), ranks, out, err)?;
+        output.upstream = true;
         Ok(output)
     }
 
-    /// An agent's launcher stopped reading (or its connection is gone): nothing more can be
+    /// Writing to an agent's launcher failed (its connection is gone): nothing more can be
     /// sent.
     pub fn upstream_closed(&self) -> bool {
         self.upstream && self.out.closed
@@ -597,7 +596,9 @@ impl Output {
             }
             self.out.buf.extend_from_slice(line);
             self.out.buf.push(b'\n');
-            if self.out.buf.len() >= 1 << 16 {
+            // Not while the launcher is behind: the pass's end tries again, and a frame per
+            // line would follow.
+            if self.out.buf.len() >= 1 << 16 && !self.out.behind {
                 self.close_batch();
                 self.out.flush();
             }
@@ -726,22 +727,28 @@ impl Output {
             .collect()
     }
 
-    /// At the end: waits until the console has taken every byte, for at most `limit`
-    /// (`None`: as long as it takes), or until a signal that stops the job arrives. When
-    /// `interrupt` (the launcher's signalfd) is readable, `stops` reads it and says whether
-    /// one of its signals stops the job (a SIGCHLD does not). What is left then is dropped,
-    /// and said on stderr if stderr can take it. The log files (`--log-dir`) have everything.
+    /// At the end: waits until the console has taken every byte, for as long as `wait` says,
+    /// or until a signal that stops the job arrives. When `interrupt` (a signalfd) is
+    /// readable, `stops` reads it and says whether one of its signals stops the job (a SIGCHLD
+    /// does not). What is left then is dropped, and said on stderr if stderr can take it. The
+    /// log files (`--log-dir`) have everything.
     pub fn drain_console(
         &mut self,
         interrupt: BorrowedFd<'_>,
-        limit: Option<Duration>,
+        wait: DrainFor<'_>,
         stops: &mut dyn FnMut() -> bool,
     ) {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         self.flush();
-        let until = limit.map(|l| Instant::now() + l);
+        let started = Instant::now();
+        let mut heard = started;
         loop {
-            let left = until.map(|t| t.saturating_duration_since(Instant::now()));
+            let left = match wait {
+                DrainFor::AtMost(limit) => limit.map(|l| l.saturating_sub(started.elapsed())),
+                DrainFor::WhileHeard(_) => {
+                    Some(super::channel::LOST_AFTER.saturating_sub(heard.elapsed()))
+                }
+            };
             let waiting = self.waiting_fds();
             if waiting.is_empty() {
                 return;
@@ -750,7 +757,11 @@ impl Output {
                 .into_iter()
                 .map(|fd| PollFd::new(fd, PollFlags::POLLOUT))
                 .collect();
+            let at_interrupt = fds.len();
             fds.push(PollFd::new(interrupt, PollFlags::POLLIN));
+            if let DrainFor::WhileHeard(launcher) = wait {
+                fds.push(PollFd::new(launcher, PollFlags::POLLIN));
+            }
             let timeout = left.map_or(PollTimeout::NONE, |l| {
                 PollTimeout::try_from(l).unwrap_or(PollTimeout::MAX)
             });
@@ -760,18 +771,36 @@ impl Output {
                 // Cannot wait: what the console has not taken is not waited for.
                 Err(_) => 0,
             };
-            let readable = fds
-                .last()
-                .and_then(PollFd::revents)
-                .is_some_and(|r| !r.is_empty());
+            let readable = |i: usize| {
+                fds.get(i)
+                    .and_then(PollFd::revents)
+                    .is_some_and(|r| !r.is_empty())
+            };
+            let (interrupted, launcher_said) = (readable(at_interrupt), readable(at_interrupt + 1));
             drop(fds);
-            let signalled = readable && stops();
-            if ready == 0 || signalled {
-                self.give_up_console(&match signalled {
-                    true => "a signal came".to_string(),
-                    false => format!(
+            let signalled = interrupted && stops();
+            let mut gone = false;
+            if let (DrainFor::WhileHeard(launcher), true) = (wait, launcher_said) {
+                // Its commands are of no use now (every worker has ended): only that it speaks.
+                let mut buf = [0u8; 4096];
+                match nix::unistd::read(launcher, &mut buf) {
+                    Ok(0) => gone = true,
+                    Ok(_) => heard = Instant::now(),
+                    Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+                    Err(_) => gone = true,
+                }
+            }
+            if ready == 0 || signalled || gone {
+                self.give_up_console(&match (signalled, gone, wait) {
+                    (true, _, _) => "a signal came".to_string(),
+                    (_, true, _) => "the launcher's connection closed".to_string(),
+                    (_, _, DrainFor::AtMost(limit)) => format!(
                         "the job's end waited {:.0?} for it",
                         limit.unwrap_or_default()
+                    ),
+                    (_, _, DrainFor::WhileHeard(_)) => format!(
+                        "the launcher sent nothing for {:.0?}",
+                        super::channel::LOST_AFTER
                     ),
                 });
                 return;
@@ -785,9 +814,14 @@ impl Output {
     /// `why` it is not waited for.
     pub fn give_up_console(&mut self, why: &str) {
         let dropped = self.backlog();
+        // An agent's stderr reaches the launcher's console, which names the host.
+        let (prefix, reader) = match self.upstream {
+            true => ("", "the launcher"),
+            false => ("atlasboost: ", "the console"),
+        };
         let note = format!(
-            "atlasboost: the console took nothing more, and {why}: {dropped} bytes of output, and \
-             the lines after them, are not shown{}\n",
+            "{prefix}{reader} took nothing more, and {why}: {dropped} bytes of output, and the \
+             lines after them, are not shown{}\n",
             self.logs_have_them()
         );
         // Only a stream that holds bytes back is given up; the other one still works.
@@ -967,5 +1001,72 @@ mod tests {
             pieces.push(&text[start..]);
             prop_assert_eq!(split_max(&pieces, max), whole);
         }
+    }
+
+    /// An agent's output to a launcher that reads nothing yet: a pipe of 4 KiB, 64 KiB of
+    /// lines waiting. Returns the output, the pipe's reading end, the launcher's command pipe
+    /// (read end for the agent, write end for the test) and a signalfd stand-in that never
+    /// becomes readable.
+    fn upstream_behind() -> (Output, OwnedFd, (OwnedFd, OwnedFd), (OwnedFd, OwnedFd)) {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        let _ = fcntl(&write, FcntlArg::F_SETPIPE_SZ(4096));
+        let mut output = Output::upstream_to(write, &[0]).unwrap();
+        for i in 0..8192 {
+            output.line(0, Stream::Stdout, format!("line {i:03}").as_bytes());
+        }
+        output.flush();
+        assert!(output.backlog() > 0, "the pipe cannot hold it all");
+        let commands = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).unwrap();
+        let quiet = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        (output, read, commands, quiet)
+    }
+
+    #[test]
+    fn an_agent_waits_for_a_launcher_that_reads_late_while_it_hears_it() {
+        let (mut output, read, (commands, launcher), (quiet, _q)) = upstream_behind();
+        let backlog = output.backlog();
+        // The launcher: heartbeats for a while, reading nothing; then it reads everything.
+        let reader = std::thread::spawn(move || {
+            let mut launcher = File::from(launcher);
+            for _ in 0..6 {
+                launcher.write_all(b"hb\n").unwrap();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let mut got = Vec::new();
+            io::Read::read_to_end(&mut File::from(read), &mut got).unwrap();
+            got.len()
+        });
+        output.drain_console(
+            quiet.as_fd(),
+            DrainFor::WhileHeard(commands.as_fd()),
+            &mut || false,
+        );
+        assert_eq!(output.backlog(), 0, "everything was taken");
+        assert!(!output.upstream_closed());
+        drop(output);
+        assert!(
+            reader.join().unwrap() >= backlog,
+            "the launcher got every byte"
+        );
+    }
+
+    #[test]
+    fn an_agent_stops_waiting_once_its_launcher_connection_closes() {
+        let (mut output, _read, (commands, launcher), (quiet, _q)) = upstream_behind();
+        drop(launcher);
+        let started = Instant::now();
+        output.drain_console(
+            quiet.as_fd(),
+            DrainFor::WhileHeard(commands.as_fd()),
+            &mut || false,
+        );
+        assert!(
+            started.elapsed() < super::super::channel::LOST_AFTER,
+            "at once, not after the silence limit: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(output.backlog(), 0, "what was left is dropped");
+        assert!(output.upstream_closed(), "and nothing more is sent");
     }
 }

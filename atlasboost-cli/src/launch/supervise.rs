@@ -36,7 +36,7 @@ use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up};
 use super::lifeline::{Lifeline, ORIGINAL_FD_LIMIT};
 use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState};
-use super::output::{LineSplitter, Output};
+use super::output::{DrainFor, LineSplitter, Output};
 use super::rank_files::RankFiles;
 use super::remote::{Remote, is_below, top_of};
 use super::status::{self, HostLine};
@@ -445,6 +445,19 @@ impl Upstream {
         Upstream::on(connection, true)
     }
 
+    /// Another descriptor for the launcher's commands, to hear it after the supervisor.
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::Failure`] if the descriptor cannot be duplicated.
+    pub fn commands(&self) -> Result<OwnedFd, CliError> {
+        self.fd
+            .as_ref()
+            .ok_or_else(|| CliError::Failure("the launcher's connection is closed".into()))?
+            .try_clone()
+            .map_err(CliError::system("duplicate the launcher's connection"))
+    }
+
     fn on(fd: OwnedFd, obeys_signals: bool) -> Upstream {
         let _ = fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
         Upstream {
@@ -650,6 +663,15 @@ pub fn run_workers(
     sup.replay_backlog(output);
     sup.run(signals, output);
     Ok(sup.result(output))
+}
+
+/// An agent's or relay's end, after its last frame: waits until the launcher has taken
+/// everything, as long as it is heard on `launcher` (its commands; a launcher whose console
+/// holds output back reads nothing meanwhile), or until a signal stops this process.
+pub fn send_the_rest(output: &mut Output, signals: &Signals, launcher: BorrowedFd<'_>) {
+    output.drain_console(signals.fd(), DrainFor::WhileHeard(launcher), &mut || {
+        signals.pending().iter().any(|s| *s != Signal::SIGCHLD)
+    });
 }
 
 /// Starts one worker in a process group of its own, stdin closed, output on pipes.
@@ -1042,12 +1064,15 @@ impl<'a> Supervisor<'a> {
             .signalled
             .map(|at| self.grace.saturating_sub(at.elapsed()));
         let mut came = Vec::new();
-        output.drain_console(signals.fd(), limit, &mut || {
-            let got = signals.pending();
-            let stops = got.iter().any(|s| *s != Signal::SIGCHLD);
-            came.extend(got);
-            stops
-        });
+        // An agent's or relay's last frames come after this: it waits for its launcher then.
+        if !self.is_agent() {
+            output.drain_console(signals.fd(), DrainFor::AtMost(limit), &mut || {
+                let got = signals.pending();
+                let stops = got.iter().any(|s| *s != Signal::SIGCHLD);
+                came.extend(got);
+                stops
+            });
+        }
         // Every worker has ended, but a SIGINT now still ends the job with 130, and no
         // restart follows.
         if let Some(s) = came.into_iter().find(|s| *s != Signal::SIGCHLD)
@@ -1240,7 +1265,7 @@ impl<'a> Supervisor<'a> {
                     }
                 }
                 if !up.lost && output.upstream_closed() {
-                    upstream_lost = Some("the launcher stopped reading what this host sends");
+                    upstream_lost = Some("writing to the launcher failed (its connection is gone)");
                 } else if !up.lost && up.last_heard.elapsed() > LOST_AFTER {
                     upstream_lost = Some("no heartbeat from the launcher");
                 }
@@ -1525,8 +1550,9 @@ impl<'a> Supervisor<'a> {
             for p in &mut self.progress {
                 p.since = now;
             }
-            if let Role::Launcher(remotes) = &mut self.role {
-                remotes.iter_mut().for_each(|r| r.last_heard = now);
+            match &mut self.role {
+                Role::Launcher(remotes) => remotes.iter_mut().for_each(|r| r.last_heard = now),
+                Role::Agent(up) => up.children.iter_mut().for_each(|(_, c)| c.last_heard = now),
             }
         }
         let ready: Vec<Source> = {
@@ -1544,7 +1570,9 @@ impl<'a> Supervisor<'a> {
                         fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
                         sources.push(Source::Upstream);
                     }
-                    for (h, (_, r)) in up.children.iter().enumerate() {
+                    // The agents below wait as this one does (their launcher's heartbeats
+                    // still reach them through here).
+                    for (h, (_, r)) in up.children.iter().enumerate().filter(|_| !held) {
                         watch_session(h, r, &mut fds, &mut sources);
                     }
                 }
@@ -2490,9 +2518,11 @@ impl<'a> Supervisor<'a> {
         }
         self.check_groups();
         // What the console has not taken yet: waited for as long as the rest, no longer.
-        output.drain_console(signals.fd(), Some(DRAIN_AFTER_KILL), &mut || {
-            signals.pending().iter().any(|s| *s != Signal::SIGCHLD)
-        });
+        output.drain_console(
+            signals.fd(),
+            DrainFor::AtMost(Some(DRAIN_AFTER_KILL)),
+            &mut || signals.pending().iter().any(|s| *s != Signal::SIGCHLD),
+        );
     }
 
     fn result(&self, output: &Output) -> JobResult {
