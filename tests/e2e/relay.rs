@@ -145,3 +145,62 @@ fn agents_wait_for_a_console_read_late() {
         }
     }
 }
+
+/// A terminal paused with Ctrl-S for longer than an agent may go unheard: the launcher is held
+/// in a write to it (a message, a worker's line, the status line), and its loop sends no
+/// heartbeats, but its heartbeat keeper does. The agents wait, the job finishes once Ctrl-Q
+/// resumes the terminal, and every line is shown. Paused from the start (the launcher is held
+/// before its workers start) and while the workers print (between their two bursts).
+#[test]
+fn a_terminal_paused_with_ctrl_s_does_not_end_a_multi_host_job() {
+    const LINES: usize = 50_000;
+    for after in [Duration::ZERO, Duration::from_millis(1500)] {
+        let run = Run::new([
+            "run",
+            "--sim",
+            "1",
+            "-H",
+            "127.0.0.2:1,127.0.0.3:1",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "seq 1 {}; sleep 3; seq {} {LINES}",
+                LINES / 2,
+                LINES / 2 + 1
+            ),
+        ]);
+        let ssh = run.file("fakebin/ssh", FAKE_SSH, true);
+        let path = format!(
+            "{}:{}",
+            ssh.parent().unwrap().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let r = run
+            .env("PATH", path)
+            .env("ATLASBOOST_SSH_ALL_HOSTS", "1")
+            .paused_terminal(after, Duration::from_secs(7))
+            .timeout(Duration::from_secs(60))
+            .run();
+        let shown = r.out();
+        assert_eq!(
+            r.code(),
+            Some(0),
+            "paused after {after:?}: {}",
+            r.describe()
+        );
+        for rank in 0..2 {
+            assert_eq!(
+                shown.matches(&format!("[{rank}]<stdout>:")).count(),
+                LINES,
+                "paused after {after:?}: rank {rank}'s lines on the terminal\n{}",
+                r.describe()
+            );
+        }
+        assert!(
+            shown.contains("2 succeeded"),
+            "paused after {after:?}: the summary: {}",
+            r.describe()
+        );
+    }
+}

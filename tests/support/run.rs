@@ -75,6 +75,9 @@ pub struct Run {
     mark: String,
     /// Give the launcher a non-blocking stdout pipe, read only after this long.
     nonblocking_stdout: Option<Duration>,
+    /// Give the launcher a terminal for stdout and stderr, paused (Ctrl-S) after the first
+    /// duration, for the second.
+    paused_terminal: Option<(Duration, Duration)>,
 }
 
 impl Run {
@@ -99,6 +102,7 @@ impl Run {
             timeout: DEFAULT_TIMEOUT,
             mark: unique("launch"),
             nonblocking_stdout: None,
+            paused_terminal: None,
         }
     }
 
@@ -143,6 +147,15 @@ impl Run {
     #[must_use]
     pub fn nonblocking_stdout(mut self, lag: Duration) -> Run {
         self.nonblocking_stdout = Some(lag);
+        self
+    }
+
+    /// Gives the launcher a terminal (a pseudo-terminal) for both stdout and stderr, whose
+    /// output is stopped `after` the start, as Ctrl-S stops it, and resumed `pause` later, as
+    /// Ctrl-Q does. Everything it shows is then the launch's stdout; its stderr is empty.
+    #[must_use]
+    pub fn paused_terminal(mut self, after: Duration, pause: Duration) -> Run {
+        self.paused_terminal = Some((after, pause));
         self
     }
 
@@ -199,6 +212,22 @@ impl Run {
             cmd.stdout(Stdio::from(write));
             lagging_stdout = Some((std::fs::File::from(read), lag));
         }
+        let mut terminal = None;
+        if let Some(pause) = self.paused_terminal {
+            let pty = nix::pty::openpty(None, None)
+                .unwrap_or_else(|e| panic!("cannot open a pseudo-terminal: {e}"));
+            if pause.0.is_zero() {
+                nix::sys::termios::tcflow(&pty.slave, nix::sys::termios::FlowArg::TCOOFF)
+                    .unwrap_or_else(|e| panic!("cannot stop the terminal's output: {e}"));
+            }
+            let clone = |fd: &std::os::fd::OwnedFd| {
+                fd.try_clone()
+                    .unwrap_or_else(|e| panic!("cannot duplicate the terminal: {e}"))
+            };
+            cmd.stdout(Stdio::from(clone(&pty.slave)))
+                .stderr(Stdio::from(clone(&pty.slave)));
+            terminal = Some((pty.master, pty.slave, pause));
+        }
         for (name, _) in std::env::vars_os() {
             if name.to_str().is_some_and(is_hermetic) {
                 cmd.env_remove(name);
@@ -225,15 +254,36 @@ impl Run {
             .unwrap_or_else(|e| panic!("cannot start {described}: {e}"));
         // The child has its ends of the pipes: close ours, so that their ends are the child's.
         drop(cmd);
-        let Some(stderr) = child.stderr.take() else {
-            unreachable!("stderr is piped");
+        let (out, err) = match terminal {
+            Some((master, slave, (after, pause))) => {
+                // Stopped, then resumed; our end of the terminal closed then, so that reading
+                // it ends with the launcher.
+                std::thread::spawn(move || {
+                    use nix::sys::termios::{FlowArg, tcflow};
+                    if !after.is_zero() {
+                        std::thread::sleep(after);
+                        let _ = tcflow(&slave, FlowArg::TCOOFF);
+                    }
+                    std::thread::sleep(pause);
+                    let _ = tcflow(&slave, FlowArg::TCOON);
+                });
+                (
+                    Collector::start(std::fs::File::from(master)),
+                    Collector::start(std::io::empty()),
+                )
+            }
+            None => {
+                let Some(stderr) = child.stderr.take() else {
+                    unreachable!("stderr is piped");
+                };
+                let out = match (lagging_stdout, child.stdout.take()) {
+                    (Some((read, lag)), _) => Collector::start_after(read, lag),
+                    (None, Some(stdout)) => Collector::start(stdout),
+                    (None, None) => unreachable!("stdout is piped"),
+                };
+                (out, Collector::start(stderr))
+            }
         };
-        let out = match (lagging_stdout, child.stdout.take()) {
-            (Some((read, lag)), _) => Collector::start_after(read, lag),
-            (None, Some(stdout)) => Collector::start(stdout),
-            (None, None) => unreachable!("stdout is piped"),
-        };
-        let err = Collector::start(stderr);
         Launch {
             child: Some(child),
             status: None,

@@ -51,7 +51,7 @@ use self::plan::{
 use self::rank_files::RankFiles;
 use self::remote::{Remote, SshOptions, is_below, top_of};
 use self::supervise::{
-    HangWatch, JobResult, MetricsPlan, Role, RunPlan, Signals, WorkerPlan, run_workers,
+    HangWatch, JobResult, Keeper, MetricsPlan, Role, RunPlan, Signals, WorkerPlan, run_workers,
 };
 use crate::commands::counted;
 use crate::error::CliError;
@@ -305,6 +305,10 @@ fn run_attempts(
             }
             Err(e) => return Err(e),
         };
+        // The hosts have the decision and wait for their workers to start: they hear from
+        // the launcher even while it is held writing to its console (the layout below, on a
+        // terminal paused with Ctrl-S), until the supervisor keeps them itself.
+        let mut keeper = Keeper::start(joined.remotes.iter().map(Remote::commands).collect());
         // After the join, an error of a restart ends the job with a record of the attempt
         // (and the summary of the earlier ones); the first attempt's errors are the launch's.
         let ran = (|| -> Result<(JobResult, String), CliError> {
@@ -425,6 +429,7 @@ fn run_attempts(
                         .collect(),
                 }),
             };
+            drop(keeper.take());
             let result = run_workers(
                 &run_plan,
                 &workers,

@@ -57,6 +57,61 @@ pub enum Link {
     },
 }
 
+/// Where a peer's commands go (ssh's stdin, or the relay's connection), shared with the
+/// thread that sends heartbeats while the launcher's loop is held elsewhere. Closed for
+/// everyone at once: the peer sees its end when the launcher hangs up.
+#[derive(Debug, Clone)]
+pub struct Commands(Arc<Mutex<Option<File>>>);
+
+impl Commands {
+    fn new(file: Option<File>) -> Commands {
+        // Never blocking, so that a heartbeat cannot hold the lock a command waits for.
+        if let Some(f) = &file {
+            let _ = fcntl(f, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+        }
+        Commands(Arc::new(Mutex::new(file)))
+    }
+
+    /// Commands going to `file`, for tests.
+    #[cfg(test)]
+    pub fn for_test(file: File) -> Commands {
+        Commands::new(Some(file))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<File>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn take(&self) -> Option<File> {
+        self.lock().take()
+    }
+
+    fn replace(&self, file: Option<File>) {
+        *self.lock() = Commands::new(file).take();
+    }
+
+    /// A heartbeat, if the connection is free and takes one now: never waits for a command
+    /// being written, nor for room.
+    pub fn try_heartbeat(&self) {
+        let Ok(mut input) = self.0.try_lock() else {
+            return;
+        };
+        let Some(file) = input.as_mut() else { return };
+        let line = Down::Heartbeat.line();
+        // Three bytes: a pipe takes them whole or not at all; a socket that took some gets
+        // the rest (briefly), or a command would be garbled.
+        if let Ok(n) = file.write(line.as_bytes())
+            && n > 0
+            && n < line.len()
+            && write_fully(file, &line.as_bytes()[n..], Some(Duration::from_secs(1))).is_err()
+        {
+            *input = None;
+        }
+    }
+}
+
 /// One peer's session, as the launcher sees it.
 #[derive(Debug)]
 pub struct Remote {
@@ -65,7 +120,7 @@ pub struct Remote {
     /// How it is reached.
     pub link: Link,
     /// Where commands go: ssh's stdin, or the relay's connection.
-    input: Option<File>,
+    input: Commands,
     /// The agent's stdout or the relay's connection (frames), until it ends.
     pub out: Option<OwnedFd>,
     /// ssh's and the agent's stderr, until it ends (a relay has none).
@@ -140,7 +195,7 @@ fn session(host: &str, link: Link, input: Option<File>, out: Option<OwnedFd>) ->
     Remote {
         host: host.to_string(),
         link,
-        input,
+        input: Commands::new(input),
         out,
         err: None,
         decoder: Decoder::default(),
@@ -257,7 +312,7 @@ impl Remote {
     /// host's channel is that connection from now on.
     pub fn attach_step(&mut self, mut door: Remote, srun_said: Arc<Mutex<SrunSaid>>) {
         self.step_said = Some(srun_said);
-        self.input = door.input.take();
+        self.input.replace(door.input.take());
         self.out = door.out.take();
         self.decoder = std::mem::take(&mut door.decoder);
         self.backlog = std::mem::take(&mut door.backlog);
@@ -447,7 +502,7 @@ impl Remote {
     /// session gets [`SSH_WRITE_LIMIT`] to take each byte (the configuration and the decision
     /// may be larger than a pipe holds).
     fn write(&mut self, bytes: &[u8]) {
-        let written = match (&mut self.input, &self.link) {
+        let written = match (self.input.lock().as_mut(), &self.link) {
             (None, _) => return,
             (Some(s), Link::Ssh(_) | Link::Step { .. }) => {
                 write_fully(s, bytes, Some(SSH_WRITE_LIMIT))
@@ -485,7 +540,12 @@ impl Remote {
                 nix::sys::socket::Shutdown::Write,
             );
         }
-        self.input = None;
+        self.input.take();
+    }
+
+    /// Where its commands go, for the launcher's heartbeats while its loop is held.
+    pub fn commands(&self) -> Commands {
+        self.input.clone()
     }
 
     /// Reads what the agent sent. `Ok(None)` at the end of its output.

@@ -24,10 +24,12 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+mod keeper;
 mod mpirun;
 mod mpirun_state;
 pub mod policy;
 
+pub use self::keeper::Keeper;
 pub use self::mpirun::{MpirunPlan, run_mpirun};
 use self::mpirun_state::Mpirun;
 use self::policy::{SignalAction, SignalState};
@@ -655,6 +657,9 @@ pub fn run_workers(
         }
     }
     let mut sup = Supervisor::new(plan, workers, running, pipes, lifeline, role);
+    // From here on the launcher may be held in its console (the backlog below is the first
+    // output).
+    sup.start_keeper();
     if let Some(e) = failed {
         sup.stop(Signal::SIGKILL);
         sup.finish_quietly(signals, output);
@@ -762,6 +767,10 @@ struct Supervisor<'a> {
     orphans_termed: HashSet<Pid>,
     drain_until: Option<Instant>,
     next_heartbeat: Instant,
+    /// When the loop last looked at heartbeats: a long gap means it was held elsewhere.
+    last_round: Instant,
+    /// The launcher's heartbeats while its loop is held (see [`keeper`]).
+    keeper: Option<keeper::Keeper>,
     buf: Vec<u8>,
     /// `run --mpi`: mpirun and the relays' door.
     mpirun: Option<Mpirun>,
@@ -835,6 +844,8 @@ impl<'a> Supervisor<'a> {
             orphans_termed: HashSet::new(),
             drain_until: None,
             next_heartbeat: Instant::now(),
+            last_round: Instant::now(),
+            keeper: None,
             buf: vec![0; 1 << 16],
             mpirun: None,
             progress: vec![
@@ -1002,10 +1013,14 @@ impl<'a> Supervisor<'a> {
 
     fn run(&mut self, signals: &Signals, output: &mut Output) {
         self.refresh_status(output);
-        if let Role::Agent(up) = &mut self.role {
-            // The launcher's silence counts from here: the join was bounded on its own.
-            up.last_heard = Instant::now();
+        // The peers' silence counts from here: the join was bounded on its own, and nobody
+        // read them since (the launcher may have been held on its console meanwhile).
+        let now = Instant::now();
+        match &mut self.role {
+            Role::Agent(up) => up.last_heard = now,
+            Role::Launcher(remotes) => remotes.iter_mut().for_each(|r| r.last_heard = now),
         }
+        self.last_round = now;
         // Commands that came with the decision, before the workers started.
         if matches!(&self.role, Role::Agent(up) if !up.queued.is_empty()) {
             self.read_upstream(output);
@@ -1080,7 +1095,18 @@ impl<'a> Supervisor<'a> {
         {
             self.interrupted = Some(s);
         }
+        // Every peer is done with (or lost): nobody to keep.
+        self.keeper = None;
         output.end_status();
+    }
+
+    /// The launcher's peers keep hearing it while its loop is held (see [`keeper`]).
+    fn start_keeper(&mut self) {
+        if let Role::Launcher(remotes) = &self.role
+            && self.has_peers()
+        {
+            self.keeper = keeper::Keeper::start(remotes.iter().map(Remote::commands).collect());
+        }
     }
 
     fn has_peers(&self) -> bool {
@@ -1203,8 +1229,14 @@ impl<'a> Supervisor<'a> {
     /// Sends heartbeats when due, and notices peers that stopped sending theirs.
     fn heartbeats(&mut self, output: &mut Output) {
         let now = Instant::now();
-        if output.take_stall() {
-            // Blocked on our own output, we could neither hear nor be heard: start afresh.
+        let away = now.duration_since(self.last_round) > HEARTBEAT * 2;
+        self.last_round = now;
+        if let Some(k) = &self.keeper {
+            k.round();
+        }
+        if output.take_stall() || away {
+            // Held on our own output (or a status line drawn on it), we could not hear the
+            // peers, and the keeper spoke for us: their silence starts afresh.
             self.next_heartbeat = now;
             match &mut self.role {
                 Role::Launcher(remotes) => remotes.iter_mut().for_each(|r| r.last_heard = now),

@@ -68,6 +68,8 @@ pub fn run_mpirun(
         Role::Launcher(Vec::new()),
     );
     sup.mpirun = Some(mpirun);
+    // Relays join it as they are admitted.
+    sup.start_keeper();
     sup.run(signals, output);
     Ok(sup.result(output))
 }
@@ -154,6 +156,9 @@ impl Supervisor<'_> {
                     let Role::Launcher(remotes) = &mut self.role else {
                         continue;
                     };
+                    if let Some(k) = &self.keeper {
+                        k.watch(remote.commands());
+                    }
                     remotes.push(*remote);
                     let h = remotes.len() - 1;
                     let backlog = std::mem::take(&mut remotes[h].backlog);
