@@ -214,19 +214,18 @@ impl Run {
         }
         let mut terminal = None;
         if let Some(pause) = self.paused_terminal {
-            let pty = nix::pty::openpty(None, None)
-                .unwrap_or_else(|e| panic!("cannot open a pseudo-terminal: {e}"));
+            let (master, slave) = close_on_exec_pty();
             if pause.0.is_zero() {
-                nix::sys::termios::tcflow(&pty.slave, nix::sys::termios::FlowArg::TCOOFF)
+                nix::sys::termios::tcflow(&slave, nix::sys::termios::FlowArg::TCOOFF)
                     .unwrap_or_else(|e| panic!("cannot stop the terminal's output: {e}"));
             }
             let clone = |fd: &std::os::fd::OwnedFd| {
                 fd.try_clone()
                     .unwrap_or_else(|e| panic!("cannot duplicate the terminal: {e}"))
             };
-            cmd.stdout(Stdio::from(clone(&pty.slave)))
-                .stderr(Stdio::from(clone(&pty.slave)));
-            terminal = Some((pty.master, pty.slave, pause));
+            cmd.stdout(Stdio::from(clone(&slave)))
+                .stderr(Stdio::from(clone(&slave)));
+            terminal = Some((master, slave, pause));
         }
         for (name, _) in std::env::vars_os() {
             if name.to_str().is_some_and(is_hermetic) {
@@ -301,6 +300,25 @@ impl Run {
     pub fn run(self) -> Finished {
         self.spawn().wait()
     }
+}
+
+/// A new pseudo-terminal, both ends closed on exec from the start: tests run in parallel, and
+/// a process another test starts must not hold this terminal open (`openpty` leaves both ends
+/// inherited until a `fcntl` that would come too late).
+fn close_on_exec_pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use nix::pty::{grantpt, posix_openpt, ptsname_r, unlockpt};
+    let master = posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
+        .unwrap_or_else(|e| panic!("cannot open a pseudo-terminal: {e}"));
+    grantpt(&master).unwrap_or_else(|e| panic!("grantpt: {e}"));
+    unlockpt(&master).unwrap_or_else(|e| panic!("unlockpt: {e}"));
+    let name = ptsname_r(&master).unwrap_or_else(|e| panic!("ptsname: {e}"));
+    let slave = nix::fcntl::open(
+        name.as_str(),
+        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap_or_else(|e| panic!("cannot open {name}: {e}"));
+    (std::os::fd::OwnedFd::from(master), slave)
 }
 
 /// A thread that reads a pipe to its end into a shared buffer.
