@@ -228,21 +228,33 @@ def run_checked(name, cmd, stdout, stderr_path=None, env=None):
     return elapsed
 
 
-def add_baseline(args, names, tools, cmds):
+def baseline_of(n):
+    """The baseline contender of atlasboost contender `n` (`None` if `n` is not one)."""
+    if n.startswith("atlasboost"):
+        return n.replace("atlasboost", "baseline", 1)
+    if n.startswith("ssh-"):
+        return f"baseline-{n}"
+    return None
+
+
+def add_baseline(args, names, tools, cmds, envs=None):
     """With --baseline PATH: the same atlasboost commands with that binary (another build, e.g.
-    before a change), as contenders `baseline` and `baseline-mpi`, alternating with the rest."""
+    before a change), as contenders `baseline`, `baseline-mpi`, `baseline-ssh-flat`...,
+    alternating with the rest (with the same environment, in `envs`)."""
     if not getattr(args, "baseline", None):
         return
     tools["baseline"] = find_atlasboost(args.baseline)
-    for n in [n for n in names if n.startswith("atlasboost")]:
-        b = n.replace("atlasboost", "baseline", 1)
+    for n in [n for n in names if baseline_of(n)]:
+        b = baseline_of(n)
         cmds[b] = [tools["baseline"], *cmds[n][1:]]
+        if envs is not None and n in envs:
+            envs[b] = envs[n]
         names.append(b)
 
 
 def print_baseline_ratios(names, median, what):
-    for n in [n for n in names if n.startswith("atlasboost")]:
-        b = n.replace("atlasboost", "baseline", 1)
+    for n in [n for n in names if baseline_of(n) and not n.startswith("baseline")]:
+        b = baseline_of(n)
         if b in names:
             print(f"{n}/{b} {what}: {median[n] / median[b]:.2f} (the same work before and after: ~1.00 is within noise)")
 
@@ -434,7 +446,7 @@ def cmd_output(args):
                 cmds[n] = [tools["atlasboost"], "run", "-q", "--fanout", fanout, "--sim", str(per),
                            "-H", hl, "--", "sh", "-c", gen]
                 envs[n] = dict(os.environ, ATLASBOOST_SSH_ALL_HOSTS="1", ATLASBOOST_SSH_OPTIONS=f"-F {config}")
-    add_baseline(args, names, tools, cmds)
+    add_baseline(args, names, tools, cmds, envs)
     expected = args.ranks * args.lines
     where = scratch_dir() or tempfile.gettempdir()
     print(f"# output: {args.ranks} ranks x {args.lines} lines, stdout to a file in {where}\n")
