@@ -576,3 +576,76 @@ fn relays_wait_for_a_console_read_late() {
         );
     }
 }
+
+/// A rank fails while the console holds the output back: mpirun aborts the job and kills the
+/// other relay, and the launcher reads both only when the console takes output again, in one
+/// pass. The rank that reported its failure is the job's first failure (and its code the
+/// job's), ahead of the relay whose connection closed because mpirun killed it.
+#[test]
+fn a_rank_failing_while_the_console_is_held_is_still_named_first() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let f = run_mpi(2)
+        .args([
+            "--grace",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 1; exit 3; fi; seq 1 1000000; sleep 30",
+        ])
+        .nonblocking_stdout(Duration::from_secs(7))
+        .run();
+    f.assert_code(3);
+    let err = f.err();
+    assert!(
+        err.contains("error: rank 1 (host") && err.contains("failed first: exit 3"),
+        "rank 1's failure is the job's:\n{err}"
+    );
+    assert!(!err.contains("protocol"), "no stream was cut:\n{err}");
+}
+
+/// A relay stopped by a signal of its own (mpirun's stop reaches each relay) while the console
+/// holds the output back for longer than the grace time: its worker ends, and the relay keeps
+/// its last frames whole for the launcher, which is still heard, rather than cut them off after
+/// the grace time. The launcher names that rank's end.
+#[test]
+fn a_relay_stopped_while_the_console_is_held_keeps_its_frames_whole() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mut launch = run_mpi(2)
+        .args([
+            "--grace",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "seq 1 1000000; exec sleep 30",
+        ])
+        .nonblocking_stdout(Duration::from_secs(8))
+        .spawn();
+    let mark = launch.mark().to_string();
+    std::thread::sleep(Duration::from_secs(2));
+    let relay = atlasboost_e2e::pids_with_env(atlasboost_e2e::LAUNCH_MARK, &mark)
+        .into_iter()
+        .find(|p| {
+            atlasboost_e2e::cmdline(p.pid).is_some_and(|c| c.iter().any(|a| a == "relay"))
+                && std::fs::read(format!("/proc/{}/environ", p.pid))
+                    .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == b"OMPI_COMM_WORLD_RANK=0"))
+        })
+        .unwrap_or_else(|| panic!("no relay of rank 0 found"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(relay.pid), Signal::SIGTERM).unwrap();
+    assert!(launch.is_running(), "the console is still held");
+    let f = launch.wait();
+    let err = f.err();
+    assert!(
+        err.contains("error: rank 0 (host") && err.contains("failed first"),
+        "rank 0's end is the job's first failure:\n{err}"
+    );
+    assert!(
+        !err.contains("protocol") && !err.contains("closed its connection"),
+        "no stream was cut:\n{err}"
+    );
+}

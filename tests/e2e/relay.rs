@@ -87,9 +87,9 @@ fn an_agent_whose_launcher_stops_reading_stops_its_workers() {
         "a host is named as lost: {}",
         r.describe()
     );
-    // The agents cannot write, and the launcher that gave them up (it ends their sessions)
-    // sends no more heartbeats: they stop their workers, though the relay still holds their
-    // output open.
+    // The agents cannot write, and the launcher gives them up: their sessions end (their
+    // input closes), and they stop their workers, though the relay still holds their output
+    // open.
     assert_no_process_with_env(
         "E2E_WORKER",
         &worker,

@@ -931,8 +931,11 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
         &config.job_id,
         &|k| std::env::var_os(k).is_some(),
     )?;
-    let mut output = Output::upstream(&workers.iter().map(|w| w.rank).collect::<Vec<_>>())?;
+    let pytorch = settings.framework.parse::<Framework>()? == Framework::Pytorch;
     let files = RankFiles::create(&config.job_id)?;
+    // From here on every frame goes through `output` (standard output is non-blocking now),
+    // the last ones too.
+    let mut output = Output::upstream(&workers.iter().map(|w| w.rank).collect::<Vec<_>>())?;
     output.send(&Up::Ready);
     let plan = RunPlan {
         helpers: Vec::new(),
@@ -942,7 +945,7 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
         files: Some(files.clone()),
         watch: settings.watch,
         hang: None,
-        pytorch: settings.framework.parse::<Framework>()? == Framework::Pytorch,
+        pytorch,
         monitor: (settings.monitor_ms > 0).then(|| MonitorPlan {
             every: Duration::from_millis(settings.monitor_ms),
             hosts: vec![HostMonitor {
@@ -972,12 +975,22 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     );
     lifeline.close();
     files.remove();
-    if result.is_ok() {
-        output.send(&Up::Done);
-    }
+    let code = match result {
+        Ok(_) => {
+            output.send(&Up::Done);
+            ExitCodes::SUCCESS
+        }
+        Err(e) => {
+            let code = e.exit_code();
+            output.send(&Up::Failed {
+                code,
+                message: error_chain(&e),
+            });
+            code
+        }
+    };
     supervise::send_the_rest(&mut output, &signals, launcher.as_fd());
-    result?;
-    Ok(ExitCodes::SUCCESS)
+    Ok(code)
 }
 
 #[cfg(test)]

@@ -813,6 +813,8 @@ impl Output {
     /// get them), saying so on stderr if stderr can take it: the console took nothing, and
     /// `why` it is not waited for.
     pub fn give_up_console(&mut self, why: &str) {
+        // An open lines frame lives in the buffer dropped below.
+        self.batch = None;
         let dropped = self.backlog();
         // An agent's stderr reaches the launcher's console, which names the host.
         let (prefix, reader) = match self.upstream {
@@ -1026,12 +1028,14 @@ mod tests {
     fn an_agent_waits_for_a_launcher_that_reads_late_while_it_hears_it() {
         let (mut output, read, (commands, launcher), (quiet, _q)) = upstream_behind();
         let backlog = output.backlog();
-        // The launcher: heartbeats for a while, reading nothing; then it reads everything.
+        // The launcher: heartbeats for longer than it may be silent, reading nothing; then it
+        // reads everything.
         let reader = std::thread::spawn(move || {
             let mut launcher = File::from(launcher);
-            for _ in 0..6 {
+            let until = Instant::now() + super::super::channel::LOST_AFTER + Duration::from_secs(1);
+            while Instant::now() < until {
                 launcher.write_all(b"hb\n").unwrap();
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(250));
             }
             let mut got = Vec::new();
             io::Read::read_to_end(&mut File::from(read), &mut got).unwrap();

@@ -107,8 +107,22 @@ impl Commands {
             && n < line.len()
             && write_fully(file, &line.as_bytes()[n..], Some(Duration::from_secs(1))).is_err()
         {
-            *input = None;
+            // Half a line: the peer must see its end rather than a garbled command.
+            end_for_them(input.take());
         }
+    }
+}
+
+/// Closes a peer's command connection so that the peer sees its end. A relay's or a Slurm
+/// agent's is one socket with two descriptors (the other reads its frames): closing this one
+/// alone would not end it, so its writing side is shut. (ssh's stdin is a pipe: shutting
+/// fails, and closing it is the end.)
+fn end_for_them(input: Option<File>) {
+    if let Some(input) = input {
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&input),
+            nix::sys::socket::Shutdown::Write,
+        );
     }
 }
 
@@ -502,7 +516,8 @@ impl Remote {
     /// session gets [`SSH_WRITE_LIMIT`] to take each byte (the configuration and the decision
     /// may be larger than a pipe holds).
     fn write(&mut self, bytes: &[u8]) {
-        let written = match (self.input.lock().as_mut(), &self.link) {
+        let mut input = self.input.lock();
+        let written = match (input.as_mut(), &self.link) {
             (None, _) => return,
             (Some(s), Link::Ssh(_) | Link::Step { .. }) => {
                 write_fully(s, bytes, Some(SSH_WRITE_LIMIT))
@@ -510,8 +525,11 @@ impl Remote {
             (Some(s), _) => s.write_all(bytes).and_then(|()| s.flush()),
         };
         if written.is_err() {
-            // Ended for the other side too: it must not wait on half a command.
-            self.hang_up();
+            // Ended for the other side too: it must not wait on half a command. Taken under the
+            // same lock, so that no heartbeat follows the half.
+            let half = input.take();
+            drop(input);
+            end_for_them(half);
         }
     }
 
@@ -530,17 +548,7 @@ impl Remote {
     /// Closes the agent's standard input (or the relay's side of the connection): it stops
     /// its workers and exits.
     pub fn hang_up(&mut self) {
-        if let (Some(input), Link::Relay { .. } | Link::Step { .. }) =
-            (self.input.take(), &self.link)
-        {
-            // The connection is one socket with two descriptors: closing this one alone would
-            // not end it, so its writing side is shut for the relay to see the end.
-            let _ = nix::sys::socket::shutdown(
-                std::os::fd::AsRawFd::as_raw_fd(&input),
-                nix::sys::socket::Shutdown::Write,
-            );
-        }
-        self.input.take();
+        end_for_them(self.input.take());
     }
 
     /// Where its commands go, for the launcher's heartbeats while its loop is held.

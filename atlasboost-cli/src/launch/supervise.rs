@@ -1563,7 +1563,10 @@ impl<'a> Supervisor<'a> {
         // console written whole), while signals, exits and the grace time go on.
         let mut held = holding_back(output);
         let killed = self.stopping.is_some_and(|(_, killed)| killed);
+        // An agent's or relay's "console" is its launcher, which is waited for as long as it
+        // is heard (a frame cut short would garble the stream), and given up when it is not.
         if held
+            && !self.is_agent()
             && let Some(at) = self.signalled
             && (killed || at.elapsed() >= self.grace)
         {
@@ -1647,6 +1650,7 @@ impl<'a> Supervisor<'a> {
         let mut closed = Vec::new();
         let mut mpirun_closed = Vec::new();
         let (mut listening, mut knocks) = (false, Vec::new());
+        let mut read_sessions = Vec::new();
         for source in ready {
             match source {
                 // Written below, with everything else.
@@ -1664,7 +1668,10 @@ impl<'a> Supervisor<'a> {
                     }
                 }
                 Source::Upstream => self.read_upstream(output),
-                Source::RemoteOut(h) => self.read_remote(h, output),
+                Source::RemoteOut(h) => {
+                    self.read_remote(h, output);
+                    read_sessions.push(h);
+                }
                 Source::RemoteErr(h) => self.read_remote_err(h, output),
                 Source::Pipe(i) => {
                     if !Self::read_pipe(&mut self.buf, &mut self.pipes[i], output) {
@@ -1672,6 +1679,9 @@ impl<'a> Supervisor<'a> {
                     }
                 }
             }
+        }
+        for h in read_sessions {
+            self.check_session_end(h, output);
         }
         closed.sort_unstable();
         for i in closed.into_iter().rev() {
@@ -1877,6 +1887,11 @@ impl<'a> Supervisor<'a> {
         for (_, child) in &mut up.children {
             child.hang_up();
         }
+        // What waits for it is not taken any more: the workers' pipes are read again (their
+        // lines dropped), so that nothing holds this agent up.
+        if holding_back(output) {
+            output.give_up_console(why);
+        }
         if self.running.iter().all(|r| r.ended.is_some()) {
             return;
         }
@@ -1911,12 +1926,12 @@ impl<'a> Supervisor<'a> {
             return;
         };
         match remotes[h].read_out(&mut self.buf) {
+            // The read may have met the end of the session, with or without data: the caller
+            // checks, once every peer's news of the pass is in (see `check_session_end`).
             Ok(messages) => {
                 for m in messages.into_iter().flatten() {
                     self.on_remote(h, m, output);
                 }
-                // The read may have met the end of the session, with or without data.
-                self.check_session_end(h, output);
             }
             Err(why) => {
                 let why = format!("its agent sent something that is not the protocol: {why}");
@@ -1926,6 +1941,9 @@ impl<'a> Supervisor<'a> {
     }
 
     /// A session whose output has ended before its agent said it was done: the host is lost.
+    /// Checked after the other peers' news of the same pass: a peer that reported a failure
+    /// comes first, ahead of one that mpirun's abort (or a stop) killed in consequence, though
+    /// a console held back let both wait to be read together.
     fn check_session_end(&mut self, h: usize, output: &mut Output) {
         let Role::Launcher(remotes) = &self.role else {
             return;
@@ -2549,12 +2567,15 @@ impl<'a> Supervisor<'a> {
             self.poll_once(signals, output, PollTimeout::from(50u8));
         }
         self.check_groups();
-        // What the console has not taken yet: waited for as long as the rest, no longer.
-        output.drain_console(
-            signals.fd(),
-            DrainFor::AtMost(Some(DRAIN_AFTER_KILL)),
-            &mut || signals.pending().iter().any(|s| *s != Signal::SIGCHLD),
-        );
+        // What the console has not taken yet: waited for as long as the rest, no longer. (An
+        // agent's or relay's last frame comes after this: it waits for its launcher then.)
+        if !self.is_agent() {
+            output.drain_console(
+                signals.fd(),
+                DrainFor::AtMost(Some(DRAIN_AFTER_KILL)),
+                &mut || signals.pending().iter().any(|s| *s != Signal::SIGCHLD),
+            );
+        }
     }
 
     fn result(&self, output: &Output) -> JobResult {

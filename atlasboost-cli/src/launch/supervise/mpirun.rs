@@ -247,6 +247,9 @@ impl Supervisor<'_> {
         for h in 0..remotes {
             self.read_remote(h, output);
         }
+        for h in 0..remotes {
+            self.check_session_end(h, output);
+        }
         self.check_mpirun(output);
     }
 
