@@ -47,6 +47,20 @@ pub fn lines_by_rank(text: &str, stream: &str) -> BTreeMap<u32, Vec<String>> {
     by_rank
 }
 
+/// Asserts that each of `ranks` printed `1` to `count` on stdout (`seq 1 COUNT`), every line
+/// whole and in order; `context` goes with the failure.
+pub fn assert_seq_by_rank(out: &str, ranks: u32, count: u32, context: &str) {
+    let by_rank = lines_by_rank(out, "stdout");
+    let want: Vec<String> = (1..=count).map(|i| i.to_string()).collect();
+    for rank in 0..ranks {
+        assert!(
+            by_rank.get(&rank) == Some(&want),
+            "rank {rank}: {} of {count} lines, whole and in order\n{context}",
+            by_rank.get(&rank).map_or(0, Vec::len),
+        );
+    }
+}
+
 /// `[3]<stdout>:text` -> (3, "text").
 pub fn split_tag<'a>(line: &'a str, stream: &str) -> Option<(u32, &'a str)> {
     let rest = line.strip_prefix('[')?;

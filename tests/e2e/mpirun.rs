@@ -565,16 +565,7 @@ fn relays_wait_for_a_console_read_late() {
         .nonblocking_stdout(Duration::from_secs(7))
         .run();
     f.assert_code(0);
-    let by_rank = lines_by_rank(&f.out(), "stdout");
-    let want: Vec<String> = (1..=1_000_000).map(|i| i.to_string()).collect();
-    for rank in 0..2 {
-        assert!(
-            by_rank.get(&rank) == Some(&want),
-            "rank {rank}: {} of 1000000 lines, in order\n{}",
-            by_rank.get(&rank).map_or(0, Vec::len),
-            f.err()
-        );
-    }
+    crate::assert_seq_by_rank(&f.out(), 2, 1_000_000, &f.err());
 }
 
 /// A rank fails while the console holds the output back: mpirun aborts the job and kills the

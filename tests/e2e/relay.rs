@@ -25,6 +25,17 @@ fi
 /// Workers that print without pause, marked so that they can be found.
 const CHATTY: [&str; 4] = ["--", "sh", "-c", "while :; do echo a line of output; done"];
 
+/// `run` with every host reached through the fake ssh.
+fn with_fake_ssh(run: Run) -> Run {
+    let ssh = run.file("fakebin/ssh", FAKE_SSH, true);
+    let path = format!(
+        "{}:{}",
+        ssh.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    run.env("PATH", path).env("ATLASBOOST_SSH_ALL_HOSTS", "1")
+}
+
 /// A launch of 2 "remote" hosts through the fake ssh; `worker` marks the workers.
 fn through_relay(relay: (&str, &str), worker: &str) -> Run {
     let run = Run::new([
@@ -38,14 +49,7 @@ fn through_relay(relay: (&str, &str), worker: &str) -> Run {
         "-x",
     ])
     .args([format!("E2E_WORKER={worker}")]);
-    let ssh = run.file("fakebin/ssh", FAKE_SSH, true);
-    let path = format!(
-        "{}:{}",
-        ssh.parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    run.env("PATH", path)
-        .env("ATLASBOOST_SSH_ALL_HOSTS", "1")
+    with_fake_ssh(run)
         .env(relay.0, relay.1)
         .args(CHATTY)
         .timeout(Duration::from_secs(40))
@@ -120,29 +124,17 @@ fn agents_wait_for_a_console_read_late() {
             "1",
             "300000",
         ]);
-        let ssh = run.file("fakebin/ssh", FAKE_SSH, true);
-        let path = format!(
-            "{}:{}",
-            ssh.parent().unwrap().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let r = run
-            .env("PATH", path)
-            .env("ATLASBOOST_SSH_ALL_HOSTS", "1")
+        let r = with_fake_ssh(run)
             .nonblocking_stdout(Duration::from_secs(7))
             .timeout(Duration::from_secs(60))
             .run();
         r.assert_code(0);
-        let by_rank = crate::lines_by_rank(&r.out(), "stdout");
-        let want: Vec<String> = (1..=300_000).map(|i| i.to_string()).collect();
-        for rank in 0..2 {
-            assert!(
-                by_rank.get(&rank) == Some(&want),
-                "--fanout {fanout}, rank {rank}: {} of 300000 lines, in order\n{}",
-                by_rank.get(&rank).map_or(0, Vec::len),
-                r.err()
-            );
-        }
+        crate::assert_seq_by_rank(
+            &r.out(),
+            2,
+            300_000,
+            &format!("--fanout {fanout}\n{}", r.err()),
+        );
     }
 }
 
@@ -170,15 +162,7 @@ fn a_terminal_paused_with_ctrl_s_does_not_end_a_multi_host_job() {
                 LINES / 2 + 1
             ),
         ]);
-        let ssh = run.file("fakebin/ssh", FAKE_SSH, true);
-        let path = format!(
-            "{}:{}",
-            ssh.parent().unwrap().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let r = run
-            .env("PATH", path)
-            .env("ATLASBOOST_SSH_ALL_HOSTS", "1")
+        let r = with_fake_ssh(run)
             .paused_terminal(after, Duration::from_secs(7))
             .timeout(Duration::from_secs(60))
             .run();

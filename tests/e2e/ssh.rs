@@ -457,15 +457,7 @@ fn remote_hosts_wait_for_a_console_read_late() {
     .run();
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(0), "{ctx}");
-    let by_rank = crate::lines_by_rank(&r.out(), "stdout");
-    let want: Vec<String> = (1..=LINES).map(|i| i.to_string()).collect();
-    for rank in 0..2 {
-        assert!(
-            by_rank.get(&rank) == Some(&want),
-            "rank {rank}: {} of {LINES} lines, in order\n{ctx}",
-            by_rank.get(&rank).map_or(0, Vec::len),
-        );
-    }
+    crate::assert_seq_by_rank(&r.out(), 2, LINES, &ctx);
 }
 
 /// A line longer than 1 MiB is passed on in pieces of 1 MiB (SPEC: output), from a remote

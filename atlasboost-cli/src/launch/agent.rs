@@ -980,14 +980,7 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
             output.send(&Up::Done);
             ExitCodes::SUCCESS
         }
-        Err(e) => {
-            let code = e.exit_code();
-            output.send(&Up::Failed {
-                code,
-                message: error_chain(&e),
-            });
-            code
-        }
+        Err(e) => output.send_failure(&e),
     };
     supervise::send_the_rest(&mut output, &signals, launcher.as_fd());
     Ok(code)

@@ -591,14 +591,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
                 None => ExitCodes::FAILURE,
             }
         }
-        Err(e) => {
-            let code = e.exit_code();
-            output.send(&Up::Failed {
-                code,
-                message: error_chain(&e),
-            });
-            code
-        }
+        Err(e) => output.send_failure(&e),
     };
     send_the_rest(&mut output, &signals, launcher.as_fd());
     Ok(code)

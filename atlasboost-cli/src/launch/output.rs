@@ -553,6 +553,17 @@ impl Output {
         }
     }
 
+    /// Tells the launcher that this agent or relay failed with `error` (its last frame);
+    /// returns the error's exit code.
+    pub fn send_failure(&mut self, error: &CliError) -> u8 {
+        let code = error.exit_code();
+        self.send(&super::channel::Up::Failed {
+            code,
+            message: atlasboost_core::exchange::error_chain(error),
+        });
+        code
+    }
+
     /// Sends bytes to the launcher as they are (an agent's output only): the greeting that
     /// comes before the frames.
     pub fn send_raw(&mut self, bytes: &[u8]) {
