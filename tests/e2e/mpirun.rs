@@ -618,16 +618,31 @@ fn a_relay_stopped_while_the_console_is_held_keeps_its_frames_whole() {
         .nonblocking_stdout(Duration::from_secs(8))
         .spawn();
     let mark = launch.mark().to_string();
-    std::thread::sleep(Duration::from_secs(2));
-    let relay = atlasboost_e2e::pids_with_env(atlasboost_e2e::LAUNCH_MARK, &mark)
-        .into_iter()
-        .find(|p| {
-            atlasboost_e2e::cmdline(p.pid).is_some_and(|c| c.iter().any(|a| a == "relay"))
-                && std::fs::read(format!("/proc/{}/environ", p.pid))
-                    .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == b"OMPI_COMM_WORLD_RANK=0"))
-        })
-        .unwrap_or_else(|| panic!("no relay of rank 0 found"));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(relay.pid), Signal::SIGTERM).unwrap();
+    // Rank 0's worker (it exists once its relay has taken its signals in hand), then a moment
+    // for the relay to fill what the held launcher does not take.
+    let rank_0 = |p: &atlasboost_e2e::ProcStat| {
+        std::fs::read(format!("/proc/{}/environ", p.pid))
+            .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == b"OMPI_COMM_WORLD_RANK=0"))
+    };
+    let mut worker = None;
+    atlasboost_e2e::wait_until(Duration::from_secs(30), || {
+        worker = atlasboost_e2e::pids_with_env(atlasboost_e2e::LAUNCH_MARK, &mark)
+            .into_iter()
+            .find(|p| rank_0(p) && (p.comm == "seq" || p.comm == "sleep"));
+        worker.is_some()
+    });
+    let worker = worker.unwrap_or_else(|| panic!("rank 0's worker did not start within 30 s"));
+    std::thread::sleep(Duration::from_secs(1));
+    // Its relay: the nearest ancestor that is `atlasboost relay` (seq's parent is the sh).
+    let is_relay =
+        |pid: i32| atlasboost_e2e::cmdline(pid).is_some_and(|c| c.iter().any(|a| a == "relay"));
+    let relay = std::iter::successors(Some(worker.ppid), |&pid| {
+        atlasboost_e2e::proc_stat(pid).map(|p| p.ppid)
+    })
+    .take(3)
+    .find(|&pid| is_relay(pid))
+    .unwrap_or_else(|| panic!("no relay above rank 0's worker {}", worker.pid));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(relay), Signal::SIGTERM).unwrap();
     assert!(launch.is_running(), "the console is still held");
     let f = launch.wait();
     let err = f.err();

@@ -188,3 +188,66 @@ fn a_terminal_paused_with_ctrl_s_does_not_end_a_multi_host_job() {
         );
     }
 }
+
+/// A launcher stopped (SIGSTOP: alive, its connections open, silent) while its agents' output
+/// waits for it: they hear no heartbeat, give it up and its output with it, stop their
+/// workers and exit, rather than hold the output back for a launcher that is gone. Each worker
+/// left a child in a session of its own holding its stdout, which only the agent's orphan
+/// hunt ends: an agent that still held the output back would never read that pipe again.
+#[test]
+fn agents_of_a_stopped_launcher_give_it_up_though_their_output_waits() {
+    let worker = unique("relay-sigstop");
+    let run = with_fake_ssh(
+        Run::new([
+            "run",
+            "--sim",
+            "1",
+            "-H",
+            "127.0.0.2:1,127.0.0.3:1",
+            "--grace",
+            "1",
+            "-x",
+        ])
+        .args([format!("E2E_WORKER={worker}")]),
+    )
+    .args([
+        "--",
+        "sh",
+        "-c",
+        "setsid sleep 300 & while :; do echo a line of output; done",
+    ])
+    .timeout(Duration::from_secs(60));
+    let launch = run.spawn();
+    let mark = launch.mark().to_string();
+    let agents = || {
+        atlasboost_e2e::pids_with_env(LAUNCH_MARK, &mark)
+            .into_iter()
+            .filter(|p| {
+                atlasboost_e2e::cmdline(p.pid).is_some_and(|c| c.iter().any(|a| a == "agent"))
+            })
+            .count()
+    };
+    assert!(
+        atlasboost_e2e::wait_until(Duration::from_secs(20), || {
+            atlasboost_e2e::pids_with_env("E2E_WORKER", &worker).len() >= 4
+        }),
+        "the workers did not start"
+    );
+    // Output piles up behind the stopped launcher.
+    std::thread::sleep(Duration::from_secs(1));
+    launch.signal(nix::sys::signal::Signal::SIGSTOP);
+    let gone = atlasboost_e2e::wait_until(Duration::from_secs(15), || agents() == 0);
+    let left = agents();
+    launch.signal(nix::sys::signal::Signal::SIGKILL);
+    launch.signal(nix::sys::signal::Signal::SIGCONT);
+    assert!(
+        gone,
+        "{left} agents still run 15 s after their launcher stopped"
+    );
+    assert_no_process_with_env(
+        "E2E_WORKER",
+        &worker,
+        Duration::from_secs(5),
+        "the workers of a stopped launcher's agents",
+    );
+}

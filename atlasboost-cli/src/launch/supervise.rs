@@ -1578,6 +1578,13 @@ impl<'a> Supervisor<'a> {
             ));
             held = false;
         }
+        if held && matches!(&self.role, Role::Agent(up) if up.lost) {
+            // An agent's launcher is gone: what waits for it is not taken any more, and the
+            // workers' pipes are read again (their lines dropped), so that nothing holds this
+            // agent up. (Checked on every pass: lines may come after the loss.)
+            output.give_up_console("the launcher is gone");
+            held = false;
+        }
         if held {
             // Lines, beats and peers' frames wait unread: no rank's silence, no peer's, is its
             // own. (Ours is not: heartbeats still go out on time.)
@@ -1886,11 +1893,6 @@ impl<'a> Supervisor<'a> {
         // The agents below stop their workers too when their line closes.
         for (_, child) in &mut up.children {
             child.hang_up();
-        }
-        // What waits for it is not taken any more: the workers' pipes are read again (their
-        // lines dropped), so that nothing holds this agent up.
-        if holding_back(output) {
-            output.give_up_console(why);
         }
         if self.running.iter().all(|r| r.ended.is_some()) {
             return;

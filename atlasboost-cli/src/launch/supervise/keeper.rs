@@ -4,7 +4,8 @@
 //! that the launcher is there, or they would stop their workers after `LOST_AFTER`.
 //!
 //! A thread looks twice a heartbeat whether the loop went round since it last looked; if
-//! not, it sends each peer a heartbeat itself (so a peer waits at most about two heartbeats), on the peer's [`Commands`], which a command being
+//! not, it sends each peer a heartbeat itself (so a peer waits at most about two
+//! heartbeats; an idle loop may get an extra one, which costs nothing), on the peer's [`Commands`], which a command being
 //! written holds locked (then that peer hears the command instead).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
