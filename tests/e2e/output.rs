@@ -395,18 +395,16 @@ fn a_full_non_blocking_stdout_loses_no_line() {
     .nonblocking_stdout(Duration::from_millis(500))
     .run();
     r.assert_code(0);
-    let by_rank = crate::lines_by_rank(&r.out(), "stdout");
-    let want: Vec<String> = (1..=20_000).map(|i| i.to_string()).collect();
-    for rank in 0..2 {
-        let got = by_rank.get(&rank).map_or(0, Vec::len);
-        assert!(
-            by_rank.get(&rank) == Some(&want),
-            "rank {rank}: {got} of 20000 lines arrived (stdout non-blocking, read after \
-             0.5 s); last lines of stdout: {:?}\nstderr:\n{}",
+    crate::assert_seq_by_rank(
+        &r.out(),
+        2,
+        20_000,
+        &format!(
+            "stdout non-blocking, read after 0.5 s; last lines of stdout: {:?}\nstderr:\n{}",
             r.out().lines().rev().take(3).collect::<Vec<_>>(),
             r.err()
-        );
-    }
+        ),
+    );
     assert_eq!(
         r.out().lines().count(),
         40_000,
@@ -509,13 +507,5 @@ fn a_console_held_back_is_not_a_hang() {
     .nonblocking_stdout(Duration::from_secs(3))
     .run();
     r.assert_code(0);
-    let by_rank = crate::lines_by_rank(&r.out(), "stdout");
-    for rank in 0..2 {
-        assert_eq!(
-            by_rank.get(&rank).map_or(0, Vec::len),
-            300_000,
-            "rank {rank}\n{}",
-            r.err()
-        );
-    }
+    crate::assert_seq_by_rank(&r.out(), 2, 300_000, &r.err());
 }

@@ -65,11 +65,7 @@ pub struct Commands(Arc<Mutex<Option<File>>>);
 
 impl Commands {
     fn new(file: Option<File>) -> Commands {
-        // Never blocking, so that a heartbeat cannot hold the lock a command waits for.
-        if let Some(f) = &file {
-            let _ = fcntl(f, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
-        }
-        Commands(Arc::new(Mutex::new(file)))
+        Commands(Arc::new(Mutex::new(non_blocking(file))))
     }
 
     /// Commands going to `file`, for tests.
@@ -89,7 +85,7 @@ impl Commands {
     }
 
     fn replace(&self, file: Option<File>) {
-        *self.lock() = Commands::new(file).take();
+        *self.lock() = non_blocking(file);
     }
 
     /// A heartbeat, if the connection is free and takes one now: never waits for a command
@@ -111,6 +107,14 @@ impl Commands {
             end_for_them(input.take());
         }
     }
+}
+
+/// `file`, made non-blocking: a heartbeat must never hold the lock a command waits for.
+fn non_blocking(file: Option<File>) -> Option<File> {
+    if let Some(f) = &file {
+        let _ = fcntl(f, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+    }
+    file
 }
 
 /// Closes a peer's command connection so that the peer sees its end. A relay's or a Slurm
