@@ -329,10 +329,10 @@ pub struct RunArgs {
     pub max_restarts: u32,
 
     /// With --max-restarts: seconds before the first restart, doubling for each one after it up
-    /// to 30.
-    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_seconds_or_zero,
+    /// to 30 [default: 1].
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero,
           requires = "max_restarts")]
-    pub restart_delay: Duration,
+    pub restart_delay: Option<Duration>,
 
     /// With --max-restarts: the smallest world a restart may shrink to, leaving out unhealthy
     /// devices and lost hosts

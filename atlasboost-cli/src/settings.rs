@@ -132,8 +132,8 @@ pub struct RunSettings {
     pub grace: Duration,
     /// `--max-restarts`.
     pub max_restarts: u32,
-    /// `--restart-delay`.
-    pub restart_delay: Duration,
+    /// `--restart-delay`; `None` when not given (1 s, [`RunSettings::first_restart_delay`]).
+    pub restart_delay: Option<Duration>,
     /// `--min-np`.
     pub min_np: Option<u32>,
     /// `--hang-timeout`.
@@ -166,6 +166,13 @@ pub struct RunSettings {
     pub mpi: bool,
     /// The workers' command.
     pub command: Vec<OsString>,
+}
+
+impl RunSettings {
+    /// The wait before the first restart: `--restart-delay`, 1 s when not given.
+    pub fn first_restart_delay(&self) -> Duration {
+        self.restart_delay.unwrap_or(Duration::from_secs(1))
+    }
 }
 
 impl From<&DiscoveryArgs> for Discovery {

@@ -222,6 +222,42 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     })
 }
 
+/// Whether [`worker_env`] sets `name` from the worker's seat in the table or the job's shape
+/// for `framework` (`RANK_ID`, `WORLD_SIZE`, `RANK_TABLE_FILE`, `POD_NAME` for TensorFlow, ...):
+/// a launcher refuses to export such a name to every worker.
+pub fn set_from_the_table(name: &str, framework: Framework) -> bool {
+    const PER_WORKER: [&str; 22] = [
+        EnvVars::RANK_TABLE_FILE,
+        EnvVars::RANK_ID,
+        EnvVars::RANK_SIZE,
+        EnvVars::DEVICE_ID,
+        EnvVars::ASCEND_DEVICE_ID,
+        EnvVars::RANK,
+        EnvVars::WORLD_SIZE,
+        EnvVars::LOCAL_RANK,
+        EnvVars::LOCAL_WORLD_SIZE,
+        EnvVars::GROUP_RANK,
+        EnvVars::ATLASBOOST_RANK,
+        EnvVars::ATLASBOOST_SIZE,
+        EnvVars::ATLASBOOST_LOCAL_RANK,
+        EnvVars::ATLASBOOST_LOCAL_SIZE,
+        EnvVars::ATLASBOOST_NODE_RANK,
+        EnvVars::ATLASBOOST_NODE_COUNT,
+        EnvVars::ATLASBOOST_DEVICE_ID,
+        EnvVars::ATLASBOOST_PHYSICAL_ID,
+        EnvVars::ATLASBOOST_SERVER_ID,
+        EnvVars::ATLASBOOST_RANK_TABLE_FILE,
+        EnvVars::ATLASBOOST_FRAMEWORK,
+        EnvVars::ATLASBOOST_JOB_ID,
+    ];
+    PER_WORKER.contains(&name)
+        || match framework {
+            Framework::Tensorflow => name == EnvVars::POD_NAME,
+            Framework::Mindspore => name == EnvVars::MINDSPORE_HCCL_CONFIG_PATH,
+            Framework::Pytorch => false,
+        }
+}
+
 /// TensorFlow's rule for `JOB_ID`: letters, digits, `-`, `_`; not all digits with a leading 0.
 fn check_job_id(id: &str) -> Result<()> {
     let bad = |reason: &str| Error::invalid_value(EnvVars::JOB_ID, id, reason);
@@ -290,6 +326,47 @@ mod tests {
             master_addr: "10.0.0.1",
             master_port: 29500,
         }
+    }
+
+    /// Variables of `worker_env`'s `set` that a user may give every worker instead (`-x`): the
+    /// job's name and meeting point, and Python's buffering. Every other one is the worker's seat
+    /// in the table or the job's shape, so one value for every worker would contradict the table.
+    const USER_MAY_SET: [&str; 4] = [
+        EnvVars::JOB_ID,
+        EnvVars::MASTER_ADDR,
+        EnvVars::MASTER_PORT,
+        EnvVars::PYTHONUNBUFFERED,
+    ];
+
+    /// Every variable `worker_env` sets is either the user's to give (`USER_MAY_SET`) or
+    /// refused by `set_from_the_table`, for each framework: a variable added to one list and
+    /// not the other fails here.
+    #[test]
+    fn every_variable_set_is_either_the_users_or_the_tables() {
+        let t = table(Format::V1_0);
+        for framework in Framework::ALL {
+            let env = worker_env(&spec(&seat(&t), framework)).unwrap();
+            for (name, _) in &env.set {
+                assert_ne!(
+                    USER_MAY_SET.contains(name),
+                    set_from_the_table(name, framework),
+                    "{name} with {framework}"
+                );
+            }
+            // Nothing outside what is set is refused.
+            for name in [
+                "OMP_NUM_THREADS",
+                "HCCL_CONNECT_TIMEOUT",
+                "ASCEND_GLOBAL_LOG_LEVEL",
+            ] {
+                assert!(!set_from_the_table(name, framework), "{name}");
+            }
+        }
+        assert!(!set_from_the_table("POD_NAME", Framework::Pytorch));
+        assert!(!set_from_the_table(
+            "MINDSPORE_HCCL_CONFIG_PATH",
+            Framework::Tensorflow
+        ));
     }
 
     #[test]

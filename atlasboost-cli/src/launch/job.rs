@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use atlasboost::progress::RecordedError;
 use atlasboost_core::ranktable::{Format, LockOwner, TableLock};
+use atlasboost_core::worker_env::set_from_the_table;
 use atlasboost_tcp::Secret;
 
 use super::events::{self, Events};
@@ -24,7 +25,8 @@ use crate::settings::{RunSettings, ServerOrder};
 pub(crate) const FULL_SUMMARY_MAX: usize = 64;
 
 /// What can be refused before any worker starts, with or without `--mpi`: an empty command,
-/// `--ranks` beyond the job's size (when it is known), a log directory that cannot be made.
+/// `--ranks` beyond the job's size (when it is known), a `-x` of a variable the table decides,
+/// a log directory that cannot be made.
 pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Result<(), CliError> {
     if args.command.first().is_none_or(|c| c.is_empty()) {
         return Err(CliError::Usage("the command to run is empty".into()));
@@ -34,6 +36,21 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
             "--min-np bounds how far a restart may shrink the job, and --max-restarts 0 allows \
              none"
                 .into(),
+        ));
+    }
+    if let Some((name, _)) = args
+        .env
+        .iter()
+        .find(|(name, _)| set_from_the_table(name, args.framework))
+    {
+        return Err(CliError::Usage(format!(
+            "-x {name}: atlasboost sets {name} for each worker from the rank table (SPEC §9), \
+             so one value for every worker would contradict it"
+        )));
+    }
+    if args.restart_delay.is_some() && args.max_restarts == 0 {
+        return Err(CliError::Usage(
+            "--restart-delay is the wait before a restart, and --max-restarts 0 allows none".into(),
         ));
     }
     if args.rank_order == ServerOrder::Hosts && args.format == Format::Legacy {

@@ -479,7 +479,7 @@ fn run_attempts(
         }
         // A storm of restarts is bounded: the delay doubles with each, up to 30 s.
         let delay = args
-            .restart_delay
+            .first_restart_delay()
             .saturating_mul(1u32 << attempt.min(16))
             .min(MAX_RESTART_DELAY);
         report_attempt(&result, job.attempts.last(), printer);

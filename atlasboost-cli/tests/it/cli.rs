@@ -1746,6 +1746,10 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
             "--max-restarts 0 allows none",
         ),
         (&["--restart-delay", "5"], "--max-restarts"),
+        (
+            &["--max-restarts", "0", "--restart-delay", "5"],
+            "--max-restarts 0 allows none",
+        ),
         (&["--rendezvous-addr", "127.0.0.1"], "--mpi"),
         (
             &["--hccn-conf", "/etc/hccn.conf"],
@@ -1759,6 +1763,57 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
         out.expect_code(USAGE).stderr_has(&[needs]);
         assert!(!out.stdout.contains("RAN"), "{flags:?}: {}", out.stdout);
     }
+    // A variable the table decides for each worker cannot be given to every worker, with or
+    // without --mpi; the framework's own (POD_NAME for TensorFlow) only with that framework.
+    for flags in [
+        &["-x", "RANK_ID=3"][..],
+        &["-x", "WORLD_SIZE=2", "--mpi"],
+        &[
+            "--framework",
+            "mindspore",
+            "-x",
+            "MINDSPORE_HCCL_CONFIG_PATH=/t.json",
+        ],
+        &["-x", "POD_NAME=pod-0"],
+    ] {
+        let name = flags[flags.iter().position(|f| *f == "-x").unwrap() + 1]
+            .split('=')
+            .next()
+            .unwrap();
+        let mut args = vec!["run", "--sim", "2"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", "echo RAN"]);
+        let out = run(dir.path(), &args);
+        out.expect_code(USAGE).stderr_has(&[&format!(
+            "-x {name}: atlasboost sets {name} for each worker"
+        )]);
+        assert!(!out.stdout.contains("RAN"), "{flags:?}: {}", out.stdout);
+    }
+    let out = run(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--sim",
+            "2",
+            "--framework",
+            "pytorch",
+            "-x",
+            "POD_NAME=pod-0",
+            "-x",
+            "MASTER_PORT=29999",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$RANK $POD_NAME $MASTER_PORT\"",
+        ],
+    );
+    out.expect_code(SUCCESS);
+    assert!(
+        out.stdout.contains("[1]<stdout>:1 pod-0 29999"),
+        "{}",
+        out.stdout
+    );
     // HCCL loads only tables named *.json.
     run(
         dir.path(),
