@@ -13,7 +13,7 @@ use atlasboost_core::worker_env::set_from_the_table;
 use atlasboost_tcp::Secret;
 
 use super::events::{self, Events};
-use super::output;
+use super::output::JobLogDir;
 use super::plan::HostPlan;
 use super::supervise::{JobResult, WorkerResult};
 use crate::commands::counted;
@@ -165,16 +165,16 @@ pub(crate) fn lock_table(
         .map_err(CliError::TableLock)
 }
 
-/// `--log-dir DIR`'s directory for this job, `DIR/<job id>` (see [`output::job_log_dir`]).
+/// `--log-dir DIR`'s directory for this job, `DIR/<job id>` (see [`JobLogDir`]).
 pub(crate) fn job_logs(
     args: &RunSettings,
     job_id: &str,
     printer: &Printer,
-) -> Result<Option<PathBuf>, CliError> {
+) -> Result<Option<JobLogDir>, CliError> {
     let Some(dir) = &args.log_dir else {
         return Ok(None);
     };
-    let (logs, warning) = output::job_log_dir(dir, job_id)?;
+    let (logs, warning) = JobLogDir::create(dir, job_id)?;
     if let Some(w) = warning {
         printer.status(&w);
     }

@@ -175,7 +175,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             monitor_ms: args.monitor_interval.map_or(0, |d| d.as_millis() as u64),
         },
         files: &files,
-        logs: logs.as_deref(),
+        logs: logs.as_ref().map(|l| l.path().to_path_buf()),
         events: events.clone(),
         metrics,
         lost: Vec::new(),
@@ -197,11 +197,16 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         Outcome::Stopped(result, code) => (Some(result), code),
         Outcome::Ended(code) => (None, code),
     };
+    // A job that ended before any worker wrote a log leaves no directory behind.
+    let written = match &logs {
+        Some(l) if !l.forget_if_unused() => Some(l.path()),
+        _ => None,
+    };
     report(
         result.as_ref(),
         &job.attempts,
         started.elapsed(),
-        logs.as_deref(),
+        written,
         printer,
     );
     events::emit(
@@ -226,7 +231,7 @@ struct JobState<'a> {
     /// The workers' settings; each attempt sets its restart count.
     base: WorkerSettings,
     files: &'a RankFiles,
-    logs: Option<&'a std::path::Path>,
+    logs: Option<std::path::PathBuf>,
     /// `--events`.
     events: Option<Events>,
     /// `--metrics`.
@@ -371,7 +376,7 @@ fn run_attempts(
                 settings.rank_table.display(),
                 attempt_started.elapsed().as_millis()
             ));
-            let attempt_logs = match (job.logs, args.max_restarts) {
+            let attempt_logs = match (job.logs.as_deref(), args.max_restarts) {
                 (Some(dir), 0) => Some(dir.to_path_buf()),
                 (Some(dir), _) => Some(dir.join(format!("attempt_{attempt}"))),
                 (None, _) => None,

@@ -29,7 +29,7 @@ use super::job::{
     rendezvous_address, report, resolve_exports, worker_dir,
 };
 use super::lifeline;
-use super::output::{Output, OutputOptions};
+use super::output::{JobLogDir, Output, OutputOptions};
 use super::plan::{HostSpec, parse_host_list, parse_hostfile, resolve_hosts};
 use super::relay::{Introduction, RelayDoor, introduce};
 use super::supervise::{
@@ -156,7 +156,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             tag: !args.no_tag,
             timestamp: args.timestamp,
             ranks: args.ranks.as_ref().map(|r| r.ranks.clone()),
-            log_dir: logs.clone(),
+            log_dir: logs.as_ref().map(|l| l.path().to_path_buf()),
             // --hang-timeout is refused with --mpi.
             keep_last_line: false,
             events: events.clone(),
@@ -233,7 +233,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         Some(&result),
         &[],
         started.elapsed(),
-        logs.as_deref(),
+        logs.as_ref().map(JobLogDir::path),
         printer,
     );
     Ok(result.exit_code)

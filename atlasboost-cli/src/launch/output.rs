@@ -883,34 +883,82 @@ impl Output {
     }
 }
 
-/// The log directory of job `job_id` under `--log-dir DIR`: `DIR/<job id>`, made new (a job's
-/// logs never replace another's), with `DIR/latest` pointing at it. Returns the directory, and
-/// a warning when `DIR/latest` cannot be pointed there (the logs are written all the same).
-///
-/// # Errors
-///
-/// [`CliError::File`] naming a directory that cannot be made (or exists already).
-pub fn job_log_dir(dir: &Path, job_id: &str) -> Result<(PathBuf, Option<String>), CliError> {
-    let job_dir = dir.join(job_id);
-    std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::create_dir(&job_dir))
-        .map_err(CliError::file("create log directory", &job_dir))?;
-    // A new link renamed over the old one: `latest` always names a whole job's directory.
-    let latest = dir.join("latest");
-    let fresh = dir.join(format!(".latest-{job_id}"));
-    let pointed = std::os::unix::fs::symlink(job_id, &fresh)
-        .and_then(|()| std::fs::rename(&fresh, &latest))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&fresh);
+/// The log directory of one job under `--log-dir DIR`: `DIR/<job id>`, with `DIR/latest`
+/// pointing at it. A job that ends before any worker wrote a log leaves nothing behind: on
+/// drop, or [`JobLogDir::forget_if_unused`], an empty directory is removed and `latest` points
+/// back where it did before.
+#[derive(Debug)]
+pub struct JobLogDir {
+    path: PathBuf,
+    /// `DIR/latest` and what it named before this job (`None`: no link), once pointed here.
+    latest: Option<(PathBuf, Option<PathBuf>)>,
+}
+
+impl JobLogDir {
+    /// Makes `DIR/<job id>` new (a job's logs never replace another's) and points
+    /// `DIR/latest` at it. Returns the directory, and a warning when `DIR/latest` cannot be
+    /// pointed there (the logs are written all the same).
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::File`] naming a directory that cannot be made (or exists already).
+    pub fn create(dir: &Path, job_id: &str) -> Result<(JobLogDir, Option<String>), CliError> {
+        let path = dir.join(job_id);
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::create_dir(&path))
+            .map_err(CliError::file("create log directory", &path))?;
+        // A new link renamed over the old one: `latest` always names a whole job's directory.
+        let latest = dir.join("latest");
+        let previous = std::fs::read_link(&latest).ok();
+        let fresh = dir.join(format!(".latest-{job_id}"));
+        let pointed = std::os::unix::fs::symlink(job_id, &fresh)
+            .and_then(|()| std::fs::rename(&fresh, &latest))
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(&fresh);
+            });
+        let warning = pointed.as_ref().err().map(|e| {
+            format!(
+                "atlasboost: warning: cannot point {} at this job's logs ({e}); they are in {}",
+                latest.display(),
+                path.display()
+            )
         });
-    let warning = pointed.err().map(|e| {
-        format!(
-            "atlasboost: warning: cannot point {} at this job's logs ({e}); they are in {}",
-            latest.display(),
-            job_dir.display()
-        )
-    });
-    Ok((job_dir, warning))
+        let latest = pointed.ok().map(|()| (latest, previous));
+        Ok((JobLogDir { path, latest }, warning))
+    }
+
+    /// `DIR/<job id>`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the directory if no worker wrote a log into it, pointing `latest` back (unless
+    /// another job has pointed it elsewhere since). Returns whether it was removed.
+    pub fn forget_if_unused(&self) -> bool {
+        // remove_dir removes only an empty directory: a worker's rank.N keeps it.
+        if std::fs::remove_dir(&self.path).is_err() {
+            return false;
+        }
+        if let Some((latest, previous)) = &self.latest
+            && std::fs::read_link(latest).ok().as_deref() == self.path.file_name().map(Path::new)
+        {
+            let _ = match previous {
+                Some(target) => {
+                    let fresh = latest.with_extension(format!("restore-{}", std::process::id()));
+                    std::os::unix::fs::symlink(target, &fresh)
+                        .and_then(|()| std::fs::rename(&fresh, latest))
+                }
+                None => std::fs::remove_file(latest),
+            };
+        }
+        true
+    }
+}
+
+impl Drop for JobLogDir {
+    fn drop(&mut self) {
+        self.forget_if_unused();
+    }
 }
 
 fn open_logs(dir: &Path, rank: u32) -> Result<[BufWriter<File>; 2], CliError> {
@@ -1083,5 +1131,47 @@ mod tests {
         );
         assert_eq!(output.backlog(), 0, "what was left is dropped");
         assert!(output.upstream_closed(), "and nothing more is sent");
+    }
+
+    /// A job's log directory that no worker wrote to goes away, and `latest` points back at
+    /// the job before; one with a worker's logs stays; a `latest` another job has pointed
+    /// elsewhere meanwhile is left alone.
+    #[test]
+    fn an_unused_job_log_directory_is_removed_and_latest_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let latest = || std::fs::read_link(dir.path().join("latest")).ok();
+        // No job before: the link goes with the directory.
+        let (first, warning) = JobLogDir::create(dir.path(), "ab-1").unwrap();
+        assert!(warning.is_none());
+        assert_eq!(latest(), Some(PathBuf::from("ab-1")));
+        drop(first);
+        assert!(!dir.path().join("ab-1").exists());
+        assert_eq!(latest(), None);
+        // A job that wrote logs keeps them, and is `latest`.
+        let (used, _) = JobLogDir::create(dir.path(), "ab-2").unwrap();
+        std::fs::create_dir(used.path().join("rank.0")).unwrap();
+        assert!(!used.forget_if_unused());
+        drop(used);
+        assert!(dir.path().join("ab-2/rank.0").is_dir());
+        // An unused one points `latest` back at it.
+        let (unused, _) = JobLogDir::create(dir.path(), "ab-3").unwrap();
+        assert_eq!(latest(), Some(PathBuf::from("ab-3")));
+        assert!(unused.forget_if_unused());
+        assert_eq!(latest(), Some(PathBuf::from("ab-2")));
+        drop(unused);
+        assert_eq!(latest(), Some(PathBuf::from("ab-2")));
+        // Another job took `latest` in between: it stays that job's.
+        let (unused, _) = JobLogDir::create(dir.path(), "ab-4").unwrap();
+        let (other, _) = JobLogDir::create(dir.path(), "ab-5").unwrap();
+        std::fs::create_dir(other.path().join("rank.0")).unwrap();
+        drop(unused);
+        assert_eq!(latest(), Some(PathBuf::from("ab-5")));
+        drop(other);
+        let mut left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["ab-2", "ab-5", "latest"]);
     }
 }

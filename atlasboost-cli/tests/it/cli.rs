@@ -2455,3 +2455,46 @@ fn validate_warns_of_a_key_given_twice() {
     );
     run(dir.path(), &["validate", "--strict", "twice.json"]).expect_code(1);
 }
+
+/// A job that fails after making its `--log-dir` directory but before any worker starts (here
+/// an events file it cannot create, a metrics port in use) leaves no empty job directory, and
+/// `latest` still names the job before.
+#[test]
+fn a_job_failing_before_its_workers_leaves_no_log_directory() {
+    let dir = tempdir();
+    let logs = dir.path().join("logs");
+    fs::create_dir_all(logs.join("ab-before/rank.0")).unwrap();
+    std::os::unix::fs::symlink("ab-before", logs.join("latest")).unwrap();
+    let taken = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let events = dir.path().join("missing/events.jsonl");
+    let taken = taken.local_addr().unwrap().to_string();
+    for (flag, value, code, says) in [
+        ("--events", events.to_str().unwrap(), FAILURE, "events file"),
+        ("--metrics", taken.as_str(), USAGE, "Address already in use"),
+    ] {
+        let out = run(
+            dir.path(),
+            &[
+                "run",
+                "--sim",
+                "2",
+                "--log-dir",
+                logs.to_str().unwrap(),
+                flag,
+                value,
+                "--",
+                "sh",
+                "-c",
+                "echo RAN",
+            ],
+        );
+        out.expect_code(code).stderr_has(&[says]);
+        assert!(!out.stdout.contains("RAN"), "{flag}: {}", out.stdout);
+        assert_eq!(entries(&logs), ["ab-before", "latest"], "{flag}");
+        assert_eq!(
+            fs::read_link(logs.join("latest")).unwrap(),
+            Path::new("ab-before"),
+            "{flag}"
+        );
+    }
+}
