@@ -339,3 +339,47 @@ fn an_ignored_sighup_does_not_stop_the_job() {
     assert_eq!(status.code(), Some(0), "{err}");
     assert_eq!(rest.matches(":done").count(), 2, "{rest}\n{err}");
 }
+
+/// A terminal paused with Ctrl-S (or an ssh link to the user's laptop that stalls) takes no
+/// bytes while the workers print. The launcher writes it from a thread of its own, so a
+/// SIGTERM meanwhile reaches the workers at once, not when the terminal resumes; the job then
+/// ends 143.
+#[test]
+fn sigterm_is_heard_while_the_terminal_is_paused() {
+    const PAUSED_FROM: Duration = Duration::from_secs(1);
+    const PAUSE: Duration = Duration::from_secs(8);
+    let launch = Run::new([
+        "run",
+        "--sim",
+        "2",
+        "-H",
+        "127.0.0.1",
+        "--grace",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        // Each worker notes the SIGTERM in a file of its own.
+        "trap 'touch stopped.$RANK_ID; exit 0' TERM; yes paused-terminal-line & wait",
+    ])
+    .paused_terminal(PAUSED_FROM, PAUSE)
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    // Paused for a second by then: `yes` has long filled what the terminal holds.
+    std::thread::sleep(PAUSED_FROM + Duration::from_secs(1));
+    launch.signal(Signal::SIGTERM);
+    let noted = |rank: u32| launch.dir().join(format!("stopped.{rank}")).exists();
+    let heard = atlasboost_e2e::wait_until(Duration::from_secs(60), || {
+        (noted(0) && noted(1)) || launch.elapsed() >= PAUSED_FROM + PAUSE
+    });
+    assert!(heard, "the workers never noted the SIGTERM");
+    let at = launch.elapsed();
+    assert!(
+        noted(0) && noted(1) && at < PAUSED_FROM + PAUSE,
+        "the workers noted the SIGTERM only {at:?} after the start, once the terminal \
+         resumed ({:?})",
+        PAUSED_FROM + PAUSE
+    );
+    let done = launch.wait();
+    assert_eq!(done.code(), Some(143), "{}", done.describe());
+}

@@ -15,7 +15,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use atlasboost_core::time::iso8601;
 
+use nix::poll::PollFlags;
+
 use super::channel::{MAX_LINE, Stream};
+use super::terminal::TerminalWriter;
+use super::writing::{write_fully, write_now};
 use crate::error::CliError;
 
 /// A write that takes this long means the reader is not keeping up.
@@ -164,6 +168,9 @@ enum Mode {
     /// takes now, and the rest waits in the buffer, so that the supervisor's loop goes on
     /// (signals, the grace time) while nobody reads (`| less` left alone, `| sleep`).
     Pending,
+    /// A terminal, written by a thread of its own ([`TerminalWriter`]): a flush queues the
+    /// bytes, and the loop goes on while the terminal is paused (Ctrl-S, a stalled ssh link).
+    Thread,
 }
 
 /// A descriptor written with whole buffers; once its reader is gone (`| head`), output to it
@@ -186,6 +193,8 @@ struct Sink {
     failure: Option<String>,
     /// The status block every write goes around (on a terminal).
     around: Option<indicatif::MultiProgress>,
+    /// [`Mode::Thread`]'s writer.
+    terminal: Option<TerminalWriter>,
 }
 
 impl Sink {
@@ -201,7 +210,22 @@ impl Sink {
             behind: false,
             failure: None,
             around: None,
+            terminal: None,
         }
+    }
+
+    /// This sink, written by a thread of its own if it is a terminal ([`Mode::Thread`]); as
+    /// it was if the thread cannot be started.
+    fn threaded_if_terminal(mut self) -> Sink {
+        if self.mode == Mode::Whole
+            && self.file.is_terminal()
+            && let Ok(file) = self.file.try_clone()
+            && let Ok(writer) = TerminalWriter::start(file)
+        {
+            self.terminal = Some(writer);
+            self.mode = Mode::Thread;
+        }
+        self
     }
 
     /// A sink for the console `fd` (standard output or error). A pipe is opened again
@@ -230,9 +254,9 @@ impl Sink {
         Ok(sink)
     }
 
-    /// Bytes that wait for the reader.
+    /// Bytes that wait for the reader (also in a terminal's queue).
     fn pending(&self) -> usize {
-        self.buf.len() - self.start
+        self.buf.len() - self.start + self.terminal.as_ref().map_or(0, TerminalWriter::pending)
     }
 
     /// Whether bytes wait for a reader that has not taken them yet.
@@ -247,6 +271,11 @@ impl Sink {
     }
 
     fn flush(&mut self) {
+        if let Some(terminal) = self.terminal.take() {
+            self.queue_for(&terminal);
+            self.terminal = Some(terminal);
+            return;
+        }
         if self.closed || self.pending() == 0 {
             self.clear();
             return;
@@ -254,7 +283,8 @@ impl Sink {
         let started = Instant::now();
         let (file, bytes, mode) = (&self.file, &self.buf[self.start..], self.mode);
         let write = || match mode {
-            Mode::Whole => write_fully(file, bytes, None).map(|()| bytes.len()),
+            // (A terminal's thread writes its queue: see `queue_for`.)
+            Mode::Whole | Mode::Thread => write_fully(file, bytes, None).map(|()| bytes.len()),
             Mode::Pending => write_now(file, bytes),
         };
         let written = match &self.around {
@@ -287,56 +317,34 @@ impl Sink {
     }
 }
 
+impl Sink {
+    /// [`Mode::Thread`]'s flush: queues the buffer (around the status block), and takes note
+    /// of a terminal that failed. Never waits.
+    fn queue_for(&mut self, terminal: &TerminalWriter) {
+        terminal.woken();
+        if let Some(e) = terminal.take_failure() {
+            if e.kind() != io::ErrorKind::BrokenPipe {
+                self.failure = Some(e.to_string());
+            }
+            self.closed = true;
+        }
+        if !self.closed && self.buf.len() > self.start {
+            let bytes = &self.buf[self.start..];
+            match &self.around {
+                Some(block) => block.suspend(|| terminal.push(bytes)),
+                None => terminal.push(bytes),
+            }
+        }
+        self.clear();
+    }
+}
+
 /// Whether `a` and `b` are the same file (device and inode).
 fn same_object(a: &File, b: &File) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (a.metadata(), b.metadata()) {
         (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
         _ => false,
-    }
-}
-
-/// Writes what the reader takes now: the bytes written. On a non-blocking `file` it never
-/// waits; on a blocking one it writes everything.
-fn write_now(file: &File, buf: &[u8]) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match (&*file).write(&buf[done..]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
-
-/// Writes all of `buf`, also to a descriptor someone left non-blocking: on `EAGAIN` it waits
-/// until the reader makes room, as a blocking write would.
-///
-/// With a `deadline`, a reader that takes no byte for that long is given up on (`TimedOut`):
-/// that is how the launcher notices an ssh session that takes no more commands.
-pub(crate) fn write_fully(
-    file: &File,
-    mut buf: &[u8],
-    deadline: Option<Duration>,
-) -> io::Result<()> {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    loop {
-        buf = &buf[write_now(file, buf)?..];
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLOUT)];
-        let timeout = deadline.map_or(PollTimeout::NONE, |d| {
-            PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
-        });
-        match poll(&mut fds, timeout) {
-            Ok(0) => return Err(io::ErrorKind::TimedOut.into()),
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
     }
 }
 
@@ -415,7 +423,12 @@ impl Output {
         let console = |e| CliError::system("use the console")(e);
         let out = Sink::console(io::stdout().as_fd()).map_err(console)?;
         let err = Sink::console(io::stderr().as_fd()).map_err(console)?;
-        Output::with_sinks(options, ranks, out, err)
+        Output::with_sinks(
+            options,
+            ranks,
+            out.threaded_if_terminal(),
+            err.threaded_if_terminal(),
+        )
     }
 
     /// [`Output::new`] writing to `out` and `err`.
@@ -444,7 +457,15 @@ impl Output {
                 last: Vec::new(),
             });
         }
-        let err_is_out = out.mode == Mode::Pending && same_object(&out.file, &err.file);
+        // One terminal, one writer: two would cut each other's lines.
+        let err_is_out = matches!(out.mode, Mode::Pending | Mode::Thread)
+            && out.mode == err.mode
+            && same_object(&out.file, &err.file);
+        let mut err = err;
+        if err_is_out {
+            err.terminal = None;
+            err.mode = Mode::Whole;
+        }
         let mut output = Output {
             out,
             err,
@@ -457,7 +478,12 @@ impl Output {
             status: None,
         };
         if output.options.status {
-            let block = super::status::StatusBlock::new();
+            // Drawn through the terminal's writer, in order with the lines.
+            let writer = match output.err_is_out {
+                true => output.out.terminal.as_ref(),
+                false => output.err.terminal.as_ref(),
+            };
+            let block = super::status::StatusBlock::new(writer.map(TerminalWriter::term));
             // Lines written to a file or a pipe need not move the block.
             if io::stdout().is_terminal() {
                 output.out.around = Some(block.multi());
@@ -728,13 +754,18 @@ impl Output {
             .sum()
     }
 
-    /// The console's descriptors that have bytes waiting for their reader, to wait until it
-    /// takes some (`POLLOUT`).
-    pub fn waiting_fds(&self) -> Vec<BorrowedFd<'_>> {
+    /// The console's descriptors that have bytes waiting for their reader, and what to wait
+    /// for until it takes some: `POLLOUT` on a pipe, `POLLIN` on a terminal writer's wake
+    /// (then [`Output::flush`]).
+    pub fn waiting_fds(&self) -> Vec<(BorrowedFd<'_>, PollFlags)> {
         [&self.out, &self.err]
             .into_iter()
-            .filter(|s| s.waiting() && s.mode != Mode::Whole)
-            .map(|s| s.file.as_fd())
+            .filter(|s| s.waiting())
+            .filter_map(|s| match (&s.terminal, s.mode) {
+                (Some(t), _) => Some((t.wake_fd(), PollFlags::POLLIN)),
+                (None, Mode::Pending) => Some((s.file.as_fd(), PollFlags::POLLOUT)),
+                (None, _) => None,
+            })
             .collect()
     }
 
@@ -766,7 +797,7 @@ impl Output {
             }
             let mut fds: Vec<PollFd<'_>> = waiting
                 .into_iter()
-                .map(|fd| PollFd::new(fd, PollFlags::POLLOUT))
+                .map(|(fd, flags)| PollFd::new(fd, flags))
                 .collect();
             let at_interrupt = fds.len();
             fds.push(PollFd::new(interrupt, PollFlags::POLLIN));
@@ -841,6 +872,9 @@ impl Output {
         for sink in [&mut self.out, &mut self.err] {
             if sink.waiting() {
                 sink.clear();
+                if let Some(terminal) = &sink.terminal {
+                    terminal.drop_queued();
+                }
                 sink.closed = true;
             }
         }

@@ -18,8 +18,9 @@ use nix::sys::signal::Signal;
 
 use super::channel::{AgentConfig, Tree};
 use super::channel::{Decoder, Down, Up};
-use super::output::{LineSplitter, Tail, write_fully};
+use super::output::{LineSplitter, Tail};
 use super::ssh_connect::{Connect, ssh_options};
+use super::writing::write_fully;
 use crate::error::CliError;
 
 /// How many of ssh's (and the agent's) last stderr lines are kept for error messages.

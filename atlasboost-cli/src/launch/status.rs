@@ -7,6 +7,8 @@
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::terminal::QueuedTerm;
+
 /// The block.
 #[derive(Debug)]
 pub struct StatusBlock {
@@ -15,10 +17,15 @@ pub struct StatusBlock {
 }
 
 impl StatusBlock {
-    /// An empty block on stderr (at most 10 redraws a second).
-    pub fn new() -> StatusBlock {
+    /// An empty block drawn on `terminal` (a terminal writer's queue), else on stderr, at
+    /// most 10 times a second.
+    pub fn new(terminal: Option<QueuedTerm>) -> StatusBlock {
+        let target = match terminal {
+            Some(t) => ProgressDrawTarget::term_like_with_hz(Box::new(t), 10),
+            None => ProgressDrawTarget::stderr_with_hz(10),
+        };
         StatusBlock {
-            multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(10)),
+            multi: MultiProgress::with_draw_target(target),
             rows: Vec::new(),
         }
     }
@@ -52,12 +59,6 @@ impl StatusBlock {
     pub fn clear(&mut self) {
         self.show(&[]);
         let _ = self.multi.clear();
-    }
-}
-
-impl Default for StatusBlock {
-    fn default() -> Self {
-        StatusBlock::new()
     }
 }
 

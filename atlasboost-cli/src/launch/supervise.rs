@@ -1602,8 +1602,8 @@ impl<'a> Supervisor<'a> {
             let mut sources = Vec::with_capacity(self.pipes.len() + 4);
             fds.push(PollFd::new(signals.fd(), PollFlags::POLLIN));
             sources.push(Source::Signals);
-            for fd in output.waiting_fds() {
-                fds.push(PollFd::new(fd, PollFlags::POLLOUT));
+            for (fd, flags) in output.waiting_fds() {
+                fds.push(PollFd::new(fd, flags));
                 sources.push(Source::Console);
             }
             match &self.role {

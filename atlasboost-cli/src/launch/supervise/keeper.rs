@@ -1,7 +1,8 @@
-//! The launcher's heartbeats while its loop is held elsewhere: a terminal paused with Ctrl-S,
-//! a status line drawn on a console that takes nothing, a file on a hung mount. Writing the
-//! workers' lines there waits for as long as it takes; the agents and relays must still hear
-//! that the launcher is there, or they would stop their workers after `LOST_AFTER`.
+//! The launcher's heartbeats while its loop is held elsewhere: a console written whole that
+//! takes nothing (a file on a hung mount, a socket), a slow `--events` file, a long pass.
+//! (A terminal is written by a thread of its own, `launch/terminal.rs`, so a paused one no
+//! longer holds the loop.) The agents and relays must still hear that the launcher is there,
+//! or they would stop their workers after `LOST_AFTER`.
 //!
 //! A thread looks twice a heartbeat whether the loop went round since it last looked; if
 //! not, it sends each peer a heartbeat itself (so a peer waits at most about two
