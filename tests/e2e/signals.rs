@@ -347,7 +347,7 @@ fn an_ignored_sighup_does_not_stop_the_job() {
 #[test]
 fn sigterm_is_heard_while_the_terminal_is_paused() {
     const PAUSED_FROM: Duration = Duration::from_secs(1);
-    const PAUSE: Duration = Duration::from_secs(8);
+    const PAUSE: Duration = Duration::from_secs(15);
     let launch = Run::new([
         "run",
         "--sim",
@@ -355,30 +355,42 @@ fn sigterm_is_heard_while_the_terminal_is_paused() {
         "-H",
         "127.0.0.1",
         "--grace",
-        "1",
+        "5",
         "--",
         "sh",
         "-c",
-        // Each worker notes the SIGTERM in a file of its own.
-        "trap 'touch stopped.$RANK_ID; exit 0' TERM; yes paused-terminal-line & wait",
+        // Each worker notes that it runs, and then the SIGTERM, in files of its own.
+        "trap 'touch stopped.$RANK_ID; exit 0' TERM; touch started.$RANK_ID; \
+         yes paused-terminal-line & wait",
     ])
     .paused_terminal(PAUSED_FROM, PAUSE)
     .timeout(Duration::from_secs(60))
     .spawn();
-    // Paused for a second by then: `yes` has long filled what the terminal holds.
-    std::thread::sleep(PAUSED_FROM + Duration::from_secs(1));
-    launch.signal(Signal::SIGTERM);
-    let noted = |rank: u32| launch.dir().join(format!("stopped.{rank}")).exists();
-    let heard = atlasboost_e2e::wait_until(Duration::from_secs(60), || {
-        (noted(0) && noted(1)) || launch.elapsed() >= PAUSED_FROM + PAUSE
+    let resumes = PAUSED_FROM + PAUSE;
+    let noted = |what: &str, rank: u32| launch.dir().join(format!("{what}.{rank}")).exists();
+    let started = atlasboost_e2e::wait_until(Duration::from_secs(30), || {
+        noted("started", 0) && noted("started", 1)
     });
-    assert!(heard, "the workers never noted the SIGTERM");
+    assert!(started, "the workers never started");
+    // The terminal has been paused a while by then: `yes` has filled what it holds.
+    while launch.elapsed() < PAUSED_FROM + Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let signalled = launch.elapsed();
+    assert!(
+        signalled + Duration::from_secs(5) < resumes,
+        "the workers started too late ({signalled:?}) to tell a SIGTERM heard at once from one \
+         heard when the terminal resumes ({resumes:?})"
+    );
+    launch.signal(Signal::SIGTERM);
+    atlasboost_e2e::wait_until(Duration::from_secs(60), || {
+        (noted("stopped", 0) && noted("stopped", 1)) || launch.elapsed() >= resumes
+    });
     let at = launch.elapsed();
     assert!(
-        noted(0) && noted(1) && at < PAUSED_FROM + PAUSE,
-        "the workers noted the SIGTERM only {at:?} after the start, once the terminal \
-         resumed ({:?})",
-        PAUSED_FROM + PAUSE
+        noted("stopped", 0) && noted("stopped", 1) && at < resumes,
+        "SIGTERM sent {signalled:?} after the start, and the workers noted it only at {at:?}, \
+         when the terminal resumed ({resumes:?})"
     );
     let done = launch.wait();
     assert_eq!(done.code(), Some(143), "{}", done.describe());

@@ -97,7 +97,6 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     })?;
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
-    let exports = resolve_exports(&args.env)?;
     // What can be checked before any host starts a worker is checked now.
     let known_size = args.np.map(u64::from).or_else(|| {
         hosts
@@ -106,6 +105,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             .sum::<Option<u64>>()
     });
     check_before_start(args, known_size)?;
+    let exports = resolve_exports(&args.env)?;
     if let (Some(min), Some(size)) = (args.min_np, known_size)
         && u64::from(min) > size
     {

@@ -423,12 +423,17 @@ impl Output {
         let console = |e| CliError::system("use the console")(e);
         let out = Sink::console(io::stdout().as_fd()).map_err(console)?;
         let err = Sink::console(io::stderr().as_fd()).map_err(console)?;
-        Output::with_sinks(
-            options,
-            ranks,
-            out.threaded_if_terminal(),
-            err.threaded_if_terminal(),
-        )
+        let (mut out, mut err) = (out.threaded_if_terminal(), err.threaded_if_terminal());
+        // One terminal is written by one thread, or by none (if a thread could not start):
+        // never by a thread and the loop at once.
+        if out.mode != err.mode && same_object(&out.file, &err.file) {
+            for sink in [&mut out, &mut err] {
+                if sink.terminal.take().is_some() {
+                    sink.mode = Mode::Whole;
+                }
+            }
+        }
+        Output::with_sinks(options, ranks, out, err)
     }
 
     /// [`Output::new`] writing to `out` and `err`.
@@ -874,6 +879,11 @@ impl Output {
                 sink.clear();
                 if let Some(terminal) = &sink.terminal {
                     terminal.drop_queued();
+                    // Half a redraw may have been dropped: the block no longer knows what
+                    // the screen shows.
+                    if let Some(block) = &mut self.status {
+                        block.hide();
+                    }
                 }
                 sink.closed = true;
             }
@@ -976,11 +986,18 @@ impl JobLogDir {
         if let Some((latest, previous)) = &self.latest
             && std::fs::read_link(latest).ok().as_deref() == self.path.file_name().map(Path::new)
         {
-            let _ = match previous {
+            // (A job before that has gone since is not pointed at.)
+            let _ = match previous
+                .as_ref()
+                .filter(|p| latest.with_file_name(p).exists())
+            {
                 Some(target) => {
                     let fresh = latest.with_extension(format!("restore-{}", std::process::id()));
                     std::os::unix::fs::symlink(target, &fresh)
                         .and_then(|()| std::fs::rename(&fresh, latest))
+                        .inspect_err(|_| {
+                            let _ = std::fs::remove_file(&fresh);
+                        })
                 }
                 None => std::fs::remove_file(latest),
             };
@@ -1167,6 +1184,66 @@ mod tests {
         assert!(output.upstream_closed(), "and nothing more is sent");
     }
 
+    /// A terminal is written by a thread of its own: paused (Ctrl-S), it holds the lines back
+    /// as the console's backlog, and `waiting_fds` asks to wait for the writer's wake instead
+    /// of a write; nothing waits meanwhile. Resumed, it shows every line in order, and
+    /// `drain_console` ends once it has.
+    #[test]
+    fn a_paused_terminal_holds_lines_back_and_nothing_waits() {
+        use std::io::Read;
+        use std::os::fd::AsFd;
+        const LINES: usize = 20_000;
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let (master, slave) = (pty.master, pty.slave);
+        nix::sys::termios::tcflow(&slave, nix::sys::termios::FlowArg::TCOOFF).unwrap();
+        let sink = || Sink::new(File::from(slave.try_clone().unwrap())).threaded_if_terminal();
+        let (out, err) = (sink(), sink());
+        assert_eq!((out.mode, err.mode), (Mode::Thread, Mode::Thread));
+        let mut output = Output::with_sinks(OutputOptions::default(), &[0], out, err).unwrap();
+        assert!(output.err_is_out, "one terminal, one writer");
+        let started = Instant::now();
+        for i in 0..LINES {
+            output.line(0, Stream::Stdout, format!("line {i:05}").as_bytes());
+        }
+        output.flush();
+        assert!(started.elapsed() < Duration::from_secs(5), "a write waited");
+        // What a terminal holds is a few KiB; the rest is held back.
+        assert!(output.backlog() > LINES * 11 / 2, "{}", output.backlog());
+        let waiting = output.waiting_fds();
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].1, PollFlags::POLLIN);
+        drop(waiting);
+        let reader = std::thread::spawn(move || {
+            let mut shown = Vec::new();
+            let mut master = File::from(master);
+            let mut buf = [0u8; 1 << 14];
+            // The terminal turns each \n into \r\n.
+            while shown.len() < LINES * 12 {
+                match master.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => shown.extend_from_slice(&buf[..n]),
+                }
+            }
+            shown
+        });
+        nix::sys::termios::tcflow(&slave, nix::sys::termios::FlowArg::TCOON).unwrap();
+        let (never, _held) = nix::unistd::pipe().unwrap();
+        output.drain_console(
+            never.as_fd(),
+            DrainFor::AtMost(Some(Duration::from_secs(30))),
+            &mut || false,
+        );
+        assert_eq!(output.backlog(), 0, "drained");
+        let shown = String::from_utf8(reader.join().unwrap()).unwrap();
+        let expected: String = (0..LINES).map(|i| format!("line {i:05}\r\n")).collect();
+        assert!(
+            shown == expected,
+            "{} bytes shown of {}",
+            shown.len(),
+            expected.len()
+        );
+    }
+
     /// A job's log directory that no worker wrote to goes away, and `latest` points back at
     /// the job before; one with a worker's logs stays; a `latest` another job has pointed
     /// elsewhere meanwhile is left alone.
@@ -1201,11 +1278,16 @@ mod tests {
         drop(unused);
         assert_eq!(latest(), Some(PathBuf::from("ab-5")));
         drop(other);
+        // The job before has gone meanwhile: `latest` is not pointed at nothing.
+        let (unused, _) = JobLogDir::create(dir.path(), "ab-6").unwrap();
+        std::fs::remove_dir_all(dir.path().join("ab-5")).unwrap();
+        drop(unused);
+        assert_eq!(latest(), None);
         let mut left: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         left.sort();
-        assert_eq!(left, ["ab-2", "ab-5", "latest"]);
+        assert_eq!(left, ["ab-2"]);
     }
 }

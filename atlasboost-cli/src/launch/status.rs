@@ -55,6 +55,12 @@ impl StatusBlock {
         }
     }
 
+    /// Stops drawing, where the block stands: its terminal took nothing and was given up,
+    /// so a clearing now would erase lines instead (the drawing that was queued is dropped).
+    pub fn hide(&mut self) {
+        self.multi.set_draw_target(ProgressDrawTarget::hidden());
+    }
+
     /// Takes the block away for good (before the summary).
     pub fn clear(&mut self) {
         self.show(&[]);

@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 
 use super::writing::write_fully;
 
+/// The most the thread writes at once: what is given up (the console dropped, the writer
+/// abandoned) takes effect after at most this much more.
+const CHUNK: usize = 64 * 1024;
+
 /// How long dropping a writer waits for the terminal to take what is queued (the status
 /// block's last clearing, after the console was drained): what is left then is dropped.
 const LAST_WRITE: Duration = Duration::from_secs(1);
@@ -188,24 +192,30 @@ fn write_queue(shared: &Shared, terminal: &File, woken: &OwnedFd) {
                     .wait(state)
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
-            let chunk = std::mem::take(&mut state.queue);
+            // Whole lines where it can: a chunk ends at its last newline.
+            let cut = match state.queue.len() {
+                n if n <= CHUNK => n,
+                _ => state.queue[..CHUNK]
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map_or(CHUNK, |i| i + 1),
+            };
+            let chunk: Vec<u8> = state.queue.drain(..cut).collect();
             state.in_flight = chunk.len();
             chunk
         };
         let written = write_fully(terminal, &chunk, None);
-        let failed = {
-            let mut state = shared.lock();
-            state.in_flight = 0;
-            if let Err(e) = written {
-                state.failed = true;
-                state.failure = Some(e);
-                state.queue.clear();
-            }
-            state.failed
-        };
-        // Full means a wake is pending already.
+        let mut state = shared.lock();
+        state.in_flight = 0;
+        if let Err(e) = written {
+            state.failed = true;
+            state.failure = Some(e);
+            state.queue.clear();
+        }
+        // Under the lock: whoever sees the bytes written sees the wake too. (A full pipe
+        // means a wake is pending already.)
         let _ = nix::unistd::write(woken, b"w");
-        if failed {
+        if state.failed {
             return;
         }
     }

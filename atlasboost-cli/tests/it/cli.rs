@@ -1767,6 +1767,8 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     // without --mpi; the framework's own (POD_NAME for TensorFlow) only with that framework.
     for flags in [
         &["-x", "RANK_ID=3"][..],
+        // Without a value: refused for what it is, not for a value the shell lacks.
+        &["-x", "RANK_ID"],
         &["-x", "WORLD_SIZE=2", "--mpi"],
         &[
             "--framework",
