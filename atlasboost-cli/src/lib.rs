@@ -20,6 +20,7 @@ pub mod printer;
 pub mod process;
 pub mod rank_list;
 pub mod settings;
+pub mod writing;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

@@ -26,7 +26,6 @@ pub mod ssh_connect;
 pub mod status;
 pub mod supervise;
 pub mod terminal;
-pub mod writing;
 
 use std::collections::HashMap;
 use std::ffi::OsString;

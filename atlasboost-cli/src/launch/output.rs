@@ -19,8 +19,8 @@ use nix::poll::PollFlags;
 
 use super::channel::{MAX_LINE, Stream};
 use super::terminal::TerminalWriter;
-use super::writing::{write_fully, write_now};
 use crate::error::CliError;
+use crate::writing::{write_fully, write_now};
 
 /// A write that takes this long means the reader is not keeping up.
 const STALL: Duration = Duration::from_millis(250);
@@ -862,7 +862,25 @@ impl Output {
     pub fn give_up_console(&mut self, why: &str) {
         // An open lines frame lives in the buffer dropped below.
         self.batch = None;
-        let dropped = self.backlog();
+        let mut dropped = 0;
+        // Only a stream that holds bytes back is given up; the other one still works.
+        for sink in [&mut self.out, &mut self.err] {
+            if sink.waiting() {
+                dropped += sink.buf.len() - sink.start;
+                sink.clear();
+                if let Some(terminal) = &sink.terminal {
+                    // (The chunk being written, at most 64 KiB, still shows when the
+                    // terminal takes it.)
+                    dropped += terminal.drop_queued();
+                    // Half a redraw may have been dropped: the block no longer knows what
+                    // the screen shows.
+                    if let Some(block) = &mut self.status {
+                        block.hide();
+                    }
+                }
+                sink.closed = true;
+            }
+        }
         // An agent's stderr reaches the launcher's console, which names the host.
         let (prefix, reader) = match self.upstream {
             true => ("", "the launcher"),
@@ -873,21 +891,6 @@ impl Output {
              lines after them, are not shown{}\n",
             self.logs_have_them()
         );
-        // Only a stream that holds bytes back is given up; the other one still works.
-        for sink in [&mut self.out, &mut self.err] {
-            if sink.waiting() {
-                sink.clear();
-                if let Some(terminal) = &sink.terminal {
-                    terminal.drop_queued();
-                    // Half a redraw may have been dropped: the block no longer knows what
-                    // the screen shows.
-                    if let Some(block) = &mut self.status {
-                        block.hide();
-                    }
-                }
-                sink.closed = true;
-            }
-        }
         // Said only where it can be: stderr may be the console that took nothing.
         if !self.err.closed && !self.err_is_out {
             self.err.buf.extend_from_slice(note.as_bytes());

@@ -20,8 +20,8 @@ use super::channel::{AgentConfig, Tree};
 use super::channel::{Decoder, Down, Up};
 use super::output::{LineSplitter, Tail};
 use super::ssh_connect::{Connect, ssh_options};
-use super::writing::write_fully;
 use crate::error::CliError;
+use crate::writing::write_fully;
 
 /// How many of ssh's (and the agent's) last stderr lines are kept for error messages.
 const ERR_TAIL: usize = 10;

@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::writing::write_fully;
+use crate::writing::write_fully;
 
 /// The most the thread writes at once: what is given up (the console dropped, the writer
 /// abandoned) takes effect after at most this much more.
@@ -111,9 +111,13 @@ impl TerminalWriter {
         state.queue.len() + state.in_flight
     }
 
-    /// Drops what is queued (the console is given up); a chunk being written still is.
-    pub fn drop_queued(&self) {
-        self.shared.lock().queue.clear();
+    /// Drops what is queued (the console is given up), and says how many bytes; a chunk
+    /// being written still is written.
+    pub fn drop_queued(&self) -> usize {
+        let mut state = self.shared.lock();
+        let dropped = state.queue.len();
+        state.queue.clear();
+        dropped
     }
 
     /// Why writing the terminal failed, once.
