@@ -206,10 +206,13 @@ say "sshd up in each namespace, key login works"
 # ---------------------------------------------------------------------------------------------
 # 4. The job: 12 workers, 4 per namespace. The namespaces share the file system, so each worker
 #    keeps a copy of the table it read, and the inode of the network namespace it runs in.
+#    (Every server's agent replaces the one shared table by a rename, as on a shared file
+#    system: `cat` reads the whole file it opened, where GNU cp gives up on a file replaced
+#    while it copies.)
 # ---------------------------------------------------------------------------------------------
 cat >"$tmp/worker.sh" <<EOF
 set -eu
-cp "\$RANK_TABLE_FILE" "$tmp/seen/\$ATLASBOOST_SERVER_ID-\$RANK_ID.json"
+cat "\$RANK_TABLE_FILE" >"$tmp/seen/\$ATLASBOOST_SERVER_ID-\$RANK_ID.json"
 netns=\$(stat -L -c %i /proc/self/ns/net)
 echo "ok rank \$RANK_ID server \$ATLASBOOST_SERVER_ID device \$ATLASBOOST_PHYSICAL_ID netns \$netns nic \$HCCL_IF_IP \$GLOO_SOCKET_IFNAME \$HCCL_SOCKET_IFNAME"
 EOF
@@ -448,7 +451,7 @@ all6=$(IFS=,; echo "${ips[*]/%/:2}")
 mkdir -p "$tmp/work10" "$tmp/seen10"
 cat >"$tmp/worker10.sh" <<EOF
 set -eu
-cp "\$RANK_TABLE_FILE" "$tmp/seen10/\$ATLASBOOST_SERVER_ID-\$RANK_ID.json"
+cat "\$RANK_TABLE_FILE" >"$tmp/seen10/\$ATLASBOOST_SERVER_ID-\$RANK_ID.json"
 i=0
 while [ \$i -lt 400 ]; do
     echo "seq \$RANK_ID \$i \$ATLASBOOST_SERVER_ID abcdefghijklmnopqrstuvwxyz0123456789"
