@@ -294,9 +294,11 @@ fn hostlists_expand_as_scontrol_show_hostnames_does() {
 }
 
 /// What each worker leaves: a copy of the table it read, and a line naming its node and the
-/// network namespace it runs in.
+/// network namespace it runs in. (The nodes share the file system, and each node's agent
+/// replaces the one table by a rename: `cat` reads the whole file it opened, where GNU cp
+/// gives up on a file replaced while it copies.)
 const WORKER: &str = r#"set -eu
-cp "$RANK_TABLE_FILE" "seen/$RANK_ID.json"
+cat "$RANK_TABLE_FILE" >"seen/$RANK_ID.json"
 netns=$(stat -L -c %i /proc/self/ns/net)
 echo "ok rank $RANK_ID node $SLURMD_NODENAME netns $netns server $ATLASBOOST_SERVER_ID device $ATLASBOOST_PHYSICAL_ID"
 "#;
