@@ -38,6 +38,11 @@ fn run_mpi(ranks: u32) -> Run {
         .timeout(Duration::from_secs(90))
 }
 
+/// `run --mpi` of 2 ranks with `--grace 1`, each running the shell `script`.
+fn two_ranks_sh(script: &str) -> Run {
+    run_mpi(2).args(["--grace", "1", "--", "sh", "-c", script])
+}
+
 #[test]
 fn lines_written_in_pieces_arrive_whole_and_in_order() {
     if mpirun_or_skip().is_none() {
@@ -452,20 +457,12 @@ exit "${E2E_EXIT:-0}"
 
 #[test]
 fn an_mpirun_that_lingers_after_its_ranks_is_killed_after_the_grace_time() {
-    let run = run_mpi(2);
+    let run = two_ranks_sh("echo hello $OMPI_COMM_WORLD_RANK");
     let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
     let started = Instant::now();
     let f = run
         .env("ATLASBOOST_MPIRUN", &fake)
         .env("E2E_LINGER", "60")
-        .args([
-            "--grace",
-            "1",
-            "--",
-            "sh",
-            "-c",
-            "echo hello $OMPI_COMM_WORLD_RANK",
-        ])
         .run();
     // The ranks succeeded: the job did, although mpirun had to be killed.
     f.assert_code(0);
@@ -577,17 +574,11 @@ fn a_rank_failing_while_the_console_is_held_is_still_named_first() {
     if mpirun_or_skip().is_none() {
         return;
     }
-    let f = run_mpi(2)
-        .args([
-            "--grace",
-            "1",
-            "--",
-            "sh",
-            "-c",
-            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 1; exit 3; fi; seq 1 1000000; sleep 30",
-        ])
-        .nonblocking_stdout(Duration::from_secs(7))
-        .run();
+    let f = two_ranks_sh(
+        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 1; exit 3; fi; seq 1 1000000; sleep 30",
+    )
+    .nonblocking_stdout(Duration::from_secs(7))
+    .run();
     f.assert_code(3);
     let err = f.err();
     assert!(
@@ -606,15 +597,7 @@ fn a_relay_stopped_while_the_console_is_held_keeps_its_frames_whole() {
     if mpirun_or_skip().is_none() {
         return;
     }
-    let mut launch = run_mpi(2)
-        .args([
-            "--grace",
-            "1",
-            "--",
-            "sh",
-            "-c",
-            "seq 1 1000000; exec sleep 30",
-        ])
+    let mut launch = two_ranks_sh("seq 1 1000000; exec sleep 30")
         .nonblocking_stdout(Duration::from_secs(8))
         .spawn();
     let mark = launch.mark().to_string();

@@ -36,8 +36,8 @@ fn with_fake_ssh(run: Run) -> Run {
     run.env("PATH", path).env("ATLASBOOST_SSH_ALL_HOSTS", "1")
 }
 
-/// A launch of 2 "remote" hosts through the fake ssh; `worker` marks the workers.
-fn through_relay(relay: (&str, &str), worker: &str) -> Run {
+/// A launch of 2 "remote" hosts through the fake ssh, `--grace 1`; `worker` marks the workers.
+fn two_fake_hosts(worker: &str) -> Run {
     let run = Run::new([
         "run",
         "--sim",
@@ -50,6 +50,11 @@ fn through_relay(relay: (&str, &str), worker: &str) -> Run {
     ])
     .args([format!("E2E_WORKER={worker}")]);
     with_fake_ssh(run)
+}
+
+/// [`two_fake_hosts`] of chatty workers, with the fake ssh told `relay`.
+fn through_relay(relay: (&str, &str), worker: &str) -> Run {
+    two_fake_hosts(worker)
         .env(relay.0, relay.1)
         .args(CHATTY)
         .timeout(Duration::from_secs(40))
@@ -197,26 +202,14 @@ fn a_terminal_paused_with_ctrl_s_does_not_end_a_multi_host_job() {
 #[test]
 fn agents_of_a_stopped_launcher_give_it_up_though_their_output_waits() {
     let worker = unique("relay-sigstop");
-    let run = with_fake_ssh(
-        Run::new([
-            "run",
-            "--sim",
-            "1",
-            "-H",
-            "127.0.0.2:1,127.0.0.3:1",
-            "--grace",
-            "1",
-            "-x",
+    let run = two_fake_hosts(&worker)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 300 & while :; do echo a line of output; done",
         ])
-        .args([format!("E2E_WORKER={worker}")]),
-    )
-    .args([
-        "--",
-        "sh",
-        "-c",
-        "setsid sleep 300 & while :; do echo a line of output; done",
-    ])
-    .timeout(Duration::from_secs(60));
+        .timeout(Duration::from_secs(60));
     let launch = run.spawn();
     let mark = launch.mark().to_string();
     let agents = || {

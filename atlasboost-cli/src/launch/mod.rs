@@ -45,7 +45,7 @@ use self::job::{
     new_job_id, report, report_attempt, resolve_exports, worker_dir,
 };
 use self::monitor::{HostMonitor, Metrics, MonitorPlan};
-use self::output::{Output, OutputOptions};
+use self::output::{JobLogDir, Output, OutputOptions};
 use self::plan::{
     HostPlan, check_np, parse_host_list, parse_hostfile, resolve_hosts, this_machine,
 };
@@ -176,7 +176,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             monitor_ms: args.monitor_interval.map_or(0, |d| d.as_millis() as u64),
         },
         files: &files,
-        logs: logs.as_ref().map(|l| l.path().to_path_buf()),
+        logs: logs.as_ref().map(JobLogDir::path),
         events: events.clone(),
         metrics,
         lost: Vec::new(),
@@ -232,7 +232,7 @@ struct JobState<'a> {
     /// The workers' settings; each attempt sets its restart count.
     base: WorkerSettings,
     files: &'a RankFiles,
-    logs: Option<std::path::PathBuf>,
+    logs: Option<&'a std::path::Path>,
     /// `--events`.
     events: Option<Events>,
     /// `--metrics`.
@@ -377,7 +377,7 @@ fn run_attempts(
                 settings.rank_table.display(),
                 attempt_started.elapsed().as_millis()
             ));
-            let attempt_logs = match (job.logs.as_deref(), args.max_restarts) {
+            let attempt_logs = match (job.logs, args.max_restarts) {
                 (Some(dir), 0) => Some(dir.to_path_buf()),
                 (Some(dir), _) => Some(dir.join(format!("attempt_{attempt}"))),
                 (None, _) => None,
