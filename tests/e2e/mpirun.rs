@@ -428,7 +428,10 @@ fn what_can_be_refused_before_mpirun_starts_is() {
 
 /// A stand-in for mpirun (`ATLASBOOST_MPIRUN`): it starts the ranks itself, as Open MPI's
 /// variables say, from the command `run --mpi` builds; then it lingers `E2E_LINGER` seconds,
-/// and exits `E2E_EXIT`. `E2E_SKIP_RANK` is a rank it does not start.
+/// and exits `E2E_EXIT`. `E2E_SKIP_RANK` is a rank it does not start; `E2E_STAGGER` seconds
+/// pass between two ranks' starts (so that they reach the launcher in rank order).
+/// `E2E_ABORT=1`: mpirun's abort at its harshest, without its SIGTERM first: when the last
+/// rank fails, every other rank is killed with SIGKILL and mpirun exits with that rank's code.
 const FAKE_MPIRUN: &str = r#"#!/bin/sh
 np=; wdir=.
 while [ $# -gt 0 ]; do
@@ -441,14 +444,25 @@ while [ $# -gt 0 ]; do
   esac
 done
 cd "$wdir" || exit 1
-i=0
+i=0; pids=; last=
 while [ "$i" -lt "$np" ]; do
   if [ "$i" != "$E2E_SKIP_RANK" ]; then
+    [ "$i" -gt 0 ] && [ -n "$E2E_STAGGER" ] && sleep "$E2E_STAGGER"
     OMPI_COMM_WORLD_RANK=$i OMPI_COMM_WORLD_SIZE=$np OMPI_COMM_WORLD_LOCAL_RANK=$i \
       OMPI_COMM_WORLD_LOCAL_SIZE=$np "$@" &
+    pids="$pids $last"; last=$!
   fi
   i=$((i + 1))
 done
+if [ -n "$E2E_ABORT" ]; then
+  wait "$last"; code=$?
+  if [ "$code" != 0 ]; then
+    kill -KILL $pids
+    wait
+    echo "fake mpirun: rank $((np - 1)) failed; killed the others"
+    exit "$code"
+  fi
+fi
 wait
 [ -n "$E2E_LINGER" ] && sleep "$E2E_LINGER"
 echo "fake mpirun: done"
@@ -568,17 +582,22 @@ fn relays_wait_for_a_console_read_late() {
 /// A rank fails while the console holds the output back: mpirun aborts the job and kills the
 /// other relay, and the launcher reads both only when the console takes output again, in one
 /// pass. The rank that reported its failure is the job's first failure (and its code the
-/// job's), ahead of the relay whose connection closed because mpirun killed it.
+/// job's), ahead of the relay whose connection closed because mpirun killed it. Through the
+/// stand-in mpirun, so that it happens the same way every time: rank 0 reaches the launcher
+/// first (and is read first in a pass), prints enough to hold the console, and is killed with
+/// SIGKILL (its connection ends with its last data) when rank 1 fails.
 #[test]
 fn a_rank_failing_while_the_console_is_held_is_still_named_first() {
-    if mpirun_or_skip().is_none() {
-        return;
-    }
-    let f = two_ranks_sh(
-        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 1; exit 3; fi; seq 1 1000000; sleep 30",
-    )
-    .nonblocking_stdout(Duration::from_secs(7))
-    .run();
+    let run = two_ranks_sh(
+        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 2; exit 3; fi; seq 1 80000; sleep 30",
+    );
+    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let f = run
+        .env("ATLASBOOST_MPIRUN", &fake)
+        .env("E2E_STAGGER", "0.5")
+        .env("E2E_ABORT", "1")
+        .nonblocking_stdout(Duration::from_secs(7))
+        .run();
     f.assert_code(3);
     let err = f.err();
     assert!(
@@ -586,18 +605,30 @@ fn a_rank_failing_while_the_console_is_held_is_still_named_first() {
         "rank 1's failure is the job's:\n{err}"
     );
     assert!(!err.contains("protocol"), "no stream was cut:\n{err}");
+    // Rank 0's lines, up to what its relay had sent when it was killed: whole, in order.
+    let by_rank = lines_by_rank(&f.out(), "stdout");
+    let rank_0 = by_rank.get(&0).map_or(&[][..], Vec::as_slice);
+    let want: Vec<String> = (1..=rank_0.len()).map(|i| i.to_string()).collect();
+    assert!(
+        rank_0.len() > 50_000 && rank_0 == want,
+        "rank 0: {} lines, whole and in order from 1\n{}",
+        rank_0.len(),
+        f.describe()
+    );
 }
 
 /// A relay stopped by a signal of its own (mpirun's stop reaches each relay) while the console
-/// holds the output back for longer than the grace time: its worker ends, and the relay keeps
-/// its last frames whole for the launcher, which is still heard, rather than cut them off after
-/// the grace time. The launcher names that rank's end.
+/// holds the output back for longer than the grace time: its worker, which ignores SIGTERM, is
+/// killed after the grace time, and the relay keeps its last frames whole for the launcher,
+/// which is still heard, rather than give it up then (a relay that did closed its connection
+/// with its worker's end unsaid). The launcher names that rank's end.
 #[test]
 fn a_relay_stopped_while_the_console_is_held_keeps_its_frames_whole() {
     if mpirun_or_skip().is_none() {
         return;
     }
-    let mut launch = two_ranks_sh("seq 1 1000000; exec sleep 30")
+    // The workers ignore SIGTERM, so that the relay's grace time runs out while it waits.
+    let mut launch = two_ranks_sh("trap '' TERM; seq 1 1000000; exec sleep 30")
         .nonblocking_stdout(Duration::from_secs(8))
         .spawn();
     let mark = launch.mark().to_string();
