@@ -105,6 +105,10 @@ impl EnvVars {
     /// environment.
     pub const ATLASBOOST_RELAY_SECRET: &'static str = "ATLASBOOST_RELAY_SECRET";
 
+    /// `0`: the launcher, an agent or a relay makes no cgroup for its workers (by default it
+    /// does where it can; see docs/launching.md, "Nothing outlives the job").
+    pub const ATLASBOOST_CGROUP: &'static str = "ATLASBOOST_CGROUP";
+
     /// Which probe library mode uses: `auto`, `dsmi`, `hccn`, `sim`.
     pub const ATLASBOOST_PROBE: &'static str = "ATLASBOOST_PROBE";
     /// Simulated devices per host (implies the `sim` probe).

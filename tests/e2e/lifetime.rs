@@ -75,6 +75,85 @@ fn kill_9_of_the_launcher_leaves_nothing_of_the_job() {
     assert!(!r.out().contains("still here"), "{}", r.describe());
 }
 
+/// `kill -9` of the launcher while each worker has a child in a session of its own (`setsid`:
+/// out of the worker's process group, which is all the lifeline kills without a cgroup).
+/// Returns the launcher's stderr and whether the setsid children outlived it by 3 s.
+fn kill_9_with_setsid_children(cgroup: &str) -> (String, bool) {
+    let mark = unique("kill9-setsid");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = Run::new([
+        "run",
+        "-v",
+        "--sim",
+        "2",
+        "-H",
+        "127.0.0.1",
+        "--grace",
+        "30",
+    ])
+    .env("ATLASBOOST_CGROUP", cgroup)
+    .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c"])
+    .args(["setsid sleep 300 & echo \"forked $!\"; sleep 300"])
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    launch.wait_for_lines("]<stdout>:forked ", 2, Duration::from_secs(20));
+    let mut procs = Vec::new();
+    let all_up = wait_until(Duration::from_secs(10), || {
+        procs = pids_with_env(MARK, &mark);
+        procs.len() >= 4
+    });
+    assert!(all_up, "2 workers and 2 setsid children: {procs:#?}");
+    let groups: BTreeSet<i32> = procs.iter().map(|p| p.pgrp).collect();
+    assert_eq!(
+        groups.len(),
+        4,
+        "the children left their workers' groups: {procs:#?}"
+    );
+    launch.signal(Signal::SIGKILL);
+    let r = launch.wait_at_most(Duration::from_secs(5));
+    assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
+    let outlived = !wait_until(Duration::from_secs(3), || {
+        pids_with_env(MARK, &mark).is_empty()
+    });
+    (r.err(), outlived)
+}
+
+/// With the workers' cgroup (made where this machine allows one), the guard's `cgroup.kill`
+/// ends the setsid children too, and removes the cgroup.
+#[test]
+fn kill_9_of_the_launcher_ends_what_left_the_workers_groups() {
+    let (err, outlived) = kill_9_with_setsid_children("1");
+    let Some(line) = err.lines().find(|l| l.contains("cgroup")) else {
+        panic!("-v names the workers' cgroup, or why there is none:\n{err}");
+    };
+    if line.contains("no cgroup") {
+        eprintln!("skipped: the launcher could make no cgroup here: {line}");
+        return;
+    }
+    assert!(!outlived, "the setsid children outlived kill -9:\n{err}");
+    let dir = line.rsplit(' ').next().unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(2), || !std::path::Path::new(dir)
+            .exists()),
+        "the guard removed {dir}"
+    );
+}
+
+/// Without it (`ATLASBOOST_CGROUP=0`), a setsid child outlives `kill -9` of the launcher, as
+/// docs/launching.md says: the case the cgroup is for.
+#[test]
+fn without_the_cgroup_a_setsid_child_outlives_kill_9() {
+    let (err, outlived) = kill_9_with_setsid_children("0");
+    assert!(
+        err.contains("no cgroup for the workers (ATLASBOOST_CGROUP=0)"),
+        "{err}"
+    );
+    assert!(
+        outlived,
+        "nothing else stops a process in a session of its own:\n{err}"
+    );
+}
+
 /// Runs workers that leave a grandchild behind and exit 0: the launcher must stop it and end.
 fn grandchild_is_stopped(script: &str, what: &str) {
     let mark = unique("orphan");
@@ -193,7 +272,9 @@ fn a_setsid_grandchild_holding_the_output_does_not_keep_the_launcher_waiting() {
 fn workers_die_with_the_launcher_even_without_the_lifeline() {
     let mark = unique("pdeath");
     let _cleanup = Cleanup(mark.clone());
+    // No cgroup either: the guard that would remove it is killed here.
     let mut launch = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--grace", "30"])
+        .env("ATLASBOOST_CGROUP", "0")
         .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c"])
         .args(["echo ready; exec sleep 300"])
         .timeout(Duration::from_secs(60))

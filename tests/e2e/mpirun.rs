@@ -669,3 +669,35 @@ fn a_relay_stopped_while_the_console_is_held_keeps_its_frames_whole() {
         "no stream was cut:\n{err}"
     );
 }
+
+/// A relay makes its worker's cgroup only when asked (`ATLASBOOST_CGROUP=1` in the launcher's
+/// environment, which the relays of this host inherit through mpirun; `run --mpi` adds `-x`
+/// for other hosts): by default its worker stays in the relay's own cgroup.
+#[test]
+fn a_relay_makes_its_workers_cgroup_only_when_asked() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if !own.lines().any(|l| l.starts_with("0::")) {
+        eprintln!("skipped: this machine has no cgroup v2 hierarchy");
+        return;
+    }
+    for (asked, want) in [(None, false), (Some("1"), true)] {
+        let mut run = run_mpi(2).args(["-q", "--", "sh", "-c", "grep ^0:: /proc/self/cgroup"]);
+        if let Some(v) = asked {
+            run = run.env("ATLASBOOST_CGROUP", v);
+        }
+        let f = run.run();
+        f.assert_code(0);
+        let lines = lines_by_rank(&f.out(), "stdout");
+        assert_eq!(lines.len(), 2, "{}", f.describe());
+        for (rank, l) in &lines {
+            assert_eq!(
+                l.iter().any(|l| l.contains("/atlasboost-")),
+                want,
+                "ATLASBOOST_CGROUP={asked:?}: rank {rank}'s cgroup: {l:?}"
+            );
+        }
+    }
+}

@@ -28,7 +28,7 @@ use atlasboost_core::{Device, EnvVars};
 use serde::{Deserialize, Serialize};
 
 use super::channel::{self, AgentConfig, Down, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
-use super::lifeline;
+use super::lifeline::{self, CgroupWanted};
 use super::monitor::{HostMonitor, MonitorPlan};
 use super::output::Output;
 use super::plan::{HostPlan, Offer, assign_workers};
@@ -904,7 +904,7 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     let launcher = Some(config.launcher.as_str()).filter(|l| !l.is_empty());
     let _table_lock = super::job::lock_table(&settings.rank_table, &config.job_id, launcher)?;
     let signals = Signals::block()?;
-    let mut lifeline = lifeline::prepare()?;
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true))?;
     let nic: Option<atlasboost::host::NicChoice> = settings
         .nic
         .as_deref()

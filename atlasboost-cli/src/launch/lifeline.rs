@@ -8,6 +8,10 @@
 //! SIGKILL to every group it still knows, and exits. It runs in a process group of its own, so
 //! a Ctrl-C on the terminal or a `kill` of the launcher's group does not reach it.
 //!
+//! Where this process can make one, the workers also run in a cgroup of their own
+//! ([`cgroup`]): the guard then also writes `cgroup.kill`, which ends what left the workers'
+//! groups (`setsid`, a daemon) too, and removes the cgroup.
+//!
 //! The guard is a fork of the launcher that never execs: starting it costs a fork, not the
 //! start of a program (every rank of `run --mpi` has a relay with a lifeline of its own, and
 //! under the Python package a program is an interpreter). A fork of a process that may have
@@ -15,9 +19,12 @@
 //! allocation and takes no lock: raw `read(2)` into a buffer on its stack, a table of groups
 //! allocated before the fork, `killpg(2)` and `_exit(2)`.
 
+mod cgroup;
+
+use std::ffi::CStr;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -29,6 +36,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 
+pub use self::cgroup::{WorkerCgroup, enter as enter_cgroup};
 use crate::error::CliError;
 
 /// The most process groups one guard keeps at once (far more than the workers of one host);
@@ -51,15 +59,31 @@ fn raise_fd_limit() {
 
 /// What every process that starts workers does first (the launcher, a remote agent, a relay):
 /// raise the soft limit of open files (every worker takes two pipes), become the subreaper of
-/// the workers' orphans (re-parented here, to be reaped or stopped), and start the lifeline.
+/// the workers' orphans (re-parented here, to be reaped or stopped), make the workers' cgroup
+/// where it can and is wanted, and start the lifeline.
 ///
 /// # Errors
 ///
-/// The lifeline's, when its guard cannot be started.
-pub fn prepare() -> Result<Lifeline, CliError> {
+/// The lifeline's, when its guard cannot be started; a malformed `ATLASBOOST_CGROUP`.
+pub fn prepare(cgroup: CgroupWanted) -> Result<Lifeline, CliError> {
     raise_fd_limit();
     let _ = nix::sys::prctl::set_child_subreaper(true);
-    Lifeline::start()
+    let cgroup = match cgroup {
+        CgroupWanted::NoWorkers => Err("mpirun starts the workers".into()),
+        CgroupWanted::ByDefault(default) => WorkerCgroup::for_workers(default)?,
+    };
+    Lifeline::start(cgroup)
+}
+
+/// Whether [`prepare`] makes the workers' cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupWanted {
+    /// This process starts no workers (the launcher of `run --mpi`).
+    NoWorkers,
+    /// As `ATLASBOOST_CGROUP` says (`1` or `0`), else this: on for the launcher and the agents;
+    /// off for the relays of `run --mpi`, where every launch would wait once more for the
+    /// kernel's migration lock (docs/launching.md, "Nothing outlives the job").
+    ByDefault(bool),
 }
 
 /// How long [`Lifeline::close`] waits for the guard to exit before it kills it.
@@ -71,15 +95,17 @@ pub struct Lifeline {
     guard: Pid,
     pipe: Option<File>,
     reaped: bool,
+    /// The workers' cgroup, or why there is none.
+    cgroup: Result<WorkerCgroup, String>,
 }
 
 impl Lifeline {
-    /// Starts the guard process (a fork of this one).
+    /// Starts the guard process (a fork of this one), which ends `cgroup` too, if there is one.
     ///
     /// # Errors
     ///
     /// [`CliError::Failure`] if the pipe or the fork fails.
-    pub fn start() -> Result<Lifeline, CliError> {
+    pub fn start(cgroup: Result<WorkerCgroup, String>) -> Result<Lifeline, CliError> {
         let failed = |step: &'static str, e: Errno| CliError::Lifeline {
             step,
             source: e.into(),
@@ -104,11 +130,18 @@ impl Lifeline {
         // SAFETY: the child runs only `guard`, which calls async-signal-safe functions and
         // never returns (it ends in `_exit`), so it is sound in a process with other threads.
         match unsafe { fork() }.map_err(|e| failed("fork", e))? {
-            ForkResult::Child => guard(&read, &null, &open, &mut groups),
+            ForkResult::Child => {
+                let cgroup = cgroup
+                    .as_ref()
+                    .ok()
+                    .map(|c| (c.kill_file(), c.dir(), c.own_procs()));
+                guard(&read, &null, &open, &mut groups, cgroup)
+            }
             ForkResult::Parent { child } => Ok(Lifeline {
                 guard: child,
                 pipe: Some(File::from(write)),
                 reaped: false,
+                cgroup,
             }),
         }
     }
@@ -116,6 +149,23 @@ impl Lifeline {
     /// The guard's pid (the supervisor reaps it like any child).
     pub fn pid(&self) -> u32 {
         self.guard.as_raw() as u32
+    }
+
+    /// The workers' cgroup's `cgroup.procs`, which each worker writes between its fork and its
+    /// exec ([`enter_cgroup`]); `None` without a cgroup.
+    pub fn cgroup_procs(&self) -> Option<RawFd> {
+        self.cgroup.as_ref().ok().map(WorkerCgroup::procs)
+    }
+
+    /// Where the workers' cgroup is, or why there is none (for `-v`).
+    pub fn cgroup_note(&self) -> String {
+        match &self.cgroup {
+            Ok(c) => format!("the workers' cgroup is {}", c.path().display()),
+            Err(why) => format!(
+                "no cgroup for the workers ({why}): a process that leaves its worker's process \
+                 group (setsid, a daemon) is not stopped if atlasboost is killed with kill -9"
+            ),
+        }
     }
 
     /// The guard is to stop this process group if the launcher dies.
@@ -213,10 +263,17 @@ fn exit_within(pid: Pid, limit: Duration) -> Option<bool> {
 }
 
 /// The guard: reads `+pgid`/`-pgid` lines from `pipe` until it closes, then SIGKILLs every
-/// group still listed, and exits. `open` lists the launcher's descriptors at the fork, all of
-/// which it closes (the pipe's other end among them). Only async-signal-safe calls (see the
-/// module's docs).
-fn guard(pipe: &OwnedFd, null: &OwnedFd, open: &[RawFd], groups: &mut Vec<i32>) -> ! {
+/// group still listed, and the workers' cgroup (its `cgroup.kill` and directory), which it then
+/// removes, and exits. `open` lists the launcher's descriptors at the fork, all of which it
+/// closes (the pipe's other end among them). Only async-signal-safe calls (see the module's
+/// docs).
+fn guard(
+    pipe: &OwnedFd,
+    null: &OwnedFd,
+    open: &[RawFd],
+    groups: &mut Vec<i32>,
+    cgroup: Option<(BorrowedFd<'_>, &CStr, Option<BorrowedFd<'_>>)>,
+) -> ! {
     // SAFETY (whole function): raw system calls on descriptors this process owns; no
     // allocation (`groups` never grows beyond the capacity it was given), no locks.
     unsafe {
@@ -239,9 +296,17 @@ fn guard(pipe: &OwnedFd, null: &OwnedFd, open: &[RawFd], groups: &mut Vec<i32>) 
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         // Nothing of the launcher's stays open here: its sockets and pipes must close when it
         // dies (a reader waiting for their end would wait for the guard), and stdout must not
-        // keep a `| head` open. stderr stays, for nothing: the guard says nothing.
+        // keep a `| head` open. stderr stays, for nothing (the guard says nothing), unless it
+        // becomes the cgroup's `cgroup.kill`.
         libc::dup2(pipe.as_raw_fd(), 0);
         libc::dup2(null.as_raw_fd(), 1);
+        let warm_up = cgroup.and_then(|(_, _, own)| own);
+        if let Some((kill, _, _)) = cgroup {
+            libc::dup2(kill.as_raw_fd(), 2);
+        }
+        if let Some(own) = warm_up {
+            libc::dup2(own.as_raw_fd(), 1);
+        }
         // Every descriptor listed at the fork (the pipe's write end among them: left open, it
         // would keep the guard from ever seeing the launcher go), then anything a thread
         // opened since, where the kernel has close_range (5.9 on).
@@ -249,6 +314,11 @@ fn guard(pipe: &OwnedFd, null: &OwnedFd, open: &[RawFd], groups: &mut Vec<i32>) 
             libc::close(fd);
         }
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        if warm_up.is_some() {
+            // Into the cgroup it is in already: no move, only the migration lock taken (see
+            // `WorkerCgroup::own_procs`), after which the workers enter theirs quickly.
+            libc::write(1, b"0".as_ptr().cast(), 1);
+        }
         libc::prctl(
             libc::PR_SET_NAME,
             c"ab-guard".as_ptr() as libc::c_ulong,
@@ -297,6 +367,21 @@ fn guard(pipe: &OwnedFd, null: &OwnedFd, open: &[RawFd], groups: &mut Vec<i32>) 
         for &pgid in groups.iter() {
             let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
         }
+        if let Some((_, dir, _)) = cgroup {
+            // Everything in it, in one step (after a clean end it is empty). Its processes
+            // take a moment to go; until then rmdir says EBUSY. Bounded: 1 s.
+            libc::write(2, b"1".as_ptr().cast(), 1);
+            for _ in 0..200 {
+                if libc::rmdir(dir.as_ptr()) == 0 || Errno::last() != Errno::EBUSY {
+                    break;
+                }
+                let pause = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 5_000_000,
+                };
+                libc::nanosleep(&pause, std::ptr::null_mut());
+            }
+        }
         libc::_exit(0)
     }
 }
@@ -307,7 +392,7 @@ mod tests {
 
     #[test]
     fn closing_the_lifeline_reaps_its_guard() {
-        let lifeline = Lifeline::start().unwrap();
+        let lifeline = Lifeline::start(Err("not wanted here".into())).unwrap();
         let guard = lifeline.guard;
         lifeline.close();
         // Reaped by close: no longer a child of this process, not even a zombie.

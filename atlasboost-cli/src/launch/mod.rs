@@ -44,6 +44,7 @@ use self::job::{
     AttemptRecord, check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table,
     new_job_id, report, report_attempt, resolve_exports, worker_dir,
 };
+use self::lifeline::CgroupWanted;
 use self::monitor::{HostMonitor, Metrics, MonitorPlan};
 use self::output::{JobLogDir, Output, OutputOptions};
 use self::plan::{
@@ -154,7 +155,8 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         }
         None => None,
     };
-    let mut lifeline = lifeline::prepare()?;
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true))?;
+    printer.detail(&format!("atlasboost: {}", lifeline.cgroup_note()));
     let files = RankFiles::create(&job_id)?;
     let mut job = JobState {
         args,

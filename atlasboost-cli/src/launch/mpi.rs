@@ -28,7 +28,7 @@ use super::job::{
     check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table, new_job_id,
     rendezvous_address, report, resolve_exports, worker_dir,
 };
-use super::lifeline;
+use super::lifeline::{self, CgroupWanted};
 use super::output::{JobLogDir, Output, OutputOptions};
 use super::plan::{HostSpec, parse_host_list, parse_hostfile, resolve_hosts};
 use super::relay::{Introduction, RelayDoor, introduce};
@@ -148,7 +148,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         false => resolved.iter().map(host_json).collect(),
     };
     job_start_event(events.as_ref(), args, Some(np), given, &table_path);
-    let mut lifeline = lifeline::prepare()?;
+    let mut lifeline = lifeline::prepare(CgroupWanted::NoWorkers)?;
     let ranks: Vec<u32> = (0..np).collect();
     let logs = job_logs(args, &job_id, printer)?;
     let mut output = Output::new(
@@ -364,6 +364,11 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     if let Some(n) = args.discovery.sim {
         vars.push((EnvVars::ATLASBOOST_SIM.into(), n.to_string()));
     }
+    // Each relay makes its worker's cgroup, as the launcher would (mpirun passes on only what
+    // it is told to).
+    if let Ok(cgroup) = std::env::var(EnvVars::ATLASBOOST_CGROUP) {
+        vars.push((EnvVars::ATLASBOOST_CGROUP.into(), cgroup));
+    }
     // Workers built without MPI meet over ZeroMQ at rank 0's host instead: the first host
     // (mpirun maps by slot), on a port free here when that host is this machine.
     let exported = |name: &str| job.exports.iter().any(|(n, _)| n == name);
@@ -526,7 +531,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
             )
         })?;
     let host = atlasboost_core::host_name();
-    let mut lifeline = lifeline::prepare()?;
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(false))?;
     let who = Introduction {
         job_id: &job_id,
         secret: &secret,

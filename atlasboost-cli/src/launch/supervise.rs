@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -36,7 +36,7 @@ use self::policy::{SignalAction, SignalState};
 pub use super::channel::Ending;
 use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up};
-use super::lifeline::{Lifeline, ORIGINAL_FD_LIMIT};
+use super::lifeline::{self, Lifeline, ORIGINAL_FD_LIMIT};
 use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState};
 use super::output::{DrainFor, LineSplitter, Output};
 use super::rank_files::RankFiles;
@@ -613,7 +613,7 @@ pub fn run_workers(
         if let Some(files) = &plan.files {
             files.reset(w.rank);
         }
-        match spawn(plan, w) {
+        match spawn(plan, w, lifeline.cgroup_procs()) {
             Ok((pid, out, err)) => {
                 lifeline.watch(pid.as_raw());
                 running.push(Running {
@@ -679,8 +679,13 @@ pub fn send_the_rest(output: &mut Output, signals: &Signals, launcher: BorrowedF
     });
 }
 
-/// Starts one worker in a process group of its own, stdin closed, output on pipes.
-fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> {
+/// Starts one worker in a process group of its own (and in the workers' cgroup, whose
+/// `cgroup.procs` is `cgroup`, if there is one), stdin closed, output on pipes.
+fn spawn(
+    plan: &RunPlan,
+    w: &WorkerPlan,
+    cgroup: Option<RawFd>,
+) -> io::Result<(Pid, OwnedFd, OwnedFd)> {
     let (program, args) = plan
         .command
         .split_first()
@@ -707,10 +712,14 @@ fn spawn(plan: &RunPlan, w: &WorkerPlan) -> io::Result<(Pid, OwnedFd, OwnedFd)> 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    // SAFETY: between fork and exec only async-signal-safe calls: prctl, getppid,
+    // SAFETY: between fork and exec only async-signal-safe calls: write, prctl, getppid,
     // sigprocmask, setrlimit, sched_setaffinity. No allocation, no locks.
     unsafe {
         cmd.pre_exec(move || {
+            // First, so that nothing the worker starts is outside.
+            if let Some(procs) = cgroup {
+                lifeline::enter_cgroup(procs);
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The launcher may have died between fork and prctl: then nobody would kill us.
             if nix::unistd::getppid() != launcher {

@@ -2500,3 +2500,17 @@ fn a_job_failing_before_its_workers_leaves_no_log_directory() {
         );
     }
 }
+
+/// `ATLASBOOST_CGROUP` takes `0` or `1`; anything else is named, before a worker starts.
+#[test]
+fn a_malformed_atlasboost_cgroup_is_named() {
+    let dir = tempdir();
+    let out = run_env(
+        dir.path(),
+        &["run", "--sim", "1", "--", "sh", "-c", "echo RAN"],
+        &[("ATLASBOOST_CGROUP", "off")],
+    );
+    out.expect_code(USAGE)
+        .stderr_has(&["ATLASBOOST_CGROUP=off: expected 0 (no cgroup for the workers) or 1"]);
+    assert!(!out.stdout.contains("RAN"), "{}", out.stdout);
+}

@@ -97,7 +97,9 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         local: true,
         cpus: None,
     };
-    let (pid, out, err) = spawn(&mpirun_plan, &spec).map_err(|e| CliError::Spawn {
+    // Not in the workers' cgroup: each relay makes one of its own for its worker (and one
+    // cgroup inside another would outlive a kill of the outer, its guard killed with it).
+    let (pid, out, err) = spawn(&mpirun_plan, &spec, None).map_err(|e| CliError::Spawn {
         program: mpirun_plan.command.first().cloned().unwrap_or_default(),
         host: "this machine".into(),
         reason: e,
