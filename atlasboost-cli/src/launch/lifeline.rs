@@ -9,8 +9,8 @@
 //! a Ctrl-C on the terminal or a `kill` of the launcher's group does not reach it.
 //!
 //! Where this process can make one, the workers also run in a cgroup of their own
-//! ([`WorkerCgroup`]): the guard then also writes `cgroup.kill`, which ends what left the workers'
-//! groups (`setsid`, a daemon) too, and removes the cgroup.
+//! ([`WorkerCgroup`]): the guard then also writes `cgroup.kill`, which ends what left the
+//! workers' groups (`setsid`, a daemon) too, and removes the cgroup.
 //!
 //! The guard is a fork of the launcher that never execs: starting it costs a fork, not the
 //! start of a program (every rank of `run --mpi` has a relay with a lifeline of its own, and
