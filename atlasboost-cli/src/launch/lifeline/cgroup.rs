@@ -70,13 +70,20 @@ impl WorkerCgroup {
             .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
         let path = own_cgroup(&own).ok_or("/proc/self/cgroup has no cgroup v2 line (0::)")?;
         let parent = mount.join(path.trim_start_matches('/'));
-        remove_abandoned(&parent);
+        // Named by the pid namespace and pid of this process: an abandoned one is told by a
+        // pid that no longer exists in the same namespace (another container's processes are
+        // not seen here).
+        let namespace = pid_namespace().unwrap_or_default();
+        remove_abandoned(&parent, &namespace);
         // The pid alone could meet the directory of an earlier process with the same pid
         // that died with its guard.
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let dir = parent.join(format!("atlasboost-{}-{nanos}", std::process::id()));
+        let dir = parent.join(format!(
+            "atlasboost-{namespace}-{}-{nanos}",
+            std::process::id()
+        ));
         fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
         let opened = |name: &str| {
             open(
@@ -156,10 +163,19 @@ impl Drop for WorkerCgroup {
     }
 }
 
-/// Removes the empty workers' cgroups in `parent` whose supervisor is gone and whose guard did
-/// not remove them (it was killed too: a `kill -9` of both, a test's cleanup). One that still
-/// holds a process is left for its guard: `rmdir` refuses it.
-fn remove_abandoned(parent: &Path) {
+/// This process's pid namespace, the number `/proc/self/ns/pid` links to (`pid:[4026531836]`).
+fn pid_namespace() -> Option<String> {
+    let link = fs::read_link("/proc/self/ns/pid").ok()?;
+    let link = link.to_str()?;
+    let number = link.strip_prefix("pid:[")?.strip_suffix(']')?;
+    Some(number.to_string()).filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Removes the empty workers' cgroups in `parent` of supervisors of the pid namespace
+/// `namespace` that are gone, whose guard did not remove them (it was killed too: a `kill -9`
+/// of both, a test's cleanup). One that still holds a process is left for its guard: `rmdir`
+/// refuses it.
+fn remove_abandoned(parent: &Path, namespace: &str) {
     let Ok(entries) = fs::read_dir(parent) else {
         return;
     };
@@ -168,6 +184,7 @@ fn remove_abandoned(parent: &Path) {
         let pid = name
             .to_str()
             .and_then(|n| n.strip_prefix("atlasboost-"))
+            .and_then(|rest| rest.strip_prefix(namespace)?.strip_prefix('-'))
             .and_then(|rest| rest.split_once('-'))
             .and_then(|(pid, _)| pid.parse::<u32>().ok());
         if let Some(pid) = pid
@@ -274,21 +291,24 @@ mod tests {
     #[test]
     fn only_the_empty_cgroups_of_dead_supervisors_are_removed() {
         let parent = std::env::temp_dir().join(format!("ab-cgroups-{}", std::process::id()));
-        let dead = "atlasboost-999999999-1"; // beyond any pid_max
-        let alive = format!("atlasboost-{}-1", std::process::id());
-        let busy = "atlasboost-999999999-2";
+        let dead = "atlasboost-7-999999999-1"; // beyond any pid_max
+        let alive = format!("atlasboost-7-{}-1", std::process::id());
+        let busy = "atlasboost-7-999999999-2";
+        // Another pid namespace's: its pids are not seen from here.
+        let elsewhere = "atlasboost-8-999999999-1";
         for d in [
             dead,
-            alive.as_str(),
+            &alive,
             busy,
+            elsewhere,
             "atlasboost-x",
-            "other-999999999-1",
+            "other-7-999999999-1",
         ] {
             fs::create_dir_all(parent.join(d)).unwrap();
         }
         // Not empty: as a cgroup that still holds processes, which rmdir refuses.
         fs::write(parent.join(busy).join("cgroup.procs"), "1\n").unwrap();
-        remove_abandoned(&parent);
+        remove_abandoned(&parent, "7");
         let mut left: Vec<String> = fs::read_dir(&parent)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -298,8 +318,9 @@ mod tests {
         let mut want = vec![
             alive,
             busy.into(),
+            elsewhere.into(),
             "atlasboost-x".into(),
-            "other-999999999-1".into(),
+            "other-7-999999999-1".into(),
         ];
         want.sort();
         assert_eq!(left, want);
