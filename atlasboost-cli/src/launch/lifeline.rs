@@ -69,7 +69,11 @@ pub fn prepare(cgroup: CgroupWanted) -> Result<Lifeline, CliError> {
     raise_fd_limit();
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let cgroup = match cgroup {
-        CgroupWanted::NoWorkers => Err("mpirun starts the workers".into()),
+        CgroupWanted::NoWorkers => {
+            // Still read: the relays get it, and a bad value is named once, here.
+            WorkerCgroup::asked()?;
+            Err("mpirun starts the workers".into())
+        }
         CgroupWanted::ByDefault(default) => WorkerCgroup::for_workers(default)?,
     };
     Lifeline::start(cgroup)
@@ -272,7 +276,7 @@ fn guard(
     null: &OwnedFd,
     open: &[RawFd],
     groups: &mut Vec<i32>,
-    cgroup: Option<(BorrowedFd<'_>, &CStr, Option<BorrowedFd<'_>>)>,
+    cgroup: Option<(BorrowedFd<'_>, &CStr, BorrowedFd<'_>)>,
 ) -> ! {
     // SAFETY (whole function): raw system calls on descriptors this process owns; no
     // allocation (`groups` never grows beyond the capacity it was given), no locks.
@@ -296,16 +300,14 @@ fn guard(
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         // Nothing of the launcher's stays open here: its sockets and pipes must close when it
         // dies (a reader waiting for their end would wait for the guard), and stdout must not
-        // keep a `| head` open. stderr stays, for nothing (the guard says nothing), unless it
-        // becomes the cgroup's `cgroup.kill`.
+        // keep a `| head` open. stderr stays, for nothing (the guard says nothing). With a
+        // cgroup, stdout is its own cgroup's `cgroup.procs` instead (written once, below) and
+        // stderr the workers' cgroup's `cgroup.kill`.
         libc::dup2(pipe.as_raw_fd(), 0);
         libc::dup2(null.as_raw_fd(), 1);
-        let warm_up = cgroup.and_then(|(_, _, own)| own);
-        if let Some((kill, _, _)) = cgroup {
-            libc::dup2(kill.as_raw_fd(), 2);
-        }
-        if let Some(own) = warm_up {
+        if let Some((kill, _, own)) = cgroup {
             libc::dup2(own.as_raw_fd(), 1);
+            libc::dup2(kill.as_raw_fd(), 2);
         }
         // Every descriptor listed at the fork (the pipe's write end among them: left open, it
         // would keep the guard from ever seeing the launcher go), then anything a thread
@@ -314,7 +316,7 @@ fn guard(
             libc::close(fd);
         }
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-        if warm_up.is_some() {
+        if cgroup.is_some() {
             // Into the cgroup it is in already: no move, only the migration lock taken (see
             // `WorkerCgroup::own_procs`), after which the workers enter theirs quickly.
             libc::write(1, b"0".as_ptr().cast(), 1);

@@ -2514,3 +2514,35 @@ fn a_malformed_atlasboost_cgroup_is_named() {
         .stderr_has(&["ATLASBOOST_CGROUP=off: expected 0 (no cgroup for the workers) or 1"]);
     assert!(!out.stdout.contains("RAN"), "{}", out.stdout);
 }
+
+/// `ATLASBOOST_CGROUP=1` where no cgroup can be made (in a mount namespace without any cgroup2
+/// file system) fails before a worker starts, saying why; unset, the job runs without one.
+#[test]
+fn asking_for_a_cgroup_where_none_can_be_made_fails_saying_why() {
+    let script = "umount -a -t cgroup2 || exit 99; \
+                  ATLASBOOST_CGROUP=1 \"$0\" run --sim 1 -- sh -c 'echo RAN'; echo \"code $?\"; \
+                  \"$0\" run -q --sim 1 -- sh -c 'echo RAN'; echo \"code $?\"";
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c", script, env!("CARGO_BIN_EXE_atlasboost")])
+        .output();
+    let out = match out {
+        Ok(o) if o.status.code() != Some(99) && o.status.success() => o,
+        other => {
+            eprintln!("skipped: no mount namespace without cgroup2 can be made here: {other:?}");
+            return;
+        }
+    };
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        stderr.contains(
+            "error: ATLASBOOST_CGROUP=1, but no cgroup can be made for the workers here: \
+             no cgroup2 file system is mounted"
+        ),
+        "{stderr}"
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines, ["code 125", "[0]<stdout>:RAN", "code 0"], "{stderr}");
+}

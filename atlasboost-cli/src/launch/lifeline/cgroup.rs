@@ -7,8 +7,9 @@
 //! It is made only where it can be: a cgroup2 file system mounted (alone, or beside cgroup v1
 //! as on hybrid systems, at `/sys/fs/cgroup/unified`), this process's cgroup writable (root, or
 //! a delegated subtree), and a kernel with `cgroup.kill` (Linux 5.14). Elsewhere the process
-//! groups and the lifeline do what they did without it, and the reason is kept for `-v`.
-//! `ATLASBOOST_CGROUP=0` turns it off.
+//! groups and the lifeline do what they did without it, and the launcher says why with `-v`.
+//! `ATLASBOOST_CGROUP=0` turns it off; `=1` asks for it, and fails the start where none can be
+//! made.
 
 use std::ffi::{CStr, CString};
 use std::fs;
@@ -34,26 +35,47 @@ pub struct WorkerCgroup {
     /// `cgroup.kill`, written `1` by the guard.
     kill: OwnedFd,
     /// This process's own cgroup's `cgroup.procs`, where the guard warms up the kernel's
-    /// migration lock (see [`WorkerCgroup::own_procs`]); `None` where it cannot be opened.
-    own_procs: Option<OwnedFd>,
+    /// migration lock (see [`WorkerCgroup::own_procs`]). Moving a worker out of this cgroup
+    /// needs write access to it, so a cgroup is only made where it opens.
+    own_procs: OwnedFd,
 }
 
 impl WorkerCgroup {
     /// The workers' cgroup if `ATLASBOOST_CGROUP=1`, or if it is unset and `default`:
-    /// `Ok(Err(why))` where none is wanted or none can be made here.
+    /// `Ok(Err(why))` where none is wanted, or none can be made here and none was asked for.
     ///
     /// # Errors
     ///
-    /// [`CliError::Usage`] when `ATLASBOOST_CGROUP` is neither `0` nor `1`.
+    /// [`CliError::Usage`] when `ATLASBOOST_CGROUP` is neither `0` nor `1`;
+    /// [`CliError::Failure`] when it is `1` and no cgroup can be made here.
     pub fn for_workers(default: bool) -> Result<Result<WorkerCgroup, String>, CliError> {
-        match std::env::var(EnvVars::ATLASBOOST_CGROUP).as_deref() {
-            Ok("1") => Ok(WorkerCgroup::create()),
-            Err(_) if default => Ok(WorkerCgroup::create()),
-            Err(_) => Ok(Err(format!(
+        match WorkerCgroup::asked()? {
+            Some(true) => WorkerCgroup::create().map(Ok).map_err(|why| {
+                CliError::Failure(format!(
+                    "{}=1, but no cgroup can be made for the workers here: {why}",
+                    EnvVars::ATLASBOOST_CGROUP
+                ))
+            }),
+            None if default => Ok(WorkerCgroup::create()),
+            None => Ok(Err(format!(
                 "not by default here; {}=1 asks for one",
                 EnvVars::ATLASBOOST_CGROUP
             ))),
-            Ok("0") => Ok(Err(format!("{}=0", EnvVars::ATLASBOOST_CGROUP))),
+            Some(false) => Ok(Err(format!("{}=0", EnvVars::ATLASBOOST_CGROUP))),
+        }
+    }
+
+    /// What `ATLASBOOST_CGROUP` asks for: `Some(true)` for `1`, `Some(false)` for `0`, `None`
+    /// when it is unset.
+    ///
+    /// # Errors
+    ///
+    /// [`CliError::Usage`] for any other value.
+    pub fn asked() -> Result<Option<bool>, CliError> {
+        match std::env::var(EnvVars::ATLASBOOST_CGROUP).as_deref() {
+            Err(_) => Ok(None),
+            Ok("1") => Ok(Some(true)),
+            Ok("0") => Ok(Some(false)),
             Ok(other) => Err(CliError::Usage(format!(
                 "{}={other}: expected 0 (no cgroup for the workers) or 1",
                 EnvVars::ATLASBOOST_CGROUP
@@ -98,7 +120,12 @@ impl WorkerCgroup {
             OFlag::O_WRONLY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .ok();
+        .map_err(|e| {
+            format!(
+                "cannot open {} (moving a worker out of it needs write access): {e}",
+                parent.join("cgroup.procs").display()
+            )
+        })?;
         let files = opened("cgroup.procs").and_then(|procs| {
             let kill = opened("cgroup.kill").map_err(|why| {
                 format!("{why} (the kernel has no cgroup.kill before Linux 5.14)")
@@ -143,9 +170,9 @@ impl WorkerCgroup {
     /// period (5-12 ms on the development machine); for a while after, moves are quick
     /// (0.1 ms). The guard pays that wait while the launcher prepares, rather than the first
     /// worker as it starts (docs/PERFORMANCE.md).
-    pub(super) fn own_procs(&self) -> Option<BorrowedFd<'_>> {
+    pub(super) fn own_procs(&self) -> BorrowedFd<'_> {
         use std::os::fd::AsFd;
-        self.own_procs.as_ref().map(AsFd::as_fd)
+        self.own_procs.as_fd()
     }
 
     /// `cgroup.procs`, which a worker writes between fork and exec (see [`enter`]).
@@ -155,11 +182,16 @@ impl WorkerCgroup {
 }
 
 impl Drop for WorkerCgroup {
-    /// Removes the directory where the guard has not (it failed to start, or died early); a
-    /// cgroup that still holds processes stays (`rmdir` refuses), for the guard to end.
+    /// Does what the guard does where it has not (it failed to start, or died early): ends
+    /// what is left in the cgroup, and removes the directory. After the guard, the cgroup is
+    /// gone already and both calls fail, harmlessly. (This process is never in it.)
     fn drop(&mut self) {
-        // SAFETY: rmdir(2) of a NUL-terminated path this value owns.
-        unsafe { libc::rmdir(self.dir.as_ptr()) };
+        // SAFETY: write(2) to a descriptor this value owns; rmdir(2) of a NUL-terminated
+        // path it owns.
+        unsafe {
+            libc::write(self.kill.as_raw_fd(), b"1".as_ptr().cast(), 1);
+            libc::rmdir(self.dir.as_ptr());
+        }
     }
 }
 
@@ -173,9 +205,17 @@ fn pid_namespace() -> Option<String> {
 
 /// Removes the empty workers' cgroups in `parent` of supervisors of the pid namespace
 /// `namespace` that are gone, whose guard did not remove them (it was killed too: a `kill -9`
-/// of both, a test's cleanup). One that still holds a process is left for its guard: `rmdir`
-/// refuses it.
+/// of both, a test's cleanup), with the empty cgroups of nested jobs inside them. One that
+/// still holds a process is left alone: `rmdir` refuses it. Nothing is removed where `/proc`
+/// is not this pid namespace's (`unshare -p` without a new `/proc`): a live supervisor would
+/// look gone.
 fn remove_abandoned(parent: &Path, namespace: &str) {
+    let own_proc = fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<u32>().ok());
+    if own_proc != Some(std::process::id()) {
+        return;
+    }
     let Ok(entries) = fs::read_dir(parent) else {
         return;
     };
@@ -190,9 +230,22 @@ fn remove_abandoned(parent: &Path, namespace: &str) {
         if let Some(pid) = pid
             && !Path::new(&format!("/proc/{pid}")).exists()
         {
-            let _ = fs::remove_dir(entry.path());
+            remove_empty_tree(&entry.path());
         }
     }
+}
+
+/// `rmdir` of `dir` after its subdirectories (a cgroup's only directories are its children),
+/// depth first; whatever holds a process stays.
+fn remove_empty_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_tree(&entry.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
 }
 
 /// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`: for a worker
@@ -289,7 +342,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_empty_cgroups_of_dead_supervisors_are_removed() {
+    fn only_the_empty_cgroups_of_dead_supervisors_are_removed_with_their_nested_ones() {
         let parent = std::env::temp_dir().join(format!("ab-cgroups-{}", std::process::id()));
         let dead = "atlasboost-7-999999999-1"; // beyond any pid_max
         let alive = format!("atlasboost-7-{}-1", std::process::id());
@@ -306,6 +359,8 @@ mod tests {
         ] {
             fs::create_dir_all(parent.join(d)).unwrap();
         }
+        // A nested job's, inside the dead one: removed with it.
+        fs::create_dir_all(parent.join(dead).join("atlasboost-7-999999998-1")).unwrap();
         // Not empty: as a cgroup that still holds processes, which rmdir refuses.
         fs::write(parent.join(busy).join("cgroup.procs"), "1\n").unwrap();
         remove_abandoned(&parent, "7");
