@@ -76,20 +76,30 @@ pub fn mpirun_or_skip() -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     if found.is_none() {
-        let test = std::thread::current()
-            .name()
-            .unwrap_or("an mpirun test")
-            .to_string();
-        assert!(
-            std::env::var_os(REQUIRE_MPIRUN).is_none_or(|v| v != "1"),
-            "{test}: mpirun is not on PATH, and {REQUIRE_MPIRUN}=1"
-        );
-        let _ = writeln!(
-            std::io::stderr(),
-            "{test}: skipped: mpirun is not on PATH (Debian: openmpi-bin)"
+        skip_unless_required(
+            REQUIRE_MPIRUN,
+            "mpirun is not on PATH (Debian: openmpi-bin)",
         );
     }
     found
+}
+
+/// Says on the real stderr (not the test harness's captured one) that the running test is
+/// skipped, and `why`: it then returns, having tested nothing.
+///
+/// # Panics
+///
+/// When the variable `require` is `1`: there a skip would hide a broken set-up.
+pub fn skip_unless_required(require: &str, why: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    assert!(
+        std::env::var_os(require).is_none_or(|v| v != "1"),
+        "{test}: {why}, and {require}=1"
+    );
+    let _ = writeln!(std::io::stderr(), "{test}: skipped: {why}");
 }
 
 /// Set to `1`, a launcher that can make no cgroup for its workers fails the tests of the
@@ -105,17 +115,9 @@ pub const REQUIRE_CGROUP: &str = "ATLASBOOST_E2E_REQUIRE_CGROUP";
 ///
 /// When it cannot and [`REQUIRE_CGROUP`] is `1`.
 pub fn cgroup_or_skip(note: &str) -> bool {
-    if !note.contains("no cgroup") {
-        return true;
+    if note.contains("no cgroup") {
+        skip_unless_required(REQUIRE_CGROUP, note);
+        return false;
     }
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("a cgroup test")
-        .to_string();
-    assert!(
-        std::env::var_os(REQUIRE_CGROUP).is_none_or(|v| v != "1"),
-        "{test}: {note}, and {REQUIRE_CGROUP}=1"
-    );
-    let _ = writeln!(std::io::stderr(), "{test}: skipped: {note}");
-    false
+    true
 }

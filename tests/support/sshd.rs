@@ -55,21 +55,13 @@ impl Sshd {
     /// missing and [`REQUIRE_SSHD`] is `1`.
     pub fn start() -> Option<Sshd> {
         if let Some(why) = Sshd::missing() {
-            let test = std::thread::current()
-                .name()
-                .unwrap_or("an ssh test")
-                .to_string();
-            assert!(
-                std::env::var_os(REQUIRE_SSHD).is_none_or(|v| v != "1"),
-                "{test}: {why}, and {REQUIRE_SSHD}=1"
+            crate::skip_unless_required(
+                REQUIRE_SSHD,
+                &format!(
+                    "{why}; it tests nothing here (install OpenSSH, or set {REQUIRE_SSHD}=1 \
+                     to make this a failure)"
+                ),
             );
-            let line = format!(
-                "\n*** skipping: {test}: {why}; it tests nothing here (install OpenSSH, \
-                 or set {REQUIRE_SSHD}=1 to make this a failure) ***\n"
-            );
-            // Straight to file descriptor 2: eprintln! would be captured by the test harness,
-            // and shown only if the test failed.
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             return None;
         }
         let dir = tempfile::Builder::new()
