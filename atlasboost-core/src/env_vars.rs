@@ -105,8 +105,9 @@ impl EnvVars {
     /// environment.
     pub const ATLASBOOST_RELAY_SECRET: &'static str = "ATLASBOOST_RELAY_SECRET";
 
-    /// `0`: the launcher, an agent or a relay makes no cgroup for its workers (by default it
-    /// does where it can; see docs/launching.md, "Nothing outlives the job").
+    /// Whether the process that starts workers (the launcher, an agent, a relay of `run
+    /// --mpi`) makes a cgroup for them: `0` never; `1` always, failing where it cannot; unset,
+    /// where it can, except in the relays (docs/launching.md, "Nothing outlives the job").
     pub const ATLASBOOST_CGROUP: &'static str = "ATLASBOOST_CGROUP";
 
     /// Which probe library mode uses: `auto`, `dsmi`, `hccn`, `sim`.

@@ -106,42 +106,30 @@ impl WorkerCgroup {
             "atlasboost-{namespace}-{}-{nanos}",
             std::process::id()
         ));
-        fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
-        let opened = |name: &str| {
-            open(
-                &dir.join(name),
-                OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| format!("cannot open {}: {e}", dir.join(name).display()))
+        let c_dir = CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| format!("{} has a NUL byte", dir.display()))?;
+        let open_for_writing = |path: &Path| {
+            open(path, OFlag::O_WRONLY | OFlag::O_CLOEXEC, Mode::empty())
+                .map_err(|e| format!("cannot open {}: {e}", path.display()))
         };
-        let own_procs = open(
-            &parent.join("cgroup.procs"),
-            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| {
-            format!(
-                "cannot open {} (moving a worker out of it needs write access): {e}",
-                parent.join("cgroup.procs").display()
-            )
-        })?;
-        let files = opened("cgroup.procs").and_then(|procs| {
-            let kill = opened("cgroup.kill").map_err(|why| {
+        // Before the directory is made, so that nothing needs undoing if it fails.
+        let own_procs = open_for_writing(&parent.join("cgroup.procs"))
+            .map_err(|why| format!("{why} (moving a worker out of it needs write access)"))?;
+        fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let files = open_for_writing(&dir.join("cgroup.procs")).and_then(|procs| {
+            let kill = open_for_writing(&dir.join("cgroup.kill")).map_err(|why| {
                 format!("{why} (the kernel has no cgroup.kill before Linux 5.14)")
             })?;
             Ok((procs, kill))
         });
-        let c_dir = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| format!("{} has a NUL byte", dir.display()));
-        match (files, c_dir) {
-            (Ok((procs, kill)), Ok(dir)) => Ok(WorkerCgroup {
-                dir,
+        match files {
+            Ok((procs, kill)) => Ok(WorkerCgroup {
+                dir: c_dir,
                 procs,
                 kill,
                 own_procs,
             }),
-            (Err(why), _) | (_, Err(why)) => {
+            Err(why) => {
                 let _ = fs::remove_dir(&dir);
                 Err(why)
             }

@@ -97,8 +97,8 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         local: true,
         cpus: None,
     };
-    // Not in the workers' cgroup: each relay makes one of its own for its worker (and one
-    // cgroup inside another would outlive a kill of the outer, its guard killed with it).
+    // Not in a cgroup of the launcher's: mpirun's ranks are relays, each with a lifeline (and,
+    // when asked, a cgroup) of its own for its worker.
     let (pid, out, err) = spawn(&mpirun_plan, &spec, None).map_err(|e| CliError::Spawn {
         program: mpirun_plan.command.first().cloned().unwrap_or_default(),
         host: "this machine".into(),
