@@ -350,3 +350,134 @@ fn a_hang_dump_takes_every_stuck_ranks_stacks_and_ends_124() {
         r.describe()
     );
 }
+
+/// Ctrl-C while a failed attempt's workers are being stopped (rank 0 ignores SIGTERM, so the
+/// stop waits out its grace time): no restart follows, as for one during the restart delay.
+#[test]
+fn ctrl_c_while_a_failed_attempt_stops_ends_the_job_without_a_restart() {
+    let mut launch = Run::new(["run", "--sim", "2", "--max-restarts", "3"])
+        .args(["--restart-delay", "0", "--grace", "30", "--", "sh", "-c"])
+        .args(["echo attempt=$ATLASBOOST_RESTART_COUNT; trap '' TERM; \
+             if [ \"$RANK\" = 1 ]; then exit 3; fi; \
+             i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for(
+        "the stop after rank 1's failure",
+        Duration::from_secs(30),
+        |_, err| err.contains("stopping the other"),
+    );
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(10));
+    r.assert_code(130);
+    assert!(!r.out().contains("attempt=1"), "{}", r.describe());
+    let err = r.err();
+    assert!(
+        err.contains("stopped by SIGINT before the restart") && !err.contains("restart 1 of"),
+        "{}",
+        r.describe()
+    );
+}
+
+/// A rank that the stop's SIGTERM ended is not the root cause, even with an error recorded
+/// (one it caught and went on): the rank that failed first is, with its own stderr.
+#[test]
+fn a_rank_the_stop_ended_is_not_the_root_cause_whatever_it_recorded() {
+    let r = Run::new(["run", "--sim", "2", "--", "sh", "-c"])
+        .args([
+            "if [ \"$RANK\" = 0 ]; then \
+                 printf '{\"message\": {\"message\": \"RuntimeError: caught and handled\", \
+                 \"extraInfo\": {\"timestamp\": \"%s\"}}}' $(date +%s) > \"$ATLASBOOST_ERROR_FILE\"; \
+                 exec sleep 30; fi; \
+             sleep 0.5; echo 'rank 1: peer went away' >&2; exit 2",
+        ])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(2);
+    let err = r.err();
+    assert!(
+        err.contains("error: rank 1 (host 192.0.2.2, device 1) failed first: exit 2")
+            && err.contains("[1]<stderr>:rank 1: peer went away")
+            && !err.contains("root cause"),
+        "{}",
+        r.describe()
+    );
+}
+
+/// A host whose probe fails at a restart is left out of it by name, on the console and in the
+/// events; `--ranks` then names every rank the smaller job lacks; an attempt whose workers
+/// cannot start keeps its table's layout in the summary.
+#[test]
+fn a_host_whose_probe_fails_at_a_restart_is_left_out_by_name() {
+    let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 5 ]; then \
+                      echo 127.0.0.3/fail:driver gone > faults; exit 1; fi";
+    let run = Run::new([
+        "run",
+        "--sim",
+        "8",
+        "-H",
+        "127.0.0.1:2,127.0.0.2:2,127.0.0.3:2",
+    ])
+    .args([
+        "--max-restarts",
+        "1",
+        "--restart-delay",
+        "0",
+        "--min-np",
+        "2",
+    ])
+    .args(["--ranks", "3-5", "--events", "events.jsonl"]);
+    let faults = run.dir().join("faults");
+    let r = run
+        .env("ATLASBOOST_SIM_FAULTS_FILE", faults)
+        .args(["--", "sh", "-c", worker])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(0);
+    let err = r.err();
+    assert!(
+        err.contains("leaving 127.0.0.3 out of the restart: its probe failed:")
+            && err.contains("driver gone")
+            && err.contains("attempt 1: 4 ranks on 2 servers (2 × 2)"),
+        "{}",
+        r.describe()
+    );
+    assert!(
+        err.contains("--ranks 3-5: ranks 4-5 are not in this job of 4 ranks (0-3)"),
+        "{}",
+        r.describe()
+    );
+    let events = std::fs::read_to_string(r.dir().join("events.jsonl")).unwrap();
+    let left_out: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "host_left_out")
+        .collect();
+    assert_eq!(left_out.len(), 1, "{events}");
+    assert_eq!(left_out[0]["host"], "127.0.0.3", "{events}");
+    assert!(
+        left_out[0]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("driver gone")),
+        "{events}"
+    );
+}
+
+/// A restart whose command is gone (the worker deleted it): the attempt ends 127 before any
+/// worker runs, and the summary still shows the table it had.
+#[test]
+fn an_attempt_whose_workers_cannot_start_keeps_its_layout() {
+    let run = Run::new(["run", "--sim", "2", "--max-restarts", "2"]).args(["--restart-delay", "0"]);
+    let script = run.file("vanish.sh", "#!/bin/sh\nrm -f \"$0\"\nexit 1\n", true);
+    let r = run
+        .args(["--".as_ref(), script.as_os_str()])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(127);
+    let err = r.err();
+    assert!(
+        err.contains("attempt 1: 2 ranks on 1 server (1 × 2)") && !err.contains("no table"),
+        "{}",
+        r.describe()
+    );
+}

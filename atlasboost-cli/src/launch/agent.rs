@@ -143,6 +143,9 @@ pub struct Decision {
     pub table: RankTable,
     /// How it was built (with the host order filled in): what the hosts build it from too.
     pub build: BuildOptions,
+    /// The hosts a restart leaves out because their probe fails now, and why (as
+    /// [`HostPlan::describe`] names them).
+    pub unprobed: Vec<(String, String)>,
 }
 
 /// Builds the table from every host's report, in host order: the first failed probe fails the
@@ -160,10 +163,7 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
                 devices,
             }),
             HostReport::ProbeFailed { message, .. } if policy.shrink.is_some() => {
-                unprobed.push(format!(
-                    "host {} (its probe failed: {message})",
-                    host.describe()
-                ));
+                unprobed.push((host.describe(), format!("its probe failed: {message}")));
             }
             HostReport::ProbeFailed { message, .. } => {
                 return Err(format!("host {}: {message}", host.describe()));
@@ -173,7 +173,7 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
     }
     let devices = match &policy.shrink {
         None => assign_workers(offers, policy.np)?,
-        Some(shrink) => replan(offers, shrink, unprobed)?,
+        Some(shrink) => replan(offers, shrink, &unprobed)?,
     };
     let mut build = policy.build.clone();
     if let RankOrder::Hosts(order) = &mut build.order {
@@ -211,6 +211,7 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
         warnings,
         table,
         build,
+        unprobed,
     })
 }
 
@@ -320,7 +321,7 @@ pub fn render_decision(bytes: &[u8]) -> Result<(LaunchAnswer, RankTable), CliErr
 fn replan(
     offers: Vec<Offer>,
     shrink: &Shrink,
-    unprobed: Vec<String>,
+    unprobed: &[(String, String)],
 ) -> Result<Vec<Device>, String> {
     let all: Vec<Device> = offers.iter().flat_map(|o| o.devices.clone()).collect();
     let chip = chip_of_devices(&all).map_err(|e| error_chain(&e))?;
@@ -345,7 +346,11 @@ fn replan(
         .iter()
         .map(|h| format!("host {h} (lost or failed earlier)"))
         .collect();
-    left_out.extend(unprobed);
+    left_out.extend(
+        unprobed
+            .iter()
+            .map(|(host, why)| format!("host {host} ({why})")),
+    );
     left_out.extend(all.iter().filter(|d| !d.health.is_healthy()).map(|d| {
         format!(
             "device {} of host {} ({})",

@@ -8,10 +8,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use atlasboost::progress::RecordedError;
+use atlasboost_core::EnvVars;
 use atlasboost_core::ranktable::{Format, LockOwner, TableLock};
-use atlasboost_core::worker_env::set_from_the_table;
+use atlasboost_core::worker_env::{Framework, set_from_the_table};
 use atlasboost_tcp::Secret;
+use nix::sys::signal::Signal;
 
+use super::channel::Ending;
 use super::events::{self, Events};
 use super::output::JobLogDir;
 use super::plan::HostPlan;
@@ -46,6 +49,17 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
         return Err(CliError::Usage(format!(
             "-x {name}: atlasboost sets {name} for each worker from the rank table (SPEC §9), \
              so one value for every worker would contradict it"
+        )));
+    }
+    if !args.mpi
+        && let Some((name, _)) = args
+            .env
+            .iter()
+            .find(|(name, _)| set_by_the_launcher(name, args.framework))
+    {
+        return Err(CliError::Usage(format!(
+            "-x {name}: atlasboost sets {name} for each worker (restarts, the hang watchdog and \
+             error records, SPEC §12), so a value of yours would mislead it or the worker"
         )));
     }
     if args.restart_delay.is_some() && args.max_restarts == 0 {
@@ -265,16 +279,45 @@ pub(crate) fn ending_of(result: &JobResult) -> String {
     }
 }
 
-/// The worker whose failure started the attempt's end: among the failed workers that
-/// recorded an error with a time, the earliest (their clocks, across hosts); else the first
-/// failure the launcher heard of.
+/// Whether the launcher of its own launches (not `--mpi`) sets `name` for each worker: which
+/// attempt it is, and the files of the watchdog and of recorded errors (torch's names too with
+/// `--framework pytorch`).
+fn set_by_the_launcher(name: &str, framework: Framework) -> bool {
+    [
+        EnvVars::ATLASBOOST_RESTART_COUNT,
+        EnvVars::ATLASBOOST_MAX_RESTARTS,
+        EnvVars::ATLASBOOST_HEARTBEAT_FILE,
+        EnvVars::ATLASBOOST_ERROR_FILE,
+        EnvVars::ATLASBOOST_STACK_FILE,
+    ]
+    .contains(&name)
+        || framework == Framework::Pytorch
+            && [
+                EnvVars::TORCHELASTIC_RESTART_COUNT,
+                EnvVars::TORCHELASTIC_MAX_RESTARTS,
+                EnvVars::TORCHELASTIC_ERROR_FILE,
+            ]
+            .contains(&name)
+}
+
+/// The worker whose failure started the attempt's end: among the workers that failed of
+/// their own accord and recorded an error with a time, the earliest (their clocks, across
+/// hosts); else the first failure the launcher heard of. A worker that the stop's SIGTERM or
+/// SIGKILL ended did not fail of its own accord, whatever it recorded (an error it caught).
 pub(crate) fn root_cause(result: &JobResult) -> Option<usize> {
     let first = result.first_failure?;
+    let ended_by_the_stop = |w: &WorkerResult| {
+        w.stopped
+            && matches!(
+                w.ending,
+                Some(Ending::Signaled(Signal::SIGTERM | Signal::SIGKILL))
+            )
+    };
     let recorded_first = result
         .workers
         .iter()
         .enumerate()
-        .filter(|(_, w)| w.ending.is_some_and(|e| e.code() != 0))
+        .filter(|(_, w)| w.ending.is_some_and(|e| e.code() != 0) && !ended_by_the_stop(w))
         .filter_map(|(i, w)| {
             let r = RecordedError::parse(w.recorded.as_deref()?).ok()?;
             Some((i, r.timestamp?))

@@ -172,7 +172,10 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             grace_ms: args.grace.as_millis() as u64,
             restart_count: 0,
             max_restarts: args.max_restarts,
-            watch: args.hang_timeout.is_some(),
+            // Heartbeats are read for the watchdog, and for the status block's slowest step
+            // (SPEC §13: on a terminal, without -q).
+            watch: args.hang_timeout.is_some()
+                || std::io::stderr().is_terminal() && !printer.is_quiet(),
             nic: args.nic.as_ref().map(ToString::to_string),
             bind_cores: args.bind_cores,
             monitor_ms: args.monitor_interval.map_or(0, |d| d.as_millis() as u64),
@@ -309,24 +312,59 @@ fn run_attempts(
             // A restart that cannot go on ends the job, naming why; the first attempt's
             // errors are the launch's.
             Err(e) if attempt > 0 => {
-                return Ok(end_restart(job, attempt, attempt_started, &e, printer));
+                let record = (attempt, attempt_started, None);
+                return Ok(end_restart(job, record, &e, printer));
             }
             Err(e) => return Err(e),
         };
+        // A host whose probe fails now is left out of this attempt (the next one probes it
+        // again), saying so.
+        for (host, why) in &joined.decision.unprobed {
+            printer.error(&format!(
+                "atlasboost: leaving {host} out of the restart: {why}"
+            ));
+            events::emit(
+                job.events.as_ref(),
+                "host_left_out",
+                serde_json::json!({ "host": host, "why": why }),
+            );
+        }
         // The hosts have the decision and wait for their workers to start: they hear from
         // the launcher even while it is held writing to its console (the layout below, on a
         // terminal paused with Ctrl-S), until the supervisor keeps them itself.
         let mut keeper = Keeper::start(joined.remotes.iter().map(Remote::commands).collect());
         // After the join, an error of a restart ends the job with a record of the attempt
         // (and the summary of the earlier ones); the first attempt's errors are the launch's.
+        // The attempt's layout once its table is decided, for its record if its workers then
+        // cannot start.
+        let mut decided_layout = None;
         let ran = (|| -> Result<(JobResult, String), CliError> {
             let workers = plan_workers(&launch, &joined)?;
+            let beyond: Vec<u64> = args
+                .ranks
+                .iter()
+                .flat_map(|list| {
+                    list.ranks
+                        .iter()
+                        .map(|&r| u64::from(r))
+                        .filter(|&r| r >= workers.len() as u64)
+                })
+                .collect();
             if let Some(list) = &args.ranks
-                && let Some(bad) = list.ranks.iter().find(|r| **r as usize >= workers.len())
+                && !beyond.is_empty()
             {
                 let why = format!(
-                    "--ranks {}: rank {bad} is not in this job of {} (0-{})",
+                    "--ranks {}: {} {} {} not in this job of {} (0-{})",
                     list.text,
+                    match beyond.len() {
+                        1 => "rank",
+                        _ => "ranks",
+                    },
+                    plan::id_ranges(beyond.iter().copied(), ", "),
+                    match beyond.len() {
+                        1 => "is",
+                        _ => "are",
+                    },
                     counted(workers.len(), "rank"),
                     workers.len() - 1
                 );
@@ -358,6 +396,7 @@ fn run_attempts(
                 }
             }
             let layout = layout(&joined.decision.table, workers.len());
+            decided_layout = Some(layout.clone());
             events::emit(
                 job.events.as_ref(),
                 "table",
@@ -402,7 +441,7 @@ fn run_attempts(
                 wdir: settings.wdir.clone(),
                 grace: args.grace,
                 files: Some(job.files.clone()),
-                watch: args.hang_timeout.is_some(),
+                watch: job.base.watch,
                 hang: args.hang_timeout.map(|timeout| HangWatch {
                     timeout,
                     dump: args.hang_dump,
@@ -451,7 +490,8 @@ fn run_attempts(
         let (result, layout) = match ran {
             Ok(r) => r,
             Err(e) if attempt > 0 => {
-                return Ok(end_restart(job, attempt, attempt_started, &e, printer));
+                let record = (attempt, attempt_started, decided_layout);
+                return Ok(end_restart(job, record, &e, printer));
             }
             Err(e) => return Err(e),
         };
@@ -473,6 +513,16 @@ fn run_attempts(
                     .is_some_and(|h| h.code == ExitCodes::FAILURE));
         if !restartable || attempt == args.max_restarts {
             return Ok(Outcome::Ran(result));
+        }
+        // Ctrl-C (or SIGTERM, SIGHUP) while the failed attempt's workers were being stopped:
+        // the job ends there, as it would for one during the restart delay.
+        if let Some(s) = result.signalled {
+            report_attempt(&result, job.attempts.last(), printer);
+            printer.status(&format!(
+                "atlasboost: stopped by {} before the restart",
+                s.as_str()
+            ));
+            return Ok(Outcome::Stopped(result, 128u8.wrapping_add(s as u8)));
         }
         // Left out for the rest of the job (SPEC §12): hosts lost, whether or not that ended
         // the attempt, and the host whose agent failed it.
@@ -554,20 +604,20 @@ fn leave_out_unusable_nodes(job: &mut JobState<'_>, printer: &Printer) {
     }
 }
 
-/// A restart that cannot go on ends the job: the error is said, and recorded as the attempt's
-/// end (the summary lists every attempt).
+/// A restart that cannot go on ends the job: the error is said, and recorded as the end of
+/// attempt `number`, begun at `started`, with its layout if its table was decided (the summary
+/// lists every attempt).
 fn end_restart(
     job: &mut JobState<'_>,
-    attempt: u32,
-    started: Instant,
+    (number, started, layout): (u32, Instant, Option<String>),
     e: &CliError,
     printer: &Printer,
 ) -> Outcome {
     let why = atlasboost_core::exchange::error_chain(e);
     printer.error(&format!("error: {why}"));
     job.attempts.push(AttemptRecord {
-        number: attempt,
-        layout: None,
+        number,
+        layout,
         duration: started.elapsed(),
         ended: why,
         exit_code: e.exit_code(),

@@ -386,6 +386,9 @@ pub struct JobResult {
     pub host_failure: Option<HostFailure>,
     /// The signal that stopped the launcher, if one did first.
     pub interrupted: Option<Signal>,
+    /// The first SIGINT, SIGTERM or SIGHUP that came, whether it stopped the job first or came
+    /// while a failure already stopped it: either way the user asked for no restart.
+    pub signalled: Option<Signal>,
     /// The hang watchdog's report, if it stopped the job first.
     pub hang: Option<String>,
     /// Hosts lost during the job (sessions that ended, heartbeats that stopped), first or not.
@@ -766,9 +769,9 @@ struct Supervisor<'a> {
     stopping: Option<(Instant, bool)>,
     /// The grace time of the stop in progress (shorter when the launcher is lost).
     grace: Duration,
-    /// When the first SIGINT, SIGTERM or SIGHUP came, whatever the stop did with it (one that
-    /// comes while a failure already stops the job sets no `interrupted`).
-    signalled: Option<Instant>,
+    /// When the first SIGINT, SIGTERM or SIGHUP came, and which, whatever the stop did with it
+    /// (one that comes while a failure already stops the job sets no `interrupted`).
+    signalled: Option<(Instant, Signal)>,
     /// What the workers left behind has been sent SIGTERM.
     leftovers_stopped: bool,
     /// The orphans sent SIGTERM so far (an orphan is the launcher's child, so its pid is not
@@ -1086,7 +1089,7 @@ impl<'a> Supervisor<'a> {
         // After a signal, the console gets what is left of the grace time since the stop.
         let limit = self
             .signalled
-            .map(|at| self.grace.saturating_sub(at.elapsed()));
+            .map(|(at, _)| self.grace.saturating_sub(at.elapsed()));
         let mut came = Vec::new();
         // An agent's or relay's last frames come after this: it waits for its launcher then.
         if !self.is_agent() {
@@ -1439,14 +1442,23 @@ impl<'a> Supervisor<'a> {
             )
         } else {
             format!(
-                "{} stuck while rank{} {} still progress:{report}",
+                "{} stuck while {} {} still {}:{report}",
                 if stuck.len() == 1 {
                     "one rank is"
                 } else {
                     "ranks are"
                 },
-                if progressing.len() == 1 { "" } else { "s" },
-                ranges(&progressing)
+                if progressing.len() == 1 {
+                    "rank"
+                } else {
+                    "ranks"
+                },
+                ranges(&progressing),
+                if progressing.len() == 1 {
+                    "progresses"
+                } else {
+                    "progress"
+                }
             )
         };
         output.message(&format!("atlasboost: hang: {summary}"));
@@ -1576,7 +1588,7 @@ impl<'a> Supervisor<'a> {
         // is heard (a frame cut short would garble the stream), and given up when it is not.
         if held
             && !self.is_agent()
-            && let Some(at) = self.signalled
+            && let Some((at, _)) = self.signalled
             && (killed || at.elapsed() >= self.grace)
         {
             // Asked to stop by a signal, and the grace time is over (or the stop is a kill
@@ -2284,7 +2296,7 @@ impl<'a> Supervisor<'a> {
             self.reap(output);
             return;
         }
-        self.signalled.get_or_insert_with(Instant::now);
+        self.signalled.get_or_insert_with(|| (Instant::now(), s));
         let state = SignalState {
             agent: self.is_agent(),
             obeys_signals: matches!(&self.role, Role::Agent(up) if up.obeys_signals),
@@ -2621,6 +2633,7 @@ impl<'a> Supervisor<'a> {
             first_failure: self.first_failure,
             host_failure: self.host_failure.clone(),
             interrupted: self.interrupted,
+            signalled: self.interrupted.or(self.signalled.map(|(_, s)| s)),
             hang: self
                 .hang
                 .clone()

@@ -1777,6 +1777,17 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
             "MINDSPORE_HCCL_CONFIG_PATH=/t.json",
         ],
         &["-x", "POD_NAME=pod-0"],
+        // What the launcher sets for each worker: the watchdog's and error files, the restart
+        // count (torch's names with pytorch).
+        &["-x", "ATLASBOOST_HEARTBEAT_FILE=/tmp/shared.beat"],
+        &["-x", "ATLASBOOST_ERROR_FILE=/tmp/e.json"],
+        &["-x", "ATLASBOOST_RESTART_COUNT=5"],
+        &[
+            "--framework",
+            "pytorch",
+            "-x",
+            "TORCHELASTIC_RESTART_COUNT=5",
+        ],
     ] {
         let name = flags[flags.iter().position(|f| *f == "-x").unwrap() + 1]
             .split('=')
@@ -1816,6 +1827,24 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
         "{}",
         out.stdout
     );
+    // torch's restart count is the user's with another framework.
+    let out = run(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--sim",
+            "1",
+            "-x",
+            "TORCHELASTIC_RESTART_COUNT=7",
+            "--",
+            "sh",
+            "-c",
+            "echo \"count $TORCHELASTIC_RESTART_COUNT\"",
+        ],
+    );
+    out.expect_code(SUCCESS);
+    assert!(out.stdout.contains("[0]<stdout>:count 7"), "{}", out.stdout);
     // HCCL loads only tables named *.json.
     run(
         dir.path(),

@@ -130,8 +130,9 @@ def record(fn):
 def heartbeat(step: "int | None" = None) -> bool:
     """Tells `atlasboost run --hang-timeout` that this worker is making progress (`step`: the
     training step, shown when a hang is reported). A rank that prints nothing but beats is
-    never reported as hung. Cheap enough for every step; needs no `init()`. Returns whether a
-    launcher listens."""
+    never reported as hung. Cheap enough for every step; needs no `init()`. Returns whether
+    the launcher gave this worker a heartbeat file (`atlasboost run`): False, and nothing is
+    done, elsewhere."""
     return _native.heartbeat(step)
 
 
