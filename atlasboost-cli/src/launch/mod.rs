@@ -195,7 +195,33 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     // Nothing of the job is left: a signal now acts as it would without atlasboost, so that a
     // summary written to a console that takes nothing cannot make the launcher deaf.
     signals.release();
-    let (result, code) = match outcome? {
+    let outcome = match outcome {
+        Ok(o) => o,
+        // The first attempt could not go on (a table HCCL would refuse, a command not found):
+        // the events still end the attempt and the job, and empty logs go.
+        Err(e) => {
+            let seconds = started.elapsed().as_secs_f64();
+            events::emit(
+                events.as_ref(),
+                "attempt_end",
+                serde_json::json!({
+                    "ended": atlasboost_core::exchange::error_chain(&e),
+                    "exit_code": e.exit_code(),
+                    "seconds": seconds,
+                }),
+            );
+            events::emit(
+                events.as_ref(),
+                "summary",
+                serde_json::json!({ "exit_code": e.exit_code(), "attempts": 1, "seconds": seconds }),
+            );
+            if let Some(l) = &logs {
+                l.forget_if_nothing_written();
+            }
+            return Err(e);
+        }
+    };
+    let (result, code) = match outcome {
         Outcome::Ran(result) => {
             let code = result.exit_code;
             (Some(result), code)

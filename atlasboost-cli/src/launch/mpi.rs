@@ -22,7 +22,7 @@ use atlasboost_core::exchange::error_chain;
 use atlasboost_core::launch_context;
 use atlasboost_tcp::Secret;
 
-use super::channel::{self, Up};
+use super::channel::{self, Ending, Up};
 use super::events::{self, EventLog};
 use super::job::{
     check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table, new_job_id,
@@ -228,6 +228,15 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         "summary",
         serde_json::json!({ "exit_code": code, "attempts": 1, "seconds": seconds }),
     );
+    // No rank started (mpirun could not, or placed none): empty logs go.
+    let none_started = result.as_ref().map_or(true, |r| {
+        r.workers
+            .iter()
+            .all(|w| matches!(w.ending, Some(Ending::NotStarted)))
+    });
+    if none_started && let Some(l) = &logs {
+        l.forget_if_nothing_written();
+    }
     let result = result?;
     report(
         Some(&result),

@@ -986,6 +986,35 @@ impl JobLogDir {
         if std::fs::remove_dir(&self.path).is_err() {
             return false;
         }
+        self.point_latest_back();
+        true
+    }
+
+    /// For a launch that failed as its workers started (a command not found, an mpirun that
+    /// placed no rank): removes the directory if its logs are all empty, as
+    /// [`JobLogDir::forget_if_unused`] does. Returns whether it was removed.
+    pub fn forget_if_nothing_written(&self) -> bool {
+        fn all_empty(dir: &Path) -> bool {
+            std::fs::read_dir(dir).is_ok_and(|entries| {
+                entries.into_iter().all(|e| {
+                    e.is_ok_and(|e| match e.file_type() {
+                        Ok(t) if t.is_dir() => all_empty(&e.path()),
+                        Ok(t) if t.is_file() => e.metadata().is_ok_and(|m| m.len() == 0),
+                        _ => false,
+                    })
+                })
+            })
+        }
+        if !all_empty(&self.path) || std::fs::remove_dir_all(&self.path).is_err() {
+            return false;
+        }
+        self.point_latest_back();
+        true
+    }
+
+    /// `latest` names the job before this one again (unless another job has pointed it
+    /// elsewhere since), once this job's directory is gone.
+    fn point_latest_back(&self) {
         if let Some((latest, previous)) = &self.latest
             && std::fs::read_link(latest).ok().as_deref() == self.path.file_name().map(Path::new)
         {
@@ -1005,7 +1034,6 @@ impl JobLogDir {
                 None => std::fs::remove_file(latest),
             };
         }
-        true
     }
 }
 

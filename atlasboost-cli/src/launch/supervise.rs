@@ -647,7 +647,11 @@ pub fn run_workers(
     }
     if !matches!(role, Role::Agent(_)) {
         for (w, r) in workers.iter().zip(&running) {
-            // A remote host's workers were started by its agent, which said it was ready.
+            // A remote host's workers were started by its agent, which said it was ready; a
+            // local worker that never started has no start to tell.
+            if w.local && r.pid.is_none() {
+                continue;
+            }
             output.event(
                 "worker_start",
                 serde_json::json!({

@@ -2575,3 +2575,82 @@ fn asking_for_a_cgroup_where_none_can_be_made_fails_saying_why() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines, ["code 125", "[0]<stdout>:RAN", "code 0"], "{stderr}");
 }
+
+/// A launch that fails as its workers start (the command is not found): its events still end
+/// the attempt and the job, tell no start of a worker that never ran, and the log directory
+/// it made goes again, in its own launches and under `--mpi` (mpirun not found).
+#[test]
+fn a_launch_whose_command_is_missing_ends_its_events_and_leaves_no_logs() {
+    let dir = TempDir::new().unwrap();
+    let events_of = |name: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(dir.path().join(name))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let logs = dir.path().join("logs");
+    run(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--sim",
+            "2",
+            "--log-dir",
+            "logs",
+            "--events",
+            "own.jsonl",
+            "--",
+            "/nonexistent/cmd",
+        ],
+    )
+    .expect_code(127)
+    .stderr_has(&["/nonexistent/cmd", "command not found"]);
+    let events = events_of("own.jsonl");
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "job_start",
+            "attempt_start",
+            "table",
+            "attempt_end",
+            "summary"
+        ],
+        "{events:?}"
+    );
+    assert_eq!(events[3]["exit_code"], 127, "{events:?}");
+    assert!(
+        events[3]["ended"]
+            .as_str()
+            .is_some_and(|e| e.contains("command not found")),
+        "{events:?}"
+    );
+    assert_eq!(events[4]["exit_code"], 127, "{events:?}");
+    let left: Vec<_> = std::fs::read_dir(&logs).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    run_env(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--mpi",
+            "--sim",
+            "2",
+            "--log-dir",
+            "logs",
+            "--events",
+            "mpi.jsonl",
+            "--",
+            "true",
+        ],
+        &[("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")],
+    )
+    .expect_code(127);
+    let events = events_of("mpi.jsonl");
+    assert_eq!(events.last().unwrap()["event"], "summary", "{events:?}");
+    let left: Vec<_> = std::fs::read_dir(&logs).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
