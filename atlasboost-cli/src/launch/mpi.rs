@@ -74,6 +74,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         Some(n) => n,
         None => default_np(args, &hosts)?,
     };
+    check_mpi_size(args, &hosts, np)?;
     check_before_start(args, Some(u64::from(np)))?;
     let wdir = worker_dir(args, true)?;
     let table_path = wdir.join(&args.rank_table);
@@ -462,17 +463,62 @@ fn default_np(args: &RunSettings, hosts: &[HostSpec]) -> Result<u32, CliError> {
             _ => Err(CliError::NoLocalDevices),
         };
     }
-    hosts
+    let Some(slots) = hosts.iter().map(|h| h.slots).collect::<Option<Vec<u32>>>() else {
+        return Err(CliError::Usage(
+            "--mpi with hosts without slots needs -n N: mpirun places the ranks, and \
+             atlasboost cannot probe other hosts before it starts"
+                .into(),
+        ));
+    };
+    slots
         .iter()
-        .map(|h| h.slots)
-        .sum::<Option<u32>>()
+        .try_fold(0u32, |sum, &s| sum.checked_add(s))
+        .filter(|&n| n <= MAX_MPI_RANKS)
         .ok_or_else(|| {
-            CliError::Usage(
-                "--mpi with hosts without slots needs -n N: mpirun places the ranks, and \
-                 atlasboost cannot probe other hosts before it starts"
-                    .into(),
-            )
+            CliError::Usage(format!(
+                "the hosts' slots add up to more than {MAX_MPI_RANKS} ranks, more than \
+                 atlasboost runs under --mpi"
+            ))
         })
+}
+
+/// The most ranks `run --mpi` starts: far beyond any Ascend cluster (4,096 servers of 16
+/// NPUs), and what the launcher's state for every rank is sized for.
+const MAX_MPI_RANKS: u32 = 65_536;
+
+/// What can be known of the job's size before mpirun places it: at most [`MAX_MPI_RANKS`],
+/// and, with `--sim N` (every host simulates N devices), no host with more slots than N and no
+/// more ranks than the hosts' devices, as without `--mpi`.
+fn check_mpi_size(args: &RunSettings, hosts: &[HostSpec], np: u32) -> Result<(), CliError> {
+    if np > MAX_MPI_RANKS {
+        return Err(CliError::Usage(format!(
+            "-n {np} is more than the {MAX_MPI_RANKS} ranks atlasboost runs under --mpi"
+        )));
+    }
+    let Some(sim) = args.discovery.sim else {
+        return Ok(());
+    };
+    if let Some(h) = hosts.iter().find(|h| h.slots.is_some_and(|s| s > sim)) {
+        return Err(CliError::Usage(format!(
+            "host {} ({}) has {} slots, more than its {sim} simulated devices (--sim {sim}; \
+             one worker per NPU)",
+            h.name,
+            h.origin,
+            h.slots.unwrap_or_default()
+        )));
+    }
+    let devices = u64::from(sim) * hosts.len().max(1) as u64;
+    if u64::from(np) > devices {
+        return Err(CliError::Usage(format!(
+            "-n {np} is more than the {devices} simulated devices of {} (--sim {sim}; one \
+             worker per NPU)",
+            match hosts.len() {
+                0 => "this machine".to_string(),
+                n => crate::commands::counted(n, "host"),
+            }
+        )));
+    }
+    Ok(())
 }
 
 /// `atlasboost relay -- COMMAND`: one rank of `run --mpi`, started by mpirun. Connects to the

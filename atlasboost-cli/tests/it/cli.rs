@@ -2654,3 +2654,41 @@ fn a_launch_whose_command_is_missing_ends_its_events_and_leaves_no_logs() {
     let left: Vec<_> = std::fs::read_dir(&logs).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// `run --mpi` refuses a size it cannot run before mpirun starts: slots that add up past what
+/// a u32 holds (they once wrapped to `-np 0`), more ranks than any cluster has (they once
+/// exhausted memory), and more ranks than `--sim` gives each host, as without `--mpi`.
+#[test]
+fn run_mpi_refuses_a_size_it_cannot_run() {
+    let dir = TempDir::new().unwrap();
+    for (flags, says) in [
+        (
+            &["-H", "127.0.0.1:2147483648,127.0.0.2:2147483648"][..],
+            "the hosts' slots add up to more than 65536 ranks",
+        ),
+        (&["-H", "127.0.0.1:4294967295"], "more than 65536 ranks"),
+        (
+            &["-n", "4294967295"],
+            "-n 4294967295 is more than the 65536 ranks",
+        ),
+        (
+            &["-n", "4"],
+            "-n 4 is more than the 2 simulated devices of this machine",
+        ),
+        (
+            &["-H", "127.0.0.1:3,127.0.0.2:2"],
+            "host 127.0.0.1 (-H) has 3 slots, more than its 2 simulated devices",
+        ),
+    ] {
+        let mut args = vec!["run", "--mpi", "--sim", "2"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", "echo RAN"]);
+        // mpirun is never reached: a missing one would end the job 127, not 2.
+        let out = run_env(
+            dir.path(),
+            &args,
+            &[("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")],
+        );
+        out.expect_code(USAGE).stderr_has(&[says]);
+    }
+}
