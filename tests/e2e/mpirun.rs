@@ -706,3 +706,26 @@ fn a_relay_makes_its_workers_cgroup_only_when_asked() {
         }
     }
 }
+
+/// A command that cannot be started under `--mpi` is its rank's failure, 127, named with the
+/// command, not a lost host.
+#[test]
+fn a_command_not_found_under_mpi_is_the_ranks_failure() {
+    let run = run_mpi(2);
+    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let f = run
+        .env("ATLASBOOST_MPIRUN", &fake)
+        .args(["--", "/nonexistent/cmd"])
+        .run();
+    f.assert_code(127);
+    let err = f.err();
+    assert!(
+        err.contains("/nonexistent/cmd")
+            && err.contains("command not found")
+            && err.contains("exit 127")
+            && !err.contains("lost")
+            && !err.contains("error: host"),
+        "{}",
+        f.describe()
+    );
+}

@@ -2057,6 +2057,25 @@ impl<'a> Supervisor<'a> {
                     self.worker_ended(lane, ending, output);
                 }
             }
+            // A relay's failure is its rank's (under --mpi a relay is one rank, not a host):
+            // its worker could not start, or the relay could not run it.
+            Up::Failed { code, message } if matches!(&self.role, Role::Launcher(r) if r[h].relay_rank().is_some()) =>
+            {
+                let (rank, host) = match &mut self.role {
+                    Role::Launcher(remotes) => {
+                        remotes[h].done = true;
+                        (
+                            remotes[h].relay_rank().unwrap_or_default(),
+                            remotes[h].host.clone(),
+                        )
+                    }
+                    Role::Agent(_) => unreachable!("the guard matched a launcher"),
+                };
+                output.message(&format!("atlasboost: rank {rank} (host {host}): {message}"));
+                if let Some(lane) = self.lane_of(h, rank) {
+                    self.worker_ended(lane, Ending::Exited(i32::from(code)), output);
+                }
+            }
             Up::Failed { code, message } => {
                 if let Role::Launcher(remotes) = &mut self.role {
                     remotes[h].done = true;
