@@ -20,6 +20,8 @@ pub type Events = Rc<RefCell<EventLog>>;
 #[derive(Debug)]
 pub struct EventLog {
     file: Option<File>,
+    /// Bytes of whole lines written so far: where a line cut short is cut back to.
+    written: u64,
     path: PathBuf,
     job: String,
     /// The attempt under way: every event of it carries its number.
@@ -36,6 +38,7 @@ impl EventLog {
         let file = File::create(path).map_err(CliError::file("create the events file", path))?;
         Ok(Rc::new(RefCell::new(EventLog {
             file: Some(file),
+            written: 0,
             path: path.to_path_buf(),
             job: job.to_string(),
             attempt: None,
@@ -44,7 +47,8 @@ impl EventLog {
 
     /// Appends one event: `fields` (an object) after `time`, `event` and `job`. One `write` per
     /// line, so a reader never sees half of one; a file that cannot be written any more (a full
-    /// disk) is said once on stderr and given up, and the job goes on.
+    /// disk) is cut back to its last whole line, said once on stderr and given up, and the job
+    /// goes on.
     pub fn emit(&mut self, event: &str, fields: Value) {
         let Some(file) = &mut self.file else {
             return;
@@ -64,13 +68,25 @@ impl EventLog {
         }
         let mut line = Value::Object(object).to_string();
         line.push('\n');
-        if let Err(e) = file.write_all(line.as_bytes()) {
+        match file.write_all(line.as_bytes()) {
+            Ok(()) => self.written += line.len() as u64,
+            Err(e) => self.give_up(&e),
+        }
+    }
+
+    /// After a failed write: no half line stays in the file (a reader of JSON Lines would
+    /// choke on it), and no more events are written.
+    fn give_up(&mut self, e: &std::io::Error) {
+        if let Some(file) = self.file.take() {
+            // (Only a regular file: not a pipe or a terminal.)
+            if file.metadata().is_ok_and(|m| m.is_file()) {
+                let _ = file.set_len(self.written);
+            }
             let _ = writeln!(
                 std::io::stderr(),
                 "atlasboost: warning: cannot write the events file {}: {e}; no more events",
                 self.path.display()
             );
-            self.file = None;
         }
     }
 }

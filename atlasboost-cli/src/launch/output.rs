@@ -410,6 +410,8 @@ pub struct Output {
     batch: Option<(u32, Stream, usize)>,
     /// The live status block, on a terminal.
     status: Option<super::status::StatusBlock>,
+    /// A log file could not be written (said once): the logs are given up.
+    logs_failed: bool,
 }
 
 impl Output {
@@ -481,6 +483,7 @@ impl Output {
             err_is_out,
             batch: None,
             status: None,
+            logs_failed: false,
         };
         if output.options.status {
             // Drawn through the terminal's writer, in order with the lines.
@@ -646,12 +649,26 @@ impl Output {
             }
             return;
         }
-        if let Some(logs) = &mut l.logs {
-            // A full disk must not stop the job; the console still has the line.
-            let _ = logs[i]
+        if let Some(logs) = &mut l.logs
+            && !self.logs_failed
+            && let Err(e) = logs[i]
                 .write_all(line)
-                .and_then(|()| logs[i].write_all(b"\n"));
+                .and_then(|()| logs[i].write_all(b"\n"))
+        {
+            // A full disk must not stop the job; the console still has the line.
+            let rank = l.rank;
+            self.log_failed(rank, stream, &e);
+            return self.line_on_console(lane, stream, line);
         }
+        self.line_on_console(lane, stream, line);
+    }
+
+    /// The rest of [`Output::line`]: the watchdog's last line, the stderr tail, the console.
+    fn line_on_console(&mut self, lane: usize, stream: Stream, line: &[u8]) {
+        let Some(l) = self.lanes.get_mut(lane) else {
+            return;
+        };
+        let i = stream as usize;
         if self.options.keep_last_line {
             l.last.clear();
             l.last
@@ -735,12 +752,42 @@ impl Output {
             self.err.buf.push(b'\n');
             self.err.flush();
         }
+        let mut failed = None;
         for l in &mut self.lanes {
             if let Some(logs) = &mut l.logs {
-                let _ = logs[0].flush();
-                let _ = logs[1].flush();
+                for (stream, log) in [Stream::Stdout, Stream::Stderr].into_iter().zip(logs) {
+                    if let Err(e) = log.flush() {
+                        failed.get_or_insert((l.rank, stream, e));
+                    }
+                }
             }
         }
+        if let Some((rank, stream, e)) = failed {
+            self.log_failed(rank, stream, &e);
+        }
+    }
+
+    /// A log file that cannot be written (a full disk): said once, with the file, and the
+    /// logs are written no more (the console still has the lines).
+    fn log_failed(&mut self, rank: u32, stream: Stream, e: &io::Error) {
+        if self.logs_failed {
+            return;
+        }
+        self.logs_failed = true;
+        let file = self
+            .options
+            .log_dir
+            .as_ref()
+            .map_or_else(String::new, |dir| {
+                dir.join(format!("rank.{rank}"))
+                    .join(format!("{}.log", stream.as_str()))
+                    .display()
+                    .to_string()
+            });
+        self.message(&format!(
+            "atlasboost: warning: cannot write the log {file}: {e}; the logs of this job are \
+             incomplete from here on"
+        ));
     }
 
     /// Whether writing had to wait for a slow reader (a console nobody reads, a paused

@@ -2692,3 +2692,56 @@ fn run_mpi_refuses_a_size_it_cannot_run() {
         out.expect_code(USAGE).stderr_has(&[says]);
     }
 }
+
+/// A full disk under `--events` and `--log-dir` (a tmpfs of 8 KiB in a mount namespace of its
+/// own): the job goes on and succeeds, each file's failure is said once, naming it, and the
+/// events file is cut back to its last whole line (every line still parses).
+#[test]
+fn a_full_disk_is_said_and_leaves_no_half_event() {
+    let dir = TempDir::new().unwrap();
+    let script = "mount -t tmpfs -o size=8k tmpfs \"$1\" || exit 99; \
+                  \"$0\" run -q --sim 8 -H 127.0.0.1:8,127.0.0.2:8 --events \"$1/ev.jsonl\" \
+                  --log-dir \"$1/logs\" -- sh -c 'seq 1 2000' > /dev/null; echo \"code $?\"; \
+                  cp \"$1/ev.jsonl\" \"$2\"";
+    fs::create_dir_all(dir.path().join("small")).unwrap();
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c", script, env!("CARGO_BIN_EXE_atlasboost")])
+        .arg(dir.path().join("small"))
+        .arg(dir.path().join("events.jsonl"))
+        .current_dir(dir.path())
+        .output();
+    let out = match out {
+        Ok(o) if o.status.code() != Some(99) && o.status.success() => o,
+        other => {
+            eprintln!("skipped: no mount namespace with a small tmpfs can be made here: {other:?}");
+            return;
+        }
+    };
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(stdout.trim(), "code 0", "{stderr}");
+    assert_eq!(
+        stderr.matches("small/ev.jsonl: No space left").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("warning: cannot write the log ").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the logs of this job are incomplete"),
+        "{stderr}"
+    );
+    let events = fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
+    assert!(
+        events.ends_with('\n') && events.lines().count() > 2,
+        "{events}"
+    );
+    for line in events.lines() {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    }
+}
