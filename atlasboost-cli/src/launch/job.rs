@@ -433,7 +433,12 @@ pub(crate) fn report(
             Some(e) if w.stopped && e.code() != 0 => format!("stopped ({})", e.describe()),
             Some(e) => e.describe(),
         };
-        if full || w.ending.is_some_and(|e| e.code() != 0) {
+        // Above the limit, only the failures: not the ranks that succeeded or were stopped.
+        let failure = match w.ending {
+            None => true,
+            Some(e) => e.code() != 0 && !w.stopped,
+        };
+        if full || failure {
             text.push_str(&format!(
                 "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>7.2} s\n",
                 w.rank,
@@ -445,7 +450,10 @@ pub(crate) fn report(
         }
     }
     if !full {
-        text.push_str(&format!("  (the other {succeeded} ranks succeeded)\n"));
+        text.push_str(&match stopped {
+            0 => format!("  (the other {succeeded} ranks succeeded)\n"),
+            _ => format!("  (the other ranks: {succeeded} succeeded, {stopped} stopped)\n"),
+        });
     }
     if let Some(dir) = logs {
         text.push_str(&format!("  logs: {}\n", dir.display()));

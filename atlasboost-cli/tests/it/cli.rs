@@ -2745,3 +2745,42 @@ fn a_full_disk_is_said_and_leaves_no_half_event() {
         serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
     }
 }
+
+/// Above 64 ranks the summary lists only the failures: not the ranks the stop ended, which it
+/// counts.
+#[test]
+fn a_large_jobs_summary_lists_only_its_failures() {
+    let dir = TempDir::new().unwrap();
+    let hosts: Vec<String> = (1..=9).map(|i| format!("127.0.0.{i}:8")).collect();
+    let hosts = hosts.join(",");
+    let out = run(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "8",
+            "-H",
+            &hosts,
+            "--grace",
+            "5",
+            "--",
+            "sh",
+            "-c",
+            "if [ \"$RANK\" = 70 ]; then exit 4; fi; exec sleep 30",
+        ],
+    );
+    out.expect_code(4)
+        .stderr_has(&["72 ranks finished in", "0 succeeded, 1 failed, 71 stopped"])
+        .stderr_has(&["(the other ranks: 0 succeeded, 71 stopped)"]);
+    let rows: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u32>().is_ok())
+        })
+        .collect();
+    assert_eq!(rows.len(), 1, "{}", out.stderr);
+    assert!(rows[0].trim_start().starts_with("70 "), "{}", out.stderr);
+}
