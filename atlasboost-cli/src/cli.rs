@@ -140,7 +140,8 @@ pub struct DiscoveryArgs {
     pub sim: Option<u32>,
 
     /// Chip name the simulated devices report (910, 910B3, 910_9391).
-    #[arg(long, value_name = "NAME", default_value = "910", requires = "sim")]
+    #[arg(long, value_name = "NAME", default_value = "910", requires = "sim",
+          value_parser = parse_sim_chip)]
     pub sim_chip: String,
 
     /// Give simulated devices IPv6 addresses.
@@ -471,6 +472,17 @@ fn parse_nic(s: &str) -> Result<NicChoice, String> {
 /// `--watch`: seconds, at least 0.1 (the driver is asked for every device at each sample).
 fn parse_watch_interval(s: &str) -> Result<Duration, String> {
     at_least(s, Duration::from_millis(100))
+}
+
+/// `--sim-chip`: a name the driver could report for a chip atlasboost has rules for.
+fn parse_sim_chip(s: &str) -> Result<String, String> {
+    match Chip::from_driver_name(s) {
+        Some(_) => Ok(s.to_string()),
+        None => Err(format!(
+            "atlasboost has no rules for chip {s:?}: a 910 (910, 910A, 910ProB), 910B \
+             (910B1-910B4) or 910_93 (910_9391, ...) name"
+        )),
+    }
 }
 
 /// `--hang-timeout`: seconds, at least 0.5 (progress is looked at every 0.25 s).

@@ -1755,6 +1755,10 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
             &["--hccn-conf", "/etc/hccn.conf"],
             "--sim does not read hccn.conf",
         ),
+        (
+            &["--sim-chip", "bogus"],
+            "atlasboost has no rules for chip \"bogus\"",
+        ),
     ] {
         let mut args = vec!["run", "--sim", "2"];
         args.extend_from_slice(flags);

@@ -88,8 +88,9 @@ pub fn chip_of_devices(devices: &[Device]) -> Result<Chip> {
         }
         let c = Chip::from_driver_name(&d.chip).ok_or_else(|| {
             Error::Build(format!(
-                "device {} of host {} reports chip {:?}, which atlasboost has no rules for; \
-                 pass --chip 910|910b|910_93",
+                "device {} of host {} reports chip {:?}, which atlasboost has no rules for \
+                 (it knows the 910, 910B and 910_93 families; `atlasboost ranktable --chip` \
+                 overrides what the devices report)",
                 d.physical_id, d.server_id, d.chip
             ))
         })?;
