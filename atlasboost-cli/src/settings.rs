@@ -16,6 +16,7 @@ use crate::cli::{
     DeviceArgs, DiscoveryArgs, LauncherArg, MergeArgs, ProbeArgs, RankOrderArg, RanktableArgs,
     RunArgs, ValidateArgs,
 };
+use crate::error::CliError;
 pub use crate::rank_list::RankList;
 
 /// How the hosts' agents are started (`--launcher`).
@@ -285,5 +286,26 @@ impl From<&RunArgs> for RunSettings {
             mpi: a.mpi,
             command: a.command.clone(),
         }
+    }
+}
+
+/// A variable that switches something on (`1`) or off (`0`): `None` when it is unset. `what`
+/// says what the switch does, for the error.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] for any other value, naming the variable.
+pub fn switch(name: &str, what: &str) -> Result<Option<bool>, CliError> {
+    match std::env::var(name).as_deref() {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok("1") => Ok(Some(true)),
+        Ok("0") => Ok(Some(false)),
+        Ok(other) => Err(CliError::Usage(format!(
+            "{name}={other}: expected 0 or 1 ({what})"
+        ))),
+        Err(std::env::VarError::NotUnicode(v)) => Err(CliError::Usage(format!(
+            "{name}={}: expected 0 or 1 ({what})",
+            v.to_string_lossy()
+        ))),
     }
 }

@@ -83,6 +83,11 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         return mpi::run_mpi(args, printer);
     }
     let started = Instant::now();
+    // Read where ssh starts (the launch tree's agents inherit them): refused now if malformed.
+    crate::settings::switch(
+        EnvVars::ATLASBOOST_SSH_NODELAY,
+        "0: ssh opens its own connections, without TCP_NODELAY",
+    )?;
     // Before anything can start a thread (the driver library's initialisers, when it is
     // loaded below, may): every thread must inherit the blocked mask.
     let signals = Signals::block()?;
@@ -861,7 +866,11 @@ fn plan_hosts(
     };
     check_np(&hosts, args.np)?;
     // Tests reach this machine's own addresses over ssh, as if they were other machines.
-    if std::env::var_os(EnvVars::ATLASBOOST_SSH_ALL_HOSTS).is_some_and(|v| v == "1") {
+    let all_over_ssh = crate::settings::switch(
+        EnvVars::ATLASBOOST_SSH_ALL_HOSTS,
+        "1: this machine's own addresses are reached over ssh too",
+    )?;
+    if all_over_ssh == Some(true) {
         for h in &mut hosts {
             h.local = false;
         }

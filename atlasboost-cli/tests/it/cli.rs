@@ -2534,18 +2534,25 @@ fn a_job_failing_before_its_workers_leaves_no_log_directory() {
     }
 }
 
-/// `ATLASBOOST_CGROUP` takes `0` or `1`; anything else is named, before a worker starts.
+/// The switches `ATLASBOOST_CGROUP`, `ATLASBOOST_SSH_NODELAY` and `ATLASBOOST_SSH_ALL_HOSTS`
+/// take `0` or `1`; anything else is named, before a worker starts.
 #[test]
-fn a_malformed_atlasboost_cgroup_is_named() {
+fn a_malformed_switch_variable_is_named() {
     let dir = tempdir();
-    let out = run_env(
-        dir.path(),
-        &["run", "--sim", "1", "--", "sh", "-c", "echo RAN"],
-        &[("ATLASBOOST_CGROUP", "off")],
-    );
-    out.expect_code(USAGE)
-        .stderr_has(&["ATLASBOOST_CGROUP=off: expected 0 (no cgroup for the workers) or 1"]);
-    assert!(!out.stdout.contains("RAN"), "{}", out.stdout);
+    for (name, value) in [
+        ("ATLASBOOST_CGROUP", "off"),
+        ("ATLASBOOST_SSH_NODELAY", "maybe"),
+        ("ATLASBOOST_SSH_ALL_HOSTS", "yes"),
+    ] {
+        let out = run_env(
+            dir.path(),
+            &["run", "--sim", "1", "--", "sh", "-c", "echo RAN"],
+            &[(name, value)],
+        );
+        out.expect_code(USAGE)
+            .stderr_has(&[&format!("{name}={value}: expected 0 or 1 (")]);
+        assert!(!out.stdout.contains("RAN"), "{}", out.stdout);
+    }
 }
 
 /// `ATLASBOOST_CGROUP=1` where no cgroup can be made (in a mount namespace without any cgroup2

@@ -72,15 +72,10 @@ impl WorkerCgroup {
     ///
     /// [`CliError::Usage`] for any other value.
     pub fn asked() -> Result<Option<bool>, CliError> {
-        match std::env::var(EnvVars::ATLASBOOST_CGROUP).as_deref() {
-            Err(_) => Ok(None),
-            Ok("1") => Ok(Some(true)),
-            Ok("0") => Ok(Some(false)),
-            Ok(other) => Err(CliError::Usage(format!(
-                "{}={other}: expected 0 (no cgroup for the workers) or 1",
-                EnvVars::ATLASBOOST_CGROUP
-            ))),
-        }
+        crate::settings::switch(
+            EnvVars::ATLASBOOST_CGROUP,
+            "0: no cgroup for the workers; 1: one, or the start fails",
+        )
     }
 
     /// Makes a new cgroup below this process's own: `Err(why)` where it cannot.
