@@ -16,7 +16,15 @@ impl Validator {
         families: &mut Families,
     ) {
         for part in s.split(',') {
-            let part = part.trim();
+            // HCCL parses each address as it is (inet_pton): white space makes it invalid.
+            if part.trim() != part {
+                self.push(
+                    loc.key("device_ip"),
+                    Rule::InvalidIp,
+                    format!("{part:?} has white space around the address: HCCL reads it as it is"),
+                );
+                continue;
+            }
             match part.parse::<IpAddr>() {
                 Ok(ip) => match crate::device::device_ip_problem(ip) {
                     Some(problem) => self.push(
@@ -102,7 +110,7 @@ impl Validator {
                         format!("{s:?} is not a port in 1..65535"),
                     );
                 }
-            } else if s.split(',').any(|p| p.trim().parse::<IpAddr>().is_err()) {
+            } else if s.split(',').any(|p| p.parse::<IpAddr>().is_err()) {
                 self.push(
                     loc.key(key),
                     Rule::InvalidIp,
