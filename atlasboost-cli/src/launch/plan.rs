@@ -74,11 +74,19 @@ pub fn parse_host_list(list: &str) -> Result<Vec<HostSpec>, CliError> {
 /// [`CliError::BadHost`] naming the file and line of a malformed entry; [`CliError::Usage`]
 /// naming the file if it cannot be read or lists no host.
 pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
-    let text = std::fs::read_to_string(path)
+    let bytes = std::fs::read(path)
         .map_err(|e| CliError::Usage(format!("cannot read hostfile {}: {e}", path.display())))?;
     let mut hosts = Vec::new();
-    for (n, raw) in text.lines().enumerate() {
+    for (n, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let origin = format!("{}:{}", path.display(), n + 1);
+        let Ok(raw) = std::str::from_utf8(raw) else {
+            return Err(CliError::BadHost {
+                origin,
+                text: String::from_utf8_lossy(raw).trim().to_string(),
+                why: "is not UTF-8 text".into(),
+            });
+        };
+        let raw = raw.strip_suffix('\r').unwrap_or(raw);
         let line = raw.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
@@ -130,11 +138,17 @@ fn host_spec(name: &str, slots: Option<&str>, origin: &str) -> Result<HostSpec, 
         return Err("has no host name".into());
     }
     if name.contains(':') {
-        return Err(
-            "is an IPv6 address; a host's server id is its IPv4 address: give the host's \
-             IPv4 address or name"
+        let bare = name
+            .trim_start_matches('[')
+            .split(']')
+            .next()
+            .unwrap_or(name);
+        return Err(match bare.parse::<std::net::Ipv6Addr>() {
+            Ok(_) => "is an IPv6 address; a host's server id is its IPv4 address: give the \
+                      host's IPv4 address or name"
                 .into(),
-        );
+            Err(_) => "is not HOST or HOST:SLOTS (one colon at most)".into(),
+        });
     }
     if let Ok(ip) = name.parse::<Ipv4Addr>()
         && (ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast())
@@ -359,6 +373,11 @@ mod tests {
             let m = usage(parse_host_list(list).unwrap_err());
             assert!(m.contains("is an IPv6 address"), "{list}: {m}");
         }
+        // Two colons that make no IPv6 address are a malformed entry.
+        for list in ["127.0.0.1:2:3", "node1::2"] {
+            let m = usage(parse_host_list(list).unwrap_err());
+            assert!(m.contains("is not HOST or HOST:SLOTS"), "{list}: {m}");
+        }
         for list in ["0.0.0.0:2", "255.255.255.255", "224.0.0.1"] {
             let m = usage(parse_host_list(list).unwrap_err());
             assert!(m.contains("which no host can be reached at"), "{list}: {m}");
@@ -399,6 +418,13 @@ mod tests {
         writeln!(f, "127.0.0.1\n::1 slots=2").unwrap();
         let m = usage(parse_hostfile(f.path()).unwrap_err());
         assert!(m.contains(":2:") && m.contains("is an IPv6 address"), "{m}");
+
+        // A byte that is not UTF-8 is named with its line.
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(b"127.0.0.1\r\n127.0.0.2\n127.0.0.\xff slots=2\n")
+            .unwrap();
+        let m = usage(parse_hostfile(f.path()).unwrap_err());
+        assert!(m.contains(":3:") && m.contains("is not UTF-8"), "{m}");
 
         let mut f = tempfile::NamedTempFile::new().unwrap();
         writeln!(f, "# nothing").unwrap();
