@@ -251,6 +251,8 @@ pub fn parse_id_list(
                 .map_err(|_| format!("{t:?} is not a {what} id"))
         };
         let (lo, hi) = match part.split_once('-') {
+            // `-1`: a number with a sign, not a range without its start.
+            Some(("", _)) => return Err(format!("{part:?} is not a {what} id")),
             Some((a, b)) => (parse(a)?, parse(b)?),
             None => {
                 let id = parse(part)?;
@@ -342,7 +344,7 @@ mod tests {
             ("3-1", "backwards"),
             ("1,1", "listed twice"),
             ("0-99999", "spans more than 1024 devices"),
-            ("-1", "\"\" is not a device id"),
+            ("-1", "\"-1\" is not a device id"),
         ] {
             let err = input.parse::<DeviceList>().unwrap_err().to_string();
             assert!(err.contains(needle), "{input:?}: {err}");
