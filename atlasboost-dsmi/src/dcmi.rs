@@ -44,23 +44,26 @@ impl Dcmi {
     ///
     /// # Errors
     ///
-    /// [`DsmiError::NotFound`] when `$ATLASBOOST_DCMI_LIB` names a library that does not load
-    /// as DCMI: a path the user gave is never ignored.
+    /// [`DsmiError::BadVariable`] when `$ATLASBOOST_DCMI_LIB` is empty or names a library that
+    /// does not load as DCMI, saying why: a path the user gave is never ignored.
     pub fn load() -> Result<Option<Dcmi>, DsmiError> {
         if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DCMI_LIB) {
             if file == "none" {
                 return Ok(None);
             }
-            let path = PathBuf::from(file);
-            return Dcmi::load_from(&path)
+            let bad = |reason: String| DsmiError::BadVariable {
+                variable: EnvVars::ATLASBOOST_DCMI_LIB,
+                value: file.to_string_lossy().into_owned(),
+                reason: format!(
+                    "{reason} (name the driver's libdcmi.so, or none to split the CPUs evenly)"
+                ),
+            };
+            if file.is_empty() {
+                return Err(bad("empty".into()));
+            }
+            return Dcmi::load_from(&PathBuf::from(&file))
                 .map(Some)
-                .ok_or_else(|| DsmiError::NotFound {
-                    tried: vec![format!(
-                        "{} (ATLASBOOST_DCMI_LIB: not a DCMI library with dcmi_init and \
-                     dcmi_get_affinity_cpu_info_by_device_id that initialises)",
-                        path.display()
-                    )],
-                });
+                .map_err(bad);
         }
         Ok(std::env::var_os(EnvVars::LD_LIBRARY_PATH)
             .map(|v| std::env::split_paths(&v).collect::<Vec<_>>())
@@ -69,32 +72,35 @@ impl Dcmi {
             .chain(DRIVER_DIRS.iter().map(PathBuf::from))
             .map(|d| d.join("libdcmi.so"))
             .filter(|p| p.exists())
-            .find_map(|p| Dcmi::load_from(&p)))
+            .find_map(|p| Dcmi::load_from(&p).ok()))
     }
 
-    fn load_from(path: &Path) -> Option<Dcmi> {
+    /// The library at `path`, or why it is not one DCMI library that initialises.
+    fn load_from(path: &Path) -> Result<Dcmi, String> {
         // SAFETY: loading the driver's library runs its initialisers, which have no
         // preconditions; the function types are the header's.
-        let library = unsafe { Library::new(path) }.ok()?;
+        let library = unsafe { Library::new(path) }.map_err(|e| format!("cannot load it: {e}"))?;
+        let missing = |symbol: &str| format!("not a DCMI library: it has no {symbol}");
         // SAFETY: as above; the pointers are used only while `library` is loaded.
         let init: Init = unsafe { library.get::<Init>(b"dcmi_init") }
-            .ok()
-            .map(|s| *s)?;
+            .map(|s| *s)
+            .map_err(|_| missing("dcmi_init"))?;
         // SAFETY: as above.
         let get: GetAffinity =
             unsafe { library.get::<GetAffinity>(b"dcmi_get_affinity_cpu_info_by_device_id") }
-                .ok()
-                .map(|s| *s)?;
+                .map(|s| *s)
+                .map_err(|_| missing("dcmi_get_affinity_cpu_info_by_device_id"))?;
         // SAFETY: as above; optional (without it a card holds one NPU, its physical id).
         let card_of: Option<CardOfPhyid> =
             unsafe { library.get::<CardOfPhyid>(b"dcmi_get_card_id_device_id_from_phyid") }
                 .ok()
                 .map(|s| *s);
         // SAFETY: a function of no arguments.
-        if unsafe { init() } != 0 {
-            return None;
+        match unsafe { init() } {
+            0 => {}
+            code => return Err(format!("its dcmi_init() returned {code}")),
         }
-        Some(Dcmi {
+        Ok(Dcmi {
             path: path.to_path_buf(),
             get,
             card_of,

@@ -51,9 +51,21 @@ fn a_named_library_that_is_not_dcmi_is_an_error_and_none_means_none() {
     let _env = Env::set(&[(EnvVars::ATLASBOOST_DCMI_LIB, "libc.so.6")]);
     let e = Dcmi::load().unwrap_err().to_string();
     assert!(
-        e.contains("libc.so.6") && e.contains("ATLASBOOST_DCMI_LIB"),
+        e.contains("ATLASBOOST_DCMI_LIB=\"libc.so.6\": not a DCMI library: it has no dcmi_init"),
         "{e}"
     );
+    drop(_env);
+    // A path that does not exist is said to be missing, and an empty value is named.
+    let _env = Env::set(&[(EnvVars::ATLASBOOST_DCMI_LIB, "/nonexistent/libdcmi.so")]);
+    let e = Dcmi::load().unwrap_err().to_string();
+    assert!(
+        e.contains("cannot load it") && e.contains("No such file"),
+        "{e}"
+    );
+    drop(_env);
+    let _env = Env::set(&[(EnvVars::ATLASBOOST_DCMI_LIB, "")]);
+    let e = Dcmi::load().unwrap_err().to_string();
+    assert!(e.contains("ATLASBOOST_DCMI_LIB=\"\": empty"), "{e}");
     drop(_env);
     let _env = Env::set(&[(EnvVars::ATLASBOOST_DCMI_LIB, "none")]);
     assert!(Dcmi::load().unwrap().is_none());
