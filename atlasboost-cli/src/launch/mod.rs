@@ -1213,26 +1213,36 @@ fn join(
                 .filter(|&&i| reports[i].is_none())
                 .map(|&i| hosts[i].describe())
                 .collect();
+            // What the hosts that never reported said on stderr (ssh's words, the remote
+            // shell's, the agent's): often why.
+            let said: Vec<String> = remote_index
+                .iter()
+                .zip(&remotes)
+                .filter(|&(&i, r)| reports[i].is_none() && r.err_tail() != "(nothing on stderr)")
+                .map(|(&i, r)| format!("{} said: {}", hosts[i].describe(), r.err_tail()))
+                .collect();
             let unconnected = remotes.iter().filter(|r| r.is_awaited()).count();
-            break Err(CliError::Failure(format!(
-                "host{} {} did not join within --rendezvous-timeout {:.0?} (no report from {}{})",
-                if missing.len() == 1 { "" } else { "s" },
-                missing.join(", "),
-                args.rendezvous_timeout,
-                if missing.len() == 1 {
-                    "its agent"
-                } else {
-                    "their agents"
-                },
-                match &step {
-                    Some((s, _)) if unconnected > 0 => format!(
-                        "; {} never connected back; srun said: {}",
-                        counted(unconnected, "agent"),
-                        s.said()
-                    ),
-                    _ => String::new(),
-                }
-            )));
+            break Err(CliError::Failure(
+                format!(
+                    "host{} {} did not join within --rendezvous-timeout {:.0?} (no report from {}{})",
+                    if missing.len() == 1 { "" } else { "s" },
+                    missing.join(", "),
+                    args.rendezvous_timeout,
+                    if missing.len() == 1 {
+                        "its agent"
+                    } else {
+                        "their agents"
+                    },
+                    match &step {
+                        Some((s, _)) if unconnected > 0 => format!(
+                            "; {} never connected back; srun said: {}",
+                            counted(unconnected, "agent"),
+                            s.said()
+                        ),
+                        _ => String::new(),
+                    }
+                ) + &said.iter().map(|s| format!("\n  {s}")).collect::<String>(),
+            ));
         }
         if started.elapsed() > join_limit {
             // A host that never says it wrote the table: a hung file system, a stalled link.

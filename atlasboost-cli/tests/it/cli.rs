@@ -2795,3 +2795,52 @@ fn a_large_jobs_summary_lists_only_its_failures() {
     assert_eq!(rows.len(), 1, "{}", out.stderr);
     assert!(rows[0].trim_start().starts_with("70 "), "{}", out.stderr);
 }
+
+/// A host that never reports within `--rendezvous-timeout` is named with what its session
+/// said on stderr (here a stand-in `ssh` that complains and hangs), not only "no report".
+#[test]
+fn a_rendezvous_timeout_says_what_the_silent_host_said() {
+    let dir = TempDir::new().unwrap();
+    let bin = dir.path().join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let ssh = bin.join("ssh");
+    fs::write(
+        &ssh,
+        "#!/bin/sh\necho 'remote: cannot mount /shared: Stale file handle' >&2\nexec sleep 30\n",
+    )
+    .unwrap();
+    fs::set_permissions(&ssh, fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let started = std::time::Instant::now();
+    let out = run_env(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "2",
+            "-H",
+            "127.0.0.8",
+            "--rendezvous-timeout",
+            "2",
+            "--",
+            "true",
+        ],
+        &[
+            ("PATH", &path),
+            ("ATLASBOOST_SSH_ALL_HOSTS", "1"),
+            ("ATLASBOOST_SSH_NODELAY", "0"),
+        ],
+    );
+    out.expect_code(125).stderr_has(&[
+        "host 127.0.0.8 did not join within --rendezvous-timeout 2s",
+        "127.0.0.8 said: remote: cannot mount /shared: Stale file handle",
+    ]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the hung session was not waited for"
+    );
+}
