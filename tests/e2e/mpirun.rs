@@ -729,3 +729,27 @@ fn a_command_not_found_under_mpi_is_the_ranks_failure() {
         f.describe()
     );
 }
+
+/// A relay's own message (here: what its worker left running is stopped) reaches the launcher
+/// as atlasboost's, naming the rank, not as a line of the rank's stderr through mpirun.
+#[test]
+fn a_relays_own_message_is_the_launchers_naming_the_rank() {
+    let run = run_mpi(2);
+    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let f = run
+        .env("ATLASBOOST_MPIRUN", &fake)
+        .args(["--grace", "1", "--", "sh", "-c", "sleep 30 & echo hi"])
+        .run();
+    f.assert_code(0);
+    let err = f.err();
+    for rank in 0..2 {
+        assert!(
+            err.lines().any(
+                |l| l.starts_with(&format!("atlasboost: rank {rank} (host "))
+                    && l.contains("): every worker has exited; stopping what they left running")
+            ),
+            "{}",
+            f.describe()
+        );
+    }
+}

@@ -336,8 +336,9 @@ pub enum Up {
         /// What ssh said last.
         said: String,
     },
-    /// A line that ssh or the agent printed on the session's stderr (sent only inside
-    /// [`Up::Via`]: a launcher reads its own sessions' stderr).
+    /// A line that ssh or the agent printed on the session's stderr (sent inside [`Up::Via`]:
+    /// a launcher reads its own sessions' stderr), or a relay's own message (its stderr is
+    /// mpirun's).
     Said {
         /// The line.
         line: Vec<u8>,

@@ -607,6 +607,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         .map(|c| c.map_err(CliError::system("duplicate the connection")));
     let (commands, launcher) = (commands?, launcher?);
     let mut output = Output::upstream_to(connection, &[context.rank])?;
+    output.send_messages_upstream();
     output.send_raw(channel::HELLO);
     let worker = WorkerPlan {
         rank: context.rank,

@@ -412,6 +412,9 @@ pub struct Output {
     status: Option<super::status::StatusBlock>,
     /// A log file could not be written (said once): the logs are given up.
     logs_failed: bool,
+    /// A relay's: its own messages go to the launcher as frames (its stderr is mpirun's, which
+    /// would tag them as the rank's output).
+    messages_upstream: bool,
 }
 
 impl Output {
@@ -484,6 +487,7 @@ impl Output {
             batch: None,
             status: None,
             logs_failed: false,
+            messages_upstream: false,
         };
         if output.options.status {
             // Drawn through the terminal's writer, in order with the lines.
@@ -539,6 +543,11 @@ impl Output {
         let mut output = Output::with_sinks(OutputOptions::default(), ranks, out, err)?;
         output.upstream = true;
         Ok(output)
+    }
+
+    /// A relay's output: its own messages go to the launcher as frames too, not to stderr.
+    pub fn send_messages_upstream(&mut self) {
+        self.messages_upstream = true;
     }
 
     /// Writing to an agent's launcher failed (its connection is gone): nothing more can be
@@ -705,6 +714,13 @@ impl Output {
 
     /// A message of atlasboost's own on stderr, after the workers' lines so far.
     pub fn message(&mut self, text: &str) {
+        if self.upstream && self.messages_upstream {
+            let text = text.strip_prefix("atlasboost: ").unwrap_or(text);
+            self.send(&super::channel::Up::Said {
+                line: text.as_bytes().to_vec(),
+            });
+            return;
+        }
         if self.upstream {
             // stderr goes to the launcher's console, where it is prefixed with
             // `atlasboost: host <host>:` already.

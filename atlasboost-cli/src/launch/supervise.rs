@@ -2163,7 +2163,12 @@ impl<'a> Supervisor<'a> {
             Up::Said { line } => {
                 if let Role::Launcher(remotes) = &mut self.role {
                     let line = String::from_utf8_lossy(&line).into_owned();
-                    output.message(&format!("atlasboost: host {}: {line}", remotes[h].host));
+                    output.message(&match remotes[h].relay_rank() {
+                        Some(rank) => {
+                            format!("atlasboost: rank {rank} (host {}): {line}", remotes[h].host)
+                        }
+                        None => format!("atlasboost: host {}: {line}", remotes[h].host),
+                    });
                     remotes[h].heard_err(line);
                 }
             }
