@@ -262,7 +262,7 @@ pub(crate) fn ending_of(result: &JobResult) -> String {
     }
     if let Some(h) = &result.host_failure {
         let what = if h.lost { "lost" } else { "failed" };
-        return format!("host {} {what}", h.host);
+        return format!("{} {what}", h.who());
     }
     match root_cause(result) {
         Some(i) => {
@@ -343,7 +343,7 @@ pub(crate) fn report_attempt(
     }
     if let Some(h) = &result.host_failure {
         // Why, in the host's (or ssh's) words, and the hosts lost with it in the launch tree.
-        printer.status(&format!("atlasboost: host {}: {}", h.host, h.message));
+        printer.status(&format!("atlasboost: {}: {}", h.who(), h.message));
     } else if result.hang.is_none()
         && let Some(text) = root_cause(result).and_then(|i| recorded_text(&result.workers[i]))
     {
@@ -403,17 +403,25 @@ pub(crate) fn report(
         return;
     };
     let count = |f: &dyn Fn(&WorkerResult) -> bool| result.workers.iter().filter(|w| f(w)).count();
+    let not_started = |w: &WorkerResult| matches!(w.ending, Some(Ending::NotStarted));
     let succeeded = count(&|w| w.ending.is_some_and(|e| e.code() == 0));
-    let stopped = count(&|w| w.stopped && w.ending.is_some_and(|e| e.code() != 0));
-    let failed = result.workers.len() - succeeded - stopped;
+    let stopped =
+        count(&|w| w.stopped && w.ending.is_some_and(|e| e.code() != 0) && !not_started(w));
+    let never = count(&not_started);
+    let failed = result.workers.len() - succeeded - stopped - never;
     text.push_str(&format!(
-        "atlasboost: {} finished in {:.2} s: {succeeded} succeeded, {failed} failed, {stopped} stopped\n",
+        "atlasboost: {} finished in {:.2} s: {succeeded} succeeded, {failed} failed, {stopped} \
+         stopped{}\n",
         counted(result.workers.len(), "rank"),
         match attempts.last() {
             Some(a) if attempts.len() > 1 => a.duration,
             _ => elapsed,
         }
         .as_secs_f64(),
+        match never {
+            0 => String::new(),
+            n => format!(", {n} not started"),
+        },
     ));
     let host_width = result
         .workers
@@ -430,6 +438,7 @@ pub(crate) fn report(
     for w in &result.workers {
         let status = match w.ending {
             None => "not run".to_string(),
+            Some(e) if not_started(w) => e.describe(),
             Some(e) if w.stopped && e.code() != 0 => format!("stopped ({})", e.describe()),
             Some(e) => e.describe(),
         };
@@ -439,13 +448,17 @@ pub(crate) fn report(
             Some(e) => e.code() != 0 && !w.stopped,
         };
         if full || failure {
+            // A rank that never started (under --mpi) has no device or time to show.
+            let (device, time) = match not_started(w) {
+                true => ("-".to_string(), "-".to_string()),
+                false => (
+                    w.device.to_string(),
+                    format!("{:.2} s", w.run_time.as_secs_f64()),
+                ),
+            };
             text.push_str(&format!(
-                "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>7.2} s\n",
-                w.rank,
-                w.host,
-                w.device,
-                status,
-                w.run_time.as_secs_f64()
+                "  {:>5}  {:<host_width$}  {device:>6}  {status:<20}  {time:>9}\n",
+                w.rank, w.host,
             ));
         }
     }
@@ -471,10 +484,7 @@ pub(crate) fn report(
             result.exit_code
         ));
     } else if let Some(h) = &result.host_failure {
-        printer.error(&format!(
-            "error: host {} failed first: {}",
-            h.host, h.message
-        ));
+        printer.error(&format!("error: {} failed first: {}", h.who(), h.message));
     } else if let Some(i) = root_cause(result) {
         let w = &result.workers[i];
         let mut text = format!(

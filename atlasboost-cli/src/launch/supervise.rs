@@ -375,6 +375,23 @@ pub struct HostFailure {
     pub lost: bool,
 }
 
+/// The "host" of a [`HostFailure`] that is `run --mpi`'s mpirun itself.
+pub const MPIRUN: &str = "mpirun";
+
+impl HostFailure {
+    /// Who failed, for messages: `host 10.0.0.2`, or `mpirun`.
+    pub fn who(&self) -> String {
+        who_failed(&self.host)
+    }
+}
+
+fn who_failed(host: &str) -> String {
+    match host {
+        MPIRUN => MPIRUN.to_string(),
+        host => format!("host {host}"),
+    }
+}
+
 /// How the job ended.
 #[derive(Debug)]
 pub struct JobResult {
@@ -2306,7 +2323,8 @@ impl<'a> Supervisor<'a> {
         let live = self.running.iter().filter(|r| r.ended.is_none()).count();
         if live > 0 {
             output.message(&format!(
-                "atlasboost: host {host} failed: {why}; stopping the other {live} worker{}",
+                "atlasboost: {} failed: {why}; stopping the other {live} worker{}",
+                who_failed(&host),
                 if live == 1 { "" } else { "s" }
             ));
         }

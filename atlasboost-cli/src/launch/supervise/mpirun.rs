@@ -17,10 +17,10 @@ use nix::sys::signal::{Signal, killpg};
 use super::super::channel::Down;
 use super::super::output::{LineSplitter, Output, Tail};
 use super::super::relay::{DoorEvent, RelayDoor};
-use super::mpirun_state::Mpirun;
+use super::mpirun_state::{Headlines, Mpirun};
 use super::{
-    DRAIN_AFTER_KILL, Ending, JobResult, Lifeline, Role, RunPlan, Running, Signals, Supervisor,
-    WorkerPlan, ranges, spawn,
+    DRAIN_AFTER_KILL, Ending, JobResult, Lifeline, MPIRUN, Role, RunPlan, Running, Signals,
+    Supervisor, WorkerPlan, ranges, spawn,
 };
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -114,6 +114,7 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
             (err, LineSplitter::default()),
         ],
         tail: Tail::new(MPIRUN_TAIL),
+        headlines: Headlines::default(),
         started: now,
         deadline: now + m.timeout,
         ended: None,
@@ -213,7 +214,7 @@ impl Supervisor<'_> {
         };
         for l in lines {
             output.message(&l);
-            m.tail.push(l);
+            m.heard(l);
         }
         open
     }
@@ -309,7 +310,7 @@ impl Supervisor<'_> {
         // by the launcher, it did not fail the job by itself.)
         if ending.failed() && !m.signalled {
             let why = format!("mpirun ended with {}; it said: {said}", ending.describe());
-            self.fail_job("mpirun", why, ending.code(), output);
+            self.fail_job(MPIRUN, why, ending.code(), output);
         }
         let remotes = match &self.role {
             Role::Launcher(r) => r.len(),
@@ -338,7 +339,7 @@ impl Supervisor<'_> {
                 if never.len() == 1 { "" } else { "s" },
                 ranges(&never)
             );
-            self.fail_job("mpirun", why, ExitCodes::FAILURE, output);
+            self.fail_job(MPIRUN, why, ExitCodes::FAILURE, output);
         }
     }
 
@@ -369,7 +370,7 @@ impl Supervisor<'_> {
                 self.running[lane].ended = Some((now, Ending::NotStarted));
             }
         }
-        self.fail_job("mpirun", why, ExitCodes::FAILURE, output);
+        self.fail_job(MPIRUN, why, ExitCodes::FAILURE, output);
         // mpirun aborts the ranks it did start (and those still starting).
         self.signal_mpirun(Signal::SIGTERM);
     }
