@@ -193,20 +193,74 @@ pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
 }
 
 /// Reads workers' CPU time and resident memory from `/proc`, remembering each one's CPU time
-/// at the last read, so that a sample says what it used since.
+/// at the last read, so that a sample says what it used since. A worker is its whole process
+/// group (it has one of its own): a shell that runs `python3 train.py` is counted with it.
 #[derive(Debug, Default)]
 pub struct CpuClock {
     last: HashMap<i32, (u64, Instant)>,
 }
 
+/// What the processes of one group use: CPU ticks (their own, and their reaped children's, so
+/// that a child's end does not take its time away) and resident pages.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct GroupUse {
+    ticks: u64,
+    rss_pages: u64,
+}
+
+/// The use of each process group among `groups`, from one pass over `/proc`.
+fn groups_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
+    let mut by_group: HashMap<i32, GroupUse> = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return by_group;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some((group, used)) = parse_group_use(&stat)
+            && groups.contains(&group)
+        {
+            let sum = by_group.entry(group).or_default();
+            sum.ticks += used.ticks;
+            sum.rss_pages += used.rss_pages;
+        }
+    }
+    by_group
+}
+
+/// A `/proc/<pid>/stat` line's process group and use. After the command's closing
+/// parenthesis: state, ppid, pgrp, ..., utime (the 12th), stime, cutime, cstime, ..., rss
+/// (the 22nd).
+fn parse_group_use(stat: &str) -> Option<(i32, GroupUse)> {
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let field = |i: usize| fields.get(i)?.parse::<i64>().ok();
+    let ticks = (11..=14).map(field).sum::<Option<i64>>()?;
+    Some((
+        i32::try_from(field(2)?).ok()?,
+        GroupUse {
+            ticks: u64::try_from(ticks).unwrap_or(0),
+            rss_pages: u64::try_from(field(21)?).unwrap_or(0),
+        },
+    ))
+}
+
 impl CpuClock {
-    /// The use of `pid` (rank `rank`); `None` when it has gone.
-    pub fn stat(&mut self, rank: u32, pid: i32) -> Option<WorkerStat> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // After the command's closing parenthesis: state, then 10 fields before utime.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        let rss_pages = fields.get(21)?.parse::<u64>().ok()?;
+    /// The use of each worker `(rank, pid)` that still runs (its process group's, whose id
+    /// is its pid).
+    pub fn stats(&mut self, workers: &[(u32, i32)]) -> Vec<WorkerStat> {
+        if workers.is_empty() {
+            return Vec::new();
+        }
+        let groups: Vec<i32> = workers.iter().map(|&(_, pid)| pid).collect();
+        let by_group = groups_use(&groups);
         let now = Instant::now();
         let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
             .ok()
@@ -216,23 +270,29 @@ impl CpuClock {
             .ok()
             .flatten()
             .map_or(4096, |v| v.max(1) as u64);
-        let cpu_permille = match self.last.insert(pid, (ticks, now)) {
-            Some((before, at)) => {
-                let wall = now.saturating_duration_since(at).as_secs_f64();
-                let used = ticks.saturating_sub(before) as f64 / hz as f64;
-                if wall > 0.0 {
-                    (used / wall * 1000.0).round() as u32
-                } else {
-                    0
-                }
-            }
-            None => 0,
-        };
-        Some(WorkerStat {
-            rank,
-            cpu_permille,
-            rss_kib: rss_pages * page / 1024,
-        })
+        workers
+            .iter()
+            .filter_map(|&(rank, pid)| {
+                let used = by_group.get(&pid)?;
+                let cpu_permille = match self.last.insert(pid, (used.ticks, now)) {
+                    Some((before, at)) => {
+                        let wall = now.saturating_duration_since(at).as_secs_f64();
+                        let cpu = used.ticks.saturating_sub(before) as f64 / hz as f64;
+                        if wall > 0.0 {
+                            (cpu / wall * 1000.0).round() as u32
+                        } else {
+                            0
+                        }
+                    }
+                    None => 0,
+                };
+                Some(WorkerStat {
+                    rank,
+                    cpu_permille,
+                    rss_kib: used.rss_pages * page / 1024,
+                })
+            })
+            .collect()
     }
 }
 
@@ -241,10 +301,7 @@ pub fn sample_host(host: &HostMonitor, workers: &[(u32, i32)], cpu: &mut CpuCloc
     HostSample {
         host: host.host.clone(),
         devices: host.telemetry.sample(&host.devices),
-        workers: workers
-            .iter()
-            .filter_map(|&(rank, pid)| cpu.stat(rank, pid))
-            .collect(),
+        workers: cpu.stats(workers),
     }
 }
 
@@ -522,6 +579,63 @@ impl Drop for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stat_line_gives_its_group_and_use_whatever_its_name() {
+        // comm may hold spaces and parentheses; fields 12-15 are the four CPU times.
+        let stat = "4242 (my (odd) name) S 1 4200 4200 0 -1 4194560 100 0 0 0 \
+                    7 3 2 1 20 0 1 0 12345 104857600 2560 18446744073709551615";
+        assert_eq!(
+            parse_group_use(stat),
+            Some((
+                4200,
+                GroupUse {
+                    ticks: 13,
+                    rss_pages: 2560
+                }
+            ))
+        );
+        assert_eq!(parse_group_use("4242 (cut) S 1"), None);
+    }
+
+    /// A worker that is a shell running the real work: the sample counts the whole group, not
+    /// the shell's own 1 MiB and 0 % (a child holding 64 MiB and spinning).
+    #[test]
+    fn a_workers_use_is_its_whole_process_group() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "python3 -c 'import time; b = bytearray(64 << 20); t = time.time() + 30\n\
+                 while time.time() < t: pass'; true",
+            ])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let mut clock = CpuClock::default();
+        let mut last = Vec::new();
+        // Until the child holds its memory and has run a while (at most 10 s).
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(200));
+            last = clock.stats(&[(5, pid)]);
+            if last
+                .first()
+                .is_some_and(|w| w.rss_kib > 64 << 10 && w.cpu_permille > 0)
+            {
+                break;
+            }
+        }
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = child.wait();
+        let w = last.first().expect("the worker was seen");
+        assert_eq!(w.rank, 5);
+        assert!(w.rss_kib > 64 << 10, "{w:?}");
+        assert!(w.cpu_permille > 0, "{w:?}");
+    }
 
     #[test]
     fn a_sample_round_trips_compact_and_absent_stays_absent() {
