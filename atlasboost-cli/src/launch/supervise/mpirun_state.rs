@@ -98,7 +98,7 @@ impl Headlines {
 
 #[cfg(test)]
 mod tests {
-    use super::Headlines;
+    use super::*;
 
     #[test]
     fn the_headlines_are_the_lines_outside_blocks_and_each_blocks_first() {
