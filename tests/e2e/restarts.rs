@@ -468,7 +468,22 @@ fn a_host_whose_probe_fails_at_a_restart_is_left_out_by_name() {
 #[test]
 fn an_attempt_whose_workers_cannot_start_keeps_its_layout() {
     let run = Run::new(["run", "--sim", "2", "--max-restarts", "2"]).args(["--restart-delay", "0"]);
-    let script = run.file("vanish.sh", "#!/bin/sh\nrm -f \"$0\"\nexit 1\n", true);
+    // Rank 0 deletes the script once rank 1 runs it (rank 1 waits for that before it fails,
+    // so that neither is stopped first), both at most 10 s.
+    let script = run.file(
+        "vanish.sh",
+        "#!/bin/sh\n\
+         i=0\n\
+         if [ \"$RANK\" = 1 ]; then\n\
+           touch started.1\n\
+           while [ -e \"$0\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n\
+         else\n\
+           while [ ! -e started.1 ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n\
+           rm -f \"$0\"\n\
+         fi\n\
+         exit 1\n",
+        true,
+    );
     let r = run
         .args(["--".as_ref(), script.as_os_str()])
         .timeout(Duration::from_secs(60))

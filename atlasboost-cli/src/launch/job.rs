@@ -445,7 +445,7 @@ pub(crate) fn report(
         // Above the limit, only the failures: not the ranks that succeeded or were stopped.
         let failure = match w.ending {
             None => true,
-            Some(e) => e.code() != 0 && !w.stopped,
+            Some(e) => not_started(w) || e.code() != 0 && !w.stopped,
         };
         if full || failure {
             // A rank that never started (under --mpi) has no device or time to show.
@@ -464,7 +464,7 @@ pub(crate) fn report(
     }
     if !full {
         text.push_str(&match stopped {
-            0 => format!("  (the other {succeeded} ranks succeeded)\n"),
+            0 => format!("  (the other {} succeeded)\n", counted(succeeded, "rank")),
             _ => format!("  (the other ranks: {succeeded} succeeded, {stopped} stopped)\n"),
         });
     }

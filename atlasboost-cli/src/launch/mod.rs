@@ -193,6 +193,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         first_size: None,
         first_local: Some(first_local),
         attempts: Vec::new(),
+        attempt_started: Instant::now(),
     };
     let outcome = run_attempts(&mut job, &signals, &mut lifeline, printer);
     lifeline.close();
@@ -205,20 +206,23 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         // The first attempt could not go on (a table HCCL would refuse, a command not found):
         // the events still end the attempt and the job, and empty logs go.
         Err(e) => {
-            let seconds = started.elapsed().as_secs_f64();
             events::emit(
                 events.as_ref(),
                 "attempt_end",
                 serde_json::json!({
                     "ended": atlasboost_core::exchange::error_chain(&e),
                     "exit_code": e.exit_code(),
-                    "seconds": seconds,
+                    "seconds": job.attempt_started.elapsed().as_secs_f64(),
                 }),
             );
             events::emit(
                 events.as_ref(),
                 "summary",
-                serde_json::json!({ "exit_code": e.exit_code(), "attempts": 1, "seconds": seconds }),
+                serde_json::json!({
+                    "exit_code": e.exit_code(),
+                    "attempts": 1,
+                    "seconds": started.elapsed().as_secs_f64(),
+                }),
             );
             if let Some(l) = &logs {
                 l.forget_if_nothing_written();
@@ -281,6 +285,8 @@ struct JobState<'a> {
     /// The local hosts' reports for the first attempt, probed before the job's state existed.
     first_local: Option<LocalReports>,
     attempts: Vec<AttemptRecord>,
+    /// When the attempt under way began.
+    attempt_started: Instant,
 }
 
 /// How the last attempt ended.
@@ -304,6 +310,7 @@ fn run_attempts(
     let args = job.args;
     for attempt in 0..=args.max_restarts {
         let attempt_started = Instant::now();
+        job.attempt_started = attempt_started;
         if let Some(e) = &job.events {
             e.borrow_mut().set_attempt(attempt);
         }

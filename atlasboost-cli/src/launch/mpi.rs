@@ -235,15 +235,16 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             .iter()
             .all(|w| matches!(w.ending, Some(Ending::NotStarted)))
     });
-    if none_started && let Some(l) = &logs {
-        l.forget_if_nothing_written();
-    }
+    let logs_gone = none_started
+        && logs
+            .as_ref()
+            .is_some_and(JobLogDir::forget_if_nothing_written);
     let result = result?;
     report(
         Some(&result),
         &[],
         started.elapsed(),
-        logs.as_ref().map(JobLogDir::path),
+        logs.as_ref().filter(|_| !logs_gone).map(JobLogDir::path),
         printer,
     );
     Ok(result.exit_code)
@@ -500,18 +501,18 @@ fn check_mpi_size(args: &RunSettings, hosts: &[HostSpec], np: u32) -> Result<(),
     };
     if let Some(h) = hosts.iter().find(|h| h.slots.is_some_and(|s| s > sim)) {
         return Err(CliError::Usage(format!(
-            "host {} ({}) has {} slots, more than its {sim} simulated devices (--sim {sim}; \
-             one worker per NPU)",
+            "host {} ({}) has {}, more than its {} (--sim {sim}; one worker per NPU)",
             h.name,
             h.origin,
-            h.slots.unwrap_or_default()
+            crate::commands::counted(h.slots.unwrap_or_default() as usize, "slot"),
+            crate::commands::counted(sim as usize, "simulated device"),
         )));
     }
     let devices = u64::from(sim) * hosts.len().max(1) as u64;
     if u64::from(np) > devices {
         return Err(CliError::Usage(format!(
-            "-n {np} is more than the {devices} simulated devices of {} (--sim {sim}; one \
-             worker per NPU)",
+            "-n {np} is more than the {} of {} (--sim {sim}; one worker per NPU)",
+            crate::commands::counted(devices as usize, "simulated device"),
             match hosts.len() {
                 0 => "this machine".to_string(),
                 n => crate::commands::counted(n, "host"),

@@ -714,20 +714,21 @@ impl Output {
 
     /// A message of atlasboost's own on stderr, after the workers' lines so far.
     pub fn message(&mut self, text: &str) {
-        if self.upstream && self.messages_upstream {
-            let text = text.strip_prefix("atlasboost: ").unwrap_or(text);
-            self.send(&super::channel::Up::Said {
-                line: text.as_bytes().to_vec(),
-            });
-            return;
-        }
         if self.upstream {
-            // stderr goes to the launcher's console, where it is prefixed with
-            // `atlasboost: host <host>:` already.
+            // The launcher's console prefixes it with `atlasboost: host <host>:` (or the rank)
+            // already.
             let text = text
                 .strip_prefix("atlasboost agent: ")
                 .or_else(|| text.strip_prefix("atlasboost: "))
                 .unwrap_or(text);
+            // A relay's goes as a frame while its launcher is there; else (and an agent's
+            // always) on stderr.
+            if self.messages_upstream && !self.upstream_closed() {
+                self.send(&super::channel::Up::Said {
+                    line: text.as_bytes().to_vec(),
+                });
+                return;
+            }
             self.err.buf.extend_from_slice(text.as_bytes());
             self.err.buf.push(b'\n');
             self.err.flush();

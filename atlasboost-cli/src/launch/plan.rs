@@ -138,9 +138,10 @@ fn host_spec(name: &str, slots: Option<&str>, origin: &str) -> Result<HostSpec, 
         return Err("has no host name".into());
     }
     if name.contains(':') {
+        // `[fe80::1%eth0]`: brackets and a zone are IPv6's too.
         let bare = name
             .trim_start_matches('[')
-            .split(']')
+            .split([']', '%'])
             .next()
             .unwrap_or(name);
         return Err(match bare.parse::<std::net::Ipv6Addr>() {
@@ -369,7 +370,7 @@ mod tests {
         let m = usage(parse_host_list("a b").unwrap_err());
         assert!(m.contains("' '"), "{m}");
         // IPv6 (bare or in brackets) is named as such, not misread at its first colon.
-        for list in ["::1", "[::1]:2", "fe80::1,a"] {
+        for list in ["::1", "[::1]:2", "fe80::1,a", "fe80::1%eth0"] {
             let m = usage(parse_host_list(list).unwrap_err());
             assert!(m.contains("is an IPv6 address"), "{list}: {m}");
         }

@@ -375,8 +375,9 @@ pub struct HostFailure {
     pub lost: bool,
 }
 
-/// The "host" of a [`HostFailure`] that is `run --mpi`'s mpirun itself.
-pub const MPIRUN: &str = "mpirun";
+/// The "host" of a [`HostFailure`] that is `run --mpi`'s mpirun itself (no host's name has
+/// parentheses).
+pub const MPIRUN: &str = "(mpirun)";
 
 impl HostFailure {
     /// Who failed, for messages: `host 10.0.0.2`, or `mpirun`.
@@ -387,7 +388,7 @@ impl HostFailure {
 
 fn who_failed(host: &str) -> String {
     match host {
-        MPIRUN => MPIRUN.to_string(),
+        MPIRUN => "mpirun".to_string(),
         host => format!("host {host}"),
     }
 }

@@ -357,8 +357,8 @@ impl Supervisor<'_> {
             return;
         }
         let why = format!(
-            "the relay of rank{} {} did not connect within {:.0?} of mpirun's start (mpirun's \
-             last lines: {})",
+            "the relay of rank{} {} did not connect within {:.0?} of mpirun's start (mpirun \
+             said: {})",
             if missing.len() == 1 { "" } else { "s" },
             ranges(&missing),
             m.deadline.saturating_duration_since(m.started),

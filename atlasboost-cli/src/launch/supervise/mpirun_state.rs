@@ -40,12 +40,12 @@ pub(super) struct Mpirun {
 }
 
 impl Mpirun {
-    /// What it said, for a message: its headlines, else its last lines.
+    /// What it said, in brief, for a message.
     pub(super) fn said(&self) -> String {
-        match self.headlines.lines.is_empty() {
-            false => self.headlines.lines.join(" | "),
-            true => self.tail.joined().unwrap_or_else(|| "(nothing)".into()),
-        }
+        self.headlines
+            .joined()
+            .or_else(|| self.tail.joined())
+            .unwrap_or_else(|| "(nothing)".into())
     }
 
     /// One more line of mpirun's own.
@@ -64,35 +64,87 @@ impl Mpirun {
     }
 }
 
-/// The gist of what mpirun says: Open MPI frames each message as a help block between two
-/// lines of dashes, whose first line is its headline (`ORTE was unable to reliably start one
-/// or more daemons.`); lines outside the blocks (ssh's `Connection refused`) are kept whole.
-/// At most [`Headlines::KEEP`] of them.
+/// The gist of what mpirun says, for a message: Open MPI frames each message as a help block
+/// between two lines of dashes, whose first paragraph is its headline (`ORTE was unable to
+/// reliably start one or more daemons.`); a line outside the blocks (ssh's `Connection
+/// refused`) is one entry of its own. The last [`Headlines::KEEP`] entries are kept, each at
+/// most [`Headlines::MAX_ENTRY`] bytes, so that the failure at the end is not pushed out by
+/// warnings at the start.
 #[derive(Debug, Default)]
 pub(super) struct Headlines {
-    lines: Vec<String>,
+    entries: std::collections::VecDeque<String>,
     in_block: bool,
-    /// Inside a block whose first line has not come yet.
-    awaiting_first: bool,
+    /// Inside a block: its first paragraph is still being read.
+    in_first_paragraph: bool,
 }
 
 impl Headlines {
-    const KEEP: usize = 4;
+    const KEEP: usize = 3;
+    const MAX_ENTRY: usize = 300;
 
     fn push(&mut self, line: &str) {
         let text = line.trim();
         if text.len() >= 10 && text.bytes().all(|b| b == b'-') {
             self.in_block = !self.in_block;
-            self.awaiting_first = self.in_block;
+            self.in_first_paragraph = false;
+            if self.in_block {
+                self.in_first_paragraph = true;
+                self.start_entry();
+            }
             return;
         }
-        if text.is_empty() || self.lines.len() == Headlines::KEEP {
+        if self.in_block {
+            if text.is_empty() {
+                self.in_first_paragraph = false;
+            } else if self.in_first_paragraph {
+                self.extend_entry(text);
+            }
             return;
         }
-        if !self.in_block || self.awaiting_first {
-            self.awaiting_first = false;
-            self.lines.push(text.to_string());
+        if !text.is_empty() {
+            self.start_entry();
+            self.extend_entry(text);
         }
+    }
+
+    fn start_entry(&mut self) {
+        if self.entries.back().is_some_and(String::is_empty) {
+            return;
+        }
+        if self.entries.len() == Headlines::KEEP {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(String::new());
+    }
+
+    fn extend_entry(&mut self, text: &str) {
+        let Some(entry) = self.entries.back_mut() else {
+            return;
+        };
+        if !entry.is_empty() {
+            entry.push(' ');
+        }
+        entry.push_str(text);
+        if entry.len() > Headlines::MAX_ENTRY {
+            let mut cut = Headlines::MAX_ENTRY;
+            while !entry.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            entry.truncate(cut);
+            entry.push('…');
+            self.in_first_paragraph = false;
+        }
+    }
+
+    /// The entries, oldest first, joined with ` | `; `None` if mpirun said nothing.
+    fn joined(&self) -> Option<String> {
+        let kept: Vec<&str> = self
+            .entries
+            .iter()
+            .map(String::as_str)
+            .filter(|e| !e.is_empty())
+            .collect();
+        (!kept.is_empty()).then(|| kept.join(" | "))
     }
 }
 
@@ -101,8 +153,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_headlines_are_the_lines_outside_blocks_and_each_blocks_first() {
-        let said = "ssh: connect to host 127.0.0.2 port 22: Connection refused
+    fn the_headlines_are_the_last_lines_outside_blocks_and_blocks_first_paragraphs() {
+        let said = "Warning: Permanently added '10.0.0.2' (ED25519) to the list of known hosts.
+Warning: Permanently added '10.0.0.3' (ED25519) to the list of known hosts.
+ssh: connect to host 127.0.0.2 port 22: Connection refused
 --------------------------------------------------------------------------
 ORTE was unable to reliably start one or more daemons.
 This usually is caused by:
@@ -112,18 +166,20 @@ This usually is caused by:
 --------------------------------------------------------------------------
 There are not enough slots available in the system to satisfy the 4
 slots that were requested by the application:
+
+  true
 --------------------------------------------------------------------------";
         let mut h = Headlines::default();
         for l in said.lines() {
             h.push(l);
         }
         assert_eq!(
-            h.lines,
-            [
-                "ssh: connect to host 127.0.0.2 port 22: Connection refused",
-                "ORTE was unable to reliably start one or more daemons.",
-                "There are not enough slots available in the system to satisfy the 4",
-            ]
+            h.joined().unwrap(),
+            "ssh: connect to host 127.0.0.2 port 22: Connection refused | ORTE was unable to \
+             reliably start one or more daemons. This usually is caused by: | There are not \
+             enough slots available in the system to satisfy the 4 slots that were requested \
+             by the application:"
         );
+        assert_eq!(Headlines::default().joined(), None);
     }
 }
