@@ -496,3 +496,22 @@ fn an_attempt_whose_workers_cannot_start_keeps_its_layout() {
         r.describe()
     );
 }
+
+/// A hang that a restart follows: the attempt's line names the rank that was stuck.
+#[test]
+fn a_hung_attempt_names_its_stuck_rank() {
+    let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 1 ]; then exit 0; fi; \
+         if [ \"$RANK\" = 1 ]; then echo going quiet; exec sleep 60; fi; \
+         i=0; while [ $i -lt 300 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done";
+    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "1", "--grace", "1"])
+        .args(["--max-restarts", "1", "--restart-delay", "0"])
+        .args(["--", "sh", "-c", worker])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(0);
+    assert!(
+        r.err().contains("hung (--hang-timeout): rank 1 stuck"),
+        "{}",
+        r.describe()
+    );
+}

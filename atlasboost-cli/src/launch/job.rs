@@ -258,7 +258,14 @@ pub(crate) fn ending_of(result: &JobResult) -> String {
         return format!("stopped by {}", s.as_str());
     }
     if result.hang.is_some() {
-        return "hung (--hang-timeout)".into();
+        return match result.hung_ranks.as_slice() {
+            [] => "hung (--hang-timeout)".into(),
+            [rank] => format!("hung (--hang-timeout): rank {rank} stuck"),
+            ranks => format!(
+                "hung (--hang-timeout): ranks {} stuck",
+                super::plan::id_ranges(ranks.iter().map(|&r| u64::from(r)), ", ")
+            ),
+        };
     }
     if let Some(h) = &result.host_failure {
         let what = if h.lost { "lost" } else { "failed" };

@@ -409,6 +409,8 @@ pub struct JobResult {
     pub signalled: Option<Signal>,
     /// The hang watchdog's report, if it stopped the job first.
     pub hang: Option<String>,
+    /// The ranks the hang watchdog found stuck.
+    pub hung_ranks: Vec<u32>,
     /// Hosts lost during the job (sessions that ended, heartbeats that stopped), first or not.
     pub lost_hosts: Vec<String>,
     /// The launcher's exit code.
@@ -815,6 +817,8 @@ struct Supervisor<'a> {
     recorded: Vec<Option<Vec<u8>>>,
     /// The hang watchdog's report, once it fired.
     hang: Option<String>,
+    /// The ranks it found stuck.
+    hung_ranks: Vec<u32>,
     /// The stacks still awaited from other hosts before a hang stops the job.
     dumping: Option<Dumping>,
     /// When the hosts are sampled next.
@@ -894,6 +898,7 @@ impl<'a> Supervisor<'a> {
             next_watch: Instant::now() + WATCH_EVERY,
             recorded: vec![None; workers.len()],
             hang: None,
+            hung_ranks: Vec::new(),
             dumping: None,
             next_sample: Instant::now(),
             cpu: CpuClock::default(),
@@ -1424,6 +1429,7 @@ impl<'a> Supervisor<'a> {
     /// Reports stuck workers, takes their stacks if asked, then stops the job (exit 124).
     fn on_hang(&mut self, stuck: &[usize], output: &mut Output) {
         let now = Instant::now();
+        self.hung_ranks = stuck.iter().map(|&l| self.workers[l].rank).collect();
         let live: Vec<usize> = (0..self.workers.len())
             .filter(|&l| self.running[l].ended.is_none())
             .collect();
@@ -2685,6 +2691,7 @@ impl<'a> Supervisor<'a> {
                 .hang
                 .clone()
                 .or_else(|| self.dumping.as_ref().map(|d| d.report.clone())),
+            hung_ranks: self.hung_ranks.clone(),
             lost_hosts: match &self.role {
                 // Hosts lost only because a host above them was are not left out of a restart.
                 Role::Launcher(remotes) => remotes
