@@ -136,7 +136,7 @@ pub struct DiscoveryArgs {
     pub probe: ProbeArg,
 
     /// Use N simulated devices (implies --probe sim).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=255))]
+    #[arg(allow_negative_numbers = true, long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=255))]
     pub sim: Option<u32>,
 
     /// Chip name the simulated devices report (910, 910B3, 910_9391).
@@ -259,7 +259,7 @@ pub struct ProbeArgs {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Total workers [default: every slot, or every device]; `-np N` works too.
-    #[arg(short = 'n', long = "np", value_name = "N",
+    #[arg(allow_negative_numbers = true, short = 'n', long = "np", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub np: Option<u32>,
 
@@ -318,33 +318,38 @@ pub struct RunArgs {
     pub ranks: Option<RankList>,
 
     /// Seconds to wait for every host to join.
-    #[arg(long, value_name = "SECS", default_value = "120", value_parser = parse_seconds)]
+    #[arg(allow_negative_numbers = true, long, value_name = "SECS", default_value = "120", value_parser = parse_seconds)]
     pub rendezvous_timeout: Duration,
 
     /// Seconds between SIGTERM and SIGKILL when stopping workers.
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_seconds_or_zero)]
+    #[arg(allow_negative_numbers = true, long, value_name = "SECS", default_value = "10", value_parser = parse_seconds_or_zero)]
     pub grace: Duration,
 
     /// Restart every worker up to N times after a failed worker, a lost host or a hang.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "N",
+        default_value_t = 0
+    )]
     pub max_restarts: u32,
 
     /// With --max-restarts: seconds before the first restart, doubling for each one after it up
     /// to 30 [default: 1].
-    #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero,
+    #[arg(allow_negative_numbers = true, long, value_name = "SECS", value_parser = parse_seconds_or_zero,
           requires = "max_restarts")]
     pub restart_delay: Option<Duration>,
 
     /// With --max-restarts: the smallest world a restart may shrink to, leaving out unhealthy
     /// devices and lost hosts
     /// [default: the first attempt's size: no shrinking].
-    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..),
+    #[arg(allow_negative_numbers = true, long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..),
           requires = "max_restarts")]
     pub min_np: Option<u32>,
 
     /// Fail the attempt (exit 124) when a rank shows no progress, no output line and no
     /// heartbeat, for SECS [default: off].
-    #[arg(long, value_name = "SECS", value_parser = parse_hang_timeout)]
+    #[arg(allow_negative_numbers = true, long, value_name = "SECS", value_parser = parse_hang_timeout)]
     pub hang_timeout: Option<Duration>,
 
     /// With --hang-timeout: take each stuck rank's Python stacks first (py-spy, or faulthandler).
@@ -365,7 +370,7 @@ pub struct RunArgs {
 
     /// Sample every host's devices (AI core, HBM, temperature, power, health) and workers (CPU,
     /// memory) this often, for --metrics and --events; `off` for never.
-    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_monitor_interval)]
+    #[arg(allow_negative_numbers = true, long, value_name = "SECS", default_value = "5", value_parser = parse_monitor_interval)]
     pub monitor_interval: std::time::Duration,
 
     /// Serve the job's metrics for Prometheus at ADDR:PORT (a PORT alone: on loopback), with
@@ -385,7 +390,7 @@ pub struct RunArgs {
 
     /// Start the remote hosts' agents in a tree: the launcher, and each agent, opens at most K
     /// ssh sessions (K at least the number of hosts: every session from the launcher).
-    #[arg(long, value_name = "K", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(allow_negative_numbers = true, long, value_name = "K", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
     pub fanout: u32,
 
     /// With --mpi: the address the ranks' relays reach the launcher at [default: this machine's

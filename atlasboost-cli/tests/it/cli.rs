@@ -1759,6 +1759,15 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
             &["--sim-chip", "bogus"],
             "atlasboost has no rules for chip \"bogus\"",
         ),
+        // A negative number is named with its flag, not taken for an unknown option.
+        (
+            &["--max-restarts", "-1"],
+            "invalid value '-1' for '--max-restarts <N>'",
+        ),
+        (
+            &["--grace", "-3"],
+            "invalid value '-3' for '--grace <SECS>'",
+        ),
     ] {
         let mut args = vec!["run", "--sim", "2"];
         args.extend_from_slice(flags);
