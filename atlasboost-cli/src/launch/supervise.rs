@@ -2327,7 +2327,16 @@ impl<'a> Supervisor<'a> {
             return;
         }
         let host = host.to_string();
-        let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+        // Under --mpi, a rank whose relay has not called in has no worker yet to stop.
+        let live = (0..self.workers.len())
+            .filter(|&l| {
+                self.running[l].ended.is_none()
+                    && self
+                        .mpirun
+                        .as_ref()
+                        .is_none_or(|m| m.door.is_admitted(self.workers[l].rank))
+            })
+            .count();
         if live > 0 {
             output.message(&format!(
                 "atlasboost: {} failed: {why}; stopping the other {live} worker{}",
