@@ -236,6 +236,17 @@ fn groups_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
     by_group
 }
 
+/// The use of each group leader among `groups` alone.
+fn leaders_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
+    groups
+        .iter()
+        .filter_map(|&pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            parse_group_use(&stat).map(|(_, used)| (pid, used))
+        })
+        .collect()
+}
+
 /// A `/proc/<pid>/stat` line's process group and use. After the command's closing
 /// parenthesis: state, ppid, pgrp, ..., utime (the 12th), stime, cutime, cstime, ..., rss
 /// (the 22nd).
@@ -260,7 +271,12 @@ impl CpuClock {
             return Vec::new();
         }
         let groups: Vec<i32> = workers.iter().map(|&(_, pid)| pid).collect();
-        let by_group = groups_use(&groups);
+        // The first sample comes as the workers start, when each group is its leader alone:
+        // its own stat, not a pass over every process of the host, on the launch's path.
+        let by_group = match self.last.is_empty() {
+            true => leaders_use(&groups),
+            false => groups_use(&groups),
+        };
         let now = Instant::now();
         let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
             .ok()
