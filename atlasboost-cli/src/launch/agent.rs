@@ -665,9 +665,9 @@ pub fn agent_main(slurm: bool) -> u8 {
         channel::encode(m, &mut frame);
         let _ = up.write_all(&frame).and_then(|()| up.flush());
     };
-    let mut line = String::new();
-    let config: AgentConfig = match std::io::stdin().lock().read_line(&mut line) {
-        Ok(n) if n > 0 => match serde_json::from_str(&line) {
+    let mut line = Vec::new();
+    let config: AgentConfig = match std::io::stdin().lock().read_until(b'\n', &mut line) {
+        Ok(n) if n > 0 => match serde_json::from_slice(&line) {
             Ok(c) => c,
             Err(e) => {
                 let _ = writeln!(
@@ -677,11 +677,15 @@ pub fn agent_main(slurm: bool) -> u8 {
                 return ExitCodes::USAGE;
             }
         },
-        _ => {
+        read => {
             let _ = writeln!(
                 std::io::stderr(),
-                "atlasboost agent: no configuration on standard input; this command is started \
-                 by `atlasboost run`, not by hand"
+                "atlasboost agent: no configuration on standard input{}; this command is \
+                 started by `atlasboost run`, not by hand",
+                match read {
+                    Err(e) => format!(" ({e})"),
+                    Ok(_) => String::new(),
+                }
             );
             return ExitCodes::USAGE;
         }

@@ -2857,3 +2857,30 @@ fn a_rendezvous_timeout_says_what_the_silent_host_said() {
         "the hung session was not waited for"
     );
 }
+
+/// `atlasboost agent` by hand, or fed garbage: a usage error that says what is wrong with its
+/// standard input (a byte that is not UTF-8 is a JSON error with its place, not "nothing").
+#[test]
+fn an_agent_without_a_configuration_says_what_it_got() {
+    use std::io::Write;
+    for (input, says) in [
+        (&b""[..], "no configuration on standard input"),
+        (
+            b"{\"position\":\xff\n",
+            "the configuration on standard input is not valid: expected value at line 1 column 13",
+        ),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_atlasboost"))
+            .arg("agent")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}
