@@ -44,10 +44,12 @@ impl Dcmi {
     ///
     /// # Errors
     ///
-    /// [`DsmiError::BadVariable`] when `$ATLASBOOST_DCMI_LIB` is empty or names a library that
-    /// does not load as DCMI, saying why: a path the user gave is never ignored.
+    /// [`DsmiError::BadVariable`] when `$ATLASBOOST_DCMI_LIB` names a library that does not
+    /// load as DCMI, saying why: a path the user gave is never ignored.
     pub fn load() -> Result<Option<Dcmi>, DsmiError> {
-        if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DCMI_LIB) {
+        // Empty counts as unset, as for every variable.
+        if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DCMI_LIB).filter(|f| !f.is_empty())
+        {
             if file == "none" {
                 return Ok(None);
             }
@@ -58,9 +60,6 @@ impl Dcmi {
                     "{reason} (name the driver's libdcmi.so, or none to split the CPUs evenly)"
                 ),
             };
-            if file.is_empty() {
-                return Err(bad("empty".into()));
-            }
             return Dcmi::load_from(&PathBuf::from(&file))
                 .map(Some)
                 .map_err(bad);

@@ -78,6 +78,18 @@ pub enum ProbeError {
         /// The hccn.conf looked for.
         hccn: PathBuf,
     },
+    /// `auto` found the driver's library (or was told where it is) but it does not work: not
+    /// a reason to fall back to hccn.conf, whose devices would have no health or chip.
+    #[error("the Ascend driver cannot be used: {dsmi}. Mend it, or {} {} to read {} instead",
+        origin.verb(), origin.assignment(Setting::Probe, "hccn"), hccn.display())]
+    DriverBroken {
+        /// How the user asked.
+        origin: Origin,
+        /// Why the driver did not load.
+        dsmi: DsmiError,
+        /// The hccn.conf that `--probe hccn` would read.
+        hccn: PathBuf,
+    },
     /// `ASCEND_RT_VISIBLE_DEVICES` (applied to simulated devices too) is malformed.
     #[error(transparent)]
     Visible(DsmiError),
@@ -164,6 +176,21 @@ pub fn make_probe(
                 Err(e) => e,
             };
             let path = hccn_conf(discovery);
+            // hccn.conf stands in only where there is no driver at all: a library that is
+            // there (or named by ATLASBOOST_DSMI_LIB) and fails is said.
+            let named =
+                std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB).is_some_and(|v| !v.is_empty());
+            if named
+                || atlasboost_dsmi::library_candidates()
+                    .iter()
+                    .any(|p| p.exists())
+            {
+                return Err(ProbeError::DriverBroken {
+                    origin,
+                    dsmi,
+                    hccn: path,
+                });
+            }
             if path.exists() {
                 return hccn_probe(server_id, &path, origin);
             }

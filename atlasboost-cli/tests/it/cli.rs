@@ -1562,6 +1562,26 @@ fn auto_takes_the_driver_then_hccn_conf() {
         "{}",
         out.stdout
     );
+    // A driver library that is named (or found) but does not load is said, not replaced by
+    // hccn.conf: those devices would have no health or chip of their own.
+    for named in ["/etc/passwd", "/nonexistent/libdrvdsmi_host.so"] {
+        let out = run_env(
+            dir.path(),
+            &[
+                "probe",
+                "--server-id",
+                "h",
+                "--hccn-conf",
+                conf.to_str().unwrap(),
+            ],
+            &[("LD_LIBRARY_PATH", ""), ("ATLASBOOST_DSMI_LIB", named)],
+        );
+        out.expect_code(FAILURE).stderr_has(&[
+            "the Ascend driver cannot be used",
+            named,
+            "pass --probe hccn to read",
+        ]);
+    }
 }
 
 #[test]
