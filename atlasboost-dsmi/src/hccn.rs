@@ -27,6 +27,8 @@ const MAX_PHYSICAL_ID: u32 = 63;
 pub fn parse_hccn_conf(text: &str, path: &Path) -> Result<BTreeMap<u32, IpAddr>, DsmiError> {
     let mut addresses: BTreeMap<u32, (IpAddr, usize)> = BTreeMap::new();
     let mut problems = Vec::new();
+    // A byte-order mark (an editor's) is not part of the first key.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (n, raw) in text.lines().enumerate() {
         let line_no = n + 1;
         let line = raw.trim();
@@ -182,6 +184,13 @@ mod tests {
         let got = parse(text).unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got[&1], IpAddr::from([29, 1, 137, 206]));
+    }
+
+    #[test]
+    fn a_byte_order_mark_does_not_hide_the_first_line() {
+        let got = parse("\u{feff}address_0=10.1.0.1\naddress_1=10.1.0.2\n").unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[&0], IpAddr::from([10, 1, 0, 1]));
     }
 
     #[test]
