@@ -58,8 +58,8 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
             .find(|(name, _)| set_by_the_launcher(name, args.framework))
     {
         return Err(CliError::Usage(format!(
-            "-x {name}: atlasboost sets {name} for each worker (restarts, the hang watchdog and \
-             error records, SPEC §12), so a value of yours would mislead it or the worker"
+            "-x {name}: atlasboost sets {name} for each worker (its devices, restarts, the hang \
+             watchdog, error records), so a value of yours would mislead it or the worker"
         )));
     }
     if args.restart_delay.is_some() && args.max_restarts == 0 {
@@ -286,11 +286,13 @@ pub(crate) fn ending_of(result: &JobResult) -> String {
     }
 }
 
-/// Whether the launcher of its own launches (not `--mpi`) sets `name` for each worker: which
-/// attempt it is, and the files of the watchdog and of recorded errors (torch's names too with
-/// `--framework pytorch`).
+/// Whether the launcher of its own launches (not `--mpi`) sets `name` for each worker: the
+/// devices it sees, which attempt it is, and the files of the watchdog and of recorded errors
+/// (torch's names too with `--framework pytorch`).
 fn set_by_the_launcher(name: &str, framework: Framework) -> bool {
     [
+        // Each host's job devices, mapped to the table (choose them with --devices).
+        EnvVars::ASCEND_RT_VISIBLE_DEVICES,
         EnvVars::ATLASBOOST_RESTART_COUNT,
         EnvVars::ATLASBOOST_MAX_RESTARTS,
         EnvVars::ATLASBOOST_HEARTBEAT_FILE,

@@ -1813,6 +1813,7 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
         // What the launcher sets for each worker: the watchdog's and error files, the restart
         // count (torch's names with pytorch).
         &["-x", "ATLASBOOST_HEARTBEAT_FILE=/tmp/shared.beat"],
+        &["-x", "ASCEND_RT_VISIBLE_DEVICES=0"],
         &["-x", "ATLASBOOST_ERROR_FILE=/tmp/e.json"],
         &["-x", "ATLASBOOST_RESTART_COUNT=5"],
         &[
