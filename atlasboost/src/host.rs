@@ -140,10 +140,14 @@ impl FromStr for NicChoice {
             None if s.is_empty() => {
                 Err("an interface name (eth0) or a network (10.0.0.0/24)".into())
             }
-            None if s.contains(char::is_whitespace) => {
-                Err(format!("{s:?}: an interface name has no blanks"))
-            }
-            None => Ok(NicChoice::Name(s.to_string())),
+            None => match s.parse::<Ipv4Addr>() {
+                // An address alone is the interface that has it.
+                Ok(net) => Ok(NicChoice::Network { net, prefix: 32 }),
+                Err(_) if s.contains(char::is_whitespace) => {
+                    Err(format!("{s:?}: an interface name has no blanks"))
+                }
+                Err(_) => Ok(NicChoice::Name(s.to_string())),
+            },
         }
     }
 }
@@ -166,7 +170,10 @@ pub fn find_nic(choice: &NicChoice) -> Result<Nic, HostError> {
     let nics = interfaces();
     let found = nics.iter().find(|n| match choice {
         NicChoice::Name(name) => n.name == *name,
-        NicChoice::Network { net, prefix } => in_network(n.ipv4, *net, *prefix),
+        // A network wide enough to hold loopback too (0.0.0.0/0) means a real interface.
+        NicChoice::Network { net, prefix } => {
+            in_network(n.ipv4, *net, *prefix) && (!n.ipv4.is_loopback() || net.is_loopback())
+        }
     });
     found.cloned().ok_or_else(|| HostError::NoSuchNic {
         choice: choice.to_string(),
@@ -294,6 +301,14 @@ mod nic_tests {
     #[test]
     fn nic_choices_parse_names_and_networks() {
         assert_eq!("eth0".parse(), Ok(NicChoice::Name("eth0".into())));
+        // An address alone: the interface that has it.
+        assert_eq!(
+            "192.0.2.2".parse(),
+            Ok(NicChoice::Network {
+                net: Ipv4Addr::new(192, 0, 2, 2),
+                prefix: 32
+            })
+        );
         assert_eq!(
             "10.0.0.0/24".parse(),
             Ok(NicChoice::Network {
