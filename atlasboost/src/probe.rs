@@ -51,12 +51,15 @@ pub enum ProbeError {
         source: DsmiError,
     },
     /// The hccn.conf asked for does not exist.
-    #[error("{}: {} does not exist ({} reads another file)", origin.assignment(Setting::Probe, "hccn"), path.display(), origin.name(Setting::HccnConf))]
+    #[error("{}: {} does not exist ({}{} reads another file)", origin.assignment(Setting::Probe, "hccn"), path.display(),
+        from.map_or(String::new(), |v| format!("it is {v}'s; ")), origin.name(Setting::HccnConf))]
     HccnMissing {
         /// How the user asked.
         origin: Origin,
         /// The file.
         path: PathBuf,
+        /// The variable that named it, when one did (not the flag, not the default).
+        from: Option<&'static str>,
     },
     /// The hccn.conf cannot be used.
     #[error("{}", origin.assignment(Setting::Probe, "hccn"))]
@@ -166,7 +169,11 @@ pub fn make_probe(
         (ProbeKind::Hccn, None) => {
             let path = hccn_conf(discovery);
             if !path.exists() {
-                return Err(ProbeError::HccnMissing { origin, path });
+                let from = (discovery.hccn_conf.is_none()
+                    && origin == Origin::CommandLine
+                    && crate::settings::env_path(EnvVars::ATLASBOOST_HCCN_CONF).is_some())
+                .then_some(EnvVars::ATLASBOOST_HCCN_CONF);
+                return Err(ProbeError::HccnMissing { origin, path, from });
             }
             hccn_probe(server_id, &path, origin)
         }

@@ -2905,3 +2905,20 @@ fn an_agent_without_a_configuration_says_what_it_got() {
         assert!(stderr.contains(says), "{stderr}");
     }
 }
+
+/// An hccn.conf that ATLASBOOST_HCCN_CONF names and that is not there: the variable is named,
+/// not only the flag that would read another file.
+#[test]
+fn a_missing_hccn_conf_names_the_variable_that_chose_it() {
+    let dir = tempdir();
+    run_env(
+        dir.path(),
+        &["probe", "--probe", "hccn"],
+        &[("ATLASBOOST_HCCN_CONF", "/nonexistent/hccn.conf")],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&[
+        "/nonexistent/hccn.conf does not exist (it is ATLASBOOST_HCCN_CONF's; --hccn-conf PATH \
+         reads another file)",
+    ]);
+}
