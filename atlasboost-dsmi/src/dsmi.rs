@@ -74,6 +74,9 @@ pub struct DsmiProbe {
     visible: VisibleDevices,
     /// How long a call answered `TRY_AGAIN` is retried.
     retry: Duration,
+    /// The physical ids the job may use (`--devices`): a device outside them whose driver
+    /// calls fail is left out instead of failing the probe.
+    only: Option<std::collections::BTreeSet<u32>>,
     // Last: the functions above point into it.
     _library: Library,
 }
@@ -137,8 +140,16 @@ impl DsmiProbe {
             functions,
             visible: VisibleDevices::from_env()?,
             retry: retry_bound()?,
+            only: None,
             _library: library,
         })
+    }
+
+    /// Only these physical ids are the job's (`--devices`): another device whose driver calls
+    /// fail (a broken NPU the user left out) is dropped instead of failing the probe.
+    pub fn only(mut self, physical: Option<std::collections::BTreeSet<u32>>) -> DsmiProbe {
+        self.only = physical;
+        self
     }
 
     /// The library in use.
@@ -228,7 +239,13 @@ impl DsmiProbe {
                     what: format!("device id {logical}"),
                 });
             };
-            devices.push(self.device(logical)?);
+            let physical = self.physical_of(logical)?;
+            match self.device(logical, physical) {
+                Ok(d) => devices.push(d),
+                // Not the job's device: its failing calls are not the job's failure.
+                Err(_) if self.only.as_ref().is_some_and(|o| !o.contains(&physical)) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(devices)
     }
@@ -266,14 +283,20 @@ impl DsmiProbe {
         Ok(None)
     }
 
-    fn device(&self, logical: u32) -> Result<Device, DsmiError> {
+    /// The physical id of the device with this logical id.
+    fn physical_of(&self, logical: u32) -> Result<u32, DsmiError> {
         let f = self.functions;
-        let id = logical as c_int;
         let mut physical: c_uint = 0;
         // SAFETY: one unsigned int written through a valid pointer.
         self.call("dsmi_get_phyid_from_logicid", Some(logical), || unsafe {
             (f.phyid)(logical, &mut physical)
         })?;
+        Ok(physical)
+    }
+
+    fn device(&self, logical: u32, physical: u32) -> Result<Device, DsmiError> {
+        let f = self.functions;
+        let id = logical as c_int;
         let ip = self.roce_address(logical)?;
         let chip = match f.chip {
             Some(get) => {

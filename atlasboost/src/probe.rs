@@ -164,7 +164,7 @@ pub fn make_probe(
             Err(ProbeError::SimAndReal { origin, kind })
         }
         (ProbeKind::Dsmi, None) => DsmiProbe::load(server_id)
-            .map(|p| Box::new(p) as Box<dyn DeviceProbe>)
+            .map(|p| Box::new(p.only(job_devices(discovery))) as Box<dyn DeviceProbe>)
             .map_err(|source| ProbeError::Dsmi { origin, source }),
         (ProbeKind::Hccn, None) => {
             let path = hccn_conf(discovery);
@@ -179,7 +179,7 @@ pub fn make_probe(
         }
         (ProbeKind::Auto, None) => {
             let dsmi = match DsmiProbe::load(server_id) {
-                Ok(p) => return Ok(Box::new(p)),
+                Ok(p) => return Ok(Box::new(p.only(job_devices(discovery)))),
                 Err(e) => e,
             };
             let path = hccn_conf(discovery);
@@ -286,6 +286,11 @@ pub fn telemetry_of(discovery: &Discovery, server_id: &str) -> Box<dyn Telemetry
     make_probe(discovery, server_id)
         .and_then(|p| make_telemetry(p.as_ref(), discovery, server_id))
         .unwrap_or_else(|_| Box::new(NoTelemetry))
+}
+
+/// The physical ids `--devices` (or `ATLASBOOST_DEVICES`) keeps, if it is given.
+fn job_devices(discovery: &Discovery) -> Option<std::collections::BTreeSet<u32>> {
+    discovery.devices.as_ref().map(|list| list.ids().collect())
 }
 
 /// The hccn.conf setting, else `$ATLASBOOST_HCCN_CONF`, else `/etc/hccn.conf`.

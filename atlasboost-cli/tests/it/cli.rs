@@ -2922,3 +2922,52 @@ fn a_missing_hccn_conf_names_the_variable_that_chose_it() {
          reads another file)",
     ]);
 }
+
+/// A device whose driver calls fail, left out with `--devices`: the job runs on the others
+/// (one broken NPU no longer takes its server down); kept in, it fails the probe, named.
+#[test]
+fn devices_leaves_out_a_device_whose_driver_calls_fail() {
+    let dir = tempdir();
+    let env = [
+        ("ATLASBOOST_DSMI_LIB", fake_driver()),
+        (
+            "ATLASBOOST_FAKE_DSMI_FAULTS",
+            "fail:dsmi_get_device_ip_address@5=17".to_string(),
+        ),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = run_env(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--probe",
+            "dsmi",
+            "--devices",
+            "0-3",
+            "--",
+            "sh",
+            "-c",
+            "echo $DEVICE_ID",
+        ],
+        &env,
+    );
+    out.expect_code(SUCCESS);
+    assert_eq!(out.stdout.lines().count(), 4, "{}", out.stdout);
+    run_env(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--probe",
+            "dsmi",
+            "--devices",
+            "4-7",
+            "--",
+            "true",
+        ],
+        &env,
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
+}
