@@ -288,6 +288,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "FORMAT", default_value = "1.0", value_parser = format_parser())]
     pub format: Format,
 
+    /// Validation rules of the table [default: the chip the devices report; 910 for
+    /// hccn.conf's, which report none].
+    #[arg(long, value_name = "CHIP", value_parser = chip_parser())]
+    pub chip: Option<Chip>,
+
     /// Server order in the table: by server id, or as the hosts are listed.
     #[arg(long, value_enum, value_name = "ORDER", default_value_t = RankOrderArg::ServerId)]
     pub rank_order: RankOrderArg,

@@ -113,6 +113,8 @@ pub struct RunSettings {
     pub rank_table: PathBuf,
     /// `--format`.
     pub format: Format,
+    /// `--chip`: the table's rules, over what the devices report.
+    pub chip: Option<Chip>,
     /// `--rank-order`.
     pub rank_order: ServerOrder,
     /// `-x NAME[=VALUE]`.
@@ -251,6 +253,7 @@ impl From<&RunArgs> for RunSettings {
             framework: a.framework,
             rank_table: a.rank_table.clone(),
             format: a.format,
+            chip: a.chip,
             rank_order: match a.rank_order {
                 RankOrderArg::ServerId => ServerOrder::ServerId,
                 RankOrderArg::Hosts => ServerOrder::Hosts,

@@ -24,7 +24,7 @@ use atlasboost_core::ranktable::{
     largest_world,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
-use atlasboost_core::{Device, EnvVars};
+use atlasboost_core::{Chip, Device, EnvVars};
 use serde::{Deserialize, Serialize};
 
 use super::channel::{self, AgentConfig, Down, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
@@ -173,7 +173,7 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
     }
     let devices = match &policy.shrink {
         None => assign_workers(offers, policy.np)?,
-        Some(shrink) => replan(offers, shrink, &unprobed)?,
+        Some(shrink) => replan(offers, shrink, &unprobed, policy.build.chip)?,
     };
     let mut build = policy.build.clone();
     if let RankOrder::Hosts(order) = &mut build.order {
@@ -184,7 +184,10 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
             .map(|h| h.server_id.clone())
             .collect();
     }
-    let chip = chip_of_devices(&devices).map_err(|e| error_chain(&e))?;
+    let chip = match build.chip {
+        Some(chip) => chip,
+        None => chip_of_devices(&devices).map_err(|e| error_chain(&e))?,
+    };
     let (table, warnings) = build_table_checked(&devices, &build).map_err(|e| error_chain(&e))?;
     let warnings = warnings.iter().map(ToString::to_string).collect();
     let first = table
@@ -322,9 +325,13 @@ fn replan(
     offers: Vec<Offer>,
     shrink: &Shrink,
     unprobed: &[(String, String)],
+    chip: Option<Chip>,
 ) -> Result<Vec<Device>, String> {
     let all: Vec<Device> = offers.iter().flat_map(|o| o.devices.clone()).collect();
-    let chip = chip_of_devices(&all).map_err(|e| error_chain(&e))?;
+    let chip = match chip {
+        Some(chip) => chip,
+        None => chip_of_devices(&all).map_err(|e| error_chain(&e))?,
+    };
     let hosts: Vec<HostDevices> = offers
         .into_iter()
         .map(|o| HostDevices {

@@ -929,7 +929,7 @@ fn table_policy(launch: &Launch<'_>) -> TablePolicy {
                 ServerOrder::ServerId => RankOrder::ServerId,
                 ServerOrder::Hosts => RankOrder::Hosts(Vec::new()),
             },
-            chip: None,
+            chip: args.chip,
         },
         shrink: launch.shrink.clone(),
     }

@@ -426,6 +426,7 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
         (args.discovery.devices.is_some(), "--devices"),
         (args.discovery.sim_ipv6, "--sim-ipv6"),
         (args.discovery.sim_chip != "910", "--sim-chip"),
+        (args.chip.is_some(), "--chip"),
         (args.ssh_port.is_some(), "--ssh-port"),
         (args.ssh_identity.is_some(), "--ssh-identity"),
         (args.bind_cores, "--bind-cores"),

@@ -2971,3 +2971,44 @@ fn devices_leaves_out_a_device_whose_driver_calls_fail() {
     .expect_code(FAILURE)
     .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
 }
+
+/// `run --chip` picks the table's rules where the devices report no chip (hccn.conf's read as
+/// 910): four devices across the 0-3 / 4-7 groups are refused under the 910 rules and run
+/// under the 910B's; `--mpi`, whose workers' init() writes the table, refuses it.
+#[test]
+fn run_chip_picks_the_rules_of_the_table() {
+    let dir = tempdir();
+    let conf = dir.path().join("hccn.conf");
+    let text: String = (0..8)
+        .map(|i| format!("address_{i}=10.1.0.{}\n", i + 1))
+        .collect();
+    std::fs::write(&conf, text).unwrap();
+    let conf = conf.to_str().unwrap();
+    let args = |chip: &[&'static str]| {
+        let mut a = vec![
+            "run",
+            "-q",
+            "--probe",
+            "hccn",
+            "--hccn-conf",
+            conf,
+            "--devices",
+            "2-5",
+        ];
+        a.extend_from_slice(chip);
+        a.extend_from_slice(&["--", "sh", "-c", "echo ran"]);
+        a
+    };
+    run(dir.path(), &args(&[]))
+        .expect_code(FAILURE)
+        .stderr_has(&["crosses-groups"]);
+    let out = run(dir.path(), &args(&["--chip", "910b"]));
+    out.expect_code(SUCCESS);
+    assert_eq!(out.stdout.matches("ran").count(), 4, "{}", out.stdout);
+    run(
+        dir.path(),
+        &["run", "--mpi", "--sim", "2", "--chip", "910b", "--", "true"],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--chip cannot be used with --mpi"]);
+}
