@@ -68,10 +68,42 @@ pub fn build_table_checked(
         Format::V1_0 | Format::V1_2 => cluster_table(&servers, opts.format)?,
         Format::Legacy => legacy_table(&servers),
     };
-    let warnings = errors_fail(validate_table(&table, chip), || {
+    let mut violations = validate_table(&table, chip);
+    name_hosts_and_devices(&table, &mut violations);
+    let warnings = errors_fail(violations, || {
         "the rank table built from the probed devices".into()
     })?;
     Ok((table, warnings))
+}
+
+/// A table built from probes is written nowhere yet, so a JSON path alone names nothing the
+/// user can look up: each violation at `$.server_list[i]` (`.device[j]`) also names its host
+/// and physical device.
+fn name_hosts_and_devices(table: &RankTable, violations: &mut [super::Violation]) {
+    let RankTable::Cluster(t) = table else {
+        return;
+    };
+    let index = |rest: &str, key: &str| -> Option<(usize, usize)> {
+        let rest = rest.strip_prefix(key)?.strip_prefix('[')?;
+        let end = rest.find(']')?;
+        Some((rest[..end].parse().ok()?, key.len() + end + 2))
+    };
+    for v in violations.iter_mut() {
+        let Some((i, used)) = index(v.path.strip_prefix("$.").unwrap_or(""), "server_list") else {
+            continue;
+        };
+        let Some(server) = t.server_list.get(i) else {
+            continue;
+        };
+        let rest = v.path.strip_prefix("$.").unwrap_or("")[used..]
+            .strip_prefix('.')
+            .unwrap_or("");
+        let device = index(rest, "device").and_then(|(j, _)| server.device.get(j));
+        v.message.push_str(&match device {
+            Some(d) => format!(" (host {}, device {})", server.server_id, d.device_id),
+            None => format!(" (host {})", server.server_id),
+        });
+    }
 }
 
 /// The chip family all devices agree on (910 when there are none).
@@ -343,6 +375,43 @@ fn ip_text(ip: IpAddr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::Health;
+
+    /// A table built from probed devices is written nowhere: its errors name the host and the
+    /// physical device, not only a JSON path (whose server order is by server id).
+    #[test]
+    fn a_built_tables_errors_name_the_host_and_device() {
+        let device = |server: &str, physical: u32, ip: Option<[u8; 4]>| Device {
+            server_id: server.into(),
+            logical_id: physical,
+            physical_id: physical,
+            ip: ip.map(IpAddr::from),
+            chip: "910".into(),
+            health: Health::Healthy,
+            super_device_id: None,
+            super_pod_id: None,
+        };
+        let devices = [
+            device("127.0.0.2", 2, Some([10, 0, 2, 2])),
+            device("127.0.0.2", 3, Some([10, 0, 2, 3])),
+            device("127.0.0.10", 2, Some([10, 0, 10, 2])),
+            device("127.0.0.10", 3, None),
+        ];
+        let opts = BuildOptions {
+            format: Format::V1_0,
+            order: RankOrder::ServerId,
+            chip: None,
+        };
+        let Err(Error::Invalid { violations, .. }) = build_table_checked(&devices, &opts) else {
+            panic!("a device without an address between servers is refused");
+        };
+        let v: Vec<String> = violations.iter().map(ToString::to_string).collect();
+        assert!(
+            v.iter().any(|v| v.starts_with("$.server_list[0].device[1]")
+                && v.contains("(host 127.0.0.10, device 3)")),
+            "{v:?}"
+        );
+    }
 
     #[test]
     fn fast_formatting_matches_display() {
