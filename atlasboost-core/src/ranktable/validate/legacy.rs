@@ -6,6 +6,9 @@ use std::net::IpAddr;
 use super::super::node::Node;
 use super::{Families, Loc, Rule, SeenDevice, Validator, items};
 
+
+/// The highest `device_id` HCCL's cloud-mode (legacy) parser takes.
+const LEGACY_MAX_DEVICE_ID: u32 = 7;
 impl Validator {
     /// The legacy `group_list` format.
     pub(super) fn legacy<'a, N: Node<'a>>(&mut self, top: N) {
@@ -117,6 +120,22 @@ impl Validator {
         }
         let mut counts = Vec::new();
         for (sid, list_path, devices) in &per_server {
+            // HCCL's cloud-mode parser takes device ids up to 7 whatever the chip (a chip that
+            // allows fewer says so itself, in `server_topology`).
+            if self.chip.max_device_id() > LEGACY_MAX_DEVICE_ID {
+                for d in devices {
+                    if let Some(id) = d.id.filter(|&id| id > LEGACY_MAX_DEVICE_ID) {
+                        self.push(
+                            d.loc.key("device_id"),
+                            Rule::DeviceIdRange,
+                            format!(
+                                "device_id {id} is above {LEGACY_MAX_DEVICE_ID}, the highest \
+                                 the legacy (cloud) format takes"
+                            ),
+                        );
+                    }
+                }
+            }
             self.server_topology(devices, list_path, sid);
             counts.push((list_path.clone(), sid.clone(), devices.len()));
         }
