@@ -109,6 +109,13 @@ int atlasboost_init(const char *frame);
 int atlasboost_rank(void);
 
 /**
+ * The rank the launcher gave this process (mpirun's, torchrun's `RANK`, Slurm's), which
+ * `atlasboost_rank()` may differ from (SPEC §10: `mpi_rank()`). Returns it (>= 0) or
+ * ATLASBOOST_ERR_NOT_INITIALIZED.
+ */
+int atlasboost_launcher_rank(void);
+
+/**
  * The number of processes in the job (the table's number of devices). Returns the size (>= 1)
  * or ATLASBOOST_ERR_NOT_INITIALIZED.
  */

@@ -305,6 +305,14 @@ pub extern "C" fn atlasboost_rank() -> c_int {
     query(|job| job.world.rank)
 }
 
+/// The rank the launcher gave this process (mpirun's, torchrun's `RANK`, Slurm's), which
+/// `atlasboost_rank()` may differ from (SPEC §10: `mpi_rank()`). Returns it (>= 0) or
+/// ATLASBOOST_ERR_NOT_INITIALIZED.
+#[unsafe(no_mangle)]
+pub extern "C" fn atlasboost_launcher_rank() -> c_int {
+    query(|job| job.launcher_rank)
+}
+
 /// The number of processes in the job (the table's number of devices). Returns the size (>= 1)
 /// or ATLASBOOST_ERR_NOT_INITIALIZED.
 #[unsafe(no_mangle)]
@@ -406,13 +414,13 @@ pub extern "C" fn atlasboost_finalize() -> c_int {
 /// Returns 1 when a launcher listens (`ATLASBOOST_HEARTBEAT_FILE` is set), 0 when nobody does.
 #[unsafe(no_mangle)]
 pub extern "C" fn atlasboost_heartbeat() -> c_int {
-    c_int::from(atlasboost_lib::progress::heartbeat(None))
+    call_int(|| Ok(c_int::from(atlasboost_lib::progress::heartbeat(None))))
 }
 
 /// `atlasboost_heartbeat()`, also giving the training step the launcher shows for this rank.
 #[unsafe(no_mangle)]
 pub extern "C" fn atlasboost_heartbeat_step(step: std::ffi::c_longlong) -> c_int {
-    c_int::from(atlasboost_lib::progress::heartbeat(Some(step)))
+    call_int(|| Ok(c_int::from(atlasboost_lib::progress::heartbeat(Some(step)))))
 }
 
 /// The message of the calling thread's last error: of its last atlasboost call, if that call

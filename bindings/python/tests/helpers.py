@@ -152,6 +152,7 @@ report = {
     "local_rank": atlasboost.local_rank(),
     "local_size": atlasboost.local_size(),
     "launcher_rank": atlasboost.launcher_rank(),
+    "mpi_rank": atlasboost.mpi_rank(),
     "device_id": atlasboost.device_id(),
     "rank_table_file": atlasboost.rank_table_file(),
     "env": {name: env.get(name) for name in (

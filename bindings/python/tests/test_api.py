@@ -27,6 +27,7 @@ QUERIES = [
     "local_rank",
     "local_size",
     "launcher_rank",
+    "mpi_rank",
     "device_id",
     "rank_table_file",
 ]

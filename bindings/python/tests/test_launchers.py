@@ -86,6 +86,7 @@ def test_under_mpirun(tmp_path: Path, worker: Path) -> None:
     assert sorted(int(rep["env"]["OMPI_COMM_WORLD_RANK"]) for rep in found) == [0, 1, 2, 3]
     for rep in found:
         assert rep["launcher_rank"] == int(rep["env"]["OMPI_COMM_WORLD_RANK"]), rep
+        assert rep["mpi_rank"] == rep["launcher_rank"], rep
     # Every process finalised MPI at exit (atexit shutdown): mpirun would complain otherwise.
     assert "exiting improperly" not in r.stderr, r.describe()
 

@@ -251,6 +251,11 @@ static int before_init(void) {
     check_code(atlasboost_local_rank(), ATLASBOOST_ERR_NOT_INITIALIZED,
                "local_rank() before init");
     check_error_mentions("call init() first", "local_rank()");
+    check_code(atlasboost_launcher_rank(), ATLASBOOST_ERR_NOT_INITIALIZED,
+               "launcher_rank() before init");
+    /* A call that succeeds clears the last error, heartbeat() too. */
+    check(atlasboost_heartbeat_step(3) == 0 && atlasboost_last_error() == NULL,
+          "heartbeat_step() after a failed call clears the last error");
     check_code(atlasboost_local_size(), ATLASBOOST_ERR_NOT_INITIALIZED,
                "local_size() before init");
     check_error_mentions("call init() first", "local_size()");
@@ -300,6 +305,7 @@ static int launched(void) {
     int rank_size = to_int("RANK_SIZE", need_env("RANK_SIZE"));
     int local_world_size = to_int("LOCAL_WORLD_SIZE", need_env("LOCAL_WORLD_SIZE"));
     int local_rank_env = to_int("LOCAL_RANK", need_env("LOCAL_RANK"));
+    int launcher_rank_env = to_int("RANK", need_env("RANK"));
     const char *server = need_env("ATLASBOOST_SERVER_ID");
     const char *physical = need_env("ATLASBOOST_PHYSICAL_ID");
     int rank_env = to_int("RANK_ID", rank_id);
@@ -332,6 +338,9 @@ static int launched(void) {
           atlasboost_size());
     check(atlasboost_local_rank() == local_rank_env, "local_rank() == LOCAL_RANK (%d, got %d)",
           local_rank_env, atlasboost_local_rank());
+    check(atlasboost_launcher_rank() == launcher_rank_env,
+          "launcher_rank() == the launcher's RANK (%d, got %d)", launcher_rank_env,
+          atlasboost_launcher_rank());
     check(atlasboost_local_size() == local_world_size,
           "local_size() == LOCAL_WORLD_SIZE (%d, got %d)", local_world_size,
           atlasboost_local_size());

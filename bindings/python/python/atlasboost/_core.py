@@ -177,6 +177,10 @@ def launcher_rank() -> int:
     return _native.launcher_rank()
 
 
+# The original tool's name (SPEC §10): the rank mpirun gave this process.
+mpi_rank = launcher_rank
+
+
 def device_id() -> int:
     """The logical id of this process's device (DEVICE_ID)."""
     return _native.device_id()
