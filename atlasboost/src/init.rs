@@ -367,7 +367,11 @@ pub fn init(opts: &InitOptions) -> Result<Job, InitError> {
     let framework = match opts.framework {
         Some(f) => f,
         None => match env(EnvVars::ATLASBOOST_FRAMEWORK) {
-            Some(name) => name.parse()?,
+            Some(name) => name.parse().map_err(|e| InitError::BadVariable {
+                variable: EnvVars::ATLASBOOST_FRAMEWORK,
+                value: name.clone(),
+                reason: error_chain(&e),
+            })?,
             None => Framework::default(),
         },
     };

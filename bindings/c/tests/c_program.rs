@@ -295,17 +295,21 @@ fn a_failed_init_returns_the_code_of_its_kind() {
     let program = compile_test_program();
     // A free port on loopback that nobody answers on: the rendezvous times out.
     let port = free_port_pair().to_string();
-    let cases: [(&str, &[(&str, &str)]); 3] = [
+    // Each with the words its message must hold (the variable to blame, where one is).
+    let cases: [(&str, &str, &[(&str, &str)]); 3] = [
         (
             "ATLASBOOST_ERR_CONFIG",
+            "ATLASBOOST_FRAMEWORK=caffe",
             &[("ATLASBOOST_FRAMEWORK", "caffe")],
         ),
         (
             "ATLASBOOST_ERR_LAUNCH_CONTEXT",
+            "MASTER_ADDR",
             &[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")],
         ),
         (
             "ATLASBOOST_ERR_RENDEZVOUS_TIMEOUT",
+            "no answer from the coordinator",
             &[
                 ("RANK", "1"),
                 ("WORLD_SIZE", "2"),
@@ -318,7 +322,7 @@ fn a_failed_init_returns_the_code_of_its_kind() {
             ],
         ),
     ];
-    for (code, env) in cases {
+    for (code, mentions, env) in cases {
         let mut cmd = Command::new(program);
         cmd.args(["init-fails", code]);
         for (k, v) in env {
@@ -327,7 +331,8 @@ fn a_failed_init_returns_the_code_of_its_kind() {
         run(cmd, dir.path())
             .assert_success()
             .assert_stdout_has(&format!("ok: init(NULL) returns {code}"))
-            .assert_stdout_has("test_init: init-fails: ");
+            .assert_stdout_has("test_init: init-fails: ")
+            .assert_stdout_has(mentions);
     }
 }
 

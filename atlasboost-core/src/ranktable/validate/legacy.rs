@@ -6,7 +6,6 @@ use std::net::IpAddr;
 use super::super::node::Node;
 use super::{Families, Loc, Rule, SeenDevice, Validator, items};
 
-
 /// The highest `device_id` HCCL's cloud-mode (legacy) parser takes.
 const LEGACY_MAX_DEVICE_ID: u32 = 7;
 impl Validator {
