@@ -194,6 +194,36 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
             names.join(", ")
         )));
     };
+    // RANK/WORLD_SIZE that disagree with the MPI launcher's own, without torchrun's run id: a
+    // torchrun started under mpirun sets `TORCHELASTIC_RUN_ID`; plain ones are more likely
+    // left over in the shell from another launch, and would make every rank the same one.
+    if family.launcher == Launcher::Torchrun
+        && get(EnvVars::TORCHELASTIC_RUN_ID).is_none()
+        && let Some(mpi) = present.iter().copied().find(|f| {
+            matches!(f.launcher, Launcher::OpenMpi | Launcher::Mpich)
+                && complete(f)
+                && (get(f.rank) != get(family.rank) || get(f.size) != get(family.size))
+        })
+    {
+        let show = |f: &Family| {
+            [f.rank, f.size]
+                .iter()
+                .map(|n| format!("{n}={}", get(n).unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(Error::LaunchEnv(format!(
+            "{} disagree with {}'s {}: left over from another launch? Unset {}, {} and {} \
+             (or, for a torchrun started by {}, let torchrun set them)",
+            show(family),
+            mpi.launcher,
+            show(mpi),
+            family.rank,
+            family.size,
+            family.local_rank,
+            mpi.launcher
+        )));
+    }
     // `atlasboost run`'s variables are inherited by whatever its worker starts. A torchrun or
     // mpirun started inside a worker numbers its own processes: when its rank or size
     // disagrees with atlasboost's, it is the inner launcher and wins.
@@ -410,6 +440,32 @@ mod tests {
         assert_eq!(first_slurm_host("a1"), Some("a1".into()));
         assert_eq!(first_slurm_host("x[3]"), Some("x3".into()));
         assert_eq!(first_slurm_host(""), None);
+    }
+
+    #[test]
+    fn torchs_variables_left_over_under_mpirun_are_refused_naming_both() {
+        let under_mpirun = [
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("LOCAL_RANK", "0"),
+        ];
+        let e = detect_in(&under_mpirun).unwrap_err().to_string();
+        assert!(
+            e.contains("RANK=0, WORLD_SIZE=1 disagree with")
+                && e.contains("OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=2"),
+            "{e}"
+        );
+        // A torchrun that mpirun started numbers its own workers: it wins.
+        let mut torchrun = under_mpirun.to_vec();
+        torchrun.push(("TORCHELASTIC_RUN_ID", "none"));
+        let c = detect_in(&torchrun);
+        assert_eq!(
+            c.ok().flatten().map(|c| (c.launcher, c.rank)),
+            Some((Launcher::Torchrun, 0))
+        );
     }
 
     #[test]
