@@ -296,7 +296,8 @@ fn a_failed_init_returns_the_code_of_its_kind() {
     // A free port on loopback that nobody answers on: the rendezvous times out.
     let port = free_port_pair().to_string();
     // Each with the words its message must hold (the variable to blame, where one is).
-    let cases: [(&str, &str, &[(&str, &str)]); 3] = [
+    type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+    let cases: [Case<'_>; 3] = [
         (
             "ATLASBOOST_ERR_CONFIG",
             "ATLASBOOST_FRAMEWORK=caffe",
