@@ -227,7 +227,12 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
     // `atlasboost run`'s variables are inherited by whatever its worker starts. A torchrun or
     // mpirun started inside a worker numbers its own processes: when its rank or size
     // disagrees with atlasboost's, it is the inner launcher and wins.
+    // (atlasboost's own must be numbers first: a malformed one is named below, not passed by.)
+    let is_number = |name: &str| get(name).is_some_and(|v| v.trim().parse::<u32>().is_ok());
     if family.launcher == Launcher::Atlasboost
+        && [family.rank, family.size, family.local_rank]
+            .iter()
+            .all(|n| is_number(n))
         && let Some(inner) = present.iter().copied().find(|f| {
             matches!(
                 f.launcher,
@@ -440,6 +445,21 @@ mod tests {
         assert_eq!(first_slurm_host("a1"), Some("a1".into()));
         assert_eq!(first_slurm_host("x[3]"), Some("x3".into()));
         assert_eq!(first_slurm_host(""), None);
+    }
+
+    #[test]
+    fn a_malformed_atlasboost_rank_is_named_even_beside_torchs_variables() {
+        let e = detect_in(&[
+            ("ATLASBOOST_RANK", "abc"),
+            ("ATLASBOOST_SIZE", "2"),
+            ("ATLASBOOST_LOCAL_RANK", "0"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("ATLASBOOST_RANK=abc is not a number"), "{e}");
     }
 
     #[test]
