@@ -735,16 +735,9 @@ fn a_command_not_found_under_mpi_is_the_ranks_failure() {
         .env("ATLASBOOST_MPIRUN", &fake)
         .args(["--", "/nonexistent/cmd"])
         .run();
-    f.assert_code(127);
-    let err = f.err();
-    assert!(
-        err.contains("/nonexistent/cmd")
-            && err.contains("command not found")
-            && err.contains("exit 127")
-            && !err.contains("lost")
-            && !err.contains("error: host"),
-        "{}",
-        f.describe()
+    f.assert_code(127).assert_err(
+        &["/nonexistent/cmd", "command not found", "exit 127"],
+        &["lost", "error: host"],
     );
 }
 

@@ -639,4 +639,21 @@ impl Finished {
         );
         self
     }
+
+    /// Asserts that stderr holds every one of `has` and none of `lacks`, showing everything
+    /// and naming the first text that is wrong when not.
+    ///
+    /// # Panics
+    ///
+    /// When one of `has` is missing, or one of `lacks` is there.
+    pub fn assert_err(&self, has: &[&str], lacks: &[&str]) -> &Finished {
+        let err = self.err();
+        if let Some(missing) = has.iter().find(|t| !err.contains(*t)) {
+            panic!("stderr lacks {missing:?}\n{}", self.describe());
+        }
+        if let Some(there) = lacks.iter().find(|t| err.contains(*t)) {
+            panic!("stderr holds {there:?}\n{}", self.describe());
+        }
+        self
+    }
 }

@@ -1545,17 +1545,15 @@ fn auto_takes_the_driver_then_hccn_conf() {
 
     let conf = dir.path().join("hccn.conf");
     std::fs::write(&conf, "address_0=10.1.0.1\naddress_1=10.1.0.2\n").unwrap();
-    let out = run_env(
-        dir.path(),
-        &[
-            "probe",
-            "--server-id",
-            "h",
-            "--hccn-conf",
-            conf.to_str().unwrap(),
-        ],
-        &[("LD_LIBRARY_PATH", "")],
-    );
+    let conf = conf.to_str().unwrap();
+    let probe_with_hccn_conf = |env: &[(&str, &str)]| {
+        run_env(
+            dir.path(),
+            &["probe", "--server-id", "h", "--hccn-conf", conf],
+            env,
+        )
+    };
+    let out = probe_with_hccn_conf(&[("LD_LIBRARY_PATH", "")]);
     out.expect_code(SUCCESS);
     assert!(
         out.stdout.contains("2 devices (hccn probe)"),
@@ -1565,17 +1563,7 @@ fn auto_takes_the_driver_then_hccn_conf() {
     // A driver library that is named (or found) but does not load is said, not replaced by
     // hccn.conf: those devices would have no health or chip of their own.
     for named in ["/etc/passwd", "/nonexistent/libdrvdsmi_host.so"] {
-        let out = run_env(
-            dir.path(),
-            &[
-                "probe",
-                "--server-id",
-                "h",
-                "--hccn-conf",
-                conf.to_str().unwrap(),
-            ],
-            &[("LD_LIBRARY_PATH", ""), ("ATLASBOOST_DSMI_LIB", named)],
-        );
+        let out = probe_with_hccn_conf(&[("LD_LIBRARY_PATH", ""), ("ATLASBOOST_DSMI_LIB", named)]);
         out.expect_code(FAILURE).stderr_has(&[
             "the Ascend driver cannot be used",
             named,
