@@ -196,12 +196,17 @@ fn kill_9_of_the_launcher_in_a_restarts_stop_phase_leaves_nothing() {
         .args(["--", "sh", "-c", STUBBORN])
         .timeout(Duration::from_secs(60))
         .spawn();
+    wait_for_the_stop(&mut launch);
+    kill_9_leaves_nothing(launch, "while it stopped the workers for a restart");
+}
+
+/// Until the launcher says it stops the others after rank 1's failure (at most 30 s).
+fn wait_for_the_stop(launch: &mut atlasboost_e2e::Launch) {
     launch.wait_for(
         "the stop after rank 1's failure",
         Duration::from_secs(30),
         |_, err| err.contains("stopping the other"),
     );
-    kill_9_leaves_nothing(launch, "while it stopped the workers for a restart");
 }
 
 /// `kill -9` of the launcher: within 10 s, no process of the launch is left.
@@ -362,11 +367,7 @@ fn ctrl_c_while_a_failed_attempt_stops_ends_the_job_without_a_restart() {
              i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"])
         .timeout(Duration::from_secs(60))
         .spawn();
-    launch.wait_for(
-        "the stop after rank 1's failure",
-        Duration::from_secs(30),
-        |_, err| err.contains("stopping the other"),
-    );
+    wait_for_the_stop(&mut launch);
     launch.signal(Signal::SIGINT);
     let r = launch.wait_at_most(Duration::from_secs(10));
     r.assert_code(130)

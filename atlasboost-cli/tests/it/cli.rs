@@ -2924,40 +2924,20 @@ fn devices_leaves_out_a_device_whose_driver_calls_fail() {
         ),
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let out = run_env(
-        dir.path(),
-        &[
-            "run",
-            "-q",
-            "--probe",
-            "dsmi",
-            "--devices",
-            "0-3",
-            "--",
-            "sh",
-            "-c",
-            "echo $DEVICE_ID",
-        ],
-        &env,
-    );
+    let on = |devices: &str| {
+        let args = ["run", "-q", "--probe", "dsmi", "--devices", devices, "--"];
+        run_env(
+            dir.path(),
+            &[&args[..], &["sh", "-c", "echo $DEVICE_ID"]].concat(),
+            &env,
+        )
+    };
+    let out = on("0-3");
     out.expect_code(SUCCESS);
     assert_eq!(out.stdout.lines().count(), 4, "{}", out.stdout);
-    run_env(
-        dir.path(),
-        &[
-            "run",
-            "-q",
-            "--probe",
-            "dsmi",
-            "--devices",
-            "4-7",
-            "--",
-            "true",
-        ],
-        &env,
-    )
-    .expect_code(FAILURE)
-    .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
+    on("4-7")
+        .expect_code(FAILURE)
+        .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
 }
 
 /// `run --chip` picks the table's rules where the devices report no chip (hccn.conf's read as
