@@ -403,12 +403,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR", requires = "mpi")]
     pub rendezvous_addr: Option<std::net::IpAddr>,
 
-    /// The network interface of the hosts (a name, an IPv4 network such as 10.0.0.0/24, or an
-    /// address): this
+    /// The network interface of the hosts (a name, or an IPv4 network such as 10.0.0.0/24): this
     /// machine's server_id, MASTER_ADDR and --mpi's relays use it, and the workers get
     /// HCCL_IF_IP, HCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for it [default: on each host, the
     /// interface of its server_id].
-    #[arg(long, value_name = "NAME|CIDR|ADDR", value_parser = parse_nic)]
+    #[arg(long, value_name = "NAME|CIDR", value_parser = parse_nic)]
     pub nic: Option<NicChoice>,
 
     /// Bind each worker to its NPU's CPUs (the driver's DCMI affinity; else an even split of the

@@ -10,9 +10,14 @@
 //! When several families are set, the most specific launcher wins: `atlasboost run`, then
 //! torchrun (it usually runs inside another launcher's task, e.g. `srun torchrun ...`), then
 //! Open MPI and MPICH (under Slurm, their processes inherit `SLURM_*` from the daemon's task),
-//! then Slurm. Two refinements:
+//! then Slurm. Refinements:
 //! - `atlasboost run`'s variables are inherited by anything its workers start; a torchrun or
-//!   mpirun inside a worker wins when its rank or size differs from atlasboost's.
+//!   mpirun inside a worker wins when its rank or size differs from atlasboost's (once
+//!   atlasboost's own are numbers: a malformed one is an error).
+//! - torch's `RANK`/`WORLD_SIZE` that disagree with mpirun's (or MPICH's) own, without
+//!   torchrun's `TORCHELASTIC_RUN_ID`, are an error naming both: more likely left over in the
+//!   shell than set by a torchrun that mpirun started. (An mpirun started inside a torchrun
+//!   worker inherits the run id, and torch's variables win there as before.)
 //! - A family only partly set gives way to a complete one after it (`srun --mpi=pmi2` sets
 //!   `PMI_RANK` and `PMI_SIZE` beside srun's variables); alone, it is an error. Slurm counts as
 //!   set only with srun's per-task `SLURM_PROCID` or `SLURM_LOCALID`: `SLURM_NTASKS` alone is

@@ -242,8 +242,15 @@ impl DsmiProbe {
             let physical = self.physical_of(logical)?;
             match self.device(logical, physical) {
                 Ok(d) => devices.push(d),
-                // Not the job's device: its failing calls are not the job's failure.
-                Err(_) if self.only.as_ref().is_some_and(|o| !o.contains(&physical)) => {}
+                // Not the job's device: its failing calls are not the job's failure (unless
+                // the runtime's visible list names it, which needs it to map the others).
+                Err(_)
+                    if self.only.as_ref().is_some_and(|o| !o.contains(&physical))
+                        && self
+                            .visible
+                            .runtime
+                            .as_ref()
+                            .is_none_or(|ids| !ids.contains(&logical)) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -141,8 +141,12 @@ impl FromStr for NicChoice {
                 Err("an interface name (eth0) or a network (10.0.0.0/24)".into())
             }
             None => match s.parse::<Ipv4Addr>() {
-                // An address alone is the interface that has it.
-                Ok(net) => Ok(NicChoice::Network { net, prefix: 32 }),
+                // One host's address names no network the other hosts are on.
+                Ok(ip) => Err(format!(
+                    "{s:?} is one host's address: give the network every host is on \
+                     ({}/24, say) or the interface's name",
+                    Ipv4Addr::from(u32::from(ip) & 0xffff_ff00)
+                )),
                 Err(_) if s.contains(char::is_whitespace) => {
                     Err(format!("{s:?}: an interface name has no blanks"))
                 }
@@ -301,13 +305,11 @@ mod nic_tests {
     #[test]
     fn nic_choices_parse_names_and_networks() {
         assert_eq!("eth0".parse(), Ok(NicChoice::Name("eth0".into())));
-        // An address alone: the interface that has it.
-        assert_eq!(
-            "192.0.2.2".parse(),
-            Ok(NicChoice::Network {
-                net: Ipv4Addr::new(192, 0, 2, 2),
-                prefix: 32
-            })
+        // An address alone names no network: the error says what to give.
+        let e = "192.0.2.2".parse::<NicChoice>().unwrap_err();
+        assert!(
+            e.contains("one host's address") && e.contains("192.0.2.0/24"),
+            "{e}"
         );
         assert_eq!(
             "10.0.0.0/24".parse(),

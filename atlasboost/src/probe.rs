@@ -187,6 +187,17 @@ pub fn make_probe(
             // there (or named by ATLASBOOST_DSMI_LIB) and fails is said.
             let named =
                 std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB).is_some_and(|v| !v.is_empty());
+            let library_trouble = matches!(
+                dsmi,
+                DsmiError::NotFound { .. } | DsmiError::MissingSymbol { .. }
+            );
+            if !library_trouble {
+                // A malformed variable of the probe's, not the library: said as it is.
+                return Err(ProbeError::Dsmi {
+                    origin,
+                    source: dsmi,
+                });
+            }
             if named
                 || atlasboost_dsmi::library_candidates()
                     .iter()
@@ -288,7 +299,7 @@ pub fn telemetry_of(discovery: &Discovery, server_id: &str) -> Box<dyn Telemetry
         .unwrap_or_else(|_| Box::new(NoTelemetry))
 }
 
-/// The physical ids `--devices` (or `ATLASBOOST_DEVICES`) keeps, if it is given.
+/// The physical ids `--devices` keeps, if it is given.
 fn job_devices(discovery: &Discovery) -> Option<std::collections::BTreeSet<u32>> {
     discovery.devices.as_ref().map(|list| list.ids().collect())
 }

@@ -487,7 +487,8 @@ fn a_hung_attempt_names_its_stuck_rank() {
     let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 1 ]; then exit 0; fi; \
          if [ \"$RANK\" = 1 ]; then echo going quiet; exec sleep 60; fi; \
          i=0; while [ $i -lt 300 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done";
-    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "1", "--grace", "1"])
+    // (2 s: rank 0 would have to stall 1 s between its lines to be taken for stuck too.)
+    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "2", "--grace", "1"])
         .args(["--max-restarts", "1", "--restart-delay", "0"])
         .args(["--", "sh", "-c", worker])
         .timeout(Duration::from_secs(60))

@@ -236,6 +236,13 @@ fn groups_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
     by_group
 }
 
+/// Whether the main thread of `pid` has children (`true` when the kernel cannot say:
+/// `/proc/<pid>/task/<pid>/children` needs CONFIG_PROC_CHILDREN).
+fn has_children(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map_or(true, |list| !list.trim().is_empty())
+}
+
 /// The use of each group leader among `groups` alone.
 fn leaders_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
     groups
@@ -271,11 +278,12 @@ impl CpuClock {
             return Vec::new();
         }
         let groups: Vec<i32> = workers.iter().map(|&(_, pid)| pid).collect();
-        // The first sample comes as the workers start, when each group is its leader alone:
-        // its own stat, not a pass over every process of the host, on the launch's path.
-        let by_group = match self.last.is_empty() {
-            true => leaders_use(&groups),
-            false => groups_use(&groups),
+        // A pass over every process of the host only when some worker has children (a shell
+        // running the real work, a data loader's processes): else, as on the first sample when
+        // the workers start, each group is its leader alone.
+        let by_group = match !self.last.is_empty() && groups.iter().any(|&pid| has_children(pid)) {
+            true => groups_use(&groups),
+            false => leaders_use(&groups),
         };
         let now = Instant::now();
         let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)

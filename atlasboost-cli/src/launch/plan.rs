@@ -77,8 +77,12 @@ pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
     let bytes = std::fs::read(path)
         .map_err(|e| CliError::Usage(format!("cannot read hostfile {}: {e}", path.display())))?;
     let mut hosts = Vec::new();
+    // An editor's byte-order mark is not part of the first host's name.
+    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&bytes);
     for (n, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let origin = format!("{}:{}", path.display(), n + 1);
+        // A comment may be in any encoding: only what comes before it must be text.
+        let raw = raw.split(|&b| b == b'#').next().unwrap_or(raw);
         let Ok(raw) = std::str::from_utf8(raw) else {
             return Err(CliError::BadHost {
                 origin,
@@ -426,6 +430,16 @@ mod tests {
             .unwrap();
         let m = usage(parse_hostfile(f.path()).unwrap_err());
         assert!(m.contains(":3:") && m.contains("is not UTF-8"), "{m}");
+        // In a comment, or a byte-order mark, it is no matter.
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(b"\xef\xbb\xbf127.0.0.1 # n\xf6de 1\n127.0.0.2\n")
+            .unwrap();
+        let names: Vec<String> = parse_hostfile(f.path())
+            .unwrap()
+            .into_iter()
+            .map(|h| h.name)
+            .collect();
+        assert_eq!(names, ["127.0.0.1", "127.0.0.2"]);
 
         let mut f = tempfile::NamedTempFile::new().unwrap();
         writeln!(f, "# nothing").unwrap();

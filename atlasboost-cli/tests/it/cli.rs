@@ -2938,6 +2938,26 @@ fn devices_leaves_out_a_device_whose_driver_calls_fail() {
     on("4-7")
         .expect_code(FAILURE)
         .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
+    // An inherited ASCEND_RT_VISIBLE_DEVICES that lists the broken device needs it: the
+    // driver's error is said, not a device "this host does not have".
+    let mut listed = env.clone();
+    listed.push(("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"));
+    run_env(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--probe",
+            "dsmi",
+            "--devices",
+            "0-3",
+            "--",
+            "true",
+        ],
+        &listed,
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
 }
 
 /// `run --chip` picks the table's rules where the devices report no chip (hccn.conf's read as

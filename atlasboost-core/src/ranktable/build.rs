@@ -77,33 +77,49 @@ pub fn build_table_checked(
 }
 
 /// A table built from probes is written nowhere yet, so a JSON path alone names nothing the
-/// user can look up: each violation at `$.server_list[i]` (`.device[j]`) also names its host
-/// and physical device.
+/// user can look up: each violation at a server (`$.server_list[i]`, or a legacy table's
+/// `$.group_list[g].instance_list[i]`) or one of its devices also names its host and physical
+/// device.
 fn name_hosts_and_devices(table: &RankTable, violations: &mut [super::Violation]) {
-    let RankTable::Cluster(t) = table else {
-        return;
-    };
-    let index = |rest: &str, key: &str| -> Option<(usize, usize)> {
-        let rest = rest.strip_prefix(key)?.strip_prefix('[')?;
-        let end = rest.find(']')?;
-        Some((rest[..end].parse().ok()?, key.len() + end + 2))
-    };
     for v in violations.iter_mut() {
-        let Some((i, used)) = index(v.path.strip_prefix("$.").unwrap_or(""), "server_list") else {
-            continue;
-        };
-        let Some(server) = t.server_list.get(i) else {
-            continue;
-        };
-        let rest = v.path.strip_prefix("$.").unwrap_or("")[used..]
-            .strip_prefix('.')
-            .unwrap_or("");
-        let device = index(rest, "device").and_then(|(j, _)| server.device.get(j));
-        v.message.push_str(&match device {
-            Some(d) => format!(" (host {}, device {})", server.server_id, d.device_id),
-            None => format!(" (host {})", server.server_id),
-        });
+        let steps = path_indexes(&v.path);
+        let index = |key: &str| steps.iter().find(|(k, _)| k == key).map(|&(_, i)| i);
+        let found =
+            match table {
+                RankTable::Cluster(t) => index("server_list")
+                    .and_then(|i| t.server_list.get(i))
+                    .map(|server| {
+                        let device = index("device").and_then(|j| server.device.get(j));
+                        (&server.server_id, device.map(|d| &d.device_id))
+                    }),
+                RankTable::Legacy(t) => index("group_list")
+                    .and_then(|g| t.group_list.get(g))
+                    .and_then(|group| group.instance_list.get(index("instance_list")?))
+                    .map(|instance| {
+                        let device = index("devices").and_then(|j| instance.devices.get(j));
+                        (&instance.server_id, device.map(|d| &d.device_id))
+                    }),
+            };
+        match found {
+            Some((server, Some(device))) => {
+                v.message
+                    .push_str(&format!(" (host {server}, device {device})"));
+            }
+            Some((server, None)) => v.message.push_str(&format!(" (host {server})")),
+            None => {}
+        }
     }
+}
+
+/// The indexed steps of a JSON path: `$.group_list[0].instance_list[2].devices[1].device_id`
+/// gives `group_list` 0, `instance_list` 2, `devices` 1.
+fn path_indexes(path: &str) -> Vec<(String, usize)> {
+    path.split('.')
+        .filter_map(|step| {
+            let (key, rest) = step.split_once('[')?;
+            Some((key.to_string(), rest.strip_suffix(']')?.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The chip family all devices agree on (910 when there are none).
@@ -397,20 +413,29 @@ mod tests {
             device("127.0.0.10", 2, Some([10, 0, 10, 2])),
             device("127.0.0.10", 3, None),
         ];
-        let opts = BuildOptions {
-            format: Format::V1_0,
-            order: RankOrder::ServerId,
-            chip: None,
-        };
-        let Err(Error::Invalid { violations, .. }) = build_table_checked(&devices, &opts) else {
-            panic!("a device without an address between servers is refused");
-        };
-        let v: Vec<String> = violations.iter().map(ToString::to_string).collect();
-        assert!(
-            v.iter().any(|v| v.starts_with("$.server_list[0].device[1]")
-                && v.contains("(host 127.0.0.10, device 3)")),
-            "{v:?}"
-        );
+        for (format, path) in [
+            (Format::V1_0, "$.server_list[0].device[1]"),
+            (
+                Format::Legacy,
+                "$.group_list[0].instance_list[0].devices[1]",
+            ),
+        ] {
+            let opts = BuildOptions {
+                format,
+                order: RankOrder::ServerId,
+                chip: None,
+            };
+            let Err(Error::Invalid { violations, .. }) = build_table_checked(&devices, &opts)
+            else {
+                panic!("{format:?}: a device without an address between servers is refused");
+            };
+            let v: Vec<String> = violations.iter().map(ToString::to_string).collect();
+            assert!(
+                v.iter()
+                    .any(|v| v.starts_with(path) && v.contains("(host 127.0.0.10, device 3)")),
+                "{format:?}: {v:?}"
+            );
+        }
     }
 
     #[test]

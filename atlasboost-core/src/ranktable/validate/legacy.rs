@@ -123,7 +123,11 @@ impl Validator {
             // allows fewer says so itself, in `server_topology`).
             if self.chip.max_device_id() > LEGACY_MAX_DEVICE_ID {
                 for d in devices {
-                    if let Some(id) = d.id.filter(|&id| id > LEGACY_MAX_DEVICE_ID) {
+                    // (Above the chip's own highest, the chip's rule says so.)
+                    if let Some(id) = d
+                        .id
+                        .filter(|&id| id > LEGACY_MAX_DEVICE_ID && id <= self.chip.max_device_id())
+                    {
                         self.push(
                             d.loc.key("device_id"),
                             Rule::DeviceIdRange,
