@@ -2924,40 +2924,27 @@ fn devices_leaves_out_a_device_whose_driver_calls_fail() {
         ),
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let on = |devices: &str| {
+    let on = |devices: &str, env: &[(&str, &str)]| {
         let args = ["run", "-q", "--probe", "dsmi", "--devices", devices, "--"];
         run_env(
             dir.path(),
             &[&args[..], &["sh", "-c", "echo $DEVICE_ID"]].concat(),
-            &env,
+            env,
         )
     };
-    let out = on("0-3");
+    let out = on("0-3", &env);
     out.expect_code(SUCCESS);
     assert_eq!(out.stdout.lines().count(), 4, "{}", out.stdout);
-    on("4-7")
+    on("4-7", &env)
         .expect_code(FAILURE)
         .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
     // An inherited ASCEND_RT_VISIBLE_DEVICES that lists the broken device needs it: the
     // driver's error is said, not a device "this host does not have".
     let mut listed = env.clone();
     listed.push(("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"));
-    run_env(
-        dir.path(),
-        &[
-            "run",
-            "-q",
-            "--probe",
-            "dsmi",
-            "--devices",
-            "0-3",
-            "--",
-            "true",
-        ],
-        &listed,
-    )
-    .expect_code(FAILURE)
-    .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
+    on("0-3", &listed)
+        .expect_code(FAILURE)
+        .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
 }
 
 /// `run --chip` picks the table's rules where the devices report no chip (hccn.conf's read as
