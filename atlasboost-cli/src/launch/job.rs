@@ -218,6 +218,38 @@ pub(crate) struct AttemptRecord {
     pub exit_code: u8,
 }
 
+/// The `attempt_end` event of attempt `a` (docs/events.md).
+pub(crate) fn attempt_end_event(events: Option<&Events>, a: &AttemptRecord) {
+    events::emit(
+        events,
+        "attempt_end",
+        serde_json::json!({
+            "attempt": a.number,
+            "ended": a.ended,
+            "exit_code": a.exit_code,
+            "seconds": a.duration.as_secs_f64(),
+        }),
+    );
+}
+
+/// The `summary` event, the job's last: its exit code, how many attempts, how long.
+pub(crate) fn summary_event(
+    events: Option<&Events>,
+    exit_code: u8,
+    attempts: usize,
+    took: Duration,
+) {
+    events::emit(
+        events,
+        "summary",
+        serde_json::json!({
+            "exit_code": exit_code,
+            "attempts": attempts,
+            "seconds": took.as_secs_f64(),
+        }),
+    );
+}
+
 /// The `job_start` event: `np` when it is known before anything starts, `hosts` as the engine
 /// knows them (objects of `host`, `server_id`, `slots`, `local`), the rest from the settings.
 pub(crate) fn job_start_event(

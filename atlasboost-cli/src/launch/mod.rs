@@ -42,7 +42,7 @@ use self::channel::{AgentConfig, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
 use self::events::{EventLog, Events};
 use self::job::{
     AttemptRecord, check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table,
-    new_job_id, report, report_attempt, resolve_exports, worker_dir,
+    new_job_id, report, report_attempt, resolve_exports, summary_event, worker_dir,
 };
 use self::lifeline::CgroupWanted;
 use self::monitor::{HostMonitor, Metrics, MonitorPlan};
@@ -206,24 +206,16 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         // The first attempt could not go on (a table HCCL would refuse, a command not found):
         // the events still end the attempt and the job, and empty logs go.
         Err(e) => {
-            events::emit(
-                events.as_ref(),
-                "attempt_end",
-                serde_json::json!({
-                    "ended": atlasboost_core::exchange::error_chain(&e),
-                    "exit_code": e.exit_code(),
-                    "seconds": job.attempt_started.elapsed().as_secs_f64(),
-                }),
-            );
-            events::emit(
-                events.as_ref(),
-                "summary",
-                serde_json::json!({
-                    "exit_code": e.exit_code(),
-                    "attempts": 1,
-                    "seconds": started.elapsed().as_secs_f64(),
-                }),
-            );
+            // (Only the first attempt's errors come here: a restart's end the job itself.)
+            job.attempts.push(AttemptRecord {
+                number: 0,
+                layout: None,
+                duration: job.attempt_started.elapsed(),
+                ended: atlasboost_core::exchange::error_chain(&e),
+                exit_code: e.exit_code(),
+            });
+            attempt_end_event(&job);
+            summary_event(events.as_ref(), e.exit_code(), 1, started.elapsed());
             if let Some(l) = &logs {
                 l.forget_if_nothing_written();
             }
@@ -250,15 +242,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         written,
         printer,
     );
-    events::emit(
-        events.as_ref(),
-        "summary",
-        serde_json::json!({
-            "exit_code": code,
-            "attempts": job.attempts.len(),
-            "seconds": started.elapsed().as_secs_f64(),
-        }),
-    );
+    summary_event(events.as_ref(), code, job.attempts.len(), started.elapsed());
     Ok(code)
 }
 
@@ -361,11 +345,7 @@ fn run_attempts(
             printer.error(&format!(
                 "atlasboost: leaving {host} out of the restart: {why}"
             ));
-            events::emit(
-                job.events.as_ref(),
-                "host_left_out",
-                serde_json::json!({ "host": host, "why": why }),
-            );
+            host_left_out_event(job, host, why);
         }
         // The hosts have the decision and wait for their workers to start: they hear from
         // the launcher even while it is held writing to its console (the layout below, on a
@@ -603,6 +583,11 @@ fn leave_out(job: &mut JobState<'_>, host: &str, why: &str) {
         return;
     }
     job.lost.push(host.to_string());
+    host_left_out_event(job, host, why);
+}
+
+/// The `host_left_out` event: `host` takes no part in the attempt (docs/events.md).
+fn host_left_out_event(job: &JobState<'_>, host: &str, why: &str) {
     events::emit(
         job.events.as_ref(),
         "host_left_out",
@@ -667,16 +652,7 @@ fn end_restart(
 /// The `attempt_end` event of the job's last attempt.
 fn attempt_end_event(job: &JobState<'_>) {
     if let Some(a) = job.attempts.last() {
-        events::emit(
-            job.events.as_ref(),
-            "attempt_end",
-            serde_json::json!({
-                "attempt": a.number,
-                "ended": a.ended,
-                "exit_code": a.exit_code,
-                "seconds": a.duration.as_secs_f64(),
-            }),
-        );
+        job::attempt_end_event(job.events.as_ref(), a);
     }
 }
 

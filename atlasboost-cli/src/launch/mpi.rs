@@ -25,8 +25,9 @@ use atlasboost_tcp::Secret;
 use super::channel::{self, Ending, Up};
 use super::events::{self, EventLog};
 use super::job::{
-    check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table, new_job_id,
-    rendezvous_address, report, resolve_exports, worker_dir,
+    AttemptRecord, attempt_end_event, check_before_start, ending_of, host_json, job_logs,
+    job_start_event, lock_table, new_job_id, rendezvous_address, report, resolve_exports,
+    summary_event, worker_dir,
 };
 use super::lifeline::{self, CgroupWanted};
 use super::output::{JobLogDir, Output, OutputOptions};
@@ -218,17 +219,15 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         Ok(r) => (ending_of(r), r.exit_code),
         Err(e) => (error_chain(e), e.exit_code()),
     };
-    let seconds = started.elapsed().as_secs_f64();
-    events::emit(
-        events.as_ref(),
-        "attempt_end",
-        serde_json::json!({ "ended": ended, "exit_code": code, "seconds": seconds }),
-    );
-    events::emit(
-        events.as_ref(),
-        "summary",
-        serde_json::json!({ "exit_code": code, "attempts": 1, "seconds": seconds }),
-    );
+    let attempt = AttemptRecord {
+        number: 0,
+        layout: None,
+        duration: started.elapsed(),
+        ended,
+        exit_code: code,
+    };
+    attempt_end_event(events.as_ref(), &attempt);
+    summary_event(events.as_ref(), code, 1, attempt.duration);
     // No rank started (mpirun could not, or placed none): empty logs go.
     let none_started = result.as_ref().map_or(true, |r| {
         r.workers
