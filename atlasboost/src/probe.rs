@@ -185,8 +185,7 @@ pub fn make_probe(
             let path = hccn_conf(discovery);
             // hccn.conf stands in only where there is no driver at all: a library that is
             // there (or named by ATLASBOOST_DSMI_LIB) and fails is said.
-            let named =
-                std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB).is_some_and(|v| !v.is_empty());
+            let named = crate::settings::env_path(EnvVars::ATLASBOOST_DSMI_LIB).is_some();
             let library_trouble = matches!(
                 dsmi,
                 DsmiError::NotFound { .. } | DsmiError::MissingSymbol { .. }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use atlasboost_core::ranktable::{BuildOptions, Format, RankTable, build_table, chip_of_devices};
+use atlasboost_core::ranktable::{BuildOptions, Format, RankTable, build_table, chip_or_reported};
 use atlasboost_core::{Chip, DeviceList, DeviceProbe};
 
 use atlasboost::probe::{local_devices, make_probe};
@@ -63,10 +63,7 @@ pub fn local_table(
     chip: Option<Chip>,
 ) -> Result<(RankTable, Chip), CliError> {
     let devices = local_devices(probe, devices)?;
-    let chip = match chip {
-        Some(c) => c,
-        None => chip_of_devices(&devices)?,
-    };
+    let chip = chip_or_reported(chip, &devices)?;
     let table = build_table(
         &devices,
         &BuildOptions {

@@ -20,7 +20,7 @@ use atlasboost::settings::Discovery;
 use atlasboost_core::compact;
 use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
-    BuildOptions, HostDevices, RankOrder, RankTable, build_table_checked, chip_of_devices,
+    BuildOptions, HostDevices, RankOrder, RankTable, build_table_checked, chip_or_reported,
     largest_world,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
@@ -184,10 +184,7 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
             .map(|h| h.server_id.clone())
             .collect();
     }
-    let chip = match build.chip {
-        Some(chip) => chip,
-        None => chip_of_devices(&devices).map_err(|e| error_chain(&e))?,
-    };
+    let chip = chip_or_reported(build.chip, &devices).map_err(|e| error_chain(&e))?;
     let (table, warnings) = build_table_checked(&devices, &build).map_err(|e| error_chain(&e))?;
     let warnings = warnings.iter().map(ToString::to_string).collect();
     let first = table
@@ -328,10 +325,7 @@ fn replan(
     chip: Option<Chip>,
 ) -> Result<Vec<Device>, String> {
     let all: Vec<Device> = offers.iter().flat_map(|o| o.devices.clone()).collect();
-    let chip = match chip {
-        Some(chip) => chip,
-        None => chip_of_devices(&all).map_err(|e| error_chain(&e))?,
-    };
+    let chip = chip_or_reported(chip, &all).map_err(|e| error_chain(&e))?;
     let hosts: Vec<HostDevices> = offers
         .into_iter()
         .map(|o| HostDevices {

@@ -1201,8 +1201,10 @@ fn join(
             let said: Vec<String> = remote_index
                 .iter()
                 .zip(&remotes)
-                .filter(|&(&i, r)| reports[i].is_none() && r.err_tail() != "(nothing on stderr)")
-                .map(|(&i, r)| format!("{} said: {}", hosts[i].describe(), r.err_tail()))
+                .filter(|&(&i, _)| reports[i].is_none())
+                .filter_map(|(&i, r)| {
+                    Some(format!("{} said: {}", hosts[i].describe(), r.err_said()?))
+                })
                 .collect();
             let unconnected = remotes.iter().filter(|r| r.is_awaited()).count();
             break Err(CliError::Failure(

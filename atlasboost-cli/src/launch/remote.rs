@@ -627,6 +627,12 @@ impl Remote {
 
     /// ssh's last stderr lines, joined for a message (`(nothing on stderr)` if none).
     pub fn err_tail(&self) -> String {
+        self.err_said()
+            .unwrap_or_else(|| "(nothing on stderr)".into())
+    }
+
+    /// ssh's (and the agent's) last stderr lines, joined; `None` when it said nothing.
+    pub fn err_said(&self) -> Option<String> {
         let noise = String::from_utf8_lossy(&self.decoder.noise);
         let mut parts: Vec<String> = self.err_tail.joined().into_iter().collect();
         if let Some(version) = noise
@@ -646,11 +652,7 @@ impl Remote {
                 noise.trim()
             ));
         }
-        if parts.is_empty() {
-            "(nothing on stderr)".into()
-        } else {
-            parts.join(" | ")
-        }
+        (!parts.is_empty()).then(|| parts.join(" | "))
     }
 
     /// Whether the agent has greeted the launcher (so ssh and the remote atlasboost work).

@@ -77,7 +77,8 @@ impl Connect {
 /// of them at once, bounded by 5 s in all.
 pub fn plan(hosts: &[&str], ssh: &SshOptions) -> Vec<Connect> {
     let own = |why: &str| vec![Connect::Own(why.to_string()); hosts.len()];
-    if std::env::var_os(NODELAY_VAR).is_some_and(|v| v == "0") {
+    // (The launcher refused a malformed value before any host was planned.)
+    if crate::settings::switch(NODELAY_VAR, "").ok().flatten() == Some(false) {
         return own(&format!("{NODELAY_VAR}=0"));
     }
     // The connect runs where this process runs, so it must be this very program; a launcher

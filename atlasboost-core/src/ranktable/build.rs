@@ -59,10 +59,7 @@ pub fn build_table_checked(
     devices: &[Device],
     opts: &BuildOptions,
 ) -> Result<(RankTable, Vec<super::Violation>)> {
-    let chip = match opts.chip {
-        Some(c) => c,
-        None => chip_of_devices(devices)?,
-    };
+    let chip = chip_or_reported(opts.chip, devices)?;
     let servers = group_servers(devices, opts)?;
     let table = match opts.format {
         Format::V1_0 | Format::V1_2 => cluster_table(&servers, opts.format)?,
@@ -120,6 +117,19 @@ fn path_indexes(path: &str) -> Vec<(String, usize)> {
             Some((key.to_string(), rest.strip_suffix(']')?.parse().ok()?))
         })
         .collect()
+}
+
+/// The rules to apply: `chip` when the user chose one (`--chip`), else the chip the devices
+/// report ([`chip_of_devices`]).
+///
+/// # Errors
+///
+/// As [`chip_of_devices`].
+pub fn chip_or_reported(chip: Option<Chip>, devices: &[Device]) -> Result<Chip> {
+    match chip {
+        Some(chip) => Ok(chip),
+        None => chip_of_devices(devices),
+    }
 }
 
 /// The chip family all devices agree on (910 when there are none).

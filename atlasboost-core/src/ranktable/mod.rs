@@ -11,7 +11,9 @@ mod shrink;
 mod validate;
 mod write;
 
-pub use build::{BuildOptions, RankOrder, build_table, build_table_checked, chip_of_devices};
+pub use build::{
+    BuildOptions, RankOrder, build_table, build_table_checked, chip_of_devices, chip_or_reported,
+};
 pub use lock::{LockOwner, TableLock, TableLockError, lock_path};
 pub use merge::{MergeInput, merge_tables};
 pub use model::{
