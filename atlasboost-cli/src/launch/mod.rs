@@ -193,7 +193,6 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         first_size: None,
         first_local: Some(first_local),
         attempts: Vec::new(),
-        attempt_started: Instant::now(),
     };
     let outcome = run_attempts(&mut job, &signals, &mut lifeline, printer);
     lifeline.close();
@@ -206,16 +205,12 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         // The first attempt could not go on (a table HCCL would refuse, a command not found):
         // the events still end the attempt and the job, and empty logs go.
         Err(e) => {
-            // (Only the first attempt's errors come here: a restart's end the job itself.)
-            job.attempts.push(AttemptRecord {
-                number: 0,
-                layout: None,
-                duration: job.attempt_started.elapsed(),
-                ended: atlasboost_core::exchange::error_chain(&e),
-                exit_code: e.exit_code(),
-            });
-            attempt_end_event(&job);
-            summary_event(events.as_ref(), e.exit_code(), 1, started.elapsed());
+            summary_event(
+                events.as_ref(),
+                e.exit_code(),
+                job.attempts.len(),
+                started.elapsed(),
+            );
             if let Some(l) = &logs {
                 l.forget_if_nothing_written();
             }
@@ -269,8 +264,6 @@ struct JobState<'a> {
     /// The local hosts' reports for the first attempt, probed before the job's state existed.
     first_local: Option<LocalReports>,
     attempts: Vec<AttemptRecord>,
-    /// When the attempt under way began.
-    attempt_started: Instant,
 }
 
 /// How the last attempt ended.
@@ -294,7 +287,6 @@ fn run_attempts(
     let args = job.args;
     for attempt in 0..=args.max_restarts {
         let attempt_started = Instant::now();
-        job.attempt_started = attempt_started;
         if let Some(e) = &job.events {
             e.borrow_mut().set_attempt(attempt);
         }
@@ -337,7 +329,10 @@ fn run_attempts(
                 let record = (attempt, attempt_started, None);
                 return Ok(end_restart(job, record, &e, printer));
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                record_end(job, (attempt, attempt_started, None), &e);
+                return Err(e);
+            }
         };
         // A host whose probe fails now is left out of this attempt (the next one probes it
         // again), saying so.
@@ -511,7 +506,10 @@ fn run_attempts(
                 let record = (attempt, attempt_started, decided_layout);
                 return Ok(end_restart(job, record, &e, printer));
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                record_end(job, (attempt, attempt_started, decided_layout), &e);
+                return Err(e);
+            }
         };
         job.attempts.push(AttemptRecord {
             number: attempt,
@@ -636,17 +634,29 @@ fn end_restart(
     e: &CliError,
     printer: &Printer,
 ) -> Outcome {
-    let why = atlasboost_core::exchange::error_chain(e);
-    printer.error(&format!("error: {why}"));
+    printer.error(&format!(
+        "error: {}",
+        atlasboost_core::exchange::error_chain(e)
+    ));
+    record_end(job, (number, started, layout), e);
+    Outcome::Ended(e.exit_code())
+}
+
+/// Records attempt `number`, begun at `started`, as ended by `e` (with its layout if its table
+/// was decided), and says so in the events.
+fn record_end(
+    job: &mut JobState<'_>,
+    (number, started, layout): (u32, Instant, Option<String>),
+    e: &CliError,
+) {
     job.attempts.push(AttemptRecord {
         number,
         layout,
         duration: started.elapsed(),
-        ended: why,
+        ended: atlasboost_core::exchange::error_chain(e),
         exit_code: e.exit_code(),
     });
     attempt_end_event(job);
-    Outcome::Ended(e.exit_code())
 }
 
 /// The `attempt_end` event of the job's last attempt.
