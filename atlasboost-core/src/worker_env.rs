@@ -222,6 +222,17 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     })
 }
 
+/// Variables of [`worker_env`]'s `set` that a user may give every worker instead (`-x`): the
+/// job's name and meeting point, and Python's buffering. Every other one is the worker's seat
+/// in the table or the job's shape ([`set_from_the_table`]), so one value for every worker
+/// would contradict the table.
+pub const USER_MAY_SET: [&str; 4] = [
+    EnvVars::JOB_ID,
+    EnvVars::MASTER_ADDR,
+    EnvVars::MASTER_PORT,
+    EnvVars::PYTHONUNBUFFERED,
+];
+
 /// Whether [`worker_env`] sets `name` from the worker's seat in the table or the job's shape
 /// for `framework` (`RANK_ID`, `WORLD_SIZE`, `RANK_TABLE_FILE`, `POD_NAME` for TensorFlow, ...):
 /// a launcher refuses to export such a name to every worker.
@@ -327,16 +338,6 @@ mod tests {
             master_port: 29500,
         }
     }
-
-    /// Variables of `worker_env`'s `set` that a user may give every worker instead (`-x`): the
-    /// job's name and meeting point, and Python's buffering. Every other one is the worker's seat
-    /// in the table or the job's shape, so one value for every worker would contradict the table.
-    const USER_MAY_SET: [&str; 4] = [
-        EnvVars::JOB_ID,
-        EnvVars::MASTER_ADDR,
-        EnvVars::MASTER_PORT,
-        EnvVars::PYTHONUNBUFFERED,
-    ];
 
     /// Every variable `worker_env` sets is either the user's to give (`USER_MAY_SET`) or
     /// refused by `set_from_the_table`, for each framework: a variable added to one list and

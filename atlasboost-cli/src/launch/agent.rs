@@ -571,15 +571,10 @@ pub fn host_workers(
                 }
             }
         }
-        // What the user exports wins over what atlasboost would set, except the devices'
-        // view, which must match the table (the launcher's own was composed into it above).
-        vars.extend(
-            settings
-                .env
-                .iter()
-                .filter(|(k, _)| k != EnvVars::ASCEND_RT_VISIBLE_DEVICES)
-                .cloned(),
-        );
+        // What the user exports wins over what atlasboost would set (the launcher refuses a
+        // `-x` of what it sets per worker), and the devices' view, which must match the table
+        // (the launcher's own was composed into it above), comes last, so that it wins.
+        vars.extend(settings.env.iter().cloned());
         vars.push((
             EnvVars::ASCEND_RT_VISIBLE_DEVICES.into(),
             visible.clone().into(),
@@ -1160,6 +1155,74 @@ mod tests {
             why.starts_with("host 127.0.0.2 sent a report atlasboost cannot read"),
             "{why}"
         );
+    }
+
+    /// The variables `host_workers` and `RankFiles::env` set for a worker, beside the table's
+    /// and those the user may give instead (`USER_MAY_SET`), are exactly those the launcher refuses in `-x` (`job::SET_BY_THE_LAUNCHER`): a variable
+    /// added to one and not the other would be either overridable by `-x` or refused for
+    /// nothing.
+    #[test]
+    fn the_variables_set_per_worker_are_the_ones_x_refuses() {
+        use crate::launch::job::{
+            SET_BY_THE_LAUNCHER, SET_BY_THE_LAUNCHER_FOR_TORCH, set_by_the_launcher,
+        };
+        use atlasboost_core::worker_env::{USER_MAY_SET, set_from_the_table};
+        let ip = "10.0.0.1";
+        let decision = decide(
+            &policy(vec![host(ip, None)], None, RankOrder::ServerId),
+            vec![report(ip, 8, 4000)],
+        )
+        .unwrap();
+        let (answer, table) = render_decision(&encode_decision(&decision)).unwrap();
+        let devices = SimProbe::new(ip, 8).probe().unwrap();
+        let files = RankFiles::create("variables-test").unwrap();
+        for framework in Framework::ALL {
+            let settings = WorkerSettings {
+                framework: framework.to_string(),
+                command: vec!["true".into()],
+                wdir: "/".into(),
+                rank_table: "/t.json".into(),
+                env: Vec::new(),
+                grace_ms: 1000,
+                restart_count: 1,
+                max_restarts: 3,
+                watch: true,
+                nic: None,
+                bind_cores: false,
+                monitor_ms: 0,
+            };
+            let part = HostPart {
+                server_id: ip,
+                host: ip,
+                seats: Seat::all(&table).unwrap(),
+                devices: &devices,
+                answer: &answer,
+            };
+            // Every default counts as inherited, so that only what is always set is left.
+            let workers = host_workers(part, &settings, "job", &|_| true).unwrap();
+            assert_eq!(workers.len(), 8);
+            for w in &workers {
+                let pytorch = framework == Framework::Pytorch;
+                let mut names: Vec<String> = w
+                    .env
+                    .iter()
+                    .chain(&files.env(w.rank, pytorch))
+                    .map(|(k, _)| k.to_string_lossy().into_owned())
+                    .filter(|k| {
+                        !set_from_the_table(k, framework) && !USER_MAY_SET.contains(&k.as_str())
+                    })
+                    .collect();
+                names.sort();
+                let mut expected: Vec<&str> = SET_BY_THE_LAUNCHER.to_vec();
+                if pytorch {
+                    expected.extend(SET_BY_THE_LAUNCHER_FOR_TORCH);
+                }
+                expected.sort_unstable();
+                assert_eq!(names, expected, "{framework}, rank {}", w.rank);
+                assert!(names.iter().all(|k| set_by_the_launcher(k, framework)));
+            }
+        }
+        files.remove();
     }
 
     #[test]

@@ -318,27 +318,31 @@ pub(crate) fn ending_of(result: &JobResult) -> String {
     }
 }
 
-/// Whether the launcher of its own launches (not `--mpi`) sets `name` for each worker: the
-/// devices it sees, which attempt it is, and the files of the watchdog and of recorded errors
-/// (torch's names too with `--framework pytorch`).
-fn set_by_the_launcher(name: &str, framework: Framework) -> bool {
-    [
-        // Each host's job devices, mapped to the table (choose them with --devices).
-        EnvVars::ASCEND_RT_VISIBLE_DEVICES,
-        EnvVars::ATLASBOOST_RESTART_COUNT,
-        EnvVars::ATLASBOOST_MAX_RESTARTS,
-        EnvVars::ATLASBOOST_HEARTBEAT_FILE,
-        EnvVars::ATLASBOOST_ERROR_FILE,
-        EnvVars::ATLASBOOST_STACK_FILE,
-    ]
-    .contains(&name)
-        || framework == Framework::Pytorch
-            && [
-                EnvVars::TORCHELASTIC_RESTART_COUNT,
-                EnvVars::TORCHELASTIC_MAX_RESTARTS,
-                EnvVars::TORCHELASTIC_ERROR_FILE,
-            ]
-            .contains(&name)
+/// The variables the launcher of its own launches (not `--mpi`) sets for each worker beside
+/// the table's (`set_from_the_table`): the devices it sees, which attempt it is, and the
+/// files of the watchdog and of recorded errors. `agent::host_workers` and
+/// `RankFiles::env` set them; a test there keeps the three in step.
+pub(crate) const SET_BY_THE_LAUNCHER: [&str; 6] = [
+    // Each host's job devices, mapped to the table (choose them with --devices).
+    EnvVars::ASCEND_RT_VISIBLE_DEVICES,
+    EnvVars::ATLASBOOST_RESTART_COUNT,
+    EnvVars::ATLASBOOST_MAX_RESTARTS,
+    EnvVars::ATLASBOOST_HEARTBEAT_FILE,
+    EnvVars::ATLASBOOST_ERROR_FILE,
+    EnvVars::ATLASBOOST_STACK_FILE,
+];
+
+/// Torch's names of the same, set with `--framework pytorch` only.
+pub(crate) const SET_BY_THE_LAUNCHER_FOR_TORCH: [&str; 3] = [
+    EnvVars::TORCHELASTIC_RESTART_COUNT,
+    EnvVars::TORCHELASTIC_MAX_RESTARTS,
+    EnvVars::TORCHELASTIC_ERROR_FILE,
+];
+
+/// Whether the launcher of its own launches sets `name` for each worker of `framework`.
+pub(crate) fn set_by_the_launcher(name: &str, framework: Framework) -> bool {
+    SET_BY_THE_LAUNCHER.contains(&name)
+        || framework == Framework::Pytorch && SET_BY_THE_LAUNCHER_FOR_TORCH.contains(&name)
 }
 
 /// The worker whose failure started the attempt's end: among the workers that failed of
