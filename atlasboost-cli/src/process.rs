@@ -1,6 +1,5 @@
-//! Processes: what `/proc` says of one (how the launcher tells its own children, and their
-//! identity, a pid and a start time, from strangers), and waiting for a helper program with a
-//! deadline.
+//! Helper programs (`scontrol`, `ssh -G`, `py-spy`): waiting for one with a deadline, and
+//! reading what it printed. What `/proc` says of a process is `atlasboost::process`.
 
 use std::io::Read;
 use std::process::{Child, ExitStatus};
@@ -28,35 +27,6 @@ pub fn wait_until(
             }
         }
     }
-}
-
-/// What `/proc/<pid>/stat` says of a process that atlasboost needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessStat {
-    /// Its name (`comm`, at most 15 bytes).
-    pub comm: String,
-    /// Its parent.
-    pub ppid: u32,
-    /// When it started, in clock ticks after boot (with the pid, it names the process for
-    /// good: a pid is reused, a pid and a start time are not).
-    pub start_time: u64,
-}
-
-/// `/proc/<pid>/stat` of process `pid`, if it is there and readable.
-pub fn process_stat(pid: u32) -> Option<ProcessStat> {
-    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
-}
-
-/// The name is in parentheses and may hold spaces and parentheses itself: the fields follow
-/// the last `)`. After it come the state (field 3), the parent (4), ..., the start time (22).
-fn parse_stat(stat: &str) -> Option<ProcessStat> {
-    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
-    let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
-    Some(ProcessStat {
-        comm: stat.get(open + 1..close)?.to_string(),
-        ppid: fields.get(1)?.parse().ok()?,
-        start_time: fields.get(19)?.parse().ok()?,
-    })
 }
 
 /// What a helper program printed, once it exited.
@@ -131,28 +101,6 @@ pub fn output_within(
         stdout: text(out)?,
         stderr: text(err)?,
     })
-}
-
-#[cfg(test)]
-mod stat_tests {
-    use super::*;
-
-    #[test]
-    fn the_fields_follow_the_last_parenthesis() {
-        let line = "4242 (a (b) c) S 17 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
-                    987654 12345 67 18446744073709551615";
-        assert_eq!(
-            parse_stat(line),
-            Some(ProcessStat {
-                comm: "a (b) c".into(),
-                ppid: 17,
-                start_time: 987_654
-            })
-        );
-        assert_eq!(parse_stat("4242 (x) S"), None);
-        let me = process_stat(std::process::id()).unwrap();
-        assert_eq!(me.ppid, std::os::unix::process::parent_id());
-    }
 }
 
 #[cfg(test)]

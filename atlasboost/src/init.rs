@@ -1540,15 +1540,11 @@ fn hydra_proxy() -> Option<(u32, u64)> {
     let mut pid = std::os::unix::process::parent_id();
     // Bounded: a worker started through a few shells is still found, a loop never runs.
     for _ in 0..16 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let (open, close) = (stat.find('(')?, stat.rfind(')')?);
-        let comm = &stat[open + 1..close];
-        // After the name: state, ppid, ... and the start time is field 22 (index 19 here).
-        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        if comm == "hydra_pmi_proxy" || comm == "pmi_proxy" {
-            return Some((pid, fields.get(19)?.parse().ok()?));
+        let stat = crate::process::process_stat(pid)?;
+        if stat.comm == "hydra_pmi_proxy" || stat.comm == "pmi_proxy" {
+            return Some((pid, stat.start_time));
         }
-        pid = fields.get(1)?.parse().ok()?;
+        pid = stat.ppid;
         if pid <= 1 {
             return None;
         }

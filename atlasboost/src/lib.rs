@@ -10,6 +10,7 @@
 //!   mode), a free port.
 //! - [`progress`]: what a worker tells its launcher beside its output: heartbeats for the hang
 //!   watchdog, the record of its failure.
+//! - [`process`]: what `/proc` says of this host's processes.
 //! - [`cores`]: CPU binding of a host's workers (`--bind-cores`, `ATLASBOOST_BIND_CORES`).
 //! - [`build_info`]: what this build has (MPI support).
 //!
@@ -23,6 +24,7 @@ pub mod cores;
 pub mod host;
 pub mod init;
 pub mod probe;
+pub mod process;
 pub mod progress;
 pub mod settings;
 

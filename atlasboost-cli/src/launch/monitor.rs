@@ -211,26 +211,11 @@ struct GroupUse {
 /// The use of each process group among `groups`, from one pass over `/proc`.
 fn groups_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
     let mut by_group: HashMap<i32, GroupUse> = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return by_group;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        if let Some((group, used)) = parse_group_use(&stat)
-            && groups.contains(&group)
-        {
-            let sum = by_group.entry(group).or_default();
-            sum.ticks += used.ticks;
-            sum.rss_pages += used.rss_pages;
+    for stat in atlasboost::process::pids().filter_map(atlasboost::process::process_stat) {
+        if groups.contains(&stat.pgrp) {
+            let sum = by_group.entry(stat.pgrp).or_default();
+            sum.ticks += stat.cpu_ticks;
+            sum.rss_pages += stat.rss_pages;
         }
     }
     by_group
@@ -248,26 +233,16 @@ fn leaders_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
     groups
         .iter()
         .filter_map(|&pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            parse_group_use(&stat).map(|(_, used)| (pid, used))
+            let stat = atlasboost::process::process_stat(u32::try_from(pid).ok()?)?;
+            Some((
+                pid,
+                GroupUse {
+                    ticks: stat.cpu_ticks,
+                    rss_pages: stat.rss_pages,
+                },
+            ))
         })
         .collect()
-}
-
-/// A `/proc/<pid>/stat` line's process group and use. After the command's closing
-/// parenthesis: state, ppid, pgrp, ..., utime (the 12th), stime, cutime, cstime, ..., rss
-/// (the 22nd).
-fn parse_group_use(stat: &str) -> Option<(i32, GroupUse)> {
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let field = |i: usize| fields.get(i)?.parse::<i64>().ok();
-    let ticks = (11..=14).map(field).sum::<Option<i64>>()?;
-    Some((
-        i32::try_from(field(2)?).ok()?,
-        GroupUse {
-            ticks: u64::try_from(ticks).unwrap_or(0),
-            rss_pages: u64::try_from(field(21)?).unwrap_or(0),
-        },
-    ))
 }
 
 impl CpuClock {
@@ -603,24 +578,6 @@ impl Drop for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_stat_line_gives_its_group_and_use_whatever_its_name() {
-        // comm may hold spaces and parentheses; fields 12-15 are the four CPU times.
-        let stat = "4242 (my (odd) name) S 1 4200 4200 0 -1 4194560 100 0 0 0 \
-                    7 3 2 1 20 0 1 0 12345 104857600 2560 18446744073709551615";
-        assert_eq!(
-            parse_group_use(stat),
-            Some((
-                4200,
-                GroupUse {
-                    ticks: 13,
-                    rss_pages: 2560
-                }
-            ))
-        );
-        assert_eq!(parse_group_use("4242 (cut) S 1"), None);
-    }
 
     /// A worker that is a shell running the real work: the sample counts the whole group, not
     /// the shell's own 1 MiB and 0 % (a child holding 64 MiB and spinning).

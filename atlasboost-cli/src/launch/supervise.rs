@@ -2745,14 +2745,9 @@ fn orphans(own: &[u32]) -> Vec<Pid> {
         // Without /proc/<pid>/task/<tid>/children (a kernel without CONFIG_PROC_CHILDREN):
         // every process's parent.
         let me = std::process::id();
-        std::fs::read_dir("/proc").map_or_else(
-            |_| Vec::new(),
-            |dir| {
-                dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                    .filter(|&pid| crate::process::process_stat(pid).is_some_and(|p| p.ppid == me))
-                    .collect()
-            },
-        )
+        atlasboost::process::pids()
+            .filter(|&pid| atlasboost::process::process_stat(pid).is_some_and(|p| p.ppid == me))
+            .collect()
     });
     children
         .into_iter()
