@@ -15,7 +15,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 
 use super::super::channel::Down;
-use super::super::output::{LineSplitter, Output, Tail};
+use super::super::output::{LineSplitter, Output};
 use super::super::relay::{DoorEvent, RelayDoor};
 use super::mpirun_state::{Headlines, Mpirun};
 use super::{
@@ -24,9 +24,6 @@ use super::{
 };
 use crate::error::CliError;
 use crate::exit::ExitCodes;
-
-/// How many of mpirun's last lines are kept.
-const MPIRUN_TAIL: usize = 10;
 
 /// What the launcher of `run --mpi` starts and watches ([`run_mpirun`]).
 #[derive(Debug)]
@@ -113,7 +110,6 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
             (out, LineSplitter::default()),
             (err, LineSplitter::default()),
         ],
-        tail: Tail::new(MPIRUN_TAIL),
         headlines: Headlines::default(),
         started: now,
         deadline: now + m.timeout,
@@ -214,7 +210,7 @@ impl Supervisor<'_> {
         };
         for l in lines {
             output.message(&l);
-            m.heard(l);
+            m.heard(&l);
         }
         open
     }

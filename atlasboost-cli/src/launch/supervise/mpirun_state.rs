@@ -9,7 +9,7 @@ use nix::sys::signal::killpg;
 use nix::unistd::Pid;
 
 use super::super::channel::Ending;
-use super::super::output::{LineSplitter, Tail};
+use super::super::output::LineSplitter;
 use super::super::relay::RelayDoor;
 
 /// mpirun, while the launcher of `run --mpi` watches it.
@@ -19,9 +19,8 @@ pub(super) struct Mpirun {
     pub(super) door: RelayDoor,
     /// Its stdout and stderr (its own messages: the ranks' output goes through the relays).
     pub(super) pipes: Vec<(OwnedFd, LineSplitter)>,
-    /// Its last lines, for the message when it fails on its own.
-    pub(super) tail: Tail,
-    /// What it said in brief: the lines outside its help blocks, and each block's first.
+    /// What it said in brief, for the message when it fails on its own: the lines outside
+    /// its help blocks, and each block's first paragraph.
     pub(super) headlines: Headlines,
     pub(super) started: Instant,
     /// When every relay must have connected.
@@ -44,14 +43,12 @@ impl Mpirun {
     pub(super) fn said(&self) -> String {
         self.headlines
             .joined()
-            .or_else(|| self.tail.joined())
             .unwrap_or_else(|| "(nothing)".into())
     }
 
     /// One more line of mpirun's own.
-    pub(super) fn heard(&mut self, line: String) {
-        self.headlines.push(&line);
-        self.tail.push(line);
+    pub(super) fn heard(&mut self, line: &str) {
+        self.headlines.push(line);
     }
 
     /// Its group's id, once, when its last process (mpirun, or a child of its such as an ssh
@@ -66,15 +63,15 @@ impl Mpirun {
 
 /// The gist of what mpirun says, for a message: Open MPI frames each message as a help block
 /// between two lines of dashes, whose first paragraph is its headline (`ORTE was unable to
-/// reliably start one or more daemons.`); a line outside the blocks (ssh's `Connection
-/// refused`) is one entry of its own. The last [`Headlines::KEEP`] entries are kept, each at
+/// reliably start one or more daemons.`), or its first paragraph with text in it; a line
+/// outside the blocks (ssh's `Connection refused`) is one entry of its own. The last [`Headlines::KEEP`] entries are kept, each at
 /// most [`Headlines::MAX_ENTRY`] bytes, so that the failure at the end is not pushed out by
 /// warnings at the start.
 #[derive(Debug, Default)]
 pub(super) struct Headlines {
     entries: std::collections::VecDeque<String>,
     in_block: bool,
-    /// Inside a block: its first paragraph is still being read.
+    /// Inside a block: its first paragraph with text is still being read.
     in_first_paragraph: bool,
 }
 
@@ -95,7 +92,8 @@ impl Headlines {
         }
         if self.in_block {
             if text.is_empty() {
-                self.in_first_paragraph = false;
+                // A paragraph ends at a blank line, once the block's entry has text.
+                self.in_first_paragraph &= self.entries.back().is_none_or(String::is_empty);
             } else if self.in_first_paragraph {
                 self.extend_entry(text);
             }
@@ -181,5 +179,18 @@ slots that were requested by the application:
              by the application:"
         );
         assert_eq!(Headlines::default().joined(), None);
+        // A block that opens with a blank line gives its first paragraph with text.
+        let mut h = Headlines::default();
+        for l in [
+            "-".repeat(20).as_str(),
+            "",
+            "mpirun was unable to launch.",
+            "",
+            "more",
+            "-",
+        ] {
+            h.push(l);
+        }
+        assert_eq!(h.joined().unwrap(), "mpirun was unable to launch.");
     }
 }
