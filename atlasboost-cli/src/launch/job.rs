@@ -345,6 +345,28 @@ pub(crate) fn set_by_the_launcher(name: &str, framework: Framework) -> bool {
         || framework == Framework::Pytorch && SET_BY_THE_LAUNCHER_FOR_TORCH.contains(&name)
 }
 
+/// How a worker's run ended, as the summary counts and shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// It exited 0.
+    Succeeded,
+    /// It failed of its own accord, its host was lost, or it never ran.
+    Failed,
+    /// The end of the attempt stopped it (SIGTERM, SIGKILL) before it ended by itself.
+    Stopped,
+    /// Under `--mpi`: mpirun never started it.
+    NotStarted,
+}
+
+fn fate(w: &WorkerResult) -> Fate {
+    match w.ending {
+        Some(Ending::NotStarted) => Fate::NotStarted,
+        Some(e) if e.code() == 0 => Fate::Succeeded,
+        Some(_) if w.stopped => Fate::Stopped,
+        _ => Fate::Failed,
+    }
+}
+
 /// The worker whose failure started the attempt's end: among the workers that failed of
 /// their own accord and recorded an error with a time, the earliest (their clocks, across
 /// hosts); else the first failure the launcher heard of. A worker that the stop's SIGTERM or
@@ -447,13 +469,14 @@ pub(crate) fn report(
         }
         return;
     };
-    let count = |f: &dyn Fn(&WorkerResult) -> bool| result.workers.iter().filter(|w| f(w)).count();
-    let not_started = |w: &WorkerResult| matches!(w.ending, Some(Ending::NotStarted));
-    let succeeded = count(&|w| w.ending.is_some_and(|e| e.code() == 0));
-    let stopped =
-        count(&|w| w.stopped && w.ending.is_some_and(|e| e.code() != 0) && !not_started(w));
-    let never = count(&not_started);
-    let failed = result.workers.len() - succeeded - stopped - never;
+    let fates: Vec<Fate> = result.workers.iter().map(fate).collect();
+    let count = |f: Fate| fates.iter().filter(|&&x| x == f).count();
+    let (succeeded, failed, stopped, never) = (
+        count(Fate::Succeeded),
+        count(Fate::Failed),
+        count(Fate::Stopped),
+        count(Fate::NotStarted),
+    );
     text.push_str(&format!(
         "atlasboost: {} finished in {:.2} s: {succeeded} succeeded, {failed} failed, {stopped} \
          stopped{}\n",
@@ -480,32 +503,28 @@ pub(crate) fn report(
         "rank", "host", "device", "status", "time"
     ));
     let full = result.workers.len() <= FULL_SUMMARY_MAX;
-    for w in &result.workers {
-        let status = match w.ending {
-            None => "not run".to_string(),
-            Some(e) if not_started(w) => e.describe(),
-            Some(e) if w.stopped && e.code() != 0 => format!("stopped ({})", e.describe()),
-            Some(e) => e.describe(),
-        };
+    for (w, fate) in result.workers.iter().zip(fates) {
         // Above the limit, only the failures: not the ranks that succeeded or were stopped.
-        let failure = match w.ending {
-            None => true,
-            Some(e) => not_started(w) || e.code() != 0 && !w.stopped,
-        };
-        if full || failure {
-            // A rank that never started (under --mpi) has no device or time to show.
-            let (device, time) = match not_started(w) {
-                true => ("-".to_string(), "-".to_string()),
-                false => (
-                    w.device.to_string(),
-                    format!("{:.2} s", w.run_time.as_secs_f64()),
-                ),
-            };
-            text.push_str(&format!(
-                "  {:>5}  {:<host_width$}  {device:>6}  {status:<20}  {time:>9}\n",
-                w.rank, w.host,
-            ));
+        if !full && matches!(fate, Fate::Succeeded | Fate::Stopped) {
+            continue;
         }
+        let status = match (fate, w.ending) {
+            (_, None) => "not run".to_string(),
+            (Fate::Stopped, Some(e)) => format!("stopped ({})", e.describe()),
+            (_, Some(e)) => e.describe(),
+        };
+        // A rank that never started (under --mpi) has no device or time to show.
+        let (device, time) = match fate {
+            Fate::NotStarted => ("-".to_string(), "-".to_string()),
+            _ => (
+                w.device.to_string(),
+                format!("{:.2} s", w.run_time.as_secs_f64()),
+            ),
+        };
+        text.push_str(&format!(
+            "  {:>5}  {:<host_width$}  {device:>6}  {status:<20}  {time:>9}\n",
+            w.rank, w.host,
+        ));
     }
     if !full {
         text.push_str(&match stopped {
