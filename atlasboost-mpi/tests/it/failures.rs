@@ -122,8 +122,9 @@ fn timeout_then_abort() {
     );
     check_timed_out(&run);
     // Open MPI's text on the abort comes from the aborting rank, and mpirun sometimes loses it
-    // when the job is torn down at once (Open MPI 4.1.4 then logs this error instead); the exit
-    // status is always there.
+    // when the job is torn down at once: Open MPI 4.1.4 then logs an error of its help-text
+    // code instead (seen: "Out of resource", "Data unpack would read past end of buffer");
+    // the exit status is always there.
     let out = run.output();
     match out.split("MPI_ABORT was invoked on rank ").nth(1) {
         Some(aborted) => {
@@ -138,8 +139,8 @@ fn timeout_then_abort() {
             );
         }
         None => assert!(
-            run.stderr
-                .contains("ORTE_ERROR_LOG: Out of resource in file ../../../orte/util/show_help.c"),
+            run.stderr.lines().any(|l| l.contains("ORTE_ERROR_LOG: ")
+                && l.ends_with("in file ../../../orte/util/show_help.c at line 501")),
             "neither Open MPI's text on the abort nor its error on losing it\n{run}"
         ),
     }
