@@ -85,7 +85,8 @@ def main():
         print(f"train.py: rank {rank}: cannot read rank table {table_path}: {e}", file=sys.stderr)
         return 2
 
-    print(f"rank {rank}/{size} on device {device} (table {table_path}, {servers} servers)", flush=True)
+    plural = "" if servers == 1 else "s"
+    print(f"rank {rank}/{size} on device {device} (table {table_path}, {servers} server{plural})", flush=True)
     local, world, job = (os.environ.get(v, "?") for v in ("LOCAL_RANK", "WORLD_SIZE", "JOB_ID"))
     print(f"local rank {local}, world size {world}, job {job}", flush=True)
 

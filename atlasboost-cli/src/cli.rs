@@ -165,7 +165,8 @@ pub struct DeviceArgs {
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
 
-    /// This server's id in the table [default: this host's primary IPv4 address].
+    /// This server's id, as a rank table names it (`probe` shows it) [default: this host's
+    /// primary IPv4 address].
     #[arg(long, value_name = "ID", value_parser = parse_server_id)]
     pub server_id: Option<String>,
 }
@@ -394,9 +395,10 @@ pub struct RunArgs {
     pub launcher: LauncherArg,
 
     /// Start the remote hosts' agents in a tree: the launcher, and each agent, opens at most K
-    /// ssh sessions (K at least the number of hosts: every session from the launcher).
-    #[arg(allow_negative_numbers = true, long, value_name = "K", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
-    pub fanout: u32,
+    /// ssh sessions (K at least the number of hosts: every session from the launcher)
+    /// [default: 32].
+    #[arg(allow_negative_numbers = true, long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub fanout: Option<u32>,
 
     /// With --mpi: the address the ranks' relays reach the launcher at [default: this machine's
     /// address on the route to the first remote host].

@@ -96,6 +96,9 @@ pub struct ValidateSettings {
     pub strict: bool,
 }
 
+/// The launch tree's width without `--fanout` (SPEC §14).
+pub const DEFAULT_FANOUT: usize = 32;
+
 /// `atlasboost run` (SPEC §5): the same options as the flags, resolved.
 #[derive(Debug, Clone)]
 pub struct RunSettings {
@@ -151,8 +154,8 @@ pub struct RunSettings {
     pub remote_atlasboost: Option<PathBuf>,
     /// `--rendezvous-addr`.
     pub rendezvous_addr: Option<IpAddr>,
-    /// `--fanout`: the launch tree's width (at least 1).
-    pub fanout: usize,
+    /// `--fanout`: the launch tree's width (at least 1), if given (else [`DEFAULT_FANOUT`]).
+    pub fanout: Option<usize>,
     /// `--launcher`.
     pub launcher: Engine,
     /// `--events FILE`.
@@ -275,7 +278,7 @@ impl From<&RunArgs> for RunSettings {
             ssh_identity: a.ssh_identity.clone(),
             remote_atlasboost: a.remote_atlasboost.clone(),
             rendezvous_addr: a.rendezvous_addr,
-            fanout: a.fanout as usize,
+            fanout: a.fanout.map(|k| k as usize),
             launcher: match a.launcher {
                 LauncherArg::Auto => Engine::Auto,
                 LauncherArg::Ssh => Engine::Ssh,

@@ -701,6 +701,22 @@ fn slurm_settings_are_checked_before_anything_starts() {
         .env("SLURM_JOB_NODELIST", "n[1-3]")
         .run();
     listed.assert_code(0);
+    // Options of atlasboost's own ssh sessions, where srun starts the agents, are refused.
+    for (flag, value) in [("--fanout", "2"), ("--ssh-port", "2222")] {
+        let over_srun = Run::new(["run", "--sim", "2", flag, value, "--", "true"])
+            .env("SLURM_JOB_ID", "7")
+            .env("SLURM_JOB_NODELIST", "n[1-3]")
+            .run();
+        over_srun.assert_code(2);
+        assert!(
+            over_srun.err().contains(&format!(
+                "{flag} applies to atlasboost's ssh sessions, and this launch opens none: srun \
+                 starts the agents"
+            )),
+            "{}",
+            over_srun.describe()
+        );
+    }
     let with_mpi = Run::new([
         "run",
         "--mpi",

@@ -22,7 +22,7 @@ use super::supervise::{JobResult, WorkerResult};
 use crate::commands::counted;
 use crate::error::CliError;
 use crate::printer::Printer;
-use crate::settings::{RunSettings, ServerOrder};
+use crate::settings::{DEFAULT_FANOUT, RunSettings, ServerOrder};
 
 /// Jobs with more workers than this get a shorter summary: counts and the failures only.
 pub(crate) const FULL_SUMMARY_MAX: usize = 64;
@@ -269,7 +269,7 @@ pub(crate) fn job_start_event(
             "framework": args.framework.to_string(),
             "rank_table": rank_table,
             "max_restarts": args.max_restarts,
-            "fanout": args.fanout,
+            "fanout": args.fanout.unwrap_or(DEFAULT_FANOUT),
         }),
     );
 }

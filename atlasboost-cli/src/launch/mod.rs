@@ -59,7 +59,7 @@ use crate::commands::counted;
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 use crate::printer::{Printer, to_stderr};
-use crate::settings::{Engine, RunSettings, ServerOrder};
+use crate::settings::{DEFAULT_FANOUT, Engine, RunSettings, ServerOrder};
 
 /// How much longer an agent waits for the launcher's answer than the launcher waits for the
 /// agents, so that a timeout is reported by the one that knows who is missing.
@@ -797,6 +797,31 @@ fn uses_slurm(args: &RunSettings) -> Result<bool, CliError> {
         )),
         Engine::Slurm => Ok(true),
     }
+    .and_then(|slurm| refuse_ssh_options(args, slurm).map(|()| slurm))
+}
+
+/// Options of atlasboost's own ssh sessions are refused, never ignored, when atlasboost opens
+/// none: under `--mpi` (mpirun reaches the hosts itself) and when srun starts the agents.
+fn refuse_ssh_options(args: &RunSettings, slurm: bool) -> Result<(), CliError> {
+    let given = [
+        (args.fanout.is_some(), "--fanout"),
+        (args.ssh_port.is_some(), "--ssh-port"),
+        (args.ssh_identity.is_some(), "--ssh-identity"),
+    ];
+    let Some((_, flag)) = given.iter().find(|(given, _)| *given) else {
+        return Ok(());
+    };
+    match (args.mpi, slurm) {
+        (true, _) => Err(CliError::Usage(format!(
+            "{flag} cannot be used with --mpi: mpirun starts the workers, reaching the hosts \
+             itself"
+        ))),
+        (false, true) => Err(CliError::Usage(format!(
+            "{flag} applies to atlasboost's ssh sessions, and this launch opens none: srun \
+             starts the agents (inside a Slurm allocation; --launcher ssh uses ssh instead)"
+        ))),
+        (false, false) => Ok(()),
+    }
 }
 
 /// The hosts of a launch under Slurm: the allocation's (or those of -H/--hostfile, as Slurm
@@ -1107,7 +1132,7 @@ fn join(
     }
     let tree = Tree {
         size: remote_index.len(),
-        fanout: args.fanout,
+        fanout: args.fanout.unwrap_or(DEFAULT_FANOUT),
     };
     let (mut remotes, mut step) = match launch.slurm {
         true => {

@@ -426,8 +426,6 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
         (args.discovery.sim_ipv6, "--sim-ipv6"),
         (args.discovery.sim_chip != "910", "--sim-chip"),
         (args.chip.is_some(), "--chip"),
-        (args.ssh_port.is_some(), "--ssh-port"),
-        (args.ssh_identity.is_some(), "--ssh-identity"),
         (args.bind_cores, "--bind-cores"),
     ];
     if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
@@ -774,10 +772,15 @@ mod tests {
             ("--devices", vec!["--devices", "0-3"]),
             ("--sim-chip", vec!["--sim", "8", "--sim-chip", "910b"]),
             ("--ssh-port", vec!["--ssh-port", "2222"]),
+            ("--fanout", vec!["--fanout", "2"]),
+            ("--chip", vec!["--chip", "910b"]),
         ] {
             let mut full = argv.clone();
             full.extend(["--", "w"]);
-            match refuse_unsupported(&run_args(&full)) {
+            let args = run_args(&full);
+            match refuse_unsupported(&args)
+                .and_then(|()| super::super::refuse_ssh_options(&args, false))
+            {
                 Err(CliError::Usage(m)) => {
                     assert!(
                         m.starts_with(&format!("{flag} cannot be used with --mpi")),
