@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use super::channel::Ending;
 use super::events::{self, Events};
 use super::output::JobLogDir;
-use super::plan::HostPlan;
+use super::plan::{HostPlan, ranks_named};
 use super::supervise::{JobResult, WorkerResult};
 use crate::commands::counted;
 use crate::error::CliError;
@@ -292,11 +292,7 @@ pub(crate) fn ending_of(result: &JobResult) -> String {
     if result.hang.is_some() {
         return match result.hung_ranks.as_slice() {
             [] => "hung (--hang-timeout)".into(),
-            [rank] => format!("hung (--hang-timeout): rank {rank} stuck"),
-            ranks => format!(
-                "hung (--hang-timeout): ranks {} stuck",
-                super::plan::id_ranges(ranks.iter().map(|&r| u64::from(r)), ", ")
-            ),
+            ranks => format!("hung (--hang-timeout): {} stuck", ranks_named(ranks)),
         };
     }
     if let Some(h) = &result.host_failure {

@@ -353,27 +353,23 @@ fn run_attempts(
         let mut decided_layout = None;
         let ran = (|| -> Result<(JobResult, String), CliError> {
             let workers = plan_workers(&launch, &joined)?;
-            let beyond: Vec<u64> = args
+            let beyond: Vec<u32> = args
                 .ranks
                 .iter()
                 .flat_map(|list| {
                     list.ranks
                         .iter()
-                        .map(|&r| u64::from(r))
-                        .filter(|&r| r >= workers.len() as u64)
+                        .copied()
+                        .filter(|&r| u64::from(r) >= workers.len() as u64)
                 })
                 .collect();
             if let Some(list) = &args.ranks
                 && !beyond.is_empty()
             {
                 let why = format!(
-                    "--ranks {}: {} {} {} not in this job of {} (0-{})",
+                    "--ranks {}: {} {} not in this job of {} (0-{})",
                     list.text,
-                    match beyond.len() {
-                        1 => "rank",
-                        _ => "ranks",
-                    },
-                    plan::id_ranges(beyond.iter().copied(), ", "),
+                    plan::ranks_named(&beyond),
                     match beyond.len() {
                         1 => "is",
                         _ => "are",

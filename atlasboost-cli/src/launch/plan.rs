@@ -293,6 +293,18 @@ pub struct Offer {
 
 pub use atlasboost::cores::{assign_cores, cpu_ranges, id_ranges};
 
+/// Ranks named in a sentence: `rank 3`, `ranks 0-3, 5`.
+pub fn ranks_named(ranks: &[u32]) -> String {
+    let mut distinct = ranks.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let list = id_ranges(distinct.iter().map(|&r| u64::from(r)), ", ");
+    match distinct.len() {
+        1 => format!("rank {list}"),
+        _ => format!("ranks {list}"),
+    }
+}
+
 /// Decides which devices run a worker: each host's first `slots` devices (all without slots),
 /// then, with `-n`, hosts are filled in order until `n` workers are placed (as mpirun maps by
 /// slot).
@@ -345,6 +357,13 @@ mod tests {
     use atlasboost_core::Health;
 
     use super::*;
+
+    #[test]
+    fn ranks_are_named_with_their_number_once_each() {
+        assert_eq!(ranks_named(&[3]), "rank 3");
+        assert_eq!(ranks_named(&[2, 2]), "rank 2");
+        assert_eq!(ranks_named(&[5, 0, 1, 2, 3]), "ranks 0-3, 5");
+    }
 
     fn usage(e: CliError) -> String {
         match e {

@@ -39,6 +39,7 @@ use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up};
 use super::lifeline::{self, Lifeline, ORIGINAL_FD_LIMIT};
 use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState};
 use super::output::{DrainFor, LineSplitter, Output};
+use super::plan::ranks_named;
 use super::rank_files::RankFiles;
 use super::remote::{Remote, is_below, top_of};
 use super::status::{self, HostLine};
@@ -1369,8 +1370,8 @@ impl<'a> Supervisor<'a> {
             if !d.waiting.is_empty() {
                 let ranks: Vec<u32> = d.waiting.iter().map(|&l| self.workers[l].rank).collect();
                 output.message(&format!(
-                    "atlasboost: no stacks came from rank {} in time",
-                    ranges(&ranks)
+                    "atlasboost: no stacks came from {} in time",
+                    ranks_named(&ranks)
                 ));
             }
             self.stop_for_hang(d.report, output);
@@ -1470,18 +1471,13 @@ impl<'a> Supervisor<'a> {
             )
         } else {
             format!(
-                "{} stuck while {} {} still {}:{report}",
+                "{} stuck while {} still {}:{report}",
                 if stuck.len() == 1 {
                     "one rank is"
                 } else {
                     "ranks are"
                 },
-                if progressing.len() == 1 {
-                    "rank"
-                } else {
-                    "ranks"
-                },
-                ranges(&progressing),
+                ranks_named(&progressing),
                 if progressing.len() == 1 {
                     "progresses"
                 } else {
@@ -2730,11 +2726,6 @@ fn watch_session<'a>(
         fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
         sources.push(Source::RemoteErr(h));
     }
-}
-
-/// Ranks as a short list: `0-3, 5, 7-8`.
-fn ranges(ranks: &[u32]) -> String {
-    super::plan::id_ranges(ranks.iter().map(|&r| u64::from(r)), ", ")
 }
 
 /// Processes whose parent is the launcher, other than `own` (the lifeline, ssh sessions):

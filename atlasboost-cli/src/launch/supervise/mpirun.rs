@@ -16,11 +16,12 @@ use nix::sys::signal::{Signal, killpg};
 
 use super::super::channel::Down;
 use super::super::output::{LineSplitter, Output};
+use super::super::plan::ranks_named;
 use super::super::relay::{DoorEvent, RelayDoor};
 use super::mpirun_state::{Headlines, Mpirun};
 use super::{
     DRAIN_AFTER_KILL, Ending, JobResult, Lifeline, MPIRUN, Role, RunPlan, Running, Signals,
-    Supervisor, WorkerPlan, ranges, spawn,
+    Supervisor, WorkerPlan, spawn,
 };
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -330,10 +331,9 @@ impl Supervisor<'_> {
         }
         if !never.is_empty() {
             let why = format!(
-                "mpirun ended with {}, but rank{} {} never started (mpirun said: {said})",
+                "mpirun ended with {}, but {} never started (mpirun said: {said})",
                 ending.describe(),
-                if never.len() == 1 { "" } else { "s" },
-                ranges(&never)
+                ranks_named(&never)
             );
             self.fail_job(MPIRUN, why, ExitCodes::FAILURE, output);
         }
@@ -353,10 +353,8 @@ impl Supervisor<'_> {
             return;
         }
         let why = format!(
-            "the relay of rank{} {} did not connect within {:.0?} of mpirun's start (mpirun \
-             said: {})",
-            if missing.len() == 1 { "" } else { "s" },
-            ranges(&missing),
+            "the relay of {} did not connect within {:.0?} of mpirun's start (mpirun said: {})",
+            ranks_named(&missing),
             m.deadline.saturating_duration_since(m.started),
             m.said()
         );
