@@ -2077,33 +2077,35 @@ impl<'a> Supervisor<'a> {
                     self.worker_ended(lane, ending, output);
                 }
             }
-            // A relay's failure is its rank's (under --mpi a relay is one rank, not a host):
-            // its worker could not start, or the relay could not run it.
-            Up::Failed { code, message } if matches!(&self.role, Role::Launcher(r) if r[h].relay_rank().is_some()) =>
-            {
-                let (rank, host) = match &mut self.role {
+            Up::Failed { code, message } => {
+                let relay = match &mut self.role {
                     Role::Launcher(remotes) => {
                         remotes[h].done = true;
-                        (
-                            remotes[h].relay_rank().unwrap_or_default(),
-                            remotes[h].host.clone(),
-                        )
+                        // The job is ending already: what an agent says is still news (Slurm
+                        // stopping the step, say, after its signal ended a worker).
+                        let relay = remotes[h]
+                            .relay_rank()
+                            .map(|r| (r, remotes[h].host.clone()));
+                        if relay.is_none()
+                            && (self.first_failure.is_some() || self.interrupted.is_some())
+                        {
+                            output.message(&format!(
+                                "atlasboost: host {}: {message}",
+                                remotes[h].host
+                            ));
+                        }
+                        relay
                     }
-                    Role::Agent(_) => unreachable!("the guard matched a launcher"),
+                    Role::Agent(_) => None,
                 };
-                output.message(&format!("atlasboost: rank {rank} (host {host}): {message}"));
-                if let Some(lane) = self.lane_of(h, rank) {
-                    self.worker_ended(lane, Ending::Exited(i32::from(code)), output);
-                }
-            }
-            Up::Failed { code, message } => {
-                if let Role::Launcher(remotes) = &mut self.role {
-                    remotes[h].done = true;
-                    // The job is ending already: what the agent says is still news (Slurm
-                    // stopping the step, say, after its signal ended a worker).
-                    if self.first_failure.is_some() || self.interrupted.is_some() {
-                        output.message(&format!("atlasboost: host {}: {message}", remotes[h].host));
+                // A relay's failure is its rank's (under --mpi a relay is one rank, not a
+                // host): its worker could not start, or the relay could not run it.
+                if let Some((rank, host)) = relay {
+                    output.message(&format!("atlasboost: rank {rank} (host {host}): {message}"));
+                    if let Some(lane) = self.lane_of(h, rank) {
+                        self.worker_ended(lane, Ending::Exited(i32::from(code)), output);
                     }
+                    return;
                 }
                 // An agent that failed ends the sessions of the agents below it.
                 let message = match self.lose_below(h, output).as_slice() {
