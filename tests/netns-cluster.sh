@@ -568,10 +568,53 @@ for _ in $(seq 100); do
 done
 [[ -z $left ]] || die "10 s after kill -9 of the launcher, processes are left:$left"
 
+# ---------------------------------------------------------------------------------------------
+# 11. This machine by a loopback name beside another machine (`-H $(hostname),node2` where the
+#     name resolves to 127.0.1.1): it is its bridge address in the table, and the other host's
+#     worker reaches MASTER_ADDR there (rank 0 listens on MASTER_PORT, rank 1 connects).
+# ---------------------------------------------------------------------------------------------
+cat >"$tmp/meet.py" <<'EOF'
+import os, socket, sys, time
+rank, addr, port = int(os.environ["RANK"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+print(f"rank {rank} server {os.environ['ATLASBOOST_SERVER_ID']} master {addr}", flush=True)
+if rank == 0:
+    with socket.create_server(("", port)) as s:
+        s.settimeout(30)
+        conn, _ = s.accept()
+        print("met", conn.recv(16).decode(), flush=True)
+else:
+    for _ in range(300):
+        try:
+            with socket.create_connection((addr, port), timeout=2) as c:
+                c.sendall(b"rank1")
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        sys.exit(f"rank {rank} never reached MASTER_ADDR {addr}:{port}")
+EOF
+mkdir -p "$tmp/work11"
+rc=0
+(
+    cd "$tmp"
+    unset ATLASBOOST_SSH_ALL_HOSTS
+    export ATLASBOOST_SSH_OPTIONS="-F $tmp/ssh/ssh_config"
+    exec timeout -k 10 120 "$bin" run --sim 1 -H "localhost,${ips[0]}" --wdir "$tmp/work11" \
+        -- python3 "$tmp/meet.py"
+) >"$tmp/loop.out" 2>"$tmp/loop.err" || rc=$?
+[[ $rc == 0 ]] || { show "$tmp/loop.out" "$tmp/loop.err"; die "the job of localhost and ${ips[0]} exited $rc"; }
+grep -q "host localhost (127.0.0.1) is this machine by a loopback address, which the other hosts cannot reach; it is $net.1 in the table" \
+    "$tmp/loop.err" || { show "$tmp/loop.err"; die "no notice that localhost is $net.1 in the table"; }
+grep -q "^\[0\]<stdout>:met rank1$" "$tmp/loop.out" &&
+    grep -q "^\[1\]<stdout>:rank 1 server ${ips[0]} master $net.1$" "$tmp/loop.out" ||
+    { show "$tmp/loop.out" "$tmp/loop.err"; die "rank 1 on ${ips[0]} did not meet rank 0 at $net.1"; }
+say "step 11: localhost beside ${ips[0]} is $net.1 in the table; MASTER_ADDR reached from ${ips[0]}"
+
 [[ ${NETNS_CLUSTER_VERBOSE:-} == 1 ]] && show "$tmp/run.out" "$tmp/run.err"
 say "ok: 12 ranks on 3 namespaced servers (${ips[*]:0:3}) over ssh;" \
     "one table, 12 identical copies, valid; a second job on a table path held on" \
     "${ips[1]} refused naming that host; a job that lost ${ips[2]}'s link went on with" \
     "8 ranks on the other two; --nic $net2.0/24 exported there; a launch tree of 6 servers" \
     "(fanout 2, depth 2) with one table everywhere and whole ordered lines, its interior agent's" \
-    "death named with its subtree in ${took} s, nothing left after kill -9; $((SECONDS - started)) s"
+    "death named with its subtree in ${took} s, nothing left after kill -9; this machine by" \
+    "localhost beside another host, reached at $net.1; $((SECONDS - started)) s"

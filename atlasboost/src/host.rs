@@ -288,6 +288,22 @@ pub fn server_id_hint(origin: Origin) -> String {
     format!("; {} {}", origin.verb(), origin.name(Setting::ServerId))
 }
 
+/// The address this machine sends from toward `target`: the source of its route there (no
+/// packet is sent).
+///
+/// # Errors
+///
+/// The system's, when no route leads there.
+pub fn address_toward(target: IpAddr) -> std::io::Result<IpAddr> {
+    let any: IpAddr = match target {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let socket = std::net::UdpSocket::bind((any, 0))?;
+    socket.connect((target, 9))?;
+    Ok(socket.local_addr()?.ip())
+}
+
 /// A port nobody listens on right now on `addr` (the kernel's pick), for `MASTER_PORT`; 0 if
 /// none.
 #[must_use]

@@ -115,13 +115,10 @@ pub(crate) fn rendezvous_address(
         .map_err(|_| CliError::NoHostAddress {
             host: remote.describe(),
         })?;
-    let ours = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
-        .and_then(|s| s.connect((target, 9)).and_then(|()| s.local_addr()))
-        .map_err(|source| CliError::NoRoute {
-            host: remote.describe(),
-            source,
-        })?
-        .ip();
+    let ours = atlasboost::host::address_toward(target).map_err(|source| CliError::NoRoute {
+        host: remote.describe(),
+        source,
+    })?;
     if ours.is_loopback() && !target.is_loopback() {
         return Err(CliError::LoopbackRoute {
             host: remote.describe(),

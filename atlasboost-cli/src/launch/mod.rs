@@ -889,7 +889,76 @@ fn plan_hosts(
             h.local = false;
         }
     }
+    reachable_by_the_others(&mut hosts, args.nic.as_ref(), printer)?;
     Ok(hosts)
+}
+
+/// This machine named by a loopback address (`-H $(hostname):8,node2:8` where the name
+/// resolves to 127.0.1.1, as Debian's /etc/hosts has it) beside hosts of other machines: they
+/// could reach neither its `server_id` nor a `MASTER_ADDR` there. It takes this machine's
+/// address toward them instead (`--nic`'s, else the one on the route to the first of them),
+/// and the launcher says so.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] when no such address is found, or when it is another host's.
+fn reachable_by_the_others(
+    hosts: &mut [HostPlan],
+    nic: Option<&atlasboost::host::NicChoice>,
+    printer: &Printer,
+) -> Result<(), CliError> {
+    let loopback = |h: &HostPlan| {
+        h.server_id
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+    };
+    let Some(other) = hosts.iter().find(|h| !h.local && !loopback(h)).cloned() else {
+        return Ok(());
+    };
+    let Some(at) = hosts.iter().position(|h| h.local && loopback(h)) else {
+        return Ok(());
+    };
+    let here = hosts[at].describe();
+    let toward = match nic {
+        Some(choice) => atlasboost::host::find_nic(choice)
+            .map(|n| n.ipv4)
+            .map_err(|error| format!("--nic {choice}: {error}")),
+        None => route_toward(&other.server_id)
+            .map_err(|why| format!("no address toward host {}: {why}", other.describe())),
+    }
+    .map_err(|why| {
+        CliError::Usage(format!(
+            "host {here} is this machine by a loopback address, which host {} cannot reach, \
+             and {why}; name this machine by an address the other hosts reach",
+            other.describe()
+        ))
+    })?;
+    let address = toward.to_string();
+    if let Some(twice) = hosts.iter().find(|h| h.server_id == address) {
+        return Err(CliError::Usage(format!(
+            "host {here} is this machine by a loopback address, and so is host {}: list each \
+             server once",
+            twice.describe()
+        )));
+    }
+    printer.status(&format!(
+        "atlasboost: host {here} is this machine by a loopback address, which the other hosts \
+         cannot reach; it is {address} in the table (this machine's address toward host {})",
+        other.describe()
+    ));
+    hosts[at].server_id = address;
+    Ok(())
+}
+
+/// This machine's address on the route to `host` (an IPv4 address), not loopback.
+fn route_toward(host: &str) -> Result<std::net::Ipv4Addr, String> {
+    let target: std::net::IpAddr = host
+        .parse()
+        .map_err(|_| format!("{host:?} is not an address"))?;
+    match atlasboost::host::address_toward(target).map_err(|e| e.to_string())? {
+        std::net::IpAddr::V4(ip) if !ip.is_loopback() => Ok(ip),
+        ip => Err(format!("the route leaves from {ip}")),
+    }
 }
 
 /// The launcher's variables that remote workers receive too (SPEC §9).
