@@ -123,6 +123,16 @@ pub enum CliError {
         /// ssh's (or the agent's) last lines.
         said: String,
     },
+    /// Hosts lost while the hosts were joining: one whose session ended, or those that did not
+    /// join in time; exit 125. A restart goes on without them.
+    #[error("{message}")]
+    HostsLost {
+        /// The hosts, as `HostPlan::describe` names them: not those below them in the launch
+        /// tree, reached through them, whom the message names too.
+        hosts: Vec<String>,
+        /// What happened, naming them.
+        message: String,
+    },
     /// A remote host's agent does not speak the protocol; exit 125.
     #[error("host {host}: its agent sent something that is not the protocol: {why}")]
     Protocol {
@@ -274,6 +284,7 @@ impl CliError {
             | CliError::Introduction { .. }
             | CliError::Ssh { .. }
             | CliError::HostLost { .. }
+            | CliError::HostsLost { .. }
             | CliError::Protocol { .. }
             | CliError::TableNotReported { .. }
             | CliError::NoWorkerDir { .. }

@@ -1393,6 +1393,86 @@ fn a_lost_host_is_left_out_and_the_job_continues_on_the_others() {
     sshd.assert_no_sessions(Duration::from_secs(10), "after the job");
 }
 
+/// A host that cannot be reached when a restart starts (its agent cannot start there now) is
+/// left out of the restart by name, and the others run it, as for a host whose probe fails.
+#[test]
+fn a_host_unreachable_at_a_restart_is_left_out_and_the_others_run_it() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-restart-unreachable");
+    let _cleanup = Cleanup(mark.clone());
+    let run = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "2", "-H", TWO_BY_TWO, "--grace", "2"],
+    );
+    let gone = run.dir().join("127.0.0.3-gone");
+    let unreachable = wrapper(
+        &run,
+        &format!(
+            "case \"$SSH_CONNECTION\" in *' 127.0.0.3 '*) [ -e '{}' ] && \
+             {{ echo 'no route to this host now' >&2; exit 255; }} ;; esac",
+            gone.display()
+        ),
+        false,
+    );
+    let worker = format!(
+        "echo \"ready attempt=$ATLASBOOST_RESTART_COUNT size=$RANK_SIZE \
+         server=$ATLASBOOST_SERVER_ID\"; \
+         if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ]; then \
+             if [ \"$RANK\" = 0 ]; then sleep 1; touch '{}'; exit 1; fi; sleep 60; fi",
+        gone.display()
+    );
+    let r = run
+        .args([
+            "--max-restarts",
+            "1",
+            "--restart-delay",
+            "0",
+            "--min-np",
+            "2",
+        ])
+        .args(["--events", "events.jsonl", "--remote-atlasboost"])
+        .args([&unreachable])
+        .args(["--", "sh", "-c", &worker])
+        .timeout(Duration::from_secs(90))
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "the restart runs on 127.0.0.2\n{ctx}");
+    let out = r.out();
+    let second: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("ready attempt=1"))
+        .collect();
+    assert_eq!(second.len(), 2, "two ranks on the host left\n{ctx}");
+    assert!(
+        second
+            .iter()
+            .all(|l| l.ends_with("size=2 server=127.0.0.2")),
+        "{ctx}"
+    );
+    let err = r.err();
+    assert!(
+        err.contains("host 127.0.0.3: ssh could not start atlasboost agent there")
+            && err.contains("no route to this host now")
+            && err.contains("leaving 127.0.0.3 out of the restart")
+            && err.contains("attempt 1: 2 ranks on 1 server (1 × 2)"),
+        "{ctx}"
+    );
+    let events = std::fs::read_to_string(r.dir().join("events.jsonl")).unwrap();
+    assert!(
+        events.lines().any(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).unwrap();
+            e["event"] == "host_left_out"
+                && e["host"] == "127.0.0.3"
+                && e["why"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("no route to this host now"))
+        }),
+        "{events}"
+    );
+    sshd.assert_no_sessions(Duration::from_secs(10), "after the job");
+}
+
 /// Without `--min-np`, a restart may not shrink: the job ends saying it would need to.
 #[test]
 fn a_lost_host_without_min_np_ends_the_job_saying_it_would_shrink() {

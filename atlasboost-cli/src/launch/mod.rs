@@ -266,6 +266,37 @@ struct JobState<'a> {
     attempts: Vec<AttemptRecord>,
 }
 
+impl<'a> JobState<'a> {
+    /// The hosts not left out.
+    fn live_hosts(&self) -> Vec<HostPlan> {
+        self.hosts
+            .iter()
+            .filter(|h| !self.lost.contains(&h.describe()))
+            .cloned()
+            .collect()
+    }
+
+    /// An attempt's launch over `live` hosts, with the restart's bounds after the first.
+    fn launch<'b>(&self, live: &'b [HostPlan], settings: &'b WorkerSettings) -> Launch<'b>
+    where
+        'a: 'b,
+    {
+        Launch {
+            args: self.args,
+            slurm: self.slurm,
+            hosts: live,
+            job_id: self.job_id,
+            settings,
+            shrink: self.first_size.map(|first| Shrink {
+                min: self.args.min_np.map_or(first as u64, u64::from),
+                min_given: self.args.min_np.is_some(),
+                max: first as u64,
+                left_out: self.lost.clone(),
+            }),
+        }
+    }
+}
+
 /// How the last attempt ended.
 enum Outcome {
     /// Its workers ran: their result.
@@ -291,30 +322,30 @@ fn run_attempts(
             e.borrow_mut().set_attempt(attempt);
         }
         events::emit(job.events.as_ref(), "attempt_start", serde_json::json!({}));
-        let live: Vec<HostPlan> = job
-            .hosts
-            .iter()
-            .filter(|h| !job.lost.contains(&h.describe()))
-            .cloned()
-            .collect();
         let mut settings = job.base.clone();
         settings.restart_count = attempt;
-        let shrink = job.first_size.map(|first| Shrink {
-            min: args.min_np.map_or(first as u64, u64::from),
-            min_given: args.min_np.is_some(),
-            max: first as u64,
-            left_out: job.lost.clone(),
-        });
-        let launch = Launch {
-            args,
-            slurm: job.slurm,
-            hosts: &live,
-            job_id: job.job_id,
-            settings: &settings,
-            shrink,
+        let mut probed = job.first_local.take();
+        // A restart goes on without the hosts lost while joining (unreachable now, an agent
+        // that died): each such host is left out and the others join again, as a host whose
+        // probe fails is. Bounded: every round leaves one host out at least.
+        let (live, joined) = loop {
+            let live = job.live_hosts();
+            let launch = job.launch(&live, &settings);
+            match join(&launch, probed.take(), signals, printer) {
+                Err(CliError::HostsLost { hosts, message }) if attempt > 0 => {
+                    printer.error(&format!(
+                        "atlasboost: {message}; leaving {} out of the restart",
+                        hosts.join(", ")
+                    ));
+                    for host in &hosts {
+                        leave_out(job, host, &message);
+                    }
+                }
+                other => break (live, other),
+            }
         };
-        let probed = job.first_local.take();
-        let joined = match join(&launch, probed, signals, printer) {
+        let launch = job.launch(&live, &settings);
+        let joined = match joined {
             Ok(Joined::Ready(j)) => j,
             Ok(Joined::Interrupted(s)) => {
                 printer.status(&format!(
@@ -1307,8 +1338,20 @@ fn join(
                 })
                 .collect();
             let unconnected = remotes.iter().filter(|r| r.is_awaited()).count();
-            break Err(CliError::Failure(
-                format!(
+            // The silent hosts whose parent in the launch tree reported: the others were
+            // reached through one of them.
+            let silent_tops: Vec<String> = remote_index
+                .iter()
+                .zip(&remotes)
+                .filter(|&(&i, r)| {
+                    reports[i].is_none()
+                        && r.parent.is_none_or(|p| reports[remote_index[p]].is_some())
+                })
+                .map(|(&i, _)| hosts[i].describe())
+                .collect();
+            break Err(CliError::HostsLost {
+                hosts: silent_tops,
+                message: format!(
                     "host{} {} did not join within --rendezvous-timeout {:.0?} (no report from {}{})",
                     if missing.len() == 1 { "" } else { "s" },
                     missing.join(", "),
@@ -1327,7 +1370,7 @@ fn join(
                         _ => String::new(),
                     }
                 ) + &said.iter().map(|s| format!("\n  {s}")).collect::<String>(),
-            ));
+            });
         }
         if started.elapsed() > join_limit {
             // A host that never says it wrote the table: a hung file system, a stalled link.
@@ -1582,21 +1625,25 @@ fn on_joining(
     Ok(())
 }
 
-/// A lost host's error, naming the hosts below it in the launch tree, reached through it.
+/// A lost host's error, naming the hosts below it in the launch tree, reached through it (a
+/// restart leaves out the host, and reaches those below it through another).
 fn with_subtree(remotes: &[Remote], h: usize, e: CliError) -> CliError {
     let below: Vec<&str> = (0..remotes.len())
         .filter(|&v| is_below(remotes, v, h))
         .map(|v| remotes[v].host.as_str())
         .collect();
-    if below.is_empty() {
-        return e;
+    let mut message = atlasboost_core::exchange::error_chain(&e);
+    if !below.is_empty() {
+        message.push_str(&format!(
+            "; with it the {} below it in the launch tree: {}",
+            counted(below.len(), "host"),
+            below.join(", ")
+        ));
     }
-    CliError::Failure(format!(
-        "{}; with it the {} below it in the launch tree: {}",
-        atlasboost_core::exchange::error_chain(&e),
-        counted(below.len(), "host"),
-        below.join(", ")
-    ))
+    CliError::HostsLost {
+        hosts: vec![remotes[h].host.clone()],
+        message,
+    }
 }
 
 /// `host X: message`, unless the message already names the host.
