@@ -889,6 +889,36 @@ fn ssh_port_identity_and_a_remote_path_that_needs_quoting() {
     }
 }
 
+/// A host whose ssh port is closed is named with the connector's reason alone: not with what
+/// ssh adds when its proxy passed back no connection (`mm_receive_fd: ...`, `proxy dialer did
+/// not pass back a connection`), which says nothing more.
+#[test]
+fn a_closed_ssh_port_is_named_without_ssh_proxy_noise() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-closed-port");
+    let _cleanup = Cleanup(mark.clone());
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let r = over_ssh(&sshd, &mark, &["--sim", "1", "-H", "127.0.0.2:1"])
+        .args(["--ssh-port", &closed])
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(125), "{ctx}");
+    let err = r.err();
+    assert!(
+        err.contains(&format!("cannot connect to 127.0.0.2 port {closed}")),
+        "{ctx}"
+    );
+    assert!(
+        !err.contains("mm_receive_fd") && !err.contains("proxy dialer"),
+        "{ctx}"
+    );
+}
+
 /// A launcher that stops (SIGSTOP) sends no heartbeats: after 4 s each agent takes it for
 /// gone and stops its workers, though the ssh sessions are still open.
 #[test]

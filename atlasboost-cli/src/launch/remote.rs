@@ -615,7 +615,7 @@ impl Remote {
                 .finish(&mut |l| lines.push(String::from_utf8_lossy(l).into_owned()));
             self.err = None;
         }
-        for l in &lines {
+        for l in lines.iter().filter(|l| !ssh_on_our_proxys_failure(l)) {
             self.err_tail.push(l.clone());
         }
         if ended && lines.is_empty() {
@@ -672,6 +672,13 @@ impl Drop for Remote {
             let _ = child.wait();
         }
     }
+}
+
+/// What ssh adds when `atlasboost ssh-connect` (its `ProxyCommand`, with `ProxyUseFdpass`)
+/// could not connect and passed back no connection: its own words for that, which say nothing
+/// the proxy's message (`atlasboost ssh-connect: cannot connect to ...`) did not.
+fn ssh_on_our_proxys_failure(line: &str) -> bool {
+    line.starts_with("mm_receive_fd: ") || line == "proxy dialer did not pass back a connection"
 }
 
 /// The launcher's child above remote `v` in the launch tree (`v` itself for a child).
