@@ -489,7 +489,7 @@ impl Remote {
         if !self.done && self.lost.is_none() {
             while self.read_err(buf).is_some_and(|l| !l.is_empty()) {}
             let what = match self.greeted() {
-                true => "its ssh session ended before its workers did",
+                true => "its ssh session ended before its agent was done",
                 false => "ssh could not start atlasboost agent there",
             };
             let mut said = format!("{what}; ssh said: {}", self.err_tail());
