@@ -542,6 +542,13 @@ fn scancel_ends_the_job(cluster: &Cluster, target: fn(&str, &str) -> String, say
         "scancel {target}: the message does not say {says:?}:\n{}",
         done.describe()
     );
+    // Slurm is named as the cause, not a worker that its signal killed.
+    let errors = done.error_lines();
+    assert!(
+        errors.len() == 1 && errors[0].contains(says) && !errors[0].contains("rank "),
+        "scancel {target}: the error line blames something else:\n{}",
+        done.describe()
+    );
     cluster.assert_nothing_left(&format!("after scancel {target}"));
     assert_no_process_with_env(LAUNCH_MARK, &mark, Duration::from_secs(10), "after scancel");
 }

@@ -92,6 +92,10 @@ pub const HANG_EXIT: u8 = 124;
 /// connection has ended.
 const SLURM_CANCEL_WAIT: Duration = Duration::from_secs(3);
 
+/// How long an agent of the Slurm step that hears of a worker's end waits for a signal of its
+/// own from Slurm, in milliseconds (see `Supervisor::signals_in_order`).
+const SLURM_SIGNAL_WAIT_MS: u8 = 100;
+
 /// How long a worker's SIGKILL under a Slurm step waits for srun to say the step was
 /// cancelled, before it counts as the worker's own failure.
 const SLURM_KILLED_WORKER_WAIT: Duration = Duration::from_secs(1);
@@ -1715,7 +1719,7 @@ impl<'a> Supervisor<'a> {
                     }
                 }
                 Source::Signals => {
-                    for s in signals.pending() {
+                    for s in self.signals_in_order(signals) {
                         self.on_signal(s, output);
                     }
                 }
@@ -2349,6 +2353,25 @@ impl<'a> Supervisor<'a> {
             lost: false,
         });
         self.stop(Signal::SIGTERM);
+    }
+
+    /// The signals received, SIGCHLD last. An agent of the Slurm step that hears of a
+    /// worker's end alone waits a moment for a signal of its own: Slurm signals the workers
+    /// and the agent together (`scancel`, the time limit), and the launcher must hear why
+    /// (`slurm_stops`) before it hears of a worker killed, or it blames the worker.
+    fn signals_in_order(&self, signals: &Signals) -> Vec<Signal> {
+        let mut got = signals.pending();
+        if got == [Signal::SIGCHLD]
+            && self.stopping.is_none()
+            && matches!(&self.role, Role::Agent(up) if up.slurm)
+        {
+            let mut fds = [PollFd::new(signals.fd(), PollFlags::POLLIN)];
+            if poll(&mut fds, PollTimeout::from(SLURM_SIGNAL_WAIT_MS)).is_ok_and(|n| n > 0) {
+                got.extend(signals.pending());
+            }
+        }
+        got.sort_by_key(|&s| s == Signal::SIGCHLD);
+        got
     }
 
     fn on_signal(&mut self, s: Signal, output: &mut Output) {
