@@ -166,7 +166,8 @@ fn expand_ranges(item: &str, inside: &str) -> Result<Vec<String>, NotationError>
 ///
 /// # Errors
 ///
-/// [`NotationError`] naming the element that is not `N` or `N(xM)`, or a repeat count of 0.
+/// [`NotationError`] naming the element that is not `N` or `N(xM)`, or a count or repeat
+/// count of 0.
 pub fn expand_tasks_per_node(value: &str) -> Result<Vec<u32>, NotationError> {
     let mut counts = Vec::new();
     for part in value.split(',') {
@@ -189,6 +190,9 @@ pub fn expand_tasks_per_node(value: &str) -> Result<Vec<u32>, NotationError> {
         let (count, times) = (parse(count)?, parse(times)?);
         if times == 0 {
             return Err(error(part, "a repeat count of 0"));
+        }
+        if count == 0 {
+            return Err(error(part, "0 tasks on a node"));
         }
         if counts.len() + times as usize > MAX_HOSTS {
             return Err(error(part, format!("more than {MAX_HOSTS} nodes")));
@@ -313,6 +317,8 @@ mod tests {
             ("2(x3", "2(x3"),
             ("2,x", "x"),
             ("2(x0)", "2(x0)"),
+            ("0(x3)", "0(x3)"),
+            ("2,0", "0"),
             ("", ""),
             ("3(y2)", "3(y2)"),
         ] {
@@ -361,7 +367,7 @@ mod tests {
 
         #[test]
         fn tasks_per_node_repeats_add_up(
-            parts in proptest::collection::vec((0u32..64, 1u32..20, any::<bool>()), 1..10)
+            parts in proptest::collection::vec((1u32..64, 1u32..20, any::<bool>()), 1..10)
         ) {
             let text: Vec<String> = parts.iter().map(|&(n, m, rep)| match rep {
                 true => format!("{n}(x{m})"),

@@ -708,6 +708,30 @@ fn slurm_settings_are_checked_before_anything_starts() {
         .env("SLURM_JOB_NODELIST", "n[1-3]")
         .run();
     listed.assert_code(0);
+    // With --launcher slurm, -H names nodes of the allocation: another is named, not left to
+    // srun's "Requested node configuration is not available".
+    let stranger = Run::new([
+        "run",
+        "--launcher",
+        "slurm",
+        "--sim",
+        "2",
+        "-H",
+        "n2,n9",
+        "--",
+        "true",
+    ])
+    .env("SLURM_JOB_ID", "7")
+    .env("SLURM_JOB_NODELIST", "n[1-3]")
+    .run();
+    stranger.assert_code(2);
+    assert!(
+        stranger
+            .err()
+            .contains("host \"n9\" (-H) is not a node of Slurm job 7 (n[1-3])"),
+        "{}",
+        stranger.describe()
+    );
     // Options of atlasboost's own ssh sessions, where srun starts the agents, are refused.
     for (flag, value) in [("--fanout", "2"), ("--ssh-port", "2222")] {
         let over_srun = Run::new(["run", "--sim", "2", flag, value, "--", "true"])

@@ -866,6 +866,26 @@ fn slurm_hosts(args: &RunSettings, printer: &Printer) -> Result<Vec<HostPlan>, C
         (None, Some(file)) => parse_hostfile(file)?,
         (None, None) => slurm::allocation_hosts(&slurm::process_env)?,
     };
+    // srun starts agents only on the allocation's nodes: a host it does not hold is named
+    // here, not by srun's "Requested node configuration is not available".
+    if args.hosts.is_some() || args.hostfile.is_some() {
+        let allocation = slurm::allocation_hosts(&slurm::process_env)?;
+        if let Some(stranger) = specs
+            .iter()
+            .find(|s| !allocation.iter().any(|a| a.name == s.name))
+        {
+            let job = slurm::process_env(EnvVars::SLURM_JOB_ID).unwrap_or_default();
+            let nodes: Vec<String> = allocation.into_iter().map(|a| a.name).collect();
+            return Err(CliError::Usage(format!(
+                "host {:?} ({}) is not a node of Slurm job {job} ({}): srun starts the agents, \
+                 on the allocation's nodes only (name them as Slurm does, or pass \
+                 --launcher ssh)",
+                stranger.name,
+                stranger.origin,
+                atlasboost_core::slurm::compress_hostlist(&nodes)
+            )));
+        }
+    }
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
     let nodes = slurm::nodes_at_start(&names)?;
     for node in &nodes.unusable {
