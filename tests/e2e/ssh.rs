@@ -1204,6 +1204,47 @@ fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
     );
 }
 
+/// The agent of one host hangs (stopped: a deadlock would do the same) with its workers
+/// running: the launcher names the host lost, and once its ssh session has ended, the agent's
+/// lifeline stops that host's workers though the agent itself still hangs.
+#[test]
+fn a_hung_agents_workers_stop_when_its_session_ends() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-agent-hung");
+    let _cleanup = Cleanup(mark.clone());
+    let (launch, agents) = start_forking_job(&sshd, &mark, "30");
+    let agent = agent_of(&mark, &agents, "127.0.0.3");
+    kill(agent, Signal::SIGSTOP).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let ended = Instant::now();
+    let ctx = ctx(&r, &sshd);
+    let left = std::panic::catch_unwind(|| {
+        assert_no_process_with_env(
+            MARK,
+            &mark,
+            Duration::from_secs(5),
+            "the hung agent's workers, after the job",
+        )
+    });
+    // The agent is still there, stopped: the lifeline acted without it.
+    let still_there = proc_stat(agent.as_raw()).is_some_and(|p| p.alive());
+    let _ = kill(agent, Signal::SIGKILL);
+    let _ = kill(agent, Signal::SIGCONT);
+    assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");
+    assert!(
+        r.err().contains("host 127.0.0.3 failed first"),
+        "the error names the host\n{ctx}"
+    );
+    assert!(
+        still_there,
+        "the agent was still stopped when its workers were gone\n{ctx}"
+    );
+    if let Err(e) = left {
+        std::panic::resume_unwind(e);
+    }
+    assert!(ended.elapsed() < Duration::from_secs(10), "{ctx}");
+}
+
 /// The agent of a host below another in the launch tree goes silent (stopped, as a hung host
 /// would be, its ssh session still open): the agent above it notices within the lost-host
 /// bound, ends that session and reports the host lost, and the job fails naming it, instead of

@@ -909,7 +909,11 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     let launcher = Some(config.launcher.as_str()).filter(|l| !l.is_empty());
     let _table_lock = super::job::lock_table(&settings.rank_table, &config.job_id, launcher)?;
     let signals = Signals::block()?;
-    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true))?;
+    // Over ssh the channel up is stdout: its reader gone, the guard stops the workers even if
+    // this agent hangs (under Slurm, the step's end does).
+    let stdout = std::io::stdout();
+    let upstream = (!slurm).then(|| stdout.as_fd());
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true), upstream)?;
     let nic: Option<atlasboost::host::NicChoice> = settings
         .nic
         .as_deref()

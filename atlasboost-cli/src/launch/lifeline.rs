@@ -8,6 +8,11 @@
 //! SIGKILL to every group it still knows, and exits. It runs in a process group of its own, so
 //! a Ctrl-C on the terminal or a `kill` of the launcher's group does not reach it.
 //!
+//! A remote agent's guard also watches the agent's channel to its launcher (its stdout, to
+//! sshd): when the other end closes (the launcher gave the host up, its ssh session ended),
+//! the guard stops the groups too, though the agent still lives: an agent that hangs (stopped,
+//! deadlocked) would otherwise keep its workers running after the job.
+//!
 //! Where this process can make one, the workers also run in a cgroup of their own
 //! ([`WorkerCgroup`]): the guard then also writes `cgroup.kill`, which ends what left the
 //! workers' groups (`setsid`, a daemon) too, and removes the cgroup.
@@ -65,7 +70,10 @@ fn raise_fd_limit() {
 /// # Errors
 ///
 /// The lifeline's, when its guard cannot be started; a malformed `ATLASBOOST_CGROUP`.
-pub fn prepare(cgroup: CgroupWanted) -> Result<Lifeline, CliError> {
+pub fn prepare(
+    cgroup: CgroupWanted,
+    upstream: Option<BorrowedFd<'_>>,
+) -> Result<Lifeline, CliError> {
     raise_fd_limit();
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let cgroup = match cgroup {
@@ -76,7 +84,7 @@ pub fn prepare(cgroup: CgroupWanted) -> Result<Lifeline, CliError> {
         }
         CgroupWanted::ByDefault(default) => WorkerCgroup::for_workers(default)?,
     };
-    Lifeline::start(cgroup)
+    Lifeline::start(cgroup, upstream)
 }
 
 /// Whether [`prepare`] makes the workers' cgroup.
@@ -104,12 +112,17 @@ pub struct Lifeline {
 }
 
 impl Lifeline {
-    /// Starts the guard process (a fork of this one), which ends `cgroup` too, if there is one.
+    /// Starts the guard process (a fork of this one), which ends `cgroup` too, if there is one,
+    /// and which also acts when `upstream` (a remote agent's channel to its launcher, written
+    /// to) reports its reader gone.
     ///
     /// # Errors
     ///
     /// [`CliError::Failure`] if the pipe or the fork fails.
-    pub fn start(cgroup: Result<WorkerCgroup, String>) -> Result<Lifeline, CliError> {
+    pub fn start(
+        cgroup: Result<WorkerCgroup, String>,
+        upstream: Option<BorrowedFd<'_>>,
+    ) -> Result<Lifeline, CliError> {
         let failed = |step: &'static str, e: Errno| CliError::Lifeline {
             step,
             source: e.into(),
@@ -139,7 +152,7 @@ impl Lifeline {
                     .as_ref()
                     .ok()
                     .map(|c| (c.kill_file(), c.dir(), c.own_procs()));
-                guard(&read, &null, &open, &mut groups, cgroup)
+                guard(&read, &null, &open, &mut groups, cgroup, upstream)
             }
             ForkResult::Parent { child } => Ok(Lifeline {
                 guard: child,
@@ -277,6 +290,7 @@ fn guard(
     open: &[RawFd],
     groups: &mut Vec<i32>,
     cgroup: Option<(BorrowedFd<'_>, &CStr, BorrowedFd<'_>)>,
+    upstream: Option<BorrowedFd<'_>>,
 ) -> ! {
     // SAFETY (whole function): raw system calls on descriptors this process owns; no
     // allocation (`groups` never grows beyond the capacity it was given), no locks.
@@ -298,6 +312,9 @@ fn guard(
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // A copy of the upstream channel, on a number no descriptor listed at the fork has
+        // (it is kept below when the others are closed); -1 without one.
+        let watched = upstream.map_or(-1, |u| libc::fcntl(u.as_raw_fd(), libc::F_DUPFD, 3));
         // Nothing of the launcher's stays open here: its sockets and pipes must close when it
         // dies (a reader waiting for their end would wait for the guard), and stdout must not
         // keep a `| head` open. stderr stays, for nothing (the guard says nothing). With a
@@ -312,10 +329,21 @@ fn guard(
         // Every descriptor listed at the fork (the pipe's write end among them: left open, it
         // would keep the guard from ever seeing the launcher go), then anything a thread
         // opened since, where the kernel has close_range (5.9 on).
-        for &fd in open.iter().filter(|fd| **fd > 2) {
+        for &fd in open.iter().filter(|fd| **fd > 2 && **fd != watched) {
             libc::close(fd);
         }
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        match watched {
+            -1 => {
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            }
+            w => {
+                let w = w as u32;
+                if w > 3 {
+                    libc::syscall(libc::SYS_close_range, 3u32, w - 1, 0u32);
+                }
+                libc::syscall(libc::SYS_close_range, w + 1, u32::MAX, 0u32);
+            }
+        }
         if cgroup.is_some() {
             // Into the cgroup it is in already: no move, only the migration lock taken (see
             // `WorkerCgroup::own_procs`), after which the workers enter theirs quickly.
@@ -332,6 +360,34 @@ fn guard(
         // The line being read: its sign and number so far.
         let (mut sign, mut number, mut valid) = (0u8, 0i64, true);
         loop {
+            if watched >= 0 {
+                // The upstream's reader gone (POLLERR on a pipe, POLLHUP on a socket) ends the
+                // guard's watch as the lifeline's end does; nothing is read from it.
+                let mut fds = [
+                    libc::pollfd {
+                        fd: 0,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                    libc::pollfd {
+                        fd: watched,
+                        events: 0,
+                        revents: 0,
+                    },
+                ];
+                if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
+                    if Errno::last() == Errno::EINTR {
+                        continue;
+                    }
+                    break;
+                }
+                if fds[1].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+                    break;
+                }
+                if fds[0].revents == 0 {
+                    continue;
+                }
+            }
             let n = libc::read(0, buf.as_mut_ptr().cast(), buf.len());
             if n < 0 && Errno::last() == Errno::EINTR {
                 continue;
@@ -394,7 +450,7 @@ mod tests {
 
     #[test]
     fn closing_the_lifeline_reaps_its_guard() {
-        let lifeline = Lifeline::start(Err("not wanted here".into())).unwrap();
+        let lifeline = Lifeline::start(Err("not wanted here".into()), None).unwrap();
         let guard = lifeline.guard;
         lifeline.close();
         // Reaped by close: no longer a child of this process, not even a zombie.

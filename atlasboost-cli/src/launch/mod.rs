@@ -160,7 +160,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         }
         None => None,
     };
-    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true))?;
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true), None)?;
     printer.detail(&format!("atlasboost: {}", lifeline.cgroup_note()));
     let files = RankFiles::create(&job_id)?;
     let mut job = JobState {
