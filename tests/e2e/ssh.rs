@@ -1204,6 +1204,42 @@ fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
     );
 }
 
+/// Ctrl-Z (SIGTSTP) stops the launcher for longer than the hosts' bound on its silence: they
+/// were told, so they wait, the workers run on, and once continued the job ends as it would
+/// have (it used to lose every remote host 4 s into the stop, blaming the first).
+#[test]
+fn ctrl_z_of_the_launcher_keeps_a_multi_host_job() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-ctrl-z");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
+        .args(["--", "sh", "-c"])
+        .args(["echo ready; sleep 9; echo finished"])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(20));
+    launch.signal(Signal::SIGTSTP);
+    // Stopped, past the 4 s the hosts give a silent launcher.
+    let stopped = wait_until(Duration::from_secs(5), || {
+        proc_stat(launch.pid()).is_some_and(|p| p.state == 'T')
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    launch.signal(Signal::SIGCONT);
+    let r = launch.wait_at_most(Duration::from_secs(30));
+    let ctx = ctx(&r, &sshd);
+    assert!(stopped, "the launcher stopped on SIGTSTP\n{ctx}");
+    assert_eq!(r.code(), Some(0), "the job ends as it would have\n{ctx}");
+    assert_eq!(
+        r.out().lines().filter(|l| l.ends_with(":finished")).count(),
+        4,
+        "every worker finished\n{ctx}"
+    );
+    assert!(
+        r.err().contains("atlasboost: stopped (SIGTSTP)") && r.err().contains("continued"),
+        "{ctx}"
+    );
+}
+
 /// The agent of one host hangs (stopped: a deadlock would do the same) with its workers
 /// running: the launcher names the host lost, and once its ssh session has ended, the agent's
 /// lifeline stops that host's workers though the agent itself still hangs.

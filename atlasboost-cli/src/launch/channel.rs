@@ -647,6 +647,8 @@ pub enum Down {
     /// The launcher's decision (compact: see `agent::encode_decision`), once every host
     /// reported: this many raw bytes follow the line ([`decision_message`]).
     Decision(usize),
+    /// The launcher is stopping (Ctrl-Z): its silence is not its loss until it speaks again.
+    Pause,
 }
 
 /// The largest decision an agent accepts (a 32,768-rank table takes about 440 KB).
@@ -665,6 +667,7 @@ impl Down {
     pub fn line(&self) -> String {
         match self {
             Down::Heartbeat => "hb\n".into(),
+            Down::Pause => "pause\n".into(),
             Down::Signal(s) => format!("sig {}\n", *s as i32),
             Down::Dump(rank) => format!("dump {rank}\n"),
             Down::Decision(len) => format!("decision {len}\n"),
@@ -679,6 +682,7 @@ impl Down {
     pub fn parse(line: &str) -> Result<Down, String> {
         match line.split_once(' ') {
             None if line == "hb" => Ok(Down::Heartbeat),
+            None if line == "pause" => Ok(Down::Pause),
             Some(("sig", n)) => n
                 .parse::<i32>()
                 .ok()
@@ -877,6 +881,7 @@ mod tests {
             Down::Signal(Signal::SIGTERM),
             Down::Dump(17),
             Down::Decision(440_000),
+            Down::Pause,
         ] {
             assert_eq!(Down::parse(c.line().trim_end()), Ok(c));
         }

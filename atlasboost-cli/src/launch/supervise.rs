@@ -46,12 +46,15 @@ use super::status::{self, HostLine};
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 
-/// The signals the launcher handles itself, through a signalfd.
-const HANDLED: [Signal; 4] = [
+/// The signals the launcher handles itself, through a signalfd. SIGTSTP (Ctrl-Z) is not
+/// among those [`Signals::pending`] returns: it asks the supervisor to stop the launcher
+/// ([`Signals::take_stop`]), after telling its hosts.
+const HANDLED: [Signal; 5] = [
     Signal::SIGCHLD,
     Signal::SIGINT,
     Signal::SIGTERM,
     Signal::SIGHUP,
+    Signal::SIGTSTP,
 ];
 
 /// How long the output of stopped workers is still read after SIGKILL (a process outside
@@ -109,6 +112,8 @@ const LAUNCHER_LOST_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Signals {
     fd: SignalFd,
+    /// A SIGTSTP came (Ctrl-Z), not acted on yet.
+    stop_asked: std::cell::Cell<bool>,
 }
 
 impl Signals {
@@ -146,7 +151,10 @@ impl Signals {
             .map_err(|e| CliError::system("block signals")(e.into()))?;
         let fd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
             .map_err(|e| CliError::system("open a signalfd")(e.into()))?;
-        Ok(Signals { fd })
+        Ok(Signals {
+            fd,
+            stop_asked: std::cell::Cell::new(false),
+        })
     }
 
     /// Runs `work`, which may block for long before anything of the job has started (a
@@ -222,21 +230,34 @@ impl Signals {
         // One that came after the job's end is not acted on: the job has ended already.
         let _ = self.pending();
         let mut set = SigSet::empty();
-        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        for s in [
+            Signal::SIGINT,
+            Signal::SIGTERM,
+            Signal::SIGHUP,
+            Signal::SIGTSTP,
+        ] {
             set.add(s);
         }
         let _ = set.thread_unblock();
     }
 
-    /// The signals received since the last call, in order.
+    /// The signals received since the last call, in order; a SIGTSTP among them is kept for
+    /// [`Signals::take_stop`] instead.
     pub fn pending(&self) -> Vec<Signal> {
         let mut got = Vec::new();
         while let Ok(Some(info)) = self.fd.read_signal() {
-            if let Ok(s) = Signal::try_from(info.ssi_signo as i32) {
-                got.push(s);
+            match Signal::try_from(info.ssi_signo as i32) {
+                Ok(Signal::SIGTSTP) => self.stop_asked.set(true),
+                Ok(s) => got.push(s),
+                Err(_) => {}
             }
         }
         got
+    }
+
+    /// Whether a SIGTSTP (Ctrl-Z) came since the last call.
+    pub fn take_stop(&self) -> bool {
+        self.stop_asked.replace(false)
     }
 
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -441,6 +462,8 @@ pub struct Upstream {
     split: LineSplitter,
     last_heard: Instant,
     lost: bool,
+    /// The launcher said it is stopping (Ctrl-Z): its silence is not its loss meanwhile.
+    paused: bool,
     /// The agents this one started, with their positions in the tree.
     children: Vec<(u32, Remote)>,
     /// The tree's shape, to check what the children pass up.
@@ -495,6 +518,7 @@ impl Upstream {
             split: LineSplitter::default(),
             last_heard: Instant::now(),
             lost: false,
+            paused: false,
             children: Vec::new(),
             tree: Tree { size: 0, fanout: 1 },
             queued: Vec::new(),
@@ -1342,7 +1366,7 @@ impl<'a> Supervisor<'a> {
                 }
                 if !up.lost && output.upstream_closed() {
                     upstream_lost = Some("writing to the launcher failed (its connection is gone)");
-                } else if !up.lost && up.last_heard.elapsed() > LOST_AFTER {
+                } else if !up.lost && !up.paused && up.last_heard.elapsed() > LOST_AFTER {
                     upstream_lost = Some("no heartbeat from the launcher");
                 }
             }
@@ -1753,6 +1777,32 @@ impl<'a> Supervisor<'a> {
         // Expiry runs on every pass: a knock that never speaks must still be dropped.
         self.serve_door(listening, &knocks, output);
         output.flush();
+        if signals.take_stop() {
+            self.suspend(output);
+        }
+    }
+
+    /// Ctrl-Z (SIGTSTP): the launcher stops itself, as a program does, having told its hosts
+    /// and relays, which would otherwise take its silence for its loss and stop their workers.
+    /// The workers run on meanwhile (each is in a group of its own, which the terminal's
+    /// Ctrl-Z does not reach, as under mpirun). Continued (`fg`, `bg`), it forgives the
+    /// silence and watches again.
+    fn suspend(&mut self, output: &mut Output) {
+        if let Role::Launcher(remotes) = &mut self.role {
+            for r in remotes.iter_mut().filter(|r| !r.done && r.lost.is_none()) {
+                r.send(Down::Pause);
+            }
+            output.message(
+                "atlasboost: stopped (SIGTSTP); the workers run on, and the hosts wait for the \
+                 launcher (fg or bg continues it)",
+            );
+            output.flush();
+        }
+        let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+        self.forgive_silence();
+        if !self.is_agent() {
+            output.message("atlasboost: continued");
+        }
     }
 
     /// Reads what a pipe has; false at its end.
@@ -1836,6 +1886,7 @@ impl<'a> Supervisor<'a> {
             Ok(0) => ended = true,
             Ok(n) => {
                 up.last_heard = Instant::now();
+                up.paused = false;
                 up.split
                     .feed(&self.buf[..n], &mut |l| lines.push(l.to_vec()));
             }
@@ -1854,6 +1905,13 @@ impl<'a> Supervisor<'a> {
         for line in lines {
             match Down::parse(&String::from_utf8_lossy(&line)) {
                 Ok(Down::Heartbeat | Down::Decision(_)) => {}
+                // The launcher is stopping (Ctrl-Z): its silence is not its loss until it
+                // speaks again. Its end still is (its connection closes).
+                Ok(Down::Pause) => {
+                    if let Role::Agent(up) = &mut self.role {
+                        up.paused = true;
+                    }
+                }
                 Ok(Down::Dump(rank)) => self.dump_for_launcher(rank, output),
                 Ok(Down::Signal(s)) => {
                     if s == Signal::SIGKILL {
