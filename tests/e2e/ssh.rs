@@ -177,23 +177,36 @@ fn assert_job_gone(
     sshd.assert_no_sessions(left(), context);
 }
 
-/// The exactly one `error:` line of a run that failed with 125 because of host `127.0.0.2` or
-/// `127.0.0.3`, before any worker ran; it must contain every one of `culprits`.
+/// The one error of a run that failed with 125 because of host `127.0.0.2` or `127.0.0.3`
+/// (or both: then one line each, below a first that counts them), before any worker ran; it
+/// must contain every one of `culprits`. Returns the error, its lines joined.
 fn assert_host_error(r: &Finished, sshd: &Sshd, culprits: &[&str]) -> String {
     let ctx = ctx(r, sshd);
     assert_eq!(r.code(), Some(125), "expected exit code 125\n{ctx}");
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
-    let line = errors[0].clone();
+    assert_eq!(r.error_lines().len(), 1, "exactly one `error:` line\n{ctx}");
+    let err = r.err();
+    let error: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.starts_with("error: "))
+        .take_while(|l| l.starts_with("error: ") || l.starts_with("  "))
+        .collect();
+    let hosts: Vec<&str> = error
+        .iter()
+        .map(|l| l.trim_start_matches("error: ").trim_start())
+        .filter(|l| l.starts_with("host 127.0.0.2: ") || l.starts_with("host 127.0.0.3: "))
+        .collect();
+    let first_counts = error[0] == "error: 2 hosts were lost while the hosts joined:";
     assert!(
-        line.starts_with("error: host 127.0.0.2: ") || line.starts_with("error: host 127.0.0.3: "),
-        "the error names the host: {line}\n{ctx}"
+        hosts.len() == 1 && error.len() == 1 || hosts.len() == 2 && first_counts,
+        "the error names the host, or both: {error:?}\n{ctx}"
     );
-    for c in culprits {
-        assert!(line.contains(c), "the error says {c:?}: {line}\n{ctx}");
+    for line in &hosts {
+        for c in culprits {
+            assert!(line.contains(c), "the error says {c:?}: {line}\n{ctx}");
+        }
     }
     assert!(!r.out().contains("WORKER-RAN"), "no worker may run\n{ctx}");
-    line
+    error.join("\n")
 }
 
 /// The Python interpreter itself, not a wrapper that changes PATH before it runs it (pyenv's
@@ -1065,6 +1078,41 @@ fn a_remote_host_that_never_joins_times_out_naming_it() {
     assert!(!r.out().contains("WORKER-RAN"), "{ctx}");
     // 127.0.0.2's agent waits for the rendezvous 2 s more than the launcher at most.
     sshd.assert_no_sessions(Duration::from_secs(5), "after the rendezvous timed out");
+}
+
+/// Two hosts out of reach at the start: the error names both, not the first alone (in a chain,
+/// `--fanout 1`, the second is below the first and named as such).
+#[test]
+fn every_host_out_of_reach_at_the_start_is_named() {
+    let sshd = sshd_or_skip!();
+    let mark = unique("ssh-two-lost");
+    let _cleanup = Cleanup(mark.clone());
+    let run = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1"],
+    );
+    let unreachable = wrapper(
+        &run,
+        "case \"$SSH_CONNECTION\" in *' 127.0.0.2 '*|*' 127.0.0.3 '*) \
+         echo 'no agent here' >&2; exit 255 ;; esac",
+        false,
+    );
+    let r = run
+        .args(["--remote-atlasboost"])
+        .args([&unreachable])
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(125), "{ctx}");
+    let err = r.err();
+    assert_eq!(r.error_lines().len(), 1, "one error\n{ctx}");
+    for host in ["127.0.0.2", "127.0.0.3"] {
+        assert!(err.contains(host), "{host} is named\n{ctx}");
+    }
+    assert!(!r.out().contains("WORKER-RAN"), "{ctx}");
+    sshd.assert_no_sessions(Duration::from_secs(5), "after the launch failed");
 }
 
 /// `kill -9` of the launcher while a host is still joining: the agents already waiting in the

@@ -334,7 +334,7 @@ fn run_attempts(
             match join(&launch, probed.take(), signals, printer) {
                 Err(CliError::HostsLost { hosts, message }) if attempt > 0 => {
                     printer.error(&format!(
-                        "atlasboost: {message}; leaving {} out of the restart",
+                        "atlasboost: leaving {} out of the restart: {message}",
                         hosts.join(", ")
                     ));
                     for host in &hosts {
@@ -1279,6 +1279,9 @@ fn join(
     let mut decision: Option<Decision> = None;
     let mut last_beat = Instant::now();
     let mut buf = vec![0u8; 1 << 16];
+    // Hosts lost so far, gathered for a moment after the first, so that the error names every
+    // host that is out of reach now (and a restart leaves them all out at once).
+    let mut lost: Option<(LostHosts, Instant)> = None;
     let result = loop {
         if let Some(s) = signals
             .pending()
@@ -1286,6 +1289,13 @@ fn join(
             .find(|s| *s != Signal::SIGCHLD)
         {
             break Ok(Some(s));
+        }
+        if lost
+            .as_ref()
+            .is_some_and(|(_, until)| Instant::now() >= *until)
+            && let Some((l, _)) = lost.take()
+        {
+            break Err(l.error());
         }
         if decision.is_some() && remotes.iter().all(|r| r.ready) {
             break Ok(None);
@@ -1304,10 +1314,18 @@ fn join(
                 Err(why) => garbled = Some(CliError::Failure(why)),
             }
         }
-        if let Some(e) = heard.failure.or(garbled) {
-            break Err(e);
+        match heard.failure.or(garbled) {
+            Some(CliError::HostsLost { hosts, message }) => {
+                let (all, _) = lost
+                    .get_or_insert_with(|| (LostHosts::default(), Instant::now() + MORE_LOST_WAIT));
+                all.hosts.extend(hosts);
+                all.messages.push(message);
+            }
+            Some(e) => break Err(lost.take().map_or(e, |(l, _)| l.error())),
+            None => {}
         }
-        if decision.is_none() && reports.iter().all(Option::is_some) {
+        // With a host lost, the join cannot succeed: it only listens for more such news.
+        if lost.is_none() && decision.is_none() && reports.iter().all(Option::is_some) {
             let decided = match agent::decide(
                 &table_policy(launch),
                 reports.iter_mut().filter_map(Option::take).collect(),
@@ -1527,12 +1545,40 @@ struct Heard {
     failure: Option<CliError>,
 }
 
+/// How long the join goes on gathering lost hosts after the first (see [`LostHosts`]).
+const MORE_LOST_WAIT: Duration = Duration::from_millis(500);
+
+/// The hosts lost while joining, and what was said of each.
+#[derive(Debug, Default)]
+struct LostHosts {
+    hosts: Vec<String>,
+    messages: Vec<String>,
+}
+
+impl LostHosts {
+    /// One error naming them all.
+    fn error(self) -> CliError {
+        let message = match self.messages.as_slice() {
+            [one] => one.clone(),
+            many => format!(
+                "{} were lost while the hosts joined:\n  {}",
+                counted(many.len(), "host"),
+                many.join("\n  ")
+            ),
+        };
+        CliError::HostsLost {
+            hosts: self.hosts,
+            message,
+        }
+    }
+}
+
 /// Reads what the launch tree said while the launcher waits for its hosts: reports, readiness,
 /// failures, and messages a fast job already sent (kept for the supervisor).
 fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> Heard {
     let mut heard = Heard::default();
     for h in 0..remotes.len() {
-        if remotes[h].parent.is_some() || remotes[h].is_awaited() {
+        if remotes[h].parent.is_some() || remotes[h].is_awaited() || remotes[h].lost.is_some() {
             continue;
         }
         while let Some(lines) = remotes[h].read_err(buf) {
@@ -1568,6 +1614,7 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> H
                     what,
                     said: r.err_tail(),
                 };
+                r.lost = Some(what.to_string());
                 heard.failure.get_or_insert(with_subtree(remotes, h, e));
             }
             Err(why) => {
@@ -1613,6 +1660,7 @@ fn on_joining(
                 "host {}: {said} (said host {}, which started it)",
                 remotes[v].host, remotes[parent].host
             ));
+            remotes[v].lost = Some(said);
             return Err(with_subtree(remotes, v, e));
         }
         m => (h, m),
