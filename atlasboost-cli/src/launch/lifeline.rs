@@ -9,9 +9,11 @@
 //! a Ctrl-C on the terminal or a `kill` of the launcher's group does not reach it.
 //!
 //! A remote agent's guard also watches the agent's channel to its launcher (its stdout, to
-//! sshd): when the other end closes (the launcher gave the host up, its ssh session ended),
-//! the guard stops the groups too, though the agent still lives: an agent that hangs (stopped,
-//! deadlocked) would otherwise keep its workers running after the job.
+//! sshd): when the other end closes (the launcher gave the host up, or died: its ssh session
+//! ended), the agent stops its workers itself (SIGTERM, SIGKILL a second later) and exits,
+//! closing the lifeline. If the lifeline is still open [`UPSTREAM_GONE_WAIT_MS`] later, the agent
+//! hangs (stopped, deadlocked), and the guard stops the groups as if it had died: its workers
+//! would otherwise run on after the job.
 //!
 //! Where this process can make one, the workers also run in a cgroup of their own
 //! ([`WorkerCgroup`]): the guard then also writes `cgroup.kill`, which ends what left the
@@ -97,6 +99,10 @@ pub enum CgroupWanted {
     /// kernel's migration lock (docs/launching.md, "Nothing outlives the job").
     ByDefault(bool),
 }
+
+/// How long a remote agent's guard gives the agent, once its channel up has closed, to stop
+/// its workers and exit (it takes about a second) before taking it for hung.
+const UPSTREAM_GONE_WAIT_MS: i64 = 6_000;
 
 /// How long [`Lifeline::close`] waits for the guard to exit before it kills it.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -255,6 +261,17 @@ impl Lifeline {
     }
 }
 
+/// The monotonic clock, in milliseconds (`clock_gettime` is async-signal-safe).
+fn monotonic_ms() -> i64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes the time into `t`, which this function owns.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec * 1000 + t.tv_nsec / 1_000_000
+}
+
 /// Waits up to `limit` for the child `pid` to exit, without reaping it, on a pidfd: whether it
 /// did; `None` where the kernel has no pidfd. Sleeping between looks would cost every launch
 /// (and every relay of `--mpi`) the length of a sleep at its end.
@@ -359,10 +376,18 @@ fn guard(
         let mut buf = [0u8; 4096];
         // The line being read: its sign and number so far.
         let (mut sign, mut number, mut valid) = (0u8, 0i64, true);
+        // Once the upstream's reader is gone (POLLERR on a pipe, POLLHUP on a socket; nothing
+        // is ever read from it): when the agent must have closed the lifeline by (ms, on the
+        // monotonic clock).
+        let mut upstream_gone_by: Option<i64> = None;
         loop {
             if watched >= 0 {
-                // The upstream's reader gone (POLLERR on a pipe, POLLHUP on a socket) ends the
-                // guard's watch as the lifeline's end does; nothing is read from it.
+                let now = monotonic_ms();
+                let timeout = match upstream_gone_by {
+                    Some(by) if now >= by => break,
+                    Some(by) => (by - now).min(i64::from(i32::MAX)) as i32,
+                    None => -1,
+                };
                 let mut fds = [
                     libc::pollfd {
                         fd: 0,
@@ -370,19 +395,26 @@ fn guard(
                         revents: 0,
                     },
                     libc::pollfd {
-                        fd: watched,
+                        // Ignored (a negative fd) once gone: it would report so again and again.
+                        fd: if upstream_gone_by.is_some() {
+                            -1
+                        } else {
+                            watched
+                        },
                         events: 0,
                         revents: 0,
                     },
                 ];
-                if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
+                if libc::poll(fds.as_mut_ptr(), 2, timeout) < 0 {
                     if Errno::last() == Errno::EINTR {
                         continue;
                     }
                     break;
                 }
-                if fds[1].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
-                    break;
+                if upstream_gone_by.is_none()
+                    && fds[1].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+                {
+                    upstream_gone_by = Some(now + UPSTREAM_GONE_WAIT_MS);
                 }
                 if fds[0].revents == 0 {
                     continue;
