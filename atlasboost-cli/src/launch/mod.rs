@@ -868,23 +868,18 @@ fn slurm_hosts(args: &RunSettings, printer: &Printer) -> Result<Vec<HostPlan>, C
     };
     // srun starts agents only on the allocation's nodes: a host it does not hold is named
     // here, not by srun's "Requested node configuration is not available".
-    if args.hosts.is_some() || args.hostfile.is_some() {
-        let allocation = slurm::allocation_hosts(&slurm::process_env)?;
-        if let Some(stranger) = specs
-            .iter()
-            .find(|s| !allocation.iter().any(|a| a.name == s.name))
-        {
-            let job = slurm::process_env(EnvVars::SLURM_JOB_ID).unwrap_or_default();
-            let nodes: Vec<String> = allocation.into_iter().map(|a| a.name).collect();
-            return Err(CliError::Usage(format!(
-                "host {:?} ({}) is not a node of Slurm job {job} ({}): srun starts the agents, \
-                 on the allocation's nodes only (name them as Slurm does, or pass \
-                 --launcher ssh)",
-                stranger.name,
-                stranger.origin,
-                atlasboost_core::slurm::compress_hostlist(&nodes)
-            )));
-        }
+    if (args.hosts.is_some() || args.hostfile.is_some())
+        && let Some(nodes) = slurm::allocation_node_names(&slurm::process_env)?
+        && let Some(stranger) = specs.iter().find(|s| !nodes.contains(&s.name))
+    {
+        let job = slurm::process_env(EnvVars::SLURM_JOB_ID).unwrap_or_default();
+        return Err(CliError::Usage(format!(
+            "host {:?} ({}) is not a node of Slurm job {job} ({}): srun starts the agents, on \
+             the allocation's nodes only (name them as Slurm does, or pass --launcher ssh)",
+            stranger.name,
+            stranger.origin,
+            atlasboost_core::slurm::compress_hostlist(&nodes)
+        )));
     }
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
     let nodes = slurm::nodes_at_start(&names)?;
@@ -966,10 +961,24 @@ fn reachable_by_the_others(
     let Some(other) = hosts.iter().find(|h| !h.local && !loopback(h)).cloned() else {
         return Ok(());
     };
-    let Some(at) = hosts.iter().position(|h| h.local && loopback(h)) else {
+    let mut by_loopback = hosts
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.local && loopback(h))
+        .map(|(i, _)| i);
+    let Some(at) = by_loopback.next() else {
         return Ok(());
     };
     let here = hosts[at].describe();
+    if let Some(again) = by_loopback.next() {
+        return Err(CliError::Usage(format!(
+            "hosts {here} and {} are both this machine by loopback addresses, which host {} \
+             cannot reach, and this machine has one address toward it: list it once, by that \
+             address or name",
+            hosts[again].describe(),
+            other.describe()
+        )));
+    }
     let toward = match nic {
         Some(choice) => atlasboost::host::find_nic(choice)
             .map(|n| n.ipv4)
@@ -987,8 +996,8 @@ fn reachable_by_the_others(
     let address = toward.to_string();
     if let Some(twice) = hosts.iter().find(|h| h.server_id == address) {
         return Err(CliError::Usage(format!(
-            "host {here} is this machine by a loopback address, and so is host {}: list each \
-             server once",
+            "host {here} is this machine by a loopback address, and host {} names it too, by \
+             its address toward the other hosts: list each server once",
             twice.describe()
         )));
     }
@@ -1387,6 +1396,10 @@ fn join(
                 })
                 .map(|(&i, _)| hosts[i].describe())
                 .collect();
+            // Hosts lost meanwhile are why, first: the others may wait on them.
+            if let Some((l, _)) = lost.take() {
+                break Err(l.error());
+            }
             break Err(CliError::HostsLost {
                 hosts: silent_tops,
                 message: format!(

@@ -415,6 +415,8 @@ pub struct Output {
     /// A relay's: its own messages go to the launcher as frames (its stderr is mpirun's, which
     /// would tag them as the rank's output).
     messages_upstream: bool,
+    /// An agent's or relay's launcher said it is stopping (Ctrl-Z): its silence is no loss.
+    reader_paused: bool,
 }
 
 impl Output {
@@ -488,6 +490,7 @@ impl Output {
             status: None,
             logs_failed: false,
             messages_upstream: false,
+            reader_paused: false,
         };
         if output.options.status {
             // Drawn through the terminal's writer, in order with the lines.
@@ -856,6 +859,9 @@ impl Output {
         loop {
             let left = match wait {
                 DrainFor::AtMost(limit) => limit.map(|l| l.saturating_sub(started.elapsed())),
+                // A launcher stopped by Ctrl-Z is waited for until it speaks or its connection
+                // closes.
+                DrainFor::WhileHeard(_) if self.reader_paused => None,
                 DrainFor::WhileHeard(_) => {
                     Some(super::channel::LOST_AFTER.saturating_sub(heard.elapsed()))
                 }
@@ -896,7 +902,10 @@ impl Output {
                 let mut buf = [0u8; 4096];
                 match nix::unistd::read(launcher, &mut buf) {
                     Ok(0) => gone = true,
-                    Ok(_) => heard = Instant::now(),
+                    Ok(n) => {
+                        heard = Instant::now();
+                        self.reader_paused = buf[..n].ends_with(b"pause\n");
+                    }
                     Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
                     Err(_) => gone = true,
                 }
@@ -918,6 +927,13 @@ impl Output {
             }
             self.flush();
         }
+    }
+
+    /// An agent's or relay's launcher (the reader of this output) said it is stopping
+    /// (`pause`), or spoke again: while it is stopped, [`DrainFor::WhileHeard`] takes its
+    /// silence for no loss.
+    pub fn set_reader_paused(&mut self, paused: bool) {
+        self.reader_paused = paused;
     }
 
     /// Drops what the console has not taken, and every line after it (the log files still

@@ -75,6 +75,28 @@ pub fn in_allocation(env: Env<'_>) -> bool {
     env(EnvVars::SLURM_JOB_ID).is_some()
 }
 
+/// The variable that lists the allocation's nodes, and its list.
+fn node_list(env: Env<'_>) -> Option<(&'static str, String)> {
+    [EnvVars::SLURM_JOB_NODELIST, EnvVars::SLURM_NODELIST]
+        .into_iter()
+        .find_map(|v| env(v).map(|l| (v, l)))
+}
+
+/// The names of the allocation's nodes alone (`SLURM_JOB_NODELIST`, or the older
+/// `SLURM_NODELIST`); `None` when neither is set.
+///
+/// # Errors
+///
+/// [`CliError::Usage`] naming the variable, when its list is malformed.
+pub fn allocation_node_names(env: Env<'_>) -> Result<Option<Vec<String>>, CliError> {
+    let Some((var, list)) = node_list(env) else {
+        return Ok(None);
+    };
+    expand_hostlist(&list)
+        .map(Some)
+        .map_err(|e| CliError::Usage(format!("{var}={e}")))
+}
+
 /// The allocation's hosts, from `SLURM_JOB_NODELIST` (or the older `SLURM_NODELIST`), with
 /// slots from `SLURM_TASKS_PER_NODE` when the allocation asked for tasks (`--ntasks` or
 /// `--ntasks-per-node`, which set `SLURM_NTASKS`/`SLURM_NTASKS_PER_NODE`); without, Slurm's
@@ -87,15 +109,12 @@ pub fn in_allocation(env: Env<'_>) -> bool {
 /// node list, or task counts that do not match the nodes.
 pub fn allocation_hosts(env: Env<'_>) -> Result<Vec<HostSpec>, CliError> {
     let job = env(EnvVars::SLURM_JOB_ID).unwrap_or_default();
-    let (var, list) = [EnvVars::SLURM_JOB_NODELIST, EnvVars::SLURM_NODELIST]
-        .into_iter()
-        .find_map(|v| env(v).map(|l| (v, l)))
-        .ok_or_else(|| {
-            CliError::Usage(format!(
-                "Slurm job {job}: SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside \
+    let (var, list) = node_list(env).ok_or_else(|| {
+        CliError::Usage(format!(
+            "Slurm job {job}: SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside \
                  salloc or sbatch, or pass -H/--hostfile"
-            ))
-        })?;
+        ))
+    })?;
     let named = |var: &str, e: NotationError| CliError::Usage(format!("{var}={e}"));
     let names = expand_hostlist(&list).map_err(|e| named(var, e))?;
     let asked_for_tasks = env("SLURM_NTASKS_PER_NODE").is_some() || env("SLURM_NTASKS").is_some();

@@ -47,8 +47,9 @@ use crate::error::CliError;
 use crate::exit::ExitCodes;
 
 /// The signals the launcher handles itself, through a signalfd. SIGTSTP (Ctrl-Z) is not
-/// among those [`Signals::pending`] returns: it asks the supervisor to stop the launcher
-/// ([`Signals::take_stop`]), after telling its hosts.
+/// among those [`Signals::pending`] returns: while the workers run it asks the supervisor to
+/// stop the launcher ([`Signals::take_stop`]), after telling its hosts; before and after, it
+/// stops the launcher at once, as it would without the signalfd.
 const HANDLED: [Signal; 5] = [
     Signal::SIGCHLD,
     Signal::SIGINT,
@@ -112,8 +113,10 @@ const LAUNCHER_LOST_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Signals {
     fd: SignalFd,
-    /// A SIGTSTP came (Ctrl-Z), not acted on yet.
+    /// A SIGTSTP came (Ctrl-Z) while the supervisor runs, not acted on yet.
     stop_asked: std::cell::Cell<bool>,
+    /// The supervisor runs: it acts on a SIGTSTP itself.
+    supervising: std::cell::Cell<bool>,
 }
 
 impl Signals {
@@ -154,6 +157,7 @@ impl Signals {
         Ok(Signals {
             fd,
             stop_asked: std::cell::Cell::new(false),
+            supervising: std::cell::Cell::new(false),
         })
     }
 
@@ -247,7 +251,11 @@ impl Signals {
         let mut got = Vec::new();
         while let Ok(Some(info)) = self.fd.read_signal() {
             match Signal::try_from(info.ssi_signo as i32) {
-                Ok(Signal::SIGTSTP) => self.stop_asked.set(true),
+                Ok(Signal::SIGTSTP) if self.supervising.get() => self.stop_asked.set(true),
+                // Nothing to tell anyone first: stop now, as the signal's default would.
+                Ok(Signal::SIGTSTP) => {
+                    let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+                }
                 Ok(s) => got.push(s),
                 Err(_) => {}
             }
@@ -1080,6 +1088,7 @@ impl<'a> Supervisor<'a> {
     }
 
     fn run(&mut self, signals: &Signals, output: &mut Output) {
+        signals.supervising.set(true);
         self.refresh_status(output);
         // The peers' silence counts from here: the join was bounded on its own, and nobody
         // read them since (the launcher may have been held on its console meanwhile).
@@ -1166,6 +1175,10 @@ impl<'a> Supervisor<'a> {
         // Every peer is done with (or lost): nobody to keep.
         self.keeper = None;
         output.end_status();
+        signals.supervising.set(false);
+        if signals.take_stop() {
+            let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+        }
     }
 
     /// The launcher's peers keep hearing it while its loop is held (see [`keeper`]).
@@ -1789,17 +1802,33 @@ impl<'a> Supervisor<'a> {
     /// silence and watches again.
     fn suspend(&mut self, output: &mut Output) {
         if let Role::Launcher(remotes) = &mut self.role {
+            let mut told = 0;
             for r in remotes.iter_mut().filter(|r| !r.done && r.lost.is_none()) {
                 r.send(Down::Pause);
+                told += 1;
             }
-            output.message(
-                "atlasboost: stopped (SIGTSTP); the workers run on, and the hosts wait for the \
-                 launcher (fg or bg continues it)",
-            );
+            output.message(&match told {
+                0 => "atlasboost: stopped (SIGTSTP); the workers run on (fg or bg continues the \
+                      launcher)"
+                    .to_string(),
+                _ => "atlasboost: stopped (SIGTSTP); the workers run on, and the hosts wait for \
+                      the launcher (fg or bg continues it)"
+                    .to_string(),
+            });
             output.flush();
         }
         let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+        // Continued. Nothing was read meanwhile: no peer's silence, and no rank's (lines and
+        // heartbeats wait in the pipes), is its own; the watchdog starts afresh.
         self.forgive_silence();
+        let now = Instant::now();
+        for p in &mut self.progress {
+            p.since = now;
+        }
+        self.next_watch = now + WATCH_EVERY;
+        if let Some(d) = &mut self.dumping {
+            d.until = d.until.max(now + REMOTE_DUMP_LIMIT);
+        }
         if !self.is_agent() {
             output.message("atlasboost: continued");
         }
@@ -1887,6 +1916,7 @@ impl<'a> Supervisor<'a> {
             Ok(n) => {
                 up.last_heard = Instant::now();
                 up.paused = false;
+                output.set_reader_paused(false);
                 up.split
                     .feed(&self.buf[..n], &mut |l| lines.push(l.to_vec()));
             }
@@ -1911,6 +1941,7 @@ impl<'a> Supervisor<'a> {
                     if let Role::Agent(up) = &mut self.role {
                         up.paused = true;
                     }
+                    output.set_reader_paused(true);
                 }
                 Ok(Down::Dump(rank)) => self.dump_for_launcher(rank, output),
                 Ok(Down::Signal(s)) => {
@@ -2419,16 +2450,27 @@ impl<'a> Supervisor<'a> {
     /// (`slurm_stops`) before it hears of a worker killed, or it blames the worker.
     fn signals_in_order(&self, signals: &Signals) -> Vec<Signal> {
         let mut got = signals.pending();
-        if got == [Signal::SIGCHLD]
+        if !got.is_empty()
+            && got.iter().all(|&s| s == Signal::SIGCHLD)
             && self.stopping.is_none()
             && matches!(&self.role, Role::Agent(up) if up.slurm)
         {
-            let mut fds = [PollFd::new(signals.fd(), PollFlags::POLLIN)];
-            if poll(&mut fds, PollTimeout::from(SLURM_SIGNAL_WAIT_MS)).is_ok_and(|n| n > 0) {
-                got.extend(signals.pending());
+            // Other workers' ends (SIGCHLD again) do not end the wait: only Slurm's signal, or
+            // its time.
+            let until = Instant::now() + Duration::from_millis(SLURM_SIGNAL_WAIT_MS.into());
+            while got.iter().all(|&s| s == Signal::SIGCHLD) {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let mut fds = [PollFd::new(signals.fd(), PollFlags::POLLIN)];
+                let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::ZERO);
+                if poll(&mut fds, timeout).is_ok_and(|n| n > 0) {
+                    got.extend(signals.pending());
+                }
             }
+            got.sort_by_key(|&s| s == Signal::SIGCHLD);
         }
-        got.sort_by_key(|&s| s == Signal::SIGCHLD);
         got
     }
 
