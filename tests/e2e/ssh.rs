@@ -1497,6 +1497,24 @@ const FIRST_ATTEMPT_WAITS: &str = "echo \"ready attempt=$ATLASBOOST_RESTART_COUN
      server=$ATLASBOOST_SERVER_ID\"; \
      if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ]; then sleep 60; fi";
 
+/// A restarted job's second attempt ran two ranks, both on `server` (the host left), and
+/// succeeded.
+fn assert_second_attempt_on(r: &Finished, server: &str, ctx: &str) {
+    assert_eq!(r.code(), Some(0), "the second attempt succeeds\n{ctx}");
+    let out = r.out();
+    let second: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("ready attempt=1"))
+        .collect();
+    assert_eq!(second.len(), 2, "two ranks on the host left\n{ctx}");
+    assert!(
+        second
+            .iter()
+            .all(|l| l.ends_with(&format!("size=2 server={server}"))),
+        "the second attempt runs on {server}\n{ctx}"
+    );
+}
+
 /// Starts a two-host job of `FIRST_ATTEMPT_WAITS` with `extra` options, kills 127.0.0.3's agent
 /// once every worker runs, and returns the finished run.
 fn lose_a_host_under_restarts(sshd: &Sshd, mark: &str, extra: &[&str]) -> Finished {
@@ -1542,19 +1560,7 @@ fn a_lost_interior_host_is_the_only_one_a_restart_leaves_out() {
         &["--min-np", "2"],
     );
     let ctx = ctx(&r, &sshd);
-    assert_eq!(r.code(), Some(0), "the second attempt succeeds\n{ctx}");
-    let out = r.out();
-    let second: Vec<&str> = out
-        .lines()
-        .filter(|l| l.contains("ready attempt=1"))
-        .collect();
-    assert_eq!(second.len(), 2, "two ranks on the host left\n{ctx}");
-    assert!(
-        second
-            .iter()
-            .all(|l| l.ends_with("size=2 server=127.0.0.3")),
-        "the restart runs on the host below the lost one\n{ctx}"
-    );
+    assert_second_attempt_on(&r, "127.0.0.3", &ctx);
     let err = r.err();
     assert!(
         err.contains("with it the 1 host below it in the launch tree: 127.0.0.3")
@@ -1572,20 +1578,7 @@ fn a_lost_host_is_left_out_and_the_job_continues_on_the_others() {
     let _cleanup = Cleanup(mark.clone());
     let r = lose_a_host_under_restarts(&sshd, &mark, &["--min-np", "2"]);
     let ctx = ctx(&r, &sshd);
-    assert_eq!(r.code(), Some(0), "the second attempt succeeds\n{ctx}");
-    let second: Vec<String> = r
-        .out()
-        .lines()
-        .filter(|l| l.contains("ready attempt=1"))
-        .map(str::to_string)
-        .collect();
-    assert_eq!(second.len(), 2, "two ranks on the host left\n{ctx}");
-    assert!(
-        second
-            .iter()
-            .all(|l| l.ends_with("size=2 server=127.0.0.2")),
-        "{ctx}"
-    );
+    assert_second_attempt_on(&r, "127.0.0.2", &ctx);
     let err = r.err();
     assert!(
         err.contains("attempt 0: 4 ranks on 2 servers (2 × 2)")
@@ -1640,19 +1633,7 @@ fn a_host_unreachable_at_a_restart_is_left_out_and_the_others_run_it() {
         .timeout(Duration::from_secs(90))
         .run();
     let ctx = ctx(&r, &sshd);
-    assert_eq!(r.code(), Some(0), "the restart runs on 127.0.0.2\n{ctx}");
-    let out = r.out();
-    let second: Vec<&str> = out
-        .lines()
-        .filter(|l| l.contains("ready attempt=1"))
-        .collect();
-    assert_eq!(second.len(), 2, "two ranks on the host left\n{ctx}");
-    assert!(
-        second
-            .iter()
-            .all(|l| l.ends_with("size=2 server=127.0.0.2")),
-        "{ctx}"
-    );
+    assert_second_attempt_on(&r, "127.0.0.2", &ctx);
     let err = r.err();
     assert!(
         err.contains("host 127.0.0.3: ssh could not start atlasboost agent there")
