@@ -11,9 +11,9 @@
 //! A remote agent's guard also watches the agent's channel to its launcher (its stdout, to
 //! sshd): when the other end closes (the launcher gave the host up, or died: its ssh session
 //! ended), the agent stops its workers itself (SIGTERM, SIGKILL a second later) and exits,
-//! closing the lifeline. If the lifeline is still open `UPSTREAM_GONE_WAIT_MS` (6 s) later, the agent
-//! hangs (stopped, deadlocked), and the guard stops the groups as if it had died: its workers
-//! would otherwise run on after the job.
+//! closing the lifeline. If the lifeline is still open `UPSTREAM_GONE_WAIT_MS` (6 s) later,
+//! the agent hangs (stopped, deadlocked), and the guard stops the groups as if it had died:
+//! its workers would otherwise run on after the job.
 //!
 //! Where this process can make one, the workers also run in a cgroup of their own
 //! ([`WorkerCgroup`]): the guard then also writes `cgroup.kill`, which ends what left the
