@@ -1162,9 +1162,9 @@ mod tests {
     }
 
     /// The variables `host_workers` and `RankFiles::env` set for a worker, beside the table's
-    /// and those the user may give instead (`USER_MAY_SET`), are exactly those the launcher refuses in `-x` (`job::SET_BY_THE_LAUNCHER`): a variable
-    /// added to one and not the other would be either overridable by `-x` or refused for
-    /// nothing.
+    /// and those the user may give instead (`USER_MAY_SET`), are exactly those the launcher
+    /// refuses in `-x` (`job::SET_BY_THE_LAUNCHER`): a variable added to one and not the other
+    /// would be either overridable by `-x` or refused for nothing.
     #[test]
     fn the_variables_set_per_worker_are_the_ones_x_refuses() {
         use crate::launch::job::{
