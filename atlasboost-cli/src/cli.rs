@@ -379,8 +379,9 @@ pub struct RunArgs {
     #[arg(allow_negative_numbers = true, long, value_name = "SECS", default_value = "5", value_parser = parse_monitor_interval)]
     pub monitor_interval: std::time::Duration,
 
-    /// Serve the job's metrics for Prometheus at ADDR:PORT (a PORT alone: on loopback), with
-    /// MindX npu-exporter's names (npu_chip_info_utilization, ...) and atlasboost's own.
+    /// Serve the job's metrics for Prometheus at ADDR:PORT (a host name too; a PORT alone: on
+    /// loopback), with MindX npu-exporter's names (npu_chip_info_utilization, ...) and
+    /// atlasboost's own.
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_address)]
     pub metrics: Option<std::net::SocketAddr>,
 
@@ -519,13 +520,30 @@ fn parse_monitor_interval(s: &str) -> Result<std::time::Duration, String> {
     at_least(s, crate::launch::monitor::MIN_INTERVAL).map_err(|e| format!("{e}, or off"))
 }
 
-/// `--metrics`: `ADDR:PORT`, or a port alone (on loopback: nothing is exposed unless asked).
+/// `--metrics`: `ADDR:PORT` (`HOST:PORT`, resolved now: its first address), or a port alone (on
+/// loopback: nothing is exposed unless asked).
 fn parse_metrics_address(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
     if let Ok(port) = s.parse::<u16>() {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     }
-    s.parse()
-        .map_err(|_| format!("{s:?} is not ADDR:PORT (e.g. 127.0.0.1:9400, [::1]:9400) or a port"))
+    if let Ok(address) = s.parse() {
+        return Ok(address);
+    }
+    let bad = |why: String| {
+        format!(
+            "{s:?} is not ADDR:PORT (e.g. 127.0.0.1:9400, [::1]:9400, localhost:9400) or a \
+             port{why}"
+        )
+    };
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => s
+            .to_socket_addrs()
+            .map_err(|e| bad(format!(": {host} does not resolve ({e})")))?
+            .next()
+            .ok_or_else(|| bad(format!(": {host} has no address"))),
+        _ => Err(bad(String::new())),
+    }
 }
 
 fn parse_export(s: &str) -> Result<(String, Option<String>), String> {
@@ -618,6 +636,37 @@ mod tests {
         assert_eq!(
             normalize_args(os(&["atlasboost", "validate", "-np"])),
             os(&["atlasboost", "validate", "-np"])
+        );
+    }
+
+    #[test]
+    fn a_metrics_address_is_an_address_a_host_name_or_a_port() {
+        assert_eq!(
+            parse_metrics_address("9400").unwrap(),
+            "127.0.0.1:9400".parse().unwrap()
+        );
+        assert_eq!(
+            parse_metrics_address("[::1]:9400").unwrap(),
+            "[::1]:9400".parse().unwrap()
+        );
+        let by_name = parse_metrics_address("localhost:9400").unwrap();
+        assert!(
+            by_name.ip().is_loopback() && by_name.port() == 9400,
+            "{by_name}"
+        );
+        for bad in [
+            "localhost",
+            "localhost:99999",
+            ":9400",
+            "no-such-host.invalid:9400",
+        ] {
+            let e = parse_metrics_address(bad).unwrap_err();
+            assert!(e.starts_with(&format!("{bad:?} is not ADDR:PORT")), "{e}");
+        }
+        assert!(
+            parse_metrics_address("no-such-host.invalid:9400")
+                .unwrap_err()
+                .contains("no-such-host.invalid does not resolve")
         );
     }
 
