@@ -625,11 +625,7 @@ fn host_left_out_event(job: &JobState<'_>, host: &str, why: &str) {
 /// responding. srun would refuse a node that is gone, and a drained one would meet its fault
 /// again. When Slurm cannot be asked, the restart goes on without the answer, saying so.
 fn leave_out_unusable_nodes(job: &mut JobState<'_>, printer: &Printer) {
-    let live: Vec<&HostPlan> = job
-        .hosts
-        .iter()
-        .filter(|h| !job.lost.contains(&h.describe()))
-        .collect();
+    let live = job.live_hosts();
     let names: Vec<String> = live.iter().map(|h| h.name.clone()).collect();
     match slurm::unusable_nodes(&names) {
         Ok(nodes) => {

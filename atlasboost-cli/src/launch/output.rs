@@ -904,7 +904,8 @@ impl Output {
                     Ok(0) => gone = true,
                     Ok(n) => {
                         heard = Instant::now();
-                        self.reader_paused = buf[..n].ends_with(b"pause\n");
+                        let pause = super::channel::Down::Pause.line();
+                        self.reader_paused = buf[..n].ends_with(pause.as_bytes());
                     }
                     Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
                     Err(_) => gone = true,
@@ -934,6 +935,11 @@ impl Output {
     /// silence for no loss.
     pub fn set_reader_paused(&mut self, paused: bool) {
         self.reader_paused = paused;
+    }
+
+    /// Whether the reader of this output said it is stopping, and has not spoken since.
+    pub fn reader_paused(&self) -> bool {
+        self.reader_paused
     }
 
     /// Drops what the console has not taken, and every line after it (the log files still

@@ -470,8 +470,6 @@ pub struct Upstream {
     split: LineSplitter,
     last_heard: Instant,
     lost: bool,
-    /// The launcher said it is stopping (Ctrl-Z): its silence is not its loss meanwhile.
-    paused: bool,
     /// The agents this one started, with their positions in the tree.
     children: Vec<(u32, Remote)>,
     /// The tree's shape, to check what the children pass up.
@@ -526,7 +524,6 @@ impl Upstream {
             split: LineSplitter::default(),
             last_heard: Instant::now(),
             lost: false,
-            paused: false,
             children: Vec::new(),
             tree: Tree { size: 0, fanout: 1 },
             queued: Vec::new(),
@@ -1379,7 +1376,10 @@ impl<'a> Supervisor<'a> {
                 }
                 if !up.lost && output.upstream_closed() {
                     upstream_lost = Some("writing to the launcher failed (its connection is gone)");
-                } else if !up.lost && !up.paused && up.last_heard.elapsed() > LOST_AFTER {
+                } else if !up.lost
+                    && !output.reader_paused()
+                    && up.last_heard.elapsed() > LOST_AFTER
+                {
                     upstream_lost = Some("no heartbeat from the launcher");
                 }
             }
@@ -1915,7 +1915,6 @@ impl<'a> Supervisor<'a> {
             Ok(0) => ended = true,
             Ok(n) => {
                 up.last_heard = Instant::now();
-                up.paused = false;
                 output.set_reader_paused(false);
                 up.split
                     .feed(&self.buf[..n], &mut |l| lines.push(l.to_vec()));
@@ -1937,12 +1936,7 @@ impl<'a> Supervisor<'a> {
                 Ok(Down::Heartbeat | Down::Decision(_)) => {}
                 // The launcher is stopping (Ctrl-Z): its silence is not its loss until it
                 // speaks again. Its end still is (its connection closes).
-                Ok(Down::Pause) => {
-                    if let Role::Agent(up) = &mut self.role {
-                        up.paused = true;
-                    }
-                    output.set_reader_paused(true);
-                }
+                Ok(Down::Pause) => output.set_reader_paused(true),
                 Ok(Down::Dump(rank)) => self.dump_for_launcher(rank, output),
                 Ok(Down::Signal(s)) => {
                     if s == Signal::SIGKILL {
