@@ -26,10 +26,17 @@ fn kill_9_of_the_launcher_leaves_nothing_of_the_job() {
     let mark = unique("kill9");
     let _cleanup = Cleanup(mark.clone());
     let ranks = 4;
-    // Each worker forks a grandchild, says so, and waits.
+    // The launcher's directory of rank files goes here, to be seen removed.
+    let tmp = tempfile::tempdir().unwrap();
+    // Each worker writes a heartbeat (a file in that directory), forks a grandchild, says so,
+    // and waits.
     let mut launch = Run::new(["run", "--sim", "4", "-H", "127.0.0.1", "--grace", "30"])
         .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c"])
-        .args(["sleep 300 & echo \"forked $!\"; sleep 300; echo 'still here'"])
+        .args([
+            "echo 1 >\"$ATLASBOOST_HEARTBEAT_FILE\"; sleep 300 & echo \"forked $!\"; \
+             sleep 300; echo 'still here'",
+        ])
+        .env("TMPDIR", tmp.path())
         .timeout(Duration::from_secs(60))
         .spawn();
     launch.wait_for_lines("]<stdout>:forked ", ranks, Duration::from_secs(20));
@@ -73,6 +80,20 @@ fn kill_9_of_the_launcher_leaves_nothing_of_the_job() {
         "the lifeline after kill -9 of the launcher",
     );
     assert!(!r.out().contains("still here"), "{}", r.describe());
+    // The rank files too: the lifeline's guard removed their directory.
+    let scratch = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+            .filter(|name| name.starts_with("atlasboost-"))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || scratch().is_empty()),
+        "the launcher's rank files are left in {}: {:?}",
+        tmp.path().display(),
+        scratch()
+    );
 }
 
 /// `kill -9` of the launcher while each worker has a child in a session of its own (`setsid`:

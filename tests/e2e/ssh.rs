@@ -640,6 +640,7 @@ fn kill_9_and_assert_nothing_left(
     context: &str,
 ) -> Finished {
     let launch_mark = launch.mark().to_string();
+    let scratch = rank_file_dirs_of(agents);
     let killed = Instant::now();
     launch.signal(Signal::SIGKILL);
     let r = launch.wait_at_most(Duration::from_secs(5));
@@ -658,7 +659,48 @@ fn kill_9_and_assert_nothing_left(
         budget.saturating_sub(killed.elapsed()),
         "the launcher's own processes after its kill -9",
     );
+    // The agents are gone: so are their rank files (removed by them, or by their guards).
+    let left: Vec<&PathBuf> = scratch.iter().filter(|d| d.exists()).collect();
+    assert!(
+        left.is_empty(),
+        "the agents' rank files are left after kill -9 of the launcher {context}: {left:?}"
+    );
     r
+}
+
+/// Each agent's directory of rank files (`$TMPDIR/atlasboost-<job>-<pid>`, with the agent's
+/// own `TMPDIR`, as sshd gave it); asserts that each agent has one.
+fn rank_file_dirs_of(agents: &BTreeSet<i32>) -> Vec<PathBuf> {
+    agents
+        .iter()
+        .map(|&pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let tmp = environ
+                .split(|b| *b == 0)
+                .find_map(|v| v.strip_prefix(b"TMPDIR="))
+                .map_or_else(
+                    || "/tmp".into(),
+                    |t| String::from_utf8_lossy(t).into_owned(),
+                );
+            let suffix = format!("-{pid}");
+            let found: Vec<PathBuf> = std::fs::read_dir(&tmp)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("atlasboost-") && n.ends_with(&suffix))
+                })
+                .collect();
+            assert_eq!(
+                found.len(),
+                1,
+                "agent {pid}'s rank files in {tmp}: {found:?}"
+            );
+            found.into_iter().next().unwrap()
+        })
+        .collect()
 }
 
 /// processes run, with the agents.

@@ -913,7 +913,9 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     // this agent hangs (under Slurm, the step's end does).
     let stdout = std::io::stdout();
     let upstream = (!slurm).then(|| stdout.as_fd());
-    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true), upstream)?;
+    let files = RankFiles::create(&config.job_id)?;
+    let mut lifeline =
+        lifeline::prepare(CgroupWanted::ByDefault(true), upstream, Some(files.dir()))?;
     let nic: Option<atlasboost::host::NicChoice> = settings
         .nic
         .as_deref()
@@ -941,7 +943,6 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
         &|k| std::env::var_os(k).is_some(),
     )?;
     let pytorch = settings.framework.parse::<Framework>()? == Framework::Pytorch;
-    let files = RankFiles::create(&config.job_id)?;
     // From here on every frame goes through `output` (standard output is non-blocking now),
     // the last ones too.
     let mut output = Output::upstream(&workers.iter().map(|w| w.rank).collect::<Vec<_>>())?;

@@ -17,7 +17,9 @@
 //!
 //! Where this process can make one, the workers also run in a cgroup of their own
 //! ([`WorkerCgroup`]): the guard then also writes `cgroup.kill`, which ends what left the
-//! workers' groups (`setsid`, a daemon) too, and removes the cgroup.
+//! workers' groups (`setsid`, a daemon) too, and removes the cgroup. Last, it removes the
+//! supervisor's directory of rank files (heartbeats, failure records), which a launcher or
+//! agent that was killed could not.
 //!
 //! The guard is a fork of the launcher that never execs: starting it costs a fork, not the
 //! start of a program (every rank of `run --mpi` has a relay with a lifeline of its own, and
@@ -28,10 +30,12 @@
 
 mod cgroup;
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -67,7 +71,8 @@ fn raise_fd_limit() {
 /// What every process that starts workers does first (the launcher, a remote agent, a relay):
 /// raise the soft limit of open files (every worker takes two pipes), become the subreaper of
 /// the workers' orphans (re-parented here, to be reaped or stopped), make the workers' cgroup
-/// where it can and is wanted, and start the lifeline.
+/// where it can and is wanted, and start the lifeline, whose guard removes `scratch` (the rank
+/// files' directory) when this process is gone.
 ///
 /// # Errors
 ///
@@ -75,6 +80,7 @@ fn raise_fd_limit() {
 pub fn prepare(
     cgroup: CgroupWanted,
     upstream: Option<BorrowedFd<'_>>,
+    scratch: Option<&Path>,
 ) -> Result<Lifeline, CliError> {
     raise_fd_limit();
     let _ = nix::sys::prctl::set_child_subreaper(true);
@@ -86,7 +92,7 @@ pub fn prepare(
         }
         CgroupWanted::ByDefault(default) => WorkerCgroup::for_workers(default)?,
     };
-    Lifeline::start(cgroup, upstream)
+    Lifeline::start(cgroup, upstream, scratch)
 }
 
 /// Whether [`prepare`] makes the workers' cgroup.
@@ -119,8 +125,8 @@ pub struct Lifeline {
 
 impl Lifeline {
     /// Starts the guard process (a fork of this one), which ends `cgroup` too, if there is one,
-    /// and which also acts when `upstream` (a remote agent's channel to its launcher, written
-    /// to) reports its reader gone.
+    /// removes `scratch` (a directory of files only), and also acts when `upstream` (a remote
+    /// agent's channel to its launcher, written to) reports its reader gone.
     ///
     /// # Errors
     ///
@@ -128,6 +134,7 @@ impl Lifeline {
     pub fn start(
         cgroup: Result<WorkerCgroup, String>,
         upstream: Option<BorrowedFd<'_>>,
+        scratch: Option<&Path>,
     ) -> Result<Lifeline, CliError> {
         let failed = |step: &'static str, e: Errno| CliError::Lifeline {
             step,
@@ -142,6 +149,9 @@ impl Lifeline {
         )
         .map_err(|e| failed("cannot open /dev/null", e))?;
         let mut groups: Vec<i32> = Vec::with_capacity(MAX_GROUPS);
+        // Made before the fork, since the guard may not allocate. A path from the environment
+        // holds no NUL byte, so `None` here only ever means no directory was given.
+        let scratch = scratch.and_then(|p| CString::new(p.as_os_str().as_bytes()).ok());
         // The descriptors open now, listed before the fork, since the guard may not read a
         // directory: it closes them all but its pipe (see `guard`).
         let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
@@ -158,7 +168,8 @@ impl Lifeline {
                     .as_ref()
                     .ok()
                     .map(|c| (c.kill_file(), c.dir(), c.own_procs()));
-                guard(&read, &null, &open, &mut groups, cgroup, upstream)
+                let scratch = scratch.as_deref();
+                guard(&read, &null, &open, &mut groups, cgroup, upstream, scratch)
             }
             ForkResult::Parent { child } => Ok(Lifeline {
                 guard: child,
@@ -298,9 +309,9 @@ fn exit_within(pid: Pid, limit: Duration) -> Option<bool> {
 
 /// The guard: reads `+pgid`/`-pgid` lines from `pipe` until it closes, then SIGKILLs every
 /// group still listed, and the workers' cgroup (its `cgroup.kill` and directory), which it then
-/// removes, and exits. `open` lists the launcher's descriptors at the fork, all of which it
-/// closes (the pipe's other end among them). Only async-signal-safe calls (see the module's
-/// docs).
+/// removes, then removes `scratch`, and exits. `open` lists the launcher's descriptors at the
+/// fork, all of which it closes (the pipe's other end among them). Only async-signal-safe calls
+/// (see the module's docs).
 fn guard(
     pipe: &OwnedFd,
     null: &OwnedFd,
@@ -308,6 +319,7 @@ fn guard(
     groups: &mut Vec<i32>,
     cgroup: Option<(BorrowedFd<'_>, &CStr, BorrowedFd<'_>)>,
     upstream: Option<BorrowedFd<'_>>,
+    scratch: Option<&CStr>,
 ) -> ! {
     // SAFETY (whole function): raw system calls on descriptors this process owns; no
     // allocation (`groups` never grows beyond the capacity it was given), no locks.
@@ -472,7 +484,65 @@ fn guard(
                 libc::nanosleep(&pause, std::ptr::null_mut());
             }
         }
+        if let Some(dir) = scratch {
+            remove_files_and_dir(dir);
+        }
         libc::_exit(0)
+    }
+}
+
+/// Removes the files in `dir`, then `dir`, with async-signal-safe calls only (the guard's):
+/// `getdents64` into a buffer on the stack, `unlinkat`, `rmdir`. A worker that was still dying
+/// may create a file meanwhile (a last heartbeat): then once more, at most three times.
+///
+/// # Safety
+///
+/// Raw system calls on a descriptor this function opens and closes; nothing else.
+unsafe fn remove_files_and_dir(dir: &CStr) {
+    // Where a `linux_dirent64`'s record length and name start.
+    const RECLEN_AT: usize = 16;
+    const NAME_AT: usize = 19;
+    for _ in 0..3 {
+        // SAFETY: see the function's docs.
+        unsafe {
+            let fd = libc::open(
+                dir.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return;
+            }
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len());
+                if n <= 0 {
+                    break;
+                }
+                let n = n as usize;
+                let mut at = 0;
+                // A record is at least 24 bytes (8-aligned), so its first three name bytes
+                // are inside it.
+                while at + NAME_AT + 3 <= n {
+                    let reclen = usize::from(u16::from_ne_bytes([
+                        buf[at + RECLEN_AT],
+                        buf[at + RECLEN_AT + 1],
+                    ]));
+                    let name = &buf[at + NAME_AT..at + NAME_AT + 3];
+                    let dots = name[0] == b'.' && (name[1] == 0 || name[1] == b'.' && name[2] == 0);
+                    if !dots {
+                        libc::unlinkat(fd, buf.as_ptr().add(at + NAME_AT).cast(), 0);
+                    }
+                    if reclen == 0 {
+                        break;
+                    }
+                    at += reclen;
+                }
+            }
+            libc::close(fd);
+            if libc::rmdir(dir.as_ptr()) == 0 || Errno::last() != Errno::ENOTEMPTY {
+                return;
+            }
+        }
     }
 }
 
@@ -482,13 +552,40 @@ mod tests {
 
     #[test]
     fn closing_the_lifeline_reaps_its_guard() {
-        let lifeline = Lifeline::start(Err("not wanted here".into()), None).unwrap();
+        let lifeline = Lifeline::start(Err("not wanted here".into()), None, None).unwrap();
         let guard = lifeline.guard;
         lifeline.close();
         // Reaped by close: no longer a child of this process, not even a zombie.
         assert_eq!(
             waitpid(guard, Some(WaitPidFlag::WNOHANG)),
             Err(Errno::ECHILD)
+        );
+    }
+
+    #[test]
+    fn the_guard_removes_the_scratch_directory_and_every_file_in_it() {
+        let parent = tempfile::tempdir().unwrap();
+        let scratch = parent.path().join("atlasboost-job-1");
+        std::fs::create_dir(&scratch).unwrap();
+        // More names than one `getdents64` buffer (4 KiB) holds, and names that begin with dots.
+        for i in 0..300 {
+            std::fs::write(scratch.join(format!("rank.{i}.beat")), b"1 2\n").unwrap();
+        }
+        for name in [".hidden", "..x", ".a"] {
+            std::fs::write(scratch.join(name), b"").unwrap();
+        }
+        let lifeline =
+            Lifeline::start(Err("not wanted here".into()), None, Some(&scratch)).unwrap();
+        // As when the launcher is killed: the pipe closes, and the guard cleans up.
+        lifeline.close();
+        assert!(
+            !scratch.exists(),
+            "{:?}",
+            std::fs::read_dir(&scratch).map(|d| d.count())
+        );
+        assert!(
+            parent.path().exists(),
+            "only the scratch directory is removed"
         );
     }
 

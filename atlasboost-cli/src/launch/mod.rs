@@ -160,9 +160,9 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         }
         None => None,
     };
-    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true), None)?;
-    printer.detail(&format!("atlasboost: {}", lifeline.cgroup_note()));
     let files = RankFiles::create(&job_id)?;
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true), None, Some(files.dir()))?;
+    printer.detail(&format!("atlasboost: {}", lifeline.cgroup_note()));
     let mut job = JobState {
         args,
         slurm,

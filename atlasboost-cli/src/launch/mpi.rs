@@ -150,7 +150,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         false => resolved.iter().map(host_json).collect(),
     };
     job_start_event(events.as_ref(), args, Some(np), given, &table_path);
-    let mut lifeline = lifeline::prepare(CgroupWanted::NoWorkers, None)?;
+    let mut lifeline = lifeline::prepare(CgroupWanted::NoWorkers, None, None)?;
     let ranks: Vec<u32> = (0..np).collect();
     let logs = job_logs(args, &job_id, printer)?;
     let mut output = Output::new(
@@ -585,7 +585,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
             )
         })?;
     let host = atlasboost_core::host_name();
-    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(false), None)?;
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(false), None, None)?;
     let who = Introduction {
         job_id: &job_id,
         secret: &secret,

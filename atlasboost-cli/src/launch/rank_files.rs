@@ -2,7 +2,8 @@
 //! (SPEC §12): heartbeats, the record of a failure, and stack dumps of a stuck worker.
 //!
 //! One private directory per supervising process (`$TMPDIR/atlasboost-<job>-<pid>`), one set of
-//! files per rank, cleared before each attempt starts the rank.
+//! files per rank, cleared before each attempt starts the rank. The supervisor removes it at
+//! the end; if it is killed, its lifeline's guard does.
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -190,6 +191,11 @@ impl RankFiles {
             Some(s) => format!("py-spy dump failed ({s}): {}", text.trim()),
             None => format!("py-spy dump took more than {PY_SPY_LIMIT:.0?}; stopped it"),
         }
+    }
+
+    /// The directory (which the lifeline's guard removes if this process is killed).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Removes the directory (at the end of the job).
