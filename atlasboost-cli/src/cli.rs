@@ -347,7 +347,7 @@ pub struct RunArgs {
     pub restart_delay: Option<Duration>,
 
     /// With --max-restarts: the smallest world a restart may shrink to, leaving out unhealthy
-    /// devices and lost hosts
+    /// devices and lost hosts (the first attempt too, when a device is unhealthy as it starts)
     /// [default: the first attempt's size: no shrinking].
     #[arg(allow_negative_numbers = true, long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..),
           requires = "max_restarts")]

@@ -208,10 +208,7 @@ pub fn put_devices(w: &mut Writer, devices: &[Device]) {
             }
         }
         w.varint(index[d.chip.as_str()]);
-        w.varint(match d.health {
-            Health::Healthy => 0,
-            Health::Unhealthy { code } => u64::from(code),
-        });
+        w.varint(d.health.to_wire());
         let flags = d.super_device_id.map_or(0, |_| HAS_SUPER_DEVICE)
             | d.super_pod_id.as_ref().map_or(0, |_| HAS_SUPER_POD);
         w.varint(flags);
@@ -265,7 +262,9 @@ pub fn get_devices(r: &mut Reader<'_>) -> Result<Vec<Device>, CompactError> {
         };
         let chip = r.varint(&what("chip"))?;
         let chip = string(r, chip, &what("chip"))?;
-        let health = Health::from_code(r.u32(&what("health"))?);
+        let health = r.varint(&what("health"))?;
+        let health = Health::from_wire(health)
+            .ok_or_else(|| r.fail(&what("health"), &format!("health {health:#x}")))?;
         let flags = r.varint(&what("flags"))?;
         if flags & !(HAS_SUPER_DEVICE | HAS_SUPER_POD) != 0 {
             return Err(r.fail(&what("flags"), &format!("unknown flags {flags:#x}")));

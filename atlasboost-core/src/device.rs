@@ -43,6 +43,12 @@ pub enum Health {
         /// The non-zero health code (1 warning, 2 important, 3 critical, 0xFFFFFFFF offline).
         code: u32,
     },
+    /// Not usable: the driver's calls about this device fail while the others' answer (a
+    /// broken NPU); the code one of them returned is kept for the message.
+    Unreadable {
+        /// The driver's return code.
+        code: i32,
+    },
 }
 
 impl Health {
@@ -59,6 +65,28 @@ impl Health {
     pub fn is_healthy(self) -> bool {
         self == Health::Healthy
     }
+
+    /// The health as one number for the compact wire forms: 0 healthy, the DSMI code when
+    /// unhealthy (up to 0xFFFFFFFF), and `1 << 32` plus the return code's 32 bits when
+    /// unreadable.
+    pub fn to_wire(self) -> u64 {
+        match self {
+            Health::Healthy => 0,
+            Health::Unhealthy { code } => u64::from(code),
+            Health::Unreadable { code } => 1 << 32 | u64::from(code as u32),
+        }
+    }
+
+    /// Reads what [`Health::to_wire`] wrote; `None` for a number it never writes.
+    pub fn from_wire(wire: u64) -> Option<Health> {
+        match wire >> 32 {
+            0 => Some(Health::from_code(wire as u32)),
+            1 => Some(Health::Unreadable {
+                code: wire as u32 as i32,
+            }),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Health {
@@ -70,6 +98,9 @@ impl fmt::Display for Health {
             Health::Unhealthy { code: 3 } => f.write_str("critical (3)"),
             Health::Unhealthy { code: u32::MAX } => f.write_str("offline"),
             Health::Unhealthy { code } => write!(f, "unhealthy ({code})"),
+            Health::Unreadable { code } => {
+                write!(f, "unreadable: a driver call about it returned {code}")
+            }
         }
     }
 }
@@ -328,6 +359,24 @@ fn abbreviate(items: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_survives_its_wire_form_and_strangers_are_refused() {
+        for h in [
+            Health::Healthy,
+            Health::Unhealthy { code: 3 },
+            Health::Unhealthy { code: u32::MAX },
+            Health::Unreadable { code: 13 },
+            Health::Unreadable { code: -8005 },
+        ] {
+            assert_eq!(Health::from_wire(h.to_wire()), Some(h), "{h}");
+        }
+        assert_eq!(Health::from_wire(2 << 32), None);
+        assert_eq!(
+            Health::Unreadable { code: -8005 }.to_string(),
+            "unreadable: a driver call about it returned -8005"
+        );
+    }
 
     #[test]
     fn device_lists_parse_ranges_and_singles() {

@@ -232,6 +232,9 @@ impl DsmiProbe {
             (f.list)(ids.as_mut_ptr(), count)
         })?;
         let mut devices = Vec::with_capacity(ids.len());
+        // The first error of a job's device whose own calls fail: the probe's error when no
+        // device of the host can be read (a driver that fails everything is not a broken NPU).
+        let mut first_unreadable = None;
         for &logical in &ids {
             let Ok(logical) = u32::try_from(logical) else {
                 return Err(DsmiError::Nonsense {
@@ -251,10 +254,39 @@ impl DsmiProbe {
                             .runtime
                             .as_ref()
                             .is_none_or(|ids| !ids.contains(&logical)) => {}
+                // A broken NPU fails its own calls while the others answer: it is reported,
+                // unusable, so that the table names it and a restart plans around it.
+                Err(e) if let Some(code) = own_failure(&e) => {
+                    first_unreadable.get_or_insert(e);
+                    devices.push(Device {
+                        server_id: self.server_id.clone(),
+                        logical_id: logical,
+                        physical_id: physical,
+                        ip: None,
+                        // The host's chip, from a device that answered (below).
+                        chip: String::new(),
+                        health: Health::Unreadable { code },
+                        super_device_id: None,
+                        super_pod_id: None,
+                    });
+                }
                 Err(e) => return Err(e),
             }
         }
-        Ok(devices)
+        let readable = devices
+            .iter()
+            .find(|d| !matches!(d.health, Health::Unreadable { .. }))
+            .map(|d| d.chip.clone());
+        match (readable, first_unreadable) {
+            (Some(chip), _) => {
+                for d in devices.iter_mut().filter(|d| d.chip.is_empty()) {
+                    d.chip.clone_from(&chip);
+                }
+                Ok(devices)
+            }
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(devices),
+        }
     }
 
     /// The RoCE address of a device: IPv4 asked first, then IPv6 (the caller's `ip_type`
@@ -464,6 +496,22 @@ fn optional<T: Copy>(library: &Library, symbol: &str) -> Option<T> {
     unsafe { library.get::<T>(symbol.as_bytes()) }
         .ok()
         .map(|s| *s)
+}
+
+/// The code of a call that failed for one device (which the driver answers for the others):
+/// `None` for any other error.
+fn own_failure(e: &DsmiError) -> Option<i32> {
+    match e {
+        DsmiError::Call {
+            device: Some(_),
+            code,
+            ..
+        } => Some(*code),
+        DsmiError::StillStarting {
+            device: Some(_), ..
+        } => Some(TRY_AGAIN),
+        _ => None,
+    }
 }
 
 fn check(function: &'static str, device: Option<u32>, code: c_int) -> Result<(), DsmiError> {

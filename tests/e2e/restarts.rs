@@ -118,6 +118,14 @@ fn a_dead_npu_costs_its_server_not_half_of_every_server() {
     );
     // (Not every rank of attempt 0 may have printed before the stop: the summary says.)
     let err = r.err();
+    // What the restart left out, and why: the dead NPU, and its server's other seven.
+    assert!(
+        err.contains(
+            "the restart leaves out device 5 of host 127.0.0.3 (critical (3)), devices \
+             0-4,6-7 of host 127.0.0.3 (usable, but not in the largest valid world)"
+        ),
+        "{err}"
+    );
     assert!(
         err.contains("attempt 0: 32 ranks on 4 servers (4 × 8)"),
         "{err}"
@@ -133,6 +141,129 @@ fn a_dead_npu_costs_its_server_not_half_of_every_server() {
     let text = std::fs::read_to_string(&table).unwrap();
     assert_eq!(text.matches("\"rank_id\"").count(), 24, "{text}");
     assert!(!text.contains("127.0.0.3"), "{text}");
+}
+
+/// An NPU already unhealthy as the job starts: with `--min-np` the first attempt starts on the
+/// largest valid world without it, saying what it left out (on the console and in the `table`
+/// event); without, the job ends naming the device and how to go on (`--devices` would take
+/// the device out of every host).
+#[test]
+fn an_npu_dead_at_the_start_is_planned_around_with_min_np() {
+    let hosts = ["-H", "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"];
+    let run = Run::new(["run", "--sim", "8"])
+        .args(hosts)
+        .args([
+            "--max-restarts",
+            "1",
+            "--min-np",
+            "24",
+            "--events",
+            "ev.jsonl",
+        ])
+        .env("ATLASBOOST_SIM_FAULTS", "127.0.0.3/unhealthy:5");
+    let dir = run.dir().to_path_buf();
+    let r = run
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID",
+        ])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(0).assert_err(
+        &[
+            "the job leaves out device 5 of host 127.0.0.3 (critical (3)), devices 0-4,6-7 of \
+             host 127.0.0.3 (usable, but not in the largest valid world)",
+            "24 ranks on 3 servers (3 × 8)",
+        ],
+        &[],
+    );
+    let out = r.out();
+    assert_eq!(out.matches("size=24 ").count(), 24, "{}", r.describe());
+    assert!(!out.contains("server=127.0.0.3"), "{}", r.describe());
+    let events = std::fs::read_to_string(dir.join("ev.jsonl")).unwrap();
+    let table: serde_json::Value = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["event"] == "table")
+        .unwrap();
+    assert_eq!(
+        table["left_out"].as_array().map(Vec::len),
+        Some(2),
+        "{events}"
+    );
+
+    let r = Run::new(["run", "--sim", "8"])
+        .args(hosts)
+        .env("ATLASBOOST_SIM_FAULTS", "127.0.0.3/unhealthy:5")
+        .args(["--", "true"])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(125).assert_err(
+        &[
+            "error: device 5 of host 127.0.0.3 is critical (3); leave its host out, or let the \
+           job start on the largest valid world without it (--max-restarts with --min-np)",
+        ],
+        &[],
+    );
+}
+
+/// A broken NPU that fails its own driver calls (not one that reports itself unhealthy) at a
+/// restart: the real driver path (the fake DSMI library) reports it unreadable, and the
+/// restart runs on the largest valid world without it, rather than without its whole server.
+#[test]
+fn an_npu_whose_driver_calls_fail_at_a_restart_is_planned_around() {
+    let lib = atlasboost_e2e::atlasboost_bin().with_file_name("libdrvdsmi_host.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build -p atlasboost-fake-dsmi` first",
+        lib.display()
+    );
+    let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ] && [ \"$RANK_ID\" = 5 ]; then \
+                      echo fail:dsmi_get_device_health@5=13 > faults; exit 1; fi; \
+                  echo size=$RANK_SIZE device=$ATLASBOOST_PHYSICAL_ID";
+    let run = Run::new(["run", "--probe", "dsmi", "-H", "127.0.0.1"]).args([
+        "--max-restarts",
+        "1",
+        "--restart-delay",
+        "0",
+        "--min-np",
+        "4",
+    ]);
+    let faults = run.dir().join("faults");
+    let r = run
+        .env("ATLASBOOST_DSMI_LIB", &lib)
+        .env("ATLASBOOST_FAKE_DSMI_FAULTS_FILE", faults)
+        .args(["--", "sh", "-c", worker])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(0).assert_err(
+        &[
+            "the restart leaves out device 5 of host 127.0.0.1 (unreadable: a driver call about \
+             it returned 13), devices 4,6-7 of host 127.0.0.1 (usable, but not in the largest \
+             valid world)",
+            "attempt 1: 4 ranks on 1 server (1 × 4)",
+        ],
+        &[],
+    );
+    // The restart's ranks, each on its device (attempt 0's ran 8).
+    let restarted: Vec<String> = lines_by_rank(&r.out(), "stdout")
+        .into_iter()
+        .flat_map(|(rank, lines)| lines.into_iter().map(move |l| format!("{rank}:{l}")))
+        .filter(|l| l.contains("size=4 "))
+        .collect();
+    assert_eq!(
+        restarted,
+        [
+            "0:size=4 device=0",
+            "1:size=4 device=1",
+            "2:size=4 device=2",
+            "3:size=4 device=3"
+        ],
+        "{}",
+        r.describe()
+    );
 }
 
 #[test]

@@ -80,17 +80,20 @@ pub struct TablePolicy {
     pub shrink: Option<Shrink>,
 }
 
-/// How far a restart may shrink the job (SPEC §12).
+/// How far a restart may shrink the job (SPEC §12), or, with `--min-np`, the first attempt
+/// when it must (an unhealthy device, a host whose probe fails).
 #[derive(Debug, Clone)]
 pub struct Shrink {
     /// The smallest world allowed (`--min-np`, or the first attempt's size).
     pub min: u64,
     /// Whether the user gave `--min-np`.
     pub min_given: bool,
-    /// The largest: the first attempt's size.
+    /// The largest: the first attempt's size (`-n`, or no bound, for the first attempt).
     pub max: u64,
     /// Hosts left out already (lost earlier), for the message.
     pub left_out: Vec<String>,
+    /// A restart (re-planned always), not the first attempt (planned only when it must be).
+    pub restart: bool,
 }
 
 /// The SHA-256 of `bytes`, in lowercase hex.
@@ -146,6 +149,9 @@ pub struct Decision {
     /// The hosts a restart leaves out because their probe fails now, and why (as
     /// [`HostPlan::describe`] names them).
     pub unprobed: Vec<(String, String)>,
+    /// What a re-planned world leaves out of what the probed hosts offer (unhealthy devices,
+    /// usable ones the chip's rules leave idle), one entry each, for the console.
+    pub left_out: Vec<String>,
 }
 
 /// Builds the table from every host's report, in host order: the first failed probe fails the
@@ -171,9 +177,20 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
         }
         ports.push((host.server_id.clone(), report.free_port, report.nic_addr));
     }
-    let devices = match &policy.shrink {
-        None => assign_workers(offers, policy.np)?,
-        Some(shrink) => replan(offers, shrink, &unprobed, policy.build.chip)?,
+    let any_unhealthy = offers
+        .iter()
+        .flat_map(|o| &o.devices)
+        .any(|d| !d.health.is_healthy());
+    let (devices, left_out) = match &policy.shrink {
+        Some(shrink) if shrink.restart || any_unhealthy || !unprobed.is_empty() => {
+            replan(offers, shrink, &unprobed, policy.build.chip)?
+        }
+        _ => {
+            let hosts = offers.len();
+            let devices = assign_workers(offers, policy.np)?;
+            refuse_unhealthy(&devices, hosts)?;
+            (devices, Vec::new())
+        }
     };
     let mut build = policy.build.clone();
     if let RankOrder::Hosts(order) = &mut build.order {
@@ -212,7 +229,35 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
         table,
         build,
         unprobed,
+        left_out,
     })
+}
+
+/// Refuses a first attempt's unhealthy devices, saying how to go on without them (the table
+/// builder would refuse them too, with a hint for one host).
+fn refuse_unhealthy(devices: &[Device], hosts: usize) -> Result<(), String> {
+    let unhealthy: Vec<String> = devices
+        .iter()
+        .filter(|d| !d.health.is_healthy())
+        .map(|d| {
+            format!(
+                "device {} of host {} is {}",
+                d.physical_id, d.server_id, d.health
+            )
+        })
+        .collect();
+    if unhealthy.is_empty() {
+        return Ok(());
+    }
+    let hint = match hosts {
+        1 => "leave it out with --devices",
+        // --devices names the same devices on every host.
+        _ => {
+            "leave its host out, or let the job start on the largest valid world without it \
+              (--max-restarts with --min-np)"
+        }
+    };
+    Err(format!("{}; {hint}", unhealthy.join(", ")))
 }
 
 /// A host's report in the compact form that travels up the launch tree (SPEC §14): a dozen
@@ -316,14 +361,14 @@ pub fn render_decision(bytes: &[u8]) -> Result<(LaunchAnswer, RankTable), CliErr
     Ok((answer, table))
 }
 
-/// A restart's world: the largest the chip's rules allow on what the hosts still have, or why
-/// there is none of at least `shrink.min`.
+/// A restart's world: the largest the chip's rules allow on what the hosts still have, with
+/// what it leaves out of that ([`left_out_of`]), or why there is none of at least `shrink.min`.
 fn replan(
     offers: Vec<Offer>,
     shrink: &Shrink,
     unprobed: &[(String, String)],
     chip: Option<Chip>,
-) -> Result<Vec<Device>, String> {
+) -> Result<(Vec<Device>, Vec<String>), String> {
     let all: Vec<Device> = offers.iter().flat_map(|o| o.devices.clone()).collect();
     let chip = chip_or_reported(chip, &all).map_err(|e| error_chain(&e))?;
     let hosts: Vec<HostDevices> = offers
@@ -340,7 +385,8 @@ fn replan(
         .collect();
     let world = largest_world(chip, &hosts, Some(shrink.max));
     if world.len() as u64 >= shrink.min {
-        return Ok(world);
+        let left_out = left_out_of(&hosts, &world);
+        return Ok((world, left_out));
     }
     let mut left_out: Vec<String> = shrink
         .left_out
@@ -377,7 +423,8 @@ fn replan(
     };
     Err(if shrink.min_given {
         format!(
-            "cannot restart: {largest}{without}, fewer than --min-np {}",
+            "cannot {}: {largest}{without}, fewer than --min-np {}",
+            if shrink.restart { "restart" } else { "start" },
             shrink.min
         )
     } else {
@@ -388,6 +435,45 @@ fn replan(
             world.len()
         )
     })
+}
+
+/// What `world` leaves out of what `hosts` offer: each unusable device with its health, and
+/// per host the usable devices the largest valid world does not take (the chip's rules, the
+/// slots, the job's size).
+fn left_out_of(hosts: &[HostDevices], world: &[Device]) -> Vec<String> {
+    let mut said = Vec::new();
+    for h in hosts {
+        let taken = |d: &Device| {
+            world
+                .iter()
+                .any(|w| w.server_id == d.server_id && w.physical_id == d.physical_id)
+        };
+        for d in h.devices.iter().filter(|d| !d.health.is_healthy()) {
+            said.push(format!(
+                "device {} of host {} ({})",
+                d.physical_id, h.server_id, d.health
+            ));
+        }
+        let idle: Vec<u32> = h
+            .devices
+            .iter()
+            .filter(|d| d.health.is_healthy() && !taken(d))
+            .map(|d| d.physical_id)
+            .collect();
+        match idle.as_slice() {
+            [] => {}
+            [one] => said.push(format!(
+                "device {one} of host {} (usable, but not in the largest valid world)",
+                h.server_id
+            )),
+            many => said.push(format!(
+                "devices {} of host {} (usable, but not in the largest valid world)",
+                super::plan::id_ranges(many.iter().map(|&i| u64::from(i)), ","),
+                h.server_id
+            )),
+        }
+    }
+    said
 }
 
 /// What an agent has once the table is written.

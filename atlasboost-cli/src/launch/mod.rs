@@ -287,12 +287,24 @@ impl<'a> JobState<'a> {
             hosts: live,
             job_id: self.job_id,
             settings,
-            shrink: self.first_size.map(|first| Shrink {
-                min: self.args.min_np.map_or(first as u64, u64::from),
-                min_given: self.args.min_np.is_some(),
-                max: first as u64,
-                left_out: self.lost.clone(),
-            }),
+            shrink: match self.first_size {
+                Some(first) => Some(Shrink {
+                    min: self.args.min_np.map_or(first as u64, u64::from),
+                    min_given: self.args.min_np.is_some(),
+                    max: first as u64,
+                    left_out: self.lost.clone(),
+                    restart: true,
+                }),
+                // With --min-np, a first attempt that finds an unhealthy device or a host whose
+                // probe fails starts on the largest valid world without them.
+                None => self.args.min_np.map(|min| Shrink {
+                    min: u64::from(min),
+                    min_given: true,
+                    max: self.args.np.map_or(u64::MAX, u64::from),
+                    left_out: Vec::new(),
+                    restart: false,
+                }),
+            },
         }
     }
 }
@@ -367,11 +379,21 @@ fn run_attempts(
         };
         // A host whose probe fails now is left out of this attempt (the next one probes it
         // again), saying so.
+        let this_attempt = match attempt {
+            0 => "the job",
+            _ => "the restart",
+        };
         for (host, why) in &joined.decision.unprobed {
             printer.error(&format!(
-                "atlasboost: leaving {host} out of the restart: {why}"
+                "atlasboost: leaving {host} out of {this_attempt}: {why}"
             ));
             host_left_out_event(job, host, why);
+        }
+        if !joined.decision.left_out.is_empty() {
+            printer.error(&format!(
+                "atlasboost: {this_attempt} leaves out {}",
+                joined.decision.left_out.join(", ")
+            ));
         }
         // The hosts have the decision and wait for their workers to start: they hear from
         // the launcher even while it is held writing to its console (the layout below, on a
@@ -446,6 +468,7 @@ fn run_attempts(
                     "ranks": workers.len(),
                     "servers": joined.decision.table.server_count(),
                     "layout": layout.trim(),
+                    "left_out": joined.decision.left_out,
                     "warnings": joined.decision.warnings,
                 }),
             );

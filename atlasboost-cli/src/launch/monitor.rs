@@ -104,13 +104,7 @@ pub fn encode(sample: &HostSample) -> Vec<u8> {
         // Temperatures below zero do not occur on a running NPU; they read as absent.
         opt(&mut w, d.temperature_c.and_then(|t| u64::try_from(t).ok()));
         opt(&mut w, d.power_decwatts.map(u64::from));
-        opt(
-            &mut w,
-            d.health.map(|h| match h {
-                Health::Healthy => 0,
-                Health::Unhealthy { code } => u64::from(code),
-            }),
-        );
+        opt(&mut w, d.health.map(Health::to_wire));
         match &d.error_codes {
             None => w.varint(0),
             Some(codes) => {
@@ -171,7 +165,9 @@ pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
             temperature_c: small(temperature, "the temperature")?
                 .and_then(|t| i32::try_from(t).ok()),
             power_decwatts: small(power, "the power")?,
-            health: small(health, "the health")?.map(Health::from_code),
+            health: health
+                .map(|h| Health::from_wire(h).ok_or(CompactError(format!("the health {h:#x}"))))
+                .transpose()?,
             error_codes: codes,
         });
     }

@@ -1650,10 +1650,17 @@ fn driver_faults_show_in_the_table_or_the_error() {
     assert_eq!(devices[3]["device_id"], "3");
     assert!(devices[3].get("device_ip").is_none(), "{}", out.stdout);
     assert_eq!(devices[4]["device_ip"], "192.168.100.105");
-    // A failing driver call is named with its code.
+    // A device whose own driver call fails is named, unusable, with the call's code.
     driver("fail:dsmi_get_device_ip_address@6=13")
         .expect_code(FAILURE)
-        .stderr_has(&["dsmi_get_device_ip_address(device 6) returned 13 (BUSY"]);
+        .stderr_has(&[
+            "device 6 of host 10.0.0.1 is unreadable: a driver call about it returned 13; \
+             leave it out with --devices",
+        ]);
+    // A call that fails for every device is the driver's trouble: named as it is.
+    driver("fail:dsmi_get_device_ip_address=13")
+        .expect_code(FAILURE)
+        .stderr_has(&["dsmi_get_device_ip_address(device 0) returned 13 (BUSY"]);
 }
 
 #[test]
@@ -2912,7 +2919,7 @@ fn a_missing_hccn_conf_names_the_variable_that_chose_it() {
 }
 
 /// A device whose driver calls fail, left out with `--devices`: the job runs on the others
-/// (one broken NPU no longer takes its server down); kept in, it fails the probe, named.
+/// (one broken NPU no longer takes its server down); kept in, it is named, unusable.
 #[test]
 fn devices_leaves_out_a_device_whose_driver_calls_fail() {
     let dir = tempdir();
@@ -2935,16 +2942,17 @@ fn devices_leaves_out_a_device_whose_driver_calls_fail() {
     let out = on("0-3", &env);
     out.expect_code(SUCCESS);
     assert_eq!(out.stdout.lines().count(), 4, "{}", out.stdout);
-    on("4-7", &env)
-        .expect_code(FAILURE)
-        .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
-    // An inherited ASCEND_RT_VISIBLE_DEVICES that lists the broken device needs it: the
-    // driver's error is said, not a device "this host does not have".
+    on("4-7", &env).expect_code(FAILURE).stderr_has(&[
+        "device 5 of host ",
+        " is unreadable: a driver call about it returned 17",
+    ]);
+    // An inherited ASCEND_RT_VISIBLE_DEVICES that lists the broken device: the device is
+    // still there (its physical id answered), so the others are mapped and run.
     let mut listed = env.clone();
     listed.push(("ASCEND_RT_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"));
-    on("0-3", &listed)
-        .expect_code(FAILURE)
-        .stderr_has(&["dsmi_get_device_ip_address(device 5) returned 17"]);
+    let out = on("0-3", &listed);
+    out.expect_code(SUCCESS);
+    assert_eq!(out.stdout.lines().count(), 4, "{}", out.stdout);
 }
 
 /// `run --chip` picks the table's rules where the devices report no chip (hccn.conf's read as

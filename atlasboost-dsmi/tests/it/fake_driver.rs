@@ -114,6 +114,39 @@ fn the_chip_name_decides_the_rules() {
     assert!(devices.iter().all(|d| d.chip == "910B3"));
 }
 
+/// A broken NPU fails its own calls while the others answer: the probe reports it, unusable
+/// (so that a table names it and a restart plans around it), with the host's chip.
+#[test]
+fn a_device_whose_own_calls_fail_is_reported_unreadable() {
+    for (fault, broken, code) in [
+        ("fail:dsmi_get_device_ip_address@1=65534", 1, 65534),
+        ("fail:dsmi_get_chip_info@2=8", 2, 8),
+        ("fail:dsmi_get_device_health@5=13", 5, 13),
+        ("fail:dsmi_get_device_health@3=51", 3, 51),
+    ] {
+        let devices = probe_with(&[
+            (EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS, fault),
+            (EnvVars::ATLASBOOST_DSMI_RETRY_SECS, "0"),
+        ])
+        .unwrap_or_else(|e| panic!("{fault}: {e}"));
+        assert_eq!(devices.len(), 8, "{fault}");
+        for d in &devices {
+            let want = match d.physical_id == broken {
+                true => Health::Unreadable { code },
+                false => Health::Healthy,
+            };
+            assert_eq!(d.health, want, "{fault}: {d:?}");
+            assert_eq!(d.chip, "910", "{fault}: {d:?}");
+        }
+        let unreadable = devices.iter().find(|d| d.physical_id == broken).unwrap();
+        assert_eq!(unreadable.ip, None, "{fault}");
+        assert_eq!(
+            unreadable.health.to_string(),
+            format!("unreadable: a driver call about it returned {code}")
+        );
+    }
+}
+
 #[test]
 fn every_failing_function_is_named_with_its_device_and_code() {
     for (fault, want) in [
@@ -129,17 +162,18 @@ fn every_failing_function_is_named_with_its_device_and_code() {
             "fail:dsmi_get_phyid_from_logicid@2=2",
             "dsmi_get_phyid_from_logicid(device 2) returned 2 (INVALID_DEVICE",
         ),
+        // Every device's call fails: the driver's trouble, not a broken NPU's.
         (
-            "fail:dsmi_get_device_ip_address@1=65534",
-            "dsmi_get_device_ip_address(device 1) returned 65534 (NOT_SUPPORT",
+            "fail:dsmi_get_device_ip_address=65534",
+            "dsmi_get_device_ip_address(device 0) returned 65534 (NOT_SUPPORT",
         ),
         (
             "fail:dsmi_get_chip_info=8",
             "dsmi_get_chip_info(device 0) returned 8 (PARA_ERROR",
         ),
         (
-            "fail:dsmi_get_device_health@3=13",
-            "dsmi_get_device_health(device 3) returned 13 (BUSY",
+            "fail:dsmi_get_device_health=13",
+            "dsmi_get_device_health(device 0) returned 13 (BUSY",
         ),
         (
             "fail:dsmi_get_device_count=-8005",
