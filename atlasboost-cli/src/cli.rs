@@ -341,7 +341,7 @@ pub struct RunArgs {
     pub max_restarts: u32,
 
     /// With --max-restarts: seconds before the first restart, doubling for each one after it up
-    /// to 30 [default: 1].
+    /// to 30 (a longer delay stays as given) [default: 1].
     #[arg(allow_negative_numbers = true, long, value_name = "SECS", value_parser = parse_seconds_or_zero,
           requires = "max_restarts")]
     pub restart_delay: Option<Duration>,
@@ -375,9 +375,9 @@ pub struct RunArgs {
     pub remote_atlasboost: Option<PathBuf>,
 
     /// Sample every host's devices (AI core, HBM, temperature, power, health) and workers (CPU,
-    /// memory) this often, for --metrics and --events; `off` for never.
-    #[arg(allow_negative_numbers = true, long, value_name = "SECS", default_value = "5", value_parser = parse_monitor_interval)]
-    pub monitor_interval: std::time::Duration,
+    /// memory) this often, for --metrics and --events; `off` for never [default: 5].
+    #[arg(allow_negative_numbers = true, long, value_name = "SECS", value_parser = parse_monitor_interval)]
+    pub monitor_interval: Option<std::time::Duration>,
 
     /// Serve the job's metrics for Prometheus at ADDR:PORT (a host name too; a PORT alone: on
     /// loopback), with MindX npu-exporter's names (npu_chip_info_utilization, ...) and

@@ -96,6 +96,9 @@ pub struct ValidateSettings {
     pub strict: bool,
 }
 
+/// How often devices and workers are sampled without `--monitor-interval` (SPEC §13).
+pub const DEFAULT_MONITOR_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The launch tree's width without `--fanout` (SPEC §14).
 pub const DEFAULT_FANOUT: usize = 32;
 
@@ -160,8 +163,10 @@ pub struct RunSettings {
     pub launcher: Engine,
     /// `--events FILE`.
     pub events: Option<PathBuf>,
-    /// `--monitor-interval` (`None`: off).
+    /// `--monitor-interval` (`None`: off), else [`DEFAULT_MONITOR_INTERVAL`].
     pub monitor_interval: Option<std::time::Duration>,
+    /// Whether `--monitor-interval` was given (`--mpi` samples nothing: refused there).
+    pub monitor_interval_given: bool,
     /// `--metrics ADDR:PORT`.
     pub metrics: Option<std::net::SocketAddr>,
     /// `--nic`.
@@ -285,7 +290,9 @@ impl From<&RunArgs> for RunSettings {
                 LauncherArg::Slurm => Engine::Slurm,
             },
             events: a.events.clone(),
-            monitor_interval: (!a.monitor_interval.is_zero()).then_some(a.monitor_interval),
+            monitor_interval: Some(a.monitor_interval.unwrap_or(DEFAULT_MONITOR_INTERVAL))
+                .filter(|every| !every.is_zero()),
+            monitor_interval_given: a.monitor_interval.is_some(),
             metrics: a.metrics,
             nic: a.nic.clone(),
             bind_cores: a.bind_cores,

@@ -398,6 +398,16 @@ fn what_can_be_refused_before_mpirun_starts_is() {
         "{}",
         f.describe()
     );
+    let f = run_mpi(2)
+        .args(["--monitor-interval", "2", "--", "true"])
+        .run();
+    f.assert_code(2);
+    assert!(
+        f.err()
+            .contains("--monitor-interval is not built for --mpi yet"),
+        "{}",
+        f.describe()
+    );
     // An mpirun that cannot start: the events still end with the attempt and the summary.
     let f = run_mpi(2)
         .env("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")

@@ -27,6 +27,23 @@ use crate::settings::{DEFAULT_FANOUT, RunSettings, ServerOrder};
 /// Jobs with more workers than this get a shorter summary: counts and the failures only.
 pub(crate) const FULL_SUMMARY_MAX: usize = 64;
 
+/// Whether two paths name one file, which may not exist yet: the same name in the same
+/// directory (resolved), or the same inode (a link).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let resolved = |p: &Path| {
+        let p = std::path::absolute(p).ok()?;
+        Some(p.parent()?.canonicalize().ok()?.join(p.file_name()?))
+    };
+    if resolved(a).is_some_and(|x| Some(x) == resolved(b)) {
+        return true;
+    }
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
 /// What can be refused before any worker starts, with or without `--mpi`: an empty command,
 /// `--ranks` beyond the job's size (when it is known), a `-x` of a variable the table decides,
 /// a log directory that cannot be made.
@@ -60,6 +77,15 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
         return Err(CliError::Usage(format!(
             "-x {name}: atlasboost sets {name} for each worker (its devices, restarts, the hang \
              watchdog, error records), so a value of yours would mislead it or the worker"
+        )));
+    }
+    // The table is replaced by a rename, which would take the events' file away.
+    if let Some(events) = &args.events
+        && same_file(events, &args.rank_table)
+    {
+        return Err(CliError::Usage(format!(
+            "--events {} is the rank table's path too; give the events a file of their own",
+            events.display()
         )));
     }
     if args.restart_delay.is_some() && args.max_restarts == 0 {

@@ -74,10 +74,16 @@ const AGENT_SLACK: Duration = Duration::from_secs(2);
 /// (126/127).
 pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     if args.mpi {
-        if args.metrics.is_some() {
-            return Err(CliError::Usage(
-                "--metrics is not built for --mpi yet; run without --mpi".into(),
-            ));
+        // The relays do not sample devices: nothing to show or serve.
+        for (given, flag) in [
+            (args.metrics.is_some(), "--metrics"),
+            (args.monitor_interval_given, "--monitor-interval"),
+        ] {
+            if given {
+                return Err(CliError::Usage(format!(
+                    "{flag} is not built for --mpi yet; run without --mpi"
+                )));
+            }
         }
         uses_slurm(args)?;
         return mpi::run_mpi(args, printer);
@@ -601,11 +607,7 @@ fn run_attempts(
         if job.slurm {
             leave_out_unusable_nodes(job, printer);
         }
-        // A storm of restarts is bounded: the delay doubles with each, up to 30 s.
-        let delay = args
-            .first_restart_delay()
-            .saturating_mul(1u32 << attempt.min(16))
-            .min(MAX_RESTART_DELAY);
+        let delay = restart_delay(args.first_restart_delay(), attempt);
         report_attempt(&result, job.attempts.last(), printer);
         printer.status(&format!(
             "atlasboost: restarting every worker ({} of {}) in {:.1} s",
@@ -712,8 +714,16 @@ fn attempt_end_event(job: &JobState<'_>) {
     }
 }
 
-/// The longest wait before a restart.
+/// The longest wait the doubling reaches before a restart (unless the first is longer).
 const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);
+
+/// The wait before restart `attempt + 1`: a storm of restarts is bounded, so the delay doubles
+/// with each, up to 30 s; a longer `--restart-delay` is the user's, kept as given.
+fn restart_delay(first: Duration, attempt: u32) -> Duration {
+    first
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(MAX_RESTART_DELAY.max(first))
+}
 
 /// Sleeps `delay` unless a signal that ends the job comes first.
 fn wait_or_signal(signals: &Signals, delay: Duration) -> Option<Signal> {
@@ -1839,4 +1849,20 @@ fn plan_workers(launch: &Launch<'_>, joined: &JoinedHosts) -> Result<Vec<WorkerP
             .all(|w| w.env.iter().any(|(k, _)| k == EnvVars::RANK_TABLE_FILE))
     );
     Ok(workers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_restart_delay_doubles_up_to_30_s_unless_the_first_is_longer() {
+        let s = Duration::from_secs_f64;
+        let delays =
+            |first: f64| -> Vec<Duration> { (0..6).map(|a| restart_delay(s(first), a)).collect() };
+        assert_eq!(delays(1.0), [1.0, 2.0, 4.0, 8.0, 16.0, 30.0].map(s));
+        assert_eq!(delays(0.0), [s(0.0); 6]);
+        assert_eq!(delays(100.0), [s(100.0); 6]);
+        assert_eq!(delays(20.0), [20.0, 30.0, 30.0, 30.0, 30.0, 30.0].map(s));
+    }
 }

@@ -1050,6 +1050,32 @@ fn a_backwards_device_range_is_a_usage_error() {
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 
+/// The rank table is replaced by a rename, which would take an events file of the same path
+/// away: refused, however the path is spelled, before anything is written.
+#[test]
+fn events_on_the_rank_tables_path_are_refused() {
+    let dir = tempdir();
+    for (events, table) in [
+        ("rank_table.json", None),
+        ("./t.json", Some("t.json")),
+        ("sub/../t.json", Some("t.json")),
+    ] {
+        std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+        let mut args = vec!["run", "--sim", "2", "--events", events];
+        if let Some(t) = table {
+            args.extend(["--rank-table", t]);
+        }
+        args.extend(["--", "true"]);
+        run(dir.path(), &args)
+            .expect_code(USAGE)
+            .stderr_has(&[&format!(
+                "--events {events} is the rank table's path too; give the events a file of \
+                 their own"
+            )]);
+        assert_eq!(entries(dir.path()), vec!["sub".to_string()], "{events}");
+    }
+}
+
 #[test]
 fn probe_sim_without_sim_n_is_a_usage_error() {
     let dir = tempdir();
