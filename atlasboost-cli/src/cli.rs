@@ -220,7 +220,7 @@ pub struct MergeArgs {
 /// `atlasboost validate`.
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
-    /// The rank table to check.
+    /// The rank table to check (`-`: standard input).
     #[arg(value_name = "FILE.json")]
     pub file: PathBuf,
 

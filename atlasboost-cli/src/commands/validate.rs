@@ -2,8 +2,10 @@
 
 use atlasboost_core::Error;
 use atlasboost_core::ranktable::{
-    RankTable, Violation, default_chip, duplicate_keys, read_json_bytes,
+    RankTable, Violation, default_chip, duplicate_keys, read_json_bytes, read_json_from,
 };
+use std::path::Path;
+
 use serde::Serialize;
 
 use super::{counted, summary};
@@ -37,21 +39,28 @@ struct Report<'a> {
 ///
 /// A file that cannot be read, or is not JSON (with the parser's line and column): exit 125.
 pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
-    let (value, bytes) = read_json_bytes(&args.file)?;
+    // `-` is standard input, as `ranktable -o -` is standard output.
+    let stdin = args.file.as_os_str() == "-";
+    let file = match stdin {
+        true => "<stdin>".to_string(),
+        false => args.file.display().to_string(),
+    };
+    let (value, bytes) = match stdin {
+        true => read_json_from(std::io::stdin().lock(), Path::new(&file))?,
+        false => read_json_bytes(&args.file)?,
+    };
     let chip = args.chip.unwrap_or_else(|| default_chip(&value));
     // One validation: every violation, errors and warnings, either way.
-    let (table, mut violations) =
-        match RankTable::from_value_checked(value, &args.file.display().to_string(), chip) {
-            Ok((t, warnings)) => (Some(t), warnings),
-            Err(Error::Invalid { violations, .. }) => (None, violations),
-            Err(e) => return Err(e.into()),
-        };
+    let (table, mut violations) = match RankTable::from_value_checked(value, &file, chip) {
+        Ok((t, warnings)) => (Some(t), warnings),
+        Err(Error::Invalid { violations, .. }) => (None, violations),
+        Err(e) => return Err(e.into()),
+    };
     // What the parsed value no longer shows: a key given twice, of which only the last counts.
     violations.extend(duplicate_keys(&bytes));
     let errors = violations.iter().filter(|v| v.is_error()).count();
     let warnings = violations.len() - errors;
     let valid = table.is_some() && !(args.strict && warnings > 0);
-    let file = args.file.display().to_string();
     let text = if args.json {
         let report = Report {
             file,

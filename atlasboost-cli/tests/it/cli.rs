@@ -895,6 +895,38 @@ fn validate_a_file_that_is_not_json_exits_125_with_line_and_column() {
         .stderr_has(&["bom.json", "byte-order mark"]);
 }
 
+/// `validate -` reads standard input (as `ranktable -o -` writes standard output): a table
+/// piped from another command is checked without a file.
+#[test]
+fn validate_dash_reads_standard_input() {
+    let dir = tempdir();
+    sim_table(dir.path(), "10.0.0.1", "8", "a.json", &[]);
+    let check = |bytes: Vec<u8>| {
+        let mut child = command(dir.path(), &["validate", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &bytes).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, _) = check(fs::read(dir.path().join("a.json")).unwrap());
+    assert_eq!(code, Some(SUCCESS), "{out}");
+    assert!(
+        out.starts_with("<stdin>: valid rank table (1 server, 8 ranks"),
+        "{out}"
+    );
+    let (code, _, err) = check(b"{\"version\": ".to_vec());
+    assert_eq!(code, Some(FAILURE), "{err}");
+    assert!(err.contains("<stdin>"), "{err}");
+}
+
 #[test]
 fn validate_a_valid_table_exits_0_and_json_says_valid() {
     let dir = tempdir();

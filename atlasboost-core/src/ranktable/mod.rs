@@ -26,7 +26,10 @@ pub use validate::{
     MAX_SERVER_ID_LEN, Rule, Severity, Violation, default_chip, duplicate_keys, errors_fail,
     validate_table, validate_value,
 };
-pub use write::{read_json, read_json_bytes, read_table, write_atomically, write_table};
+pub use write::{
+    TABLE_SIZE_LIMIT, read_json, read_json_bytes, read_json_from, read_table, write_atomically,
+    write_table,
+};
 
 #[cfg(test)]
 mod proptests;

@@ -1,6 +1,7 @@
 //! Unit tests of the builder, merge and the atomic writer.
 
 use std::fs;
+use std::io::Read;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -376,4 +377,49 @@ fn a_concurrent_reader_never_sees_a_partial_table() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(reader.join().unwrap() > 0);
+}
+
+/// The validator's words for values it quotes: `null` once, an id too large said so, and a
+/// value of any size cut to a bounded message (a table is input from anyone).
+#[test]
+fn violations_quote_values_briefly_and_say_what_is_wrong() {
+    let mut v: serde_json::Value = serde_json::from_str(
+        r#"{"version": "1.0", "server_count": "1", "status": null, "server_list": [
+            {"server_id": "", "device": [
+                {"device_id": "99999999999999", "device_ip": "10.0.0.1", "rank_id": "0"}]}]}"#,
+    )
+    .unwrap();
+    v["server_list"][0]["server_id"] = serde_json::Value::String("x".repeat(100_000));
+    let violations = validate_value(&v, Chip::Ascend910);
+    let said = |path: &str| {
+        violations
+            .iter()
+            .find(|x| x.path == path)
+            .map(|x| x.message.clone())
+            .unwrap_or_else(|| panic!("no violation at {path}: {violations:#?}"))
+    };
+    assert_eq!(said("$.status"), "must be a JSON string, found null");
+    assert_eq!(
+        said("$.server_list[0].device[0].device_id"),
+        "\"99999999999999\" is too large (at most 4294967295)"
+    );
+    let server = said("$.server_list[0].server_id");
+    assert!(server.len() < 1100, "{} bytes", server.len());
+    assert!(server.ends_with(" bytes in all)"), "{server}");
+}
+
+/// More than any rank table is refused before it is parsed (`/dev/zero` would fill memory).
+#[test]
+fn a_file_larger_than_any_rank_table_is_refused() {
+    let zeros = std::io::repeat(b' ').take(TABLE_SIZE_LIMIT + 1);
+    match read_json_from(zeros, Path::new("/dev/zero")) {
+        Err(Error::BadPath { path, reason }) => {
+            assert_eq!(path, Path::new("/dev/zero"));
+            assert!(reason.contains("more than 256 MiB"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let (value, bytes) = read_json_from(&b"{\"a\": 1}"[..], Path::new("<stdin>")).unwrap();
+    assert_eq!(value["a"], 1);
+    assert_eq!(bytes.len(), 8);
 }

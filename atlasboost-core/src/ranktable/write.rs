@@ -1,7 +1,7 @@
 //! Writing rank tables so that no reader ever sees half a file.
 
 use std::fs::{self, File, Permissions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -88,11 +88,44 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value> {
 ///
 /// As [`read_json`].
 pub fn read_json_bytes(path: &Path) -> Result<(serde_json::Value, Vec<u8>)> {
-    let bytes = fs::read(path).map_err(|source| Error::Io {
+    let file = fs::File::open(path).map_err(|source| Error::Io {
         action: "cannot read",
         path: path.to_path_buf(),
         source,
     })?;
+    read_json_from(file, path)
+}
+
+/// The most of a file read as a rank table: far more than any real one (a table of 10,000
+/// servers of 16 devices is about 30 MB), and a bound on what `/dev/zero` or a stray log
+/// would cost.
+pub const TABLE_SIZE_LIMIT: u64 = 256 << 20;
+
+/// [`read_json_bytes`] of what `reader` gives (a file, standard input), named `path` in
+/// errors; at most [`TABLE_SIZE_LIMIT`] bytes.
+///
+/// # Errors
+///
+/// As [`read_json`]; [`Error::BadPath`] for more than the limit.
+pub fn read_json_from(reader: impl Read, path: &Path) -> Result<(serde_json::Value, Vec<u8>)> {
+    let mut bytes = Vec::new();
+    reader
+        .take(TABLE_SIZE_LIMIT + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| Error::Io {
+            action: "cannot read",
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if bytes.len() as u64 > TABLE_SIZE_LIMIT {
+        return Err(Error::BadPath {
+            path: path.to_path_buf(),
+            reason: format!(
+                "holds more than {} MiB, far more than any rank table",
+                TABLE_SIZE_LIMIT >> 20
+            ),
+        });
+    }
     // JSON has no byte-order mark; an editor's one would otherwise be "expected value at
     // line 1 column 1".
     if bytes.starts_with(b"\xef\xbb\xbf") {

@@ -48,14 +48,43 @@ pub struct Violation {
     pub message: String,
 }
 
+/// The most of a violation's path or message that is kept: a value of megabytes in a table
+/// would otherwise be quoted whole, to the console and into `--json`.
+const MESSAGE_LIMIT: usize = 1024;
+
+/// `text`, cut to [`MESSAGE_LIMIT`] bytes (at a character's boundary) with a note of its size.
+fn capped(mut text: String) -> String {
+    if text.len() > MESSAGE_LIMIT {
+        let total = text.len();
+        let mut end = MESSAGE_LIMIT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(&format!("... ({total} bytes in all)"));
+    }
+    text
+}
+
+/// A string value as messages quote it: in Rust's debug form, at most 80 characters of it.
+fn quoted(s: &str) -> String {
+    match s.chars().count() {
+        n if n > 80 => format!(
+            "{:?}... ({n} characters)",
+            s.chars().take(77).collect::<String>()
+        ),
+        _ => format!("{s:?}"),
+    }
+}
+
 impl Violation {
     /// Builds an error: a rule HCCL enforces.
     pub fn new(path: String, rule: Rule, message: String) -> Self {
         Violation {
-            path,
+            path: capped(path),
             rule,
             severity: Severity::Error,
-            message,
+            message: capped(message),
         }
     }
 
@@ -352,15 +381,16 @@ impl Validator {
         let s = node.as_str();
         if s.is_none() {
             let (kind, text) = node.describe();
-            let hint = if kind == "number" {
-                format!(" (write \"{text}\")")
-            } else {
-                String::new()
+            let found = match (kind, text.as_str()) {
+                ("number", _) => format!("number {text} (write \"{text}\")"),
+                // `null` says itself.
+                (kind, text) if kind == text => kind.to_string(),
+                _ => format!("{kind} {text}"),
             };
             self.push(
                 path(),
                 Rule::NotString,
-                format!("must be a JSON string, found {kind} {text}{hint}"),
+                format!("must be a JSON string, found {found}"),
             );
         }
         s
@@ -377,10 +407,14 @@ impl Validator {
         let s = self.string(obj, key, path, required)?;
         let n = parse_decimal(s);
         if n.is_none() {
+            let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
             self.push(
                 format!("{}.{key}", path()),
                 Rule::NotDecimal,
-                format!("{s:?} is not a decimal number"),
+                match digits {
+                    true => format!("{} is too large (at most {})", quoted(s), u32::MAX),
+                    false => format!("{} is not a decimal number", quoted(s)),
+                },
             );
         }
         n
