@@ -261,7 +261,7 @@ pub struct ProbeArgs {
 pub struct RunArgs {
     /// Total workers [default: every slot, or every device]; `-np N` works too.
     #[arg(allow_negative_numbers = true, short = 'n', long = "np", value_name = "N",
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = at_least_1)]
     pub np: Option<u32>,
 
     /// Hosts: a comma-separated list of HOST or HOST:SLOTS (a host without slots uses all its devices).
@@ -336,7 +336,8 @@ pub struct RunArgs {
         allow_negative_numbers = true,
         long,
         value_name = "N",
-        default_value_t = 0
+        default_value_t = 0,
+        value_parser = at_least_0
     )]
     pub max_restarts: u32,
 
@@ -349,7 +350,7 @@ pub struct RunArgs {
     /// With --max-restarts: the smallest world a restart may shrink to, leaving out unhealthy
     /// devices and lost hosts (the first attempt too, when a device is unhealthy as it starts)
     /// [default: the first attempt's size: no shrinking].
-    #[arg(allow_negative_numbers = true, long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..),
+    #[arg(allow_negative_numbers = true, long, value_name = "M", value_parser = at_least_1,
           requires = "max_restarts")]
     pub min_np: Option<u32>,
 
@@ -398,7 +399,7 @@ pub struct RunArgs {
     /// Start the remote hosts' agents in a tree: the launcher, and each agent, opens at most K
     /// ssh sessions (K at least the number of hosts: every session from the launcher)
     /// [default: 32].
-    #[arg(allow_negative_numbers = true, long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(allow_negative_numbers = true, long, value_name = "K", value_parser = at_least_1)]
     pub fanout: Option<u32>,
 
     /// With --mpi: the address the ranks' relays reach the launcher at [default: this machine's
@@ -509,6 +510,34 @@ fn at_least(s: &str, min: Duration) -> Result<Duration, String> {
     match d < min {
         true => Err(format!("{s}: at least {} s", min.as_secs_f64())),
         false => Ok(d),
+    }
+}
+
+/// A count of 1 or more (`-n`, `--min-np`, `--fanout`).
+fn at_least_1(s: &str) -> Result<u32, String> {
+    count(s, 1)
+}
+
+/// A count of 0 or more (`--max-restarts`).
+fn at_least_0(s: &str) -> Result<u32, String> {
+    count(s, 0)
+}
+
+/// A whole number from `min` that fits 32 bits, with what is wrong said in words (Rust's
+/// parser says "invalid digit found in string").
+fn count(s: &str, min: u32) -> Result<u32, String> {
+    use std::num::IntErrorKind;
+    let negative = s
+        .strip_prefix('-')
+        .is_some_and(|d| d.parse::<u64>().is_ok());
+    match s.parse::<u32>() {
+        Ok(n) if n >= min => Ok(n),
+        Err(e) if *e.kind() == IntErrorKind::PosOverflow => {
+            Err(format!("{s} is more than {}", u32::MAX))
+        }
+        Ok(_) => Err(format!("{s} is less than {min}")),
+        Err(_) if negative => Err(format!("{s} is less than {min}")),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
     }
 }
 

@@ -50,6 +50,14 @@ pub enum ProbeError {
         #[source]
         source: DsmiError,
     },
+    /// The driver, tried first by `--probe auto` (the default), is there but cannot be used
+    /// (a malformed variable of its own).
+    #[error("the Ascend driver (tried first, as --probe auto does)")]
+    AutoDsmi {
+        /// Why.
+        #[source]
+        source: DsmiError,
+    },
     /// The hccn.conf asked for does not exist.
     #[error("{}: {} does not exist ({}{} reads another file)", origin.assignment(Setting::Probe, "hccn"), path.display(),
         from.map_or(String::new(), |v| format!("it is {v}'s; ")), origin.name(Setting::HccnConf))]
@@ -192,10 +200,7 @@ pub fn make_probe(
             );
             if !library_trouble {
                 // A malformed variable of the probe's, not the library: said as it is.
-                return Err(ProbeError::Dsmi {
-                    origin,
-                    source: dsmi,
-                });
+                return Err(ProbeError::AutoDsmi { source: dsmi });
             }
             if named
                 || atlasboost_dsmi::library_candidates()

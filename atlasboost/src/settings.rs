@@ -210,6 +210,9 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// The most seconds any duration setting takes (1e300 would overflow a `Duration`).
+const MAX_SECONDS: f64 = 1e9;
+
 /// A number of seconds, possibly fractional; 0 is allowed (`--grace 0`).
 ///
 /// # Errors
@@ -220,8 +223,16 @@ pub fn parse_seconds_or_zero(s: &str) -> Result<Duration, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(format!("{s} seconds is out of range"));
+    if secs.is_nan() {
+        return Err(format!("{s:?} is not a number of seconds"));
+    }
+    if secs < 0.0 {
+        return Err(format!("{s} seconds is less than 0"));
+    }
+    if secs > MAX_SECONDS {
+        return Err(format!(
+            "{s} seconds is more than the most allowed, 1e9 (about 31 years)"
+        ));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -229,6 +240,28 @@ pub fn parse_seconds_or_zero(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_out_of_bounds_say_which_bound() {
+        assert_eq!(
+            parse_seconds_or_zero("-1").unwrap_err(),
+            "-1 seconds is less than 0"
+        );
+        for s in ["1e10", "inf"] {
+            assert_eq!(
+                parse_seconds_or_zero(s).unwrap_err(),
+                format!("{s} seconds is more than the most allowed, 1e9 (about 31 years)")
+            );
+        }
+        assert_eq!(
+            parse_seconds_or_zero("nan").unwrap_err(),
+            "\"nan\" is not a number of seconds"
+        );
+        assert_eq!(
+            parse_seconds_or_zero("1e9"),
+            Ok(Duration::from_secs(1_000_000_000))
+        );
+    }
 
     #[test]
     fn messages_name_the_flag_or_the_variable() {

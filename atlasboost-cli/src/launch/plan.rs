@@ -173,6 +173,12 @@ fn host_spec(name: &str, slots: Option<&str>, origin: &str) -> Result<HostSpec, 
         Some(s) => match s.parse::<u32>() {
             Ok(0) => return Err("has 0 slots; a host needs at least 1".into()),
             Ok(n) => Some(n),
+            Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => {
+                return Err(format!(
+                    "has slot count {s:?}, more than any host has (at most {})",
+                    u32::MAX
+                ));
+            }
             Err(_) => return Err(format!("has slot count {s:?}, not a positive number")),
         },
     };
@@ -388,6 +394,11 @@ mod tests {
         assert!(m.contains("\"b:x\"") && m.contains("\"x\""), "{m}");
         let m = usage(parse_host_list("a:0").unwrap_err());
         assert!(m.contains("0 slots"), "{m}");
+        let m = usage(parse_host_list("a:99999999999").unwrap_err());
+        assert!(
+            m.contains("more than any host has (at most 4294967295)"),
+            "{m}"
+        );
         let m = usage(parse_host_list("a,,b").unwrap_err());
         assert!(m.contains("no host name"), "{m}");
         let m = usage(parse_host_list("a b").unwrap_err());

@@ -1839,7 +1839,21 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
         ),
         (
             &["--grace", "-3"],
-            "invalid value '-3' for '--grace <SECS>'",
+            "invalid value '-3' for '--grace <SECS>': -3 seconds is less than 0",
+        ),
+        // Each bound named in words, not Rust's parser's.
+        (
+            &["--max-restarts", "1e3"],
+            "'--max-restarts <N>': \"1e3\" is not a whole number",
+        ),
+        (
+            &["--max-restarts", "99999999999999999999"],
+            "99999999999999999999 is more than 4294967295",
+        ),
+        (&["-n", "-2"], "'--np <N>': -2 is less than 1"),
+        (
+            &["--grace", "1e10"],
+            "1e10 seconds is more than the most allowed, 1e9 (about 31 years)",
         ),
     ] {
         let mut args = vec!["run", "--sim", "2"];
@@ -3011,6 +3025,45 @@ fn devices_leaves_out_a_device_whose_driver_calls_fail() {
     let out = on("0-3", &listed);
     out.expect_code(SUCCESS);
     assert_eq!(out.stdout.lines().count(), 4, "{}", out.stdout);
+}
+
+/// The driver's own variables, malformed, when no --probe was given: named as the default
+/// probe's (not a `--probe dsmi` the user never passed); a driver still starting, given no
+/// time to, is said to have been called once.
+#[test]
+fn the_default_probe_names_itself_and_counts_calls_in_words() {
+    let dir = tempdir();
+    let lib = fake_driver();
+    run_env(
+        dir.path(),
+        &["run", "--", "true"],
+        &[
+            ("ATLASBOOST_DSMI_LIB", &lib),
+            ("ATLASBOOST_DSMI_RETRY_SECS", "abc"),
+        ],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&[
+        "error: the Ascend driver (tried first, as --probe auto does)",
+        "ATLASBOOST_DSMI_RETRY_SECS=\"abc\"",
+    ]);
+    run_env(
+        dir.path(),
+        &["run", "--", "true"],
+        &[
+            ("ATLASBOOST_DSMI_LIB", &lib),
+            ("ATLASBOOST_DSMI_RETRY_SECS", "0"),
+            (
+                "ATLASBOOST_FAKE_DSMI_FAULTS",
+                "try-again:dsmi_get_device_count=100000",
+            ),
+        ],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&[
+        "dsmi_get_device_count() kept returning 51",
+        "called once over",
+    ]);
 }
 
 /// `run --chip` picks the table's rules where the devices report no chip (hccn.conf's read as
