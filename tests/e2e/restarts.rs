@@ -314,6 +314,17 @@ fn ranks_that_all_stop_together_are_reported_as_such() {
         "{}",
         r.describe()
     );
+    // One rank alone is not "every rank ... together".
+    let r = Run::new(["run", "--sim", "1", "--hang-timeout", "1", "--grace", "0.5"])
+        .args(["--", "sh", "-c", "echo ready; sleep 60"])
+        .run();
+    r.assert_code(124);
+    assert!(
+        r.err()
+            .contains("the only rank still running stopped progressing:"),
+        "{}",
+        r.describe()
+    );
 }
 
 /// A worker that ignores SIGTERM, so the stop phase lasts the whole grace time.

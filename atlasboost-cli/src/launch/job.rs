@@ -110,6 +110,13 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
         )));
     }
     if let Some(dir) = &args.log_dir {
+        // mkdir's own word for a file in the way is "File exists".
+        if dir.exists() && !dir.is_dir() {
+            return Err(CliError::Usage(format!(
+                "--log-dir {} is not a directory",
+                dir.display()
+            )));
+        }
         std::fs::create_dir_all(dir).map_err(CliError::file("create log directory", dir))?;
     }
     Ok(())

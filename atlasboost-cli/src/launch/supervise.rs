@@ -1505,7 +1505,9 @@ impl<'a> Supervisor<'a> {
                 None => report.push_str("; it printed nothing"),
             }
         }
-        let summary = if progressing.is_empty() {
+        let summary = if progressing.is_empty() && stuck.len() == 1 {
+            format!("the only rank still running stopped progressing:{report}")
+        } else if progressing.is_empty() {
             format!(
                 "every rank stopped progressing together (a collective that never completes, \
                  or a shared resource?):{report}"

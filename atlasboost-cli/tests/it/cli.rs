@@ -1841,6 +1841,10 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
             &["--grace", "-3"],
             "invalid value '-3' for '--grace <SECS>': -3 seconds is less than 0",
         ),
+        (
+            &["--log-dir", "/dev/null"],
+            "--log-dir /dev/null is not a directory",
+        ),
         // Each bound named in words, not Rust's parser's.
         (
             &["--max-restarts", "1e3"],

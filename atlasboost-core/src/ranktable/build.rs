@@ -147,8 +147,8 @@ pub fn chip_of_devices(devices: &[Device]) -> Result<Chip> {
         let c = Chip::from_driver_name(&d.chip).ok_or_else(|| {
             Error::Build(format!(
                 "device {} of host {} reports chip {:?}, which atlasboost has no rules for \
-                 (it knows the 910, 910B and 910_93 families; `atlasboost ranktable --chip` \
-                 overrides what the devices report)",
+                 (it knows the 910, 910B and 910_93 families; --chip overrides what the devices \
+                 report)",
                 d.physical_id, d.server_id, d.chip
             ))
         })?;
