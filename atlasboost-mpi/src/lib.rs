@@ -70,6 +70,21 @@ pub fn library_version() -> Option<String> {
     (!first.is_empty()).then(|| first.to_string())
 }
 
+/// Ends the whole MPI job (`MPI_Abort` on `MPI_COMM_WORLD` with `code`, after flushing this
+/// process's standard output and error) if MPI is initialised and not finalised in this
+/// process, whoever initialised it; returns otherwise. For a process that is failing: under
+/// Open MPI its `MPI_Finalize` at exit would wait for every other rank, which may wait in a
+/// collective for it, so the job would hang instead of ending.
+pub fn abort_if_initialized(code: i32) {
+    if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
+        use mpi::topology::Communicator;
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        mpi::topology::SimpleCommunicator::world().abort(code);
+    }
+}
+
 /// Errors of the MPI rendezvous.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

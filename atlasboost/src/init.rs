@@ -347,6 +347,15 @@ pub mod session {
         job().as_ref().map(f).ok_or(InitError::NotInitialized)
     }
 
+    /// Ends the whole job now if this process runs under MPI (`MPI_Abort` with `code`): what a
+    /// failing process does instead of [`shutdown`], whose `MPI_Finalize` would wait for the
+    /// other ranks. Returns without MPI (a build without it, or a process MPI did not start).
+    pub fn abort_mpi(code: i32) {
+        #[cfg(feature = "mpi")]
+        atlasboost_mpi::abort_if_initialized(code);
+        let _ = code;
+    }
+
     /// Ends the job: MPI is finalised if atlasboost initialised it. Later calls need
     /// [`start`] again. Does nothing before [`start`].
     pub fn shutdown() {

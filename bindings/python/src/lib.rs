@@ -236,6 +236,13 @@ fn shutdown(py: Python<'_>) {
     py.detach(session::shutdown);
 }
 
+/// `abort_mpi(code)`: ends the whole MPI job (`MPI_Abort`) if MPI is initialised in this
+/// process; returns otherwise. For a process dying of an uncaught exception.
+#[pyfunction]
+fn abort_mpi(code: i32) {
+    session::abort_mpi(code);
+}
+
 /// Whether this build does library mode's rendezvous over MPI under `mpirun`.
 #[pyfunction]
 fn mpi_built() -> bool {
@@ -282,6 +289,7 @@ fn _atlasboost(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rank_table_file, m)?)?;
     m.add_function(wrap_pyfunction!(check_device, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(abort_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(mpi_built, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(heartbeat, m)?)?;

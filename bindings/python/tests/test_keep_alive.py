@@ -156,3 +156,21 @@ def test_an_uncaught_exception_after_init_is_recorded_too(tmp_path: Path) -> Non
     )
     assert r.returncode == 1, r.describe()
     assert "root cause: rank 1 recorded KeyError: 'missing key'" in r.stderr, r.describe()
+
+
+def test_a_keyboard_interrupt_after_init_is_not_recorded_as_a_failure(tmp_path: Path) -> None:
+    """Ctrl-C is not a failure to record (as `@record` says): rank 1 dies of KeyboardInterrupt
+    after init(); the summary names it as it ended, with no recorded root cause."""
+    r = launch(
+        tmp_path,
+        """
+        import atlasboost
+        atlasboost.init()
+        if atlasboost.rank() == 1:
+            raise KeyboardInterrupt
+        """,
+        "--sim", "2", "--grace", "1",
+    )
+    assert r.returncode != 0, r.describe()
+    assert "KeyboardInterrupt" in r.stderr, r.describe()
+    assert "recorded KeyboardInterrupt" not in r.stderr, r.describe()

@@ -91,6 +91,30 @@ def test_under_mpirun(tmp_path: Path, worker: Path) -> None:
     assert "exiting improperly" not in r.stderr, r.describe()
 
 
+def test_a_rank_that_fails_after_init_ends_the_mpirun_job(tmp_path: Path) -> None:
+    """A rank's uncaught exception after init() ends the whole job at once (MPI_Abort, as
+    `python -m mpi4py` does), rather than waiting in MPI_Finalize at exit for ranks that, in
+    training, wait in a collective for it: the others here sleep for 120 s."""
+    mpirun = need_mpirun()
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import os, time
+        import atlasboost
+        atlasboost.init()
+        if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+            raise RuntimeError("boom after init")
+        time.sleep(120)
+        """))
+    # Bounded below the others' sleep: a job waited out fails here.
+    r = run(
+        [mpirun, *MPIRUN_OPTIONS, "-np", "4", "-x", "ATLASBOOST_SIM=4", PYTHON, str(script)],
+        cwd=tmp_path,
+        timeout=100,
+    )
+    assert r.returncode != 0, r.describe()
+    assert "RuntimeError: boom after init" in r.stderr, r.describe()
+
+
 MPI4PY_WORKER = """\
 import json, os, sys
 from mpi4py import MPI                      # initialises MPI before atlasboost does anything

@@ -35,6 +35,8 @@ def init(frame: "str | None" = None) -> None:
     subclasses for a failed start. Other Python threads run while it waits.
     """
     global _shutdown_at_exit
+    # Before the rendezvous: its own failure (a timeout) ends the MPI job too.
+    _end_the_job_on_failure()
     env, env_if_unset = _native.init(frame)
     for name, value in env:
         os.environ[name] = value
@@ -53,20 +55,36 @@ def init(frame: "str | None" = None) -> None:
 # The stack file faulthandler writes to, kept open for the life of the process.
 _stack_file = None
 
+# Whether init() put its hook on sys.excepthook.
+_hooked = False
+
+
+def _end_the_job_on_failure() -> None:
+    """An uncaught exception (after the traceback is printed) is recorded in
+    ATLASBOOST_ERROR_FILE under `atlasboost run` (the launcher names it as the root cause;
+    KeyboardInterrupt is not a failure to record), and ends the whole job under mpirun
+    (`MPI_Abort`): MPI_Finalize at exit would wait for every other rank, and they may wait in a
+    collective for this one. As `python -m mpi4py` does. Once."""
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
+    previous = sys.excepthook
+
+    def record_report_and_abort(kind, value, tb):
+        interrupted = kind is not None and issubclass(kind, KeyboardInterrupt)
+        if not interrupted:
+            _record(kind, value, tb)
+        previous(kind, value, tb)
+        _native.abort_mpi(130 if interrupted else 1)
+
+    sys.excepthook = record_report_and_abort
+
 
 def _watch_failures() -> None:
-    """Under `atlasboost run`: an uncaught exception is recorded in ATLASBOOST_ERROR_FILE (the
-    launcher names it as the root cause), and SIGUSR1 writes every thread's stack to
-    ATLASBOOST_STACK_FILE (what `--hang-dump` asks for when py-spy is not installed)."""
+    """Under `atlasboost run`: SIGUSR1 writes every thread's stack to ATLASBOOST_STACK_FILE
+    (what `--hang-dump` asks for when py-spy is not installed)."""
     global _stack_file
-    if os.environ.get("ATLASBOOST_ERROR_FILE"):
-        previous = sys.excepthook
-
-        def record_and_report(kind, value, tb):
-            _record(kind, value, tb)
-            previous(kind, value, tb)
-
-        sys.excepthook = record_and_report
     stacks = os.environ.get("ATLASBOOST_STACK_FILE")
     if stacks and _stack_file is None:
         import faulthandler
