@@ -31,7 +31,7 @@ use super::job::{
 };
 use super::lifeline::{self, CgroupWanted};
 use super::output::{JobLogDir, Output, OutputOptions};
-use super::plan::{HostSpec, parse_host_list, parse_hostfile, resolve_hosts};
+use super::plan::{HostPlan, HostSpec, parse_host_list, parse_hostfile, resolve_hosts};
 use super::relay::{Introduction, RelayDoor, introduce};
 use super::supervise::{
     MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
@@ -107,6 +107,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         }
     })?;
     let relay_address = door.address();
+    let master_addr = master_address(&resolved, relay_ip);
     let relay = match &args.remote_atlasboost {
         Some(p) => vec![p.clone().into_os_string()],
         None => crate::self_command()?,
@@ -125,6 +126,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         relay: &relay,
         relay_address: &relay_address.to_string(),
         relay_local: door.local_name(),
+        master_addr: &master_addr,
     });
     printer.detail(&format!(
         "atlasboost: {}",
@@ -278,6 +280,20 @@ pub struct MpirunJob<'a> {
     pub relay_address: &'a str,
     /// The abstract Unix socket this host's relays try first.
     pub relay_local: Option<&'a str>,
+    /// `MASTER_ADDR` for workers built without MPI ([`master_address`]).
+    pub master_addr: &'a str,
+}
+
+/// Where workers built without MPI find rank 0 (`MASTER_ADDR`): the first host (mpirun maps
+/// by slot), by its address, not its name as given (`-H localhost:8,node2:8` must not send
+/// node2's ranks to their own loopback). When the first host is this machine and others are
+/// not, this machine's address toward them: the relays' (`relay_ip`).
+fn master_address(hosts: &[HostPlan], relay_ip: IpAddr) -> String {
+    match hosts.first() {
+        None => Ipv4Addr::LOCALHOST.to_string(),
+        Some(first) if first.local && hosts.iter().any(|h| !h.local) => relay_ip.to_string(),
+        Some(first) => first.server_id.clone(),
+    }
 }
 
 /// The `mpirun` command of SPEC §8: `-np`, `-H`, `-bind-to none -map-by slot`, `--tag-output`,
@@ -383,8 +399,7 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     // (mpirun maps by slot), on a port free here when that host is this machine.
     let exported = |name: &str| job.exports.iter().any(|(n, _)| n == name);
     if !exported(EnvVars::MASTER_ADDR) {
-        let first = job.hosts.first().map_or("127.0.0.1", |h| h.name.as_str());
-        vars.push((EnvVars::MASTER_ADDR.into(), first.into()));
+        vars.push((EnvVars::MASTER_ADDR.into(), job.master_addr.into()));
         if job.hosts.is_empty()
             && !exported(EnvVars::MASTER_PORT)
             && let Some(port) = job.master_port
@@ -692,6 +707,11 @@ mod tests {
             relay: &["/opt/atlasboost".into()],
             relay_address: "10.0.0.9:4000",
             relay_local: Some("atlasboost-relays-ab-1-4000"),
+            master_addr: if hosts.is_empty() {
+                "127.0.0.1"
+            } else {
+                "10.0.0.1"
+            },
         })
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -734,7 +754,7 @@ mod tests {
             "ATLASBOOST_JOB_ID=ab-1",
             "ATLASBOOST_SIM=8",
             "ATLASBOOST_PROBE=auto",
-            "MASTER_ADDR=node1",
+            "MASTER_ADDR=10.0.0.1",
             "ATLASBOOST_RELAY_ADDR=10.0.0.9:4000",
             "ATLASBOOST_RELAY_GRACE_MS=10000",
             // The table init() writes: --format and --rank-order, here their defaults.
@@ -752,6 +772,35 @@ mod tests {
             text.ends_with("-wdir /work /opt/atlasboost relay -- python3 t.py"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn master_addr_is_the_first_hosts_address_reachable_from_the_others() {
+        let host = |name: &str, server_id: &str, local: bool| HostPlan {
+            name: name.into(),
+            server_id: server_id.into(),
+            slots: Some(8),
+            local,
+        };
+        let relay: IpAddr = "10.0.0.9".parse().unwrap();
+        // `-H localhost:8,node2:8`: node2's ranks must reach this machine, not their loopback.
+        let hosts = [
+            host("localhost", "127.0.0.1", true),
+            host("node2", "10.0.0.2", false),
+        ];
+        assert_eq!(master_address(&hosts, relay), "10.0.0.9");
+        // A remote first host, by its address.
+        let hosts = [
+            host("node1", "10.0.0.1", false),
+            host("localhost", "127.0.0.1", true),
+        ];
+        assert_eq!(master_address(&hosts, relay), "10.0.0.1");
+        // Every host this machine, or none given.
+        assert_eq!(
+            master_address(&[host("localhost", "127.0.0.1", true)], relay),
+            "127.0.0.1"
+        );
+        assert_eq!(master_address(&[], relay), "127.0.0.1");
     }
 
     #[test]
