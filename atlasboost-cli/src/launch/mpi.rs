@@ -280,7 +280,8 @@ pub struct MpirunJob<'a> {
     pub relay_address: &'a str,
     /// The abstract Unix socket this host's relays try first.
     pub relay_local: Option<&'a str>,
-    /// `MASTER_ADDR` for workers built without MPI ([`master_address`]).
+    /// `MASTER_ADDR` for workers built without MPI: the first host's address, reachable from
+    /// the others.
     pub master_addr: &'a str,
 }
 
