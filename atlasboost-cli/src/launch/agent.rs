@@ -385,7 +385,7 @@ fn replan(
         .collect();
     let world = largest_world(chip, &hosts, Some(shrink.max));
     if world.len() as u64 >= shrink.min {
-        let left_out = left_out_of(&hosts, &world);
+        let left_out = left_out_of(&hosts, &world, (world.len() as u64) < shrink.max);
         return Ok((world, left_out));
     }
     let mut left_out: Vec<String> = shrink
@@ -437,38 +437,38 @@ fn replan(
     })
 }
 
-/// What `world` leaves out of what `hosts` offer: each unusable device with its health, and
-/// per host the usable devices the largest valid world does not take (the chip's rules, the
-/// slots, the job's size).
-fn left_out_of(hosts: &[HostDevices], world: &[Device]) -> Vec<String> {
+/// What `world` leaves out of what `hosts` offer: each unusable device with its health, and,
+/// when the world `shrank` (below the job's size), per host the usable devices it does not take
+/// (the chip's rules, the slots). Without a shrink those are only the job's size at work.
+fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<String> {
+    let taken: std::collections::HashSet<(&str, u32)> = world
+        .iter()
+        .map(|w| (w.server_id.as_str(), w.physical_id))
+        .collect();
     let mut said = Vec::new();
     for h in hosts {
-        let taken = |d: &Device| {
-            world
-                .iter()
-                .any(|w| w.server_id == d.server_id && w.physical_id == d.physical_id)
-        };
         for d in h.devices.iter().filter(|d| !d.health.is_healthy()) {
             said.push(format!(
                 "device {} of host {} ({})",
                 d.physical_id, h.server_id, d.health
             ));
         }
-        let idle: Vec<u32> = h
+        let idle: Vec<u64> = h
             .devices
             .iter()
-            .filter(|d| d.health.is_healthy() && !taken(d))
-            .map(|d| d.physical_id)
+            .filter(|d| shrank && d.health.is_healthy())
+            .filter(|d| !taken.contains(&(d.server_id.as_str(), d.physical_id)))
+            .map(|d| u64::from(d.physical_id))
             .collect();
-        match idle.as_slice() {
-            [] => {}
-            [one] => said.push(format!(
-                "device {one} of host {} (usable, but not in the largest valid world)",
+        let ids = super::plan::id_ranges(idle.iter().copied(), ",");
+        match idle.len() {
+            0 => {}
+            1 => said.push(format!(
+                "device {ids} of host {} (usable, but not in the largest valid world)",
                 h.server_id
             )),
-            many => said.push(format!(
-                "devices {} of host {} (usable, but not in the largest valid world)",
-                super::plan::id_ranges(many.iter().map(|&i| u64::from(i)), ","),
+            _ => said.push(format!(
+                "devices {ids} of host {} (usable, but not in the largest valid world)",
                 h.server_id
             )),
         }
@@ -1084,7 +1084,7 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
 
 #[cfg(test)]
 mod tests {
-    use atlasboost_core::DeviceProbe;
+    use atlasboost_core::{DeviceProbe, Health};
     use atlasboost_sim::SimProbe;
 
     use super::*;
@@ -1138,6 +1138,42 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// What a re-planned world says it left out: unusable devices always; usable ones only
+    /// when the job shrank (a restart of `-n 4` on 8 devices leaves 4 idle by design).
+    #[test]
+    fn a_replan_names_what_it_leaves_out_only_when_it_matters() {
+        let shrink = |min: u64, max: u64| Shrink {
+            min,
+            min_given: true,
+            max,
+            left_out: Vec::new(),
+            restart: true,
+        };
+        let two = || vec![host("127.0.0.1", None), host("127.0.0.2", None)];
+        let mut p = policy(two(), Some(8), RankOrder::ServerId);
+        // A restart of a job of 8 on 2 × 8 healthy devices: nothing to say.
+        p.shrink = Some(shrink(8, 8));
+        let healthy = || vec![report("127.0.0.1", 8, 1), report("127.0.0.2", 8, 2)];
+        let d = decide(&p, healthy()).unwrap();
+        assert_eq!(d.devices.len(), 8);
+        assert_eq!(d.left_out, Vec::<String>::new());
+        // Device 3 of the first host dies, and the job of 16 shrinks to the other host's 8.
+        p.shrink = Some(shrink(8, 16));
+        let mut reports = healthy();
+        if let HostReport::Devices(devices) = &mut reports[0].host {
+            devices[3].health = Health::Unreadable { code: 13 };
+        }
+        let d = decide(&p, reports).unwrap();
+        assert_eq!(d.devices.len(), 8);
+        assert_eq!(
+            d.left_out,
+            [
+                "device 3 of host 127.0.0.1 (unreadable: a driver call about it returned 13)",
+                "devices 0-2,4-7 of host 127.0.0.1 (usable, but not in the largest valid world)",
+            ]
+        );
     }
 
     #[test]
