@@ -414,6 +414,14 @@ fn what_can_be_refused_before_mpirun_starts_is() {
         .args(["--events", "events.jsonl", "--", "true"])
         .run();
     f.assert_code(127);
+    assert!(
+        f.err().contains(
+            "cannot start /nonexistent/mpirun on host this machine (--mpi runs Open MPI's \
+             mpirun: Debian's openmpi-bin, or ATLASBOOST_MPIRUN=PATH): command not found"
+        ),
+        "{}",
+        f.describe()
+    );
     let events = std::fs::read_to_string(f.dir().join("events.jsonl")).unwrap();
     let last: Vec<serde_json::Value> = events
         .lines()

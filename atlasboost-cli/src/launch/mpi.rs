@@ -130,11 +130,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     });
     printer.detail(&format!(
         "atlasboost: {}",
-        command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(" ")
+        super::remote::shell_line(&command)
     ));
     let events = match &args.events {
         Some(path) => Some(EventLog::create(path, &job_id)?),

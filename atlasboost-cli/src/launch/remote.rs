@@ -723,12 +723,51 @@ fn ssh_args(host: &str, ssh: &SshOptions, connect: &Connect) -> Vec<OsString> {
 
 /// `'path'`, with any `'` escaped, for the remote shell.
 fn shell_quote(path: &Path) -> String {
-    format!("'{}'", path.to_string_lossy().replace('\'', r"'\''"))
+    single_quoted(&path.to_string_lossy())
+}
+
+/// `'text'`, with any `'` escaped: one word for a POSIX shell, whatever it holds.
+fn single_quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// A command line as a POSIX shell reads it back, word for word (for `-v`: copied and pasted,
+/// it runs): words of plain characters as they are, the others single-quoted.
+pub(crate) fn shell_line<S: AsRef<std::ffi::OsStr>>(words: &[S]) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    words
+        .iter()
+        .map(|w| {
+            let w = w.as_ref().to_string_lossy();
+            match !w.is_empty() && w.chars().all(plain) {
+                true => w.into_owned(),
+                false => single_quoted(&w),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shell_line_reads_back_word_for_word() {
+        let line = shell_line(&["sh", "-c", "echo \"a  b\"", "it's", "", "-x", "A=1,2"]);
+        assert_eq!(line, r#"sh -c 'echo "a  b"' 'it'\''s' '' -x A=1,2"#);
+        let back = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!("for w in {line}; do printf '[%s]' \"$w\"; done"),
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&back.stdout),
+            "[sh][-c][echo \"a  b\"][it's][][-x][A=1,2]"
+        );
+    }
 
     /// A relay that closes its connection with a heartbeat of ours unread resets it: what it
     /// sent before (its `done`) still counts, and the reset is its end, not a protocol error.

@@ -99,7 +99,12 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
     // when asked, a cgroup) of its own for its worker.
     let (pid, out, err) = spawn(&mpirun_plan, &spec, None).map_err(|e| CliError::Spawn {
         program: mpirun_plan.command.first().cloned().unwrap_or_default(),
-        host: "this machine".into(),
+        host: match e.kind() {
+            std::io::ErrorKind::NotFound => "this machine (--mpi runs Open MPI's mpirun: \
+                                             Debian's openmpi-bin, or ATLASBOOST_MPIRUN=PATH)"
+                .into(),
+            _ => "this machine".into(),
+        },
         reason: e,
     })?;
     lifeline.watch(pid.as_raw());
