@@ -185,6 +185,14 @@ def place_command(features: list) -> None:
     COMMAND.parent.mkdir(exist_ok=True)
     shutil.copyfile(built, COMMAND)
     COMMAND.chmod(0o755)
+    # The workspace keeps line tables in release builds (44 MB); the wheel's command, like its
+    # native module (pyproject's `strip`), goes without them (panics still name file and line).
+    strip = shutil.which("strip")
+    if strip is None:
+        print("atlasboost build: no `strip` on PATH: the atlasboost command keeps its debug "
+              "information", file=sys.stderr, flush=True)
+    elif subprocess.run([strip, "--strip-debug", str(COMMAND)]).returncode != 0:
+        raise SystemExit(f"atlasboost build: `strip --strip-debug {COMMAND}` failed (above)")
 
 
 def remove_command() -> None:

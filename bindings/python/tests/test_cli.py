@@ -32,6 +32,27 @@ def test_help(command: list[str]) -> None:
     assert "--sim <N>" in r.stdout
 
 
+def test_the_shipped_command_carries_no_debug_information() -> None:
+    """The workspace's release builds keep line tables (44 MB); the wheel's command is
+    stripped of them, as its native module is."""
+    import shutil
+    import subprocess
+
+    import atlasboost
+
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf is not installed (Debian: binutils)")
+    command = Path(atlasboost.__file__).parent / "_bin" / "atlasboost"
+    assert command.is_file(), command
+    sections = subprocess.run([readelf, "-S", "-W", str(command)], capture_output=True, text=True,
+                              timeout=30, check=True).stdout
+    assert ".text" in sections, sections
+    # (.debug_gdb_scripts, a loaded section for gdb's pretty-printers, is not debug information.)
+    for debug in (".debug_info", ".debug_line"):
+        assert debug not in sections, sections
+
+
 def test_version_is_the_packages() -> None:
     import atlasboost
 
