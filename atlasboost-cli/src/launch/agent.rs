@@ -236,16 +236,7 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
 /// Refuses a first attempt's unhealthy devices, saying how to go on without them (the table
 /// builder would refuse them too, with a hint for one host).
 fn refuse_unhealthy(devices: &[Device], hosts: usize) -> Result<(), String> {
-    let unhealthy: Vec<String> = devices
-        .iter()
-        .filter(|d| !d.health.is_healthy())
-        .map(|d| {
-            format!(
-                "device {} of host {} is {}",
-                d.physical_id, d.server_id, d.health
-            )
-        })
-        .collect();
+    let unhealthy = atlasboost_core::ranktable::unhealthy_named(devices);
     if unhealthy.is_empty() {
         return Ok(());
     }

@@ -167,14 +167,10 @@ pub fn chip_of_devices(devices: &[Device]) -> Result<Chip> {
 }
 
 /// Devices grouped by server, servers in rank order, devices by physical id.
-fn group_servers<'a>(
-    devices: &'a [Device],
-    opts: &BuildOptions,
-) -> Result<Vec<(&'a str, Vec<&'a Device>)>> {
-    if devices.is_empty() {
-        return Err(Error::Build("no devices were found on any host".into()));
-    }
-    let unhealthy: Vec<String> = devices
+/// Each unusable device of `devices`, named with its host and health: `device 5 of host
+/// 10.0.0.3 is critical (3)`.
+pub fn unhealthy_named(devices: &[Device]) -> Vec<String> {
+    devices
         .iter()
         .filter(|d| !d.health.is_healthy())
         .map(|d| {
@@ -183,7 +179,17 @@ fn group_servers<'a>(
                 d.physical_id, d.server_id, d.health
             )
         })
-        .collect();
+        .collect()
+}
+
+fn group_servers<'a>(
+    devices: &'a [Device],
+    opts: &BuildOptions,
+) -> Result<Vec<(&'a str, Vec<&'a Device>)>> {
+    if devices.is_empty() {
+        return Err(Error::Build("no devices were found on any host".into()));
+    }
+    let unhealthy = unhealthy_named(devices);
     if !unhealthy.is_empty() {
         return Err(Error::Build(format!(
             "{}; leave it out with --devices",
