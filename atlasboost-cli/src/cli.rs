@@ -348,7 +348,8 @@ pub struct RunArgs {
     pub restart_delay: Option<Duration>,
 
     /// With --max-restarts: the smallest world a restart may shrink to, leaving out unhealthy
-    /// devices and lost hosts (the first attempt too, when a device is unhealthy as it starts)
+    /// devices and lost hosts (the first attempt too, when a device is unhealthy or a host's
+    /// probe fails as it starts)
     /// [default: the first attempt's size: no shrinking].
     #[arg(allow_negative_numbers = true, long, value_name = "M", value_parser = at_least_1,
           requires = "max_restarts")]
@@ -527,16 +528,19 @@ fn at_least_0(s: &str) -> Result<u32, String> {
 /// parser says "invalid digit found in string").
 fn count(s: &str, min: u32) -> Result<u32, String> {
     use std::num::IntErrorKind;
-    let negative = s
-        .strip_prefix('-')
-        .is_some_and(|d| d.parse::<u64>().is_ok());
+    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+    let negative = s.strip_prefix('-').filter(|d| digits(d));
+    // `-0` is 0, whatever Rust's parser says.
+    if negative.is_some_and(|d| d.bytes().all(|b| b == b'0')) {
+        return count("0", min);
+    }
     match s.parse::<u32>() {
         Ok(n) if n >= min => Ok(n),
         Err(e) if *e.kind() == IntErrorKind::PosOverflow => {
             Err(format!("{s} is more than {}", u32::MAX))
         }
         Ok(_) => Err(format!("{s} is less than {min}")),
-        Err(_) if negative => Err(format!("{s} is less than {min}")),
+        Err(_) if negative.is_some() => Err(format!("{s} is less than {min}")),
         Err(_) => Err(format!("{s:?} is not a whole number")),
     }
 }

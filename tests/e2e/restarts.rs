@@ -193,6 +193,18 @@ fn an_npu_dead_at_the_start_is_planned_around_with_min_np() {
         Some(2),
         "{events}"
     );
+    // --ranks beyond the smaller world is a warning there, as after a restart, not an error.
+    let r = Run::new(["run", "--sim", "8"])
+        .args(hosts)
+        .args(["--max-restarts", "1", "--min-np", "24", "--ranks", "20-31"])
+        .env("ATLASBOOST_SIM_FAULTS", "127.0.0.3/unhealthy:5")
+        .args(["--", "true"])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(0).assert_err(
+        &["warning: --ranks 20-31: ranks 24-31 are not in this job of 24 ranks (0-23)"],
+        &[],
+    );
 
     let r = Run::new(["run", "--sim", "8"])
         .args(hosts)

@@ -376,7 +376,14 @@ fn replan(
         .collect();
     let world = largest_world(chip, &hosts, Some(shrink.max));
     if world.len() as u64 >= shrink.min {
-        let left_out = left_out_of(&hosts, &world, (world.len() as u64) < shrink.max);
+        // What the hosts would run, unhealthy devices and all, within their slots and the
+        // job's size: less than that is a shrink.
+        let wanted = hosts
+            .iter()
+            .map(|h| h.devices.len().min(h.cap.unwrap_or(usize::MAX)) as u64)
+            .sum::<u64>()
+            .min(shrink.max);
+        let left_out = left_out_of(&hosts, &world, (world.len() as u64) < wanted);
         return Ok((world, left_out));
     }
     let mut left_out: Vec<String> = shrink
@@ -991,8 +998,10 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     let stdout = std::io::stdout();
     let upstream = (!slurm).then(|| stdout.as_fd());
     let files = RankFiles::create(&config.job_id)?;
+    // Until the guard runs, removing the directory is this process's job.
     let mut lifeline =
-        lifeline::prepare(CgroupWanted::ByDefault(true), upstream, Some(files.dir()))?;
+        lifeline::prepare(CgroupWanted::ByDefault(true), upstream, Some(files.dir()))
+            .inspect_err(|_| files.remove())?;
     let nic: Option<atlasboost::host::NicChoice> = settings
         .nic
         .as_deref()
@@ -1165,6 +1174,24 @@ mod tests {
                 "devices 0-2,4-7 of host 127.0.0.1 (usable, but not in the largest valid world)",
             ]
         );
+        // A first attempt on hosts of 4 slots, device 6 of one dead: nothing shrank (the slots
+        // set the size), so only the dead device is named.
+        let mut p = policy(
+            vec![host("127.0.0.1", Some(4)), host("127.0.0.2", Some(4))],
+            None,
+            RankOrder::ServerId,
+        );
+        p.shrink = Some(Shrink {
+            restart: false,
+            ..shrink(4, u64::MAX)
+        });
+        let mut reports = healthy();
+        if let HostReport::Devices(devices) = &mut reports[1].host {
+            devices[6].health = Health::Unhealthy { code: 3 };
+        }
+        let d = decide(&p, reports).unwrap();
+        assert_eq!(d.devices.len(), 8);
+        assert_eq!(d.left_out, ["device 6 of host 127.0.0.2 (critical (3))"]);
     }
 
     #[test]

@@ -79,9 +79,10 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
              watchdog, error records), so a value of yours would mislead it or the worker"
         )));
     }
-    // The table is replaced by a rename, which would take the events' file away.
+    // The table (written in the workers' directory) is replaced by a rename, which would take
+    // the events' file (opened here) away.
     if let Some(events) = &args.events
-        && same_file(events, &args.rank_table)
+        && same_file(events, &worker_dir(args, false)?.join(&args.rank_table))
     {
         return Err(CliError::Usage(format!(
             "--events {} is the rank table's path too; give the events a file of their own",

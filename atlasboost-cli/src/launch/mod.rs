@@ -77,7 +77,11 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         // The relays do not sample devices: nothing to show or serve.
         for (given, flag) in [
             (args.metrics.is_some(), "--metrics"),
-            (args.monitor_interval_given, "--monitor-interval"),
+            // (`--monitor-interval off` asks for nothing.)
+            (
+                args.monitor_interval_given && args.monitor_interval.is_some(),
+                "--monitor-interval",
+            ),
         ] {
             if given {
                 return Err(CliError::Usage(format!(
@@ -167,7 +171,9 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         None => None,
     };
     let files = RankFiles::create(&job_id)?;
-    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true), None, Some(files.dir()))?;
+    // Until the guard runs, removing the directory is this process's job.
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true), None, Some(files.dir()))
+        .inspect_err(|_| files.remove())?;
     printer.detail(&format!("atlasboost: {}", lifeline.cgroup_note()));
     let mut job = JobState {
         args,
@@ -436,8 +442,12 @@ fn run_attempts(
                     counted(workers.len(), "rank"),
                     workers.len() - 1
                 );
-                // A restart that shrank the job shows the ranks it still has.
-                if attempt == 0 {
+                // A job that shrank (a restart, or a first attempt planned around a dead NPU
+                // with --min-np) shows the ranks it still has.
+                let shrunk = attempt > 0
+                    || !joined.decision.left_out.is_empty()
+                    || !joined.decision.unprobed.is_empty();
+                if !shrunk {
                     return Err(CliError::Usage(why));
                 }
                 printer.status(&format!("atlasboost: warning: {why}"));

@@ -1106,6 +1106,41 @@ fn events_on_the_rank_tables_path_are_refused() {
             )]);
         assert_eq!(entries(dir.path()), vec!["sub".to_string()], "{events}");
     }
+    // The table is written in --wdir: the same name here is another file, and that one is
+    // refused.
+    run(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "2",
+            "--wdir",
+            "sub",
+            "--events",
+            "sub/rank_table.json",
+            "--",
+            "true",
+        ],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--events sub/rank_table.json is the rank table's path too"]);
+    let out = run(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "2",
+            "--wdir",
+            "sub",
+            "--events",
+            "rank_table.json",
+            "--",
+            "true",
+        ],
+    );
+    out.expect_code(SUCCESS);
+    assert!(dir.path().join("sub/rank_table.json").is_file(), "{out:?}");
+    assert!(dir.path().join("rank_table.json").is_file(), "{out:?}");
 }
 
 #[test]

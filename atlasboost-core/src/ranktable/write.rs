@@ -93,7 +93,24 @@ pub fn read_json_bytes(path: &Path) -> Result<(serde_json::Value, Vec<u8>)> {
         path: path.to_path_buf(),
         source,
     })?;
+    // A regular file too large is refused unread (a pipe or a device is read up to the limit).
+    if file
+        .metadata()
+        .is_ok_and(|m| m.is_file() && m.len() > TABLE_SIZE_LIMIT)
+    {
+        return Err(too_large(path));
+    }
     read_json_from(file, path)
+}
+
+fn too_large(path: &Path) -> Error {
+    Error::BadPath {
+        path: path.to_path_buf(),
+        reason: format!(
+            "holds more than {} MiB, far more than any rank table",
+            TABLE_SIZE_LIMIT >> 20
+        ),
+    }
 }
 
 /// The most of a file read as a rank table: far more than any real one (a table of 10,000
@@ -118,13 +135,7 @@ pub fn read_json_from(reader: impl Read, path: &Path) -> Result<(serde_json::Val
             source,
         })?;
     if bytes.len() as u64 > TABLE_SIZE_LIMIT {
-        return Err(Error::BadPath {
-            path: path.to_path_buf(),
-            reason: format!(
-                "holds more than {} MiB, far more than any rank table",
-                TABLE_SIZE_LIMIT >> 20
-            ),
-        });
+        return Err(too_large(path));
     }
     // JSON has no byte-order mark; an editor's one would otherwise be "expected value at
     // line 1 column 1".

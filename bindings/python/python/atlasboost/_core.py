@@ -73,10 +73,19 @@ def _end_the_job_on_failure() -> None:
 
     def record_report_and_abort(kind, value, tb):
         interrupted = kind is not None and issubclass(kind, KeyboardInterrupt)
-        if not interrupted:
-            _record(kind, value, tb)
-        previous(kind, value, tb)
-        _native.abort_mpi(130 if interrupted else 1)
+        try:
+            if not interrupted:
+                _record(kind, value, tb)
+            previous(kind, value, tb)
+        finally:
+            # MPI_Abort ends the process at once: what Python still buffers (a pipe's stdout
+            # is block-buffered) is written first, the failing rank's last lines above all.
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001 (a closed or broken stream: nothing to save)
+                    pass
+            _native.abort_mpi(130 if interrupted else 1)
 
     sys.excepthook = record_report_and_abort
 
