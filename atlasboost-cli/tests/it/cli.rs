@@ -1108,36 +1108,16 @@ fn events_on_the_rank_tables_path_are_refused() {
     }
     // The table is written in --wdir: the same name here is another file, and that one is
     // refused.
-    run(
-        dir.path(),
-        &[
-            "run",
-            "--sim",
-            "2",
-            "--wdir",
-            "sub",
-            "--events",
-            "sub/rank_table.json",
-            "--",
-            "true",
-        ],
-    )
-    .expect_code(USAGE)
-    .stderr_has(&["--events sub/rank_table.json is the rank table's path too"]);
-    let out = run(
-        dir.path(),
-        &[
-            "run",
-            "--sim",
-            "2",
-            "--wdir",
-            "sub",
-            "--events",
-            "rank_table.json",
-            "--",
-            "true",
-        ],
-    );
+    let in_sub = |events: &str| {
+        let args = [
+            "run", "--sim", "2", "--wdir", "sub", "--events", events, "--", "true",
+        ];
+        run(dir.path(), &args)
+    };
+    in_sub("sub/rank_table.json")
+        .expect_code(USAGE)
+        .stderr_has(&["--events sub/rank_table.json is the rank table's path too"]);
+    let out = in_sub("rank_table.json");
     out.expect_code(SUCCESS);
     assert!(dir.path().join("sub/rank_table.json").is_file(), "{out:?}");
     assert!(dir.path().join("rank_table.json").is_file(), "{out:?}");
