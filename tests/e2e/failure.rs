@@ -34,11 +34,11 @@ fn summary_row(r: &Finished, rank: u32) -> String {
 
 /// The one `error:` line and everything after it on stderr.
 fn error_report(r: &Finished) -> (String, String) {
-    let lines = r.error_lines();
-    assert_eq!(lines.len(), 1, "exactly one error: line\n{}", r.describe());
+    let line = r.the_error_line(&r.describe());
     let err = r.err();
-    let at = err.find(&lines[0]).unwrap();
-    (lines[0].clone(), err[at..].to_string())
+    let at = err.find(&line).unwrap();
+    let rest = err[at..].to_string();
+    (line, rest)
 }
 
 #[test]

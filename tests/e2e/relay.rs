@@ -68,10 +68,9 @@ fn a_session_that_ends_with_its_last_data_is_seen_as_ended() {
     let r = run.run();
     kill_marked(LAUNCH_MARK, &mark);
     r.assert_code(125);
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "{}", r.describe());
+    let error = r.the_error_line(&r.describe());
     assert!(
-        errors[0].contains("its ssh session ended before its workers did"),
+        error.contains("its ssh session ended before its workers did"),
         "the end of the session is named, not a heartbeat timeout: {}",
         r.describe()
     );

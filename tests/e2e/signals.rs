@@ -66,9 +66,8 @@ fn sigint_is_passed_to_the_workers_and_exits_130() {
             r.describe()
         );
     }
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "{}", r.describe());
-    assert!(errors[0].contains("SIGINT"), "{errors:?}");
+    let error = r.the_error_line(&r.describe());
+    assert!(error.contains("SIGINT"), "{error}");
     assert_all_gone(&mark, "after SIGINT");
 }
 

@@ -56,6 +56,17 @@ macro_rules! sshd_or_skip {
     };
 }
 
+/// How most tests here start: this test's sshd (or the skip of [`sshd_or_skip`]), a marker
+/// unique to the test (`prefix`) for its job's processes, and their [`Cleanup`] when it ends.
+macro_rules! ssh_test {
+    ($prefix:literal) => {{
+        let sshd = sshd_or_skip!();
+        let mark = unique($prefix);
+        let cleanup = Cleanup(mark.clone());
+        (sshd, mark, cleanup)
+    }};
+}
+
 /// Kills whatever is left with the marker when a test ends, passing or not.
 struct Cleanup(String);
 
@@ -231,9 +242,7 @@ fn hex_runs(bytes: &[u8], len: usize) -> Vec<String> {
 
 #[test]
 fn two_remote_hosts_get_the_table_the_environment_and_the_forwarded_variables() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-cluster");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-cluster");
     let (x, fwd) = (unique("x"), unique("fwd"));
     let path = format!(
         "/nonexistent-{}:{}",
@@ -319,9 +328,7 @@ fn two_remote_hosts_get_the_table_the_environment_and_the_forwarded_variables() 
 /// digits): the agent's command line is `<bin> agent`, the rest comes on its stdin.
 #[test]
 fn the_secret_is_on_no_command_line_and_the_agent_is_just_bin_agent() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-secret");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-secret");
     let mut launch = over_ssh(
         &sshd,
         &mark,
@@ -425,9 +432,7 @@ fn the_secret_is_on_no_command_line_and_the_agent_is_just_bin_agent() {
 #[test]
 fn remote_output_arrives_whole_once_in_order_and_tagged() {
     const LINES: u64 = 20_000;
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-output");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-output");
     let script = format!(
         r#"
 import os, sys
@@ -456,9 +461,7 @@ for i in range({LINES}):
 fn remote_hosts_wait_for_a_console_read_late() {
     // More than ssh's channel window (2 MiB), its buffers and the pipes hold: 7 MB a host.
     const LINES: u32 = 1_000_000;
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-late-console");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-late-console");
     let r = over_ssh(
         &sshd,
         &mark,
@@ -480,9 +483,7 @@ fn remote_hosts_wait_for_a_console_read_late() {
 #[test]
 fn a_remote_line_longer_than_1_mib_comes_in_1_mib_pieces() {
     const PIECE: usize = 1 << 20;
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-long-line");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-long-line");
     let script = format!(
         r#"
 import sys, time
@@ -532,9 +533,7 @@ rank 0's lines: {shape:?}"
 
 #[test]
 fn a_failing_remote_rank_gives_its_exit_code_and_stops_every_host() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-fail");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-fail");
     let train = example("train.py");
     // 300 steps of 0.1 s: the other ranks would run 30 s if they were not stopped.
     let r = over_ssh(
@@ -555,15 +554,14 @@ fn a_failing_remote_rank_gives_its_exit_code_and_stops_every_host() {
         "the other ranks (30 s of steps) were not stopped: the run took {:?}\n{ctx}",
         r.elapsed
     );
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    let error = r.the_error_line(&ctx);
     assert!(
-        errors[0].starts_with("error: rank 5 (host 127.0.0.3, device 1) failed first: exit 7"),
+        error.starts_with("error: rank 5 (host 127.0.0.3, device 1) failed first: exit 7"),
         "the error names rank 5, its host and device: {}\n{ctx}",
-        errors[0]
+        error
     );
     let err = r.err();
-    let report = &err[err.find(&errors[0]).unwrap_or(0)..];
+    let report = &err[err.find(&error).unwrap_or(0)..];
     assert!(
         report.contains("rank 5: failing on purpose (--fail-rank) at step 2"),
         "the error shows rank 5's last stderr line\n{ctx}"
@@ -604,9 +602,7 @@ fn a_failing_remote_rank_gives_its_exit_code_and_stops_every_host() {
 
 #[test]
 fn a_command_missing_on_the_remote_hosts_exits_127() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-127");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-127");
     let r = over_ssh(
         &sshd,
         &mark,
@@ -616,12 +612,11 @@ fn a_command_missing_on_the_remote_hosts_exits_127() {
     .run();
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(127), "{ctx}");
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    let error = r.the_error_line(&ctx);
     assert!(
-        errors[0].contains("atlasboost-e2e-no-such-command") && errors[0].contains("127.0.0."),
+        error.contains("atlasboost-e2e-no-such-command") && error.contains("127.0.0."),
         "the error names the command and a host: {}\n{ctx}",
-        errors[0]
+        error
     );
     sshd.assert_no_sessions(Duration::from_secs(3), "after the job");
 }
@@ -725,9 +720,7 @@ fn start_forking_job(sshd: &Sshd, mark: &str, grace: &str) -> (Launch, BTreeSet<
 /// host's workers are stopped, and that host's agent stops its own when its stdin closes.
 #[test]
 fn a_killed_ssh_session_fails_the_job_and_stops_the_workers_of_both_hosts() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-lost");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-lost");
     // --grace 30: nothing may wait for SIGKILL.
     let (launch, agents) = start_forking_job(&sshd, &mark, "30");
     let launcher = launch.pid();
@@ -747,14 +740,13 @@ fn a_killed_ssh_session_fails_the_job_and_stops_the_workers_of_both_hosts() {
         r.elapsed < Duration::from_secs(30),
         "the launcher did not wait for --grace 30\n{ctx}"
     );
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    let error = r.the_error_line(&ctx);
     assert!(
-        errors[0].starts_with(
+        error.starts_with(
             "error: host 127.0.0.2 failed first: its ssh session ended before its workers did"
         ),
         "the error names the host: {}\n{ctx}",
-        errors[0]
+        error
     );
     assert!(!r.out().contains("not stopped"), "{ctx}");
     assert_job_gone(
@@ -770,9 +762,7 @@ fn a_killed_ssh_session_fails_the_job_and_stops_the_workers_of_both_hosts() {
 /// stdin closes, and the agents stop their workers and the workers' children.
 #[test]
 fn kill_9_of_the_launcher_leaves_nothing_on_any_host() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-kill9");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-kill9");
     let (launch, agents) = start_forking_job(&sshd, &mark, "30");
     let r = kill_9_and_assert_nothing_left(launch, &sshd, &mark, &agents, "mid-job");
     assert!(!r.out().contains("not stopped"), "{}", r.describe());
@@ -783,9 +773,7 @@ fn kill_9_of_the_launcher_leaves_nothing_on_any_host() {
 /// leave that to the agents while they work.
 #[test]
 fn kill_9_of_the_launcher_gives_remote_workers_sigterm_first() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-kill9-term");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-kill9-term");
     let run = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO]);
     let seen = run.dir().join("term");
     std::fs::create_dir_all(&seen).unwrap();
@@ -816,9 +804,7 @@ fn kill_9_of_the_launcher_gives_remote_workers_sigterm_first() {
 
 #[test]
 fn sigint_reaches_the_remote_workers_and_exits_130() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-sigint");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-sigint");
     let mut launch = over_ssh(
         &sshd,
         &mark,
@@ -849,9 +835,8 @@ fn sigint_reaches_the_remote_workers_and_exits_130() {
             "rank {rank} got SIGINT (KeyboardInterrupt)\n{ctx}"
         );
     }
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "{ctx}");
-    assert!(errors[0].contains("SIGINT"), "{errors:?}");
+    let error = r.the_error_line(&ctx);
+    assert!(error.contains("SIGINT"), "{error}");
     assert_job_gone(
         &sshd,
         &mark,
@@ -865,9 +850,7 @@ fn sigint_reaches_the_remote_workers_and_exits_130() {
 /// the rendezvous timeout.
 #[test]
 fn atlasboost_missing_on_the_remote_host_is_reported_at_once() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-nobin");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-nobin");
     let r = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
         .args(["--remote-atlasboost", "/nonexistent/atlasboost"])
         .args(["--rendezvous-timeout", "60"])
@@ -894,9 +877,7 @@ fn atlasboost_missing_on_the_remote_host_is_reported_at_once() {
 /// A host that refuses the key (not in `authorized_keys`).
 #[test]
 fn a_host_refusing_the_key_is_reported_at_once() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-refused");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-refused");
     let stranger = sshd.new_key("stranger_key");
     let config = sshd.write_client_config("ssh_config_stranger", Some(&stranger), true);
     let r = over_ssh_with(&config, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
@@ -919,9 +900,7 @@ fn a_host_refusing_the_key_is_reported_at_once() {
 /// agents.
 #[test]
 fn a_worker_directory_missing_on_the_remote_hosts_fails_before_any_worker() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-wdir");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-wdir");
     let wdir = format!("/nonexistent-{}", unique("wdir"));
     let r = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
         .args(["--wdir", &wdir, "--rendezvous-timeout", "60"])
@@ -945,9 +924,7 @@ fn a_worker_directory_missing_on_the_remote_hosts_fails_before_any_worker() {
 /// quote.
 #[test]
 fn ssh_port_identity_and_a_remote_path_that_needs_quoting() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-options");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-options");
     let config = sshd.write_client_config("ssh_config_bare", None, false);
     let port = sshd.port().to_string();
     let key = sshd.client_key();
@@ -985,9 +962,7 @@ fn ssh_port_identity_and_a_remote_path_that_needs_quoting() {
 /// not pass back a connection`), which says nothing more.
 #[test]
 fn a_closed_ssh_port_is_named_without_ssh_proxy_noise() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-closed-port");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-closed-port");
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port().to_string()
@@ -1014,9 +989,7 @@ fn a_closed_ssh_port_is_named_without_ssh_proxy_noise() {
 /// gone and stops its workers, though the ssh sessions are still open.
 #[test]
 fn agents_stop_their_workers_when_the_launchers_heartbeats_stop() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-stopped");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-stopped");
     let (launch, agents) = start_forking_job(&sshd, &mark, "30");
     let stopped = Instant::now();
     launch.signal(Signal::SIGSTOP);
@@ -1059,9 +1032,7 @@ fn agents_stop_their_workers_when_the_launchers_heartbeats_stop() {
 /// on its own console.
 #[test]
 fn a_console_blocked_for_a_while_loses_neither_hosts_nor_lines() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-slow-console");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-slow-console");
     let r = over_ssh(
         &sshd,
         &mark,
@@ -1124,9 +1095,7 @@ fn agents_below(sshd: &Sshd) -> BTreeSet<i32> {
 /// A host that never joins: the rendezvous times out, naming it.
 #[test]
 fn a_remote_host_that_never_joins_times_out_naming_it() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-nojoin");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-nojoin");
     let run = over_ssh(
         &sshd,
         &mark,
@@ -1141,12 +1110,11 @@ fn a_remote_host_that_never_joins_times_out_naming_it() {
         .run();
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(125), "{ctx}");
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    let error = r.the_error_line(&ctx);
     assert!(
-        errors[0].contains("127.0.0.3") && !errors[0].contains("127.0.0.2"),
+        error.contains("127.0.0.3") && !error.contains("127.0.0.2"),
         "the error names the host that did not join, and only it: {}\n{ctx}",
-        errors[0]
+        error
     );
     assert!(
         r.elapsed < Duration::from_secs(10),
@@ -1162,9 +1130,7 @@ fn a_remote_host_that_never_joins_times_out_naming_it() {
 /// `--fanout 1`, the second is below the first and named as such).
 #[test]
 fn every_host_out_of_reach_at_the_start_is_named() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-two-lost");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-two-lost");
     let run = over_ssh(
         &sshd,
         &mark,
@@ -1206,9 +1172,7 @@ fn every_host_out_of_reach_at_the_start_is_named() {
 /// (`--rendezvous-timeout`, 120 s by default).
 #[test]
 fn kill_9_of_the_launcher_while_a_host_joins_leaves_no_agent() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-kill9-join");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-kill9-join");
     let run = over_ssh(
         &sshd,
         &mark,
@@ -1250,9 +1214,7 @@ fn kill_9_of_the_launcher_while_a_host_joins_leaves_no_agent() {
 /// echoes) must not break the channel, nor reach the workers' output.
 #[test]
 fn a_login_banner_on_stdout_does_not_break_the_channel() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-banner");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-banner");
     let run = over_ssh(
         &sshd,
         &mark,
@@ -1311,9 +1273,7 @@ fn agent_of(mark: &str, agents: &BTreeSet<i32>, host: &str) -> Pid {
 /// host's workers, the launcher names the host and stops the other host's.
 #[test]
 fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-agent-killed");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-agent-killed");
     let (launch, agents) = start_forking_job(&sshd, &mark, "30");
     let agent = agent_of(&mark, &agents, "127.0.0.3");
     let killed = Instant::now();
@@ -1321,12 +1281,11 @@ fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
     let r = launch.wait_at_most(Duration::from_secs(20));
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    let error = r.the_error_line(&ctx);
     assert!(
-        errors[0].starts_with("error: host 127.0.0.3 failed first"),
+        error.starts_with("error: host 127.0.0.3 failed first"),
         "the error names the host: {}\n{ctx}",
-        errors[0]
+        error
     );
     assert!(!r.out().contains("not stopped"), "{ctx}");
     assert_job_gone(
@@ -1344,9 +1303,7 @@ fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
 /// stop, blaming the first), its ranks not taken for hung for what was not read meanwhile.
 #[test]
 fn ctrl_z_of_the_launcher_keeps_a_multi_host_job() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-ctrl-z");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-ctrl-z");
     let mut launch = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
         .args(["--hang-timeout", "3", "--", "sh", "-c"])
         .args([
@@ -1383,9 +1340,7 @@ fn ctrl_z_of_the_launcher_keeps_a_multi_host_job() {
 /// that host's workers though the agent itself still hangs.
 #[test]
 fn a_hung_agents_workers_stop_when_its_session_ends() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-agent-hung");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-agent-hung");
     let (launch, agents) = start_forking_job(&sshd, &mark, "30");
     let agent = agent_of(&mark, &agents, "127.0.0.3");
     kill(agent, Signal::SIGSTOP).unwrap();
@@ -1425,9 +1380,7 @@ fn a_hung_agents_workers_stop_when_its_session_ends() {
 /// waiting for ever on a session that never ends.
 #[test]
 fn a_silent_agent_below_another_is_named_lost_by_the_agent_above_it() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-tree-silent");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-tree-silent");
     // A chain: 127.0.0.3's agent is started, and heard, by 127.0.0.2's.
     let mut launch = over_ssh(
         &sshd,
@@ -1451,14 +1404,13 @@ fn a_silent_agent_below_another_is_named_lost_by_the_agent_above_it() {
     let _ = kill(agent, Signal::SIGCONT);
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");
-    let errors = r.error_lines();
-    assert_eq!(errors.len(), 1, "exactly one `error:` line\n{ctx}");
+    let error = r.the_error_line(&ctx);
     assert!(
-        errors[0].starts_with("error: host 127.0.0.3 failed first")
-            && errors[0].contains("heartbeats stopped")
-            && errors[0].contains("said host 127.0.0.2, which started it"),
+        error.starts_with("error: host 127.0.0.3 failed first")
+            && error.contains("heartbeats stopped")
+            && error.contains("said host 127.0.0.2, which started it"),
         "the error names the silent host and who noticed: {}\n{ctx}",
-        errors[0]
+        error
     );
     assert!(
         took < Duration::from_secs(12),
@@ -1477,9 +1429,7 @@ fn a_silent_agent_below_another_is_named_lost_by_the_agent_above_it() {
 /// channel (through the tree: a chain here); the launcher writes them to `--events`.
 #[test]
 fn remote_hosts_send_their_samples_up_to_the_events_file() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-telemetry");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-telemetry");
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
     let r = over_ssh(
@@ -1591,9 +1541,7 @@ fn lose_this_host_under_restarts(
 /// was really lost, and runs on 127.0.0.3.
 #[test]
 fn a_lost_interior_host_is_the_only_one_a_restart_leaves_out() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-restart-interior");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-restart-interior");
     let r = lose_this_host_under_restarts(
         &sshd,
         &mark,
@@ -1615,9 +1563,7 @@ fn a_lost_interior_host_is_the_only_one_a_restart_leaves_out() {
 /// A lost host under `--max-restarts 1 --min-np 2`: the job goes on without it, naming it.
 #[test]
 fn a_lost_host_is_left_out_and_the_job_continues_on_the_others() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-restart-lost");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-restart-lost");
     let r = lose_a_host_under_restarts(&sshd, &mark, &["--min-np", "2"]);
     let ctx = ctx(&r, &sshd);
     assert_second_attempt_on(&r, "127.0.0.2", &ctx);
@@ -1635,9 +1581,7 @@ fn a_lost_host_is_left_out_and_the_job_continues_on_the_others() {
 /// left out of the restart by name, and the others run it, as for a host whose probe fails.
 #[test]
 fn a_host_unreachable_at_a_restart_is_left_out_and_the_others_run_it() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-restart-unreachable");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-restart-unreachable");
     let run = over_ssh(
         &sshd,
         &mark,
@@ -1702,9 +1646,7 @@ fn a_host_unreachable_at_a_restart_is_left_out_and_the_others_run_it() {
 /// Without `--min-np`, a restart may not shrink: the job ends saying it would need to.
 #[test]
 fn a_lost_host_without_min_np_ends_the_job_saying_it_would_shrink() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-restart-noshrink");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-restart-noshrink");
     let r = lose_a_host_under_restarts(&sshd, &mark, &[]);
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(125), "{ctx}");
@@ -1724,9 +1666,7 @@ fn a_lost_host_without_min_np_ends_the_job_saying_it_would_shrink() {
 /// SIGTERM, so the stop lasts): nothing is left on any host.
 #[test]
 fn kill_9_of_the_launcher_during_a_restarts_stop_leaves_nothing_on_any_host() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-restart-kill9");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-restart-kill9");
     let mut launch = over_ssh(
         &sshd,
         &mark,
@@ -1752,9 +1692,7 @@ fn kill_9_of_the_launcher_during_a_restarts_stop_leaves_nothing_on_any_host() {
 /// to re-plan): no session, agent or worker is left on any host.
 #[test]
 fn kill_9_of_the_launcher_between_attempts_leaves_nothing_on_any_host() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-restart-delay-kill9");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-restart-delay-kill9");
     let mut launch = over_ssh(
         &sshd,
         &mark,
@@ -1783,9 +1721,7 @@ fn kill_9_of_the_launcher_between_attempts_leaves_nothing_on_any_host() {
 /// `ATLASBOOST_SSH_NODELAY=0` turns it off. Every way, the job runs.
 #[test]
 fn ssh_connections_come_from_atlasboost_unless_the_user_has_a_proxy_or_says_no() {
-    let sshd = sshd_or_skip!();
-    let mark = unique("ssh-connect");
-    let _cleanup = Cleanup(mark.clone());
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-connect");
     let args = [
         "-v",
         "--sim",

@@ -613,6 +613,14 @@ impl Finished {
             .collect()
     }
 
+    /// The one `error:` line on stderr; asserts that there is exactly one (`context` goes with
+    /// the failure).
+    pub fn the_error_line(&self, context: &str) -> String {
+        let errors = self.error_lines();
+        assert_eq!(errors.len(), 1, "exactly one `error:` line\n{context}");
+        errors.into_iter().next().unwrap_or_default()
+    }
+
     /// The command line, exit status, time and (the end of) both streams, for messages.
     pub fn describe(&self) -> String {
         format!(
