@@ -178,8 +178,9 @@ fn without_the_cgroup_a_setsid_child_outlives_kill_9() {
     );
 }
 
-/// Runs workers that leave a grandchild behind and exit 0: the launcher must stop it and end.
-fn grandchild_is_stopped(script: &str, what: &str) {
+/// Runs workers that leave a grandchild behind and exit 0: the launcher must stop it and end,
+/// saying what it stops (`said`).
+fn grandchild_is_stopped(script: &str, what: &str, said: &str) {
     let mark = unique("orphan");
     let _cleanup = Cleanup(mark.clone());
     let r = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--grace", "1"])
@@ -192,6 +193,13 @@ fn grandchild_is_stopped(script: &str, what: &str) {
         "{what}: the grandchild sleeps 300 s, --grace 1; the launcher must stop it and end, \
          yet it took {:?}\n{}",
         r.elapsed,
+        r.describe()
+    );
+    let message =
+        format!("atlasboost: every worker has exited; stopping what they left running {said}");
+    assert!(
+        r.err().lines().any(|l| l == message),
+        "{what}: expected the line {message:?}\n{}",
         r.describe()
     );
     assert_eq!(
@@ -216,6 +224,7 @@ fn a_grandchild_holding_the_output_is_stopped_when_the_workers_exit() {
     grandchild_is_stopped(
         "sleep 300 & echo \"forked $!\"; exit 0",
         "grandchild with the worker's stdout",
+        "(the process groups of ranks 0, 1)",
     );
 }
 
@@ -224,6 +233,7 @@ fn a_grandchild_with_its_own_output_is_stopped_when_the_workers_exit() {
     grandchild_is_stopped(
         "sleep 300 >/dev/null 2>&1 </dev/null & echo \"forked $!\"; exit 0",
         "grandchild with its output on /dev/null",
+        "(the process groups of ranks 0, 1)",
     );
 }
 
@@ -232,6 +242,7 @@ fn a_grandchild_ignoring_sigterm_is_killed_after_the_grace_time() {
     grandchild_is_stopped(
         "trap '' TERM; sleep 300 >/dev/null 2>&1 & echo \"forked $!\"; exit 0",
         "grandchild ignoring SIGTERM",
+        "(the process groups of ranks 0, 1)",
     );
 }
 
@@ -252,6 +263,8 @@ fn a_daemons_children_are_stopped_as_they_are_orphaned() {
            done
            echo "forked $(cat "$f")"; rm -f "$f"; exit 0"#,
         "a daemon's children",
+        // Each worker's daemon made a session of its own, and its group went with the worker.
+        "(2 processes that left their workers' groups)",
     );
 }
 

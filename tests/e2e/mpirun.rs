@@ -6,8 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use atlasboost_e2e::{Run, assert_no_process_with_env, kill_marked, mpirun_or_skip, unique};
-use nix::sys::signal::Signal;
+use atlasboost_e2e::{
+    Run, assert_no_process_with_env, descendants, kill_marked, mpirun_or_skip, unique,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 use crate::{lines_by_rank, split_tag};
 
@@ -301,6 +304,47 @@ except KeyboardInterrupt:
     assert_no_process_with_env(MARK, &mark, Duration::from_secs(5), "after Ctrl-C");
 }
 
+/// mpirun killed from outside while its ranks run: nothing would end them (their relays are
+/// re-parented to the launcher), so the launcher fails the job naming mpirun, and stops them.
+#[test]
+fn kill_9_of_mpirun_ends_the_job_naming_it() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mark = unique("mpirun-kill9");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = run_mpi(2)
+        .args(["--grace", "1", "-x", &format!("{MARK}={mark}"), "--"])
+        .args(["sh", "-c", "echo ready; sleep 60"])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
+    let mpirun = descendants(launch.pid())
+        .into_iter()
+        .find(|p| p.comm == "mpirun")
+        .unwrap_or_else(|| panic!("no mpirun below the launcher {}", launch.pid()));
+    kill(Pid::from_raw(mpirun.pid), Signal::SIGKILL).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    r.assert_code(128 + 9);
+    assert_eq!(
+        r.the_error_line("mpirun killed"),
+        "error: mpirun failed first: mpirun ended with SIGKILL while ranks 0-1 still ran; it said \
+         nothing",
+        "{}",
+        r.describe()
+    );
+    assert!(
+        r.elapsed < Duration::from_secs(30),
+        "the workers sleep 60 s; the job must end with mpirun, not with them\n{}",
+        r.describe()
+    );
+    assert_no_process_with_env(
+        MARK,
+        &mark,
+        Duration::from_secs(5),
+        "after mpirun's kill -9",
+    );
+}
+
 #[test]
 fn mpirun_failing_on_its_own_is_named_with_its_words() {
     if mpirun_or_skip().is_none() {
@@ -533,7 +577,7 @@ fn a_rank_mpirun_never_started_fails_the_job_by_name() {
     assert!(
         f.err().contains(
             "error: mpirun failed first: mpirun ended with exit 0, but rank 1 never \
-             started (mpirun said: fake mpirun: done)"
+             started (it said: fake mpirun: done)"
         ),
         "{}",
         f.describe()
@@ -641,6 +685,15 @@ fn a_rank_failing_while_the_console_is_held_is_still_named_first() {
         "rank 1's failure is the job's:\n{err}"
     );
     assert!(!err.contains("protocol"), "no stream was cut:\n{err}");
+    // Rank 0's relay was killed before it could say how its worker ended: not a lost host.
+    let row = err
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("0"))
+        .unwrap_or_else(|| panic!("no summary row of rank 0:\n{err}"));
+    assert!(
+        row.contains("stopped (status unknown)") && !err.contains("host lost"),
+        "rank 0's row: {row}\n{err}"
+    );
     // Rank 0's lines, up to what its relay had sent when it was killed: whole, in order.
     let by_rank = lines_by_rank(&f.out(), "stdout");
     let rank_0 = by_rank.get(&0).map_or(&[][..], Vec::as_slice);
@@ -744,10 +797,10 @@ fn a_relay_makes_its_workers_cgroup_only_when_asked() {
 }
 
 /// A command that cannot be started under `--mpi` is its rank's failure, 127, named with the
-/// command, not a lost host.
+/// command, not a lost host; said once, though every rank's relay fails alike.
 #[test]
 fn a_command_not_found_under_mpi_is_the_ranks_failure() {
-    let run = run_mpi(2);
+    let run = run_mpi(3);
     let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
     let f = run
         .env("ATLASBOOST_MPIRUN", &fake)
@@ -755,7 +808,28 @@ fn a_command_not_found_under_mpi_is_the_ranks_failure() {
         .run();
     f.assert_code(127).assert_err(
         &["/nonexistent/cmd", "command not found", "exit 127"],
-        &["lost", "error: host"],
+        &["lost", "error: host", "wrote nothing on stderr"],
+    );
+    let said = f
+        .err()
+        .lines()
+        .filter(|l| l.contains("cannot start /nonexistent/cmd"))
+        .count();
+    // Once as it happens, once in the error line.
+    assert_eq!(said, 2, "{}", f.describe());
+    // The error line gives the relay's reason, on the rank's host.
+    let error = f.the_error_line("command not found");
+    let host = error
+        .split_once("(host ")
+        .and_then(|(_, rest)| rest.split_once(','))
+        .map_or("", |(host, _)| host);
+    assert!(
+        error.contains(") failed first: exit 127 after ")
+            && error.ends_with(&format!(
+                " s: cannot start /nonexistent/cmd on host {host}: command not found"
+            )),
+        "{}",
+        f.describe()
     );
 }
 

@@ -218,6 +218,9 @@ pub enum Ending {
     Signaled(Signal),
     /// Its host was lost; how it ended is unknown.
     Lost,
+    /// Under `run --mpi`: its relay ended without saying how the worker ended (mpirun, ending
+    /// the job, killed it, say).
+    Unknown,
     /// It never started: the launcher it depended on (mpirun) ended first.
     NotStarted,
 }
@@ -228,16 +231,17 @@ impl Ending {
         match self {
             Ending::Exited(c) => (c & 0xff) as u8,
             Ending::Signaled(s) => 128u8.wrapping_add(s as u8),
-            Ending::Lost | Ending::NotStarted => ExitCodes::FAILURE,
+            Ending::Lost | Ending::Unknown | Ending::NotStarted => ExitCodes::FAILURE,
         }
     }
 
-    /// `exit 0`, `exit 3`, `SIGKILL`, `host lost`, `not started`.
+    /// `exit 0`, `exit 3`, `SIGKILL`, `host lost`, `status unknown`, `not started`.
     pub fn describe(self) -> String {
         match self {
             Ending::Exited(c) => format!("exit {c}"),
             Ending::Signaled(s) => s.as_str().to_string(),
             Ending::Lost => "host lost".into(),
+            Ending::Unknown => "status unknown".into(),
             Ending::NotStarted => "not started".into(),
         }
     }
@@ -401,7 +405,9 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
                 Ending::Exited(c) => (EXIT_CODE, *c),
                 Ending::Signaled(s) => (EXIT_SIGNAL, *s as i32),
                 // Only the launcher knows these; an agent never says them of its workers.
-                Ending::Lost | Ending::NotStarted => (EXIT_CODE, i32::from(ExitCodes::FAILURE)),
+                Ending::Lost | Ending::Unknown | Ending::NotStarted => {
+                    (EXIT_CODE, i32::from(ExitCodes::FAILURE))
+                }
             };
             return frame(kind, *rank, &value.to_be_bytes(), out);
         }

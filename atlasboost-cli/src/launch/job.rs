@@ -586,7 +586,9 @@ pub(crate) fn report(
             w.ending.map_or("?".into(), |e| e.describe()),
             w.run_time.as_secs_f64()
         );
-        if w.tail.is_empty() {
+        if let Some(why) = &w.not_run {
+            text.push_str(&format!(": {why}"));
+        } else if w.tail.is_empty() {
             text.push_str("; it wrote nothing on stderr");
         } else {
             text.push_str("; its last stderr lines:");

@@ -393,6 +393,8 @@ pub struct WorkerResult {
     pub tail: Vec<String>,
     /// What it recorded about its failure (`ATLASBOOST_ERROR_FILE`), as written.
     pub recorded: Option<Vec<u8>>,
+    /// Why it never ran, when its relay (`run --mpi`) could not start it.
+    pub not_run: Option<String>,
 }
 
 /// A host that failed the job: its agent could not start its workers, or it was lost.
@@ -849,6 +851,8 @@ struct Supervisor<'a> {
     next_watch: Instant,
     /// What each failed worker recorded, by lane.
     recorded: Vec<Option<Vec<u8>>>,
+    /// Why a relay could not start its worker, by lane.
+    not_run: Vec<Option<String>>,
     /// The hang watchdog's report, once it fired.
     hang: Option<String>,
     /// The ranks it found stuck.
@@ -931,6 +935,7 @@ impl<'a> Supervisor<'a> {
             ],
             next_watch: Instant::now() + WATCH_EVERY,
             recorded: vec![None; workers.len()],
+            not_run: vec![None; workers.len()],
             hang: None,
             hung_ranks: Vec::new(),
             dumping: None,
@@ -1231,18 +1236,25 @@ impl<'a> Supervisor<'a> {
             if outside > 0 {
                 let n = outside;
                 what.push(format!(
-                    "{n} process{} outside them",
-                    if n == 1 { "" } else { "es" }
+                    "{n} process{} that left {}",
+                    if n == 1 { "" } else { "es" },
+                    if left.is_empty() {
+                        "their workers' groups"
+                    } else {
+                        "them"
+                    }
                 ));
             }
-            output.message(&format!(
-                "atlasboost: every worker has exited; stopping what they left running{}",
-                match what.is_empty() {
-                    true => String::new(),
-                    false => format!(" ({})", what.join(", and ")),
-                }
-            ));
+            // While the workers are being stopped anyway, what they left is part of that stop:
+            // saying so would only add a line per rank to a failure's output.
             if self.stopping.is_none() {
+                output.message(&format!(
+                    "atlasboost: every worker has exited; stopping what they left running{}",
+                    match what.is_empty() {
+                        true => String::new(),
+                        false => format!(" ({})", what.join(", and ")),
+                    }
+                ));
                 self.stopping = Some((Instant::now(), false));
             }
             self.signal_groups(Signal::SIGTERM);
@@ -2190,8 +2202,14 @@ impl<'a> Supervisor<'a> {
                 // A relay's failure is its rank's (under --mpi a relay is one rank, not a
                 // host): its worker could not start, or the relay could not run it.
                 if let Some((rank, host)) = relay {
-                    output.message(&format!("atlasboost: rank {rank} (host {host}): {message}"));
+                    // Every relay of a host fails alike when the command is not there: the
+                    // first one says it, the summary counts the others.
+                    if !self.not_run.iter().flatten().any(|said| *said == message) {
+                        output
+                            .message(&format!("atlasboost: rank {rank} (host {host}): {message}"));
+                    }
                     if let Some(lane) = self.lane_of(h, rank) {
+                        self.not_run[lane] = Some(message);
                         self.worker_ended(lane, Ending::Exited(i32::from(code)), output);
                     }
                     return;
@@ -2398,11 +2416,17 @@ impl<'a> Supervisor<'a> {
             return;
         };
         let host = remotes[h].host.clone();
+        // A relay is one rank, not a host: its connection ended before it said how its worker
+        // did.
+        let ending = match remotes[h].relay_rank() {
+            Some(_) => Ending::Unknown,
+            None => Ending::Lost,
+        };
         let now = Instant::now();
         for lane in self.lanes_of(h) {
             if self.running[lane].ended.is_none() {
-                self.running[lane].ended = Some((now, Ending::Lost));
-                self.exit_event(lane, Ending::Lost, output);
+                self.running[lane].ended = Some((now, ending));
+                self.exit_event(lane, ending, output);
             }
         }
         self.fail_job(&host, why, code, output);
@@ -2798,6 +2822,7 @@ impl<'a> Supervisor<'a> {
                     && matches!((r.ended, self.stopping), (Some((t, _)), Some((since, _))) if t >= since),
                 tail: output.tail(lane),
                 recorded: self.recorded[lane].clone(),
+                not_run: self.not_run[lane].clone(),
             })
             .collect();
         let exit_code = match (self.interrupted, &self.host_failure, self.first_failure) {

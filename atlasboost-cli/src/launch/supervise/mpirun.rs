@@ -283,6 +283,32 @@ impl Supervisor<'_> {
                     Role::Agent(_) => Vec::new(),
                 };
                 let all_came = self.workers.iter().all(|w| m.door.is_admitted(w.rank));
+                // mpirun failed (killed, say) while ranks still run: without it their MPI job
+                // is broken, and nothing else would end them. What their relays have to say
+                // has had the drain's time to come first.
+                if ending.failed()
+                    && !m.signalled
+                    && now >= at + DRAIN_AFTER_KILL
+                    && !self.failed_or_interrupted()
+                {
+                    let running: Vec<u32> = self
+                        .workers
+                        .iter()
+                        .zip(&self.running)
+                        .filter(|(w, r)| r.ended.is_none() && m.door.is_admitted(w.rank))
+                        .map(|(w, _)| w.rank)
+                        .collect();
+                    if !running.is_empty() {
+                        let why = format!(
+                            "mpirun ended with {} while {} still ran; {}",
+                            ending.describe(),
+                            ranks_named(&running),
+                            m.said()
+                        );
+                        self.fail_job(MPIRUN, why, ending.code(), output);
+                        return;
+                    }
+                }
                 let quiet_since = unfinished.into_iter().fold(at, Instant::max);
                 let heard = quiet_since == at && self.remotes_done();
                 if (heard && all_came) || now >= quiet_since + DRAIN_AFTER_KILL {
@@ -311,7 +337,7 @@ impl Supervisor<'_> {
         // mpirun's own failure first: its words say more than a relay's silence. (Signalled
         // by the launcher, it did not fail the job by itself.)
         if ending.failed() && !m.signalled {
-            let why = format!("mpirun ended with {}; it said: {said}", ending.describe());
+            let why = format!("mpirun ended with {}; {said}", ending.describe());
             self.fail_job(MPIRUN, why, ending.code(), output);
         }
         let remotes = match &self.role {
@@ -336,7 +362,7 @@ impl Supervisor<'_> {
         }
         if !never.is_empty() {
             let why = format!(
-                "mpirun ended with {}, but {} never started (mpirun said: {said})",
+                "mpirun ended with {}, but {} never started ({said})",
                 ending.describe(),
                 ranks_named(&never)
             );
@@ -358,7 +384,7 @@ impl Supervisor<'_> {
             return;
         }
         let why = format!(
-            "the relay of {} did not connect within {:.0?} of mpirun's start (mpirun said: {})",
+            "the relay of {} did not connect within {:.0?} of mpirun's start ({})",
             ranks_named(&missing),
             m.deadline.saturating_duration_since(m.started),
             m.said()

@@ -39,11 +39,11 @@ pub(super) struct Mpirun {
 }
 
 impl Mpirun {
-    /// What it said, in brief, for a message.
+    /// What it said, in brief, for a message: `it said: ...`, or `it said nothing`.
     pub(super) fn said(&self) -> String {
         self.headlines
             .joined()
-            .unwrap_or_else(|| "(nothing)".into())
+            .map_or_else(|| "it said nothing".into(), |s| format!("it said: {s}"))
     }
 
     /// One more line of mpirun's own.
