@@ -431,6 +431,13 @@ fn ctrl_c_during_the_restart_delay_ends_the_job_without_a_restart() {
         "{}",
         r.describe()
     );
+    // The job's error is the signal that ended it, not the attempt's failure told before.
+    assert_eq!(
+        r.the_error_line("Ctrl-C in the delay"),
+        "error: stopped by SIGINT; exit code 130",
+        "{}",
+        r.describe()
+    );
 }
 
 /// `--hang-dump` with ranks that went silent together: both are named as stuck (not one of

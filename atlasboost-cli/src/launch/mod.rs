@@ -234,7 +234,13 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             let code = result.exit_code;
             (Some(result), code)
         }
-        Outcome::Stopped(result, code) => (Some(result), code),
+        // The signal ends the job, and is its error: the attempt's failure was told already.
+        Outcome::Stopped(mut result, s) => {
+            result.interrupted = Some(s);
+            result.exit_code = 128u8.wrapping_add(s as u8);
+            let code = result.exit_code;
+            (Some(result), code)
+        }
         Outcome::Ended(code) => (None, code),
     };
     // A job that ended before any worker wrote a log leaves no directory behind.
@@ -325,8 +331,8 @@ impl<'a> JobState<'a> {
 enum Outcome {
     /// Its workers ran: their result.
     Ran(JobResult),
-    /// Its workers ran (their result), and a signal came before the restart: the exit code.
-    Stopped(JobResult, u8),
+    /// Its workers ran (their result), and this signal came before the restart.
+    Stopped(JobResult, Signal),
     /// It ended before any worker started (a signal while the hosts joined, a restart that
     /// found no valid world): the exit code.
     Ended(u8),
@@ -604,7 +610,7 @@ fn run_attempts(
                 "atlasboost: stopped by {} before the restart",
                 s.as_str()
             ));
-            return Ok(Outcome::Stopped(result, 128u8.wrapping_add(s as u8)));
+            return Ok(Outcome::Stopped(result, s));
         }
         // Left out for the rest of the job (SPEC §12): hosts lost, whether or not that ended
         // the attempt, and the host whose agent failed it.
@@ -630,7 +636,7 @@ fn run_attempts(
                 "atlasboost: stopped by {} before the restart",
                 s.as_str()
             ));
-            return Ok(Outcome::Stopped(result, 128u8.wrapping_add(s as u8)));
+            return Ok(Outcome::Stopped(result, s));
         }
     }
     unreachable!("the last attempt returns")
