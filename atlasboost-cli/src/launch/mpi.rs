@@ -497,9 +497,10 @@ fn default_np(args: &RunSettings, hosts: &[HostSpec]) -> Result<u32, CliError> {
 /// NPUs), and what the launcher's state for every rank is sized for.
 const MAX_MPI_RANKS: u32 = 65_536;
 
-/// What can be known of the job's size before mpirun places it: at most [`MAX_MPI_RANKS`],
-/// and, with `--sim N` (every host simulates N devices), no host with more slots than N and no
-/// more ranks than the hosts' devices, as without `--mpi`.
+/// What can be known of the job's size before mpirun places it: at most [`MAX_MPI_RANKS`]
+/// (a usage error), and, with `--sim N` (every host simulates N devices), no host with more
+/// slots than N and no more ranks than the hosts' devices: exit 125, as without `--mpi`, where
+/// the same is found once the devices are probed.
 fn check_mpi_size(args: &RunSettings, hosts: &[HostSpec], np: u32) -> Result<(), CliError> {
     if np > MAX_MPI_RANKS {
         return Err(CliError::Usage(format!(
@@ -510,7 +511,7 @@ fn check_mpi_size(args: &RunSettings, hosts: &[HostSpec], np: u32) -> Result<(),
         return Ok(());
     };
     if let Some(h) = hosts.iter().find(|h| h.slots.is_some_and(|s| s > sim)) {
-        return Err(CliError::Usage(format!(
+        return Err(CliError::Failure(format!(
             "host {} ({}) has {}, more than its {} (--sim {sim}; one worker per NPU)",
             h.name,
             h.origin,
@@ -520,7 +521,7 @@ fn check_mpi_size(args: &RunSettings, hosts: &[HostSpec], np: u32) -> Result<(),
     }
     let devices = u64::from(sim) * hosts.len().max(1) as u64;
     if u64::from(np) > devices {
-        return Err(CliError::Usage(format!(
+        return Err(CliError::Failure(format!(
             "-n {np} is more than the {} of {} (--sim {sim}; one worker per NPU)",
             crate::commands::counted(devices as usize, "simulated device"),
             match hosts.len() {

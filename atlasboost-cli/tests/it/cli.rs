@@ -2784,26 +2784,35 @@ fn a_launch_whose_command_is_missing_ends_its_events_and_leaves_no_logs() {
 
 /// `run --mpi` refuses a size it cannot run before mpirun starts: slots that add up past what
 /// a u32 holds (they once wrapped to `-np 0`), more ranks than any cluster has (they once
-/// exhausted memory), and more ranks than `--sim` gives each host, as without `--mpi`.
+/// exhausted memory): usage errors; and more ranks than `--sim` gives each host: 125, as
+/// without `--mpi`.
 #[test]
 fn run_mpi_refuses_a_size_it_cannot_run() {
     let dir = TempDir::new().unwrap();
-    for (flags, says) in [
+    for (flags, code, says) in [
         (
             &["-H", "127.0.0.1:2147483648,127.0.0.2:2147483648"][..],
+            USAGE,
             "the hosts' slots add up to more than 65536 ranks",
         ),
-        (&["-H", "127.0.0.1:4294967295"], "more than 65536 ranks"),
+        (
+            &["-H", "127.0.0.1:4294967295"],
+            USAGE,
+            "more than 65536 ranks",
+        ),
         (
             &["-n", "4294967295"],
+            USAGE,
             "-n 4294967295 is more than the 65536 ranks",
         ),
         (
             &["-n", "4"],
+            FAILURE,
             "-n 4 is more than the 2 simulated devices of this machine",
         ),
         (
             &["-H", "127.0.0.1:3,127.0.0.2:2"],
+            FAILURE,
             "host 127.0.0.1 (-H) has 3 slots, more than its 2 simulated devices",
         ),
     ] {
@@ -2816,7 +2825,22 @@ fn run_mpi_refuses_a_size_it_cannot_run() {
             &args,
             &[("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")],
         );
-        out.expect_code(USAGE).stderr_has(&[says]);
+        out.expect_code(code).stderr_has(&[says]);
+    }
+    // The same sizes without --mpi, found once the devices are probed: the same code.
+    for (flags, says) in [
+        (&["-n", "4"][..], "-n 4 is more than the 2 devices"),
+        (
+            &["-H", "127.0.0.1:3"],
+            "host 127.0.0.1 has 2 usable devices, fewer than its 3 slots",
+        ),
+    ] {
+        let mut args = vec!["run", "--sim", "2"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", "echo RAN"]);
+        run_env(dir.path(), &args, &[])
+            .expect_code(FAILURE)
+            .stderr_has(&[says]);
     }
 }
 
