@@ -15,7 +15,23 @@ impl Validator {
         ips: &mut Vec<(IpAddr, Loc)>,
         families: &mut Families,
     ) {
-        for part in s.split(',') {
+        let parts = s.split(',').count();
+        for (i, part) in s.split(',').enumerate() {
+            // A comma with nothing after it (or before it, or another comma) is an empty
+            // address: said as the comma it is.
+            if part.is_empty() && parts > 1 {
+                let place = match i {
+                    0 => "a leading comma".to_string(),
+                    _ if i + 1 == parts => "a trailing comma".to_string(),
+                    _ => "two commas in a row".to_string(),
+                };
+                self.push(
+                    loc.key("device_ip"),
+                    Rule::InvalidIp,
+                    format!("{s:?} has {place}: an empty address between commas"),
+                );
+                continue;
+            }
             // HCCL parses each address as it is (inet_pton): white space makes it invalid.
             if part.trim() != part {
                 self.push(
@@ -118,5 +134,47 @@ impl Validator {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::validate_value;
+    use crate::Chip;
+
+    /// The messages about `device_ip` values of one device.
+    fn said_of(device_ip: &str) -> Vec<String> {
+        let table = json!({"version": "1.0", "server_count": "1", "status": "completed",
+            "server_list": [{"server_id": "10.0.0.1", "device": [
+                {"device_id": "0", "device_ip": device_ip, "rank_id": "0"}]}]});
+        validate_value(&table, Chip::Ascend910)
+            .into_iter()
+            .filter(|v| v.path.ends_with(".device_ip"))
+            .map(|v| v.message)
+            .collect()
+    }
+
+    #[test]
+    fn an_empty_address_between_commas_is_named_as_the_comma() {
+        for (value, place) in [
+            ("192.168.100.101,", "a trailing comma"),
+            (",192.168.100.101", "a leading comma"),
+            ("192.168.100.101,,192.168.100.102", "two commas in a row"),
+        ] {
+            assert_eq!(
+                said_of(value),
+                [format!(
+                    "{value:?} has {place}: an empty address between commas"
+                )],
+                "{value}"
+            );
+        }
+        assert_eq!(
+            said_of(""),
+            ["\"\" is not a valid IPv4 or IPv6 address"],
+            "no comma: the empty value as it is"
+        );
     }
 }
