@@ -452,6 +452,13 @@ fn what_can_be_refused_before_mpirun_starts_is() {
         "{}",
         f.describe()
     );
+    // `off` asks for no sampling: nothing to refuse (mpirun is past that check, and missing).
+    let f = run_mpi(2)
+        .env("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")
+        .args(["--monitor-interval", "off", "--", "true"])
+        .run();
+    f.assert_code(127);
+    assert!(!f.err().contains("--monitor-interval"), "{}", f.describe());
     // An mpirun that cannot start: the events still end with the attempt and the summary.
     let f = run_mpi(2)
         .env("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")
