@@ -53,3 +53,19 @@ pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// What `--metrics` serves on loopback port `port` (`GET /metrics`, 5 s at most), or "" when
+/// nothing answers yet.
+pub fn scrape_metrics(port: &str) -> String {
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, urllib.request; \
+             print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())",
+            &url,
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}

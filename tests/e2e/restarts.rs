@@ -221,6 +221,66 @@ fn an_npu_dead_at_the_start_is_planned_around_with_min_np() {
     );
 }
 
+/// `--metrics` of a job planned around a dead NPU: the NPU stays in sight, unhealthy and with
+/// no rank (an alert on its health does not end because the job left it out); the host's
+/// NPUs are all counted; each worker's own use names its device.
+#[test]
+fn metrics_keep_a_dead_npu_left_out_of_the_job_in_sight() {
+    let port = atlasboost_e2e::free_port_pair().to_string();
+    let mut launch = Run::new(["run", "--sim", "8", "-H", "127.0.0.1"])
+        .args([
+            "--max-restarts",
+            "1",
+            "--min-np",
+            "4",
+            "--monitor-interval",
+            "1",
+        ])
+        .args([
+            "--metrics",
+            &port,
+            "--",
+            "sh",
+            "-c",
+            "echo up; exec sleep 30",
+        ])
+        .env("ATLASBOOST_SIM_FAULTS", "127.0.0.1/unhealthy:5")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for_lines("<stdout>:up", 4, Duration::from_secs(30));
+    let want = [
+        "npu_chip_info_health_status{id=\"5\",model_name=\"Ascend910\",host=\"127.0.0.1\",job=",
+        "machine_npu_nums{host=\"127.0.0.1\",job=",
+        "atlasboost_rank_cpu_percent{rank=\"3\",host=\"127.0.0.1\",device=\"3\",job=",
+    ];
+    let mut text = String::new();
+    let seen = wait_until(Duration::from_secs(20), || {
+        text = atlasboost_e2e::scrape_metrics(&port);
+        want.iter().all(|w| text.contains(w))
+    });
+    launch.signal(Signal::SIGTERM);
+    let done = launch.wait_at_most(Duration::from_secs(30));
+    assert!(
+        seen,
+        "{want:?} not all served:\n{text}\n{}",
+        done.describe()
+    );
+    let value = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_string)
+    };
+    assert_eq!(value(want[0]).as_deref(), Some("0"), "{text}");
+    assert_eq!(value(want[1]).as_deref(), Some("8"), "{text}");
+    // Devices of the job and the dead one: the idle healthy ones are not sampled.
+    let sampled = text
+        .lines()
+        .filter(|l| l.starts_with("npu_chip_info_health_status{"))
+        .count();
+    assert_eq!(sampled, 5, "{text}");
+}
+
 /// A broken NPU that fails its own driver calls (not one that reports itself unhealthy) at a
 /// restart: the real driver path (the fake DSMI library) reports it unreadable, and the
 /// restart runs on the largest valid world without it, rather than without its whole server.

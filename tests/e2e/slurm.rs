@@ -1092,18 +1092,6 @@ fn metrics_show_every_nodes_devices_as_over_ssh() {
         2 * cluster.nodes.len(),
         Duration::from_secs(60),
     );
-    let scrape = || -> String {
-        let url = format!("http://127.0.0.1:{port}/metrics");
-        Command::new("python3")
-            .args([
-                "-c",
-                "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())",
-                &url,
-            ])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    };
     let ips = cluster_ips(&cluster);
     // Every node's two devices, under npu-exporter's name, with the node as `host`.
     let every_node = |text: &str| {
@@ -1118,7 +1106,7 @@ fn metrics_show_every_nodes_devices_as_over_ssh() {
     };
     let mut text = String::new();
     let seen = wait_until(Duration::from_secs(20), || {
-        text = scrape();
+        text = atlasboost_e2e::scrape_metrics(&port);
         every_node(&text)
     });
     launch.signal(Signal::SIGTERM);

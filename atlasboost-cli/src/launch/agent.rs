@@ -795,15 +795,6 @@ pub fn agent_main(slurm: bool) -> u8 {
     code
 }
 
-/// The devices of `devices` that `workers` (a host's) run on, by logical id.
-pub fn job_devices(devices: &[Device], workers: &[WorkerPlan]) -> Vec<Device> {
-    devices
-        .iter()
-        .filter(|d| workers.iter().any(|w| w.device == d.logical_id))
-        .cloned()
-        .collect()
-}
-
 /// Starts the agents of this agent's children in the launch tree (each told about its own
 /// subtree), in position order.
 fn start_children(config: &AgentConfig) -> Result<Vec<(u32, Remote)>, CliError> {
@@ -1046,7 +1037,10 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
             every: Duration::from_millis(settings.monitor_ms),
             hosts: vec![HostMonitor {
                 host: config.host.clone(),
-                devices: job_devices(&prepared.devices, &workers),
+                devices: super::monitor::monitored_devices(&prepared.devices, |d| {
+                    workers.iter().any(|w| w.device == d)
+                }),
+                machine_npus: prepared.devices.len() as u32,
                 telemetry: Arc::from(atlasboost::probe::telemetry_of(
                     &config.discovery,
                     &config.server_id,

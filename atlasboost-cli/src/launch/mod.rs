@@ -777,7 +777,10 @@ fn local_monitors(
                 workers.iter().filter(|w| w.host == name).cloned().collect();
             (!mine.is_empty()).then(|| HostMonitor {
                 host: name,
-                devices: agent::job_devices(devices, &mine),
+                devices: monitor::monitored_devices(devices, |d| {
+                    mine.iter().any(|w| w.device == d)
+                }),
+                machine_npus: devices.len() as u32,
                 telemetry: Arc::from(atlasboost::probe::telemetry_of(
                     &launch.args.discovery,
                     &host.server_id,

@@ -40,13 +40,29 @@ impl std::fmt::Debug for MonitorPlan {
     }
 }
 
+/// The devices of a host to sample: those of `devices` (its probe's) that its workers run on
+/// (`used`, logical ids), and those the job left out because they are unusable, so that a
+/// dead NPU's health stays in sight (an alert on it does not end because a restart planned
+/// around it).
+pub fn monitored_devices(devices: &[Device], used: impl Fn(u32) -> bool) -> Vec<Device> {
+    devices
+        .iter()
+        .filter(|d| used(d.logical_id) || !d.health.is_healthy())
+        .cloned()
+        .collect()
+}
+
 /// One host to sample.
 #[derive(Clone)]
 pub struct HostMonitor {
     /// The host, as messages name it.
     pub host: String,
-    /// The devices its workers use, as its probe found them.
+    /// The devices its workers use, as its probe found them, and its unusable ones that the
+    /// job left out (see [`monitored_devices`]).
     pub devices: Vec<Device>,
+    /// How many devices its probe found (`--devices` applied): npu-exporter's
+    /// `machine_npu_nums`.
+    pub machine_npus: u32,
     /// Where their telemetry comes from.
     pub telemetry: Arc<dyn Telemetry>,
 }
@@ -76,7 +92,9 @@ pub struct WorkerStat {
 pub struct HostSample {
     /// The host.
     pub host: String,
-    /// Its job devices.
+    /// How many devices its probe found.
+    pub machine_npus: u32,
+    /// Its job devices, and its unusable ones.
     pub devices: Vec<DeviceSample>,
     /// Its workers that run.
     pub workers: Vec<WorkerStat>,
@@ -95,6 +113,7 @@ fn get_opt(r: &mut Reader<'_>, what: &str) -> Result<Option<u64>, CompactError> 
 pub fn encode(sample: &HostSample) -> Vec<u8> {
     let mut w = compact::Writer::default();
     w.str(&sample.host);
+    w.varint(u64::from(sample.machine_npus));
     w.varint(sample.devices.len() as u64);
     for d in &sample.devices {
         w.varint(u64::from(d.physical_id));
@@ -132,6 +151,7 @@ pub fn encode(sample: &HostSample) -> Vec<u8> {
 pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
     let mut r = Reader::new(bytes);
     let host = r.str("the host")?;
+    let machine_npus = r.u32("the host's device count")?;
     let n = r.varint("the device count")?;
     let mut devices = Vec::with_capacity(n.min(r.left() as u64) as usize);
     let small = |v: Option<u64>, what: &str| -> Result<Option<u32>, CompactError> {
@@ -183,6 +203,7 @@ pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
     r.finish("the sample")?;
     Ok(HostSample {
         host,
+        machine_npus,
         devices,
         workers,
     })
@@ -295,6 +316,7 @@ impl CpuClock {
 pub fn sample_host(host: &HostMonitor, workers: &[(u32, i32)], cpu: &mut CpuClock) -> HostSample {
     HostSample {
         host: host.host.clone(),
+        machine_npus: host.machine_npus,
         devices: host.telemetry.sample(&host.devices),
         workers: cpu.stats(workers),
     }
@@ -304,6 +326,7 @@ pub fn sample_host(host: &HostMonitor, workers: &[(u32, i32)], cpu: &mut CpuCloc
 pub fn sample_json(sample: &HostSample) -> serde_json::Value {
     serde_json::json!({
         "host": sample.host,
+        "machine_npus": sample.machine_npus,
         "devices": sample.devices,
         "workers": sample.workers.iter().map(|w| serde_json::json!({
             "rank": w.rank,
@@ -346,6 +369,10 @@ pub fn render(
         .iter()
         .filter_map(|r| r.physical.map(|p| ((r.host.as_str(), p), r.rank)))
         .collect();
+    let mut host_chip: HashMap<&str, &String> = HashMap::new();
+    for ((host, _), chip) in chips {
+        host_chip.entry(host.as_str()).or_insert(chip);
+    }
     let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
     type Get = fn(&DeviceSample) -> Option<f64>;
     let npu: [(&str, &str, Get); 7] = [
@@ -386,8 +413,10 @@ pub fn render(
         for (host, sample) in samples {
             for d in &sample.devices {
                 let Some(v) = get(d) else { continue };
+                // A device outside the job (a dead one left out) has its host's chip.
                 let model = chips
                     .get(&(host.clone(), d.physical_id))
+                    .or_else(|| host_chip.get(host.as_str()).copied())
                     .map_or_else(|| "Ascend".to_string(), |c| format!("Ascend{c}"));
                 let rank = rank_of
                     .get(&(host.as_str(), d.physical_id))
@@ -405,7 +434,7 @@ pub fn render(
     }
     let _ = writeln!(
         out,
-        "# HELP machine_npu_nums NPUs of the job on the host.\n# TYPE machine_npu_nums gauge"
+        "# HELP machine_npu_nums NPUs on the host, as its probe found them.\n# TYPE machine_npu_nums gauge"
     );
     for (host, sample) in samples {
         let _ = writeln!(
@@ -413,7 +442,7 @@ pub fn render(
             "machine_npu_nums{{host=\"{}\",job=\"{}\"}} {}",
             esc(host),
             esc(job),
-            sample.devices.len()
+            sample.machine_npus
         );
     }
     let _ = writeln!(
@@ -467,7 +496,10 @@ pub fn render(
         }
     }
     let workers: Vec<&WorkerStat> = samples.values().flat_map(|s| &s.workers).collect();
-    let host_of: HashMap<u32, &str> = ranks.iter().map(|r| (r.rank, r.host.as_str())).collect();
+    let place_of: HashMap<u32, (&str, u32)> = ranks
+        .iter()
+        .map(|r| (r.rank, (r.host.as_str(), r.device)))
+        .collect();
     // The workers' own use, from their hosts' samples.
     let per_worker: [PerWorker; 2] = [
         (
@@ -484,11 +516,15 @@ pub fn render(
     for (name, help, get) in per_worker {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         for w in &workers {
+            // A sample of a rank no longer in the job (a restart shrank it) names no place.
+            let Some(&(host, device)) = place_of.get(&w.rank) else {
+                continue;
+            };
             let _ = writeln!(
                 out,
-                "{name}{{rank=\"{}\",host=\"{}\",job=\"{}\"}} {}",
+                "{name}{{rank=\"{}\",host=\"{}\",device=\"{device}\",job=\"{}\"}} {}",
                 w.rank,
-                esc(host_of.get(&w.rank).copied().unwrap_or("")),
+                esc(host),
                 esc(job),
                 get(w)
             );
@@ -618,6 +654,7 @@ mod tests {
     fn a_sample_round_trips_compact_and_absent_stays_absent() {
         let sample = HostSample {
             host: "10.0.0.1".into(),
+            machine_npus: 16,
             devices: vec![
                 DeviceSample {
                     physical_id: 3,
@@ -650,13 +687,33 @@ mod tests {
             "10.0.0.1".to_string(),
             HostSample {
                 host: "10.0.0.1".into(),
-                devices: vec![DeviceSample {
-                    physical_id: 5,
-                    ai_core_percent: Some(77),
-                    health: Some(Health::Healthy),
-                    ..DeviceSample::of(5)
-                }],
-                workers: Vec::new(),
+                machine_npus: 8,
+                devices: vec![
+                    DeviceSample {
+                        physical_id: 5,
+                        ai_core_percent: Some(77),
+                        health: Some(Health::Healthy),
+                        ..DeviceSample::of(5)
+                    },
+                    // Left out of the job, unhealthy: still shown, with no rank.
+                    DeviceSample {
+                        health: Some(Health::Unhealthy { code: 3 }),
+                        ..DeviceSample::of(6)
+                    },
+                ],
+                workers: vec![
+                    WorkerStat {
+                        rank: 1,
+                        cpu_permille: 1500,
+                        rss_kib: 2,
+                    },
+                    // A rank of an earlier, larger attempt: no longer in the job.
+                    WorkerStat {
+                        rank: 9,
+                        cpu_permille: 10,
+                        rss_kib: 2,
+                    },
+                ],
             },
         );
         let chips = HashMap::from([(("10.0.0.1".to_string(), 5), "910".to_string())]);
@@ -673,7 +730,10 @@ mod tests {
         for want in [
             "npu_chip_info_utilization{id=\"5\",model_name=\"Ascend910\",host=\"10.0.0.1\",rank=\"1\",job=\"ab-1\"} 77",
             "npu_chip_info_health_status{id=\"5\",model_name=\"Ascend910\",host=\"10.0.0.1\",rank=\"1\",job=\"ab-1\"} 1",
-            "machine_npu_nums{host=\"10.0.0.1\",job=\"ab-1\"} 1",
+            "npu_chip_info_health_status{id=\"6\",model_name=\"Ascend\",host=\"10.0.0.1\",job=\"ab-1\"} 0",
+            "machine_npu_nums{host=\"10.0.0.1\",job=\"ab-1\"} 8",
+            "atlasboost_rank_cpu_percent{rank=\"1\",host=\"10.0.0.1\",device=\"1\",job=\"ab-1\"} 150",
+            "atlasboost_rank_resident_bytes{rank=\"1\",host=\"10.0.0.1\",device=\"1\",job=\"ab-1\"} 2048",
             "atlasboost_attempt{job=\"ab-1\"} 2",
             "atlasboost_rank_up{rank=\"1\",host=\"10.0.0.1\",device=\"1\",job=\"ab-1\"} 1",
             "atlasboost_rank_output_lines_total{rank=\"1\",host=\"10.0.0.1\",device=\"1\",job=\"ab-1\"} 9",
@@ -682,5 +742,6 @@ mod tests {
         }
         // An absent metric has no line.
         assert!(!text.contains("npu_chip_info_temperature{"), "{text}");
+        assert!(!text.contains("rank=\"9\""), "{text}");
     }
 }

@@ -153,6 +153,7 @@ mod tests {
     fn the_block_says_ranks_load_memory_heat_and_trouble() {
         let sample = HostSample {
             host: "10.0.0.1".into(),
+            machine_npus: 8,
             devices: vec![
                 DeviceSample {
                     ai_core_percent: Some(40),
