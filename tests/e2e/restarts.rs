@@ -281,6 +281,43 @@ fn metrics_keep_a_dead_npu_left_out_of_the_job_in_sight() {
     assert_eq!(sampled, 5, "{text}");
 }
 
+/// `--metrics` during a restart's delay: every rank is down (the last sample of the failed
+/// attempt said they ran), and no worker's use is served.
+#[test]
+fn metrics_say_every_rank_is_down_during_the_restart_delay() {
+    let port = atlasboost_e2e::free_port_pair().to_string();
+    let mut launch = Run::new(["run", "--sim", "2", "--max-restarts", "1"])
+        .args([
+            "--restart-delay",
+            "20",
+            "--monitor-interval",
+            "1",
+            "--metrics",
+            &port,
+        ])
+        .args(["--", "sh", "-c", "echo up; sleep 1; exit 3"])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for("the restart's delay", Duration::from_secs(30), |_, err| {
+        err.contains("restarting every worker")
+    });
+    let down = |text: &str| {
+        let up: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("atlasboost_rank_up{"))
+            .collect();
+        up.len() == 2 && up.iter().all(|l| l.ends_with(" 0"))
+    };
+    let text = atlasboost_e2e::scrape_metrics(&port);
+    launch.signal(Signal::SIGTERM);
+    let done = launch.wait_at_most(Duration::from_secs(30));
+    assert!(
+        down(&text) && !text.contains("atlasboost_rank_cpu_percent{"),
+        "in the delay:\n{text}\n{}",
+        done.describe()
+    );
+}
+
 /// A broken NPU that fails its own driver calls (not one that reports itself unhealthy) at a
 /// restart: the real driver path (the fake DSMI library) reports it unreadable, and the
 /// restart runs on the largest valid world without it, rather than without its whole server.

@@ -1150,6 +1150,12 @@ impl<'a> Supervisor<'a> {
             p.split.finish(&mut |l| output.line(p.lane, p.stream, l));
         }
         self.pipes.clear();
+        // `--metrics` is still served until the next attempt (a restart's delay, 30 s at
+        // most) or the launcher's end: it says that no worker runs, and no worker's use.
+        for sample in self.samples.values_mut() {
+            sample.workers.clear();
+        }
+        self.publish(output);
         // Every worker is gone: what the console has not taken yet is waited for, but not
         // after a signal (the one that stopped the job, for at most the grace time, or a next
         // one).
