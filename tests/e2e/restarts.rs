@@ -656,6 +656,40 @@ fn a_rank_the_stop_ended_is_not_the_root_cause_whatever_it_recorded() {
     );
 }
 
+/// A rank that recorded an error and then ended on its own terms when stopped (a SIGTERM
+/// handler that exits 2) is the root cause; the error line still names the rank that failed
+/// first, whose code is the job's, rather than call the stopped rank the first failure.
+#[test]
+fn the_root_cause_and_the_first_failure_are_named_apart() {
+    let r = Run::new(["run", "--sim", "2", "--", "bash", "-c"])
+        .args([
+            "trap 'exit 2' TERM; \
+             if [ \"$RANK\" = 0 ]; then \
+                 printf '{\"message\": {\"message\": \"ValueError: loss is NaN\", \
+                 \"extraInfo\": {\"timestamp\": \"%s\"}}}' $(date +%s) > \"$ATLASBOOST_ERROR_FILE\"; \
+                 sleep 30 & wait; fi; \
+             sleep 0.5; echo 'rank 1 gives up' >&2; exit 1",
+        ])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(1);
+    let err = r.err();
+    let error = &err[err
+        .find("error: ")
+        .unwrap_or_else(|| panic!("{}", r.describe()))..];
+    let lines: Vec<&str> = error.lines().collect();
+    assert!(
+        lines.len() == 3
+            && lines[0].starts_with(
+                "error: rank 1 (host 192.0.2.2, device 1) failed first: exit 1 after "
+            )
+            && lines[1] == "  [1]<stderr>:rank 1 gives up"
+            && lines[2] == "  root cause: rank 0 recorded ValueError: loss is NaN",
+        "{}",
+        r.describe()
+    );
+}
+
 /// A host whose probe fails at a restart is left out of it by name, on the console and in the
 /// events; `--ranks` then names every rank the smaller job lacks; an attempt whose workers
 /// cannot start keeps its table's layout in the summary.

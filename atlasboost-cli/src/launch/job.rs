@@ -330,7 +330,9 @@ pub(crate) fn ending_of(result: &JobResult) -> String {
         let what = if h.lost { "lost" } else { "failed" };
         return format!("{} {what}", h.who());
     }
-    match root_cause(result) {
+    // The first failure, whose code the attempt's is; the root cause, if another rank, comes
+    // on a line of its own (report_attempt).
+    match result.first_failure {
         Some(i) => {
             let w = &result.workers[i];
             format!(
@@ -576,7 +578,9 @@ pub(crate) fn report(
         ));
     } else if let Some(h) = &result.host_failure {
         printer.error(&format!("error: {} failed first: {}", h.who(), h.message));
-    } else if let Some(i) = root_cause(result) {
+    } else if let Some(i) = result.first_failure {
+        // The first failure (the job's code is its), and the root cause, which may be another
+        // rank's recorded error.
         let w = &result.workers[i];
         let mut text = format!(
             "error: rank {} (host {}, device {}) failed first: {} after {:.2} s",
@@ -596,7 +600,7 @@ pub(crate) fn report(
                 text.push_str(&format!("\n  [{}]<stderr>:{l}", w.rank));
             }
         }
-        if let Some(recorded) = recorded_text(w) {
+        if let Some(recorded) = root_cause(result).and_then(|i| recorded_text(&result.workers[i])) {
             text.push_str(&format!("\n  root cause: {recorded}"));
         }
         printer.error(&text);
