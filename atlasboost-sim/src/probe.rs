@@ -142,6 +142,10 @@ pub struct SimProbe {
     chip: String,
     ipv6: bool,
     faults: Vec<HostFault>,
+    /// `ATLASBOOST_SIM_FAULTS_FILE`, read again at every telemetry sample (a device can fail
+    /// while a job runs, as a real one does); its faults are `faults[file_faults_at..]`.
+    faults_file: Option<std::path::PathBuf>,
+    file_faults_at: usize,
 }
 
 impl SimProbe {
@@ -153,6 +157,8 @@ impl SimProbe {
             chip: "910".into(),
             ipv6: false,
             faults: Vec::new(),
+            faults_file: None,
+            file_faults_at: 0,
         }
     }
 
@@ -199,24 +205,48 @@ impl SimProbe {
             }
         }
         let name = EnvVars::ATLASBOOST_SIM_FAULTS_FILE;
-        if let Some(path) = std::env::var_os(name).filter(|p| !p.is_empty()) {
-            let path = std::path::PathBuf::from(path);
-            // A file that is not there (yet) injects nothing.
-            let spec = match std::fs::read_to_string(&path) {
-                Ok(spec) => spec,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-                Err(e) => {
-                    let why = format!("cannot be read: {e}");
-                    return Err(Error::invalid_value(name, path.display().to_string(), why));
-                }
-            };
-            let spec = spec.lines().collect::<Vec<_>>().join(";");
-            let faults = parse_faults(&spec).map_err(|e| {
-                Error::invalid_value(name, path.display().to_string(), e.to_string())
-            })?;
-            self.faults.extend(faults);
+        match std::env::var_os(name).filter(|p| !p.is_empty()) {
+            Some(path) => self.with_faults_file(path.into()),
+            None => Ok(self),
         }
+    }
+
+    /// Adds the faults of the file `path` (`ATLASBOOST_SIM_FAULTS_FILE`'s), which telemetry
+    /// samples read again; a file that is not there (yet) injects nothing.
+    fn with_faults_file(mut self, path: std::path::PathBuf) -> Result<Self> {
+        let name = EnvVars::ATLASBOOST_SIM_FAULTS_FILE;
+        let spec = match std::fs::read_to_string(&path) {
+            Ok(spec) => spec,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => {
+                let why = format!("cannot be read: {e}");
+                return Err(Error::invalid_value(name, path.display().to_string(), why));
+            }
+        };
+        let spec = spec.lines().collect::<Vec<_>>().join(";");
+        let faults = parse_faults(&spec)
+            .map_err(|e| Error::invalid_value(name, path.display().to_string(), e.to_string()))?;
+        self.file_faults_at = self.faults.len();
+        self.faults.extend(faults);
+        self.faults_file = Some(path);
         Ok(self)
+    }
+
+    /// This probe with the faults file read again, if it has one that reads and parses now
+    /// (one that does not, being rewritten say, counts as it was when the probe was made: a
+    /// sample has nobody to tell).
+    fn with_faults_file_now(&self) -> Option<SimProbe> {
+        let path = self.faults_file.as_ref()?;
+        let spec = match std::fs::read_to_string(path) {
+            Ok(spec) => spec,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(_) => return None,
+        };
+        let faults = parse_faults(&spec.lines().collect::<Vec<_>>().join(";")).ok()?;
+        let mut now = self.clone();
+        now.faults.truncate(self.file_faults_at);
+        now.faults.extend(faults);
+        Some(now)
     }
 
     /// The IP simulated device `physical_id` of `server_id` has (ids go up to 254, since a host
@@ -362,7 +392,9 @@ impl Telemetry for SimProbe {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        devices.iter().map(|d| self.sample_at(d, now)).collect()
+        let fresh = self.with_faults_file_now();
+        let probe = fresh.as_ref().unwrap_or(self);
+        devices.iter().map(|d| probe.sample_at(d, now)).collect()
     }
 }
 
@@ -376,6 +408,41 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device that fails while a job runs: the faults file is read again at each sample;
+    /// a file that does not parse (being rewritten) counts as it was at the start.
+    #[test]
+    fn telemetry_reads_the_faults_file_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("faults");
+        let probe = SimProbe::new("10.0.0.1", 2)
+            .with_faults(parse_faults("unhealthy:0=2").unwrap())
+            .with_faults_file(file.clone())
+            .unwrap();
+        let devices = probe.probe().unwrap();
+        let health =
+            || -> Vec<Option<Health>> { probe.sample(&devices).iter().map(|s| s.health).collect() };
+        assert_eq!(
+            health(),
+            [Some(Health::from_code(2)), Some(Health::Healthy)]
+        );
+        std::fs::write(&file, "10.0.0.1/unhealthy:1=3\n").unwrap();
+        assert_eq!(
+            health(),
+            [Some(Health::from_code(2)), Some(Health::from_code(3))],
+            "the file's fault joins the fixed one"
+        );
+        std::fs::write(&file, "unhealthy:").unwrap();
+        assert_eq!(
+            health(),
+            [Some(Health::from_code(2)), Some(Health::Healthy)]
+        );
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(
+            health(),
+            [Some(Health::from_code(2)), Some(Health::Healthy)]
+        );
+    }
 
     #[test]
     fn simulated_telemetry_is_plausible_deterministic_and_varies() {
