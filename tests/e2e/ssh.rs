@@ -1092,6 +1092,52 @@ fn agents_below(sshd: &Sshd) -> BTreeSet<i32> {
         .collect()
 }
 
+/// A launcher with no devices of its own (a login node: no driver, no hccn.conf) launches
+/// remote hosts whose agents find theirs: it probes only the hosts it is one of.
+#[test]
+fn a_launcher_without_devices_launches_remote_hosts_that_have_them() {
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-login-node");
+    let run = over_ssh(
+        &sshd,
+        &mark,
+        &["--probe", "hccn", "-H", "127.0.0.2,127.0.0.3"],
+    );
+    let conf = |host: u8| {
+        run.file(
+            &format!("hccn-{host}.conf"),
+            format!("address_0=192.168.{host}.101\naddress_1=192.168.{host}.102\n"),
+            false,
+        )
+    };
+    let (conf_2, conf_3) = (conf(2), conf(3));
+    // Only the hosts' agents see their files (by the address their session reached): the
+    // launcher's own probe would fail.
+    let remote = wrapper(
+        &run,
+        &format!(
+            "case \"$SSH_CONNECTION\" in *' 127.0.0.2 '*) f='{}' ;; *) f='{}' ;; esac\n\
+             export ATLASBOOST_HCCN_CONF=\"$f\"",
+            conf_2.display(),
+            conf_3.display()
+        ),
+        false,
+    );
+    let r = run
+        .env("ATLASBOOST_HCCN_CONF", "/nonexistent/hccn.conf")
+        .args(["--remote-atlasboost"])
+        .args([&remote])
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(0);
+    assert_eq!(
+        r.out().matches("]<stdout>:WORKER-RAN").count(),
+        4,
+        "{}",
+        ctx(&r, &sshd)
+    );
+}
+
 /// A host that never joins: the rendezvous times out, naming it.
 #[test]
 fn a_remote_host_that_never_joins_times_out_naming_it() {

@@ -381,7 +381,8 @@ enum Fate {
     Succeeded,
     /// It failed of its own accord, its host was lost, or it never ran.
     Failed,
-    /// The end of the attempt stopped it (SIGTERM, SIGKILL) before it ended by itself.
+    /// It ended once the attempt's end had begun (SIGTERM, SIGKILL, or its own handler of
+    /// them, even one that exits 0).
     Stopped,
     /// Under `--mpi`: mpirun never started it.
     NotStarted,
@@ -390,8 +391,8 @@ enum Fate {
 fn fate(w: &WorkerResult) -> Fate {
     match w.ending {
         Some(Ending::NotStarted) => Fate::NotStarted,
-        Some(e) if e.code() == 0 => Fate::Succeeded,
         Some(_) if w.stopped => Fate::Stopped,
+        Some(e) if e.code() == 0 => Fate::Succeeded,
         _ => Fate::Failed,
     }
 }

@@ -106,10 +106,13 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     // resolving names or loading the driver may block for long.
     let hosts =
         signals.exit_on_signal_during("reading the hosts", || plan_hosts(args, slurm, printer))?;
-    // Refuse what cannot work before anything starts.
-    signals.exit_on_signal_during("loading the device probe", || {
-        atlasboost::probe::make_probe(&args.discovery, &hosts[0].server_id)
-    })?;
+    // Refuse what cannot work before anything starts: this machine's probe, if it is one of
+    // the hosts (a login node without NPUs launches remote hosts, whose agents probe theirs).
+    if let Some(local) = hosts.iter().find(|h| h.local) {
+        signals.exit_on_signal_during("loading the device probe", || {
+            atlasboost::probe::make_probe(&args.discovery, &local.server_id)
+        })?;
+    }
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
     // What can be checked before any host starts a worker is checked now.
