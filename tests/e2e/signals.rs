@@ -98,6 +98,33 @@ fn sigterm_is_passed_to_the_workers_and_their_children_and_exits_143() {
     assert_all_gone(&mark, "after SIGTERM");
 }
 
+/// Workers whose SIGTERM handler exits 0 were stopped, not successful: the summary says so.
+#[test]
+fn workers_that_exit_0_when_stopped_are_counted_stopped() {
+    let mut launch = start(
+        "2",
+        "30",
+        &[
+            "sh",
+            "-c",
+            "trap 'exit 0' TERM; echo ready; sleep 300 & wait",
+        ],
+    );
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
+    launch.signal(Signal::SIGTERM);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    r.assert_code(143).assert_err(
+        &[": 0 succeeded, 0 failed, 2 stopped"],
+        &["succeeded, 0 failed, 0 stopped"],
+    );
+    let stopped = r
+        .err()
+        .lines()
+        .filter(|l| l.contains(" stopped (exit 0) "))
+        .count();
+    assert_eq!(stopped, 2, "{}", r.describe());
+}
+
 #[test]
 fn a_second_sigint_kills_at_once() {
     let mut launch = start("2", "60", &["python3", "-c", STUBBORN]);
