@@ -730,7 +730,7 @@ mod tests {
         for want in [
             "npu_chip_info_utilization{id=\"5\",model_name=\"Ascend910\",host=\"10.0.0.1\",rank=\"1\",job=\"ab-1\"} 77",
             "npu_chip_info_health_status{id=\"5\",model_name=\"Ascend910\",host=\"10.0.0.1\",rank=\"1\",job=\"ab-1\"} 1",
-            "npu_chip_info_health_status{id=\"6\",model_name=\"Ascend\",host=\"10.0.0.1\",job=\"ab-1\"} 0",
+            "npu_chip_info_health_status{id=\"6\",model_name=\"Ascend910\",host=\"10.0.0.1\",job=\"ab-1\"} 0",
             "machine_npu_nums{host=\"10.0.0.1\",job=\"ab-1\"} 8",
             "atlasboost_rank_cpu_percent{rank=\"1\",host=\"10.0.0.1\",device=\"1\",job=\"ab-1\"} 150",
             "atlasboost_rank_resident_bytes{rank=\"1\",host=\"10.0.0.1\",device=\"1\",job=\"ab-1\"} 2048",
