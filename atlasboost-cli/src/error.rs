@@ -310,6 +310,7 @@ fn spawn_reason(e: &io::Error) -> String {
     match e.kind() {
         io::ErrorKind::NotFound => "command not found".into(),
         io::ErrorKind::PermissionDenied => "permission denied (not executable)".into(),
+        io::ErrorKind::IsADirectory => "it is a directory".into(),
         _ => e.to_string(),
     }
 }

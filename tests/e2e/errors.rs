@@ -190,12 +190,16 @@ fn a_command_that_is_not_executable_exits_126() {
             run.file("not-executable.sh", "#!/bin/sh\necho WORKER-RAN\n", false);
         },
     );
-    assert_error(&r, 126, &["not-executable.sh"]);
+    assert_error(
+        &r,
+        126,
+        &["not-executable.sh", "permission denied (not executable)"],
+    );
     let r = run_with(
         &["--sim", "2", "-H", "127.0.0.1", "--", "./a-directory"],
         |run| {
             std::fs::create_dir(run.dir().join("a-directory")).unwrap();
         },
     );
-    assert_error(&r, 126, &["a-directory"]);
+    assert_error(&r, 126, &["./a-directory on host", ": it is a directory"]);
 }

@@ -800,7 +800,19 @@ fn spawn(
             Ok(())
         });
     }
-    let mut child = cmd.spawn()?;
+    let mut child = cmd.spawn().map_err(|e| {
+        // exec says EACCES for a directory: named as what it is. (A bare name is looked up
+        // on PATH, where exec skips directories.)
+        let path = std::path::Path::new(program);
+        match e.kind() {
+            io::ErrorKind::PermissionDenied
+                if path.components().count() > 1 && plan.wdir.join(path).is_dir() =>
+            {
+                io::Error::from(io::ErrorKind::IsADirectory)
+            }
+            _ => e,
+        }
+    })?;
     let pid = Pid::from_raw(child.id() as i32);
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(io::Error::other("no pipes"));
