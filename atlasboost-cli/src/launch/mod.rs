@@ -898,7 +898,19 @@ fn refuse_ssh_options(args: &RunSettings, slurm: bool) -> Result<(), CliError> {
             "{flag} applies to atlasboost's ssh sessions, and this launch opens none: srun \
              starts the agents (inside a Slurm allocation; --launcher ssh uses ssh instead)"
         ))),
-        (false, false) => Ok(()),
+        // ssh only warns of an identity it cannot read (not at all with `LogLevel ERROR`)
+        // and goes on with other keys.
+        (false, false) => match &args.ssh_identity {
+            Some(key) if !key.is_file() => Err(CliError::Usage(format!(
+                "--ssh-identity {}: {}",
+                key.display(),
+                match std::fs::metadata(key) {
+                    Ok(_) => "not a file".to_string(),
+                    Err(e) => e.to_string(),
+                }
+            ))),
+            _ => Ok(()),
+        },
     }
 }
 

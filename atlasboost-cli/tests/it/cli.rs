@@ -1826,6 +1826,23 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     )
     .expect_code(USAGE)
     .stderr_has(&["--hang-timeout"]);
+    // An identity file ssh could not read: ssh would only warn, and try other keys.
+    run(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "1",
+            "-H",
+            "192.0.2.99",
+            "--ssh-identity",
+            "/nonexistent/key",
+            "--",
+            "true",
+        ],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["--ssh-identity /nonexistent/key: No such file or directory"]);
     // Flags that only mean something with another are refused without it, never ignored.
     for (flags, needs) in [
         (&["--min-np", "1"][..], "--max-restarts"),
