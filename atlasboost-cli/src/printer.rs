@@ -29,6 +29,12 @@ impl Printer {
         }
     }
 
+    /// What an error already printed needs to be understood (a restart follows the failure it
+    /// told of): printed even with `--quiet`, where the status around it is not.
+    pub fn sequel(&self, message: &str) {
+        say(message);
+    }
+
     /// An error on stderr: printed even with `--quiet`.
     pub fn error(&self, message: &str) {
         say(message);

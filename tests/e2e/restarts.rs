@@ -661,7 +661,7 @@ fn a_rank_the_stop_ended_is_not_the_root_cause_whatever_it_recorded() {
 /// first, whose code is the job's, rather than call the stopped rank the first failure.
 #[test]
 fn the_root_cause_and_the_first_failure_are_named_apart() {
-    let r = Run::new(["run", "--sim", "2", "--", "bash", "-c"])
+    let r = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--", "bash", "-c"])
         .args([
             "trap 'exit 2' TERM; \
              if [ \"$RANK\" = 0 ]; then \
@@ -681,7 +681,7 @@ fn the_root_cause_and_the_first_failure_are_named_apart() {
     assert!(
         lines.len() == 3
             && lines[0].starts_with(
-                "error: rank 1 (host 192.0.2.2, device 1) failed first: exit 1 after "
+                "error: rank 1 (host 127.0.0.1, device 1) failed first: exit 1 after "
             )
             && lines[1] == "  [1]<stderr>:rank 1 gives up"
             && lines[2] == "  root cause: rank 0 recorded ValueError: loss is NaN",

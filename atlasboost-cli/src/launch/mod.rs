@@ -628,7 +628,8 @@ fn run_attempts(
         }
         let delay = restart_delay(args.first_restart_delay(), attempt);
         report_attempt(&result, job.attempts.last(), printer);
-        printer.status(&format!(
+        // Under -q too: the failure was said, and the job may yet succeed.
+        printer.sequel(&format!(
             "atlasboost: restarting every worker ({} of {}) in {:.1} s",
             attempt + 1,
             args.max_restarts,

@@ -3166,3 +3166,39 @@ fn run_chip_picks_the_rules_of_the_table() {
     .expect_code(USAGE)
     .stderr_has(&["--chip cannot be used with --mpi"]);
 }
+
+/// `-q` with restarts: a failure that a restart follows is said with the restart, not alone
+/// (the job may yet succeed, exit 0); nothing else of atlasboost's own.
+#[test]
+fn quiet_says_a_restart_after_the_failure_it_follows() {
+    let dir = TempDir::new().unwrap();
+    let out = run(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--sim",
+            "1",
+            "-H",
+            "127.0.0.1",
+            "--max-restarts",
+            "1",
+            "--restart-delay",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            "[ \"$ATLASBOOST_RESTART_COUNT\" = 0 ] && exit 3; exit 0",
+        ],
+    );
+    out.expect_code(SUCCESS);
+    let said: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(
+        said,
+        [
+            "atlasboost: rank 0 (host 127.0.0.1, device 0) failed (exit 3)",
+            "atlasboost: restarting every worker (1 of 1) in 0.0 s",
+        ],
+        "{out:#?}"
+    );
+}
