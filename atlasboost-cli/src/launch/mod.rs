@@ -208,6 +208,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         first_size: None,
         first_local: Some(first_local),
         attempts: Vec::new(),
+        attempts_started: 0,
     };
     let outcome = run_attempts(&mut job, &signals, &mut lifeline, printer);
     lifeline.close();
@@ -223,7 +224,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             summary_event(
                 events.as_ref(),
                 e.exit_code(),
-                job.attempts.len(),
+                job.attempts_started,
                 started.elapsed(),
             );
             if let Some(l) = &logs {
@@ -258,7 +259,12 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         written,
         printer,
     );
-    summary_event(events.as_ref(), code, job.attempts.len(), started.elapsed());
+    summary_event(
+        events.as_ref(),
+        code,
+        job.attempts_started,
+        started.elapsed(),
+    );
     Ok(code)
 }
 
@@ -285,6 +291,9 @@ struct JobState<'a> {
     /// The local hosts' reports for the first attempt, probed before the job's state existed.
     first_local: Option<LocalReports>,
     attempts: Vec<AttemptRecord>,
+    /// Attempts whose `attempt_start` was written: one stopped while its hosts joined has no
+    /// record, but counts in the summary.
+    attempts_started: usize,
 }
 
 impl<'a> JobState<'a> {
@@ -355,6 +364,7 @@ fn run_attempts(
             e.borrow_mut().set_attempt(attempt);
         }
         events::emit(job.events.as_ref(), "attempt_start", serde_json::json!({}));
+        job.attempts_started += 1;
         let mut settings = job.base.clone();
         settings.restart_count = attempt;
         let mut probed = job.first_local.take();

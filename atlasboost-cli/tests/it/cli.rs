@@ -3202,3 +3202,58 @@ fn quiet_says_a_restart_after_the_failure_it_follows() {
         "{out:#?}"
     );
 }
+
+/// A signal while the hosts join (one never reports: its `ssh` here only sleeps): the
+/// attempt was started, so the `summary` event counts it.
+#[test]
+fn a_signal_while_the_hosts_join_still_counts_the_attempt() {
+    use nix::sys::signal::{Signal, kill};
+    let dir = tempdir();
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    let ssh = bin.join("ssh");
+    // `ssh -G` (the configuration, read first) answers at once; a session never does.
+    fs::write(
+        &ssh,
+        "#!/bin/sh\nfor a; do [ \"$a\" = -G ] && exit 0; done\nexec sleep 60\n",
+    )
+    .unwrap();
+    fs::set_permissions(&ssh, fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let events = dir.path().join("ev.jsonl");
+    let mut child = command(
+        dir.path(),
+        &["run", "--sim", "1", "-H", "127.0.0.1,192.0.2.99"],
+    )
+    .args(["--events", "ev.jsonl", "--", "true"])
+    .env("PATH", path)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let joining = (0..2000).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        fs::read_to_string(&events).is_ok_and(|t| t.contains("\"attempt_start\""))
+    });
+    kill(pid, Signal::SIGINT).unwrap();
+    let ended = (0..2000).find_map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        child.try_wait().unwrap()
+    });
+    if ended.is_none() {
+        let _ = kill(pid, Signal::SIGKILL);
+        let _ = child.wait();
+    }
+    let text = fs::read_to_string(&events).unwrap_or_default();
+    assert!(joining && ended.is_some(), "{ended:?}\n{text}");
+    assert_eq!(ended.and_then(|s| s.code()), Some(130), "{text}");
+    let summary: Value = serde_json::from_str(text.lines().last().unwrap_or("{}")).unwrap();
+    assert_eq!(summary["event"], "summary", "{text}");
+    assert_eq!(summary["attempts"], 1, "{text}");
+}
