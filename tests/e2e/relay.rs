@@ -70,7 +70,8 @@ fn a_session_that_ends_with_its_last_data_is_seen_as_ended() {
     r.assert_code(125);
     let error = r.the_error_line(&r.describe());
     assert!(
-        error.contains("its ssh session ended before its workers did"),
+        error.contains("its ssh session ended (ssh exited ")
+            && error.contains(") before its workers did"),
         "the end of the session is named, not a heartbeat timeout: {}",
         r.describe()
     );

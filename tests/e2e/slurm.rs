@@ -445,6 +445,73 @@ fn a_failed_worker_fails_the_job_naming_it_and_its_node() {
     cluster.assert_nothing_left("after a failed job");
 }
 
+/// Addresses added to the nodes' interfaces for one test, removed when it ends.
+struct NodeAddresses(Vec<(String, String, String)>);
+
+impl Drop for NodeAddresses {
+    fn drop(&mut self) {
+        for (ns, address, dev) in &self.0 {
+            let _ = Command::new("ip")
+                .args(["-n", ns, "addr", "del", address, "dev", dev])
+                .status();
+        }
+    }
+}
+
+/// `--nic` names the nodes' network, which the launcher (a login node, here the root
+/// namespace) does not have: the nodes connect back where srun was started from, and each
+/// worker gets its node's address on that network.
+#[test]
+fn nic_is_the_nodes_network_even_where_the_launcher_has_none() {
+    let cluster = cluster_or_skip!();
+    // A network no interface of this machine has, added to each node's own interface.
+    let net = (200..250)
+        .map(|b| format!("10.{b}.77"))
+        .find(|net| {
+            let out = Command::new("ip")
+                .args(["-4", "-o", "addr"])
+                .output()
+                .unwrap();
+            !String::from_utf8_lossy(&out.stdout).contains(&format!(" {net}."))
+        })
+        .expect("a free 10.x.77.0/24");
+    let mut added = NodeAddresses(Vec::new());
+    let mut want = BTreeSet::new();
+    for (i, ns) in cluster.netns.iter().enumerate() {
+        let links = Command::new("ip")
+            .args(["-n", ns, "-o", "link"])
+            .output()
+            .unwrap();
+        let links = String::from_utf8_lossy(&links.stdout).into_owned();
+        let dev = links
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|d| d.split('@').next().unwrap_or(d).to_string())
+            .find(|d| d != "lo")
+            .unwrap_or_else(|| panic!("no interface in {ns}: {links}"));
+        let ip = format!("{net}.{}", 11 + i);
+        let address = format!("{ip}/24");
+        let ok = Command::new("ip")
+            .args(["-n", ns, "addr", "add", &address, "dev", &dev])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "cannot add {address} to {dev} in {ns}");
+        added.0.push((ns.clone(), address, dev));
+        want.insert(ip);
+    }
+    let done = cluster
+        .salloc(&["run", "--sim", "1", "--nic", &format!("{net}.0/24"), "--"])
+        .args(["sh", "-c", "echo ip=$HCCL_IF_IP"])
+        .run();
+    done.assert_code(0);
+    let got: BTreeSet<String> = lines_by_rank(&done.out(), "stdout")
+        .values()
+        .filter_map(|l| l.first()?.strip_prefix("ip=").map(str::to_string))
+        .collect();
+    assert_eq!(got, want, "{}", done.describe());
+    cluster.assert_nothing_left("after a job on the nodes' network");
+}
+
 /// Each node's address, by node name.
 fn cluster_ips(cluster: &Cluster) -> BTreeMap<String, String> {
     let ips = std::env::var("SLURM_CLUSTER_IPS").unwrap_or_default();

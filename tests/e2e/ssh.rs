@@ -743,9 +743,10 @@ fn a_killed_ssh_session_fails_the_job_and_stops_the_workers_of_both_hosts() {
     let error = r.the_error_line(&ctx);
     assert!(
         error.starts_with(
-            "error: host 127.0.0.2 failed first: its ssh session ended before its workers did"
+            "error: host 127.0.0.2 failed first: its ssh session ended (ssh was killed by \
+             SIGKILL) before its workers did"
         ),
-        "the error names the host: {}\n{ctx}",
+        "the error names the host, and how ssh ended: {}\n{ctx}",
         error
     );
     assert!(!r.out().contains("not stopped"), "{ctx}");

@@ -159,6 +159,8 @@ pub struct Remote {
     pub last_heard: Instant,
     /// The supervisor has reaped the ssh process (its pid may belong to someone else now).
     pub reaped: bool,
+    /// How the ssh process ended, once reaped.
+    pub ssh_ended: Option<super::channel::Ending>,
     /// The launcher's remote through which this host is heard (a host below another in the
     /// launch tree); `None` for the launcher's own sessions.
     pub parent: Option<usize>,
@@ -226,6 +228,7 @@ fn session(host: &str, link: Link, input: Option<File>, out: Option<OwnedFd>) ->
         lost: None,
         last_heard: Instant::now(),
         reaped: false,
+        ssh_ended: None,
         parent: None,
         orphaned: false,
         step_said: None,
@@ -388,10 +391,45 @@ impl Remote {
                 }
             ),
             Link::Ssh(_) | Link::Below => format!(
-                "its ssh session ended before its workers did; ssh said: {}",
+                "its ssh session ended{} before its workers did; ssh said: {}",
+                self.ssh_ending()
+                    .map_or_else(String::new, |e| format!(" ({e})")),
                 self.err_tail()
             ),
         }
+    }
+
+    /// How this launcher's ssh process ended, once it has (`ssh was killed by SIGKILL`,
+    /// `ssh exited 255`), without reaping it. Its output closes as it exits, a moment before
+    /// it can be waited for: 50 ms at most.
+    fn ssh_ending(&self) -> Option<String> {
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        let Link::Ssh(child) = &self.link else {
+            return None;
+        };
+        let say = |e: super::channel::Ending| match e {
+            super::channel::Ending::Signaled(s) => format!("ssh was killed by {}", s.as_str()),
+            other => format!("ssh {}", other.describe().replace("exit ", "exited ")),
+        };
+        if let Some(e) = self.ssh_ended {
+            return Some(say(e));
+        }
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        for _ in 0..10 {
+            match waitid(Id::Pid(pid), flags) {
+                Ok(WaitStatus::Signaled(_, signal, _)) => {
+                    return Some(say(super::channel::Ending::Signaled(signal)));
+                }
+                Ok(WaitStatus::Exited(_, code)) => {
+                    return Some(say(super::channel::Ending::Exited(code)));
+                }
+                Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(5)),
+                // Reaped already, or not ours: nothing to tell.
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// The ssh process's id (a relay, or a host below another, has no process of ours).

@@ -2625,6 +2625,7 @@ impl<'a> Supervisor<'a> {
         };
         if let Some(r) = session {
             r.reaped = true;
+            r.ssh_ended = Some(ending);
             return None;
         }
         if self.mpirun.as_ref().is_some_and(|m| m.pid == pid) {
