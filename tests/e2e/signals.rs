@@ -137,6 +137,9 @@ fn a_second_sigint_kills_at_once() {
         launch.is_running(),
         "the launcher waits --grace 60 for workers that survive SIGINT"
     );
+    // A second press, not the first delivered twice (within 100 ms of it: a_signal_delivered_
+    // twice_at_once_is_one).
+    std::thread::sleep(Duration::from_millis(200));
     let sent = Instant::now();
     launch.signal(Signal::SIGINT);
     let r = launch.wait_at_most(Duration::from_secs(20));
@@ -148,6 +151,49 @@ fn a_second_sigint_kills_at_once() {
         r.describe()
     );
     assert_all_gone(&mark, "after a second SIGINT");
+}
+
+/// One SIGTERM delivered twice at once (`timeout` sends it to its child, then to its whole
+/// process group): the workers still get their grace time, as for one.
+#[test]
+fn a_signal_delivered_twice_at_once_is_one() {
+    let mut launch = start(
+        "2",
+        "2",
+        &[
+            "sh",
+            "-c",
+            "trap 'echo got SIGTERM' TERM; echo ready; i=0; \
+             while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        ],
+    );
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
+    let sent = Instant::now();
+    launch.signal(Signal::SIGTERM);
+    // The second after the launcher has read the first (two pending deliveries of one signal
+    // merge into one): as soon as it says so, which must be within the 100 ms of an echo.
+    launch.wait_for("the first SIGTERM", Duration::from_secs(10), |_, err| {
+        err.contains("got SIGTERM; passing it on")
+    });
+    let echo = sent.elapsed() < Duration::from_millis(80);
+    if echo {
+        launch.signal(Signal::SIGTERM);
+    } else {
+        eprintln!(
+            "a_signal_delivered_twice_at_once_is_one: no second SIGTERM sent: the launcher took \
+             {:?} to say it got the first (a busy machine), too late for an echo",
+            sent.elapsed()
+        );
+    }
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let took = sent.elapsed();
+    r.assert_code(143)
+        .assert_err(&["got SIGTERM; passing it on"], &["killing them now"]);
+    assert!(
+        took >= Duration::from_millis(1900),
+        "the workers had --grace 2 before SIGKILL, not {took:?}\n{}",
+        r.describe()
+    );
 }
 
 #[test]

@@ -844,6 +844,8 @@ struct Supervisor<'a> {
     /// When the first SIGINT, SIGTERM or SIGHUP came, and which, whatever the stop did with it
     /// (one that comes while a failure already stops the job sets no `interrupted`).
     signalled: Option<(Instant, Signal)>,
+    /// The last signal (not SIGCHLD) and when it came, to tell one delivered twice.
+    last_signal: Option<(Instant, Signal)>,
     /// What the workers left behind has been sent SIGTERM.
     leftovers_stopped: bool,
     /// The orphans sent SIGTERM so far (an orphan is the launcher's child, so its pid is not
@@ -928,6 +930,7 @@ impl<'a> Supervisor<'a> {
             stopping: None,
             grace: plan.grace,
             signalled: None,
+            last_signal: None,
             leftovers_stopped: false,
             orphans_termed: HashSet::new(),
             drain_until: None,
@@ -2518,6 +2521,11 @@ impl<'a> Supervisor<'a> {
             return;
         }
         self.signalled.get_or_insert_with(|| (Instant::now(), s));
+        let now = Instant::now();
+        let echo = self
+            .last_signal
+            .replace((now, s))
+            .is_some_and(|(at, last)| last == s && now.duration_since(at) < policy::ECHO);
         let state = SignalState {
             agent: self.is_agent(),
             obeys_signals: matches!(&self.role, Role::Agent(up) if up.obeys_signals),
@@ -2525,6 +2533,7 @@ impl<'a> Supervisor<'a> {
                 || self.first_failure.is_some()
                 || self.host_failure.is_some(),
             stopping: self.stopping.map(|(_, killed)| killed),
+            echo,
         };
         match policy::on_signal(state) {
             // A relay's parent is mpirun, which stops the job with signals: pass them on, as

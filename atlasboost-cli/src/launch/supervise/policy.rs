@@ -16,7 +16,15 @@ pub struct SignalState {
     pub ending: bool,
     /// A stop is under way; `Some(true)` once SIGKILL has been sent.
     pub stopping: Option<bool>,
+    /// The same signal as the one before it, within [`ECHO`] of it: one event delivered
+    /// twice, not a second one.
+    pub echo: bool,
 }
+
+/// How close together two deliveries of one signal are the same event: a wrapper such as
+/// `timeout` sends it to its child and then to its whole process group (the launcher's too),
+/// microseconds apart. Nobody presses Ctrl-C twice within it.
+pub const ECHO: Duration = Duration::from_millis(100);
 
 /// What the supervisor does with the signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +44,7 @@ pub enum SignalAction {
 /// What a signal means in `state`.
 pub fn on_signal(state: SignalState) -> SignalAction {
     match state {
+        SignalState { echo: true, .. } => SignalAction::Nothing,
         SignalState {
             agent: true,
             obeys_signals: true,
@@ -72,6 +81,18 @@ mod tests {
             obeys_signals: obeys,
             ending,
             stopping,
+            echo: false,
+        }
+    }
+
+    #[test]
+    fn a_signal_delivered_twice_at_once_is_one() {
+        for agent in [false, true] {
+            let echo = SignalState {
+                echo: true,
+                ..state(agent, agent, true, Some(false))
+            };
+            assert_eq!(on_signal(echo), SignalAction::Nothing);
         }
     }
 
