@@ -1383,6 +1383,9 @@ fn join(
     // Hosts lost so far, gathered for a moment after the first, so that the error names every
     // host that is out of reach now (and a restart leaves them all out at once).
     let mut lost: Option<(LostHosts, Instant)> = None;
+    // Hosts whose agent failed (a missing --wdir, a --nic they lack), gathered likewise: the
+    // same mistake is often every host's, and the error names them all.
+    let mut failed: Option<(FailedHosts, Instant)> = None;
     let result = loop {
         if let Some(s) = signals
             .pending()
@@ -1397,6 +1400,15 @@ fn join(
             && let Some((l, _)) = lost.take()
         {
             break Err(l.error());
+        }
+        let accounted = reports.iter().filter(|r| r.is_some()).count()
+            + failed.as_ref().map_or(0, |(f, _)| f.messages.len());
+        if failed
+            .as_ref()
+            .is_some_and(|(_, until)| Instant::now() >= *until || accounted >= reports.len())
+            && let Some((f, _)) = failed.take()
+        {
+            break Err(lost.take().map_or_else(|| f.error(), |(l, _)| l.error()));
         }
         if decision.is_some() && remotes.iter().all(|r| r.ready) {
             break Ok(None);
@@ -1422,11 +1434,28 @@ fn join(
                 all.hosts.extend(hosts);
                 all.messages.push(message);
             }
+            Some(CliError::Remote { message, code }) => {
+                let (all, _) = failed.get_or_insert_with(|| {
+                    (
+                        FailedHosts {
+                            messages: Vec::new(),
+                            code,
+                        },
+                        Instant::now() + MORE_LOST_WAIT,
+                    )
+                });
+                all.messages.push(message);
+            }
             Some(e) => break Err(lost.take().map_or(e, |(l, _)| l.error())),
             None => {}
         }
-        // With a host lost, the join cannot succeed: it only listens for more such news.
-        if lost.is_none() && decision.is_none() && reports.iter().all(Option::is_some) {
+        // With a host lost or failed, the join cannot succeed: it only listens for more such
+        // news.
+        if lost.is_none()
+            && failed.is_none()
+            && decision.is_none()
+            && reports.iter().all(Option::is_some)
+        {
             let decided = match agent::decide(
                 &table_policy(launch),
                 reports.iter_mut().filter_map(Option::take).collect(),
@@ -1678,6 +1707,32 @@ impl LostHosts {
     }
 }
 
+/// The hosts whose agent failed while joining, each with its message (naming it), and the
+/// first one's exit code.
+#[derive(Debug)]
+struct FailedHosts {
+    messages: Vec<String>,
+    code: u8,
+}
+
+impl FailedHosts {
+    /// One error naming them all, with the first one's code.
+    fn error(self) -> CliError {
+        let message = match self.messages.as_slice() {
+            [one] => one.clone(),
+            many => format!(
+                "{} failed as the hosts joined:\n  {}",
+                counted(many.len(), "host"),
+                many.join("\n  ")
+            ),
+        };
+        CliError::Remote {
+            message,
+            code: self.code,
+        }
+    }
+}
+
 /// Reads what the launch tree said while the launcher waits for its hosts: reports, readiness,
 /// failures, and messages a fast job already sent (kept for the supervisor).
 fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> Heard {
@@ -1781,10 +1836,10 @@ fn on_joining(
             r.heard_err(line);
         }
         Up::Failed { code, message } => {
-            return Err(CliError::Remote {
-                message: about_host(&r.host, &message),
-                code,
-            });
+            let message = about_host(&r.host, &message);
+            // Heard no more: its session's end that follows is not news.
+            r.lost = Some(message.clone());
+            return Err(CliError::Remote { message, code });
         }
         // Kept for the supervisor, as it came.
         other => remotes[h].backlog.push(match v == h {
