@@ -70,6 +70,21 @@ impl Output {
     }
 }
 
+/// A PATH whose first directory (`DIR/bin`) holds a stand-in `ssh`: a shell script of
+/// `script`'s lines.
+fn path_with_fake_ssh(dir: &Path, script: &str) -> String {
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let ssh = bin.join("ssh");
+    fs::write(&ssh, format!("#!/bin/sh\n{script}\n")).unwrap();
+    fs::set_permissions(&ssh, fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_atlasboost")
 }
@@ -2962,19 +2977,9 @@ fn a_large_jobs_summary_lists_only_its_failures() {
 #[test]
 fn a_rendezvous_timeout_says_what_the_silent_host_said() {
     let dir = TempDir::new().unwrap();
-    let bin = dir.path().join("bin");
-    fs::create_dir_all(&bin).unwrap();
-    let ssh = bin.join("ssh");
-    fs::write(
-        &ssh,
-        "#!/bin/sh\necho 'remote: cannot mount /shared: Stale file handle' >&2\nexec sleep 30\n",
-    )
-    .unwrap();
-    fs::set_permissions(&ssh, fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
+    let path = path_with_fake_ssh(
+        dir.path(),
+        "echo 'remote: cannot mount /shared: Stale file handle' >&2\nexec sleep 30",
     );
     let started = std::time::Instant::now();
     let out = run_env(
@@ -3209,20 +3214,10 @@ fn quiet_says_a_restart_after_the_failure_it_follows() {
 fn a_signal_while_the_hosts_join_still_counts_the_attempt() {
     use nix::sys::signal::{Signal, kill};
     let dir = tempdir();
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    let ssh = bin.join("ssh");
     // `ssh -G` (the configuration, read first) answers at once; a session never does.
-    fs::write(
-        &ssh,
-        "#!/bin/sh\nfor a; do [ \"$a\" = -G ] && exit 0; done\nexec sleep 60\n",
-    )
-    .unwrap();
-    fs::set_permissions(&ssh, fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
+    let path = path_with_fake_ssh(
+        dir.path(),
+        "for a; do [ \"$a\" = -G ] && exit 0; done\nexec sleep 60",
     );
     let events = dir.path().join("ev.jsonl");
     let mut child = command(
