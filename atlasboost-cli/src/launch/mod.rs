@@ -1198,27 +1198,19 @@ fn start_slurm_step(
     let root = root_config(launch, remote_index, tree)?;
     let nodes: Vec<String> = root.tree.hosts.iter().map(|h| h.name.clone()).collect();
     // The agents connect back at this machine's --nic address, or else where srun was started
-    // from. A launcher outside the nodes' network (a login node without the RoCE or
-    // InfiniBand network they share) is reached there: --nic is the nodes' interface, and
-    // each node's agent checks its own.
+    // from (srun gives its tasks SLURM_LAUNCH_NODE_IPADDR). A launcher outside the nodes'
+    // network (a login node without the RoCE or InfiniBand network they share) is reached
+    // there: --nic is the nodes' interface, and each node's agent checks its own.
     let address = match &launch.args.nic {
         Some(choice) => match atlasboost::host::find_nic(choice) {
             Ok(nic) => Some(std::net::IpAddr::V4(nic.ipv4)),
-            Err(error) if std::env::var_os(EnvVars::SLURM_LAUNCH_NODE_IPADDR).is_some() => {
+            Err(error) => {
                 printer.detail(&format!(
                     "atlasboost: this machine has no --nic {choice} ({error}); the nodes \
-                     connect back to it at {} ({})",
-                    std::env::var(EnvVars::SLURM_LAUNCH_NODE_IPADDR).unwrap_or_default(),
+                     connect back to it where srun runs ({})",
                     EnvVars::SLURM_LAUNCH_NODE_IPADDR
                 ));
                 None
-            }
-            Err(error) => {
-                return Err(CliError::Usage(format!(
-                    "--nic {choice}: on this machine (the launcher, which the nodes connect \
-                     back to; {} is not set): {error}",
-                    EnvVars::SLURM_LAUNCH_NODE_IPADDR
-                )));
             }
         },
         None => None,
