@@ -458,13 +458,12 @@ impl Drop for NodeAddresses {
     }
 }
 
-/// `--nic` names the nodes' network, which the launcher (a login node, here the root
-/// namespace) does not have: the nodes connect back where srun was started from, and each
-/// worker gets its node's address on that network.
-#[test]
-fn nic_is_the_nodes_network_even_where_the_launcher_has_none() {
-    let cluster = cluster_or_skip!();
-    // A network no interface of this machine has, added to each node's own interface.
+/// A network no interface of this machine has (`10.x.77`), added to the interfaces of the
+/// nodes `on` (by position): their addresses on it, and what removes them.
+fn nodes_network(
+    cluster: &Cluster,
+    on: &[usize],
+) -> (String, BTreeMap<usize, String>, NodeAddresses) {
     let net = (200..250)
         .map(|b| format!("10.{b}.77"))
         .find(|net| {
@@ -476,8 +475,9 @@ fn nic_is_the_nodes_network_even_where_the_launcher_has_none() {
         })
         .expect("a free 10.x.77.0/24");
     let mut added = NodeAddresses(Vec::new());
-    let mut want = BTreeSet::new();
-    for (i, ns) in cluster.netns.iter().enumerate() {
+    let mut ips = BTreeMap::new();
+    for &i in on {
+        let ns = &cluster.netns[i];
         let links = Command::new("ip")
             .args(["-n", ns, "-o", "link"])
             .output()
@@ -497,10 +497,21 @@ fn nic_is_the_nodes_network_even_where_the_launcher_has_none() {
             .is_ok_and(|s| s.success());
         assert!(ok, "cannot add {address} to {dev} in {ns}");
         added.0.push((ns.clone(), address, dev));
-        want.insert(ip);
+        ips.insert(i, ip);
     }
+    (format!("{net}.0/24"), ips, added)
+}
+
+/// `--nic` names the nodes' network, which the launcher (a login node, here the root
+/// namespace) does not have: the nodes connect back where srun was started from, and each
+/// worker gets its node's address on that network.
+#[test]
+fn nic_is_the_nodes_network_even_where_the_launcher_has_none() {
+    let cluster = cluster_or_skip!();
+    let every: Vec<usize> = (0..cluster.nodes.len()).collect();
+    let (net, ips, _added) = nodes_network(&cluster, &every);
     let done = cluster
-        .salloc(&["run", "--sim", "1", "--nic", &format!("{net}.0/24"), "--"])
+        .salloc(&["run", "--sim", "1", "--nic", &net, "--"])
         .args(["sh", "-c", "echo ip=$HCCL_IF_IP"])
         .run();
     done.assert_code(0);
@@ -508,8 +519,44 @@ fn nic_is_the_nodes_network_even_where_the_launcher_has_none() {
         .values()
         .filter_map(|l| l.first()?.strip_prefix("ip=").map(str::to_string))
         .collect();
+    let want: BTreeSet<String> = ips.into_values().collect();
     assert_eq!(got, want, "{}", done.describe());
     cluster.assert_nothing_left("after a job on the nodes' network");
+}
+
+/// Nodes that lack `--nic`'s network fail as they join: the error names those nodes, each
+/// with its reason, not the node that has it (srun ends the step once one agent failed, and
+/// that node's agent is lost with it).
+#[test]
+fn the_nodes_that_fail_as_they_join_are_named_not_those_lost_with_them() {
+    let cluster = cluster_or_skip!();
+    let (net, _ips, _added) = nodes_network(&cluster, &[0]);
+    let done = cluster
+        .salloc(&["run", "--sim", "1", "--nic", &net, "--", "true"])
+        .run();
+    let ip_of = cluster_ips(&cluster);
+    let err = done.err();
+    let error: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.starts_with("error: "))
+        .collect();
+    // Hosts are named `node (address)`.
+    let named = |node: &str| {
+        error
+            .iter()
+            .any(|l| l.contains(&format!("{node} ({})", ip_of[node])))
+    };
+    assert!(
+        done.code() == Some(2)
+            && error
+                .iter()
+                .all(|l| !l.contains("lost") && !l.contains("stopped before"))
+            && cluster.nodes[1..].iter().all(|n| named(n))
+            && !named(&cluster.nodes[0]),
+        "{}",
+        done.describe()
+    );
+    cluster.assert_nothing_left("after nodes failed as they joined");
 }
 
 /// Each node's address, by node name.

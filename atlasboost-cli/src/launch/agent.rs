@@ -1035,17 +1035,15 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
         pytorch,
         monitor: (settings.monitor_ms > 0).then(|| MonitorPlan {
             every: Duration::from_millis(settings.monitor_ms),
-            hosts: vec![HostMonitor {
-                host: config.host.clone(),
-                devices: super::monitor::monitored_devices(&prepared.devices, |d| {
-                    workers.iter().any(|w| w.device == d)
-                }),
-                machine_npus: prepared.devices.len() as u32,
-                telemetry: Arc::from(atlasboost::probe::telemetry_of(
+            hosts: vec![HostMonitor::new(
+                config.host.clone(),
+                &prepared.devices,
+                |d| workers.iter().any(|w| w.device == d),
+                Arc::from(atlasboost::probe::telemetry_of(
                     &config.discovery,
                     &config.server_id,
                 )),
-            }],
+            )],
         }),
         metrics: None,
     };

@@ -381,18 +381,19 @@ enum Fate {
     Succeeded,
     /// It failed of its own accord, its host was lost, or it never ran.
     Failed,
-    /// It ended once the attempt's end had begun (SIGTERM, SIGKILL, or its own handler of
-    /// them, even one that exits 0).
+    /// It ended once the attempt's end had begun: SIGTERM, SIGKILL, or its own handler of
+    /// them; one that exits 0 only when a signal to the launcher stopped the job (after a
+    /// failure, a remote worker that finished by itself may be heard of after the stop began).
     Stopped,
     /// Under `--mpi`: mpirun never started it.
     NotStarted,
 }
 
-fn fate(w: &WorkerResult) -> Fate {
+fn fate(w: &WorkerResult, interrupted: bool) -> Fate {
     match w.ending {
         Some(Ending::NotStarted) => Fate::NotStarted,
+        Some(e) if e.code() == 0 && !(w.stopped && interrupted) => Fate::Succeeded,
         Some(_) if w.stopped => Fate::Stopped,
-        Some(e) if e.code() == 0 => Fate::Succeeded,
         _ => Fate::Failed,
     }
 }
@@ -499,7 +500,12 @@ pub(crate) fn report(
         }
         return;
     };
-    let fates: Vec<Fate> = result.workers.iter().map(fate).collect();
+    let interrupted = result.interrupted.is_some();
+    let fates: Vec<Fate> = result
+        .workers
+        .iter()
+        .map(|w| fate(w, interrupted))
+        .collect();
     let count = |f: Fate| fates.iter().filter(|&&x| x == f).count();
     let (succeeded, failed, stopped, never) = (
         count(Fate::Succeeded),

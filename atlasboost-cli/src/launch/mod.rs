@@ -106,6 +106,9 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     // resolving names or loading the driver may block for long.
     let hosts =
         signals.exit_on_signal_during("reading the hosts", || plan_hosts(args, slurm, printer))?;
+    if !slurm {
+        check_ssh_identity(args, &hosts)?;
+    }
     // Refuse what cannot work before anything starts: this machine's probe, if it is one of
     // the hosts (a login node without NPUs launches remote hosts, whose agents probe theirs).
     if let Some(local) = hosts.iter().find(|h| h.local) {
@@ -789,16 +792,16 @@ fn local_monitors(
             let name = host.describe();
             let mine: Vec<WorkerPlan> =
                 workers.iter().filter(|w| w.host == name).cloned().collect();
-            (!mine.is_empty()).then(|| HostMonitor {
-                host: name,
-                devices: monitor::monitored_devices(devices, |d| {
-                    mine.iter().any(|w| w.device == d)
-                }),
-                machine_npus: devices.len() as u32,
-                telemetry: Arc::from(atlasboost::probe::telemetry_of(
-                    &launch.args.discovery,
-                    &host.server_id,
-                )),
+            (!mine.is_empty()).then(|| {
+                HostMonitor::new(
+                    name,
+                    devices,
+                    |d| mine.iter().any(|w| w.device == d),
+                    Arc::from(atlasboost::probe::telemetry_of(
+                        &launch.args.discovery,
+                        &host.server_id,
+                    )),
+                )
             })
         })
         .collect()
@@ -909,20 +912,33 @@ fn refuse_ssh_options(args: &RunSettings, slurm: bool) -> Result<(), CliError> {
             "{flag} applies to atlasboost's ssh sessions, and this launch opens none: srun \
              starts the agents (inside a Slurm allocation; --launcher ssh uses ssh instead)"
         ))),
-        // ssh only warns of an identity it cannot read (not at all with `LogLevel ERROR`)
-        // and goes on with other keys.
-        (false, false) => match &args.ssh_identity {
-            Some(key) if !key.is_file() => Err(CliError::Usage(format!(
-                "--ssh-identity {}: {}",
-                key.display(),
-                match std::fs::metadata(key) {
-                    Ok(_) => "not a file".to_string(),
-                    Err(e) => e.to_string(),
-                }
-            ))),
-            _ => Ok(()),
-        },
+        (false, false) => Ok(()),
     }
+}
+
+/// `--ssh-identity` is a file this launcher can read, when it opens ssh sessions: ssh only
+/// warns of one it cannot (not at all with `LogLevel ERROR`) and goes on with other keys. A
+/// leading `~/` is the home directory, as ssh reads it.
+fn check_ssh_identity(args: &RunSettings, hosts: &[HostPlan]) -> Result<(), CliError> {
+    let Some(key) = &args.ssh_identity else {
+        return Ok(());
+    };
+    if hosts.iter().all(|h| h.local) {
+        return Ok(());
+    }
+    let path = match (key.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) => std::path::PathBuf::from(home).join(rest),
+        _ => key.clone(),
+    };
+    let problem = match std::fs::File::open(&path) {
+        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => return Ok(()),
+        Ok(_) => "not a file".to_string(),
+        Err(e) => e.to_string(),
+    };
+    Err(CliError::Usage(format!(
+        "--ssh-identity {}: {problem}",
+        key.display()
+    )))
 }
 
 /// The hosts of a launch under Slurm: the allocation's (or those of -H/--hostfile, as Slurm
@@ -1393,14 +1409,22 @@ fn join(
         {
             break Err(l.error());
         }
-        let accounted = reports.iter().filter(|r| r.is_some()).count()
-            + failed.as_ref().map_or(0, |(f, _)| f.messages.len());
+        // Every remote host has reported (or, once the decision is out, is ready), failed or
+        // been lost: nothing more is coming.
+        let all_heard = remotes.iter().enumerate().all(|(position, r)| {
+            r.lost.is_some()
+                || match decision {
+                    Some(_) => r.ready,
+                    None => reports[remote_index[position]].is_some(),
+                }
+        });
         if failed
             .as_ref()
-            .is_some_and(|(_, until)| Instant::now() >= *until || accounted >= reports.len())
-            && let Some((f, _)) = failed.take()
+            .is_some_and(|(_, until)| Instant::now() >= *until || all_heard)
         {
-            break Err(lost.take().map_or_else(|| f.error(), |(l, _)| l.error()));
+            // The failures are the error (the post-loop check): a loss after them may be their
+            // consequence (srun ends the step once one agent failed).
+            break Err(CliError::Failure(String::new()));
         }
         if decision.is_some() && remotes.iter().all(|r| r.ready) {
             break Ok(None);
@@ -1419,27 +1443,35 @@ fn join(
                 Err(why) => garbled = Some(CliError::Failure(why)),
             }
         }
-        match heard.failure.or(garbled) {
-            Some(CliError::HostsLost { hosts, message }) => {
-                let (all, _) = lost
-                    .get_or_insert_with(|| (LostHosts::default(), Instant::now() + MORE_LOST_WAIT));
-                all.hosts.extend(hosts);
-                all.messages.push(message);
+        let mut other = None;
+        for failure in heard.failures.into_iter().chain(garbled) {
+            match failure {
+                CliError::HostsLost { hosts, message } => {
+                    let (all, _) = lost.get_or_insert_with(|| {
+                        (LostHosts::default(), Instant::now() + MORE_LOST_WAIT)
+                    });
+                    all.hosts.extend(hosts);
+                    all.messages.push(message);
+                }
+                CliError::Remote { message, code } => {
+                    let (all, _) = failed.get_or_insert_with(|| {
+                        (
+                            FailedHosts {
+                                messages: Vec::new(),
+                                code,
+                            },
+                            Instant::now() + MORE_LOST_WAIT,
+                        )
+                    });
+                    all.messages.push(message);
+                }
+                e => {
+                    other.get_or_insert(e);
+                }
             }
-            Some(CliError::Remote { message, code }) => {
-                let (all, _) = failed.get_or_insert_with(|| {
-                    (
-                        FailedHosts {
-                            messages: Vec::new(),
-                            code,
-                        },
-                        Instant::now() + MORE_LOST_WAIT,
-                    )
-                });
-                all.messages.push(message);
-            }
-            Some(e) => break Err(lost.take().map_or(e, |(l, _)| l.error())),
-            None => {}
+        }
+        if let Some(e) = other {
+            break Err(lost.take().map_or(e, |(l, _)| l.error()));
         }
         // With a host lost or failed, the join cannot succeed: it only listens for more such
         // news.
@@ -1567,6 +1599,12 @@ fn join(
     if shown {
         to_stderr("\n");
     }
+    // Hosts whose agents failed are the join's error, whatever ended it after them (a host
+    // lost, srun's end, the timeout); a signal still ends it as a signal.
+    let result = match (failed.take(), result) {
+        (Some((f, _)), Err(_)) => Err(f.error()),
+        (_, result) => result,
+    };
     // On the way out, the agents are told to stop (their channels close) before srun is
     // waited for.
     let interrupted = match result {
@@ -1667,8 +1705,8 @@ fn finish_join(
 struct Heard {
     /// Reports, by position in the tree.
     reports: Vec<(usize, Vec<u8>)>,
-    /// The first failure: a session that ended, an agent that reported one.
-    failure: Option<CliError>,
+    /// The failures, in the order heard: sessions that ended, agents that reported one.
+    failures: Vec<CliError>,
 }
 
 /// How long the join goes on gathering lost hosts after the first (see [`LostHosts`]).
@@ -1745,7 +1783,7 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> H
             Ok(Some(messages)) => {
                 for m in messages {
                     if let Err(e) = on_joining(remotes, h, m, &mut heard, printer) {
-                        heard.failure.get_or_insert(e);
+                        heard.failures.push(e);
                     }
                 }
             }
@@ -1767,16 +1805,16 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> H
                     said: r.err_tail(),
                 };
                 r.lost = Some(what.to_string());
-                heard.failure.get_or_insert(with_subtree(remotes, h, e));
+                heard.failures.push(with_subtree(remotes, h, e));
             }
             Err(why) => {
-                heard.failure.get_or_insert(CliError::Protocol {
+                heard.failures.push(CliError::Protocol {
                     host: remotes[h].host.clone(),
                     why: why.to_string(),
                 });
             }
         }
-        if heard.failure.is_some() {
+        if !heard.failures.is_empty() {
             break;
         }
     }

@@ -40,31 +40,49 @@ impl std::fmt::Debug for MonitorPlan {
     }
 }
 
-/// The devices of a host to sample: those of `devices` (its probe's) that its workers run on
-/// (`used`, logical ids), and those the job left out because they are unusable, so that a
-/// dead NPU's health stays in sight (an alert on it does not end because a restart planned
-/// around it).
-pub fn monitored_devices(devices: &[Device], used: impl Fn(u32) -> bool) -> Vec<Device> {
-    devices
-        .iter()
-        .filter(|d| used(d.logical_id) || !d.health.is_healthy())
-        .cloned()
-        .collect()
-}
-
 /// One host to sample.
 #[derive(Clone)]
 pub struct HostMonitor {
     /// The host, as messages name it.
     pub host: String,
-    /// The devices its workers use, as its probe found them, and its unusable ones that the
-    /// job left out (see [`monitored_devices`]).
+    /// The devices its workers use, as its probe found them, then its unusable ones that the
+    /// job left out (see [`HostMonitor::new`]).
     pub devices: Vec<Device>,
     /// How many devices its probe found (`--devices` applied): npu-exporter's
     /// `machine_npu_nums`.
     pub machine_npus: u32,
+    /// How many of `devices`, at their end, are outside the job (left out as unusable).
+    pub left_out: u32,
     /// Where their telemetry comes from.
     pub telemetry: Arc<dyn Telemetry>,
+}
+
+impl HostMonitor {
+    /// Host `host`, whose probe found `devices`, its workers on those `used` says (by logical
+    /// id). It samples those, then the ones the job left out because they are unusable, so that
+    /// a dead NPU's health stays in sight (an alert on it does not end because a restart
+    /// planned around it).
+    pub fn new(
+        host: String,
+        devices: &[Device],
+        used: impl Fn(u32) -> bool,
+        telemetry: Arc<dyn Telemetry>,
+    ) -> HostMonitor {
+        let (mut sampled, outside): (Vec<Device>, Vec<Device>) = devices
+            .iter()
+            .filter(|d| used(d.logical_id) || !d.health.is_healthy())
+            .cloned()
+            .partition(|d| used(d.logical_id));
+        let left_out = outside.len() as u32;
+        sampled.extend(outside);
+        HostMonitor {
+            host,
+            devices: sampled,
+            machine_npus: devices.len() as u32,
+            left_out,
+            telemetry,
+        }
+    }
 }
 
 impl std::fmt::Debug for HostMonitor {
@@ -87,6 +105,19 @@ pub struct WorkerStat {
     pub rss_kib: u64,
 }
 
+impl HostSample {
+    /// Its job devices' samples.
+    pub fn of_the_job(&self) -> &[DeviceSample] {
+        let job = self.devices.len().saturating_sub(self.left_out as usize);
+        &self.devices[..job]
+    }
+
+    /// The samples of its devices outside the job.
+    pub fn outside_job(&self) -> &[DeviceSample] {
+        &self.devices[self.of_the_job().len()..]
+    }
+}
+
 /// One sample of one host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostSample {
@@ -94,8 +125,10 @@ pub struct HostSample {
     pub host: String,
     /// How many devices its probe found.
     pub machine_npus: u32,
-    /// Its job devices, and its unusable ones.
+    /// Its job devices, then its unusable ones that the job left out.
     pub devices: Vec<DeviceSample>,
+    /// How many of `devices`, at their end, are outside the job.
+    pub left_out: u32,
     /// Its workers that run.
     pub workers: Vec<WorkerStat>,
 }
@@ -114,6 +147,7 @@ pub fn encode(sample: &HostSample) -> Vec<u8> {
     let mut w = compact::Writer::default();
     w.str(&sample.host);
     w.varint(u64::from(sample.machine_npus));
+    w.varint(u64::from(sample.left_out));
     w.varint(sample.devices.len() as u64);
     for d in &sample.devices {
         w.varint(u64::from(d.physical_id));
@@ -152,6 +186,7 @@ pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
     let mut r = Reader::new(bytes);
     let host = r.str("the host")?;
     let machine_npus = r.u32("the host's device count")?;
+    let left_out = r.u32("the count of devices left out")?;
     let n = r.varint("the device count")?;
     let mut devices = Vec::with_capacity(n.min(r.left() as u64) as usize);
     let small = |v: Option<u64>, what: &str| -> Result<Option<u32>, CompactError> {
@@ -201,10 +236,17 @@ pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
         });
     }
     r.finish("the sample")?;
+    if left_out as usize > devices.len() {
+        return Err(CompactError(format!(
+            "{left_out} devices left out of {}",
+            devices.len()
+        )));
+    }
     Ok(HostSample {
         host,
         machine_npus,
         devices,
+        left_out,
         workers,
     })
 }
@@ -318,6 +360,7 @@ pub fn sample_host(host: &HostMonitor, workers: &[(u32, i32)], cpu: &mut CpuCloc
         host: host.host.clone(),
         machine_npus: host.machine_npus,
         devices: host.telemetry.sample(&host.devices),
+        left_out: host.left_out,
         workers: cpu.stats(workers),
     }
 }
@@ -328,6 +371,7 @@ pub fn sample_json(sample: &HostSample) -> serde_json::Value {
         "host": sample.host,
         "machine_npus": sample.machine_npus,
         "devices": sample.devices,
+        "left_out": sample.outside_job().iter().map(|d| d.physical_id).collect::<Vec<_>>(),
         "workers": sample.workers.iter().map(|w| serde_json::json!({
             "rank": w.rank,
             "cpu_percent": f64::from(w.cpu_permille) / 10.0,
@@ -655,6 +699,7 @@ mod tests {
         let sample = HostSample {
             host: "10.0.0.1".into(),
             machine_npus: 16,
+            left_out: 1,
             devices: vec![
                 DeviceSample {
                     physical_id: 3,
@@ -688,6 +733,7 @@ mod tests {
             HostSample {
                 host: "10.0.0.1".into(),
                 machine_npus: 8,
+                left_out: 1,
                 devices: vec![
                     DeviceSample {
                         physical_id: 5,

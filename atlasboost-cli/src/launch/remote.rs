@@ -401,7 +401,7 @@ impl Remote {
 
     /// How this launcher's ssh process ended, once it has (`ssh was killed by SIGKILL`,
     /// `ssh exited 255`), without reaping it. Its output closes as it exits, a moment before
-    /// it can be waited for: 50 ms at most.
+    /// it can be waited for: 5 ms at most (the supervisor may have many hosts to hear of).
     fn ssh_ending(&self) -> Option<String> {
         use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
         let Link::Ssh(child) = &self.link else {
@@ -416,7 +416,7 @@ impl Remote {
         }
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-        for _ in 0..10 {
+        for _ in 0..5 {
             match waitid(Id::Pid(pid), flags) {
                 Ok(WaitStatus::Signaled(_, signal, _)) => {
                     return Some(say(super::channel::Ending::Signaled(signal)));
@@ -424,7 +424,7 @@ impl Remote {
                 Ok(WaitStatus::Exited(_, code)) => {
                     return Some(say(super::channel::Ending::Exited(code)));
                 }
-                Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(5)),
+                Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(1)),
                 // Reaped already, or not ours: nothing to tell.
                 _ => return None,
             }

@@ -107,14 +107,17 @@ pub fn lines(
     for h in hosts.iter().take(MAX_HOSTS) {
         let mut line = format!("  {}: {}/{} ranks", h.host, h.alive, h.ranks);
         if let Some(s) = h.sample {
-            let ai: Vec<u32> = s.devices.iter().filter_map(|d| d.ai_core_percent).collect();
+            // Load, memory and heat of the job's NPUs; those it left out as unusable are
+            // sampled for their health, named below.
+            let job = s.of_the_job();
+            let ai: Vec<u32> = job.iter().filter_map(|d| d.ai_core_percent).collect();
             if !ai.is_empty() {
                 let mean = ai.iter().sum::<u32>() as f64 / ai.len() as f64;
                 let max = ai.iter().max().copied().unwrap_or(0);
                 line.push_str(&format!(", AI core {mean:.0}% (max {max}%)"));
             }
-            let used: u64 = s.devices.iter().filter_map(|d| d.hbm_used_mb).sum();
-            let total: u64 = s.devices.iter().filter_map(|d| d.hbm_total_mb).sum();
+            let used: u64 = job.iter().filter_map(|d| d.hbm_used_mb).sum();
+            let total: u64 = job.iter().filter_map(|d| d.hbm_total_mb).sum();
             if total > 0 {
                 line.push_str(&format!(
                     ", HBM {:.1}/{:.1} GB",
@@ -122,7 +125,7 @@ pub fn lines(
                     total as f64 / 1024.0
                 ));
             }
-            if let Some(t) = s.devices.iter().filter_map(|d| d.temperature_c).max() {
+            if let Some(t) = job.iter().filter_map(|d| d.temperature_c).max() {
                 line.push_str(&format!(", {t}°C"));
             }
             let sick: Vec<String> = s
@@ -171,7 +174,17 @@ mod tests {
                     health: Some(Health::Unhealthy { code: 3 }),
                     ..DeviceSample::of(1)
                 },
+                // Left out of the job as unusable: named, not counted in the load.
+                DeviceSample {
+                    ai_core_percent: Some(99),
+                    hbm_used_mb: Some(30_000),
+                    hbm_total_mb: Some(32_768),
+                    temperature_c: Some(90),
+                    health: Some(Health::Unhealthy { code: 2 }),
+                    ..DeviceSample::of(5)
+                },
             ],
+            left_out: 1,
             workers: Vec::new(),
         };
         let hosts = [
@@ -193,7 +206,7 @@ mod tests {
             lines,
             [
                 "atlasboost: 3/4 ranks running on 2 hosts, 1:15; slowest: rank 3 at step 120",
-                "  10.0.0.1: 1/2 ranks, AI core 60% (max 80%), HBM 3.0/64.0 GB, 61°C, unhealthy: NPU 1",
+                "  10.0.0.1: 1/2 ranks, AI core 60% (max 80%), HBM 3.0/64.0 GB, 61°C, unhealthy: NPU 1, NPU 5",
                 "  10.0.0.2: 2/2 ranks",
             ]
         );

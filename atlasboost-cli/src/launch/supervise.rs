@@ -844,7 +844,8 @@ struct Supervisor<'a> {
     /// When the first SIGINT, SIGTERM or SIGHUP came, and which, whatever the stop did with it
     /// (one that comes while a failure already stops the job sets no `interrupted`).
     signalled: Option<(Instant, Signal)>,
-    /// The last signal (not SIGCHLD) and when it came, to tell one delivered twice.
+    /// The last signal acted on (not SIGCHLD, not an echo) and when it came, to tell one
+    /// delivered twice.
     last_signal: Option<(Instant, Signal)>,
     /// What the workers left behind has been sent SIGTERM.
     leftovers_stopped: bool,
@@ -2521,11 +2522,15 @@ impl<'a> Supervisor<'a> {
             return;
         }
         self.signalled.get_or_insert_with(|| (Instant::now(), s));
+        // Against the last signal acted on: a stream of one signal (a held Ctrl-C) does not
+        // stretch the window for ever.
         let now = Instant::now();
         let echo = self
             .last_signal
-            .replace((now, s))
             .is_some_and(|(at, last)| last == s && now.duration_since(at) < policy::ECHO);
+        if !echo {
+            self.last_signal = Some((now, s));
+        }
         let state = SignalState {
             agent: self.is_agent(),
             obeys_signals: matches!(&self.role, Role::Agent(up) if up.obeys_signals),

@@ -16,10 +16,14 @@ impl Validator {
         families: &mut Families,
     ) {
         let parts = s.split(',').count();
+        let mut comma_said = false;
         for (i, part) in s.split(',').enumerate() {
             // A comma with nothing after it (or before it, or another comma) is an empty
-            // address: said as the comma it is.
+            // address: said as the comma it is, once per value.
             if part.is_empty() && parts > 1 {
+                if std::mem::replace(&mut comma_said, true) {
+                    continue;
+                }
                 let place = match i {
                     0 => "a leading comma".to_string(),
                     _ if i + 1 == parts => "a trailing comma".to_string(),
@@ -176,5 +180,14 @@ mod tests {
             ["\"\" is not a valid IPv4 or IPv6 address"],
             "no comma: the empty value as it is"
         );
+        for value in [",", ",,"] {
+            assert_eq!(
+                said_of(value),
+                [format!(
+                    "{value:?} has a leading comma: an empty address between commas"
+                )],
+                "once per value"
+            );
+        }
     }
 }
