@@ -1418,13 +1418,14 @@ fn join(
                     None => reports[remote_index[position]].is_some(),
                 }
         });
+        // The failures are the error, not a loss after them (its consequence, as when srun
+        // ends the step once one agent failed).
         if failed
             .as_ref()
             .is_some_and(|(_, until)| Instant::now() >= *until || all_heard)
+            && let Some((f, _)) = failed.take()
         {
-            // The failures are the error (the post-loop check): a loss after them may be their
-            // consequence (srun ends the step once one agent failed).
-            break Err(CliError::Failure(String::new()));
+            break Err(f.error());
         }
         if decision.is_some() && remotes.iter().all(|r| r.ready) {
             break Ok(None);
