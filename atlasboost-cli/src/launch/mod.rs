@@ -1723,17 +1723,9 @@ struct LostHosts {
 impl LostHosts {
     /// One error naming them all.
     fn error(self) -> CliError {
-        let message = match self.messages.as_slice() {
-            [one] => one.clone(),
-            many => format!(
-                "{} were lost while the hosts joined:\n  {}",
-                counted(many.len(), "host"),
-                many.join("\n  ")
-            ),
-        };
         CliError::HostsLost {
+            message: several_hosts(&self.messages, "were lost while the hosts joined"),
             hosts: self.hosts,
-            message,
         }
     }
 }
@@ -1749,18 +1741,22 @@ struct FailedHosts {
 impl FailedHosts {
     /// One error naming them all, with the first one's code.
     fn error(self) -> CliError {
-        let message = match self.messages.as_slice() {
-            [one] => one.clone(),
-            many => format!(
-                "{} failed as the hosts joined:\n  {}",
-                counted(many.len(), "host"),
-                many.join("\n  ")
-            ),
-        };
         CliError::Remote {
-            message,
+            message: several_hosts(&self.messages, "failed as the hosts joined"),
             code: self.code,
         }
+    }
+}
+
+/// One host's message as it is, or several under a line that counts them (`3 hosts {what}:`).
+fn several_hosts(messages: &[String], what: &str) -> String {
+    match messages {
+        [one] => one.clone(),
+        many => format!(
+            "{} {what}:\n  {}",
+            counted(many.len(), "host"),
+            many.join("\n  ")
+        ),
     }
 }
 
