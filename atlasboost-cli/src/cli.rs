@@ -494,8 +494,8 @@ fn parse_sim_chip(s: &str) -> Result<String, String> {
     match Chip::from_driver_name(s) {
         Some(_) => Ok(s.to_string()),
         None => Err(format!(
-            "atlasboost has no rules for chip {s:?}: a 910 (910, 910A, 910ProB), 910B \
-             (910B1-910B4) or 910_93 (910_9391, ...) name"
+            "atlasboost has no rules for chip {s:?}: a 910 (910, 910A, 910B, 910ProB, \
+             910PremiumA), 910B (910B1-910B4) or 910_93 (910_9391, ...) name"
         )),
     }
 }

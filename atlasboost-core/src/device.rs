@@ -133,14 +133,24 @@ impl Chip {
     }
 
     /// The chip family of a driver chip name (`910`, `Ascend910B3`, `910_9391`), if known.
+    ///
+    /// As HCCL maps SoC names to device types (`dev_type.h`): a bare `910B` is a first 910
+    /// (with `910A`, `910ProA`, `910ProB`, `910PremiumA`); only a `910B` followed by a digit
+    /// (`910B1`-`910B4`, `910B2C`, `910B4-1`) is an Atlas A2.
     pub fn from_driver_name(name: &str) -> Option<Chip> {
         let lower = name.trim().to_ascii_lowercase();
         let bare = lower.strip_prefix("ascend").unwrap_or(&lower);
+        let a2_model = bare
+            .strip_prefix("910b")
+            .is_some_and(|model| model.starts_with(|c: char| c.is_ascii_digit()));
         if bare.starts_with("910_93") {
             Some(Chip::Ascend910_93)
-        } else if bare.starts_with("910b") {
+        } else if a2_model {
             Some(Chip::Ascend910B)
-        } else if bare == "910" || bare.starts_with("910a") || bare.starts_with("910pro") {
+        } else if ["910", "910a", "910b"].contains(&bare)
+            || bare.starts_with("910pro")
+            || bare.starts_with("910premium")
+        {
             Some(Chip::Ascend910)
         } else {
             None
@@ -409,6 +419,16 @@ mod tests {
         );
         assert_eq!(Chip::from_driver_name("910_9391"), Some(Chip::Ascend910_93));
         assert_eq!(Chip::from_driver_name("310P"), None);
+        // HCCL's own names: a bare 910B is a first 910; the A2 has a model number.
+        for first in ["910B", "Ascend910B", "910A", "910ProA", "910ProB", "910PremiumA"] {
+            assert_eq!(Chip::from_driver_name(first), Some(Chip::Ascend910), "{first}");
+        }
+        for a2 in ["910B1", "910B2C", "Ascend910B4", "910B4-1"] {
+            assert_eq!(Chip::from_driver_name(a2), Some(Chip::Ascend910B), "{a2}");
+        }
+        for unknown in ["910Bx", "910C", "9101", ""] {
+            assert_eq!(Chip::from_driver_name(unknown), None, "{unknown}");
+        }
         assert_eq!("910B".parse::<Chip>().unwrap(), Chip::Ascend910B);
         assert!("911".parse::<Chip>().is_err());
     }
