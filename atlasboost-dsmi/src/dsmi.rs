@@ -171,15 +171,16 @@ impl DsmiProbe {
         self
     }
 
-    /// Calls a driver function, again with backoff while it answers `TRY_AGAIN`, for at most
-    /// the retry bound.
+    /// Calls a driver function, again with backoff while it answers `TRY_AGAIN`, until the
+    /// probe's retry bound (`since` + the bound: one bound for the whole probe, not per call,
+    /// so that 16 devices of a driver still starting wait the bound once, not 16 times).
     fn call(
         &self,
+        since: Instant,
         function: &'static str,
         device: Option<u32>,
         mut f: impl FnMut() -> c_int,
     ) -> Result<(), DsmiError> {
-        let started = Instant::now();
         let mut pause = Duration::from_millis(20);
         let mut tries = 1;
         loop {
@@ -187,7 +188,7 @@ impl DsmiProbe {
             if code != TRY_AGAIN {
                 return check(function, device, code);
             }
-            let waited = started.elapsed();
+            let waited = since.elapsed();
             if waited >= self.retry {
                 return Err(DsmiError::StillStarting {
                     function,
@@ -204,9 +205,10 @@ impl DsmiProbe {
 
     fn devices(&self) -> Result<Vec<Device>, DsmiError> {
         let f = self.functions;
+        let since = Instant::now();
         let mut count: c_int = 0;
         // SAFETY: the function writes one int through a valid pointer (the header's contract).
-        match self.call("dsmi_get_device_count", None, || unsafe {
+        match self.call(since, "dsmi_get_device_count", None, || unsafe {
             (f.count)(&mut count)
         }) {
             // How the real driver answers on a host without a device.
@@ -228,7 +230,7 @@ impl DsmiProbe {
         }
         let mut ids: Vec<c_int> = vec![0; count as usize];
         // SAFETY: the buffer holds `count` ints, as the function is told.
-        self.call("dsmi_list_device", None, || unsafe {
+        self.call(since, "dsmi_list_device", None, || unsafe {
             (f.list)(ids.as_mut_ptr(), count)
         })?;
         let mut devices = Vec::with_capacity(ids.len());
@@ -242,8 +244,8 @@ impl DsmiProbe {
                     what: format!("device id {logical}"),
                 });
             };
-            let physical = self.physical_of(logical)?;
-            match self.device(logical, physical) {
+            let physical = self.physical_of(since, logical)?;
+            match self.device(since, logical, physical) {
                 Ok(d) => devices.push(d),
                 // Not the job's device: its failing calls are not the job's failure (unless
                 // the runtime's visible list names it, which needs it to map the others).
@@ -291,7 +293,7 @@ impl DsmiProbe {
 
     /// The RoCE address of a device: IPv4 asked first, then IPv6 (the caller's `ip_type`
     /// chooses the family on a real driver); `None` when the port has neither.
-    fn roce_address(&self, logical: u32) -> Result<Option<IpAddr>, DsmiError> {
+    fn roce_address(&self, since: Instant, logical: u32) -> Result<Option<IpAddr>, DsmiError> {
         let f = self.functions;
         for family in [raw::IPADDR_TYPE_V4, raw::IPADDR_TYPE_V6] {
             let mut ip = IpAddrT {
@@ -301,7 +303,7 @@ impl DsmiProbe {
             let mut mask = ip;
             // SAFETY: two valid ip_addr_t (20 bytes, checked at compile time) to read and
             // write.
-            let answer = self.call("dsmi_get_device_ip_address", Some(logical), || unsafe {
+            let answer = self.call(since, "dsmi_get_device_ip_address", Some(logical), || unsafe {
                 (f.ip)(logical as c_int, raw::DSMI_ROCE_PORT, 0, &mut ip, &mut mask)
             });
             match answer {
@@ -323,25 +325,25 @@ impl DsmiProbe {
     }
 
     /// The physical id of the device with this logical id.
-    fn physical_of(&self, logical: u32) -> Result<u32, DsmiError> {
+    fn physical_of(&self, since: Instant, logical: u32) -> Result<u32, DsmiError> {
         let f = self.functions;
         let mut physical: c_uint = 0;
         // SAFETY: one unsigned int written through a valid pointer.
-        self.call("dsmi_get_phyid_from_logicid", Some(logical), || unsafe {
+        self.call(since, "dsmi_get_phyid_from_logicid", Some(logical), || unsafe {
             (f.phyid)(logical, &mut physical)
         })?;
         Ok(physical)
     }
 
-    fn device(&self, logical: u32, physical: u32) -> Result<Device, DsmiError> {
+    fn device(&self, since: Instant, logical: u32, physical: u32) -> Result<Device, DsmiError> {
         let f = self.functions;
         let id = logical as c_int;
-        let ip = self.roce_address(logical)?;
+        let ip = self.roce_address(since, logical)?;
         let chip = match f.chip {
             Some(get) => {
                 let mut info = ChipInfo::default();
                 // SAFETY: a valid 96-byte struct to write into.
-                self.call("dsmi_get_chip_info", Some(logical), || unsafe {
+                self.call(since, "dsmi_get_chip_info", Some(logical), || unsafe {
                     get(id, &mut info)
                 })?;
                 raw::c_field(&info.chip_name)
@@ -352,7 +354,7 @@ impl DsmiProbe {
             Some(get) => {
                 let mut code: c_uint = 0;
                 // SAFETY: one unsigned int written through a valid pointer.
-                self.call("dsmi_get_device_health", Some(logical), || unsafe {
+                self.call(since, "dsmi_get_device_health", Some(logical), || unsafe {
                     get(id, &mut code)
                 })?;
                 // 0xFFFFFFFF, a device that is not alive, reads as offline.

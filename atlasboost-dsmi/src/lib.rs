@@ -85,7 +85,7 @@ pub enum DsmiError {
     },
     /// A driver function kept answering `TRY_AGAIN` (the driver is still starting).
     #[error(
-        "{function}({}) kept returning 51 (TRY_AGAIN: the driver is still starting); called {} over {:.1} s (ATLASBOOST_DSMI_RETRY_SECS sets how long)",
+        "{function}({}) kept returning 51 (TRY_AGAIN: the driver is still starting); called {}, the probe having waited {:.1} s for the driver (ATLASBOOST_DSMI_RETRY_SECS sets how long)",
         device.map_or(String::new(), |d| format!("device {d}")),
         if *tries == 1 { "once".to_string() } else { format!("{tries} times") },
         waited.as_secs_f64()
