@@ -3127,7 +3127,7 @@ fn the_default_probe_names_itself_and_counts_calls_in_words() {
     .expect_code(FAILURE)
     .stderr_has(&[
         "dsmi_get_device_count() kept returning 51",
-        "called once over",
+        "called once, the probe having waited",
     ]);
 }
 
