@@ -420,8 +420,19 @@ mod tests {
         assert_eq!(Chip::from_driver_name("910_9391"), Some(Chip::Ascend910_93));
         assert_eq!(Chip::from_driver_name("310P"), None);
         // HCCL's own names: a bare 910B is a first 910; the A2 has a model number.
-        for first in ["910B", "Ascend910B", "910A", "910ProA", "910ProB", "910PremiumA"] {
-            assert_eq!(Chip::from_driver_name(first), Some(Chip::Ascend910), "{first}");
+        for first in [
+            "910B",
+            "Ascend910B",
+            "910A",
+            "910ProA",
+            "910ProB",
+            "910PremiumA",
+        ] {
+            assert_eq!(
+                Chip::from_driver_name(first),
+                Some(Chip::Ascend910),
+                "{first}"
+            );
         }
         for a2 in ["910B1", "910B2C", "Ascend910B4", "910B4-1"] {
             assert_eq!(Chip::from_driver_name(a2), Some(Chip::Ascend910B), "{a2}");

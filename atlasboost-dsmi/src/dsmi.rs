@@ -303,9 +303,12 @@ impl DsmiProbe {
             let mut mask = ip;
             // SAFETY: two valid ip_addr_t (20 bytes, checked at compile time) to read and
             // write.
-            let answer = self.call(since, "dsmi_get_device_ip_address", Some(logical), || unsafe {
-                (f.ip)(logical as c_int, raw::DSMI_ROCE_PORT, 0, &mut ip, &mut mask)
-            });
+            let answer = self.call(
+                since,
+                "dsmi_get_device_ip_address",
+                Some(logical),
+                || unsafe { (f.ip)(logical as c_int, raw::DSMI_ROCE_PORT, 0, &mut ip, &mut mask) },
+            );
             match answer {
                 // An older driver writes its own type back: what it wrote is decoded.
                 Ok(()) => {
@@ -329,9 +332,12 @@ impl DsmiProbe {
         let f = self.functions;
         let mut physical: c_uint = 0;
         // SAFETY: one unsigned int written through a valid pointer.
-        self.call(since, "dsmi_get_phyid_from_logicid", Some(logical), || unsafe {
-            (f.phyid)(logical, &mut physical)
-        })?;
+        self.call(
+            since,
+            "dsmi_get_phyid_from_logicid",
+            Some(logical),
+            || unsafe { (f.phyid)(logical, &mut physical) },
+        )?;
         Ok(physical)
     }
 

@@ -589,13 +589,14 @@ pub fn host_workers(
             .find(|d| d.physical_id == physical)
             .map_or(physical, |d| d.logical_id)
     };
-    let visible = runtime_visible(
+    let (visible, runtime_index) = runtime_visible(
         &seats
             .iter()
             .map(|s| logical_of(s.physical_id))
             .collect::<Vec<_>>(),
         inherited_runtime_visible()?.as_deref(),
     );
+    let mut runtime_index = runtime_index.into_iter();
     let nic =
         atlasboost::host::JobNic::find(settings.nic.as_deref(), server_id).map_err(|why| {
             CliError::Usage(format!(
@@ -611,13 +612,15 @@ pub fn host_workers(
     let mut workers = Vec::new();
     for seat in seats {
         let logical_id = logical_of(seat.physical_id);
-        // With ASCEND_RT_VISIBLE_DEVICES listing this host's job devices in local-rank order,
-        // the runtime numbers them 0..n-1: device LOCAL_RANK is the table's device, whatever
-        // a script selects it by (set_device(LOCAL_RANK), DEVICE_ID, ASCEND_DEVICE_ID).
+        // With ASCEND_RT_VISIBLE_DEVICES listing this host's job devices, the runtime numbers
+        // them 0..n-1: DEVICE_ID (and ASCEND_DEVICE_ID) is the table's device, and so is
+        // device LOCAL_RANK (set_device(LOCAL_RANK)) wherever the driver numbers devices in
+        // physical order, as it does outside unusual containers (see runtime_visible).
+        let index = runtime_index.next().unwrap_or(seat.world.local_rank);
         let env = worker_env(&WorkerSpec {
             seat: &seat,
             table_path: &settings.rank_table,
-            logical_id: seat.world.local_rank,
+            logical_id: index,
             framework,
             job_id,
             master_addr: &part.answer.master_addr,
@@ -688,25 +691,41 @@ fn bind_cores(seats: &[Seat], host: &str) -> Result<Vec<Vec<usize>>, CliError> {
         .map_err(|why| CliError::Failure(format!("--bind-cores: host {host}: {why}")))
 }
 
-/// `ASCEND_RT_VISIBLE_DEVICES` for a host's workers: the driver's logical ids of its job
-/// devices, in local-rank order. `logical` are the ids the probe reported; when the launcher
-/// (or agent) itself ran under an `ASCEND_RT_VISIBLE_DEVICES`, the probe renumbered the listed
+/// `ASCEND_RT_VISIBLE_DEVICES` for a host's workers, and each worker's device in it (the
+/// index its runtime gives it: its `DEVICE_ID`). `logical` are the driver's logical ids of the
+/// job's devices, in local-rank order, as the probe reported them; when the launcher (or
+/// agent) itself ran under an `ASCEND_RT_VISIBLE_DEVICES`, the probe renumbered the listed
 /// devices 0..n-1 in ascending order, so each id is mapped back through that list.
-pub fn runtime_visible(logical: &[u32], inherited: Option<&[u32]>) -> String {
-    let mut sorted: Vec<u32> = inherited.map(<[u32]>::to_vec).unwrap_or_default();
-    sorted.sort_unstable();
-    logical
+///
+/// The runtime takes ascending ids only (it stops reading at the first that is not), so the
+/// list is sorted. Where the driver numbers devices in physical order (local ranks follow
+/// physical ids) each worker's index is its local rank; where it does not (a driver or
+/// container that numbers them otherwise), `DEVICE_ID` still selects the rank's device.
+pub fn runtime_visible(logical: &[u32], inherited: Option<&[u32]>) -> (String, Vec<u32>) {
+    let mut through: Vec<u32> = inherited.map(<[u32]>::to_vec).unwrap_or_default();
+    through.sort_unstable();
+    let ids: Vec<u32> = logical
         .iter()
         .map(|&l| {
-            sorted
+            through
                 .get(l as usize)
                 .copied()
                 .filter(|_| inherited.is_some())
                 .unwrap_or(l)
-                .to_string()
         })
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    let index = ids
+        .iter()
+        .map(|id| sorted.partition_point(|s| s < id) as u32)
+        .collect();
+    let list = sorted
+        .iter()
+        .map(u32::to_string)
         .collect::<Vec<_>>()
-        .join(",")
+        .join(",");
+    (list, index)
 }
 
 /// The `ASCEND_RT_VISIBLE_DEVICES` the probe of this host ran under: this process's own (the
@@ -1246,11 +1265,25 @@ mod tests {
     }
 
     #[test]
-    fn the_runtime_view_lists_the_drivers_ids_in_local_rank_order() {
-        assert_eq!(runtime_visible(&[4, 5, 6, 7], None), "4,5,6,7");
+    fn the_runtime_view_lists_the_drivers_ids_ascending_and_each_workers_index() {
+        let view = runtime_visible;
+        assert_eq!(
+            view(&[4, 5, 6, 7], None),
+            ("4,5,6,7".into(), vec![0, 1, 2, 3])
+        );
         // The probe ran under ASCEND_RT_VISIBLE_DEVICES=6,2,7: it saw 2, 6, 7 as 0, 1, 2.
-        assert_eq!(runtime_visible(&[1, 2], Some(&[6, 2, 7])), "6,7");
-        assert_eq!(runtime_visible(&[], None), "");
+        assert_eq!(view(&[1, 2], Some(&[6, 2, 7])), ("6,7".into(), vec![0, 1]));
+        assert_eq!(view(&[], None), (String::new(), vec![]));
+        // A driver numbering physical 7, 6, 5, 4 as logical 0..3: local ranks 0..3 (physical
+        // order) are logical 3, 2, 1, 0. The runtime reads ascending ids only.
+        assert_eq!(
+            view(&[3, 2, 1, 0], None),
+            ("0,1,2,3".into(), vec![3, 2, 1, 0])
+        );
+        assert_eq!(
+            view(&[1, 0, 3, 2], None),
+            ("0,1,2,3".into(), vec![1, 0, 3, 2])
+        );
     }
 
     #[test]

@@ -2101,9 +2101,16 @@ fn write_fake_frameworks(dir: &Path) -> PathBuf {
              def driver_physical(logical):\n\
              \x20   phys = os.environ.get('ATLASBOOST_FAKE_DSMI_PHYSICAL')\n\
              \x20   return int(phys.split(',')[logical]) if phys else logical\n\
+             def visible():\n\
+             \x20   # CANN reads ascending ids only, and stops at the first that is not.\n\
+             \x20   ids = []\n\
+             \x20   for part in os.environ['ASCEND_RT_VISIBLE_DEVICES'].split(','):\n\
+             \x20       if ids and int(part) <= ids[-1]: break\n\
+             \x20       ids.append(int(part))\n\
+             \x20   return ids\n\
              def physical_of(n):\n\
              \x20   rt = os.environ.get('ASCEND_RT_VISIBLE_DEVICES')\n\
-             \x20   logical = int(rt.split(',')[n]) if rt else n\n\
+             \x20   logical = visible()[n] if rt else n\n\
              \x20   return driver_physical(logical)\n",
         ),
         ("torch_npu/__init__.py", "from . import npu\n"),
@@ -2259,6 +2266,37 @@ fn every_framework_selects_the_tables_device_with_subsets_and_container_views() 
         "{}",
         out.stdout
     );
+    // A driver that numbers physical 7, 6, 5, 4 as logical 0-3: the runtime's list can only
+    // be ascending, so the devices the ranks select by DEVICE_ID and ASCEND_DEVICE_ID are each
+    // the table's (set_device(LOCAL_RANK) is not: docs/devices.md).
+    let out = run_env(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--probe",
+            "dsmi",
+            "-H",
+            "127.0.0.1",
+            "--",
+            "python3",
+            worker,
+        ],
+        &[
+            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+            ("ATLASBOOST_FAKE_DSMI_PHYSICAL", "7,6,5,4"),
+        ],
+    );
+    out.expect_code(SUCCESS);
+    let got = selected_devices(&out);
+    assert_eq!(got.len(), 4, "{}", out.stdout);
+    for (table, [_, mindspore, tensorflow]) in &got {
+        assert!(
+            mindspore == table && tensorflow == table,
+            "{got:?}\n{}",
+            out.stdout
+        );
+    }
     // A value that names a device the host does not have is the variable's error.
     run_env(
         dir.path(),

@@ -316,8 +316,14 @@ fn a_driver_still_starting_is_retried_within_the_bound() {
         (EnvVars::ATLASBOOST_DSMI_RETRY_SECS, "0.5"),
     ]);
     let waited = started.elapsed();
-    assert!(waited >= std::time::Duration::from_millis(500), "{waited:?}");
-    assert!(waited < std::time::Duration::from_secs(4), "{waited:?}: {e}");
+    assert!(
+        waited >= std::time::Duration::from_millis(500),
+        "{waited:?}"
+    );
+    assert!(
+        waited < std::time::Duration::from_secs(4),
+        "{waited:?}: {e}"
+    );
     assert!(
         e.contains("dsmi_get_device_health(device 0) kept returning 51 (TRY_AGAIN")
             && e.contains(" times, the probe having waited 0.5 s"),
