@@ -313,11 +313,15 @@ impl Job {
 /// The process-wide job of the bindings (Python, C), whose API has no handle: `init()` once,
 /// then `rank()` and friends, then `shutdown()`.
 pub mod session {
+    use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::{Mutex, MutexGuard};
 
     use super::{InitError, InitOptions, Job, init};
 
     static JOB: Mutex<Option<Job>> = Mutex::new(None);
+
+    /// The process that started the job: only it ends it.
+    static OWNER: AtomicU32 = AtomicU32::new(0);
 
     fn job() -> MutexGuard<'static, Option<Job>> {
         // A panic while holding the lock leaves a consistent Option behind.
@@ -334,6 +338,7 @@ pub mod session {
         let mut slot = job();
         if slot.is_none() {
             *slot = Some(init(opts)?);
+            OWNER.store(std::process::id(), Ordering::Relaxed);
         }
         Ok(())
     }
@@ -358,9 +363,18 @@ pub mod session {
 
     /// Ends the job: MPI is finalised if atlasboost initialised it. Later calls need
     /// [`start`] again. Does nothing before [`start`].
+    ///
+    /// In a child forked after [`start`] (whose `atexit` handlers, Python's or C's, run this
+    /// too) it only forgets the job: ending it there would release the parent's table lock
+    /// (the child shares its open lock file) and call `MPI_Finalize` in a process MPI does
+    /// not know, which waits for ever.
     pub fn shutdown() {
         let ended = job().take();
-        drop(ended);
+        if OWNER.load(Ordering::Relaxed) == std::process::id() {
+            drop(ended);
+        } else {
+            std::mem::forget(ended);
+        }
     }
 }
 

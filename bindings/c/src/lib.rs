@@ -391,7 +391,8 @@ pub extern "C" fn atlasboost_set_device_id(id: c_int) -> c_int {
 ///
 /// Under `mpirun`, call it before the program exits: a process that initialised MPI and exits
 /// without finalising it makes `mpirun` fail the job ("exiting improperly"). `atexit` is a good
-/// place for it.
+/// place for it. In a child forked after `atlasboost_init()` (where that handler runs too) it
+/// ends nothing: the job, its table lock and MPI stay the parent's.
 ///
 /// Returns ATLASBOOST_OK, also when there was nothing to end (so it may be called twice, e.g.
 /// from an `atexit` handler), or ATLASBOOST_ERR_INTERNAL.

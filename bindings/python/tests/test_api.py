@@ -237,6 +237,28 @@ def test_init_sets_the_variables_in_os_environ_and_for_child_processes(tmp_path:
     assert "running as a world of one" in r.stderr, r.describe()
 
 
+def test_a_forked_child_that_exits_leaves_the_parents_job(tmp_path: Path) -> None:
+    # The child's exit runs the shutdown() that init() registered with atexit: it must not end
+    # the parent's job (release its table lock; under mpirun, finalise MPI and hang).
+    code = """
+        import os, sys, atlasboost
+        atlasboost.init()
+        lock = os.environ["RANK_TABLE_FILE"] + ".lock"
+        before = os.path.exists(lock)
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)                    # a normal exit: atexit handlers run
+        os.waitpid(child, 0)
+        after_child = os.path.exists(lock)
+        print(atlasboost.rank(), atlasboost.size())
+        atlasboost.shutdown()
+        print(before, after_child, os.path.exists(lock))
+    """
+    r = run_python(code, env=alone_env(tmp_path))
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.split() == ["0", "1", "True", "True", "False"], r.describe()
+
+
 def test_omp_num_threads_defaults_to_1(tmp_path: Path) -> None:
     code = "import os, atlasboost; atlasboost.init(); print(os.environ['OMP_NUM_THREADS'])"
     env = alone_env(tmp_path)

@@ -22,6 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "atlasboost.h"
 
@@ -396,6 +399,9 @@ static int launched(void) {
 
 static int alone(void) {
     const char *table, *e;
+    char lock[4096];
+    pid_t child;
+    int status = 0;
     if (getenv("RANK_ID") != NULL || getenv("ATLASBOOST_RANK") != NULL) {
         fail("run this mode without a launcher's variables");
     }
@@ -414,7 +420,20 @@ static int alone(void) {
     e = last_error_or("");
     check(mentions_device(e, 1) && mentions_device(e, 0),
           "set_device_id(1)'s message names device 1 and device 0 (%s)", e);
+    /* A child forked now that finalizes as it exits (an atexit(atlasboost_finalize), as the
+       header suggests, runs in it too) must leave the parent's job alone: its table lock. */
+    snprintf(lock, sizeof lock, "%s.lock", table);
+    check(file_exists(lock), "the table's lock %s exists while the job runs", lock);
+    child = fork();
+    if (child == 0) {
+        _exit(atlasboost_finalize() == ATLASBOOST_OK ? 0 : 1);
+    }
+    check(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+              WEXITSTATUS(status) == 0,
+          "a forked child's finalize() returns OK");
+    check(file_exists(lock), "the lock is still there after a forked child's finalize()");
     check_code(atlasboost_finalize(), ATLASBOOST_OK, "finalize()");
+    check(!file_exists(lock), "the parent's finalize() removed the lock");
     return 0;
 }
 
