@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     // SAFETY: this program starts no thread of its own, and init() has stopped its own.
     unsafe { job.export_env() };
     println!(
-        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={} mpi={} gloo={} hccl_if_ip={} cpus={}",
+        "rank={} launcher_rank={} size={} local_rank={} device={} physical={} server={} table={} via={:?} rank_id={} mpi={} gloo={} hccl_if_ip={} cpus={} master={}:{}",
         job.world.rank,
         job.launcher_rank,
         job.world.size,
@@ -73,6 +73,8 @@ fn main() -> ExitCode {
                     .map(|l| l.trim().to_string())
             })
             .unwrap_or_default(),
+        std::env::var("MASTER_ADDR").unwrap_or_default(),
+        std::env::var("MASTER_PORT").unwrap_or_default(),
     );
     if let Some(file) = hold_until {
         let _ = std::io::stdout().flush();

@@ -537,8 +537,9 @@ struct Claim {
     local_rank: u32,
     /// Its device, or why it has none.
     device: Result<Device, String>,
-    /// Launcher rank 0 only: the job's `MASTER_ADDR` and `MASTER_PORT`, so every process gets
-    /// the same.
+    /// The job's `MASTER_ADDR` and `MASTER_PORT` if this process becomes its `RANK` 0 (each
+    /// process's host and a free port there), or the launcher's (launcher rank 0 only), so
+    /// that every process gets the same ([`master_of`]).
     master: Option<(String, u16)>,
     /// The table it asks for; every process must ask for the same.
     #[serde(default)]
@@ -908,7 +909,7 @@ fn agree(
     check_outcome(outcome, rank, shared)?;
     let device = device.map_err(InitError::Device)?;
     let seat = Seat::find(&table, &shared.server_id, device.physical_id)?;
-    let mut job = job_from_seat(&seat, shared, &device, rank, master_of(&claims))?;
+    let mut job = job_from_seat(&seat, shared, &device, rank, master_of(&claims, &table))?;
     job._table_lock = lock;
     Ok(job)
 }
@@ -937,7 +938,7 @@ fn agree_zmq(
                     let (table, written, lock) = settle(&claims, rank, shared)?;
                     let device = device.clone().map_err(InitError::Device)?;
                     let seat = Seat::find(&table, &shared.server_id, device.physical_id)?;
-                    Ok((seat, written, master_of(&claims), lock))
+                    Ok((seat, written, master_of(&claims, &table), lock))
                 });
             match settled {
                 Ok(settled) => settled,
@@ -1018,7 +1019,7 @@ fn answer_claims(payloads: &[Vec<u8>]) -> Result<(Replies, Vec<String>), String>
     if atlasboost_core::ranktable::chip_of_devices(&devices).is_err() {
         return Ok(everyone(common));
     }
-    let master = master_of(&claims);
+    let master = master_of(&claims, &table);
     let Ok(seats) = Seat::all(&table) else {
         return Ok(everyone(common));
     };
@@ -1073,13 +1074,22 @@ fn answer_statuses(payloads: &[Vec<u8>], hosts: &[String]) -> Result<Replies, St
 /// This process's claim, and its device (or why it has none).
 fn make_claim(rank: u32, local_rank: u32, shared: &Shared) -> (Claim, Result<Device, String>) {
     let device = my_device(&shared.server_id, local_rank);
-    let master = (rank == 0).then(|| {
+    // Launcher rank 0 offers the launcher's MASTER_ADDR and MASTER_PORT (or its host and a
+    // free port there). The others offer their host and a free port, for the case where one
+    // of them becomes the table's rank 0: RANK is the table's, and torch's env:// store
+    // listens in the process whose RANK is 0 (see `master_of`). Under torchrun the store is
+    // its agent's, at the launcher's address: only launcher rank 0 offers.
+    let master = if rank == 0 {
         let addr = env(EnvVars::MASTER_ADDR).unwrap_or_else(|| shared.server_id.clone());
         let port = env(EnvVars::MASTER_PORT)
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| free_port("0.0.0.0"));
-        (addr, port)
-    });
+        Some((addr, port))
+    } else if env(EnvVars::TORCHELASTIC_RUN_ID).is_none() {
+        Some((shared.server_id.clone(), free_port("0.0.0.0")))
+    } else {
+        None
+    };
     let claim = Claim {
         rank,
         server_id: shared.server_id.clone(),
@@ -1226,9 +1236,24 @@ fn check_outcome(outcome: Outcome, rank: u32, shared: &Shared) -> Result<(), Ini
     }
 }
 
-/// Launcher rank 0's `MASTER_ADDR` and `MASTER_PORT`, from its claim.
-fn master_of(claims: &[Claim]) -> Option<(String, u16)> {
-    claims.iter().find_map(|c| c.master.clone())
+/// The job's `MASTER_ADDR` and `MASTER_PORT`: those offered by the process that is the table's
+/// rank 0 (`RANK=0`); launcher rank 0's (the launcher's own) when that is the same process,
+/// as it mostly is, or under torchrun.
+fn master_of(claims: &[Claim], table: &RankTable) -> Option<(String, u16)> {
+    let first = Seat::all(table)
+        .ok()
+        .and_then(|seats| seats.into_iter().find(|s| s.world.rank == 0));
+    let table_rank_0 = first.and_then(|seat| {
+        claims.iter().find(|c| {
+            c.server_id == seat.server_id
+                && c.device
+                    .as_ref()
+                    .is_ok_and(|d| d.physical_id == seat.physical_id)
+        })
+    });
+    table_rank_0
+        .and_then(|c| c.master.clone())
+        .or_else(|| claims.iter().find_map(|c| c.master.clone()))
 }
 
 /// Every claim's device, or an error naming the first rank without one and any two ranks

@@ -338,6 +338,23 @@ fn run_mpi_passes_format_and_rank_order_to_init_which_writes_the_launchers_table
             })
             .collect();
         assert_eq!(ids.into_iter().collect::<Vec<_>>(), want, "{order}");
+        // Every rank's MASTER_ADDR is where RANK 0 (the table's rank 0) is, with one port:
+        // torch's env:// store listens there. In host order that is launcher rank 0, which
+        // passes on the launcher's address; in server-id order launcher rank 2, on 10.9.0.1.
+        let masters: std::collections::BTreeSet<String> = reports(&f.out())
+            .iter()
+            .map(|r| r["master"].clone())
+            .collect();
+        let master = masters.iter().next().cloned().unwrap_or_default();
+        let want = match order {
+            "hosts" => "127.0.0.1:",
+            _ => "10.9.0.1:",
+        };
+        assert!(
+            masters.len() == 1 && master.starts_with(want),
+            "{order}: {masters:?}\n{}",
+            f.describe()
+        );
     }
     // The legacy format orders servers by id: refused before mpirun starts.
     let f = Run::new(["run", "--mpi", "--sim", "8", "--format", "legacy"])
