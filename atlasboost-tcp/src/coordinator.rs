@@ -184,6 +184,9 @@ impl Coordinator {
         socket
             .set_backlog(4096)
             .map_err(zmq_err("set the listen backlog"))?;
+        // IPv6 too: a `tcp://[::]:PORT` bind then takes both families (an IPv4 one is
+        // unchanged).
+        socket.set_ipv6(true).map_err(zmq_err("allow IPv6"))?;
         socket
             .bind(&config.bind)
             .map_err(zmq_err(&format!("bind {}", config.bind)))?;

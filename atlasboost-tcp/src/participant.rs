@@ -125,6 +125,8 @@ impl ZmqRendezvous {
         socket
             .set_maxmsgsize(config.max_message as i64)
             .map_err(zmq_err("set the message size limit"))?;
+        // An IPv6 coordinator (`tcp://[::1]:PORT`) is reachable only so.
+        socket.set_ipv6(true).map_err(zmq_err("allow IPv6"))?;
         socket
             .connect(&config.endpoint)
             .map_err(zmq_err(&format!("connect to {}", config.endpoint)))?;

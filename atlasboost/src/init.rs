@@ -734,10 +734,13 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
     let (bind, endpoint) = match (&c.master_addr, local) {
         (Some(master), _) => {
             let port = rendezvous_port(c)?;
-            (
-                format!("tcp://0.0.0.0:{port}"),
-                format!("tcp://{}", master_endpoint(master, port)?),
-            )
+            let endpoint = master_endpoint(master, port)?;
+            // An IPv6 master: every address of both families (the sockets allow IPv6).
+            let any = match endpoint.starts_with('[') {
+                true => "[::]",
+                false => "0.0.0.0",
+            };
+            (format!("tcp://{any}:{port}"), format!("tcp://{endpoint}"))
         }
         (None, Some(local)) => (local.clone(), local),
         (None, None) => {

@@ -172,6 +172,28 @@ fn init_with_torchrun_variables_meets_over_zeromq() {
     assert_eq!(servers.len(), 2, "two simulated hosts: {reports:?}");
 }
 
+/// torchrun with an IPv6 `MASTER_ADDR` (`::1`): rank 0's coordinator listens on both families
+/// and the others reach it. Skipped, saying so, where this machine has no IPv6 loopback.
+#[test]
+fn init_with_an_ipv6_master_meets_over_zeromq() {
+    if let Err(why) = std::net::TcpListener::bind("[::1]:0") {
+        eprintln!("skipped: this machine has no IPv6 loopback ([::1]: {why})");
+        return;
+    }
+    let port = free_port_pair();
+    let (launches, _) = start_workers(2, &[], Duration::from_secs(60), |r| {
+        let mut vars = torchrun_vars(r, 2, 2, port);
+        for (k, v) in &mut vars {
+            if k == "MASTER_ADDR" {
+                *v = "::1".to_string();
+            }
+        }
+        vars
+    });
+    let finished: Vec<Finished> = launches.into_iter().map(Launch::wait).collect();
+    check_job(&reports_of(&finished), 2, "Zmq");
+}
+
 /// `ATLASBOOST_BIND_CORES=1`: two ranks of one host, each bound by its own `init()` to its
 /// half of the allowed CPUs (no DCMI: an even split), as `run --bind-cores` would.
 #[test]
