@@ -408,6 +408,37 @@ fn violations_quote_values_briefly_and_say_what_is_wrong() {
     assert!(server.ends_with(" bytes in all)"), "{server}");
 }
 
+/// A server the validator cannot read (not an object, no device list) is named, and hides its
+/// ranks: the others' are not called out of range or missing because of it.
+#[test]
+fn an_unreadable_server_does_not_make_the_other_ranks_wrong() {
+    let second = r#"{"server_id": "10.0.0.2", "device": [
+        {"device_id": "0", "device_ip": "10.1.0.1", "rank_id": "2"},
+        {"device_id": "1", "device_ip": "10.1.0.2", "rank_id": "3"}]}"#;
+    for first in [
+        r#""10.0.0.1""#,
+        r#"{"server_id": "10.0.0.1"}"#,
+        r#"{"server_id": "10.0.0.1", "device": {}}"#,
+    ] {
+        let text = format!(
+            r#"{{"version": "1.0", "server_count": "2", "status": "completed",
+                "server_list": [{first}, {second}]}}"#
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let violations = validate_value(&v, Chip::Ascend910);
+        assert!(
+            violations
+                .iter()
+                .any(|x| x.path.starts_with("$.server_list[0]")),
+            "{first}: {violations:#?}"
+        );
+        assert!(
+            violations.iter().all(|x| x.rule != Rule::RankIds),
+            "{first}: {violations:#?}"
+        );
+    }
+}
+
 /// More than any rank table is refused before it is parsed (`/dev/zero` would fill memory).
 #[test]
 fn a_file_larger_than_any_rank_table_is_refused() {

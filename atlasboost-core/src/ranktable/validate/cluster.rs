@@ -92,7 +92,10 @@ impl Validator {
 
         for (si, server) in items(servers) {
             let spath = || format!("$.server_list[{si}]");
+            // A server that cannot be read hides its ranks: none is missing or out of range
+            // because of it (`complete`).
             let Some(sobj) = self.object(server, &spath) else {
+                complete = false;
                 continue;
             };
             let sid = self.server_id(sobj, &spath);
@@ -128,6 +131,7 @@ impl Validator {
             }
             self.string(sobj, "host_nic_ip", &spath, false);
             let Some(devices) = self.array(sobj, "device", &spath) else {
+                complete = false;
                 continue;
             };
             let device_total = devices.len().unwrap_or(0);
