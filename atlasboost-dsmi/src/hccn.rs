@@ -44,8 +44,10 @@ pub fn parse_hccn_conf(text: &str, path: &Path) -> Result<BTreeMap<u32, IpAddr>,
             problems.push(format!("line {line_no}: key {key:?} has no _<id> suffix"));
             continue;
         };
+        // Digits only: `parse` would also take `+1`.
+        let digits = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit());
         let id = match id.parse::<u32>() {
-            Ok(id) if id <= MAX_PHYSICAL_ID => id,
+            Ok(id) if digits && id <= MAX_PHYSICAL_ID => id,
             _ => {
                 problems.push(format!(
                     "line {line_no}: {key:?} does not end in a device id 0-{MAX_PHYSICAL_ID}"
@@ -129,9 +131,17 @@ impl HccnProbe {
     }
 
     fn devices(&self) -> Result<Vec<Device>, DsmiError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|source| DsmiError::Read {
+        let bytes = std::fs::read(&self.path).map_err(|source| DsmiError::Read {
             path: self.path.clone(),
             source,
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+            let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+            DsmiError::BadHccnConf {
+                path: self.path.clone(),
+                problems: vec![format!("line {line} is not UTF-8 text")],
+            }
         })?;
         let devices = parse_hccn_conf(&text, &self.path)?
             .into_iter()
@@ -198,7 +208,7 @@ mod tests {
         let text = "address_0=10.0.0.1\naddress_0=10.0.0.2\naddress_1=10.0.0.1\n\
                     address_2=10.0.0.300\naddress_x=1.2.3.4\nnonsense\nnetmask=1\n\
                     address_3=0.0.0.0\naddress_4=255.255.255.255\naddress_5=127.0.0.1\n\
-                    address_6=224.0.0.1\naddress_7=::1\n";
+                    address_6=224.0.0.1\naddress_7=::1\naddress_+1=10.0.0.9\n";
         let e = parse(text).unwrap_err();
         for want in [
             "line 2: address_0 is given again (first on line 1)",
@@ -212,6 +222,7 @@ mod tests {
             "line 10: address_5=127.0.0.1 is a loopback address",
             "line 11: address_6=224.0.0.1 is a multicast address",
             "line 12: address_7=::1 is a loopback address",
+            "line 13: \"address_+1\" does not end in a device id",
         ] {
             assert!(e.contains(want), "{want:?} missing from:\n{e}");
         }

@@ -49,6 +49,18 @@ fn a_broken_file_is_reported_with_line_numbers() {
 }
 
 #[test]
+fn a_file_that_is_not_utf8_is_named_with_its_line() {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(b"address_0=10.0.0.1\n# caf\xe9\naddress_1=10.0.0.2\n")
+        .unwrap();
+    let _env = Env::set(&[]);
+    let e = HccnProbe::new("h", f.path()).unwrap().probe().unwrap_err();
+    let text = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(text.contains("line 2 is not UTF-8 text"), "{text}");
+    assert!(text.contains(&f.path().display().to_string()), "{text}");
+}
+
+#[test]
 fn a_container_mount_filters_and_renumbers_the_file_s_devices() {
     let text: String = (0..8)
         .map(|p| format!("address_{p}=10.1.0.{}\n", p + 1))
