@@ -328,6 +328,13 @@ pub mod session {
         JOB.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Held by [`start`] and [`shutdown`] for their whole length.
+    static STARTING: Mutex<()> = Mutex::new(());
+
+    fn starting() -> MutexGuard<'static, ()> {
+        STARTING.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Initialises the process's job, once: a second call returns the first one's result
     /// without a second rendezvous (as the original tool's `init()`).
     ///
@@ -335,9 +342,12 @@ pub mod session {
     ///
     /// As [`init`].
     pub fn start(opts: &InitOptions) -> Result<(), InitError> {
-        let mut slot = job();
-        if slot.is_none() {
-            *slot = Some(init(opts)?);
+        // One start at a time; the job itself is not held while the rendezvous waits, so that
+        // other threads' queries answer (NotInitialized) at once instead of waiting with it.
+        let _starting = starting();
+        if job().is_none() {
+            let started = init(opts)?;
+            *job() = Some(started);
             OWNER.store(std::process::id(), Ordering::Relaxed);
         }
         Ok(())
@@ -369,6 +379,8 @@ pub mod session {
     /// (the child shares its open lock file) and call `MPI_Finalize` in a process MPI does
     /// not know, which waits for ever.
     pub fn shutdown() {
+        // A start under way ends first: its job is then the one ended.
+        let _starting = starting();
         let ended = job().take();
         if OWNER.load(Ordering::Relaxed) == std::process::id() {
             drop(ended);

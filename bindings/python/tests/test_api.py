@@ -12,7 +12,7 @@ from pathlib import Path
 
 import atlasboost
 import pytest
-from helpers import clean_env, run, run_python
+from helpers import clean_env, free_port_pair, run, run_python
 
 MODULES = [
     "atlasboost",
@@ -257,6 +257,47 @@ def test_a_forked_child_that_exits_leaves_the_parents_job(tmp_path: Path) -> Non
     r = run_python(code, env=alone_env(tmp_path))
     assert r.returncode == 0, r.describe()
     assert r.stdout.split() == ["0", "1", "True", "True", "False"], r.describe()
+
+
+def test_queries_answer_at_once_while_init_waits(tmp_path: Path) -> None:
+    # Rank 0 of 2 whose partner never comes: init() waits 2 s. Another thread's query meanwhile
+    # answers NotInitializedError at once (it waited with init() before).
+    code = """
+        import json, threading, time, atlasboost
+        took = []
+        def ask():
+            time.sleep(0.3)
+            t = time.monotonic()
+            try:
+                atlasboost.rank()
+            except atlasboost.NotInitializedError:
+                took.append(time.monotonic() - t)
+        thread = threading.Thread(target=ask)
+        thread.start()
+        t0 = time.monotonic()
+        try:
+            atlasboost.init()
+        except atlasboost.RendezvousTimeout:
+            pass
+        waited = time.monotonic() - t0
+        thread.join()
+        print(json.dumps([took, waited]))
+    """
+    env = alone_env(
+        tmp_path,
+        RANK="0",
+        WORLD_SIZE="2",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port_pair()),
+        ATLASBOOST_RENDEZVOUS_TIMEOUT="2",
+    )
+    r = run_python(code, env=env)
+    assert r.returncode == 0, r.describe()
+    took, waited = last_json(r.stdout)
+    assert waited >= 2, r.describe()
+    # Less than half of init()'s wait: a query held behind it would take about 1.7 s.
+    assert len(took) == 1 and took[0] < waited / 2, r.describe()
 
 
 def test_omp_num_threads_defaults_to_1(tmp_path: Path) -> None:
