@@ -821,8 +821,17 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
     let result = agree_zmq(&mut rdv, c.rank, c.local_rank, &shared);
     drop(rdv);
     if let Some(coordinator) = coordinator {
-        // Delivers the last answers before it stops.
-        coordinator.finish();
+        // Delivers the last answers before it stops. What it refused (a stranger at the
+        // port, another job's process, garbage) is said, as the launcher's coordinator does.
+        let report = coordinator.finish();
+        if report.dropped > 0 {
+            to_stderr(&format!(
+                "atlasboost: the rendezvous at {bind} refused {} frame{}:\n  {}\n",
+                report.dropped,
+                if report.dropped == 1 { "" } else { "s" },
+                report.drop_log.join("\n  ")
+            ));
+        }
         // libzmq may leave a Unix socket's file behind when the process goes on (or exits)
         // before its I/O thread closes it; every process has connected or given up by now.
         if let Some(path) = bind.strip_prefix("ipc://") {

@@ -194,6 +194,59 @@ fn init_with_an_ipv6_master_meets_over_zeromq() {
     check_job(&reports_of(&finished), 2, "Zmq");
 }
 
+/// A stranger that writes garbage to rank 0's rendezvous port while the job meets is refused,
+/// the job goes on, and rank 0 says on stderr what it refused.
+#[test]
+fn init_says_what_its_rendezvous_refused() {
+    let port = free_port_pair();
+    let table = tempfile::tempdir().expect("a directory for the table");
+    let start = |rank: u32| {
+        let mut run = Run::new(Vec::<&str>::new())
+            .program(init_worker_bin())
+            .timeout(Duration::from_secs(60))
+            .env("ATLASBOOST_SIM", "8")
+            .env(
+                "ATLASBOOST_RANK_TABLE_FILE",
+                table.path().join("rank_table.json"),
+            );
+        for (k, v) in torchrun_vars(rank, 2, 2, port) {
+            run = run.env(k, v);
+        }
+        run.spawn()
+    };
+    let first = start(0);
+    // Rank 0's coordinator listens at MASTER_PORT + 1 once it has started.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while let Err(e) = std::net::TcpStream::connect(("127.0.0.1", port + 1)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 0's rendezvous at port {} never listened: {e}",
+            port + 1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A ZeroMQ peer that speaks the transport but not the job's protocol: its frame reaches
+    // the coordinator, which must refuse it. Rank 1 comes half a second later, so that the
+    // job is still meeting when the frame arrives (rank 0 says what it refused at the end).
+    let ctx = zmq::Context::new();
+    let stranger = ctx.socket(zmq::DEALER).expect("a DEALER socket");
+    stranger
+        .connect(&format!("tcp://127.0.0.1:{}", port + 1))
+        .expect("the stranger connects");
+    stranger
+        .send("not a rendezvous frame", 0)
+        .expect("the stranger sends");
+    std::thread::sleep(Duration::from_millis(500));
+    let second = start(1);
+    let finished = [first.wait(), second.wait()];
+    check_job(&reports_of(&finished), 2, "Zmq");
+    let said = finished[0].err();
+    assert!(
+        said.contains("atlasboost: the rendezvous at tcp://0.0.0.0:") && said.contains("refused"),
+        "{said}"
+    );
+}
+
 /// `ATLASBOOST_BIND_CORES=1`: two ranks of one host, each bound by its own `init()` to its
 /// half of the allowed CPUs (no DCMI: an even split), as `run --bind-cores` would.
 #[test]
