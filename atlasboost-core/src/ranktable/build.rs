@@ -270,6 +270,14 @@ fn group_servers<'a>(
 }
 
 fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<RankTable> {
+    // Format 1.2 of devices that know nothing of super pods (a driver without the SuperPoD
+    // calls, hccn.conf) is HCCL's "AI server mode": no super_device_id, no super_pod_list
+    // (HCCL warns). Where any device knows its pod, every device must.
+    let with_pods = format == Format::V1_2
+        && servers
+            .iter()
+            .flat_map(|(_, devs)| devs)
+            .any(|d| d.super_device_id.is_some() || d.super_pod_id.is_some());
     let mut rank = 0usize;
     let mut server_list = Vec::with_capacity(servers.len());
     let mut pods: Vec<SuperPodEntry> = Vec::new();
@@ -277,10 +285,11 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
     for (server_id, devs) in servers {
         let mut device = Vec::with_capacity(devs.len());
         for d in devs {
-            let super_device_id = if format == Format::V1_2 {
+            let super_device_id = if with_pods {
                 let sdid = d.super_device_id.ok_or_else(|| {
                     Error::Build(format!(
-                        "format 1.2 needs a super_device_id, and device {} of host {} has none",
+                        "format 1.2 with super pods needs a super_device_id on every device, \
+                         and device {} of host {} has none",
                         d.physical_id, d.server_id
                     ))
                 })?;
@@ -297,10 +306,11 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
             });
             rank += 1;
         }
-        if format == Format::V1_2 {
+        if with_pods {
             let pod_id = devs[0].super_pod_id.clone().ok_or_else(|| {
                 Error::Build(format!(
-                    "format 1.2 needs a super pod id, and host {server_id} has none"
+                    "format 1.2 with super pods needs every host's super pod id, and host \
+                     {server_id} has none"
                 ))
             })?;
             let i = *pod_index.entry(pod_id.clone()).or_insert_with(|| {
@@ -326,7 +336,7 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
         version: format.as_str().into(),
         server_count: Some(servers.len().to_string()),
         server_list,
-        super_pod_list: (format == Format::V1_2).then_some(pods),
+        super_pod_list: with_pods.then_some(pods),
         status: STATUS_COMPLETED.into(),
         extra: Map::new(),
     }))

@@ -177,6 +177,23 @@ fn format_1_2_groups_super_pods_and_needs_their_ids() {
         err.contains("super_device_id") && err.contains("host a"),
         "{err}"
     );
+
+    // Devices that know nothing of super pods (hccn.conf, a driver without the SuperPoD
+    // calls): HCCL's AI server mode, no super_device_id and no super_pod_list.
+    for d in &mut devices {
+        d.super_device_id = None;
+        d.super_pod_id = None;
+    }
+    let t = build_table(&devices, &opts).unwrap();
+    let RankTable::Cluster(c) = &t else { panic!() };
+    assert_eq!(c.version, "1.2");
+    assert!(c.super_pod_list.is_none());
+    assert!(
+        c.server_list
+            .iter()
+            .flat_map(|s| &s.device)
+            .all(|d| d.super_device_id.is_none())
+    );
 }
 
 #[test]
