@@ -333,6 +333,35 @@ fn writer_replaces_atomically_with_mode_0644() {
     assert_eq!(read_table(&path, Chip::Ascend910).unwrap(), t2);
 }
 
+/// A symbolic link at the table's path (to a shared directory, say) stays a link: the file it
+/// leads to is replaced, also through a chain of links and when it does not exist yet.
+#[test]
+fn writer_follows_a_symbolic_link_to_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    let link = dir.path().join("rank_table.json");
+    let middle = dir.path().join("middle.json");
+    std::os::unix::fs::symlink("shared/table.json", &middle).unwrap();
+    std::os::unix::fs::symlink("middle.json", &link).unwrap();
+    for text in ["first", "second"] {
+        write_atomically(&link, text.as_bytes()).unwrap();
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(
+            fs::symlink_metadata(&middle)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read_to_string(shared.join("table.json")).unwrap(), text);
+    }
+}
+
 #[test]
 fn writer_refuses_bad_names_and_invalid_tables_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();

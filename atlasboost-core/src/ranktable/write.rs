@@ -38,6 +38,9 @@ pub fn write_table(path: &Path, table: &RankTable, chip: Chip) -> Result<Vec<Vio
 ///
 /// [`Error::Io`] naming the file or directory that could not be written.
 pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
+    // A symbolic link (to a shared table, say) stays one: the file it names is replaced.
+    let followed = link_target(path);
+    let path = followed.as_deref().unwrap_or(path);
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -70,6 +73,26 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
         .and_then(|d| d.sync_all())
         .map_err(io("cannot flush the directory", dir))?;
     Ok(())
+}
+
+/// Where the symbolic link `path` leads (through any chain of links, even to a file not made
+/// yet); `None` if `path` is not a link.
+fn link_target(path: &Path) -> Option<std::path::PathBuf> {
+    let mut at = path.to_path_buf();
+    // As the kernel's limit on a chain of links.
+    for _ in 0..40 {
+        let is_link = std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink());
+        if !is_link {
+            return (at != path).then_some(at);
+        }
+        let next = std::fs::read_link(&at).ok()?;
+        at = match at.parent() {
+            Some(dir) if next.is_relative() => dir.join(next),
+            _ => next,
+        };
+    }
+    // A loop: the rename then fails on the link itself, naming it.
+    None
 }
 
 /// Reads a JSON file (bytes that are not UTF-8 are a JSON error with line and column).
