@@ -84,6 +84,8 @@ impl Validator {
         let mut complete = true;
         let mut counts = Vec::new();
         let mut missing_ip = Vec::new();
+        // Devices of host_ip servers without device_ip.
+        let mut host_nic_only = Vec::new();
         // How many addresses the first device lists in device_ip, and where.
         let mut ip_counts: Option<(usize, Loc)> = None;
         let has_pods = top.get("super_pod_list").is_some();
@@ -169,10 +171,12 @@ impl Validator {
                             Some(_) => {}
                         }
                     }
-                    // With host_ip (a host-NIC deployment) HCCL needs no device address.
+                    // With host_ip (a host-NIC deployment) HCCL needs no device address,
+                    // unless other devices list some (below).
                     None if dobj.get("device_ip").is_none() && host_ip.is_none() => {
                         missing_ip.push(loc);
                     }
+                    None if dobj.get("device_ip").is_none() => host_nic_only.push(loc),
                     None => {}
                 }
                 if let Some(others) = dobj.others() {
@@ -212,6 +216,21 @@ impl Validator {
                     loc.path(),
                     Rule::MissingDeviceIp,
                     "device_ip is required when the table has more than one server".into(),
+                );
+            }
+        }
+        // HCCL counts the device addresses of every device alike: a host-NIC server's devices
+        // without any beside devices that list some is a mixed table it refuses.
+        if let Some((first, floc)) = ip_counts {
+            for loc in host_nic_only {
+                self.push(
+                    loc.path(),
+                    Rule::DeviceIpCount,
+                    format!(
+                        "lists no device_ip (its server has host_ip) but {} lists {first}; HCCL \
+                         needs the same number on every device",
+                        floc.key("device_ip")
+                    ),
                 );
             }
         }
