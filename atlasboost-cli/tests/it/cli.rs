@@ -791,7 +791,7 @@ fn format_1_2_with_the_default_910_sim_chip_is_refused() {
         ],
     )
     .expect_code(FAILURE)
-    .stderr_has(&["super_device_id"]);
+    .stderr_has(&["format 1.2 is the Atlas A3's (910_93), and the devices are 910"]);
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 
@@ -1660,6 +1660,21 @@ fn auto_takes_the_driver_then_hccn_conf() {
     }
 }
 
+/// `run -q --probe dsmi -H 127.0.0.1 -- COMMAND` on the fake driver, which numbers the
+/// physical ids `physical` (comma-separated) as logical 0, 1, ...
+fn run_on_fake_driver(dir: &Path, physical: &str, command: &[&str]) -> Output {
+    let mut args = vec!["run", "-q", "--probe", "dsmi", "-H", "127.0.0.1", "--"];
+    args.extend_from_slice(command);
+    run_env(
+        dir,
+        &args,
+        &[
+            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+            ("ATLASBOOST_FAKE_DSMI_PHYSICAL", physical),
+        ],
+    )
+}
+
 #[test]
 fn run_with_the_driver_writes_physical_ids_and_gives_workers_logical_ones() {
     let dir = tempdir();
@@ -1669,25 +1684,7 @@ t = json.load(open(os.environ["RANK_TABLE_FILE"]))
 entry = [d for s in t["server_list"] for d in s["device"] if d["rank_id"] == os.environ["RANK_ID"]][0]
 print("rank", os.environ["RANK_ID"], "logical", os.environ["DEVICE_ID"], "physical", entry["device_id"])
 "#;
-    let out = run_env(
-        dir.path(),
-        &[
-            "run",
-            "-q",
-            "--probe",
-            "dsmi",
-            "-H",
-            "127.0.0.1",
-            "--",
-            "python3",
-            "-c",
-            worker,
-        ],
-        &[
-            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
-            ("ATLASBOOST_FAKE_DSMI_PHYSICAL", "4,5,6,7"),
-        ],
-    );
+    let out = run_on_fake_driver(dir.path(), "4,5,6,7", &["python3", "-c", worker]);
     out.expect_code(SUCCESS);
     let mut got: Vec<String> = out
         .stdout
@@ -2269,24 +2266,7 @@ fn every_framework_selects_the_tables_device_with_subsets_and_container_views() 
     // A driver that numbers physical 7, 6, 5, 4 as logical 0-3: the runtime's list can only
     // be ascending, so the devices the ranks select by DEVICE_ID and ASCEND_DEVICE_ID are each
     // the table's (set_device(LOCAL_RANK) is not: docs/devices.md).
-    let out = run_env(
-        dir.path(),
-        &[
-            "run",
-            "-q",
-            "--probe",
-            "dsmi",
-            "-H",
-            "127.0.0.1",
-            "--",
-            "python3",
-            worker,
-        ],
-        &[
-            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
-            ("ATLASBOOST_FAKE_DSMI_PHYSICAL", "7,6,5,4"),
-        ],
-    );
+    let out = run_on_fake_driver(dir.path(), "7,6,5,4", &["python3", worker]);
     out.expect_code(SUCCESS);
     let got = selected_devices(&out);
     assert_eq!(got.len(), 4, "{}", out.stdout);
