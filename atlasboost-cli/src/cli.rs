@@ -355,8 +355,8 @@ pub struct RunArgs {
           requires = "max_restarts")]
     pub min_np: Option<u32>,
 
-    /// Fail the attempt (exit 124) when a rank shows no progress, no output line and no
-    /// heartbeat, for SECS [default: off].
+    /// Fail the attempt (exit 124) when a rank shows no progress, no output (a line or a part
+    /// of one) and no heartbeat, for SECS [default: off].
     #[arg(allow_negative_numbers = true, long, value_name = "SECS", value_parser = parse_hang_timeout)]
     pub hang_timeout: Option<Duration>,
 

@@ -401,7 +401,7 @@ fn a_silent_rank_is_reported_as_hung_naming_it_while_the_others_progress() {
     let err = r.err();
     assert!(
         err.contains("one rank is stuck while ranks 0-1, 3 still progress")
-            && err.contains("rank 2 (host 192.0.2.2, device 2): no output line and no heartbeat")
+            && err.contains("rank 2 (host 192.0.2.2, device 2): no output and no heartbeat")
             && err.contains("its last line: going quiet"),
         "{}",
         r.describe()
@@ -410,6 +410,42 @@ fn a_silent_rank_is_reported_as_hung_naming_it_while_the_others_progress() {
     // the other ranks would print for.
     let ticks = r.out().lines().filter(|l| l.contains("tick")).count();
     assert!(ticks < 3 * 150, "{}", r.describe());
+}
+
+/// Ranks that print less often than half the timeout, but went on after the silent rank
+/// stopped, are not stuck with it (they were named so, and the hang called one of every rank).
+#[test]
+fn ranks_that_went_on_after_the_silent_one_stopped_are_not_stuck_with_it() {
+    let worker = "if [ \"$RANK\" = 1 ]; then echo going quiet; exec sleep 60; fi; \
+         i=0; while [ $i -lt 50 ]; do echo step $i; i=$((i+1)); sleep 1.2; done";
+    let r = Run::new(["run", "--sim", "4", "--hang-timeout", "2", "--grace", "1"])
+        .args(["--", "sh", "-c", worker])
+        .run();
+    r.assert_code(124);
+    let err = r.err();
+    assert!(
+        err.contains("one rank is stuck while ranks 0, 2-3 still progress")
+            && err.contains("rank 1 (host 192.0.2.2, device 1): no output and no heartbeat")
+            && !err.contains("rank 0 (host"),
+        "{}",
+        r.describe()
+    );
+}
+
+/// A rank that prints without a newline (a row of dots) is progressing: no hang.
+#[test]
+fn a_rank_printing_part_of_a_line_is_not_hung() {
+    let worker = "echo start; i=0; while [ $i -lt 12 ]; do printf .; i=$((i+1)); sleep 0.3; \
+         done; echo ' done'";
+    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "1", "--grace", "0.5"])
+        .args(["--", "sh", "-c", worker])
+        .run();
+    r.assert_code(0);
+    assert!(
+        r.out().contains("<stdout>:............ done"),
+        "{}",
+        r.describe()
+    );
 }
 
 #[test]

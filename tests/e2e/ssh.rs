@@ -1353,6 +1353,31 @@ fn a_killed_agent_fails_the_job_and_its_lifeline_stops_its_workers() {
     );
 }
 
+/// A rank on a remote host that prints a row of dots (no newline) is progressing: its agent
+/// tells the launcher, which holds no line of it until the row ends, and no hang is called.
+#[test]
+fn a_remote_rank_printing_part_of_a_line_is_not_hung() {
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-dots");
+    let r = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
+        .args(["--hang-timeout", "1", "--grace", "0.5", "--", "sh", "-c"])
+        .args([
+            "echo start; i=0; while [ $i -lt 12 ]; do printf .; i=$((i+1)); sleep 0.3; done; \
+             echo ' done'",
+        ])
+        .timeout(Duration::from_secs(60))
+        .run();
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "{ctx}");
+    assert_eq!(
+        r.out()
+            .lines()
+            .filter(|l| l.ends_with(":............ done"))
+            .count(),
+        4,
+        "{ctx}"
+    );
+}
+
 /// Ctrl-Z (SIGTSTP) stops the launcher for longer than the hosts' bound on its silence and
 /// than `--hang-timeout`: the hosts were told, so they wait, the workers run on, and once
 /// continued the job ends as it would have (it used to lose every remote host 4 s into the

@@ -389,6 +389,9 @@ struct Lane {
     tail: VecDeque<Vec<u8>>,
     /// Lines so far, for the hang watchdog.
     lines: u64,
+    /// Bytes read from the worker's pipes so far, for the hang watchdog: a worker that prints
+    /// without a newline (a row of dots) shows progress too.
+    bytes: u64,
     /// The last line of either stream (its start), for the hang watchdog's report.
     last: Vec<u8>,
 }
@@ -466,6 +469,7 @@ impl Output {
                 logs,
                 tail: VecDeque::new(),
                 lines: 0,
+                bytes: 0,
                 last: Vec::new(),
             });
         }
@@ -995,6 +999,19 @@ impl Output {
     /// How many lines worker `lane` has printed.
     pub fn line_count(&self, lane: usize) -> u64 {
         self.lanes.get(lane).map_or(0, |l| l.lines)
+    }
+
+    /// Counts `n` bytes read from worker `lane`'s pipes (whole lines or not).
+    pub fn count_bytes(&mut self, lane: usize, n: usize) {
+        if let Some(l) = self.lanes.get_mut(lane) {
+            l.bytes += n as u64;
+        }
+    }
+
+    /// How many bytes have been read from worker `lane`'s pipes (0 for a worker of another
+    /// host, whose lines come whole).
+    pub fn byte_count(&self, lane: usize) -> u64 {
+        self.lanes.get(lane).map_or(0, |l| l.bytes)
     }
 
     /// The last line worker `lane` printed (its first bytes), if any.

@@ -893,6 +893,8 @@ struct Supervisor<'a> {
 struct Progress {
     /// Lines seen so far.
     lines: u64,
+    /// Bytes read so far (a line not ended yet is progress too).
+    bytes: u64,
     /// Heartbeats seen so far.
     beats: u64,
     /// The last step a heartbeat gave.
@@ -943,6 +945,7 @@ impl<'a> Supervisor<'a> {
             progress: vec![
                 Progress {
                     lines: 0,
+                    bytes: 0,
                     beats: 0,
                     step: None,
                     since: Instant::now(),
@@ -1460,15 +1463,25 @@ impl<'a> Supervisor<'a> {
                 continue;
             }
             let p = &mut self.progress[lane];
-            let lines = output.line_count(lane);
-            if lines != p.lines {
+            let rank = self.workers[lane].rank;
+            let (lines, bytes) = (output.line_count(lane), output.byte_count(lane));
+            if lines != p.lines || bytes != p.bytes {
+                // Bytes without a whole line reach the launcher from no agent: it hears of
+                // them as a heartbeat that counts nothing new.
+                if lines == p.lines && matches!(self.role, Role::Agent(_)) {
+                    output.send(&Up::Beat {
+                        rank,
+                        beats: p.beats,
+                        step: p.step,
+                    });
+                }
                 p.lines = lines;
+                p.bytes = bytes;
                 p.since = now;
             }
             let (Some(files), Some(_)) = (&self.plan.files, self.running[lane].pid) else {
                 continue;
             };
-            let rank = self.workers[lane].rank;
             if let Some((beats, step)) = files.beats(rank)
                 && beats != p.beats
             {
@@ -1486,17 +1499,20 @@ impl<'a> Supervisor<'a> {
         if self.failed_or_interrupted() || self.dumping.is_some() || self.is_agent() {
             return;
         }
-        let silent_for = |l: usize| now.saturating_duration_since(self.progress[l].since);
         let live = |l: &usize| self.running[*l].ended.is_none();
-        if (0..self.workers.len())
+        // The first rank to stop progressing, once it has been silent for the timeout.
+        let first_stop = (0..self.workers.len())
             .filter(live)
-            .any(|l| silent_for(l) >= hang.timeout)
-        {
-            // Ranks of one collective stop within moments of each other: once one crossed the
-            // timeout, every rank silent for half of it is stuck with it.
+            .map(|l| self.progress[l].since)
+            .min()
+            .filter(|&since| now.saturating_duration_since(since) >= hang.timeout);
+        if let Some(first_stop) = first_stop {
+            // Ranks of one collective stop within moments of each other: a rank whose last
+            // progress came within a quarter of the timeout after the first one stopped is
+            // stuck with it; one that went on longer than that was not waiting for it.
             let stuck: Vec<usize> = (0..self.workers.len())
                 .filter(live)
-                .filter(|&l| silent_for(l) >= hang.timeout / 2)
+                .filter(|&l| self.progress[l].since <= first_stop + hang.timeout / 4)
                 .collect();
             self.on_hang(&stuck, output);
         }
@@ -1518,7 +1534,7 @@ impl<'a> Supervisor<'a> {
         for &lane in stuck {
             let (w, p) = (&self.workers[lane], &self.progress[lane]);
             report.push_str(&format!(
-                "\n  rank {} (host {}, device {}): no output line and no heartbeat for {:.1} s",
+                "\n  rank {} (host {}, device {}): no output and no heartbeat for {:.1} s",
                 w.rank,
                 w.host,
                 w.device,
@@ -1887,9 +1903,11 @@ impl<'a> Supervisor<'a> {
                     p.split.finish(&mut |l| output.line(p.lane, p.stream, l));
                     return PipeState::Ended;
                 }
-                Ok(n) => p
-                    .split
-                    .feed(&buf[..n], &mut |l| output.line(p.lane, p.stream, l)),
+                Ok(n) => {
+                    output.count_bytes(p.lane, n);
+                    p.split
+                        .feed(&buf[..n], &mut |l| output.line(p.lane, p.stream, l));
+                }
                 Err(Errno::EAGAIN) => return PipeState::Empty,
                 Err(Errno::EINTR) => {}
                 Err(_) => return PipeState::Ended,
