@@ -1482,10 +1482,20 @@ fn rendezvous_port(c: &LaunchContext) -> Result<u16, InitError> {
             }),
         };
     }
-    Ok(match c.master_port {
-        Some(p) if p < u16::MAX => p + 1,
-        _ => DEFAULT_RENDEZVOUS_PORT,
-    })
+    match c.master_port {
+        Some(p) if p < u16::MAX => Ok(p + 1),
+        // Falling back to the default would not be "MASTER_PORT + 1" as documented.
+        Some(p) => Err(InitError::BadVariable {
+            variable: EnvVars::MASTER_PORT,
+            value: p.to_string(),
+            reason: format!(
+                "the rendezvous listens at MASTER_PORT + 1, and {p} is the last port: choose a \
+                 lower MASTER_PORT, or set {}",
+                EnvVars::ATLASBOOST_RENDEZVOUS_PORT
+            ),
+        }),
+        None => Ok(DEFAULT_RENDEZVOUS_PORT),
+    }
 }
 
 /// The job's id, the same in every process: `ATLASBOOST_JOB_ID`, else the launcher's job id,

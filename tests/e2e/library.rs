@@ -552,6 +552,25 @@ fn a_half_set_slurm_environment_names_the_missing_variable() {
     );
 }
 
+/// `MASTER_PORT=65535` leaves no `MASTER_PORT + 1` for the rendezvous: named, not replaced by
+/// another port that the other hosts' processes would not know.
+#[test]
+fn the_last_port_as_master_port_is_named() {
+    let mut run = Run::new::<[&str; 0], &str>([])
+        .program(init_worker_bin())
+        .env("ATLASBOOST_SIM", "8");
+    for (k, v) in torchrun_vars(0, 2, 2, u16::MAX) {
+        run = run.env(k, v);
+    }
+    let f = run.run();
+    f.assert_code(1);
+    assert!(
+        f.err().contains("MASTER_PORT") && f.err().contains("65535 is the last port"),
+        "{}",
+        f.describe()
+    );
+}
+
 #[test]
 fn started_by_hand_it_is_a_world_of_one() {
     let f = Run::new::<[&str; 0], &str>([])
