@@ -780,7 +780,8 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
     let secret = job_secret(&shared.job_id)?;
     let coordinator = if c.rank == 0 {
         let config = CoordinatorConfig {
-            names: Vec::new(),
+            // A timeout then names whom it waited for: "participant 3 (launcher rank 3)".
+            names: (0..c.size).map(|r| format!("launcher rank {r}")).collect(),
             ..CoordinatorConfig::new(
                 bind.clone(),
                 c.size as usize,

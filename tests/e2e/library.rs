@@ -507,7 +507,7 @@ fn a_rank_that_exits_before_init_fails_the_others_in_time() {
         let err = f.err();
         assert!(
             err.contains(
-                "timed out after 3s in round 1 waiting for participant 2 (2 of 3 arrived)"
+                "timed out after 3s in round 1 waiting for participant 2 (launcher rank 2) (2 of 3 arrived)"
             ),
             "{}",
             f.describe()
