@@ -263,6 +263,16 @@ fn validate_node<'a, N: Node<'a>>(top: N, chip: Chip) -> Vec<Violation> {
         );
     } else if top.get("version").is_some() {
         v.cluster(top);
+    } else if top.get("deploy_mode").is_some() {
+        // HCCL reads a legacy table with deploy_mode by its lab parser (MindSpore r0.2's
+        // format: explicit rank_id per instance, board_id, para_plane_*), with other rules.
+        v.push(
+            "$.deploy_mode".into(),
+            Rule::Version,
+            "a legacy table with \"deploy_mode\" is HCCL's lab format, which atlasboost does not \
+             check (it checks the cloud legacy format, without deploy_mode, and 1.0/1.2)"
+                .into(),
+        );
     } else if top.get("group_list").is_some() {
         v.legacy(top);
     } else {
