@@ -94,9 +94,15 @@ pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
                 counted(warnings, "warning"),
                 chip
             ),
-            (None, _) => format!(
+            (None, _) if warnings == 0 => format!(
                 "{file}: invalid rank table, {} (rules for {}):\n",
                 counted(errors, "problem"),
+                chip
+            ),
+            (None, _) => format!(
+                "{file}: invalid rank table, {} and {} (rules for {}):\n",
+                counted(errors, "problem"),
+                counted(warnings, "warning"),
                 chip
             ),
         };

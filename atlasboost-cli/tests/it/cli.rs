@@ -881,6 +881,23 @@ fn validate_json_reports_five_violations() {
     );
 }
 
+/// An invalid table that also has warnings counts both in its header line.
+#[test]
+fn validate_counts_problems_and_warnings_apart() {
+    let dir = tempdir();
+    fs::write(
+        dir.path().join("t.json"),
+        r#"{"version": "1.0", "server_count": "2", "status": "completed", "server_list": [
+ {"server_id": "10.0.0.1", "device": [{"device_id": "0", "device_ip": "10.1.0.1", "rank_id": "0"}]},
+ {"server_id": "10.0.0.2", "device": [{"device_id": "0", "device_ip": "10.1.0.1", "rank_id": "1"},
+   {"device_id": "1", "device_ip": "10.1.0.3", "rank_id": "2"}]}]}"#,
+    )
+    .unwrap();
+    run(dir.path(), &["validate", "t.json", "--chip", "910_93"])
+        .expect_code(1)
+        .stdout_has(&["t.json: invalid rank table, 1 problem and 1 warning (rules for 910_93):"]);
+}
+
 #[test]
 fn validate_a_missing_file_exits_125_naming_it() {
     let dir = tempdir();
