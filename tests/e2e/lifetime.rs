@@ -309,9 +309,12 @@ fn a_setsid_grandchild_holding_the_output_does_not_keep_the_launcher_waiting() {
 fn workers_die_with_the_launcher_even_without_the_lifeline() {
     let mark = unique("pdeath");
     let _cleanup = Cleanup(mark.clone());
-    // No cgroup either: the guard that would remove it is killed here.
+    // No cgroup either: the guard that would remove it is killed here (and the rank files it
+    // would remove are in a directory of the test's).
+    let tmp = tempfile::tempdir().unwrap();
     let mut launch = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--grace", "30"])
         .env("ATLASBOOST_CGROUP", "0")
+        .env("TMPDIR", tmp.path())
         .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c"])
         .args(["echo ready; exec sleep 300"])
         .timeout(Duration::from_secs(60))

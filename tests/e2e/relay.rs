@@ -49,7 +49,10 @@ fn two_fake_hosts(worker: &str) -> Run {
         "-x",
     ])
     .args([format!("E2E_WORKER={worker}")]);
-    with_fake_ssh(run)
+    // The agents' rank files in the launch's own directory: a test that kills an agent and its
+    // guard leaves none in /tmp.
+    let tmp = run.dir().to_path_buf();
+    with_fake_ssh(run.env("TMPDIR", tmp))
 }
 
 /// [`two_fake_hosts`] of chatty workers, with the fake ssh told `relay`.

@@ -665,7 +665,9 @@ fn kill_9_and_assert_nothing_left(
 }
 
 /// Each agent's directory of rank files (`$TMPDIR/atlasboost-<job>-<pid>`, with the agent's
-/// own `TMPDIR`, as sshd gave it); asserts that each agent has one.
+/// own `TMPDIR`, as sshd gave it); asserts that each agent has one. A directory of another job
+/// whose agent had the same pid (one killed with its guard, in an earlier run) is older: the
+/// newest is this agent's.
 fn rank_file_dirs_of(agents: &BTreeSet<i32>) -> Vec<PathBuf> {
     agents
         .iter()
@@ -689,12 +691,12 @@ fn rank_file_dirs_of(agents: &BTreeSet<i32>) -> Vec<PathBuf> {
                         .is_some_and(|n| n.starts_with("atlasboost-") && n.ends_with(&suffix))
                 })
                 .collect();
-            assert_eq!(
-                found.len(),
-                1,
-                "agent {pid}'s rank files in {tmp}: {found:?}"
-            );
-            found.into_iter().next().unwrap()
+            let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            found
+                .iter()
+                .max_by_key(|p| modified(p))
+                .cloned()
+                .unwrap_or_else(|| panic!("agent {pid} has no rank files in {tmp}"))
         })
         .collect()
 }
