@@ -298,7 +298,8 @@ pub(crate) fn job_start_event(
             "np": np,
             "command": args.command.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>(),
             "framework": args.framework.to_string(),
-            "rank_table": rank_table,
+            // Lossy: `json!` would panic on a path that is not UTF-8.
+            "rank_table": rank_table.to_string_lossy(),
             "max_restarts": args.max_restarts,
             "fanout": args.fanout.unwrap_or(DEFAULT_FANOUT),
         }),

@@ -501,7 +501,7 @@ fn run_attempts(
                 job.events.as_ref(),
                 "table",
                 serde_json::json!({
-                    "path": settings.rank_table,
+                    "path": settings.rank_table.to_string_lossy(),
                     "sha256": joined.decision.answer.sha256,
                     "ranks": workers.len(),
                     "servers": joined.decision.table.server_count(),

@@ -881,6 +881,26 @@ fn validate_json_reports_five_violations() {
     );
 }
 
+/// A working directory whose path is not UTF-8 (the table's path, in the events) runs: it
+/// panicked where the events are made, with or without `--events`.
+#[test]
+fn a_working_directory_that_is_not_utf8_runs() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempdir();
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"c\xfe"));
+    fs::create_dir(&odd).unwrap();
+    run(&odd, &["run", "-q", "--sim", "1", "--", "true"]).expect_code(SUCCESS);
+    run(
+        &odd,
+        &[
+            "run", "-q", "--sim", "1", "--events", "e.json", "--", "true",
+        ],
+    )
+    .expect_code(SUCCESS);
+    let events = fs::read_to_string(odd.join("e.json")).unwrap();
+    assert!(events.contains("\"rank_table\":\""), "{events}");
+}
+
 /// An invalid table that also has warnings counts both in its header line.
 #[test]
 fn validate_counts_problems_and_warnings_apart() {
