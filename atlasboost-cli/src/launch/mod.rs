@@ -154,8 +154,13 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     };
 
     let logs = job_logs(args, &job_id, printer)?;
+    // A FIFO waits for its reader: a signal meanwhile ends the launcher.
     let events = match &args.events {
-        Some(path) => Some(EventLog::create(path, &job_id)?),
+        Some(path) => Some(
+            signals.exit_on_signal_during("opening the events file", || {
+                EventLog::create(path, &job_id)
+            })?,
+        ),
         None => None,
     };
     job_start_event(
@@ -930,9 +935,13 @@ fn check_ssh_identity(args: &RunSettings, hosts: &[HostPlan]) -> Result<(), CliE
         (Ok(rest), Some(home)) => std::path::PathBuf::from(home).join(rest),
         _ => key.clone(),
     };
-    let problem = match std::fs::File::open(&path) {
-        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => return Ok(()),
-        Ok(_) => "not a file".to_string(),
+    // Looked at before it is opened: opening a FIFO would wait for a writer.
+    let problem = match std::fs::metadata(&path).map(|m| m.is_file()) {
+        Ok(true) => match std::fs::File::open(&path) {
+            Ok(_) => return Ok(()),
+            Err(e) => e.to_string(),
+        },
+        Ok(false) => "not a file".to_string(),
         Err(e) => e.to_string(),
     };
     Err(CliError::Usage(format!(

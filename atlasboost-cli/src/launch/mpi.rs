@@ -133,7 +133,12 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         super::remote::shell_line(&command)
     ));
     let events = match &args.events {
-        Some(path) => Some(EventLog::create(path, &job_id)?),
+        // A FIFO waits for its reader: a signal meanwhile ends the launcher.
+        Some(path) => Some(
+            signals.exit_on_signal_during("opening the events file", || {
+                EventLog::create(path, &job_id)
+            })?,
+        ),
         None => None,
     };
     // mpirun places the ranks on the hosts given, or on this machine (whose address is not

@@ -1892,6 +1892,26 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     )
     .expect_code(USAGE)
     .stderr_has(&["--ssh-identity /nonexistent/key: No such file or directory"]);
+    // A FIFO is not a key, and is not opened (that would wait for a writer for ever).
+    let fifo = dir.path().join("key-fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let fifo = fifo.to_string_lossy().into_owned();
+    run(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "1",
+            "-H",
+            "192.0.2.99",
+            "--ssh-identity",
+            &fifo,
+            "--",
+            "true",
+        ],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&[&format!("--ssh-identity {fifo}: not a file")]);
     // Flags that only mean something with another are refused without it, never ignored.
     for (flags, needs) in [
         (&["--min-np", "1"][..], "--max-restarts"),
@@ -2552,12 +2572,18 @@ fn a_signal_before_anything_started_ends_run_at_once() {
     let fault = "try-again:dsmi_get_device_count=100000";
     /// Arguments, environment, the signal, and what the launcher says of it.
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], Signal, &'a str);
-    let cases: [Case; 2] = [
+    let cases: [Case; 3] = [
         (
             &["run", "--sim", "2", "--hostfile", &fifo, "--", "true"],
             &[],
             Signal::SIGINT,
             "got SIGINT while reading the hosts, before anything started",
+        ),
+        (
+            &["run", "--sim", "2", "--events", &fifo, "--", "true"],
+            &[],
+            Signal::SIGINT,
+            "got SIGINT while opening the events file, before anything started",
         ),
         (
             &["run", "--probe", "dsmi", "--", "true"],
