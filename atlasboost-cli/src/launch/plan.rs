@@ -160,6 +160,25 @@ fn host_spec(name: &str, slots: Option<&str>, origin: &str) -> Result<HostSpec, 
     {
         return Err(format!("is {ip}, which no host can be reached at"));
     }
+    // Numbers that are not a dotted quad as Rust reads it (`127.0.0.010`, `10.1`, `0x7f.1`,
+    // `0`): the resolver reads them by inet_aton's rules (leading zeros in octal, missing
+    // parts filled in), so the job would go to another address than the one written.
+    let numeric = |label: &str| {
+        let hex = label
+            .strip_prefix("0x")
+            .or_else(|| label.strip_prefix("0X"));
+        match hex {
+            Some(digits) => digits.chars().all(|c| c.is_ascii_hexdigit()),
+            None => !label.is_empty() && label.chars().all(|c| c.is_ascii_digit()),
+        }
+    };
+    if name.parse::<Ipv4Addr>().is_err() && name.split('.').all(numeric) {
+        return Err(
+            "is not an IPv4 address as written: four numbers 0-255 without leading zeros \
+             (the resolver would read it otherwise, e.g. 127.0.0.010 as 127.0.0.8, in octal)"
+                .into(),
+        );
+    }
     if let Some(c) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
@@ -417,6 +436,23 @@ mod tests {
             let m = usage(parse_host_list(list).unwrap_err());
             assert!(m.contains("which no host can be reached at"), "{list}: {m}");
         }
+        // Numbers the resolver would read as another address than the one written.
+        for list in [
+            "127.0.0.010",
+            "192.168.001.010:2",
+            "0",
+            "1",
+            "10.1",
+            "0x7f.0.0.1",
+        ] {
+            let m = usage(parse_host_list(list).unwrap_err());
+            assert!(
+                m.contains("is not an IPv4 address as written"),
+                "{list}: {m}"
+            );
+        }
+        // Names with digits are names.
+        assert!(parse_host_list("node01,10-0-0-1,a1.b2").is_ok());
     }
 
     #[test]
