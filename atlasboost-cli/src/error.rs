@@ -190,7 +190,7 @@ pub enum CliError {
     },
     /// A worker's command could not be started; exit 127 if it was not found, 126 if it cannot
     /// be executed.
-    #[error("cannot start {} on host {host}: {}", program.to_string_lossy(), spawn_reason(reason))]
+    #[error("cannot start {} on host {host}: {}", program.to_string_lossy(), spawn_reason(program, reason))]
     Spawn {
         /// The command.
         program: std::ffi::OsString,
@@ -305,12 +305,53 @@ impl CliError {
     }
 }
 
-/// `command not found`, `permission denied`: what a shell would say.
-fn spawn_reason(e: &io::Error) -> String {
+/// `command not found`, `permission denied`: what a shell would say. A script whose `#!`
+/// interpreter is missing fails with the same ENOENT as a missing command: it is told apart.
+fn spawn_reason(program: &std::ffi::OsStr, e: &io::Error) -> String {
     match e.kind() {
-        io::ErrorKind::NotFound => "command not found".into(),
+        io::ErrorKind::NotFound => match missing_interpreter(program) {
+            Some(interpreter) => {
+                format!("its interpreter {interpreter} (its #! line) is not found")
+            }
+            None => "command not found".into(),
+        },
         io::ErrorKind::PermissionDenied => "permission denied (not executable)".into(),
         io::ErrorKind::IsADirectory => "it is a directory".into(),
+        // EMFILE: the launcher's own limit, which it raised as far as it may.
+        _ if e.raw_os_error() == Some(24) => {
+            let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map_or_else(|_| "?".to_string(), |(soft, _)| soft.to_string());
+            format!(
+                "{e}: the launcher may open {limit} files (`ulimit -n`), and each local worker \
+                 takes two pipes (four with --log-dir)"
+            )
+        }
         _ => e.to_string(),
     }
+}
+
+/// The interpreter named by the `#!` line of `program` (a path, or found on `PATH`) when that
+/// interpreter does not exist.
+fn missing_interpreter(program: &std::ffi::OsStr) -> Option<String> {
+    use std::io::Read;
+    let path = std::path::Path::new(program);
+    let found = if program.as_encoded_bytes().contains(&b'/') {
+        Some(path.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(program))
+                .find(|p| p.is_file())
+        })
+    }?;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(found).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|b| *b == b'\n').next()?;
+    let interpreter = String::from_utf8_lossy(line)
+        .trim()
+        .split_whitespace()
+        .next()?
+        .to_string();
+    (!std::path::Path::new(&interpreter).exists()).then_some(interpreter)
 }

@@ -203,3 +203,23 @@ fn a_command_that_is_not_executable_exits_126() {
     );
     assert_error(&r, 126, &["./a-directory on host", ": it is a directory"]);
 }
+
+/// A script whose `#!` interpreter is missing fails as a missing command does (ENOENT, 127),
+/// and the message names the interpreter, not the script that is there.
+#[test]
+fn a_script_whose_interpreter_is_missing_names_it() {
+    let r = run_with(
+        &["--sim", "2", "-H", "127.0.0.1", "--", "./old.sh"],
+        |run| {
+            run.file("old.sh", "#!/nonexistent/python9 -u\nprint(1)\n", true);
+        },
+    );
+    assert_error(
+        &r,
+        127,
+        &[
+            "./old.sh on host",
+            ": its interpreter /nonexistent/python9 (its #! line) is not found",
+        ],
+    );
+}
