@@ -349,7 +349,6 @@ fn missing_interpreter(program: &std::ffi::OsStr) -> Option<String> {
     let line = head[..n].strip_prefix(b"#!")?;
     let line = line.split(|b| *b == b'\n').next()?;
     let interpreter = String::from_utf8_lossy(line)
-        .trim()
         .split_whitespace()
         .next()?
         .to_string();
