@@ -636,8 +636,12 @@ fn parse_server_id(s: &str) -> Result<String, String> {
 }
 
 fn chip_parser() -> impl TypedValueParser<Value = Chip> {
-    PossibleValuesParser::new(Chip::ALL.map(Chip::as_str))
-        .try_map(|s| s.parse::<Chip>().map_err(|e| e.to_string()))
+    // `910B`, as Huawei writes it, is the 910b (clap's suggestion for it would be the 910).
+    PossibleValuesParser::new(Chip::ALL.map(|c| match c {
+        Chip::Ascend910B => clap::builder::PossibleValue::new(c.as_str()).alias("910B"),
+        _ => clap::builder::PossibleValue::new(c.as_str()),
+    }))
+    .try_map(|s| s.parse::<Chip>().map_err(|e| e.to_string()))
 }
 
 fn format_parser() -> impl TypedValueParser<Value = Format> {
@@ -658,6 +662,21 @@ mod tests {
 
     fn os(args: &[&str]) -> Vec<OsString> {
         args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn chip_910b_is_also_spelled_as_huawei_writes_it() {
+        for spelling in ["910b", "910B"] {
+            let cli = Cli::try_parse_from(["atlasboost", "validate", "t.json", "--chip", spelling])
+                .unwrap();
+            let Command::Validate(args) = cli.command else {
+                panic!("{spelling}: not validate")
+            };
+            assert_eq!(args.chip, Some(Chip::Ascend910B), "{spelling}");
+        }
+        assert!(
+            Cli::try_parse_from(["atlasboost", "validate", "t.json", "--chip", "911"]).is_err()
+        );
     }
 
     #[test]
