@@ -89,6 +89,16 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
             events.display()
         )));
     }
+    // Creating the events' file truncates it: an input of the job's must not be it.
+    if let Some(events) = &args.events
+        && let Some(hostfile) = &args.hostfile
+        && same_file(events, hostfile)
+    {
+        return Err(CliError::Usage(format!(
+            "--events {} is the --hostfile too; give the events a file of their own",
+            events.display()
+        )));
+    }
     if args.restart_delay.is_some() && args.max_restarts == 0 {
         return Err(CliError::Usage(
             "--restart-delay is the wait before a restart, and --max-restarts 0 allows none".into(),

@@ -1173,6 +1173,26 @@ fn events_on_the_rank_tables_path_are_refused() {
     out.expect_code(SUCCESS);
     assert!(dir.path().join("sub/rank_table.json").is_file(), "{out:?}");
     assert!(dir.path().join("rank_table.json").is_file(), "{out:?}");
+    // Nor the hostfile, which creating the events' file would empty.
+    fs::write(dir.path().join("hosts"), "127.0.0.1 slots=2\n").unwrap();
+    let args = [
+        "run",
+        "--sim",
+        "2",
+        "--hostfile",
+        "hosts",
+        "--events",
+        "./hosts",
+        "--",
+        "true",
+    ];
+    run(dir.path(), &args)
+        .expect_code(USAGE)
+        .stderr_has(&["--events ./hosts is the --hostfile too"]);
+    assert_eq!(
+        fs::read_to_string(dir.path().join("hosts")).unwrap(),
+        "127.0.0.1 slots=2\n"
+    );
 }
 
 #[test]
