@@ -21,7 +21,7 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
     /// A host of `-H` or a hostfile line that cannot be used; exit 2.
-    #[error("{origin}: {text:?} {why}")]
+    #[error("{origin}: {} {why}", brief(text))]
     BadHost {
         /// Where it was given: `-H "LIST"`, or `FILE:LINE`.
         origin: String,
@@ -302,6 +302,15 @@ impl CliError {
     /// True for a closed standard output (`atlasboost probe | head`), which is not an error.
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, CliError::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// `text` quoted, cut to its first 200 characters (a hostfile "line" may be megabytes).
+pub(crate) fn brief(text: &str) -> String {
+    const SHOWN: usize = 200;
+    match text.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{:?}... ({} bytes in all)", &text[..cut], text.len()),
+        None => format!("{text:?}"),
     }
 }
 

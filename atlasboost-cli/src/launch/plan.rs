@@ -59,7 +59,7 @@ pub fn parse_host_list(list: &str) -> Result<Vec<HostSpec>, CliError> {
                 None => (item, None),
             };
             host_spec(name, slots, "-H").map_err(|why| CliError::BadHost {
-                origin: format!("-H {list:?}"),
+                origin: format!("-H {}", crate::error::brief(list)),
                 text: item.to_string(),
                 why,
             })
@@ -67,15 +67,34 @@ pub fn parse_host_list(list: &str) -> Result<Vec<HostSpec>, CliError> {
         .collect()
 }
 
+/// The most of a file read as a hostfile: a line per host of 100,000 hosts is about 3 MB;
+/// the bound is what `/dev/zero` or a stray log costs.
+const HOSTFILE_SIZE_LIMIT: u64 = 64 << 20;
+
 /// Reads a hostfile: `host slots=N`, `host:N` or `host` per line; `#` starts a comment.
 ///
 /// # Errors
 ///
 /// [`CliError::BadHost`] naming the file and line of a malformed entry; [`CliError::Usage`]
-/// naming the file if it cannot be read or lists no host.
+/// naming the file if it cannot be read, is larger than any hostfile, or lists no host.
 pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| CliError::Usage(format!("cannot read hostfile {}: {e}", path.display())))?;
+    use std::io::Read;
+    let cannot = |e: std::io::Error| {
+        CliError::Usage(format!("cannot read hostfile {}: {e}", path.display()))
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(cannot)?
+        .take(HOSTFILE_SIZE_LIMIT + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > HOSTFILE_SIZE_LIMIT {
+        return Err(CliError::Usage(format!(
+            "hostfile {} has more than {} MiB: no list of hosts is so long (is it the right file?)",
+            path.display(),
+            HOSTFILE_SIZE_LIMIT >> 20
+        )));
+    }
     let mut hosts = Vec::new();
     // An editor's byte-order mark is not part of the first host's name.
     let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&bytes);
@@ -172,6 +191,12 @@ fn host_spec(name: &str, slots: Option<&str>, origin: &str) -> Result<HostSpec, 
             None => !label.is_empty() && label.chars().all(|c| c.is_ascii_digit()),
         }
     };
+    if name.len() > 253 {
+        return Err(format!(
+            "is {} bytes long, more than a host name can be (253)",
+            name.len()
+        ));
+    }
     if name.parse::<Ipv4Addr>().is_err() && name.split('.').all(numeric) {
         return Err(
             "is not an IPv4 address as written: four numbers 0-255 without leading zeros \
@@ -453,6 +478,15 @@ mod tests {
         }
         // Names with digits are names.
         assert!(parse_host_list("node01,10-0-0-1,a1.b2").is_ok());
+        // A name longer than DNS allows, quoted in part only.
+        let m = usage(parse_host_list(&"a".repeat(100_000)).unwrap_err());
+        assert!(
+            m.contains("is 100000 bytes long, more than a host name can be")
+                && m.contains("... (100000 bytes in all)")
+                && m.len() < 1000,
+            "{}",
+            &m[..m.len().min(2000)]
+        );
     }
 
     #[test]
