@@ -247,6 +247,29 @@ fn the_first_rank_to_fail_sets_the_code_and_the_summary_names_each_rank() {
     );
 }
 
+/// A rank that fails: the others get SIGTERM and their whole `--grace` (a worker saving a
+/// checkpoint on SIGTERM), as without `--mpi`; mpirun's own abort SIGKILLed them 1 s later.
+#[test]
+fn the_others_of_a_failed_rank_get_their_grace() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let f = run_mpi(2)
+        .args(["--grace", "10", "--", "sh", "-c"])
+        .args([
+            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 0.5; exit 3; fi; \
+             trap 'echo saving; sleep 2; echo saved; exit 0' TERM; echo working; \
+             sleep 30 & wait",
+        ])
+        .run();
+    f.assert_code(3);
+    assert!(
+        f.out().contains("[0]<stdout>:saved"),
+        "rank 0 finished saving within its grace\n{}",
+        f.describe()
+    );
+}
+
 #[test]
 fn kill_9_of_the_launcher_leaves_no_worker_and_ctrl_c_reaches_every_one() {
     if mpirun_or_skip().is_none() {

@@ -326,6 +326,14 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     for a in ["-bind-to", "none", "-map-by", "slot", "--tag-output"] {
         push(a);
     }
+    // A rank that fails does not make mpirun end the others itself: it would SIGKILL them
+    // 1 s after its SIGTERM (odls_base_sigkill_timeout), whatever --grace says. The launcher,
+    // told of the failure by the rank's relay, stops them as it does without --mpi (SIGTERM,
+    // then SIGKILL after --grace). A relay killed outright, or MPI_Abort, still ends the job
+    // by mpirun's own means.
+    push("--mca");
+    push("orte_abort_on_non_zero_status");
+    push("0");
     match &args.nic {
         // Open MPI takes a name or a CIDR network for both its byte and its control traffic.
         Some(nic) => {
@@ -738,7 +746,7 @@ mod tests {
         assert!(
             text.starts_with(
                 "mpirun -np 12 -H node1:8,node2:4 -bind-to none -map-by slot --tag-output \
-                 --mca btl_tcp_if_exclude lo,docker0 -x "
+                 --mca orte_abort_on_non_zero_status 0 --mca btl_tcp_if_exclude lo,docker0 -x "
             ),
             "{text}"
         );
