@@ -195,10 +195,13 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     };
     let mpirun = MpirunPlan {
         command,
-        env: vec![(
+        // Values that stay off mpirun's command line: the relays' secret, the user's exports.
+        env: std::iter::once((
             EnvVars::ATLASBOOST_RELAY_SECRET.into(),
             secret.to_hex().into(),
-        )],
+        ))
+        .chain(exports.iter().cloned())
+        .collect(),
         door,
         timeout: args.rendezvous_timeout,
     };
@@ -429,12 +432,11 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     }
     push("-x");
     push(EnvVars::ATLASBOOST_RELAY_SECRET);
-    for (name, value) in job.exports {
-        let mut a = name.clone();
-        a.push("=");
-        a.push(value);
+    // The user's exports by name too, their values in mpirun's environment (see run_mpi): a
+    // token on the command line would be anyone's to read in `ps`.
+    for (name, _) in job.exports {
         cmd.push("-x".into());
-        cmd.push(a);
+        cmd.push(name.clone());
     }
     cmd.push("-wdir".into());
     cmd.push(job.wdir.as_os_str().to_owned());
@@ -712,7 +714,7 @@ mod tests {
             wdir: Path::new("/work"),
             table_path: Path::new("/work/rank_table.json"),
             job_id: "ab-1",
-            exports: &[("FOO".into(), "a b".into())],
+            exports: &[("FOO".into(), "s3cr3t v".into())],
             as_root,
             master_port: Some(29555),
             relay: &["/opt/atlasboost".into()],
@@ -777,8 +779,10 @@ mod tests {
             let at = cmd.iter().position(|a| a == var);
             assert!(at.is_some_and(|i| cmd[i - 1] == "-x"), "-x {var} in {text}");
         }
-        // A user's export is one argument, spaces and all.
-        assert!(cmd.iter().any(|a| a == "FOO=a b"), "{cmd:?}");
+        // A user's export by name only: its value is on no command line.
+        let at = cmd.iter().position(|a| a == "FOO");
+        assert!(at.is_some_and(|i| cmd[i - 1] == "-x"), "-x FOO in {text}");
+        assert!(!text.contains("s3cr3t"), "{text}");
         assert!(
             text.ends_with("-wdir /work /opt/atlasboost relay -- python3 t.py"),
             "{text}"
