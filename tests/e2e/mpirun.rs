@@ -519,6 +519,53 @@ fn what_can_be_refused_before_mpirun_starts_is() {
         "{}",
         f.describe()
     );
+    // Hosts without slots, of which mpirun would give each one; more ranks than slots.
+    for (args, says) in [
+        (
+            &["-H", "127.0.0.1,127.0.0.2", "-n", "2"][..],
+            "--mpi: host 127.0.0.1 (-H) has no slots, and mpirun would give it one",
+        ),
+        (
+            &["-H", "127.0.0.1:2", "-n", "4"],
+            "-n 4 is more than the 2 slots of 1 host",
+        ),
+    ] {
+        let f = Run::new(["run", "--mpi"])
+            .args(args)
+            .args(["--", "true"])
+            .run();
+        f.assert_code(2);
+        assert!(f.err().contains(says), "{}", f.describe());
+    }
+}
+
+/// One host without slots takes every rank asked for (mpirun alone would give it one).
+#[test]
+fn one_host_without_slots_takes_the_ranks_asked_for() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let f = Run::new([
+        "run",
+        "--mpi",
+        "--sim",
+        "4",
+        "-H",
+        "127.0.0.1",
+        "-n",
+        "3",
+        "--",
+    ])
+    .args(["sh", "-c", "echo rank $OMPI_COMM_WORLD_RANK"])
+    .timeout(Duration::from_secs(60))
+    .run();
+    f.assert_code(0);
+    assert_eq!(
+        f.out().matches("<stdout>:rank ").count(),
+        3,
+        "{}",
+        f.describe()
+    );
 }
 
 /// A stand-in for mpirun (`ATLASBOOST_MPIRUN`): it starts the ranks itself, as Open MPI's

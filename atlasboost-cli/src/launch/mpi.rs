@@ -320,7 +320,8 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
             .iter()
             .map(|h| match h.slots {
                 Some(s) => format!("{}:{s}", h.name),
-                None => h.name.clone(),
+                // The only host (check_mpi_size): it takes every rank asked for.
+                None => format!("{}:{}", h.name, job.np),
             })
             .collect()
     };
@@ -520,6 +521,27 @@ fn check_mpi_size(args: &RunSettings, hosts: &[HostSpec], np: u32) -> Result<(),
     if np > MAX_MPI_RANKS {
         return Err(CliError::Usage(format!(
             "-n {np} is more than the {MAX_MPI_RANKS} ranks atlasboost runs under --mpi"
+        )));
+    }
+    // mpirun gives a host without slots one slot: one such host alone gets the job's ranks
+    // (mpirun_command), several cannot be told apart.
+    if hosts.len() > 1
+        && let Some(h) = hosts.iter().find(|h| h.slots.is_none())
+    {
+        return Err(CliError::Usage(format!(
+            "--mpi: host {} ({}) has no slots, and mpirun would give it one: give every host \
+             its slots (HOST:N, or slots=N in a hostfile), as mpirun places the ranks by them",
+            h.name, h.origin
+        )));
+    }
+    let slots: Option<u64> = hosts.iter().map(|h| h.slots.map(u64::from)).sum();
+    if let Some(slots) = slots.filter(|_| !hosts.is_empty())
+        && u64::from(np) > slots
+    {
+        return Err(CliError::Usage(format!(
+            "-n {np} is more than the {} of {} (one worker per NPU)",
+            crate::commands::counted(slots as usize, "slot"),
+            crate::commands::counted(hosts.len(), "host")
         )));
     }
     let Some(sim) = args.discovery.sim else {
