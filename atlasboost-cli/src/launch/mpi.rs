@@ -462,7 +462,18 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
              writes the table"
         )));
     }
-    // mpirun ends its whole job at the first failure, and the relays have no heartbeat files.
+    // The relays' own variables come from the launcher; a user's value would break them after
+    // mpirun had started (or leak the secret's name onto a command line).
+    if let Some((name, _)) = args
+        .env
+        .iter()
+        .find(|(name, _)| name.starts_with("ATLASBOOST_RELAY_"))
+    {
+        return Err(CliError::Usage(format!(
+            "-x {name}: atlasboost sets the relays' variables itself under --mpi"
+        )));
+    }
+    // One mpirun job ends at the first failure, and the relays have no heartbeat files.
     let keep_alive = [
         (args.max_restarts > 0, "--max-restarts"),
         (args.min_np.is_some(), "--min-np"),
@@ -874,6 +885,19 @@ mod tests {
                     )
                 }
                 other => panic!("{flag}: expected a usage error, got {other:?}"),
+            }
+        }
+        // The relays' own variables are the launcher's.
+        for var in [
+            "ATLASBOOST_RELAY_SECRET=00",
+            "ATLASBOOST_RELAY_GRACE_MS=abc",
+        ] {
+            match refuse_unsupported(&run_args(&["-x", var, "--", "w"])) {
+                Err(CliError::Usage(m)) => assert!(
+                    m.contains("atlasboost sets the relays' variables itself under --mpi"),
+                    "{m}"
+                ),
+                other => panic!("-x {var}: expected a usage error, got {other:?}"),
             }
         }
         // The table's format and order reach init() in the workers.
