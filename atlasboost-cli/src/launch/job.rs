@@ -475,6 +475,23 @@ fn recorded_text(w: &WorkerResult) -> Option<String> {
     })
 }
 
+/// A summary's table of ranks: (rank, host, device, status, time) per row, under a header;
+/// the status column as wide as its longest ("stopped (status unknown)"), so that the times
+/// line up.
+fn rank_rows(host_width: usize, rows: &[(u32, &String, String, String, String)]) -> String {
+    let status_width = rows.iter().map(|r| r.3.len()).max().unwrap_or(0).max(20);
+    let mut text = format!(
+        "  {:>5}  {:<host_width$}  {:>6}  {:<status_width$}  {:>9}\n",
+        "rank", "host", "device", "status", "time"
+    );
+    for (rank, host, device, status, time) in rows {
+        text.push_str(&format!(
+            "  {rank:>5}  {host:<host_width$}  {device:>6}  {status:<status_width$}  {time:>9}\n"
+        ));
+    }
+    text
+}
+
 /// The end-of-job summary on stderr: every attempt when there were restarts, the last
 /// attempt's ranks, and its root cause with its last stderr lines or recorded error.
 pub(crate) fn report(
@@ -545,11 +562,9 @@ pub(crate) fn report(
         .max()
         .unwrap_or(4)
         .max(4);
-    text.push_str(&format!(
-        "  {:>5}  {:<host_width$}  {:>6}  {:<20}  {:>9}\n",
-        "rank", "host", "device", "status", "time"
-    ));
     let full = result.workers.len() <= FULL_SUMMARY_MAX;
+    // (rank, host, device, status, time) of each rank shown.
+    let mut rows = Vec::new();
     for (w, fate) in result.workers.iter().zip(fates) {
         // Above the limit, only the failures: not the ranks that succeeded or were stopped.
         if !full && matches!(fate, Fate::Succeeded | Fate::Stopped) {
@@ -568,11 +583,9 @@ pub(crate) fn report(
                 format!("{:.2} s", w.run_time.as_secs_f64()),
             ),
         };
-        text.push_str(&format!(
-            "  {:>5}  {:<host_width$}  {device:>6}  {status:<20}  {time:>9}\n",
-            w.rank, w.host,
-        ));
+        rows.push((w.rank, &w.host, device, status, time));
     }
+    text.push_str(&rank_rows(host_width, &rows));
     if !full {
         text.push_str(&match stopped {
             0 => format!("  (the other {} succeeded)\n", counted(succeeded, "rank")),
@@ -622,5 +635,37 @@ pub(crate) fn report(
             text.push_str(&format!("\n  root cause: {recorded}"));
         }
         printer.error(&text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ranks_table_lines_up_the_times_under_a_long_status() {
+        let host = "vm".to_string();
+        let rows = [
+            (0, &host, "0".into(), "exit 0".into(), "1.00 s".into()),
+            (
+                1,
+                &host,
+                "1".into(),
+                "stopped (status unknown)".into(),
+                "2.00 s".into(),
+            ),
+        ];
+        let text = rank_rows(4, &rows);
+        let at: Vec<usize> = text
+            .lines()
+            .map(|l| l.rfind(" s").unwrap_or(l.len()))
+            .collect();
+        assert_eq!(at[1], at[2], "{text}");
+        assert!(
+            text.lines()
+                .next()
+                .is_some_and(|l| l.ends_with("     time")),
+            "{text}"
+        );
     }
 }
