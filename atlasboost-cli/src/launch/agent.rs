@@ -202,7 +202,29 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
             .collect();
     }
     let chip = chip_or_reported(build.chip, &devices).map_err(|e| error_chain(&e))?;
-    let (table, warnings) = build_table_checked(&devices, &build).map_err(|e| error_chain(&e))?;
+    let (table, warnings) = build_table_checked(&devices, &build).map_err(|e| {
+        // The devices of each server may be the user's choice, not the probe's: say which.
+        let chosen: Vec<String> = policy
+            .np
+            .map(|n| format!("-n {n}"))
+            .into_iter()
+            .chain(
+                policy
+                    .hosts
+                    .iter()
+                    .any(|h| h.slots.is_some())
+                    .then(|| "the hosts' slots".to_string()),
+            )
+            .collect();
+        match chosen.is_empty() {
+            true => error_chain(&e),
+            false => format!(
+                "{}\n(each server's devices are those {} chose: ask for a count the rules allow)",
+                error_chain(&e),
+                chosen.join(" and ")
+            ),
+        }
+    })?;
     let warnings = warnings.iter().map(ToString::to_string).collect();
     let first = table
         .ranks()

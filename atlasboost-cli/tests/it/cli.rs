@@ -901,6 +901,25 @@ fn a_working_directory_that_is_not_utf8_runs() {
     assert!(events.contains("\"rank_table\":\""), "{events}");
 }
 
+/// A table the rules refuse because of how many devices the user asked for says so: the
+/// devices are those -n (or the slots) chose, not all the probe found.
+#[test]
+fn a_refused_device_count_names_the_choice_that_made_it() {
+    let dir = tempdir();
+    run(dir.path(), &["run", "--sim", "8", "-n", "3", "--", "true"])
+        .expect_code(FAILURE)
+        .stderr_has(&[
+            "has 3 devices; a 910 server runs 1, 2, 4 or 8",
+            "(each server's devices are those -n 3 chose: ask for a count the rules allow)",
+        ]);
+    run(
+        dir.path(),
+        &["run", "--sim", "8", "-H", "127.0.0.1:3", "--", "true"],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&["(each server's devices are those the hosts' slots chose"]);
+}
+
 /// An invalid table that also has warnings counts both in its header line.
 #[test]
 fn validate_counts_problems_and_warnings_apart() {
