@@ -108,6 +108,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         signals.exit_on_signal_during("reading the hosts", || plan_hosts(args, slurm, printer))?;
     if !slurm {
         check_ssh_identity(args, &hosts)?;
+        unused_ssh_options(args, &hosts, printer);
     }
     // Refuse what cannot work before anything starts: this machine's probe, if it is one of
     // the hosts (a login node without NPUs launches remote hosts, whose agents probe theirs).
@@ -918,6 +919,29 @@ fn refuse_ssh_options(args: &RunSettings, slurm: bool) -> Result<(), CliError> {
              starts the agents (inside a Slurm allocation; --launcher ssh uses ssh instead)"
         ))),
         (false, false) => Ok(()),
+    }
+}
+
+/// Options of the ssh sessions, given to a launch that opens none (every host is this
+/// machine): said, not silently ignored (a script may pass them to every launch).
+fn unused_ssh_options(args: &RunSettings, hosts: &[HostPlan], printer: &Printer) {
+    if args.mpi || hosts.iter().any(|h| !h.local) {
+        return;
+    }
+    let given: Vec<&str> = [
+        (args.fanout.is_some(), "--fanout"),
+        (args.ssh_port.is_some(), "--ssh-port"),
+        (args.ssh_identity.is_some(), "--ssh-identity"),
+        (args.remote_atlasboost.is_some(), "--remote-atlasboost"),
+    ]
+    .into_iter()
+    .filter_map(|(given, flag)| given.then_some(flag))
+    .collect();
+    if !given.is_empty() {
+        printer.status(&format!(
+            "atlasboost: {} unused: every host is this machine, reached without ssh",
+            given.join(", ")
+        ));
     }
 }
 

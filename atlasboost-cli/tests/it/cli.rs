@@ -920,6 +920,27 @@ fn a_refused_device_count_names_the_choice_that_made_it() {
     .stderr_has(&["(each server's devices are those the hosts' slots chose"]);
 }
 
+/// Options of ssh sessions given to a launch on this machine alone are said to be unused,
+/// not silently ignored.
+#[test]
+fn ssh_options_of_a_launch_without_ssh_are_said_unused() {
+    let dir = tempdir();
+    let args = [
+        "run",
+        "--sim",
+        "1",
+        "--ssh-port",
+        "2222",
+        "--fanout",
+        "4",
+        "--",
+        "true",
+    ];
+    run(dir.path(), &args).expect_code(SUCCESS).stderr_has(&[
+        "atlasboost: --fanout, --ssh-port unused: every host is this machine, reached without ssh",
+    ]);
+}
+
 /// An invalid table that also has warnings counts both in its header line.
 #[test]
 fn validate_counts_problems_and_warnings_apart() {
