@@ -357,9 +357,12 @@ fn missing_interpreter(program: &std::ffi::OsStr) -> Option<String> {
     let n = std::fs::File::open(found).ok()?.read(&mut head).ok()?;
     let line = head[..n].strip_prefix(b"#!")?;
     let line = line.split(|b| *b == b'\n').next()?;
+    // As the kernel reads it: up to a space or tab, so a CRLF script's is "/bin/sh\r".
     let interpreter = String::from_utf8_lossy(line)
-        .split_whitespace()
+        .trim_start_matches([' ', '\t'])
+        .split([' ', '\t'])
         .next()?
         .to_string();
-    (!std::path::Path::new(&interpreter).exists()).then_some(interpreter)
+    (!interpreter.is_empty() && !std::path::Path::new(&interpreter).exists())
+        .then(|| format!("{interpreter:?}"))
 }

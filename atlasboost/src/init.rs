@@ -365,7 +365,14 @@ pub mod session {
     /// Ends the whole job now if this process runs under MPI (`MPI_Abort` with `code`): what a
     /// failing process does instead of [`shutdown`], whose `MPI_Finalize` would wait for the
     /// other ranks. Returns without MPI (a build without it, or a process MPI did not start).
+    ///
+    /// Not in a child forked after [`start`]: MPI there is the parent's, and an abort would end
+    /// the parent's job.
     pub fn abort_mpi(code: i32) {
+        let owner = OWNER.load(Ordering::Relaxed);
+        if owner != 0 && owner != std::process::id() {
+            return;
+        }
         #[cfg(feature = "mpi")]
         atlasboost_mpi::abort_if_initialized(code);
         let _ = code;
@@ -682,7 +689,7 @@ enum Outcome {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Assignment {
     seat: Seat,
-    /// Launcher rank 0's `MASTER_ADDR` and `MASTER_PORT`.
+    /// The job's `MASTER_ADDR` and `MASTER_PORT` ([`master_of`]).
     master: Option<(String, u16)>,
 }
 
@@ -1111,7 +1118,11 @@ fn make_claim(rank: u32, local_rank: u32, shared: &Shared) -> (Claim, Result<Dev
             .unwrap_or_else(|| free_port("0.0.0.0"));
         Some((addr, port))
     } else if env(EnvVars::TORCHELASTIC_RUN_ID).is_none() {
-        Some((shared.server_id.clone(), free_port("0.0.0.0")))
+        // A MASTER_PORT the launcher gave (one port open in a firewall) is kept.
+        let port = env(EnvVars::MASTER_PORT)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| free_port("0.0.0.0"));
+        Some((shared.server_id.clone(), port))
     } else {
         None
     };

@@ -219,7 +219,19 @@ fn a_script_whose_interpreter_is_missing_names_it() {
         127,
         &[
             "./old.sh on host",
-            ": its interpreter /nonexistent/python9 (its #! line) is not found",
+            ": its interpreter \"/nonexistent/python9\" (its #! line) is not found",
         ],
+    );
+    // A script saved with CRLF line ends: its interpreter is "/bin/sh\r", named so.
+    let r = run_with(
+        &["--sim", "2", "-H", "127.0.0.1", "--", "./crlf.sh"],
+        |run| {
+            run.file("crlf.sh", "#!/bin/sh\r\necho hi\r\n", true);
+        },
+    );
+    assert_error(
+        &r,
+        127,
+        &[": its interpreter \"/bin/sh\\r\" (its #! line) is not found"],
     );
 }

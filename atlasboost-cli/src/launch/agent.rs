@@ -20,7 +20,7 @@ use atlasboost::settings::Discovery;
 use atlasboost_core::compact;
 use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
-    BuildOptions, HostDevices, RankOrder, RankTable, build_table_checked, chip_or_reported,
+    BuildOptions, HostDevices, RankOrder, RankTable, Rule, build_table_checked, chip_or_reported,
     largest_world,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
@@ -203,7 +203,10 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
     }
     let chip = chip_or_reported(build.chip, &devices).map_err(|e| error_chain(&e))?;
     let (table, warnings) = build_table_checked(&devices, &build).map_err(|e| {
-        // The devices of each server may be the user's choice, not the probe's: say which.
+        // A server's device count may be the user's choice, not the probe's: say which.
+        let by_count = matches!(&e, atlasboost_core::Error::Invalid { violations, .. }
+            if violations.iter().any(|v| matches!(v.rule,
+                Rule::DeviceCount | Rule::UnequalDeviceCounts | Rule::CrossesGroups)));
         let chosen: Vec<String> = policy
             .np
             .map(|n| format!("-n {n}"))
@@ -216,7 +219,7 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
                     .then(|| "the hosts' slots".to_string()),
             )
             .collect();
-        match chosen.is_empty() {
+        match chosen.is_empty() || !by_count {
             true => error_chain(&e),
             false => format!(
                 "{}\n(each server's devices are those {} chose: ask for a count the rules allow)",

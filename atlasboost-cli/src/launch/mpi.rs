@@ -481,7 +481,7 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
     ];
     match keep_alive.iter().find(|(given, _)| *given) {
         Some((_, flag)) => Err(CliError::Usage(format!(
-            "{flag} cannot be used with --mpi: mpirun ends its job at the first failure; \
+            "{flag} cannot be used with --mpi: one mpirun job ends at the first failure; \
              restarts and the hang watchdog need atlasboost's own launch (drop --mpi)"
         ))),
         None => Ok(()),
@@ -583,8 +583,9 @@ fn check_mpi_size(args: &RunSettings, hosts: &[HostSpec], np: u32) -> Result<(),
 
 /// `atlasboost relay -- COMMAND`: one rank of `run --mpi`, started by mpirun. Connects to the
 /// launcher, runs the worker with the rank's environment (minus the relay's own variables),
-/// sends its lines and its exit, and exits with the worker's code, so that mpirun ends the job
-/// when a rank fails as it always did. Returns the exit code.
+/// sends its lines and its exit, and exits with the worker's code (mpirun, told not to abort on
+/// it, leaves stopping the others to the launcher, which got the exit first). Returns the
+/// exit code.
 pub fn relay_main(command: &[OsString]) -> u8 {
     match relay(command) {
         Ok(code) => code,
@@ -705,8 +706,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
             output.send(&Up::Done);
             match r.workers.first() {
                 // Stopped on the launcher's word (or mpirun's): the launcher knows how it ended
-                // and decides the job's code. A failure code would only make mpirun start an
-                // abort of its own, which takes it seconds.
+                // and decides the job's code; 0 keeps mpirun's report of the job quiet.
                 Some(w) if w.stopped => ExitCodes::SUCCESS,
                 Some(w) => w.ending.map_or(ExitCodes::FAILURE, |e| e.code()),
                 None => ExitCodes::FAILURE,

@@ -1510,9 +1510,11 @@ impl<'a> Supervisor<'a> {
             // Ranks of one collective stop within moments of each other: a rank whose last
             // progress came within a quarter of the timeout after the first one stopped is
             // stuck with it; one that went on longer than that was not waiting for it.
+            // (Progress is seen at most every WATCH_EVERY: never less than two looks.)
+            let window = (hang.timeout / 4).max(WATCH_EVERY * 2);
             let stuck: Vec<usize> = (0..self.workers.len())
                 .filter(live)
-                .filter(|&l| self.progress[l].since <= first_stop + hang.timeout / 4)
+                .filter(|&l| self.progress[l].since <= first_stop + window)
                 .collect();
             self.on_hang(&stuck, output);
         }

@@ -918,6 +918,16 @@ fn a_refused_device_count_names_the_choice_that_made_it() {
     )
     .expect_code(FAILURE)
     .stderr_has(&["(each server's devices are those the hosts' slots chose"]);
+    // Another reason to refuse the table: no word of the count.
+    let out = run(
+        dir.path(),
+        &[
+            "run", "--sim", "8", "-n", "4", "--format", "1.2", "--", "true",
+        ],
+    );
+    out.expect_code(FAILURE)
+        .stderr_has(&["format 1.2 is the Atlas A3's"]);
+    assert!(!out.stderr.contains("each server's devices"), "{out:?}");
 }
 
 /// Options of ssh sessions given to a launch on this machine alone are said to be unused,

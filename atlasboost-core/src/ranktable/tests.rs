@@ -360,6 +360,27 @@ fn writer_follows_a_symbolic_link_to_the_table() {
         );
         assert_eq!(fs::read_to_string(shared.join("table.json")).unwrap(), text);
     }
+    // Another user's link (one planted in a shared directory) is replaced, not followed.
+    let victim = dir.path().join("victim.txt");
+    fs::write(&victim, "mine").unwrap();
+    let planted = dir.path().join("planted.json");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &planted,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        None,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    write_atomically(&planted, b"table").unwrap();
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "mine");
+    assert!(
+        !fs::symlink_metadata(&planted)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
 }
 
 #[test]

@@ -76,14 +76,23 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
 }
 
 /// Where the symbolic link `path` leads (through any chain of links, even to a file not made
-/// yet); `None` if `path` is not a link.
+/// yet); `None` if `path` is not a link, or a link of another user's: one planted in a shared
+/// directory (`/tmp/rank_table.json -> /home/you/.bashrc`) is replaced, not followed, as the
+/// kernel's `protected_symlinks` would refuse to follow it.
 fn link_target(path: &Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
     let mut at = path.to_path_buf();
     // As the kernel's limit on a chain of links.
     for _ in 0..40 {
-        let is_link = std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink());
-        if !is_link {
+        let link = std::fs::symlink_metadata(&at)
+            .ok()
+            .filter(|m| m.file_type().is_symlink());
+        let Some(link) = link else {
             return (at != path).then_some(at);
+        };
+        if link.uid() != me {
+            return None;
         }
         let next = std::fs::read_link(&at).ok()?;
         at = match at.parent() {
@@ -91,7 +100,7 @@ fn link_target(path: &Path) -> Option<std::path::PathBuf> {
             _ => next,
         };
     }
-    // A loop: the rename then fails on the link itself, naming it.
+    // A loop: the link itself is replaced.
     None
 }
 
