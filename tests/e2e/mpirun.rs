@@ -373,8 +373,10 @@ fn mpirun_failing_on_its_own_is_named_with_its_words() {
     if mpirun_or_skip().is_none() {
         return;
     }
-    // Four ranks on two slots: mpirun refuses before starting any.
-    let f = Run::new(["run", "--mpi", "--sim", "8", "-H", "localhost:2", "-n", "4"])
+    // A host mpirun reaches through an ssh that is not there: it refuses before starting any
+    // rank. (Too few slots, which it refuses as well, atlasboost refuses first.)
+    let f = Run::new(["run", "--mpi", "--sim", "8", "-H", "127.0.0.2:2", "-n", "2"])
+        .env("OMPI_MCA_plm_rsh_agent", "/nonexistent/ssh")
         .args(["--", "true"])
         .timeout(Duration::from_secs(60))
         .run();
@@ -391,7 +393,7 @@ fn mpirun_failing_on_its_own_is_named_with_its_words() {
         .find(|l| l.starts_with("error: mpirun failed first: mpirun ended with exit"))
         .unwrap_or_else(|| panic!("{}", f.describe()));
     assert!(
-        error.contains("There are not enough slots available"),
+        error.contains("The value of the MCA parameter \"plm_rsh_agent\" was set to a path"),
         "mpirun's own words: {error}"
     );
     assert!(err.contains("not started"), "the summary: {err}");

@@ -66,12 +66,15 @@ fn the_status_block_stays_at_the_bottom_updates_and_lines_scroll_above_it() {
         &job,
     ]);
     assert!(started.is_empty(), "{started}");
-    // Two captures a second apart, once lines flow.
+    // Two captures a second apart, once lines flow and both hosts have sent a sample (on a
+    // busy machine the second host's first one may come later than line 15).
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut first = Vec::new();
     while Instant::now() < deadline {
         first = screen(&session.0);
-        if first.iter().any(|l| l.contains("]<stdout>:line 15")) {
+        if first.iter().any(|l| l.contains("]<stdout>:line 15"))
+            && first.last().is_some_and(|l| l.starts_with("  127.0.0.2: "))
+        {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
