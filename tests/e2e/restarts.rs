@@ -390,14 +390,21 @@ fn a_restart_that_would_shrink_below_min_np_ends_the_job_saying_why() {
     assert!(err.contains("attempt 1: no table"), "{err}");
 }
 
-#[test]
-fn a_silent_rank_is_reported_as_hung_naming_it_while_the_others_progress() {
-    let worker = "if [ \"$RANK\" = 2 ]; then echo going quiet; sleep 60; fi; \
-         i=0; while [ $i -lt 300 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done";
+/// 4 ranks of the shell `worker` with `--hang-timeout 2`: the job, ended by the watchdog.
+fn hung_job_of_four(worker: &str) -> atlasboost_e2e::Finished {
     let r = Run::new(["run", "--sim", "4", "--hang-timeout", "2", "--grace", "1"])
         .args(["--", "sh", "-c", worker])
         .run();
     r.assert_code(124);
+    r
+}
+
+#[test]
+fn a_silent_rank_is_reported_as_hung_naming_it_while_the_others_progress() {
+    let r = hung_job_of_four(
+        "if [ \"$RANK\" = 2 ]; then echo going quiet; sleep 60; fi; \
+         i=0; while [ $i -lt 300 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done",
+    );
     let err = r.err();
     assert!(
         err.contains("one rank is stuck while ranks 0-1, 3 still progress")
@@ -416,12 +423,10 @@ fn a_silent_rank_is_reported_as_hung_naming_it_while_the_others_progress() {
 /// stopped, are not stuck with it (they were named so, and the hang called one of every rank).
 #[test]
 fn ranks_that_went_on_after_the_silent_one_stopped_are_not_stuck_with_it() {
-    let worker = "if [ \"$RANK\" = 1 ]; then echo going quiet; exec sleep 60; fi; \
-         i=0; while [ $i -lt 50 ]; do echo step $i; i=$((i+1)); sleep 1.2; done";
-    let r = Run::new(["run", "--sim", "4", "--hang-timeout", "2", "--grace", "1"])
-        .args(["--", "sh", "-c", worker])
-        .run();
-    r.assert_code(124);
+    let r = hung_job_of_four(
+        "if [ \"$RANK\" = 1 ]; then echo going quiet; exec sleep 60; fi; \
+         i=0; while [ $i -lt 50 ]; do echo step $i; i=$((i+1)); sleep 1.2; done",
+    );
     let err = r.err();
     assert!(
         err.contains("one rank is stuck while ranks 0, 2-3 still progress")

@@ -1945,43 +1945,30 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
     )
     .expect_code(USAGE)
     .stderr_has(&["--hang-timeout"]);
-    // An identity file ssh could not read: ssh would only warn, and try other keys.
-    run(
-        dir.path(),
-        &[
-            "run",
-            "--sim",
-            "1",
-            "-H",
-            "192.0.2.99",
-            "--ssh-identity",
-            "/nonexistent/key",
-            "--",
-            "true",
-        ],
-    )
-    .expect_code(USAGE)
-    .stderr_has(&["--ssh-identity /nonexistent/key: No such file or directory"]);
-    // A FIFO is not a key, and is not opened (that would wait for a writer for ever).
+    // An identity file ssh could not read: ssh would only warn, and try other keys. A FIFO is
+    // not a key either, and is not opened (that would wait for a writer for ever).
     let fifo = dir.path().join("key-fifo");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let fifo = fifo.to_string_lossy().into_owned();
-    run(
-        dir.path(),
-        &[
+    for (key, says) in [
+        ("/nonexistent/key", "No such file or directory"),
+        (fifo.as_str(), "not a file"),
+    ] {
+        let args = [
             "run",
             "--sim",
             "1",
             "-H",
             "192.0.2.99",
             "--ssh-identity",
-            &fifo,
+            key,
             "--",
             "true",
-        ],
-    )
-    .expect_code(USAGE)
-    .stderr_has(&[&format!("--ssh-identity {fifo}: not a file")]);
+        ];
+        run(dir.path(), &args)
+            .expect_code(USAGE)
+            .stderr_has(&[&format!("--ssh-identity {key}: {says}")]);
+    }
     // Flags that only mean something with another are refused without it, never ignored.
     for (flags, needs) in [
         (&["--min-np", "1"][..], "--max-restarts"),
