@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::shared::SharedMessage;
 use crate::wire::{self, Frame, Kind, Secret};
-use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, zmq_err};
+use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, is_ipv6_endpoint, zmq_err};
 
 /// The longest the coordinator sleeps with no deadline ahead: a safety net, since stopping
 /// wakes it at once.
@@ -184,9 +184,11 @@ impl Coordinator {
         socket
             .set_backlog(4096)
             .map_err(zmq_err("set the listen backlog"))?;
-        // IPv6 too: a `tcp://[::]:PORT` bind then takes both families (an IPv4 one is
-        // unchanged).
-        socket.set_ipv6(true).map_err(zmq_err("allow IPv6"))?;
+        // An IPv6 bind (`tcp://[::]:PORT`) needs ZeroMQ's IPv6 switch; it stays off for an
+        // IPv4 one, whose endpoint and peers would otherwise read `::ffff:127.0.0.1`.
+        if is_ipv6_endpoint(&config.bind) {
+            socket.set_ipv6(true).map_err(zmq_err("allow IPv6"))?;
+        }
         socket
             .bind(&config.bind)
             .map_err(zmq_err(&format!("bind {}", config.bind)))?;

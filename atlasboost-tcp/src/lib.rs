@@ -125,3 +125,23 @@ fn zmq_err(op: &str) -> impl FnOnce(zmq::Error) -> TcpError + '_ {
         source,
     }
 }
+
+/// Whether a ZeroMQ TCP endpoint names an IPv6 address (`tcp://[::1]:PORT`); only those
+/// get ZeroMQ's IPv6 switch, which would otherwise map IPv4 peers to `::ffff:a.b.c.d`.
+fn is_ipv6_endpoint(endpoint: &str) -> bool {
+    endpoint.starts_with("tcp://[")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_ipv6_endpoint;
+
+    #[test]
+    fn only_bracketed_addresses_are_ipv6_endpoints() {
+        assert!(is_ipv6_endpoint("tcp://[::1]:29500"));
+        assert!(is_ipv6_endpoint("tcp://[::]:0"));
+        assert!(!is_ipv6_endpoint("tcp://127.0.0.1:29500"));
+        assert!(!is_ipv6_endpoint("tcp://*:0"));
+        assert!(!is_ipv6_endpoint("tcp://host-a:29500"));
+    }
+}

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use atlasboost_core::{Error, Rendezvous};
 
 use crate::wire::{self, Frame, Kind, Secret};
-use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, zmq_err};
+use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, is_ipv6_endpoint, zmq_err};
 
 /// How to join a rendezvous.
 #[derive(Debug, Clone)]
@@ -125,8 +125,10 @@ impl ZmqRendezvous {
         socket
             .set_maxmsgsize(config.max_message as i64)
             .map_err(zmq_err("set the message size limit"))?;
-        // An IPv6 coordinator (`tcp://[::1]:PORT`) is reachable only so.
-        socket.set_ipv6(true).map_err(zmq_err("allow IPv6"))?;
+        // An IPv6 coordinator (`tcp://[::1]:PORT`) is reachable only with IPv6 on.
+        if is_ipv6_endpoint(&config.endpoint) {
+            socket.set_ipv6(true).map_err(zmq_err("allow IPv6"))?;
+        }
         socket
             .connect(&config.endpoint)
             .map_err(zmq_err(&format!("connect to {}", config.endpoint)))?;
