@@ -35,6 +35,12 @@ impl Printer {
         say(message);
     }
 
+    /// What the user has no other way to learn (the port the kernel chose for `--metrics
+    /// ADDR:0`): printed even with `--quiet`.
+    pub fn needed(&self, message: &str) {
+        say(message);
+    }
+
     /// An error on stderr: printed even with `--quiet`.
     pub fn error(&self, message: &str) {
         say(message);

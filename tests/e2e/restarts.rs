@@ -281,6 +281,61 @@ fn metrics_keep_a_dead_npu_left_out_of_the_job_in_sight() {
     assert_eq!(sampled, 5, "{text}");
 }
 
+/// A restart that leaves a whole host out because of one dead NPU (the 3 others cannot match
+/// the 4 of the other host): that NPU's health stays served, as it does when its host keeps
+/// other ranks.
+#[test]
+fn metrics_keep_a_dead_npu_in_sight_when_its_whole_host_is_left_out() {
+    let port = atlasboost_e2e::free_port_pair().to_string();
+    let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ]; then \
+                      if [ \"$RANK\" = 7 ]; then echo 127.0.0.2/unhealthy:3 > faults; exit 1; fi; \
+                      exec sleep 30; fi; echo up; exec sleep 30";
+    let run = Run::new(["run", "--sim", "4", "-H", "127.0.0.1,127.0.0.2"])
+        .args([
+            "--max-restarts",
+            "1",
+            "--min-np",
+            "4",
+            "--restart-delay",
+            "0",
+        ])
+        .args([
+            "--monitor-interval",
+            "1",
+            "--metrics",
+            &port,
+            "--grace",
+            "2",
+        ])
+        .args(["--", "sh", "-c", worker]);
+    let faults = run.dir().join("faults");
+    let mut launch = run
+        .env("ATLASBOOST_SIM_FAULTS_FILE", faults)
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for_lines("<stdout>:up", 4, Duration::from_secs(30));
+    let dead =
+        "npu_chip_info_health_status{id=\"3\",model_name=\"Ascend910\",host=\"127.0.0.2\",job=";
+    let mut text = String::new();
+    let seen = wait_until(Duration::from_secs(20), || {
+        text = atlasboost_e2e::scrape_metrics(&port);
+        text.contains("atlasboost_attempt{") && text.contains(dead)
+    });
+    launch.signal(Signal::SIGTERM);
+    let done = launch.wait_at_most(Duration::from_secs(30));
+    assert!(seen, "{dead} not served:\n{text}\n{}", done.describe());
+    assert!(
+        done.err().contains("device 3 of host 127.0.0.2"),
+        "the restart left host 127.0.0.2 out: {}",
+        done.describe()
+    );
+    let health = text
+        .lines()
+        .find(|l| l.starts_with(dead))
+        .and_then(|l| l.rsplit(' ').next());
+    assert_eq!(health, Some("0"), "{text}");
+}
+
 /// `--metrics` during a restart's delay: every rank is down (the last sample of the failed
 /// attempt said they ran), and no worker's use is served.
 #[test]
@@ -674,6 +729,38 @@ fn ctrl_c_while_a_failed_attempt_stops_ends_the_job_without_a_restart() {
     assert!(!r.out().contains("attempt=1"), "{}", r.describe());
 }
 
+/// The same while a hung attempt's workers are being stopped: the Ctrl-C kills them at once
+/// (it waited out the whole grace time), and no restart follows.
+#[test]
+fn ctrl_c_while_a_hung_attempt_stops_kills_at_once_without_a_restart() {
+    let mut launch = Run::new(["run", "--sim", "2", "--max-restarts", "3"])
+        .args([
+            "--hang-timeout",
+            "1",
+            "--restart-delay",
+            "0",
+            "--grace",
+            "30",
+        ])
+        .args(["--", "sh", "-c"])
+        .args(["echo attempt=$ATLASBOOST_RESTART_COUNT; trap '' TERM; \
+             i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for(
+        "the stop of the hung job",
+        Duration::from_secs(30),
+        |_, err| err.contains("workers of the hung job"),
+    );
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(10));
+    r.assert_code(130).assert_err(
+        &["got SIGINT while stopping the workers; killing them now"],
+        &["restart 1 of"],
+    );
+    assert!(!r.out().contains("attempt=1"), "{}", r.describe());
+}
+
 /// A rank that the stop's SIGTERM ended is not the root cause, even with an error recorded
 /// (one it caught and went on): the rank that failed first is, with its own stderr.
 #[test]
@@ -728,6 +815,94 @@ fn the_root_cause_and_the_first_failure_are_named_apart() {
             && lines[2] == "  root cause: rank 0 recorded ValueError: loss is NaN",
         "{}",
         r.describe()
+    );
+}
+
+/// Records of the same whole second (torch's stamps) go to the rank that failed first, not
+/// to the lowest rank; and a rank whose SIGTERM handler recorded the stop itself (stamped after
+/// the stop began) and exited 1 is not the root cause of a rank that died without a record.
+#[test]
+fn the_root_cause_is_the_first_of_equal_records_and_never_the_stops_own_error() {
+    // `record MESSAGE TIME` writes torch's error file.
+    let record = "record() { printf '{\"message\": {\"message\": \"%s\", \
+                  \"extraInfo\": {\"timestamp\": \"%s\"}}}' \"$1\" \"$2\" > \"$ATLASBOOST_ERROR_FILE\"; }";
+    // Rank 1 fails first; rank 0 records its consequence in the same second when stopped.
+    let same_second = format!(
+        "{record}; trap 'record \"RuntimeError: peer rank 1 gone\" 1700000000; exit 2' TERM; \
+         if [ \"$RANK\" = 1 ]; then record \"ValueError: the real cause\" 1700000000; exit 1; fi; \
+         sleep 30 & wait"
+    );
+    let r = Run::new([
+        "run",
+        "--sim",
+        "2",
+        "--grace",
+        "5",
+        "--",
+        "bash",
+        "-c",
+        &same_second,
+    ])
+    .timeout(Duration::from_secs(60))
+    .run();
+    r.assert_code(1).assert_err(
+        &["root cause: rank 1 recorded ValueError: the real cause"],
+        &["peer rank 1 gone"],
+    );
+    // Rank 1 dies without a record; rank 0's handler records the stop, stamped to the
+    // nanosecond, and exits 1.
+    let stopped = format!(
+        "{record}; trap 'record \"RuntimeError: preempted by SIGTERM\" $(date +%s.%N); exit 1' TERM; \
+         if [ \"$RANK\" = 1 ]; then sleep 0.3; kill -SEGV $$; fi; sleep 30 & wait"
+    );
+    let r = Run::new([
+        "run", "--sim", "2", "--grace", "5", "--", "bash", "-c", &stopped,
+    ])
+    .timeout(Duration::from_secs(60))
+    .run();
+    r.assert_code(139).assert_err(
+        &["rank 1 (host 192.0.2.2, device 1) failed first: SIGSEGV"],
+        &["root cause"],
+    );
+}
+
+/// The summary keeps each earlier attempt's recorded root cause under its line (the console's
+/// report of it has long scrolled away in a job of days), and `attempt_end` carries it.
+#[test]
+fn every_attempts_recorded_root_cause_is_in_the_summary_and_the_events() {
+    let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then \
+                      printf '{\"message\": {\"message\": \"ValueError: attempt 0 diverged\", \
+                      \"extraInfo\": {\"timestamp\": \"%s\"}}}' $(date +%s) > \"$ATLASBOOST_ERROR_FILE\"; \
+                      exit 1; fi";
+    let run = Run::new([
+        "run",
+        "--sim",
+        "2",
+        "--max-restarts",
+        "1",
+        "--restart-delay",
+        "0",
+    ])
+    .args(["--events", "events.jsonl", "--", "sh", "-c", worker]);
+    let r = run.timeout(Duration::from_secs(60)).run();
+    r.assert_code(0).assert_err(
+        &["(exit code 1)\n    root cause: rank 1 recorded ValueError: attempt 0 diverged\n  attempt 1:"],
+        &[],
+    );
+    let events = std::fs::read_to_string(r.dir().join("events.jsonl")).unwrap();
+    let causes: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "attempt_end")
+        .map(|e| e["root_cause"].clone())
+        .collect();
+    assert_eq!(
+        causes,
+        [
+            serde_json::json!("rank 1 recorded ValueError: attempt 0 diverged"),
+            serde_json::Value::Null
+        ],
+        "{events}"
     );
 }
 

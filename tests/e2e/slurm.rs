@@ -445,6 +445,51 @@ fn a_failed_worker_fails_the_job_naming_it_and_its_node() {
     cluster.assert_nothing_left("after a failed job");
 }
 
+/// What a site's slurm.conf or the user's environment sets for every srun does not change the
+/// agents' step: `sbatch --export=NONE`'s `SLURM_EXPORT_ENV=NONE` (the agents still probe
+/// under the user's `ASCEND_RT_VISIBLE_DEVICES`, the workers get the user's variables),
+/// `WaitTime` (`SLURM_WAIT`: a node whose workers finish first does not get the others killed),
+/// `SLURM_EXACT` (srun refused it beside `--whole`), and an MPI plugin (`MpiDefault`), whose PMI
+/// rank, like the step's `SLURM_PROCID`, describes an agent, not a worker.
+#[test]
+fn the_sites_and_the_users_srun_defaults_do_not_change_the_agents_step() {
+    let cluster = cluster_or_skip!();
+    let n = cluster.nodes.len();
+    let first = cluster.nodes[0].clone();
+    let worker = format!(
+        "echo vis=$ASCEND_RT_VISIBLE_DEVICES mine=${{MINE-unset}} \
+         procid=${{SLURM_PROCID-unset}} ntasks=${{SLURM_NTASKS-unset}} pmi=${{PMI_RANK-unset}}; \
+         if [ \"$SLURMD_NODENAME\" != {first} ]; then sleep 4; fi"
+    );
+    let done = cluster
+        .salloc(&["run", "--sim", "4", "--", "sh", "-c", &worker])
+        .env("SLURM_EXPORT_ENV", "NONE")
+        .env("SLURM_WAIT", "1")
+        .env("SLURM_EXACT", "1")
+        .env("SLURM_MPI_TYPE", "pmi2")
+        .env("ASCEND_RT_VISIBLE_DEVICES", "1,3")
+        .env("MINE", "kept")
+        .run();
+    done.assert_code(0);
+    assert!(
+        done.err()
+            .contains(&format!("{} succeeded, 0 failed", 2 * n)),
+        "{}",
+        done.describe()
+    );
+    let by_rank = lines_by_rank(&done.out(), "stdout");
+    assert_eq!(by_rank.len(), 2 * n, "{}", done.describe());
+    for (rank, lines) in &by_rank {
+        assert_eq!(
+            lines,
+            &["vis=1,3 mine=kept procid=unset ntasks=unset pmi=unset"],
+            "rank {rank}:\n{}",
+            done.describe()
+        );
+    }
+    cluster.assert_nothing_left("after a job under the site's srun defaults");
+}
+
 /// Addresses added to the nodes' interfaces for one test, removed when it ends.
 struct NodeAddresses(Vec<(String, String, String)>);
 

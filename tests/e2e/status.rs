@@ -35,23 +35,28 @@ fn screen(session: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn the_status_block_stays_at_the_bottom_updates_and_lines_scroll_above_it() {
-    if Command::new("tmux").arg("-V").output().is_err() {
-        assert!(
-            std::env::var_os(REQUIRE_TMUX).is_none_or(|v| v != "1"),
-            "tmux is not installed, and {REQUIRE_TMUX}=1"
-        );
-        eprintln!("skipped: tmux is not installed (apt-get install tmux)");
-        return;
+/// Whether tmux is here; if not, says why the test is skipped (a failure with
+/// [`REQUIRE_TMUX`]).
+fn have_tmux() -> bool {
+    if Command::new("tmux").arg("-V").output().is_ok() {
+        return true;
     }
-    let session = Session(unique("status"));
-    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        std::env::var_os(REQUIRE_TMUX).is_none_or(|v| v != "1"),
+        "tmux is not installed, and {REQUIRE_TMUX}=1"
+    );
+    eprintln!("skipped: tmux is not installed (apt-get install tmux)");
+    false
+}
+
+/// Runs `atlasboost ARGS` in a new 132 × 24 tmux session, in `dir`; then says `JOB-ENDED`
+/// and whether the terminal echoes (`echo` or `-echo`, as stty says).
+fn start_in_tmux(name: &str, dir: &std::path::Path, args: &str) -> Session {
+    let session = Session(unique(name));
     let job = format!(
-        "cd {} && {} run --sim 2 -H 127.0.0.1,127.0.0.2 --monitor-interval 1 -- sh -c \
-         'i=0; while [ $i -lt 60 ]; do i=$((i + 1)); echo line $i; sleep 0.1; done'; \
-         echo JOB-ENDED; sleep 60",
-        dir.path().display(),
+        "cd {} && {} {args}; echo JOB-ENDED $(stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?echo'); \
+         sleep 60",
+        dir.display(),
         atlasboost_bin().display()
     );
     let started = tmux(&[
@@ -66,19 +71,45 @@ fn the_status_block_stays_at_the_bottom_updates_and_lines_scroll_above_it() {
         &job,
     ]);
     assert!(started.is_empty(), "{started}");
-    // Two captures a second apart, once lines flow and both hosts have sent a sample (on a
-    // busy machine the second host's first one may come later than line 15).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut first = Vec::new();
+    session
+}
+
+/// The screen once `done` holds of it (or after `limit`).
+fn screen_when(
+    session: &Session,
+    limit: Duration,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let deadline = Instant::now() + limit;
+    let mut seen = Vec::new();
     while Instant::now() < deadline {
-        first = screen(&session.0);
-        if first.iter().any(|l| l.contains("]<stdout>:line 15"))
-            && first.last().is_some_and(|l| l.starts_with("  127.0.0.2: "))
-        {
+        seen = screen(&session.0);
+        if done(&seen) {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    seen
+}
+
+#[test]
+fn the_status_block_stays_at_the_bottom_updates_and_lines_scroll_above_it() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let session = start_in_tmux(
+        "status",
+        dir.path(),
+        "run --sim 2 -H 127.0.0.1,127.0.0.2 --monitor-interval 1 -- sh -c \
+         'i=0; while [ $i -lt 60 ]; do i=$((i + 1)); echo line $i; sleep 0.1; done'",
+    );
+    // Two captures a second apart, once lines flow and both hosts have sent a sample (on a
+    // busy machine the second host's first one may come later than line 15).
+    let first = screen_when(&session, Duration::from_secs(20), |s| {
+        s.iter().any(|l| l.contains("]<stdout>:line 15"))
+            && s.last().is_some_and(|l| l.starts_with("  127.0.0.2: "))
+    });
     std::thread::sleep(Duration::from_millis(1500));
     let second = screen(&session.0);
     for capture in [&first, &second] {
@@ -119,15 +150,9 @@ fn the_status_block_stays_at_the_bottom_updates_and_lines_scroll_above_it() {
         "lines scroll: {second:#?}"
     );
     // At the end the block is gone: the summary follows the last lines.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut end = Vec::new();
-    while Instant::now() < deadline {
-        end = screen(&session.0);
-        if end.iter().any(|l| l == "JOB-ENDED") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let end = screen_when(&session, Duration::from_secs(30), |s| {
+        s.iter().any(|l| l.starts_with("JOB-ENDED"))
+    });
     assert!(
         end.iter().any(|l| l.contains("4 succeeded, 0 failed")),
         "{end:#?}"
@@ -161,4 +186,45 @@ fn no_status_block_and_no_escape_codes_when_stderr_is_a_file() {
     assert!(!err.contains("ranks running on"), "{err}");
     assert!(!err.contains('\x1b'), "escape codes in a file: {err:?}");
     assert!(err.contains("2 succeeded"), "{err}");
+}
+
+/// Keys typed while the block is drawn (Enter, or any key) are not echoed where the cursor
+/// waits under it: the next redraw would leave a stale copy of its first line above it.
+#[test]
+fn keys_typed_under_the_status_block_leave_no_stale_line() {
+    if !have_tmux() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let session = start_in_tmux(
+        "status-keys",
+        dir.path(),
+        "run --sim 1 --monitor-interval 1 -- sh -c 'echo started; sleep 4'",
+    );
+    let drawn = screen_when(&session, Duration::from_secs(20), |s| {
+        s.last()
+            .is_some_and(|l| l.starts_with("  192.0.2.2: 1/1 ranks"))
+    });
+    assert!(
+        drawn
+            .last()
+            .is_some_and(|l| l.starts_with("  192.0.2.2: 1/1 ranks")),
+        "{drawn:#?}"
+    );
+    tmux(&["send-keys", "-t", &session.0, "Enter", "x", "Enter"]);
+    let end = screen_when(&session, Duration::from_secs(30), |s| {
+        s.iter().any(|l| l.starts_with("JOB-ENDED"))
+    });
+    assert!(
+        end.iter().any(|l| l.contains("1 succeeded, 0 failed")),
+        "{end:#?}"
+    );
+    assert!(
+        !end.iter().any(|l| l.contains("ranks running on")),
+        "a stale line of the block: {end:#?}"
+    );
+    assert!(
+        end.iter().any(|l| l == "JOB-ENDED echo"),
+        "the terminal echoes again once the job has ended: {end:#?}"
+    );
 }

@@ -783,6 +783,10 @@ pub fn agent_main(slurm: bool) -> u8 {
         );
         return ExitCodes::FAILURE;
     }
+    if slurm {
+        // SAFETY: the agent has started no thread yet: it reads its configuration next.
+        unsafe { super::slurm::forget_agent_task_vars() };
+    }
     let mut up = std::io::stdout().lock();
     let mut say = |m: &Up| {
         let mut frame = Vec::new();

@@ -8,6 +8,10 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
@@ -16,12 +20,25 @@ use crate::error::CliError;
 /// The event file of a job; shared by the launcher and each attempt's output.
 pub type Events = Rc<RefCell<EventLog>>;
 
-/// An open event file.
+/// The most bytes of events waiting for a slow reader (a FIFO): beyond, events are dropped
+/// (counted, and said at the end) rather than held in memory without end.
+const MAX_QUEUED: usize = 16 << 20;
+
+/// How long the launcher's end waits for the events still queued to be written.
+const LAST_WRITES: Duration = Duration::from_secs(5);
+
+/// An open event file. Lines are written by a thread of their own, so that a reader that
+/// takes nothing (a FIFO's, a stalled dashboard's) never holds up the launcher: its signals,
+/// the grace time and the workers go on, and events queue (up to [`MAX_QUEUED`] bytes).
 #[derive(Debug)]
 pub struct EventLog {
-    file: Option<File>,
-    /// Bytes of whole lines written so far: where a line cut short is cut back to.
-    written: u64,
+    lines: Option<Sender<Vec<u8>>>,
+    /// Bytes queued and not yet written.
+    queued: Arc<AtomicUsize>,
+    /// Events dropped because too much was queued.
+    dropped: u64,
+    /// Said when the writer has written (or given up on) everything.
+    done: Option<Receiver<()>>,
     path: PathBuf,
     job: String,
     /// The attempt under way: every event of it carries its number.
@@ -33,12 +50,25 @@ impl EventLog {
     ///
     /// # Errors
     ///
-    /// [`CliError::File`] naming the path.
+    /// [`CliError::File`] naming the path, or the writer thread that cannot start.
     pub fn create(path: &Path, job: &str) -> Result<Events, CliError> {
         let file = File::create(path).map_err(CliError::file("create the events file", path))?;
+        let (lines, incoming) = mpsc::channel::<Vec<u8>>();
+        let (finished, done) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (counter, shown) = (Arc::clone(&queued), path.to_path_buf());
+        std::thread::Builder::new()
+            .name("events".into())
+            .spawn(move || {
+                write_lines(file, &incoming, &counter, &shown);
+                let _ = finished.send(());
+            })
+            .map_err(CliError::system("start the events file's writer"))?;
         Ok(Rc::new(RefCell::new(EventLog {
-            file: Some(file),
-            written: 0,
+            lines: Some(lines),
+            queued,
+            dropped: 0,
+            done: Some(done),
             path: path.to_path_buf(),
             job: job.to_string(),
             attempt: None,
@@ -50,7 +80,7 @@ impl EventLog {
     /// disk) is cut back to its last whole line, said once on stderr and given up, and the job
     /// goes on.
     pub fn emit(&mut self, event: &str, fields: Value) {
-        let Some(file) = &mut self.file else {
+        let Some(lines) = &self.lines else {
             return;
         };
         let time = std::time::SystemTime::now()
@@ -68,24 +98,70 @@ impl EventLog {
         }
         let mut line = Value::Object(object).to_string();
         line.push('\n');
-        match file.write_all(line.as_bytes()) {
-            Ok(()) => self.written += line.len() as u64,
-            Err(e) => self.give_up(&e),
+        if self.queued.load(Ordering::Relaxed) + line.len() > MAX_QUEUED {
+            self.dropped += 1;
+            return;
         }
+        self.queued.fetch_add(line.len(), Ordering::Relaxed);
+        // A writer that gave up has said so; its events go nowhere.
+        let _ = lines.send(line.into_bytes());
     }
+}
 
-    /// After a failed write: no half line stays in the file (a reader of JSON Lines would
-    /// choke on it), and no more events are written.
-    fn give_up(&mut self, e: &std::io::Error) {
-        if let Some(file) = self.file.take() {
-            // (Only a regular file: not a pipe or a terminal.)
-            if file.metadata().is_ok_and(|m| m.is_file()) {
-                let _ = file.set_len(self.written);
+/// The writer thread: each line with one `write_all`; after a failed write, the file is cut
+/// back to its last whole line (a reader of JSON Lines would choke on half of one), said once,
+/// and the rest is only counted off.
+fn write_lines(mut file: File, incoming: &Receiver<Vec<u8>>, queued: &AtomicUsize, path: &Path) {
+    let mut written = 0u64;
+    let mut failed = false;
+    for line in incoming {
+        if !failed {
+            match file.write_all(&line) {
+                Ok(()) => written += line.len() as u64,
+                Err(e) => {
+                    failed = true;
+                    // (Only a regular file: not a pipe or a terminal.)
+                    if file.metadata().is_ok_and(|m| m.is_file()) {
+                        let _ = file.set_len(written);
+                    }
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "atlasboost: warning: cannot write the events file {}: {e}; no more events",
+                        path.display()
+                    );
+                }
             }
+        }
+        queued.fetch_sub(line.len(), Ordering::Relaxed);
+    }
+}
+
+impl Drop for EventLog {
+    /// Waits (at most [`LAST_WRITES`]) for what is queued to be written, and says what was not.
+    fn drop(&mut self) {
+        self.lines = None;
+        let finished = self
+            .done
+            .take()
+            .is_some_and(|d| d.recv_timeout(LAST_WRITES).is_ok());
+        let queued = self.queued.load(Ordering::Relaxed);
+        if !finished && queued > 0 {
             let _ = writeln!(
                 std::io::stderr(),
-                "atlasboost: warning: cannot write the events file {}: {e}; no more events",
-                self.path.display()
+                "atlasboost: warning: the events file {} took nothing for {} s: its last {queued} \
+                 bytes of events are not written",
+                self.path.display(),
+                LAST_WRITES.as_secs()
+            );
+        }
+        if self.dropped > 0 {
+            let _ = writeln!(
+                std::io::stderr(),
+                "atlasboost: warning: the events file {} was read too slowly: {} events were \
+                 dropped ({} MiB were waiting for it)",
+                self.path.display(),
+                self.dropped,
+                MAX_QUEUED >> 20
             );
         }
     }
@@ -118,6 +194,8 @@ mod tests {
         emit(Some(&events), "attempt_start", json!({}));
         emit(Some(&events), "summary", json!({"exit_code": 3}));
         emit(None, "ignored", json!({}));
+        // Written by the time the log is dropped.
+        drop(events);
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<Value> = text
             .lines()

@@ -255,6 +255,8 @@ pub(crate) struct AttemptRecord {
     pub duration: Duration,
     /// Why it ended.
     pub ended: String,
+    /// What its root cause recorded (`rank 2 recorded ValueError: ...`), when a worker did.
+    pub root_cause: Option<String>,
     /// The exit code it called for.
     pub exit_code: u8,
 }
@@ -267,6 +269,7 @@ pub(crate) fn attempt_end_event(events: Option<&Events>, a: &AttemptRecord) {
         serde_json::json!({
             "attempt": a.number,
             "ended": a.ended,
+            "root_cause": a.root_cause,
             "exit_code": a.exit_code,
             "seconds": a.duration.as_secs_f64(),
         }),
@@ -292,13 +295,15 @@ pub(crate) fn summary_event(
 }
 
 /// The `job_start` event: `np` when it is known before anything starts, `hosts` as the engine
-/// knows them (objects of `host`, `server_id`, `slots`, `local`), the rest from the settings.
+/// knows them (objects of `host`, `server_id`, `slots`, `local`), where `--metrics` listens, the
+/// rest from the settings.
 pub(crate) fn job_start_event(
     events: Option<&Events>,
     args: &RunSettings,
     np: Option<u32>,
     hosts: Vec<serde_json::Value>,
     rank_table: &Path,
+    metrics: Option<std::net::SocketAddr>,
 ) {
     events::emit(
         events,
@@ -312,6 +317,7 @@ pub(crate) fn job_start_event(
             "rank_table": rank_table.to_string_lossy(),
             "max_restarts": args.max_restarts,
             "fanout": args.fanout.unwrap_or(DEFAULT_FANOUT),
+            "metrics": metrics.map(|a| format!("http://{a}/metrics")),
         }),
     );
 }
@@ -412,7 +418,11 @@ fn fate(w: &WorkerResult, interrupted: bool) -> Fate {
 /// The worker whose failure started the attempt's end: among the workers that failed of
 /// their own accord and recorded an error with a time, the earliest (their clocks, across
 /// hosts); else the first failure the launcher heard of. A worker that the stop's SIGTERM or
-/// SIGKILL ended did not fail of its own accord, whatever it recorded (an error it caught).
+/// SIGKILL ended did not fail of its own accord, whatever it recorded (an error it caught);
+/// nor did one that ended after the stop began with a record stamped later than the stop (a
+/// SIGTERM handler that raised, recorded and exited 1; a whole-second stamp, torch's, of the
+/// second the stop began in may be either, and counts). Equal times go to the first failure,
+/// then to the worker that ended first.
 pub(crate) fn root_cause(result: &JobResult) -> Option<usize> {
     let first = result.first_failure?;
     let ended_by_the_stop = |w: &WorkerResult| {
@@ -422,6 +432,10 @@ pub(crate) fn root_cause(result: &JobResult) -> Option<usize> {
                 Some(Ending::Signaled(Signal::SIGTERM | Signal::SIGKILL))
             )
     };
+    let stop_began = result
+        .stop_began
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs_f64());
     let recorded_first = result
         .workers
         .iter()
@@ -429,9 +443,16 @@ pub(crate) fn root_cause(result: &JobResult) -> Option<usize> {
         .filter(|(_, w)| w.ending.is_some_and(|e| e.code() != 0) && !ended_by_the_stop(w))
         .filter_map(|(i, w)| {
             let r = RecordedError::parse(w.recorded.as_deref()?).ok()?;
-            Some((i, r.timestamp?))
+            let t = r.timestamp?;
+            let before_the_stop = stop_began.is_none_or(|stop| t <= stop);
+            (!w.stopped || before_the_stop).then_some((i, t))
         })
-        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .min_by(|a, b| {
+            let w = |i: usize| &result.workers[i];
+            a.1.total_cmp(&b.1)
+                .then((a.0 != first).cmp(&(b.0 != first)))
+                .then(w(a.0).run_time.cmp(&w(b.0).run_time))
+        })
         .map(|(i, _)| i);
     Some(recorded_first.unwrap_or(first))
 }
@@ -453,11 +474,18 @@ pub(crate) fn report_attempt(
     if let Some(h) = &result.host_failure {
         // Why, in the host's (or ssh's) words, and the hosts lost with it in the launch tree.
         printer.status(&format!("atlasboost: {}: {}", h.who(), h.message));
-    } else if result.hang.is_none()
-        && let Some(text) = root_cause(result).and_then(|i| recorded_text(&result.workers[i]))
-    {
+    } else if let Some(text) = recorded_root_cause(result) {
         printer.status(&format!("atlasboost: root cause: {text}"));
     }
+}
+
+/// What the root cause of an attempt that a worker's failure ended recorded, if it did (a
+/// hang's or a host's end has none).
+pub(crate) fn recorded_root_cause(result: &JobResult) -> Option<String> {
+    if result.hang.is_some() || result.host_failure.is_some() {
+        return None;
+    }
+    root_cause(result).and_then(|i| recorded_text(&result.workers[i]))
 }
 
 /// What a worker recorded, as one or two lines: the error and its innermost frame.
@@ -508,7 +536,7 @@ pub(crate) fn report(
             counted(attempts.len(), "attempt"),
             elapsed.as_secs_f64()
         ));
-        for a in attempts {
+        for (i, a) in attempts.iter().enumerate() {
             text.push_str(&format!(
                 "  attempt {}: {}, {:.2} s: {} (exit code {})\n",
                 a.number,
@@ -517,6 +545,13 @@ pub(crate) fn report(
                 a.ended,
                 a.exit_code
             ));
+            // The last attempt's root cause comes with its error, below.
+            if let Some(cause) = a.root_cause.as_ref().filter(|_| i + 1 < attempts.len()) {
+                text.push_str(&format!(
+                    "    root cause: {}\n",
+                    cause.replace('\n', "\n  ")
+                ));
+            }
         }
     }
     let Some(result) = result else {

@@ -164,24 +164,26 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         ),
         None => None,
     };
+    let metrics = match args.metrics {
+        Some(address) => {
+            let m = Metrics::serve(address)?;
+            let said = format!("atlasboost: metrics at http://{}/metrics", m.address());
+            match address.port() {
+                0 => printer.needed(&said),
+                _ => printer.status(&said),
+            }
+            Some(Arc::new(m))
+        }
+        None => None,
+    };
     job_start_event(
         events.as_ref(),
         args,
         args.np,
         hosts.iter().map(host_json).collect(),
         &table_path,
+        metrics.as_ref().map(|m| m.address()),
     );
-    let metrics = match args.metrics {
-        Some(address) => {
-            let m = Metrics::serve(address)?;
-            printer.status(&format!(
-                "atlasboost: metrics at http://{}/metrics",
-                m.address()
-            ));
-            Some(Arc::new(m))
-        }
-        None => None,
-    };
     let files = RankFiles::create(&job_id)?;
     // Until the guard runs, removing the directory is this process's job.
     let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(true), None, Some(files.dir()))
@@ -610,6 +612,7 @@ fn run_attempts(
             layout: Some(layout),
             duration: attempt_started.elapsed(),
             ended: ending_of(&result),
+            root_cause: job::recorded_root_cause(&result),
             exit_code: result.exit_code,
         });
         attempt_end_event(job);
@@ -741,6 +744,7 @@ fn record_end(
         layout,
         duration: started.elapsed(),
         ended: atlasboost_core::exchange::error_chain(e),
+        root_cause: None,
         exit_code: e.exit_code(),
     });
     attempt_end_event(job);
@@ -783,7 +787,9 @@ fn wait_or_signal(signals: &Signals, delay: Duration) -> Option<Signal> {
     }
 }
 
-/// The local hosts the launcher samples itself: their job devices, and their telemetry.
+/// The local hosts the launcher samples itself: their job devices, and their telemetry; and
+/// a host the job left out whole because of its unusable devices, for their health (an alert
+/// on a dead NPU does not end because a restart planned around its host).
 fn local_monitors(
     launch: &Launch<'_>,
     joined: &JoinedHosts,
@@ -798,17 +804,16 @@ fn local_monitors(
             let name = host.describe();
             let mine: Vec<WorkerPlan> =
                 workers.iter().filter(|w| w.host == name).cloned().collect();
-            (!mine.is_empty()).then(|| {
-                HostMonitor::new(
-                    name,
-                    devices,
-                    |d| mine.iter().any(|w| w.device == d),
-                    Arc::from(atlasboost::probe::telemetry_of(
-                        &launch.args.discovery,
-                        &host.server_id,
-                    )),
-                )
-            })
+            let monitor = HostMonitor::new(
+                name,
+                devices,
+                |d| mine.iter().any(|w| w.device == d),
+                Arc::from(atlasboost::probe::telemetry_of(
+                    &launch.args.discovery,
+                    &host.server_id,
+                )),
+            );
+            (!monitor.devices.is_empty()).then_some(monitor)
         })
         .collect()
 }

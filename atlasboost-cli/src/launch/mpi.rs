@@ -26,8 +26,8 @@ use super::channel::{self, Ending, Up};
 use super::events::{self, EventLog};
 use super::job::{
     AttemptRecord, attempt_end_event, check_before_start, ending_of, host_json, job_logs,
-    job_start_event, lock_table, new_job_id, rendezvous_address, report, resolve_exports,
-    summary_event, worker_dir,
+    job_start_event, lock_table, new_job_id, recorded_root_cause, rendezvous_address, report,
+    resolve_exports, summary_event, worker_dir,
 };
 use super::lifeline::{self, CgroupWanted};
 use super::output::{JobLogDir, Output, OutputOptions};
@@ -152,7 +152,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         })],
         false => resolved.iter().map(host_json).collect(),
     };
-    job_start_event(events.as_ref(), args, Some(np), given, &table_path);
+    job_start_event(events.as_ref(), args, Some(np), given, &table_path, None);
     let mut lifeline = lifeline::prepare(CgroupWanted::NoWorkers, None, None)?;
     let ranks: Vec<u32> = (0..np).collect();
     let logs = job_logs(args, &job_id, printer)?;
@@ -221,15 +221,16 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     // Nothing of the job is left: as in `run`, signals act as without atlasboost from here.
     signals.release();
     // The attempt's end is recorded however it ended (mpirun that cannot start included).
-    let (ended, code) = match &result {
-        Ok(r) => (ending_of(r), r.exit_code),
-        Err(e) => (error_chain(e), e.exit_code()),
+    let (ended, root_cause, code) = match &result {
+        Ok(r) => (ending_of(r), recorded_root_cause(r), r.exit_code),
+        Err(e) => (error_chain(e), None, e.exit_code()),
     };
     let attempt = AttemptRecord {
         number: 0,
         layout: None,
         duration: started.elapsed(),
         ended,
+        root_cause,
         exit_code: code,
     };
     attempt_end_event(events.as_ref(), &attempt);

@@ -62,6 +62,48 @@ const RESTART_SCONTROL_LIMIT: Duration = Duration::from_secs(5);
 /// The longest invitation line an agent reads.
 const MAX_INVITATION: usize = 64 * 1024;
 
+/// Variables srun reads as options that would contradict the agents' step (`SLURM_EXACT` is
+/// `--exact`, which srun refuses beside `--whole`); not given to srun.
+const SRUN_OPTIONS_REMOVED: [&str; 2] = ["SLURM_EXACT", "SLURM_EXCLUSIVE"];
+
+/// What srun sets for each task of the agents' step, which would describe an agent, not a
+/// worker: a worker would read `SLURM_PROCID` 0 and `SLURM_NTASKS` 2 for the two agents
+/// (PyTorch Lightning takes its rank and world size from them when `SLURM_NTASKS` is set).
+/// An agent removes them before it starts any worker. The job's own variables
+/// (`SLURM_JOB_ID`, `SLURM_JOB_NODELIST`, ...) stay, and so do the step's id and nodes
+/// (`SLURM_STEP_ID`, `SLURM_STEP_NODELIST`): the workers do run in that step, which
+/// `scancel JOB.STEP` ends.
+const AGENT_TASK_VARS: [&str; 18] = [
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_GTIDS",
+    "SLURM_TASK_PID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_STEP_LAUNCHER_PORT",
+    "SLURM_NNODES",
+    "SLURM_LAUNCH_NODE_IPADDR",
+    "SLURM_DISTRIBUTION",
+    "SLURM_LABELIO",
+    "SLURM_UNBUFFEREDIO",
+    "SLURM_PRIO_PROCESS",
+];
+
+/// Prefixes of the same: srun's own address (`SLURM_SRUN_COMM_HOST`), its CPU binding
+/// (`SLURM_CPU_BIND_*`) and topology.
+const AGENT_TASK_PREFIXES: [&str; 3] =
+    ["SLURM_SRUN_COMM_", "SLURM_CPU_BIND", "SLURM_TOPOLOGY_ADDR"];
+
+/// Whether `name` is one of the agents' step's per-task variables ([`AGENT_TASK_VARS`]).
+fn is_agent_task_var(name: &str) -> bool {
+    AGENT_TASK_VARS.contains(&name) || AGENT_TASK_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// Reads a variable of the environment (a function, so that tests give their own).
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -118,7 +160,13 @@ pub fn allocation_hosts(env: Env<'_>) -> Result<Vec<HostSpec>, CliError> {
     let named = |var: &str, e: NotationError| CliError::Usage(format!("{var}={e}"));
     let names = expand_hostlist(&list).map_err(|e| named(var, e))?;
     let asked_for_tasks = env("SLURM_NTASKS_PER_NODE").is_some() || env("SLURM_NTASKS").is_some();
-    let slots: Vec<Option<u32>> = match env(EnvVars::SLURM_TASKS_PER_NODE) {
+    // Inside a step (`srun ... atlasboost run`), srun replaced the task counts with the
+    // step's, while the node list stays the job's: the counts say nothing of the allocation.
+    let task_counts = match in_step(env) {
+        true => None,
+        false => env(EnvVars::SLURM_TASKS_PER_NODE),
+    };
+    let slots: Vec<Option<u32>> = match task_counts {
         Some(tasks) => {
             let counts = expand_tasks_per_node(&tasks)
                 .map_err(|e| named(EnvVars::SLURM_TASKS_PER_NODE, e))?;
@@ -146,6 +194,15 @@ pub fn allocation_hosts(env: Env<'_>) -> Result<Vec<HostSpec>, CliError> {
             origin: var.to_string(),
         })
         .collect())
+}
+
+/// Whether this runs as a task of a job step (srun's), not in the job's batch script or
+/// salloc's shell: `SLURM_STEP_ID` is a step's number (the batch and extern steps' ids,
+/// 0xFFFFFFF0 and above, are not steps srun made).
+fn in_step(env: Env<'_>) -> bool {
+    env(EnvVars::SLURM_STEP_ID)
+        .and_then(|id| id.trim().parse::<u32>().ok())
+        .is_some_and(|id| id < 0xFFFF_FFF0)
 }
 
 /// What Slurm says of the job's nodes when it starts, from one `scontrol show node
@@ -459,6 +516,10 @@ impl Step {
         .map_err(CliError::system("listen for the agents of the Slurm step"))?;
         let mut cmd = Command::new("srun");
         cmd.args(srun_args(plan.nodes));
+        // srun reads these as options; `--exact` contradicts the step's `--whole`.
+        for var in SRUN_OPTIONS_REMOVED {
+            cmd.env_remove(var);
+        }
         if let Some(extra) = std::env::var_os(EnvVars::ATLASBOOST_SRUN_OPTIONS) {
             cmd.args(extra.to_string_lossy().split_whitespace());
         }
@@ -622,6 +683,15 @@ impl Drop for Step {
 /// the whole job killed when an agent dies; no CPU binding (the agents' workers bind
 /// themselves, `--bind-cores`); every resource of the node for the step, since the workers run
 /// in it; the invitation to every task; each line labelled with its task.
+///
+/// And what a site's or the user's defaults must not change: the launcher's environment goes
+/// to the agents (`sbatch --export=NONE` leaves `SLURM_EXPORT_ENV=NONE`, which the step would
+/// inherit, and the agents would probe without the user's variables); an agent that ends
+/// first does not get the others killed after slurm.conf's `WaitTime` (`--wait=0`); the step
+/// starts beside steps that hold the allocation's CPUs (an `srun --pty bash`) instead of
+/// pending without a word (`--overlap`); and no MPI plugin gives the agents, and through them
+/// the workers, a PMI rank of the agents' step (`--mpi=none`, as Open MPI's PRRTE starts its
+/// daemons).
 fn srun_args(nodes: &[String]) -> Vec<String> {
     let n = nodes.len();
     vec![
@@ -632,6 +702,10 @@ fn srun_args(nodes: &[String]) -> Vec<String> {
         "--kill-on-bad-exit=1".into(),
         "--cpu-bind=none".into(),
         "--whole".into(),
+        "--overlap".into(),
+        "--export=ALL".into(),
+        "--wait=0".into(),
+        "--mpi=none".into(),
         "--input=all".into(),
         "--label".into(),
         "--unbuffered".into(),
@@ -711,6 +785,23 @@ pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
         .and_then(|()| nix::unistd::dup2_stdout(&connection))
         .map_err(|e| format!("cannot put the connection in place of stdin and stdout: {e}"))?;
     Ok(())
+}
+
+/// Removes the agents' step's per-task variables ([`AGENT_TASK_VARS`]) from this process's
+/// environment, which the workers inherit.
+///
+/// # Safety
+///
+/// No other thread may exist (none reads the environment meanwhile).
+pub unsafe fn forget_agent_task_vars() {
+    let task_vars: Vec<OsString> = std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_str().is_some_and(is_agent_task_var))
+        .collect();
+    for name in task_vars {
+        // SAFETY: the caller's promise.
+        unsafe { std::env::remove_var(name) };
+    }
 }
 
 /// The agent's side, once it is done: closes its half of the connection and waits (at most
@@ -805,6 +896,57 @@ mod tests {
         let hosts = allocation_hosts(&env).unwrap();
         assert!(hosts.iter().all(|h| h.slots.is_none()));
         assert_eq!(hosts[2].origin, "SLURM_NODELIST");
+    }
+
+    /// `salloc -N2` then `srun -N1 -n1 atlasboost run`: srun replaced the task counts with
+    /// its step's (1 task), the node list is still the job's two nodes.
+    #[test]
+    fn inside_a_step_the_steps_task_counts_are_not_the_allocations() {
+        let step = [
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_JOB_NODELIST", "abn[1-2]"),
+            ("SLURM_TASKS_PER_NODE", "1"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_STEP_ID", "0"),
+        ];
+        let hosts = allocation_hosts(&env_of(&step)).unwrap();
+        let got: Vec<(&str, Option<u32>)> =
+            hosts.iter().map(|h| (h.name.as_str(), h.slots)).collect();
+        assert_eq!(got, [("abn1", None), ("abn2", None)]);
+        // The same counts in the job's own shell are the allocation's, and do not match.
+        let e = allocation_hosts(&env_of(&step[..4]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("counts 1 nodes"), "{e}");
+        // The batch step's id is not a step of srun's.
+        let mut batch = step;
+        batch[4].1 = "4294967291";
+        assert!(allocation_hosts(&env_of(&batch)).is_err());
+    }
+
+    #[test]
+    fn the_agents_step_task_variables_are_told_from_the_jobs() {
+        for task in [
+            "SLURM_PROCID",
+            "SLURM_LOCALID",
+            "SLURM_NTASKS",
+            "SLURM_STEP_NUM_TASKS",
+            "SLURM_SRUN_COMM_HOST",
+            "SLURM_CPU_BIND_TYPE",
+        ] {
+            assert!(is_agent_task_var(task), "{task}");
+        }
+        for job in [
+            "SLURM_JOB_ID",
+            "SLURM_JOB_NODELIST",
+            "SLURM_JOB_NUM_NODES",
+            "SLURM_STEP_ID",
+            "SLURM_STEP_NODELIST",
+            "SLURM_CLUSTER_NAME",
+            "SLURMD_NODENAME",
+        ] {
+            assert!(!is_agent_task_var(job), "{job}");
+        }
     }
 
     #[test]
@@ -985,6 +1127,10 @@ mod tests {
             "--kill-on-bad-exit=1",
             "--cpu-bind=none",
             "--input=all",
+            "--export=ALL",
+            "--wait=0",
+            "--overlap",
+            "--mpi=none",
         ] {
             assert!(
                 args.iter().any(|a| a == want),

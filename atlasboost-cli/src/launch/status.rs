@@ -7,19 +7,22 @@
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::terminal::QueuedTerm;
+use super::terminal::{EchoOff, QueuedTerm};
 
 /// The block.
 #[derive(Debug)]
 pub struct StatusBlock {
     multi: MultiProgress,
     rows: Vec<ProgressBar>,
+    /// The terminal's echo is off while the block is drawn.
+    echo_off: Option<EchoOff>,
 }
 
 impl StatusBlock {
     /// An empty block drawn on `terminal` (a terminal writer's queue), else on stderr, at
     /// most 10 times a second.
     pub fn new(terminal: Option<QueuedTerm>) -> StatusBlock {
+        let echo_off = terminal.as_ref().and_then(QueuedTerm::echo_off);
         let target = match terminal {
             Some(t) => ProgressDrawTarget::term_like_with_hz(Box::new(t), 10),
             None => ProgressDrawTarget::stderr_with_hz(10),
@@ -27,6 +30,7 @@ impl StatusBlock {
         StatusBlock {
             multi: MultiProgress::with_draw_target(target),
             rows: Vec::new(),
+            echo_off,
         }
     }
 
@@ -65,6 +69,7 @@ impl StatusBlock {
     pub fn clear(&mut self) {
         self.show(&[]);
         let _ = self.multi.clear();
+        self.echo_off = None;
     }
 }
 

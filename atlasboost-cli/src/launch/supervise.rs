@@ -449,6 +449,9 @@ pub struct JobResult {
     pub hung_ranks: Vec<u32>,
     /// Hosts lost during the job (sessions that ended, heartbeats that stopped), first or not.
     pub lost_hosts: Vec<String>,
+    /// When atlasboost began stopping the workers, by the wall clock (the workers' error
+    /// records are stamped by it).
+    pub stop_began: Option<std::time::SystemTime>,
     /// The launcher's exit code.
     pub exit_code: u8,
 }
@@ -2554,9 +2557,8 @@ impl<'a> Supervisor<'a> {
         let state = SignalState {
             agent: self.is_agent(),
             obeys_signals: matches!(&self.role, Role::Agent(up) if up.obeys_signals),
-            ending: self.interrupted.is_some()
-                || self.first_failure.is_some()
-                || self.host_failure.is_some(),
+            // A hang's stop is an ending as a failure's is: a signal then kills at once.
+            ending: self.failed_or_interrupted(),
             stopping: self.stopping.map(|(_, killed)| killed),
             echo,
         };
@@ -2905,6 +2907,9 @@ impl<'a> Supervisor<'a> {
                     .collect(),
                 Role::Agent(_) => Vec::new(),
             },
+            stop_began: self
+                .stopping
+                .and_then(|(since, _)| std::time::SystemTime::now().checked_sub(since.elapsed())),
             exit_code,
         }
     }

@@ -271,6 +271,64 @@ impl QueuedTerm {
     }
 }
 
+impl QueuedTerm {
+    /// Turns the terminal's echo off while the status block is drawn, if this process is the
+    /// terminal's foreground job (a background one would be stopped by SIGTTOU): a key typed
+    /// meanwhile, an Enter or a Ctrl-C's `^C`, would be echoed where the cursor waits under
+    /// the block, and the next redraw, which moves up as many lines as it drew, would leave a
+    /// stale copy of the block's top line above it. `None` when the echo is off already or
+    /// cannot be changed.
+    pub fn echo_off(&self) -> Option<EchoOff> {
+        use nix::sys::termios::{LocalFlags, SetArg, tcgetattr, tcsetattr};
+        if !is_foreground(&self.terminal) {
+            return None;
+        }
+        let saved = tcgetattr(self.terminal.as_fd()).ok()?;
+        if !saved.local_flags.contains(LocalFlags::ECHO) {
+            return None;
+        }
+        let mut quiet = saved.clone();
+        quiet.local_flags.remove(LocalFlags::ECHO);
+        tcsetattr(self.terminal.as_fd(), SetArg::TCSANOW, &quiet).ok()?;
+        Some(EchoOff {
+            terminal: Arc::clone(&self.terminal),
+            saved,
+        })
+    }
+}
+
+/// Whether this process's group is the foreground job of `terminal`.
+fn is_foreground(terminal: &File) -> bool {
+    nix::unistd::tcgetpgrp(terminal.as_fd()).is_ok_and(|g| g == nix::unistd::getpgrp())
+}
+
+/// The terminal's echo, off until this is dropped ([`QueuedTerm::echo_off`]).
+pub struct EchoOff {
+    terminal: Arc<File>,
+    saved: nix::sys::termios::Termios,
+}
+
+impl std::fmt::Debug for EchoOff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EchoOff")
+    }
+}
+
+impl Drop for EchoOff {
+    /// Restores the echo, from the foreground only: a job moved to the background (Ctrl-Z,
+    /// `bg`) would be stopped by SIGTTOU, and its shell restored its own settings when it
+    /// took the terminal back.
+    fn drop(&mut self) {
+        if is_foreground(&self.terminal) {
+            let _ = nix::sys::termios::tcsetattr(
+                self.terminal.as_fd(),
+                nix::sys::termios::SetArg::TCSANOW,
+                &self.saved,
+            );
+        }
+    }
+}
+
 impl indicatif::TermLike for QueuedTerm {
     fn width(&self) -> u16 {
         self.size().1

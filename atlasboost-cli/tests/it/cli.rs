@@ -2691,6 +2691,108 @@ fn a_signal_before_anything_started_ends_run_at_once() {
     }
 }
 
+/// An events FIFO whose reader takes nothing (a stalled dashboard) does not hold the launcher
+/// up: a Ctrl-C still stops the job at once, and at the end the events left unwritten are said
+/// after a bounded wait.
+#[test]
+fn an_events_reader_that_takes_nothing_does_not_hold_up_the_launcher() {
+    use nix::sys::signal::Signal;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempdir();
+    let fifo = dir.path().join("events");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // The reader: open, never read, its pipe shrunk to one page so that the first events fill it.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    nix::fcntl::fcntl(&reader, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
+    let fifo = fifo.to_string_lossy().into_owned();
+    let child = command(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "8",
+            "--events",
+            &fifo,
+            "--monitor-interval",
+            "1",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Eight workers' starts and a telemetry sample of eight NPUs: more than the pipe holds.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGINT).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    // The workers stop at once; then at most 5 s for the events.
+    let out = rx
+        .recv_timeout(std::time::Duration::from_secs(15))
+        .unwrap_or_else(|_| {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            panic!("still running 15 s after SIGINT, with an events reader that takes nothing")
+        })
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("8 stopped"), "{err}");
+    assert!(
+        err.contains(&format!("the events file {fifo} took nothing for 5 s")),
+        "{err}"
+    );
+    drop(reader);
+}
+
+/// `--metrics ADDR:0`: the port the kernel chose is said even with `-q` (there is no other
+/// way to learn it), and the `job_start` event names the same address.
+#[test]
+fn the_metrics_port_the_kernel_chose_is_said_even_quietly_and_in_the_events() {
+    let dir = tempdir();
+    let out = command(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--sim",
+            "1",
+            "--metrics",
+            "127.0.0.1:0",
+            "--events",
+            "ev.jsonl",
+            "--",
+            "true",
+        ],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let said = err
+        .lines()
+        .find_map(|l| l.strip_prefix("atlasboost: metrics at "))
+        .unwrap_or_else(|| panic!("no address said: {err}"));
+    assert!(
+        said.starts_with("http://127.0.0.1:") && !said.contains(":0/"),
+        "{said}"
+    );
+    let events = std::fs::read_to_string(dir.path().join("ev.jsonl")).unwrap();
+    let start: serde_json::Value = serde_json::from_str(events.lines().next().unwrap()).unwrap();
+    assert_eq!(start["event"], "job_start", "{events}");
+    assert_eq!(start["metrics"], said, "{events}");
+}
+
 /// A variable that is not UTF-8 is named, not taken for unset; an empty path variable is
 /// unset, as every empty variable is, not a path named "".
 #[test]
