@@ -180,6 +180,9 @@ pub fn expand_tasks_per_node(value: &str) -> Result<Vec<u32>, NotationError> {
             }
             None => (part, "1"),
         };
+        if part.is_empty() {
+            return Err(error(part, "an empty entry; want N or N(xM)"));
+        }
         let parse = |text: &str| -> Result<u32, NotationError> {
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(error(part, "want N or N(xM), N and M whole numbers"));

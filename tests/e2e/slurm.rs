@@ -861,6 +861,20 @@ fn slurm_settings_are_checked_before_anything_starts() {
         "{}",
         uneven.describe()
     );
+    // An empty entry is named inside the whole value, not as if the variable were empty.
+    let empty = Run::new(["run", "--sim", "2", "--", "true"])
+        .env("SLURM_JOB_ID", "7")
+        .env("SLURM_JOB_NODELIST", "n[1-2]")
+        .env("SLURM_TASKS_PER_NODE", "4(x2),")
+        .run();
+    empty.assert_code(2);
+    assert!(
+        empty
+            .err()
+            .contains("SLURM_TASKS_PER_NODE=\"4(x2),\": \"\": an empty entry; want N or N(xM)"),
+        "{}",
+        empty.describe()
+    );
     // Inside an allocation, -H means ssh (or this machine), as the user listed the hosts.
     let listed = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--", "true"])
         .env("SLURM_JOB_ID", "7")

@@ -168,8 +168,11 @@ pub fn allocation_hosts(env: Env<'_>) -> Result<Vec<HostSpec>, CliError> {
     };
     let slots: Vec<Option<u32>> = match task_counts {
         Some(tasks) => {
-            let counts = expand_tasks_per_node(&tasks)
-                .map_err(|e| named(EnvVars::SLURM_TASKS_PER_NODE, e))?;
+            // The whole value, then the entry: an empty entry alone would read as if the
+            // variable were empty.
+            let counts = expand_tasks_per_node(&tasks).map_err(|e| {
+                CliError::Usage(format!("{}={tasks:?}: {e}", EnvVars::SLURM_TASKS_PER_NODE))
+            })?;
             if counts.len() != names.len() {
                 return Err(CliError::Usage(format!(
                     "{}={tasks:?} counts {} nodes, but {var}={list:?} has {}",
