@@ -29,7 +29,7 @@ const LAST_WRITES: Duration = Duration::from_secs(5);
 
 /// An open event file. Lines are written by a thread of their own, so that a reader that
 /// takes nothing (a FIFO's, a stalled dashboard's) never holds up the launcher: its signals,
-/// the grace time and the workers go on, and events queue (up to [`MAX_QUEUED`] bytes).
+/// the grace time and the workers go on, and events queue (up to `MAX_QUEUED` bytes).
 #[derive(Debug)]
 pub struct EventLog {
     lines: Option<Sender<Vec<u8>>>,
@@ -137,7 +137,7 @@ fn write_lines(mut file: File, incoming: &Receiver<Vec<u8>>, queued: &AtomicUsiz
 }
 
 impl Drop for EventLog {
-    /// Waits (at most [`LAST_WRITES`]) for what is queued to be written, and says what was not.
+    /// Waits (at most `LAST_WRITES`) for what is queued to be written, and says what was not.
     fn drop(&mut self) {
         self.lines = None;
         let finished = self

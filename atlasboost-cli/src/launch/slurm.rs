@@ -99,7 +99,7 @@ const AGENT_TASK_VARS: [&str; 18] = [
 const AGENT_TASK_PREFIXES: [&str; 3] =
     ["SLURM_SRUN_COMM_", "SLURM_CPU_BIND", "SLURM_TOPOLOGY_ADDR"];
 
-/// Whether `name` is one of the agents' step's per-task variables ([`AGENT_TASK_VARS`]).
+/// Whether `name` is one of the agents' step's per-task variables (`AGENT_TASK_VARS`).
 fn is_agent_task_var(name: &str) -> bool {
     AGENT_TASK_VARS.contains(&name) || AGENT_TASK_PREFIXES.iter().any(|p| name.starts_with(p))
 }
@@ -790,7 +790,7 @@ pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// Removes the agents' step's per-task variables ([`AGENT_TASK_VARS`]) from this process's
+/// Removes the agents' step's per-task variables (`AGENT_TASK_VARS`) from this process's
 /// environment, which the workers inherit.
 ///
 /// # Safety
