@@ -712,20 +712,29 @@ fn a_hang_dump_takes_every_stuck_ranks_stacks_and_ends_124() {
 
 /// Ctrl-C while a failed attempt's workers are being stopped (rank 0 ignores SIGTERM, so the
 /// stop waits out its grace time): no restart follows, as for one during the restart delay.
+/// The summary still names what the failed rank recorded (the error line is the signal's).
 #[test]
 fn ctrl_c_while_a_failed_attempt_stops_ends_the_job_without_a_restart() {
     let mut launch = Run::new(["run", "--sim", "2", "--max-restarts", "3"])
         .args(["--restart-delay", "0", "--grace", "30", "--", "sh", "-c"])
         .args(["echo attempt=$ATLASBOOST_RESTART_COUNT; trap '' TERM; \
-             if [ \"$RANK\" = 1 ]; then exit 3; fi; \
+             if [ \"$RANK\" = 1 ]; then \
+                 printf '{\"message\": {\"message\": \"OSError: disk full\", \
+                 \"extraInfo\": {\"timestamp\": \"1700000000\"}}}' > \"$ATLASBOOST_ERROR_FILE\"; \
+                 exit 3; fi; \
              i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"])
         .timeout(Duration::from_secs(60))
         .spawn();
     wait_for_the_stop(&mut launch);
     launch.signal(Signal::SIGINT);
     let r = launch.wait_at_most(Duration::from_secs(10));
-    r.assert_code(130)
-        .assert_err(&["stopped by SIGINT before the restart"], &["restart 1 of"]);
+    r.assert_code(130).assert_err(
+        &[
+            "stopped by SIGINT before the restart",
+            "    root cause: rank 1 recorded OSError: disk full",
+        ],
+        &["restart 1 of"],
+    );
     assert!(!r.out().contains("attempt=1"), "{}", r.describe());
 }
 
@@ -826,9 +835,13 @@ fn the_root_cause_is_the_first_of_equal_records_and_never_the_stops_own_error() 
     // `record MESSAGE TIME` writes torch's error file.
     let record = "record() { printf '{\"message\": {\"message\": \"%s\", \
                   \"extraInfo\": {\"timestamp\": \"%s\"}}}' \"$1\" \"$2\" > \"$ATLASBOOST_ERROR_FILE\"; }";
+    // Rank 0 says when its trap is set (else the stop's SIGTERM would kill it, a case the old
+    // rule already left out); rank 1 waits for that (at most 30 s).
+    let ready = "if [ \"$RANK\" = 0 ]; then touch trapped; else \
+                 i=0; while [ ! -e trapped ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; fi";
     // Rank 1 fails first; rank 0 records its consequence in the same second when stopped.
     let same_second = format!(
-        "{record}; trap 'record \"RuntimeError: peer rank 1 gone\" 1700000000; exit 2' TERM; \
+        "{record}; trap 'record \"RuntimeError: peer rank 1 gone\" 1700000000; exit 2' TERM; {ready}; \
          if [ \"$RANK\" = 1 ]; then record \"ValueError: the real cause\" 1700000000; exit 1; fi; \
          sleep 30 & wait"
     );
@@ -853,7 +866,7 @@ fn the_root_cause_is_the_first_of_equal_records_and_never_the_stops_own_error() 
     // nanosecond, and exits 1.
     let stopped = format!(
         "{record}; trap 'record \"RuntimeError: preempted by SIGTERM\" $(date +%s.%N); exit 1' TERM; \
-         if [ \"$RANK\" = 1 ]; then sleep 0.3; kill -SEGV $$; fi; sleep 30 & wait"
+         {ready}; if [ \"$RANK\" = 1 ]; then kill -SEGV $$; fi; sleep 30 & wait"
     );
     let r = Run::new([
         "run", "--sim", "2", "--grace", "5", "--", "bash", "-c", &stopped,

@@ -449,7 +449,8 @@ fn a_failed_worker_fails_the_job_naming_it_and_its_node() {
 /// agents' step: `sbatch --export=NONE`'s `SLURM_EXPORT_ENV=NONE` (the agents still probe
 /// under the user's `ASCEND_RT_VISIBLE_DEVICES`, the workers get the user's variables),
 /// `WaitTime` (`SLURM_WAIT`: a node whose workers finish first does not get the others killed),
-/// `SLURM_EXACT` (srun refused it beside `--whole`), and an MPI plugin (`MpiDefault`), whose PMI
+/// `SLURM_EXACT` (srun refused it beside `--whole`), the job's CPUs per task (with which srun
+/// ignores `--whole`; the workers get them back), and an MPI plugin (`MpiDefault`), whose PMI
 /// rank, like the step's `SLURM_PROCID`, describes an agent, not a worker.
 #[test]
 fn the_sites_and_the_users_srun_defaults_do_not_change_the_agents_step() {
@@ -458,12 +459,14 @@ fn the_sites_and_the_users_srun_defaults_do_not_change_the_agents_step() {
     let first = cluster.nodes[0].clone();
     let worker = format!(
         "echo vis=$ASCEND_RT_VISIBLE_DEVICES mine=${{MINE-unset}} \
-         procid=${{SLURM_PROCID-unset}} ntasks=${{SLURM_NTASKS-unset}} pmi=${{PMI_RANK-unset}}; \
+         procid=${{SLURM_PROCID-unset}} ntasks=${{SLURM_NTASKS-unset}} pmi=${{PMI_RANK-unset}} \
+         cpus=${{SRUN_CPUS_PER_TASK-unset}}; \
          if [ \"$SLURMD_NODENAME\" != {first} ]; then sleep 4; fi"
     );
     let done = cluster
-        .salloc(&["run", "--sim", "4", "--", "sh", "-c", &worker])
+        .salloc(&["run", "-v", "--sim", "4", "--", "sh", "-c", &worker])
         .env("SLURM_EXPORT_ENV", "NONE")
+        .env("SRUN_CPUS_PER_TASK", "1")
         .env("SLURM_WAIT", "1")
         .env("SLURM_EXACT", "1")
         .env("SLURM_MPI_TYPE", "pmi2")
@@ -477,12 +480,18 @@ fn the_sites_and_the_users_srun_defaults_do_not_change_the_agents_step() {
         "{}",
         done.describe()
     );
+    // The job's CPUs per task (`sbatch -c`) would have made srun ignore `--whole`.
+    assert!(
+        !done.err().contains("Ignoring --whole"),
+        "{}",
+        done.describe()
+    );
     let by_rank = lines_by_rank(&done.out(), "stdout");
     assert_eq!(by_rank.len(), 2 * n, "{}", done.describe());
     for (rank, lines) in &by_rank {
         assert_eq!(
             lines,
-            &["vis=1,3 mine=kept procid=unset ntasks=unset pmi=unset"],
+            &["vis=1,3 mine=kept procid=unset ntasks=unset pmi=unset cpus=1"],
             "rank {rank}:\n{}",
             done.describe()
         );

@@ -199,7 +199,8 @@ fn keys_typed_under_the_status_block_leave_no_stale_line() {
     let session = start_in_tmux(
         "status-keys",
         dir.path(),
-        "run --sim 1 --monitor-interval 1 -- sh -c 'echo started; sleep 4'",
+        "run --sim 1 --monitor-interval 1 -- sh -c 'echo started; \
+         i=0; while [ ! -e go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done'",
     );
     let drawn = screen_when(&session, Duration::from_secs(20), |s| {
         s.last()
@@ -212,6 +213,9 @@ fn keys_typed_under_the_status_block_leave_no_stale_line() {
         "{drawn:#?}"
     );
     tmux(&["send-keys", "-t", &session.0, "Enter", "x", "Enter"]);
+    // The job goes on until the block has been redrawn (every second) after the keys.
+    std::thread::sleep(Duration::from_millis(2500));
+    std::fs::write(dir.path().join("go"), "").unwrap();
     let end = screen_when(&session, Duration::from_secs(30), |s| {
         s.iter().any(|l| l.starts_with("JOB-ENDED"))
     });

@@ -783,10 +783,6 @@ pub fn agent_main(slurm: bool) -> u8 {
         );
         return ExitCodes::FAILURE;
     }
-    if slurm {
-        // SAFETY: the agent has started no thread yet: it reads its configuration next.
-        unsafe { super::slurm::forget_agent_task_vars() };
-    }
     let mut up = std::io::stdout().lock();
     let mut say = |m: &Up| {
         let mut frame = Vec::new();
@@ -1061,12 +1057,20 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
         answer,
         devices: devices.unwrap_or_default(),
     };
-    let workers = host_workers(
+    let mut workers = host_workers(
         HostPart::of(&prepared, &config.server_id, &config.host)?,
         settings,
         &config.job_id,
         &|k| std::env::var_os(k).is_some(),
     )?;
+    // Under srun, the workers see the job's Slurm variables, not the agents' step's.
+    let slurm_env = match slurm {
+        true => super::slurm::workers_env_under_slurm(),
+        false => Default::default(),
+    };
+    for w in &mut workers {
+        w.env.extend(slurm_env.1.iter().cloned());
+    }
     let pytorch = settings.framework.parse::<Framework>()? == Framework::Pytorch;
     // From here on every frame goes through `output` (standard output is non-blocking now),
     // the last ones too.
@@ -1094,6 +1098,7 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
             )],
         }),
         metrics: None,
+        unset_env: slurm_env.0,
     };
     let result = supervise::run_workers(
         &plan,

@@ -20,8 +20,9 @@ use crate::error::CliError;
 /// The event file of a job; shared by the launcher and each attempt's output.
 pub type Events = Rc<RefCell<EventLog>>;
 
-/// The most bytes of events waiting for a slow reader (a FIFO): beyond, events are dropped
-/// (counted, and said at the end) rather than held in memory without end.
+/// The most bytes of events waiting for a slow reader (a FIFO): beyond, `telemetry` events
+/// (the periodic bulk) are dropped, counted and said at the end, rather than held in memory
+/// without end; the job's own events (starts, ends, the summary) always wait their turn.
 const MAX_QUEUED: usize = 16 << 20;
 
 /// How long the launcher's end waits for the events still queued to be written.
@@ -29,13 +30,14 @@ const LAST_WRITES: Duration = Duration::from_secs(5);
 
 /// An open event file. Lines are written by a thread of their own, so that a reader that
 /// takes nothing (a FIFO's, a stalled dashboard's) never holds up the launcher: its signals,
-/// the grace time and the workers go on, and events queue (up to `MAX_QUEUED` bytes).
+/// the grace time and the workers go on, and events queue (telemetry up to `MAX_QUEUED`
+/// bytes).
 #[derive(Debug)]
 pub struct EventLog {
     lines: Option<Sender<Vec<u8>>>,
     /// Bytes queued and not yet written.
     queued: Arc<AtomicUsize>,
-    /// Events dropped because too much was queued.
+    /// Telemetry events dropped because too much was queued.
     dropped: u64,
     /// Said when the writer has written (or given up on) everything.
     done: Option<Receiver<()>>,
@@ -98,7 +100,7 @@ impl EventLog {
         }
         let mut line = Value::Object(object).to_string();
         line.push('\n');
-        if self.queued.load(Ordering::Relaxed) + line.len() > MAX_QUEUED {
+        if event == "telemetry" && self.queued.load(Ordering::Relaxed) + line.len() > MAX_QUEUED {
             self.dropped += 1;
             return;
         }
@@ -148,8 +150,8 @@ impl Drop for EventLog {
         if !finished && queued > 0 {
             let _ = writeln!(
                 std::io::stderr(),
-                "atlasboost: warning: the events file {} took nothing for {} s: its last {queued} \
-                 bytes of events are not written",
+                "atlasboost: warning: the events file {} did not take its last {queued} bytes \
+                 of events within {} s of the end: they are not written",
                 self.path.display(),
                 LAST_WRITES.as_secs()
             );
@@ -157,8 +159,8 @@ impl Drop for EventLog {
         if self.dropped > 0 {
             let _ = writeln!(
                 std::io::stderr(),
-                "atlasboost: warning: the events file {} was read too slowly: {} events were \
-                 dropped ({} MiB were waiting for it)",
+                "atlasboost: warning: the events file {} was read too slowly: {} telemetry \
+                 events were dropped ({} MiB were waiting for it)",
                 self.path.display(),
                 self.dropped,
                 MAX_QUEUED >> 20

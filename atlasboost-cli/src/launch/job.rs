@@ -530,7 +530,16 @@ pub(crate) fn report(
     printer: &Printer,
 ) {
     let mut text = String::new();
-    if attempts.len() > 1 {
+    // The error below names the last attempt's root cause only when a worker's failure ended
+    // the job (not a signal during its stop or the restart's delay, a hang, a host).
+    let cause_below = result.is_some_and(|r| {
+        r.interrupted.is_none()
+            && r.hang.is_none()
+            && r.host_failure.is_none()
+            && r.first_failure.is_some()
+    });
+    let lone_cause = matches!(attempts, [a] if a.root_cause.is_some() && !cause_below);
+    if attempts.len() > 1 || lone_cause {
         text.push_str(&format!(
             "atlasboost: {} in {:.2} s:\n",
             counted(attempts.len(), "attempt"),
@@ -545,8 +554,8 @@ pub(crate) fn report(
                 a.ended,
                 a.exit_code
             ));
-            // The last attempt's root cause comes with its error, below.
-            if let Some(cause) = a.root_cause.as_ref().filter(|_| i + 1 < attempts.len()) {
+            let last = i + 1 == attempts.len();
+            if let Some(cause) = a.root_cause.as_ref().filter(|_| !(last && cause_below)) {
                 text.push_str(&format!(
                     "    root cause: {}\n",
                     cause.replace('\n', "\n  ")

@@ -154,16 +154,8 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         false => None,
     };
 
-    let logs = job_logs(args, &job_id, printer)?;
-    // A FIFO waits for its reader: a signal meanwhile ends the launcher.
-    let events = match &args.events {
-        Some(path) => Some(
-            signals.exit_on_signal_during("opening the events file", || {
-                EventLog::create(path, &job_id)
-            })?,
-        ),
-        None => None,
-    };
+    // Bound before the events file is opened (or truncated): a port in use ends the launch
+    // with nothing of the job written.
     let metrics = match args.metrics {
         Some(address) => {
             let m = Metrics::serve(address)?;
@@ -174,6 +166,16 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             }
             Some(Arc::new(m))
         }
+        None => None,
+    };
+    let logs = job_logs(args, &job_id, printer)?;
+    // A FIFO waits for its reader: a signal meanwhile ends the launcher.
+    let events = match &args.events {
+        Some(path) => Some(
+            signals.exit_on_signal_during("opening the events file", || {
+                EventLog::create(path, &job_id)
+            })?,
+        ),
         None => None,
     };
     job_start_event(
@@ -584,6 +586,7 @@ fn run_attempts(
                         .map(|r| (r.rank, r.physical_id))
                         .collect(),
                 }),
+                unset_env: Vec::new(),
             };
             drop(keeper.take());
             let result = run_workers(
@@ -825,7 +828,7 @@ fn job_chips(launch: &Launch<'_>, joined: &JoinedHosts) -> HashMap<(String, u32)
         .iter()
         .map(|h| (h.server_id.as_str(), h.describe()))
         .collect();
-    joined
+    let mut chips: HashMap<(String, u32), String> = joined
         .decision
         .devices
         .iter()
@@ -833,7 +836,16 @@ fn job_chips(launch: &Launch<'_>, joined: &JoinedHosts) -> HashMap<(String, u32)
             let host = names.get(d.server_id.as_str())?;
             Some(((host.clone(), d.physical_id), d.chip.clone()))
         })
-        .collect()
+        .collect();
+    // A local host's devices outside the job (a host left out whole) as its probe found them.
+    for (host, devices) in launch.hosts.iter().zip(&joined.local) {
+        for d in devices.iter().flatten() {
+            chips
+                .entry((host.describe(), d.physical_id))
+                .or_insert_with(|| d.chip.clone());
+        }
+    }
+    chips
 }
 
 /// `N ranks on S servers (S × D)`, the table's shape (`S × D` when every server has D).

@@ -457,12 +457,10 @@ pub fn render(
         for (host, sample) in samples {
             for d in &sample.devices {
                 let Some(v) = get(d) else { continue };
-                // A device outside the job (a dead one left out) has its host's chip; one of
-                // a host left out whole, the job's (HCCL takes one kind of chip per job).
+                // A device outside the job (a dead one left out) has its host's chip.
                 let model = chips
                     .get(&(host.clone(), d.physical_id))
                     .or_else(|| host_chip.get(host.as_str()).copied())
-                    .or_else(|| chips.values().min())
                     .map_or_else(|| "Ascend".to_string(), |c| format!("Ascend{c}"));
                 let rank = rank_of
                     .get(&(host.as_str(), d.physical_id))

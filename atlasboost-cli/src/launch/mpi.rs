@@ -192,6 +192,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         pytorch: false,
         monitor: None,
         metrics: None,
+        unset_env: Vec::new(),
     };
     let mpirun = MpirunPlan {
         command,
@@ -692,6 +693,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         pytorch: false,
         monitor: None,
         metrics: None,
+        unset_env: Vec::new(),
     };
     let result = run_workers(
         &plan,

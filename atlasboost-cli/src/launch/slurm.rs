@@ -66,6 +66,19 @@ const MAX_INVITATION: usize = 64 * 1024;
 /// `--exact`, which srun refuses beside `--whole`); not given to srun.
 const SRUN_OPTIONS_REMOVED: [&str; 2] = ["SLURM_EXACT", "SLURM_EXCLUSIVE"];
 
+/// The job's CPUs per task (`sbatch -c 16`), which srun reads as the step's: it then ignores
+/// `--whole` and gives each agent, and so all its node's workers, 16 CPUs (and memory per
+/// CPU). Not given to srun as such; the workers get them back ([`HELD_PREFIX`]).
+const SRUN_CPUS_HELD: [&str; 3] = [
+    "SRUN_CPUS_PER_TASK",
+    "SLURM_CPUS_PER_TASK",
+    "SLURM_TRES_PER_TASK",
+];
+
+/// How [`SRUN_CPUS_HELD`] travel through srun to the agents, which give them to the workers
+/// under their own names.
+const HELD_PREFIX: &str = "ATLASBOOST_SRUN_HELD_";
+
 /// What srun sets for each task of the agents' step, which would describe an agent, not a
 /// worker: a worker would read `SLURM_PROCID` 0 and `SLURM_NTASKS` 2 for the two agents
 /// (PyTorch Lightning takes its rank and world size from them when `SLURM_NTASKS` is set).
@@ -73,7 +86,7 @@ const SRUN_OPTIONS_REMOVED: [&str; 2] = ["SLURM_EXACT", "SLURM_EXCLUSIVE"];
 /// (`SLURM_JOB_ID`, `SLURM_JOB_NODELIST`, ...) stay, and so do the step's id and nodes
 /// (`SLURM_STEP_ID`, `SLURM_STEP_NODELIST`): the workers do run in that step, which
 /// `scancel JOB.STEP` ends.
-const AGENT_TASK_VARS: [&str; 18] = [
+const AGENT_TASK_VARS: [&str; 19] = [
     "SLURM_PROCID",
     "SLURM_LOCALID",
     "SLURM_NODEID",
@@ -92,6 +105,7 @@ const AGENT_TASK_VARS: [&str; 18] = [
     "SLURM_LABELIO",
     "SLURM_UNBUFFEREDIO",
     "SLURM_PRIO_PROCESS",
+    "SLURM_MPI_TYPE",
 ];
 
 /// Prefixes of the same: srun's own address (`SLURM_SRUN_COMM_HOST`), its CPU binding
@@ -201,11 +215,17 @@ pub fn allocation_hosts(env: Env<'_>) -> Result<Vec<HostSpec>, CliError> {
 
 /// Whether this runs as a task of a job step (srun's), not in the job's batch script or
 /// salloc's shell: `SLURM_STEP_ID` is a step's number (the batch and extern steps' ids,
-/// 0xFFFFFFF0 and above, are not steps srun made).
+/// 0xFFFFFFF0 and above, are not steps srun made), and srun set the step's task counts as the
+/// job's (`SLURM_STEP_TASKS_PER_NODE` = `SLURM_TASKS_PER_NODE`). Both, since an allocation
+/// made from inside a step (`sbatch` from an `srun --pty` shell) inherits the step's
+/// variables, but gets task counts of its own.
 fn in_step(env: Env<'_>) -> bool {
-    env(EnvVars::SLURM_STEP_ID)
+    let numbered = env(EnvVars::SLURM_STEP_ID)
         .and_then(|id| id.trim().parse::<u32>().ok())
-        .is_some_and(|id| id < 0xFFFF_FFF0)
+        .is_some_and(|id| id < 0xFFFF_FFF0);
+    numbered
+        && env("SLURM_STEP_TASKS_PER_NODE")
+            .is_some_and(|step| env(EnvVars::SLURM_TASKS_PER_NODE).is_some_and(|job| job == step))
 }
 
 /// What Slurm says of the job's nodes when it starts, from one `scontrol show node
@@ -523,6 +543,12 @@ impl Step {
         for var in SRUN_OPTIONS_REMOVED {
             cmd.env_remove(var);
         }
+        for var in SRUN_CPUS_HELD {
+            if let Some(value) = std::env::var_os(var) {
+                cmd.env_remove(var)
+                    .env(format!("{HELD_PREFIX}{var}"), value);
+            }
+        }
         if let Some(extra) = std::env::var_os(EnvVars::ATLASBOOST_SRUN_OPTIONS) {
             cmd.args(extra.to_string_lossy().split_whitespace());
         }
@@ -790,21 +816,30 @@ pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// Removes the agents' step's per-task variables (`AGENT_TASK_VARS`) from this process's
-/// environment, which the workers inherit.
-///
-/// # Safety
-///
-/// No other thread may exist (none reads the environment meanwhile).
-pub unsafe fn forget_agent_task_vars() {
-    let task_vars: Vec<OsString> = std::env::vars_os()
-        .map(|(k, _)| k)
-        .filter(|k| k.to_str().is_some_and(is_agent_task_var))
-        .collect();
-    for name in task_vars {
-        // SAFETY: the caller's promise.
-        unsafe { std::env::remove_var(name) };
+/// What the workers of an agent of the Slurm step must not inherit from it, and what they get
+/// instead: the step's per-task variables (`AGENT_TASK_VARS`) unset, the job's CPUs per task
+/// (`SRUN_CPUS_HELD`) back under their own names.
+pub fn workers_env_under_slurm() -> (Vec<OsString>, Vec<(OsString, OsString)>) {
+    workers_env_of(std::env::vars_os())
+}
+
+/// [`workers_env_under_slurm`] of an agent whose environment is `vars`.
+fn workers_env_of(
+    vars: impl Iterator<Item = (OsString, OsString)>,
+) -> (Vec<OsString>, Vec<(OsString, OsString)>) {
+    let mut unset = Vec::new();
+    let mut set = Vec::new();
+    for (name, value) in vars {
+        let Some(text) = name.to_str() else { continue };
+        if is_agent_task_var(text) || SRUN_CPUS_HELD.contains(&text) {
+            unset.push(name.clone());
+        }
+        if let Some(held) = text.strip_prefix(HELD_PREFIX) {
+            unset.push(name.clone());
+            set.push((OsString::from(held), value));
+        }
     }
+    (unset, set)
 }
 
 /// The agent's side, once it is done: closes its half of the connection and waits (at most
@@ -911,6 +946,7 @@ mod tests {
             ("SLURM_TASKS_PER_NODE", "1"),
             ("SLURM_NTASKS", "1"),
             ("SLURM_STEP_ID", "0"),
+            ("SLURM_STEP_TASKS_PER_NODE", "1"),
         ];
         let hosts = allocation_hosts(&env_of(&step)).unwrap();
         let got: Vec<(&str, Option<u32>)> =
@@ -925,6 +961,37 @@ mod tests {
         let mut batch = step;
         batch[4].1 = "4294967291";
         assert!(allocation_hosts(&env_of(&batch)).is_err());
+        // An allocation made from inside a step: the step's variables, its own task counts.
+        let mut inherited = step;
+        inherited[5].1 = "2(x2)";
+        assert!(allocation_hosts(&env_of(&inherited)).is_err());
+    }
+
+    /// An agent's environment under srun: the step's per-task variables go, the job's CPUs
+    /// per task come back under their own names, the job's variables stay.
+    #[test]
+    fn workers_get_the_jobs_slurm_variables_not_the_agents_steps() {
+        let agent = [
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_CPUS_PER_TASK", "1"),
+            ("ATLASBOOST_SRUN_HELD_SLURM_CPUS_PER_TASK", "16"),
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_STEP_ID", "0"),
+        ]
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+        let (mut unset, set) = workers_env_of(agent.into_iter());
+        unset.sort();
+        assert_eq!(
+            unset,
+            [
+                "ATLASBOOST_SRUN_HELD_SLURM_CPUS_PER_TASK",
+                "SLURM_CPUS_PER_TASK",
+                "SLURM_NTASKS",
+                "SLURM_PROCID"
+            ]
+        );
+        assert_eq!(set, [("SLURM_CPUS_PER_TASK".into(), "16".into())]);
     }
 
     #[test]

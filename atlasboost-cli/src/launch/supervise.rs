@@ -346,6 +346,9 @@ pub struct RunPlan {
     pub helpers: Vec<u32>,
     /// The launcher's: where the samples and ranks' states are published.
     pub metrics: Option<MetricsPlan>,
+    /// Variables of this process the workers do not inherit (an agent of the Slurm step: the
+    /// step's per-task ones, which describe the agent).
+    pub unset_env: Vec<OsString>,
 }
 
 /// What `--metrics` shows beside the samples.
@@ -768,6 +771,9 @@ fn spawn(
         None => None,
     };
     let mut cmd = Command::new(program);
+    for name in &plan.unset_env {
+        cmd.env_remove(name);
+    }
     if let Some(files) = &plan.files {
         cmd.envs(files.env(w.rank, plan.pytorch));
     }
@@ -842,6 +848,8 @@ struct Supervisor<'a> {
     interrupted: Option<Signal>,
     /// When the stop began and whether SIGKILL has followed.
     stopping: Option<(Instant, bool)>,
+    /// When the stop began by the wall clock, which stamps the workers' error records.
+    stop_began: Option<std::time::SystemTime>,
     /// The grace time of the stop in progress (shorter when the launcher is lost).
     grace: Duration,
     /// When the first SIGINT, SIGTERM or SIGHUP came, and which, whatever the stop did with it
@@ -934,6 +942,7 @@ impl<'a> Supervisor<'a> {
             host_failure: None,
             interrupted: None,
             stopping: None,
+            stop_began: None,
             grace: plan.grace,
             signalled: None,
             last_signal: None,
@@ -1283,7 +1292,7 @@ impl<'a> Supervisor<'a> {
                         false => format!(" ({})", what.join(", and ")),
                     }
                 ));
-                self.stopping = Some((Instant::now(), false));
+                self.begin_stop();
             }
             self.signal_groups(Signal::SIGTERM);
         }
@@ -2748,10 +2757,16 @@ impl<'a> Supervisor<'a> {
         );
     }
 
-    fn stop(&mut self, signal: Signal) {
+    /// Notes when the stop began, once.
+    fn begin_stop(&mut self) {
         if self.stopping.is_none() {
             self.stopping = Some((Instant::now(), false));
+            self.stop_began = Some(std::time::SystemTime::now());
         }
+    }
+
+    fn stop(&mut self, signal: Signal) {
+        self.begin_stop();
         self.signal_groups(signal);
         self.signal_remotes(signal);
         if signal == Signal::SIGKILL {
@@ -2764,7 +2779,8 @@ impl<'a> Supervisor<'a> {
         self.signal_remotes(Signal::SIGKILL);
         self.signal_mpirun(Signal::SIGKILL);
         self.signal_orphans(&orphans(&self.not_orphans()), Signal::SIGKILL);
-        self.stopping = Some((self.stopping.map_or(Instant::now(), |s| s.0), true));
+        self.begin_stop();
+        self.stopping = self.stopping.map(|(since, _)| (since, true));
         self.drain_until = Some(Instant::now() + DRAIN_AFTER_KILL);
     }
 
@@ -2907,9 +2923,7 @@ impl<'a> Supervisor<'a> {
                     .collect(),
                 Role::Agent(_) => Vec::new(),
             },
-            stop_began: self
-                .stopping
-                .and_then(|(since, _)| std::time::SystemTime::now().checked_sub(since.elapsed())),
+            stop_began: self.stop_began,
             exit_code,
         }
     }

@@ -283,16 +283,14 @@ impl QueuedTerm {
         if !is_foreground(&self.terminal) {
             return None;
         }
-        let saved = tcgetattr(self.terminal.as_fd()).ok()?;
-        if !saved.local_flags.contains(LocalFlags::ECHO) {
+        let mut quiet = tcgetattr(self.terminal.as_fd()).ok()?;
+        if !quiet.local_flags.contains(LocalFlags::ECHO) {
             return None;
         }
-        let mut quiet = saved.clone();
         quiet.local_flags.remove(LocalFlags::ECHO);
         tcsetattr(self.terminal.as_fd(), SetArg::TCSANOW, &quiet).ok()?;
         Some(EchoOff {
             terminal: Arc::clone(&self.terminal),
-            saved,
         })
     }
 }
@@ -302,10 +300,11 @@ fn is_foreground(terminal: &File) -> bool {
     nix::unistd::tcgetpgrp(terminal.as_fd()).is_ok_and(|g| g == nix::unistd::getpgrp())
 }
 
-/// The terminal's echo, off until this is dropped ([`QueuedTerm::echo_off`]).
+/// The terminal's echo, off until this is dropped ([`QueuedTerm::echo_off`]). After `kill -9`
+/// of the launcher, an interactive shell restores its terminal settings itself (as after any
+/// program killed by a signal).
 pub struct EchoOff {
     terminal: Arc<File>,
-    saved: nix::sys::termios::Termios,
 }
 
 impl std::fmt::Debug for EchoOff {
@@ -315,16 +314,17 @@ impl std::fmt::Debug for EchoOff {
 }
 
 impl Drop for EchoOff {
-    /// Restores the echo, from the foreground only: a job moved to the background (Ctrl-Z,
-    /// `bg`) would be stopped by SIGTTOU, and its shell restored its own settings when it
-    /// took the terminal back.
+    /// Turns the echo back on (only it: other settings changed meanwhile stay), from the
+    /// foreground only: a job moved to the background (Ctrl-Z, `bg`) would be stopped by
+    /// SIGTTOU, and its shell restored its own settings when it took the terminal back.
     fn drop(&mut self) {
-        if is_foreground(&self.terminal) {
-            let _ = nix::sys::termios::tcsetattr(
-                self.terminal.as_fd(),
-                nix::sys::termios::SetArg::TCSANOW,
-                &self.saved,
-            );
+        use nix::sys::termios::{LocalFlags, SetArg, tcgetattr, tcsetattr};
+        if !is_foreground(&self.terminal) {
+            return;
+        }
+        if let Ok(mut now) = tcgetattr(self.terminal.as_fd()) {
+            now.local_flags.insert(LocalFlags::ECHO);
+            let _ = tcsetattr(self.terminal.as_fd(), SetArg::TCSANOW, &now);
         }
     }
 }

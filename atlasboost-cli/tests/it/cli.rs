@@ -2506,6 +2506,7 @@ fn events_follow_the_schema_through_a_failing_job() {
                 "rank_table",
                 "max_restarts",
                 "fanout",
+                "metrics",
             ],
         ),
         ("attempt_start", &[]),
@@ -2520,7 +2521,10 @@ fn events_follow_the_schema_through_a_failing_job() {
         ),
         ("hang", &["report"]),
         ("telemetry", &["host", "devices", "workers"]),
-        ("attempt_end", &["ended", "exit_code", "seconds"]),
+        (
+            "attempt_end",
+            &["ended", "root_cause", "exit_code", "seconds"],
+        ),
         ("host_left_out", &["host", "why"]),
         ("summary", &["exit_code", "attempts", "seconds"]),
     ];
@@ -2709,7 +2713,7 @@ fn an_events_reader_that_takes_nothing_does_not_hold_up_the_launcher() {
         .unwrap();
     nix::fcntl::fcntl(&reader, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
     let fifo = fifo.to_string_lossy().into_owned();
-    let child = command(
+    let mut child = command(
         dir.path(),
         &[
             "run",
@@ -2725,31 +2729,56 @@ fn an_events_reader_that_takes_nothing_does_not_hold_up_the_launcher() {
         ],
     )
     .stdin(Stdio::null())
-    .stdout(Stdio::piped())
+    .stdout(Stdio::null())
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    // Eight workers' starts and a telemetry sample of eight NPUs: more than the pipe holds.
-    std::thread::sleep(std::time::Duration::from_millis(2500));
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut stderr = child.stderr.take().unwrap();
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reading = {
+        let said = std::sync::Arc::clone(&said);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut stderr, &mut buf) {
+                said.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    // The workers started (the table is ready), then a sample came: eight workers' starts and
+    // a telemetry sample of eight NPUs are more than the pipe holds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !said.lock().unwrap().contains("(ready in") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no table after 30 s: {}",
+            said.lock().unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(2000));
     nix::sys::signal::kill(pid, Signal::SIGINT).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
+        let _ = tx.send(child.wait());
     });
     // The workers stop at once; then at most 5 s for the events.
-    let out = rx
+    let status = rx
         .recv_timeout(std::time::Duration::from_secs(15))
         .unwrap_or_else(|_| {
             let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
             panic!("still running 15 s after SIGINT, with an events reader that takes nothing")
         })
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
+    reading.join().unwrap();
+    let err = said.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(130), "{err}");
     assert!(err.contains("8 stopped"), "{err}");
     assert!(
-        err.contains(&format!("the events file {fifo} took nothing for 5 s")),
+        err.contains(&format!("the events file {fifo} did not take its last"))
+            && err.contains("bytes of events within 5 s of the end"),
         "{err}"
     );
     drop(reader);

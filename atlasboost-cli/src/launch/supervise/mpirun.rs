@@ -86,6 +86,7 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         pytorch: false,
         monitor: None,
         metrics: None,
+        unset_env: Vec::new(),
     };
     let spec = WorkerPlan {
         rank: 0,
