@@ -27,6 +27,16 @@ mod status;
 
 use std::collections::BTreeMap;
 
+/// The events of kind `event` in the `events.jsonl` (`--events events.jsonl`) of a finished run.
+pub fn events_of(done: &atlasboost_e2e::Finished, event: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(done.dir().join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == event)
+        .collect()
+}
+
 /// The stdout lines of rank `rank` (`[rank]<stdout>:` removed).
 pub fn rank_lines(out: &str, rank: u32, stream: &str) -> Vec<String> {
     let tag = format!("[{rank}]<{stream}>:");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use atlasboost_e2e::{LAUNCH_MARK, Run, assert_no_process_with_env, wait_until};
 use nix::sys::signal::Signal;
 
-use crate::lines_by_rank;
+use crate::{events_of, lines_by_rank};
 
 /// A worker that says its restart count and fails once, on rank 3, while `marker` is absent
 /// (once every rank has said it: a bounded wait for their `up.*` files).
@@ -902,20 +902,15 @@ fn every_attempts_recorded_root_cause_is_in_the_summary_and_the_events() {
         &["(exit code 1)\n    root cause: rank 1 recorded ValueError: attempt 0 diverged\n  attempt 1:"],
         &[],
     );
-    let events = std::fs::read_to_string(r.dir().join("events.jsonl")).unwrap();
-    let causes: Vec<serde_json::Value> = events
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|e| e["event"] == "attempt_end")
-        .map(|e| e["root_cause"].clone())
-        .collect();
+    let ends = events_of(&r, "attempt_end");
+    let causes: Vec<&serde_json::Value> = ends.iter().map(|e| &e["root_cause"]).collect();
     assert_eq!(
         causes,
         [
-            serde_json::json!("rank 1 recorded ValueError: attempt 0 diverged"),
-            serde_json::Value::Null
+            &serde_json::json!("rank 1 recorded ValueError: attempt 0 diverged"),
+            &serde_json::Value::Null
         ],
-        "{events}"
+        "{ends:?}"
     );
 }
 
@@ -957,19 +952,14 @@ fn a_host_whose_probe_fails_at_a_restart_is_left_out_by_name() {
         ],
         &[],
     );
-    let events = std::fs::read_to_string(r.dir().join("events.jsonl")).unwrap();
-    let left_out: Vec<serde_json::Value> = events
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|e| e["event"] == "host_left_out")
-        .collect();
-    assert_eq!(left_out.len(), 1, "{events}");
-    assert_eq!(left_out[0]["host"], "127.0.0.3", "{events}");
+    let left_out = events_of(&r, "host_left_out");
+    assert_eq!(left_out.len(), 1, "{left_out:?}");
+    assert_eq!(left_out[0]["host"], "127.0.0.3", "{left_out:?}");
     assert!(
         left_out[0]["why"]
             .as_str()
             .is_some_and(|w| w.contains("driver gone")),
-        "{events}"
+        "{left_out:?}"
     );
 }
 

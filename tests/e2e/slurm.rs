@@ -18,13 +18,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use atlasboost_e2e::{
-    Finished, LAUNCH_MARK, Launch, Run, assert_no_process_with_env, atlasboost_bin, descendants,
-    example, wait_until,
+    LAUNCH_MARK, Launch, Run, assert_no_process_with_env, atlasboost_bin, descendants, example,
+    wait_until,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::lines_by_rank;
+use crate::{events_of, lines_by_rank};
 
 /// The cluster the fixture started.
 struct Cluster {
@@ -1025,16 +1025,6 @@ fn a_lost_node_is_left_out_of_the_restart() {
         "{left_out:?}"
     );
     cluster.assert_nothing_left("after a restart without a lost node");
-}
-
-/// The events of kind `event` in the `events.jsonl` of a finished job.
-fn events_of(done: &Finished, event: &str) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(done.dir().join("events.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|e| e["event"] == event)
-        .collect()
 }
 
 /// Puts a node that a test drained back into service, however the test ends, so that the next
