@@ -92,6 +92,20 @@ fn screen_when(
     seen
 }
 
+/// The screen once the job has ended: its summary (`summary` in it) is there, and no line of
+/// the block (cleared before the summary, and no stale copy of it left).
+fn screen_after_the_job(session: &Session, summary: &str) -> Vec<String> {
+    let end = screen_when(session, Duration::from_secs(30), |s| {
+        s.iter().any(|l| l.starts_with("JOB-ENDED"))
+    });
+    assert!(end.iter().any(|l| l.contains(summary)), "{end:#?}");
+    assert!(
+        !end.iter().any(|l| l.contains("ranks running on")),
+        "a line of the block is left: {end:#?}"
+    );
+    end
+}
+
 #[test]
 fn the_status_block_stays_at_the_bottom_updates_and_lines_scroll_above_it() {
     if !have_tmux() {
@@ -150,17 +164,7 @@ fn the_status_block_stays_at_the_bottom_updates_and_lines_scroll_above_it() {
         "lines scroll: {second:#?}"
     );
     // At the end the block is gone: the summary follows the last lines.
-    let end = screen_when(&session, Duration::from_secs(30), |s| {
-        s.iter().any(|l| l.starts_with("JOB-ENDED"))
-    });
-    assert!(
-        end.iter().any(|l| l.contains("4 succeeded, 0 failed")),
-        "{end:#?}"
-    );
-    assert!(
-        !end.iter().any(|l| l.contains("ranks running on")),
-        "the block was cleared: {end:#?}"
-    );
+    screen_after_the_job(&session, "4 succeeded, 0 failed");
 }
 
 #[test]
@@ -216,17 +220,7 @@ fn keys_typed_under_the_status_block_leave_no_stale_line() {
     // The job goes on until the block has been redrawn (every second) after the keys.
     std::thread::sleep(Duration::from_millis(2500));
     std::fs::write(dir.path().join("go"), "").unwrap();
-    let end = screen_when(&session, Duration::from_secs(30), |s| {
-        s.iter().any(|l| l.starts_with("JOB-ENDED"))
-    });
-    assert!(
-        end.iter().any(|l| l.contains("1 succeeded, 0 failed")),
-        "{end:#?}"
-    );
-    assert!(
-        !end.iter().any(|l| l.contains("ranks running on")),
-        "a stale line of the block: {end:#?}"
-    );
+    let end = screen_after_the_job(&session, "1 succeeded, 0 failed");
     assert!(
         end.iter().any(|l| l == "JOB-ENDED echo"),
         "the terminal echoes again once the job has ended: {end:#?}"

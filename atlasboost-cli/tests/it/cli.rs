@@ -2673,17 +2673,10 @@ fn a_signal_before_anything_started_ends_run_at_once() {
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         nix::sys::signal::kill(pid, signal).unwrap();
         // Bounded: without the fix it would wait for the FIFO (for ever) or the retries (60 s).
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        let out = rx
-            .recv_timeout(std::time::Duration::from_secs(20))
-            .unwrap_or_else(|_| {
-                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-                panic!("{args:?}: still running 20 s after {signal}")
-            })
-            .unwrap();
+        let out = wait_or_kill(pid, 20, &format!("{args:?}, after {signal}"), move || {
+            child.wait_with_output()
+        })
+        .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&out.status),
@@ -2693,6 +2686,25 @@ fn a_signal_before_anything_started_ends_run_at_once() {
         );
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// Runs `wait` (of the child `pid`) on a thread of its own; if it has not returned within
+/// `secs` seconds, kills the child and fails the test, saying it was still running `what`.
+fn wait_or_kill<T: Send + 'static>(
+    pid: nix::unistd::Pid,
+    secs: u64,
+    what: &str,
+    wait: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(wait());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs))
+        .unwrap_or_else(|_| {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            panic!("still running {secs} s after {what}")
+        })
 }
 
 /// An events FIFO whose reader takes nothing (a stalled dashboard) does not hold the launcher
@@ -2760,18 +2772,9 @@ fn an_events_reader_that_takes_nothing_does_not_hold_up_the_launcher() {
     }
     std::thread::sleep(std::time::Duration::from_millis(2000));
     nix::sys::signal::kill(pid, Signal::SIGINT).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
     // The workers stop at once; then at most 5 s for the events.
-    let status = rx
-        .recv_timeout(std::time::Duration::from_secs(15))
-        .unwrap_or_else(|_| {
-            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-            panic!("still running 15 s after SIGINT, with an events reader that takes nothing")
-        })
-        .unwrap();
+    let what = "SIGINT, with an events reader that takes nothing";
+    let status = wait_or_kill(pid, 15, what, move || child.wait()).unwrap();
     reading.join().unwrap();
     let err = said.lock().unwrap().clone();
     assert_eq!(status.code(), Some(130), "{err}");
