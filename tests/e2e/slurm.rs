@@ -460,11 +460,15 @@ fn the_sites_and_the_users_srun_defaults_do_not_change_the_agents_step() {
     let worker = format!(
         "echo vis=$ASCEND_RT_VISIBLE_DEVICES mine=${{MINE-unset}} \
          procid=${{SLURM_PROCID-unset}} ntasks=${{SLURM_NTASKS-unset}} pmi=${{PMI_RANK-unset}} \
-         cpus=${{SRUN_CPUS_PER_TASK-unset}}; \
+         cpus=${{SRUN_CPUS_PER_TASK-unset}} name=${{SLURM_JOB_NAME-unset}}; \
          if [ \"$SLURMD_NODENAME\" != {first} ]; then sleep 4; fi"
     );
+    // The job's name, which the agents' step (`--job-name`) would replace.
     let done = cluster
-        .salloc(&["run", "-v", "--sim", "4", "--", "sh", "-c", &worker])
+        .salloc_with(
+            &["--job-name=train-llm"],
+            &["run", "-v", "--sim", "4", "--", "sh", "-c", &worker],
+        )
         .env("SLURM_EXPORT_ENV", "NONE")
         .env("SRUN_CPUS_PER_TASK", "1")
         .env("SLURM_WAIT", "1")
@@ -491,7 +495,7 @@ fn the_sites_and_the_users_srun_defaults_do_not_change_the_agents_step() {
     for (rank, lines) in &by_rank {
         assert_eq!(
             lines,
-            &["vis=1,3 mine=kept procid=unset ntasks=unset pmi=unset cpus=1"],
+            &["vis=1,3 mine=kept procid=unset ntasks=unset pmi=unset cpus=1 name=train-llm"],
             "rank {rank}:\n{}",
             done.describe()
         );

@@ -66,16 +66,20 @@ const MAX_INVITATION: usize = 64 * 1024;
 /// `--exact`, which srun refuses beside `--whole`); not given to srun.
 const SRUN_OPTIONS_REMOVED: [&str; 2] = ["SLURM_EXACT", "SLURM_EXCLUSIVE"];
 
-/// The job's CPUs per task (`sbatch -c 16`), which srun reads as the step's: it then ignores
-/// `--whole` and gives each agent, and so all its node's workers, 16 CPUs (and memory per
-/// CPU). Not given to srun as such; the workers get them back ([`HELD_PREFIX`]).
-const SRUN_CPUS_HELD: [&str; 3] = [
+/// The job's variables that srun would read as the step's options or replace with the step's:
+/// the job's CPUs per task (`sbatch -c 16`), with which srun ignores `--whole` and gives each
+/// agent, and so all its node's workers, 16 CPUs (and memory per CPU); and the job's name,
+/// which the step's `--job-name` replaces (PyTorch Lightning reads `SLURM_JOB_NAME`, e.g.
+/// `bash` for an interactive job). Not given to srun as such; the workers get them back
+/// ([`HELD_PREFIX`]).
+const SRUN_HELD: [&str; 4] = [
     "SRUN_CPUS_PER_TASK",
     "SLURM_CPUS_PER_TASK",
     "SLURM_TRES_PER_TASK",
+    "SLURM_JOB_NAME",
 ];
 
-/// How [`SRUN_CPUS_HELD`] travel through srun to the agents, which give them to the workers
+/// How [`SRUN_HELD`] travel through srun to the agents, which give them to the workers
 /// under their own names.
 const HELD_PREFIX: &str = "ATLASBOOST_SRUN_HELD_";
 
@@ -543,7 +547,7 @@ impl Step {
         for var in SRUN_OPTIONS_REMOVED {
             cmd.env_remove(var);
         }
-        for var in SRUN_CPUS_HELD {
+        for var in SRUN_HELD {
             if let Some(value) = std::env::var_os(var) {
                 cmd.env_remove(var)
                     .env(format!("{HELD_PREFIX}{var}"), value);
@@ -817,8 +821,8 @@ pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
 }
 
 /// What the workers of an agent of the Slurm step must not inherit from it, and what they get
-/// instead: the step's per-task variables (`AGENT_TASK_VARS`) unset, the job's CPUs per task
-/// (`SRUN_CPUS_HELD`) back under their own names.
+/// instead: the step's per-task variables (`AGENT_TASK_VARS`) unset, the job's CPUs per task and name
+/// (`SRUN_HELD`) back under their own names.
 pub fn workers_env_under_slurm() -> (Vec<OsString>, Vec<(OsString, OsString)>) {
     workers_env_of(std::env::vars_os())
 }
@@ -831,7 +835,7 @@ fn workers_env_of(
     let mut set = Vec::new();
     for (name, value) in vars {
         let Some(text) = name.to_str() else { continue };
-        if is_agent_task_var(text) || SRUN_CPUS_HELD.contains(&text) {
+        if is_agent_task_var(text) || SRUN_HELD.contains(&text) {
             unset.push(name.clone());
         }
         if let Some(held) = text.strip_prefix(HELD_PREFIX) {
@@ -968,7 +972,7 @@ mod tests {
     }
 
     /// An agent's environment under srun: the step's per-task variables go, the job's CPUs
-    /// per task come back under their own names, the job's variables stay.
+    /// per task and name come back under their own names, the job's variables stay.
     #[test]
     fn workers_get_the_jobs_slurm_variables_not_the_agents_steps() {
         let agent = [
@@ -976,6 +980,8 @@ mod tests {
             ("SLURM_NTASKS", "2"),
             ("SLURM_CPUS_PER_TASK", "1"),
             ("ATLASBOOST_SRUN_HELD_SLURM_CPUS_PER_TASK", "16"),
+            ("SLURM_JOB_NAME", "atlasboost-agents"),
+            ("ATLASBOOST_SRUN_HELD_SLURM_JOB_NAME", "train"),
             ("SLURM_JOB_ID", "7"),
             ("SLURM_STEP_ID", "0"),
         ]
@@ -986,12 +992,20 @@ mod tests {
             unset,
             [
                 "ATLASBOOST_SRUN_HELD_SLURM_CPUS_PER_TASK",
+                "ATLASBOOST_SRUN_HELD_SLURM_JOB_NAME",
                 "SLURM_CPUS_PER_TASK",
+                "SLURM_JOB_NAME",
                 "SLURM_NTASKS",
                 "SLURM_PROCID"
             ]
         );
-        assert_eq!(set, [("SLURM_CPUS_PER_TASK".into(), "16".into())]);
+        assert_eq!(
+            set,
+            [
+                ("SLURM_CPUS_PER_TASK".into(), "16".into()),
+                ("SLURM_JOB_NAME".into(), "train".into())
+            ]
+        );
     }
 
     #[test]
