@@ -191,6 +191,7 @@ pub struct RanktableArgs {
         short,
         long,
         value_name = "PATH",
+        value_parser = parse_output_path,
         help = "Output file; `-` for standard output [default: hccl_<n>p_<ids>_<server_id>.json]"
     )]
     pub output: Option<PathBuf>,
@@ -212,6 +213,7 @@ pub struct MergeArgs {
         short,
         long,
         value_name = "PATH",
+        value_parser = parse_output_path,
         help = "Output file; `-` for standard output [default: hccl_<S>s_<N>p.json]"
     )]
     pub output: Option<PathBuf>,
@@ -477,6 +479,14 @@ fn parse_table_path(s: &str) -> Result<PathBuf, String> {
     match path.extension().is_some_and(|e| e == "json") {
         true => Ok(path),
         false => Err("HCCL only loads rank tables whose name ends in .json".into()),
+    }
+}
+
+/// `-o`: a rank table's path as [`parse_table_path`] takes it, or `-` for standard output.
+fn parse_output_path(s: &str) -> Result<PathBuf, String> {
+    match s {
+        "-" => Ok(PathBuf::from(s)),
+        _ => parse_table_path(s),
     }
 }
 

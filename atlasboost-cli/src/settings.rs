@@ -307,16 +307,18 @@ impl From<&RunArgs> for RunSettings {
 ///
 /// # Errors
 ///
-/// [`CliError::Usage`] for any other value, naming the variable.
+/// [`CliError::Failure`] for any other value, naming the variable: a malformed variable is bad
+/// input (exit 125), as every other `ATLASBOOST_*` variable's; usage errors are the command
+/// line's.
 pub fn switch(name: &str, what: &str) -> Result<Option<bool>, CliError> {
     match std::env::var(name).as_deref() {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Ok("1") => Ok(Some(true)),
         Ok("0") => Ok(Some(false)),
-        Ok(other) => Err(CliError::Usage(format!(
+        Ok(other) => Err(CliError::Failure(format!(
             "{name}={other}: expected 0 or 1 ({what})"
         ))),
-        Err(std::env::VarError::NotUnicode(v)) => Err(CliError::Usage(format!(
+        Err(std::env::VarError::NotUnicode(v)) => Err(CliError::Failure(format!(
             "{name}={}: expected 0 or 1 ({what})",
             v.to_string_lossy()
         ))),

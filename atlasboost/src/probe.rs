@@ -79,8 +79,11 @@ pub enum ProbeError {
         source: DsmiError,
     },
     /// `auto` found neither a driver nor an hccn.conf.
-    #[error("found no device source: {dsmi}; and {} does not exist. On a machine without NPUs, {} {} to use N simulated devices",
-        hccn.display(), origin.verb(), sim_example(*origin))]
+    #[error("found no device source: {dsmi}; and {} does not exist. On a machine without NPUs, {} {} to use N simulated devices{}",
+        hccn.display(), origin.verb(), sim_example(*origin),
+        unread_sim.as_ref().map_or(String::new(), |v| format!(
+            " ({}={v} is set, but only init() in a worker reads it; the command takes --sim {v})",
+            EnvVars::ATLASBOOST_SIM)))]
     NoSource {
         /// How the user asked.
         origin: Origin,
@@ -88,6 +91,9 @@ pub enum ProbeError {
         dsmi: DsmiError,
         /// The hccn.conf looked for.
         hccn: PathBuf,
+        /// `ATLASBOOST_SIM`'s value, when it is set where only the command line chooses (a
+        /// command of `atlasboost`, not library mode): a user may expect it to apply.
+        unread_sim: Option<String>,
     },
     /// `auto` found the driver's library (or was told where it is) but it does not work: not
     /// a reason to fall back to hccn.conf, whose devices would have no health or chip.
@@ -216,10 +222,16 @@ pub fn make_probe(
             if path.exists() {
                 return hccn_probe(server_id, &path, origin);
             }
+            let unread_sim = match origin {
+                Origin::CommandLine => std::env::var_os(EnvVars::ATLASBOOST_SIM)
+                    .map(|v| v.to_string_lossy().into_owned()),
+                Origin::Environment => None,
+            };
             Err(ProbeError::NoSource {
                 origin,
                 dsmi,
                 hccn: path,
+                unread_sim,
             })
         }
     }

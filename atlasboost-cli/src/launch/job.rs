@@ -121,9 +121,10 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
         )));
     }
     if let Some(dir) = &args.log_dir {
-        // mkdir's own word for a file in the way is "File exists".
+        // mkdir's own word for a file in the way is "File exists". What is on the disk is
+        // bad input (125), as for a path below a file, not a usage error.
         if dir.exists() && !dir.is_dir() {
-            return Err(CliError::Usage(format!(
+            return Err(CliError::Failure(format!(
                 "--log-dir {} is not a directory",
                 dir.display()
             )));

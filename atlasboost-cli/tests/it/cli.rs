@@ -595,8 +595,9 @@ fn merge_output_must_end_in_json() {
     let dir = tempdir();
     sim_table(dir.path(), "10.0.0.1", "8", "a.json", &[]);
     sim_table(dir.path(), "10.0.0.2", "8", "b.json", &[]);
+    // A usage error (2), as `run --rank-table t.txt`'s.
     run(dir.path(), &["merge", "a.json", "b.json", "-o", "t.txt"])
-        .expect_code(FAILURE)
+        .expect_code(USAGE)
         .stderr_has(&["t.txt", ".json"]);
     assert_eq!(entries(dir.path()), ["a.json", "b.json"]);
 }
@@ -1257,6 +1258,28 @@ fn probe_sim_without_sim_n_is_a_usage_error() {
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 
+/// `ATLASBOOST_SIM` is library mode's: a command that finds no device source says so, and
+/// which flag it takes instead.
+#[test]
+fn a_command_without_devices_says_that_atlasboost_sim_is_not_its_setting() {
+    let dir = tempdir();
+    let missing = dir.path().join("hccn.conf");
+    run_env(
+        dir.path(),
+        &["run", "--", "true"],
+        &[
+            ("LD_LIBRARY_PATH", ""),
+            ("ATLASBOOST_HCCN_CONF", missing.to_str().unwrap()),
+            ("ATLASBOOST_SIM", "8"),
+        ],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&[
+        "found no device source",
+        "ATLASBOOST_SIM=8 is set, but only init() in a worker reads it; the command takes --sim 8",
+    ]);
+}
+
 #[test]
 fn probe_dsmi_without_a_driver_lists_every_path_tried() {
     let dir = tempdir();
@@ -1325,7 +1348,7 @@ fn an_output_path_not_ending_in_json_is_refused() {
             "table.txt",
         ],
     )
-    .expect_code(FAILURE)
+    .expect_code(USAGE)
     .stderr_has(&["table.txt", ".json"]);
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
@@ -1999,10 +2022,6 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
             &["--grace", "-3"],
             "invalid value '-3' for '--grace <SECS>': -3 seconds is less than 0",
         ),
-        (
-            &["--log-dir", "/dev/null"],
-            "--log-dir /dev/null is not a directory",
-        ),
         // Each bound named in words, not Rust's parser's.
         (
             &["--max-restarts", "1e3"],
@@ -2024,6 +2043,30 @@ fn keep_alive_flags_that_cannot_work_are_usage_errors() {
         let out = run(dir.path(), &args);
         out.expect_code(USAGE).stderr_has(&[needs]);
         assert!(!out.stdout.contains("RAN"), "{flags:?}: {}", out.stdout);
+    }
+    // What is on the disk is bad input (125), not a usage error, whether the path is a file
+    // or below one.
+    for (log_dir, says) in [
+        ("/dev/null", "--log-dir /dev/null is not a directory"),
+        (
+            "/dev/null/logs",
+            "cannot create log directory /dev/null/logs",
+        ),
+    ] {
+        let args = [
+            "run",
+            "--sim",
+            "2",
+            "--log-dir",
+            log_dir,
+            "--",
+            "sh",
+            "-c",
+            "echo RAN",
+        ];
+        let out = run(dir.path(), &args);
+        out.expect_code(FAILURE).stderr_has(&[says]);
+        assert!(!out.stdout.contains("RAN"), "{log_dir}: {}", out.stdout);
     }
     // A variable the table decides for each worker cannot be given to every worker, with or
     // without --mpi; the framework's own (POD_NAME for TensorFlow) only with that framework.
@@ -2969,7 +3012,8 @@ fn a_malformed_switch_variable_is_named() {
             &["run", "--sim", "1", "--", "sh", "-c", "echo RAN"],
             &[(name, value)],
         );
-        out.expect_code(USAGE)
+        // Bad input (125), as every other malformed ATLASBOOST_* variable's.
+        out.expect_code(FAILURE)
             .stderr_has(&[&format!("{name}={value}: expected 0 or 1 (")]);
         assert!(!out.stdout.contains("RAN"), "{}", out.stdout);
     }

@@ -46,8 +46,8 @@ impl WorkerCgroup {
     ///
     /// # Errors
     ///
-    /// [`CliError::Usage`] when `ATLASBOOST_CGROUP` is neither `0` nor `1`;
-    /// [`CliError::Failure`] when it is `1` and no cgroup can be made here.
+    /// [`CliError::Failure`] when `ATLASBOOST_CGROUP` is neither `0` nor `1`, or
+    /// when it is `1` and no cgroup can be made here.
     pub fn for_workers(default: bool) -> Result<Result<WorkerCgroup, String>, CliError> {
         match WorkerCgroup::asked()? {
             Some(true) => WorkerCgroup::create().map(Ok).map_err(|why| {
@@ -70,7 +70,7 @@ impl WorkerCgroup {
     ///
     /// # Errors
     ///
-    /// [`CliError::Usage`] for any other value.
+    /// [`CliError::Failure`] for any other value.
     pub fn asked() -> Result<Option<bool>, CliError> {
         crate::settings::switch(
             EnvVars::ATLASBOOST_CGROUP,
