@@ -93,7 +93,7 @@ pub enum ProbeError {
         hccn: PathBuf,
         /// `ATLASBOOST_SIM`'s value, when it is set where only the command line chooses (a
         /// command of `atlasboost`, not library mode): a user may expect it to apply.
-        unread_sim: Option<String>,
+        unread_sim: Option<Box<str>>,
     },
     /// `auto` found the driver's library (or was told where it is) but it does not work: not
     /// a reason to fall back to hccn.conf, whose devices would have no health or chip.
@@ -224,7 +224,7 @@ pub fn make_probe(
             }
             let unread_sim = match origin {
                 Origin::CommandLine => std::env::var_os(EnvVars::ATLASBOOST_SIM)
-                    .map(|v| v.to_string_lossy().into_owned()),
+                    .map(|v| v.to_string_lossy().into()),
                 Origin::Environment => None,
             };
             Err(ProbeError::NoSource {
