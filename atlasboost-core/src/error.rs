@@ -77,6 +77,13 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A file starts with a UTF-8 byte-order mark (an editor's), which JSON does not allow.
+    #[error("{} starts with a UTF-8 byte-order mark (EF BB BF), which is not JSON; save it without one", path.display())]
+    ByteOrderMark {
+        /// The file.
+        path: PathBuf,
+    },
+
     /// Merging rank tables found the same server or device IP in two inputs.
     #[error("cannot merge: {what} {value:?} appears in both {first} and {second}")]
     MergeConflict {

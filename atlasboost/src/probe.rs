@@ -223,8 +223,9 @@ pub fn make_probe(
                 return hccn_probe(server_id, &path, origin);
             }
             let unread_sim = match origin {
-                Origin::CommandLine => std::env::var_os(EnvVars::ATLASBOOST_SIM)
-                    .map(|v| v.to_string_lossy().into()),
+                Origin::CommandLine => {
+                    std::env::var_os(EnvVars::ATLASBOOST_SIM).map(|v| v.to_string_lossy().into())
+                }
                 Origin::Environment => None,
             };
             Err(ProbeError::NoSource {

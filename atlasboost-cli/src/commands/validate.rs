@@ -1,9 +1,9 @@
 //! `atlasboost validate`: every rule HCCL applies, every violation listed.
 
-use atlasboost_core::Error;
 use atlasboost_core::ranktable::{
-    RankTable, Violation, default_chip, duplicate_keys, read_json_bytes, read_json_from,
+    RankTable, Rule, Violation, default_chip, duplicate_keys, read_json_bytes, read_json_from,
 };
+use atlasboost_core::{Chip, Error};
 use std::path::Path;
 
 use serde::Serialize;
@@ -37,7 +37,9 @@ struct Report<'a> {
 ///
 /// # Errors
 ///
-/// A file that cannot be read, or is not JSON (with the parser's line and column): exit 125.
+/// A file that cannot be read: exit 125. One that is not JSON is an invalid table (rule
+/// `not-json`, with the parser's line and column), reported as any other, so that `--json`
+/// always answers in JSON.
 pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
     // `-` is standard input, as `ranktable -o -` is standard output.
     let stdin = args.file.as_os_str() == "-";
@@ -45,19 +47,36 @@ pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
         true => "<stdin>".to_string(),
         false => args.file.display().to_string(),
     };
-    let (value, bytes) = match stdin {
-        true => read_json_from(std::io::stdin().lock(), Path::new(&file))?,
-        false => read_json_bytes(&args.file)?,
+    let read = match stdin {
+        true => read_json_from(std::io::stdin().lock(), Path::new(&file)),
+        false => read_json_bytes(&args.file),
     };
-    let chip = args.chip.unwrap_or_else(|| default_chip(&value));
-    // One validation: every violation, errors and warnings, either way.
-    let (table, mut violations) = match RankTable::from_value_checked(value, &file, chip) {
-        Ok((t, warnings)) => (Some(t), warnings),
-        Err(Error::Invalid { violations, .. }) => (None, violations),
+    let (chip, table, violations) = match read {
+        Ok((value, bytes)) => {
+            let chip = args.chip.unwrap_or_else(|| default_chip(&value));
+            // One validation: every violation, errors and warnings, either way.
+            let (table, mut violations) = match RankTable::from_value_checked(value, &file, chip) {
+                Ok((t, warnings)) => (Some(t), warnings),
+                Err(Error::Invalid { violations, .. }) => (None, violations),
+                Err(e) => return Err(e.into()),
+            };
+            // What the parsed value no longer shows: a key given twice, of which only the
+            // last counts.
+            violations.extend(duplicate_keys(&bytes));
+            (chip, table, violations)
+        }
+        Err(e @ (Error::Json { .. } | Error::ByteOrderMark { .. })) => {
+            let why = match &e {
+                Error::Json { source, .. } => format!("not JSON: {source}"),
+                _ => "not JSON: it starts with a UTF-8 byte-order mark (EF BB BF); save it \
+                      without one"
+                    .into(),
+            };
+            let not_json = Violation::new("$".into(), Rule::NotJson, why);
+            (args.chip.unwrap_or(Chip::Ascend910), None, vec![not_json])
+        }
         Err(e) => return Err(e.into()),
     };
-    // What the parsed value no longer shows: a key given twice, of which only the last counts.
-    violations.extend(duplicate_keys(&bytes));
     let errors = violations.iter().filter(|v| v.is_error()).count();
     let warnings = violations.len() - errors;
     let valid = table.is_some() && !(args.strict && warnings > 0);

@@ -977,8 +977,10 @@ fn validate_a_missing_file_exits_125_naming_it() {
     assert!(out.stdout.is_empty(), "{out:#?}");
 }
 
+/// A file that is not JSON is an invalid table (rule `not-json`, exit 1), with the parser's line
+/// and column; `--json` still answers in JSON.
 #[test]
-fn validate_a_file_that_is_not_json_exits_125_with_line_and_column() {
+fn validate_a_file_that_is_not_json_is_invalid_with_line_and_column() {
     let dir = tempdir();
     fs::write(
         dir.path().join("broken.json"),
@@ -986,16 +988,31 @@ fn validate_a_file_that_is_not_json_exits_125_with_line_and_column() {
     )
     .unwrap();
     run(dir.path(), &["validate", "broken.json"])
-        .expect_code(FAILURE)
-        .stderr_has(&["broken.json", "line", "column"]);
+        .expect_code(INVALID_TABLE)
+        .stdout_has(&[
+            "broken.json: invalid rank table, 1 problem",
+            "$: not JSON: EOF while parsing a value at line 2 column 17 [not-json]",
+        ]);
+    let out = run(dir.path(), &["validate", "broken.json", "--json"]);
+    out.expect_code(INVALID_TABLE);
+    let report: Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("--json output is not JSON: {e}\n{}", out.stdout));
+    assert_eq!(report["valid"], Value::Bool(false), "{report:#}");
+    assert_eq!(report["errors"], 1, "{report:#}");
+    assert_eq!(report["violations"][0]["rule"], "not-json", "{report:#}");
+    assert_eq!(report["violations"][0]["path"], "$", "{report:#}");
     // A valid table saved with an editor's byte-order mark: the mark is named.
     sim_table(dir.path(), "10.0.0.1", "8", "a.json", &[]);
     let mut bytes = b"\xef\xbb\xbf".to_vec();
     bytes.extend(fs::read(dir.path().join("a.json")).unwrap());
     fs::write(dir.path().join("bom.json"), bytes).unwrap();
     run(dir.path(), &["validate", "bom.json"])
+        .expect_code(INVALID_TABLE)
+        .stdout_has(&["bom.json", "byte-order mark", "[not-json]"]);
+    // Any other command refuses it outright (exit 125), naming the mark.
+    run(dir.path(), &["merge", "a.json", "bom.json", "-o", "m.json"])
         .expect_code(FAILURE)
-        .stderr_has(&["bom.json", "byte-order mark"]);
+        .stderr_has(&["bom.json starts with a UTF-8 byte-order mark"]);
 }
 
 /// `validate -` reads standard input (as `ranktable -o -` writes standard output): a table
@@ -1025,9 +1042,12 @@ fn validate_dash_reads_standard_input() {
         out.starts_with("<stdin>: valid rank table (1 server, 8 ranks"),
         "{out}"
     );
-    let (code, _, err) = check(b"{\"version\": ".to_vec());
-    assert_eq!(code, Some(FAILURE), "{err}");
-    assert!(err.contains("<stdin>"), "{err}");
+    let (code, out, err) = check(b"{\"version\": ".to_vec());
+    assert_eq!(code, Some(INVALID_TABLE), "{out}{err}");
+    assert!(
+        out.starts_with("<stdin>: invalid rank table, 1 problem") && out.contains("[not-json]"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -1511,16 +1531,16 @@ fn validate_refuses_a_directory_an_empty_file_and_non_utf8_bytes_naming_them() {
         .stderr_has(&["tables.json"]);
     fs::write(dir.path().join("empty.json"), b"").unwrap();
     run(dir.path(), &["validate", "empty.json"])
-        .expect_code(FAILURE)
-        .stderr_has(&["empty.json", "line 1", "column 0"]);
+        .expect_code(INVALID_TABLE)
+        .stdout_has(&["empty.json", "line 1", "column 0", "[not-json]"]);
     fs::write(
         dir.path().join("latin1.json"),
         b"{\"status\": \"compl\xe9ted\"}",
     )
     .unwrap();
     run(dir.path(), &["validate", "latin1.json"])
-        .expect_code(FAILURE)
-        .stderr_has(&["latin1.json", "line 1", "column"]);
+        .expect_code(INVALID_TABLE)
+        .stdout_has(&["latin1.json", "line 1", "column", "[not-json]"]);
 }
 
 #[test]

@@ -172,11 +172,8 @@ pub fn read_json_from(reader: impl Read, path: &Path) -> Result<(serde_json::Val
     // JSON has no byte-order mark; an editor's one would otherwise be "expected value at
     // line 1 column 1".
     if bytes.starts_with(b"\xef\xbb\xbf") {
-        return Err(Error::BadPath {
+        return Err(Error::ByteOrderMark {
             path: path.to_path_buf(),
-            reason: "the file starts with a UTF-8 byte-order mark (EF BB BF), which is not JSON; \
-                     save it without one"
-                .into(),
         });
     }
     let value = serde_json::from_slice(&bytes).map_err(|source| Error::Json {

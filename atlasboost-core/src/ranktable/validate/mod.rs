@@ -143,6 +143,8 @@ pub fn errors_fail(
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Rule {
+    /// The file is not JSON at all (`validate` only: every other reader refuses it outright).
+    NotJson,
     /// The document's shape: an object, an array or a key where the format wants one.
     Structure,
     /// A required key is missing.
@@ -199,6 +201,7 @@ impl Rule {
     /// The rule's kebab-case name, as shown in messages and in `validate --json`.
     pub fn as_str(self) -> &'static str {
         match self {
+            Rule::NotJson => "not-json",
             Rule::Structure => "structure",
             Rule::Missing => "missing",
             Rule::NotString => "not-string",
