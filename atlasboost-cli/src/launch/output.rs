@@ -1061,11 +1061,18 @@ impl JobLogDir {
         let latest = dir.join("latest");
         let previous = std::fs::read_link(&latest).ok();
         let fresh = dir.join(format!(".latest-{job_id}"));
-        let pointed = std::os::unix::fs::symlink(job_id, &fresh)
-            .and_then(|()| std::fs::rename(&fresh, &latest))
-            .inspect_err(|_| {
-                let _ = std::fs::remove_file(&fresh);
-            });
+        // Only a link is replaced: a file or directory of that name is the user's, not ours.
+        let pointed = match std::fs::symlink_metadata(&latest) {
+            Ok(m) if !m.file_type().is_symlink() => Err(std::io::Error::other(format!(
+                "it is a {} atlasboost did not make; left as it is",
+                if m.is_dir() { "directory" } else { "file" }
+            ))),
+            _ => std::os::unix::fs::symlink(job_id, &fresh)
+                .and_then(|()| std::fs::rename(&fresh, &latest))
+                .inspect_err(|_| {
+                    let _ = std::fs::remove_file(&fresh);
+                }),
+        };
         let warning = pointed.as_ref().err().map(|e| {
             format!(
                 "atlasboost: warning: cannot point {} at this job's logs ({e}); they are in {}",
@@ -1423,5 +1430,29 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["ab-2"]);
+    }
+
+    /// A `latest` that is not a link (the user's file or directory) is never replaced: the job
+    /// says so and writes its logs all the same.
+    #[test]
+    fn a_latest_that_is_not_a_link_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let latest = dir.path().join("latest");
+        std::fs::write(&latest, "precious").unwrap();
+        let (job, warning) = JobLogDir::create(dir.path(), "ab-1").unwrap();
+        let warning = warning.expect("a warning");
+        assert!(
+            warning.contains("it is a file atlasboost did not make; left as it is")
+                && warning.contains("ab-1"),
+            "{warning}"
+        );
+        assert!(job.path().is_dir());
+        drop(job);
+        assert_eq!(std::fs::read_to_string(&latest).unwrap(), "precious");
+        std::fs::remove_file(&latest).unwrap();
+        std::fs::create_dir(&latest).unwrap();
+        let (_job, warning) = JobLogDir::create(dir.path(), "ab-2").unwrap();
+        assert!(warning.unwrap().contains("it is a directory"));
+        assert!(latest.is_dir());
     }
 }
