@@ -37,9 +37,19 @@ fn assert_error(r: &Finished, code: i32, culprits: &[&str]) {
     );
 }
 
+/// `run ARGS -- <worker>` is refused as a usage error (2), naming the culprits.
 fn usage(args: &[&str], culprits: &[&str]) {
+    refused(args, 2, culprits);
+}
+
+/// `run ARGS -- <worker>` is refused as bad input (125), naming the culprits.
+fn bad_input(args: &[&str], culprits: &[&str]) {
+    refused(args, 125, culprits);
+}
+
+fn refused(args: &[&str], code: i32, culprits: &[&str]) {
     let args: Vec<&str> = args.iter().chain(RAN.iter()).copied().collect();
-    assert_error(&run_with(&args, |_| {}), 2, culprits);
+    assert_error(&run_with(&args, |_| {}), code, culprits);
 }
 
 #[test]
@@ -101,9 +111,15 @@ fn a_bad_hostfile_line_is_named_by_file_and_line() {
         },
     );
     assert_error(&r, 2, &["hosts.txt:2", "max_slots"]);
-    usage(
+    // A hostfile that cannot be read is bad input (125), as every file a flag names; so is a
+    // --wdir that is not a directory.
+    bad_input(
         &["--sim", "2", "--hostfile", "no-such-hostfile"],
-        &["no-such-hostfile"],
+        &["cannot read hostfile", "no-such-hostfile"],
+    );
+    bad_input(
+        &["--sim", "2", "--wdir", "no-such-dir"],
+        &["--wdir", "no-such-dir"],
     );
 }
 

@@ -181,8 +181,9 @@ pub(crate) fn worker_dir(args: &RunSettings, check_here: bool) -> Result<PathBuf
         Some(d) => cwd.join(d),
         None => cwd,
     };
+    // What is on the disk is bad input (125), here as on a remote host.
     if check_here && !dir.is_dir() {
-        return Err(CliError::Usage(format!(
+        return Err(CliError::Failure(format!(
             "--wdir {}: not a directory",
             dir.display()
         )));

@@ -985,7 +985,8 @@ fn check_ssh_identity(args: &RunSettings, hosts: &[HostPlan]) -> Result<(), CliE
         Ok(false) => "not a file".to_string(),
         Err(e) => e.to_string(),
     };
-    Err(CliError::Usage(format!(
+    // A file that cannot be used is bad input (125), as every file a flag names.
+    Err(CliError::Failure(format!(
         "--ssh-identity {}: {problem}",
         key.display()
     )))

@@ -75,12 +75,14 @@ const HOSTFILE_SIZE_LIMIT: u64 = 64 << 20;
 ///
 /// # Errors
 ///
-/// [`CliError::BadHost`] naming the file and line of a malformed entry; [`CliError::Usage`]
-/// naming the file if it cannot be read, is larger than any hostfile, or lists no host.
+/// [`CliError::BadHost`] naming the file and line of a malformed entry, and
+/// [`CliError::Usage`] naming a file that is larger than any hostfile or lists no host (the
+/// host list is malformed, as a bad `-H` is: exit 2); [`CliError::Failure`] naming a file
+/// that cannot be read (exit 125, as any file's).
 pub fn parse_hostfile(path: &Path) -> Result<Vec<HostSpec>, CliError> {
     use std::io::Read;
     let cannot = |e: std::io::Error| {
-        CliError::Usage(format!("cannot read hostfile {}: {e}", path.display()))
+        CliError::Failure(format!("cannot read hostfile {}: {e}", path.display()))
     };
     let mut bytes = Vec::new();
     std::fs::File::open(path)
