@@ -89,6 +89,15 @@ pub enum TableLockError {
         /// Its holder, when the lock file says.
         owner: Option<Box<LockOwner>>,
     },
+    /// The table's directory does not exist (it is not made: a mistyped path would otherwise
+    /// leave the table where HCCL's `RANK_TABLE_FILE` users do not look).
+    #[error("the rank table {}: its directory {} does not exist", table.display(), dir.display())]
+    NoDirectory {
+        /// The table.
+        table: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
     /// The lock file cannot be opened, read, written or locked.
     #[error("cannot lock the rank table {}: {action} {}", table.display(), lock.display())]
     Io {
@@ -117,8 +126,9 @@ impl TableLock {
     ///
     /// # Errors
     ///
-    /// [`TableLockError::Held`] naming the other job that holds it; [`TableLockError::Io`]
-    /// when the lock file cannot be used (the directory does not exist, is read-only, ...).
+    /// [`TableLockError::Held`] naming the other job that holds it;
+    /// [`TableLockError::NoDirectory`] when the table's directory does not exist;
+    /// [`TableLockError::Io`] when the lock file cannot be used (a read-only directory, ...).
     pub fn acquire(table: &Path, owner: &LockOwner) -> Result<TableLock, TableLockError> {
         let path = lock_path(table);
         let io = |action: &'static str| {
@@ -140,7 +150,15 @@ impl TableLock {
                 .truncate(false)
                 .mode(0o644)
                 .open(&path)
-                .map_err(io("cannot open"))?;
+                .map_err(|e| match table.parent() {
+                    Some(dir) if e.kind() == io::ErrorKind::NotFound && !dir.is_dir() => {
+                        TableLockError::NoDirectory {
+                            table: table.to_path_buf(),
+                            dir: dir.to_path_buf(),
+                        }
+                    }
+                    _ => io("cannot open")(e),
+                })?;
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(mut lock) => {
                     if !names(&lock, &path) {
@@ -339,10 +357,24 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_that_does_not_exist_names_the_lock_file() {
+    fn a_directory_that_does_not_exist_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        let table = dir.path().join("missing").join("t.json");
+        let missing = dir.path().join("missing");
+        let table = missing.join("t.json");
         let err = TableLock::acquire(&table, &owner("job-a")).unwrap_err();
+        assert!(matches!(err, TableLockError::NoDirectory { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the rank table {}: its directory {} does not exist",
+                table.display(),
+                missing.display()
+            )
+        );
+        // A lock file that cannot be made in a directory that exists names the lock file.
+        let blocked = dir.path().join("t.json.lock");
+        std::fs::create_dir(&blocked).unwrap();
+        let err = TableLock::acquire(&dir.path().join("t.json"), &owner("job-a")).unwrap_err();
         assert!(matches!(err, TableLockError::Io { .. }), "{err:?}");
         assert!(err.to_string().contains("t.json.lock"), "{err}");
     }
