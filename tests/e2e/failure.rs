@@ -99,6 +99,52 @@ fn a_rank_killed_by_a_signal_gives_128_plus_the_signal() {
     assert_no_process_with_env(MARK, &mark, Duration::from_secs(3), "after the failed job");
 }
 
+/// A real-time signal (which nix's `Signal` cannot name) ends a worker as any other: the job
+/// fails at once with 128+N, and the rank is named with the signal as `kill -l` says it. It
+/// once went unnoticed, and the launcher waited for ever. On two hosts: one local, one behind
+/// its own agent, whose report crosses the channel.
+#[test]
+fn a_rank_killed_by_a_real_time_signal_fails_the_job() {
+    let mark = unique("rtsig");
+    for (signal, name) in [(34, "SIGRTMIN"), (50, "SIGRTMAX-14")] {
+        for failing in [0, 1] {
+            let script = format!(
+                r#"echo up; if [ "$RANK_ID" = {failing} ]; then kill -{signal} $$; fi; sleep 60"#
+            );
+            let r = Run::new([
+                "run",
+                "--sim",
+                "1",
+                "-H",
+                "127.0.0.1,127.0.0.2",
+                "--grace",
+                "5",
+            ])
+            .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c", &script])
+            .timeout(Duration::from_secs(40))
+            .run();
+            r.assert_code(128 + signal);
+            assert!(r.elapsed < Duration::from_secs(20), "{}", r.describe());
+            let (line, _) = error_report(&r);
+            assert!(
+                line.starts_with(&format!(
+                    "error: rank {failing} (host 127.0.0.{}, device 0) failed first: {name} after",
+                    failing + 1
+                )),
+                "{line}\n{}",
+                r.describe()
+            );
+            let row = summary_row(&r, failing);
+            assert!(
+                row.starts_with(&format!("0 {name} ")),
+                "{row}\n{}",
+                r.describe()
+            );
+        }
+    }
+    assert_no_process_with_env(MARK, &mark, Duration::from_secs(3), "after the failed jobs");
+}
+
 /// The other ranks ignore SIGTERM (or exit with another code on it): the first failure's
 /// code still wins, and they are killed when the grace time is over.
 #[test]

@@ -209,13 +209,57 @@ pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Silence for this long means the other side is lost.
 pub const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(4);
 
+/// The signal that ended a worker, by number: any of the kernel's, the real-time ones
+/// (`SIGRTMIN`..`SIGRTMAX`) too, which [`Signal`] cannot hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerSignal(i32);
+
+impl WorkerSignal {
+    /// Signal number `n`, if it is one (1..=64).
+    pub fn from_number(n: i32) -> Option<WorkerSignal> {
+        (1..=64).contains(&n).then_some(WorkerSignal(n))
+    }
+
+    /// The signal's number.
+    pub fn number(self) -> i32 {
+        self.0
+    }
+
+    /// Whether it is `signal`.
+    pub fn is(self, signal: Signal) -> bool {
+        self.0 == signal as i32
+    }
+
+    /// `SIGKILL`; a real-time signal as `SIGRTMIN+N` (or `SIGRTMAX-N` in its upper half, as
+    /// `kill -l` names them); `signal N` for a number the C library does not name.
+    pub fn name(self) -> String {
+        if let Ok(s) = Signal::try_from(self.0) {
+            return s.as_str().to_string();
+        }
+        let (min, max) = (nix::libc::SIGRTMIN(), nix::libc::SIGRTMAX());
+        match self.0 {
+            n if n == min => "SIGRTMIN".into(),
+            n if n == max => "SIGRTMAX".into(),
+            n if n > min && n - min <= (max - min) / 2 => format!("SIGRTMIN+{}", n - min),
+            n if n > min && n < max => format!("SIGRTMAX-{}", max - n),
+            n => format!("signal {n}"),
+        }
+    }
+}
+
+impl From<Signal> for WorkerSignal {
+    fn from(signal: Signal) -> WorkerSignal {
+        WorkerSignal(signal as i32)
+    }
+}
+
 /// How a worker ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
     /// It exited with this code.
     Exited(i32),
     /// A signal ended it.
-    Signaled(Signal),
+    Signaled(WorkerSignal),
     /// Its host was lost; how it ended is unknown.
     Lost,
     /// Under `run --mpi`: its relay ended without saying how the worker ended (mpirun, ending
@@ -230,7 +274,7 @@ impl Ending {
     pub fn code(self) -> u8 {
         match self {
             Ending::Exited(c) => (c & 0xff) as u8,
-            Ending::Signaled(s) => 128u8.wrapping_add(s as u8),
+            Ending::Signaled(s) => 128u8.wrapping_add(s.number() as u8),
             Ending::Lost | Ending::Unknown | Ending::NotStarted => ExitCodes::FAILURE,
         }
     }
@@ -239,7 +283,7 @@ impl Ending {
     pub fn describe(self) -> String {
         match self {
             Ending::Exited(c) => format!("exit {c}"),
-            Ending::Signaled(s) => s.as_str().to_string(),
+            Ending::Signaled(s) => s.name(),
             Ending::Lost => "host lost".into(),
             Ending::Unknown => "status unknown".into(),
             Ending::NotStarted => "not started".into(),
@@ -403,7 +447,7 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
         Up::Exited { rank, ending } => {
             let (kind, value) = match ending {
                 Ending::Exited(c) => (EXIT_CODE, *c),
-                Ending::Signaled(s) => (EXIT_SIGNAL, *s as i32),
+                Ending::Signaled(s) => (EXIT_SIGNAL, s.number()),
                 // Only the launcher knows these; an agent never says them of its workers.
                 Ending::Lost | Ending::Unknown | Ending::NotStarted => {
                     (EXIT_CODE, i32::from(ExitCodes::FAILURE))
@@ -579,8 +623,8 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
         EXIT_SIGNAL => Up::Exited {
             rank,
             ending: Ending::Signaled(
-                Signal::try_from(value()?)
-                    .map_err(|_| "an exit frame with an unknown signal".to_string())?,
+                WorkerSignal::from_number(value()?)
+                    .ok_or_else(|| "an exit frame with an unknown signal".to_string())?,
             ),
         },
         FAILED => Up::Failed {
@@ -720,6 +764,26 @@ mod tests {
 
     use super::*;
 
+    /// Every signal a worker can die of is named as `kill -l` names it, and its code is
+    /// 128+N.
+    #[test]
+    fn a_workers_signal_is_named_as_kill_l_names_it() {
+        let named = |n| WorkerSignal::from_number(n).unwrap().name();
+        assert_eq!(named(9), "SIGKILL");
+        assert_eq!(named(34), "SIGRTMIN");
+        assert_eq!(named(35), "SIGRTMIN+1");
+        assert_eq!(named(49), "SIGRTMIN+15");
+        assert_eq!(named(50), "SIGRTMAX-14");
+        assert_eq!(named(63), "SIGRTMAX-1");
+        assert_eq!(named(64), "SIGRTMAX");
+        // glibc keeps 32 and 33 for its threads: not named by `Signal`, nor real-time here.
+        assert_eq!(named(32), "signal 32");
+        assert_eq!(WorkerSignal::from_number(0), None);
+        assert_eq!(WorkerSignal::from_number(65), None);
+        let ending = Ending::Signaled(WorkerSignal::from_number(50).unwrap());
+        assert_eq!((ending.code(), ending.describe()), (178, "SIGRTMAX-14".into()));
+    }
+
     fn all() -> Vec<Up> {
         vec![
             Up::Heartbeat,
@@ -745,7 +809,11 @@ mod tests {
             },
             Up::Exited {
                 rank: 4,
-                ending: Ending::Signaled(Signal::SIGKILL),
+                ending: Ending::Signaled(Signal::SIGKILL.into()),
+            },
+            Up::Exited {
+                rank: 5,
+                ending: Ending::Signaled(WorkerSignal::from_number(34).unwrap()),
             },
             Up::Failed {
                 code: 127,

@@ -431,7 +431,7 @@ pub(crate) fn root_cause(result: &JobResult) -> Option<usize> {
         w.stopped
             && matches!(
                 w.ending,
-                Some(Ending::Signaled(Signal::SIGTERM | Signal::SIGKILL))
+                Some(Ending::Signaled(s)) if s.is(Signal::SIGTERM) || s.is(Signal::SIGKILL)
             )
     };
     let stop_began = result

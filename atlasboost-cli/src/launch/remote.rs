@@ -408,7 +408,7 @@ impl Remote {
             return None;
         };
         let say = |e: super::channel::Ending| match e {
-            super::channel::Ending::Signaled(s) => format!("ssh was killed by {}", s.as_str()),
+            super::channel::Ending::Signaled(s) => format!("ssh was killed by {}", s.name()),
             other => format!("ssh {}", other.describe().replace("exit ", "exited ")),
         };
         if let Some(e) = self.ssh_ended {
@@ -419,7 +419,7 @@ impl Remote {
         for _ in 0..5 {
             match waitid(Id::Pid(pid), flags) {
                 Ok(WaitStatus::Signaled(_, signal, _)) => {
-                    return Some(say(super::channel::Ending::Signaled(signal)));
+                    return Some(say(super::channel::Ending::Signaled(signal.into())));
                 }
                 Ok(WaitStatus::Exited(_, code)) => {
                     return Some(say(super::channel::Ending::Exited(code)));

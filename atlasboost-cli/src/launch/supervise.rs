@@ -21,7 +21,6 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{SigSet, Signal, killpg};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 mod keeper;
@@ -35,7 +34,7 @@ use self::mpirun_state::Mpirun;
 use self::policy::{SignalAction, SignalState};
 pub use super::channel::Ending;
 use super::channel::Stream;
-use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up};
+use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up, WorkerSignal};
 use super::lifeline::{self, Lifeline, ORIGINAL_FD_LIMIT};
 use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState};
 use super::output::{DrainFor, LineSplitter, Output};
@@ -833,6 +832,28 @@ fn spawn(
         let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
     }
     Ok((pid, out, err))
+}
+
+/// Reaps one child that has exited, if any: its pid, and how it ended (`None` for a status
+/// that is not an end). By the raw status: nix's `waitpid` reaps a child killed by a
+/// real-time signal and then fails to name the signal, and the worker's end would be lost.
+fn reap_one() -> Option<(Pid, Option<Ending>)> {
+    use nix::libc;
+    let mut status: libc::c_int = 0;
+    // SAFETY: waitpid only writes the status through the valid pointer it is given.
+    let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    if pid <= 0 {
+        // None left (0), no child at all (ECHILD), or EINTR: the next pass looks again.
+        return None;
+    }
+    let ending = if libc::WIFEXITED(status) {
+        Some(Ending::Exited(libc::WEXITSTATUS(status)))
+    } else if libc::WIFSIGNALED(status) {
+        WorkerSignal::from_number(libc::WTERMSIG(status)).map(Ending::Signaled)
+    } else {
+        None
+    };
+    Some((Pid::from_raw(pid), ending))
 }
 
 struct Supervisor<'a> {
@@ -2221,7 +2242,7 @@ impl<'a> Supervisor<'a> {
                 // step, whose SIGKILL may reach it before its agent, or an OOM kill. srun
                 // says which within moments; the wait is short, well inside the agents'
                 // heartbeat bound.
-                if ending == Ending::Signaled(Signal::SIGKILL)
+                if ending == Ending::Signaled(Signal::SIGKILL.into())
                     && self.first_failure.is_none()
                     && self.interrupted.is_none()
                     && matches!(&self.role, Role::Launcher(r) if r[h].is_of_step())
@@ -2621,12 +2642,9 @@ impl<'a> Supervisor<'a> {
     /// starts must neither count them as stopped nor signal their groups.
     fn reap(&mut self, output: &mut Output) {
         let mut ended = Vec::new();
-        loop {
-            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) => ended.push((pid, Ending::Exited(code))),
-                Ok(WaitStatus::Signaled(pid, sig, _)) => ended.push((pid, Ending::Signaled(sig))),
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
-                Ok(_) => {}
+        while let Some((pid, ending)) = reap_one() {
+            if let Some(ending) = ending {
+                ended.push((pid, ending));
             }
         }
         // A group whose last process was just reaped may have its id reused from now on: mark
