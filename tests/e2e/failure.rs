@@ -195,6 +195,46 @@ fn workers_that_resist_sigterm_are_killed_after_the_grace_time() {
     assert_no_process_with_env(MARK, &mark, Duration::from_secs(3), "after the failed job");
 }
 
+/// A worker stopped by SIGSTOP (a debugger's, or its own) is continued after the SIGTERM of
+/// a stop, so that it acts on it, instead of waiting out the grace for SIGKILL.
+#[test]
+fn a_stopped_worker_is_continued_to_act_on_sigterm() {
+    let script = r#"
+        case "$RANK_ID" in
+        0)  i=0
+            while [ ! -e up.1 ]; do
+                i=$((i + 1)); [ $i -gt 200 ] && { echo "rank 1 never got ready" >&2; exit 99; }
+                sleep 0.05
+            done
+            sleep 0.3; echo "rank 0 gives up" >&2; exit 3 ;;
+        1)  trap 'echo "rank 1 got SIGTERM" >&2; exit 5' TERM
+            touch up.1; kill -STOP $$
+            sleep 60 ;;
+        esac
+    "#;
+    let r = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--grace", "30"])
+        .args(["--", "sh", "-c", script])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(3);
+    assert!(
+        r.elapsed < Duration::from_secs(15),
+        "the stopped rank waited out the grace: {:?}\n{}",
+        r.elapsed,
+        r.describe()
+    );
+    let row = summary_row(&r, 1);
+    assert!(
+        row.contains("stopped (exit 5)"),
+        "rank 1 acted on SIGTERM: {row}"
+    );
+    assert!(
+        r.err().contains("[1]<stderr>:rank 1 got SIGTERM"),
+        "{}",
+        r.describe()
+    );
+}
+
 /// Ranks that fail in the same moment each failed on their own: none is counted as stopped by
 /// the other's failure. The launcher is paused (SIGSTOP) while both exit, so that it finds
 /// both exits at once, whatever the machine's timing.

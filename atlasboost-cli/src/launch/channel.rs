@@ -781,7 +781,10 @@ mod tests {
         assert_eq!(WorkerSignal::from_number(0), None);
         assert_eq!(WorkerSignal::from_number(65), None);
         let ending = Ending::Signaled(WorkerSignal::from_number(50).unwrap());
-        assert_eq!((ending.code(), ending.describe()), (178, "SIGRTMAX-14".into()));
+        assert_eq!(
+            (ending.code(), ending.describe()),
+            (178, "SIGRTMAX-14".into())
+        );
     }
 
     fn all() -> Vec<Up> {

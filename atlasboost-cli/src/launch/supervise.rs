@@ -2814,10 +2814,18 @@ impl<'a> Supervisor<'a> {
             }
             let _ = nix::sys::signal::kill(pid, signal);
             let own_session = |session: Pid| our_session.is_some_and(|ours| ours != session);
-            if let Ok(group) = nix::unistd::getpgid(Some(pid))
-                && (group == pid || nix::unistd::getsid(Some(pid)).is_ok_and(own_session))
-            {
+            let group = nix::unistd::getpgid(Some(pid)).ok().filter(|&group| {
+                group == pid || nix::unistd::getsid(Some(pid)).is_ok_and(own_session)
+            });
+            if let Some(group) = group {
                 let _ = killpg(group, signal);
+            }
+            // As for the workers' groups: a stopped process acts on SIGTERM once continued.
+            if signal != Signal::SIGKILL {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+                if let Some(group) = group {
+                    let _ = killpg(group, Signal::SIGCONT);
+                }
             }
         }
     }
@@ -2843,10 +2851,15 @@ impl<'a> Supervisor<'a> {
         for r in &mut self.running {
             if let Some(pid) = r.pid
                 && !r.group_gone
-                && killpg(pid, signal) == Err(Errno::ESRCH)
             {
-                r.group_gone = true;
-                self.lifeline.forget(pid.as_raw());
+                if killpg(pid, signal) == Err(Errno::ESRCH) {
+                    r.group_gone = true;
+                    self.lifeline.forget(pid.as_raw());
+                } else if signal != Signal::SIGKILL {
+                    // A stopped process (SIGSTOP, a debugger's) would act on the signal only
+                    // once continued: without it, it waits out the grace for SIGKILL.
+                    let _ = killpg(pid, Signal::SIGCONT);
+                }
             }
         }
     }
