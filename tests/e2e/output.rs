@@ -141,10 +141,10 @@ sys.stdout.flush()
     );
 }
 
-/// One worker writing `\r`-updates, raw bytes and a last line without newline, on both
-/// streams.
+/// One worker writing `\r`-updates (the first after a `\r`, as tqdm writes each bar), raw bytes
+/// and a last line without newline, on both streams.
 const ODD: &str =
-    r"printf 'p1\rp2\rp3\nraw \377\376\200 end\nlast-no-newline'; printf 'e1\re2\nerr-last' >&2";
+    r"printf '\rp1\rp2\rp3\nraw \377\376\200 end\nlast-no-newline'; printf 'e1\re2\nerr-last' >&2";
 
 fn odd(extra: &[&str]) -> Finished {
     let r = Run::new(["run", "--sim", "1", "-H", "127.0.0.1"])

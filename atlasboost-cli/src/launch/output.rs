@@ -32,7 +32,9 @@ pub const TAIL_LINES: usize = 10;
 const TAIL_LINE_BYTES: usize = 512;
 
 /// Cuts a byte stream into lines ending in `\n`, `\r` or `\r\n`, across reads. A line longer
-/// than [`MAX_LINE`] comes out in pieces of at most that size, wherever the reads end.
+/// than [`MAX_LINE`] comes out in pieces of at most that size, wherever the reads end. A lone
+/// `\r` that ends nothing (tqdm's before each bar: `\rbar 1\rbar 2`) is no line: a progress
+/// update is one only with something in it; an empty `\n` or `\r\n` line is one.
 #[derive(Debug)]
 pub struct LineSplitter {
     partial: Vec<u8>,
@@ -43,6 +45,9 @@ pub struct LineSplitter {
     /// The last read ended where a piece was cut off a long line: a terminator starting the
     /// next one ends that piece, and is not an empty line of its own.
     after_cut: bool,
+    /// The last read ended in a `\r` with nothing before it: an empty line if a `\n` follows,
+    /// else nothing.
+    empty_before_cr: bool,
 }
 
 impl Default for LineSplitter {
@@ -59,6 +64,7 @@ impl LineSplitter {
             max,
             after_cr: false,
             after_cut: false,
+            empty_before_cr: false,
         }
     }
 
@@ -68,7 +74,11 @@ impl LineSplitter {
             // Nothing to learn about a `\r` the last read ended in.
             return;
         }
+        let empty_before_cr = std::mem::take(&mut self.empty_before_cr);
         if std::mem::take(&mut self.after_cr) && data.first() == Some(&b'\n') {
+            if empty_before_cr {
+                emit(b"");
+            }
             data = &data[1..];
         }
         if std::mem::take(&mut self.after_cut) && matches!(data.first(), Some(b'\n' | b'\r')) {
@@ -76,6 +86,15 @@ impl LineSplitter {
         }
         let max = self.max;
         while let Some(i) = memchr::memchr2(b'\n', b'\r', data) {
+            if i == 0 && self.partial.is_empty() && data[0] == b'\r' {
+                match data.get(1) {
+                    Some(b'\n') => emit(b""),
+                    Some(_) => {}
+                    None => self.empty_before_cr = true,
+                }
+                data = self.past_terminator(data, 0);
+                continue;
+            }
             if self.partial.is_empty() {
                 for piece in pieces(&data[..i], max) {
                     emit(piece);
@@ -1199,6 +1218,14 @@ mod tests {
         assert_eq!(split(&[b"a\r", b"\nb\n"]), owned(&[b"a", b"b"]));
         assert_eq!(split(&[b"a\r", b"b\n"]), owned(&[b"a", b"b"]));
         assert_eq!(split(&[b"\n\n"]), owned(&[b"", b""]));
+        // A `\r` before each update (tqdm's) makes no empty line; `\r\n` alone is one, also
+        // when a read ends between its halves.
+        assert_eq!(split(&[b"\rp0\rp1\r\rp2\n"]), owned(&[b"p0", b"p1", b"p2"]));
+        assert_eq!(split(&[b"a\n\rp"]), owned(&[b"a", b"p"]));
+        assert_eq!(split(&[b"\r\n\r\n"]), owned(&[b"", b""]));
+        assert_eq!(split(&[b"a\n\r", b"\nb\n"]), owned(&[b"a", b"", b"b"]));
+        assert_eq!(split(&[b"a\n\r", b"b\n"]), owned(&[b"a", b"b"]));
+        assert_eq!(split(&[b"\r"]), Vec::<Vec<u8>>::new());
         assert_eq!(
             split(&[b"ab", b"c", b"\xff\xfe\n"]),
             owned(&[b"abc\xff\xfe"])
