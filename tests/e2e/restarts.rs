@@ -457,14 +457,15 @@ fn hung_job_of_four(worker: &str) -> atlasboost_e2e::Finished {
 #[test]
 fn a_silent_rank_is_reported_as_hung_naming_it_while_the_others_progress() {
     let r = hung_job_of_four(
-        "if [ \"$RANK\" = 2 ]; then echo going quiet; sleep 60; fi; \
+        "if [ \"$RANK\" = 2 ]; then echo going quiet; printf 'init HCCL...'; sleep 60; fi; \
          i=0; while [ $i -lt 300 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done",
     );
     let err = r.err();
+    // What it printed last, with no newline, is where it hangs: in the report too.
     assert!(
         err.contains("one rank is stuck while ranks 0-1, 3 still progress")
             && err.contains("rank 2 (host 192.0.2.2, device 2): no output and no heartbeat")
-            && err.contains("its last line: going quiet"),
+            && err.contains("its last line: going quiet; then, with no newline yet: init HCCL..."),
         "{}",
         r.describe()
     );

@@ -29,7 +29,7 @@ const STALL: Duration = Duration::from_millis(250);
 pub const TAIL_LINES: usize = 10;
 
 /// A tail line longer than this is shortened in the failure report.
-const TAIL_LINE_BYTES: usize = 512;
+pub const TAIL_LINE_BYTES: usize = 512;
 
 /// Cuts a byte stream into lines ending in `\n`, `\r` or `\r\n`, across reads. A line longer
 /// than [`MAX_LINE`] comes out in pieces of at most that size, wherever the reads end. A lone
@@ -129,6 +129,12 @@ impl LineSplitter {
             }
         }
         &data[next..]
+    }
+
+    /// What has come since the last line's end, not ended yet (`initializing HCCL...` of a
+    /// worker that hangs before its newline).
+    pub fn unfinished(&self) -> &[u8] {
+        &self.partial
     }
 
     /// The stream ended: a last line without terminator is still a line.

@@ -37,7 +37,7 @@ use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up, WorkerSignal};
 use super::lifeline::{self, Lifeline, ORIGINAL_FD_LIMIT};
 use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState};
-use super::output::{DrainFor, LineSplitter, Output};
+use super::output::{DrainFor, LineSplitter, Output, TAIL_LINE_BYTES};
 use super::plan::ranks_named;
 use super::rank_files::RankFiles;
 use super::remote::{Remote, is_below, top_of};
@@ -1585,9 +1585,28 @@ impl<'a> Supervisor<'a> {
                     report.push_str(&format!(", last at step {step}"));
                 }
             }
-            match output.last_line(lane) {
-                Some(line) => report.push_str(&format!("; its last line: {line}")),
-                None => report.push_str("; it printed nothing"),
+            // What it printed last without a newline yet is often where it hangs (local
+            // workers: a remote agent's lines come whole).
+            let unfinished: Vec<String> = self
+                .pipes
+                .iter()
+                .filter(|p| p.lane == lane && !p.split.unfinished().is_empty())
+                .map(|p| {
+                    let bytes = p.split.unfinished();
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(TAIL_LINE_BYTES)]).into_owned()
+                })
+                .collect();
+            match (output.last_line(lane), unfinished.is_empty()) {
+                (Some(line), true) => report.push_str(&format!("; its last line: {line}")),
+                (None, true) => report.push_str("; it printed nothing"),
+                (Some(line), false) => report.push_str(&format!(
+                    "; its last line: {line}; then, with no newline yet: {}",
+                    unfinished.join(" / ")
+                )),
+                (None, false) => report.push_str(&format!(
+                    "; it printed, with no newline yet: {}",
+                    unfinished.join(" / ")
+                )),
             }
         }
         let summary = if progressing.is_empty() && stuck.len() == 1 {
