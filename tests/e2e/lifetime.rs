@@ -219,6 +219,36 @@ fn grandchild_is_stopped(script: &str, what: &str, said: &str) {
     );
 }
 
+/// A signal while what the workers of a successful job left running is being stopped cuts
+/// that stop short (a grandchild ignoring SIGTERM, a long grace), and the job keeps its code,
+/// as during a failure's stop.
+#[test]
+fn a_signal_while_the_leftovers_are_stopped_kills_them_and_keeps_the_jobs_code() {
+    let mark = unique("leftover-signal");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = Run::new(["run", "--sim", "1", "-H", "127.0.0.1", "--grace", "60"])
+        .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c"])
+        .args(["trap '' TERM; sleep 300 >/dev/null 2>&1 & echo \"forked $!\"; exit 0"])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for("the leftovers' stop", Duration::from_secs(20), |_, err| {
+        err.contains("stopping what they left running")
+    });
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait();
+    r.assert_code(0).assert_err(
+        &["got SIGINT while stopping what the workers left running; killing it now"],
+        &["passing it on"],
+    );
+    assert!(r.elapsed < Duration::from_secs(30), "{}", r.describe());
+    assert_no_process_with_env(
+        MARK,
+        &mark,
+        Duration::from_secs(2),
+        "after the launcher ended",
+    );
+}
+
 #[test]
 fn a_grandchild_holding_the_output_is_stopped_when_the_workers_exit() {
     grandchild_is_stopped(

@@ -2603,11 +2603,15 @@ impl<'a> Supervisor<'a> {
         if !echo {
             self.last_signal = Some((now, s));
         }
+        let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+        // What the workers of a job that has ended left running, being stopped: the signal
+        // cuts that stop short, and the job keeps its code.
+        let leftovers = live == 0 && self.stopping.is_some();
         let state = SignalState {
             agent: self.is_agent(),
             obeys_signals: matches!(&self.role, Role::Agent(up) if up.obeys_signals),
             // A hang's stop is an ending as a failure's is: a signal then kills at once.
-            ending: self.failed_or_interrupted(),
+            ending: self.failed_or_interrupted() || leftovers,
             stopping: self.stopping.map(|(_, killed)| killed),
             echo,
         };
@@ -2617,8 +2621,14 @@ impl<'a> Supervisor<'a> {
             SignalAction::PassOn => self.stop(s),
             SignalAction::KillNow if !state.agent => {
                 output.message(&format!(
-                    "atlasboost: got {} while stopping the workers; killing them now",
-                    s.as_str()
+                    "atlasboost: got {} while stopping {}; killing {} now",
+                    s.as_str(),
+                    if leftovers {
+                        "what the workers left running"
+                    } else {
+                        "the workers"
+                    },
+                    if leftovers { "it" } else { "them" },
                 ));
                 self.kill_now();
             }
@@ -2632,7 +2642,6 @@ impl<'a> Supervisor<'a> {
                 self.upstream_lost(&format!("got {}", s.as_str()), ExitCodes::FAILURE, output);
             }
             SignalAction::Interrupt => {
-                let live = self.running.iter().filter(|r| r.ended.is_none()).count();
                 output.message(&match live {
                     0 => format!("atlasboost: got {}; every worker has ended", s.as_str()),
                     _ => format!(
