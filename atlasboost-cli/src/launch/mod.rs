@@ -168,16 +168,10 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         }
         None => None,
     };
+    let events = EventLog::open(args.events.as_deref(), &job_id, &signals, printer)?;
+    // After the events file, whose FIFO may wait for long: a signal meanwhile ends the
+    // launcher, and must leave no empty log directory behind.
     let logs = job_logs(args, &job_id, printer)?;
-    // A FIFO waits for its reader: a signal meanwhile ends the launcher.
-    let events = match &args.events {
-        Some(path) => Some(
-            signals.exit_on_signal_during("opening the events file", || {
-                EventLog::create(path, &job_id)
-            })?,
-        ),
-        None => None,
-    };
     job_start_event(
         events.as_ref(),
         args,

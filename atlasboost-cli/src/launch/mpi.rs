@@ -132,15 +132,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         "atlasboost: {}",
         super::remote::shell_line(&command)
     ));
-    let events = match &args.events {
-        // A FIFO waits for its reader: a signal meanwhile ends the launcher.
-        Some(path) => Some(
-            signals.exit_on_signal_during("opening the events file", || {
-                EventLog::create(path, &job_id)
-            })?,
-        ),
-        None => None,
-    };
+    let events = EventLog::open(args.events.as_deref(), &job_id, &signals, printer)?;
     // mpirun places the ranks on the hosts given, or on this machine (whose address is not
     // needed, so not looked up).
     let given: Vec<serde_json::Value> = match resolved.is_empty() {

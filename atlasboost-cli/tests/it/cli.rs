@@ -2696,19 +2696,38 @@ fn a_signal_before_anything_started_ends_run_at_once() {
     let fifo = fifo.to_string_lossy().into_owned();
     let fault = "try-again:dsmi_get_device_count=100000";
     /// Arguments, environment, the signal, and what the launcher says of it.
-    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], Signal, &'a str);
+    type Case<'a> = (
+        &'a [&'a str],
+        &'a [(&'a str, &'a str)],
+        Signal,
+        &'a [&'a str],
+    );
     let cases: [Case; 3] = [
         (
             &["run", "--sim", "2", "--hostfile", &fifo, "--", "true"],
             &[],
             Signal::SIGINT,
-            "got SIGINT while reading the hosts, before anything started",
+            &["got SIGINT while reading the hosts, before anything started"],
         ),
+        // The FIFO's wait is said; the log directory is not made yet, so none is left.
         (
-            &["run", "--sim", "2", "--events", &fifo, "--", "true"],
+            &[
+                "run",
+                "--sim",
+                "2",
+                "--log-dir",
+                "logs",
+                "--events",
+                &fifo,
+                "--",
+                "true",
+            ],
             &[],
             Signal::SIGINT,
-            "got SIGINT while opening the events file, before anything started",
+            &[
+                "is a FIFO: waiting for its reader",
+                "got SIGINT while opening the events file, before anything started",
+            ],
         ),
         (
             &["run", "--probe", "dsmi", "--", "true"],
@@ -2718,7 +2737,7 @@ fn a_signal_before_anything_started_ends_run_at_once() {
                 ("ATLASBOOST_DSMI_RETRY_SECS", "60"),
             ],
             Signal::SIGTERM,
-            "got SIGTERM while probing this machine's devices, before anything started",
+            &["got SIGTERM while probing this machine's devices, before anything started"],
         ),
     ];
     for (args, env, signal, says) in cases {
@@ -2748,8 +2767,12 @@ fn a_signal_before_anything_started_ends_run_at_once() {
             "{args:?}: {:?} {err}",
             out.status
         );
-        assert!(err.contains(says), "{args:?}: {err}");
+        for said in says {
+            assert!(err.contains(said), "{args:?}: {err}");
+        }
     }
+    // No job directory, no `latest`: nothing of the job.
+    assert_eq!(entries(&dir.path().join("logs")), Vec::<String>::new());
 }
 
 /// Runs `wait` (of the child `pid`) on a thread of its own; if it has not returned within
