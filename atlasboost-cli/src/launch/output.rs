@@ -398,6 +398,9 @@ pub struct OutputOptions {
 pub enum DrainFor<'a> {
     /// At most this long (`None`: as long as it takes).
     AtMost(Option<Duration>),
+    /// At most this long: what is left of the grace time since a signal, at this instant,
+    /// asked the job to stop.
+    AfterSignal(Duration, Instant),
     /// An agent's or a relay's: for as long as the launcher is heard on this descriptor (its
     /// commands), at least every `LOST_AFTER`. A launcher whose console holds output back
     /// reads nothing for a while but still sends its heartbeats.
@@ -888,6 +891,7 @@ impl Output {
         loop {
             let left = match wait {
                 DrainFor::AtMost(limit) => limit.map(|l| l.saturating_sub(started.elapsed())),
+                DrainFor::AfterSignal(limit, _) => Some(limit.saturating_sub(started.elapsed())),
                 // A launcher stopped by Ctrl-Z is waited for until it speaks or its connection
                 // closes.
                 DrainFor::WhileHeard(_) if self.reader_paused => None,
@@ -947,6 +951,10 @@ impl Output {
                     (_, _, DrainFor::AtMost(limit)) => format!(
                         "the job's end waited {:.0?} for it",
                         limit.unwrap_or_default()
+                    ),
+                    (_, _, DrainFor::AfterSignal(_, at)) => format!(
+                        "a signal asked to stop {:.1} s ago",
+                        at.elapsed().as_secs_f64()
                     ),
                     (_, _, DrainFor::WhileHeard(_)) => format!(
                         "the launcher sent nothing for {:.0?}",

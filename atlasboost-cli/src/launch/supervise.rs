@@ -1212,13 +1212,14 @@ impl<'a> Supervisor<'a> {
         // after a signal (the one that stopped the job, for at most the grace time, or a next
         // one).
         // After a signal, the console gets what is left of the grace time since the stop.
-        let limit = self
-            .signalled
-            .map(|(at, _)| self.grace.saturating_sub(at.elapsed()));
+        let wait = match self.signalled {
+            Some((at, _)) => DrainFor::AfterSignal(self.grace.saturating_sub(at.elapsed()), at),
+            None => DrainFor::AtMost(None),
+        };
         let mut came = Vec::new();
         // An agent's or relay's last frames come after this: it waits for its launcher then.
         if !self.is_agent() {
-            output.drain_console(signals.fd(), DrainFor::AtMost(limit), &mut || {
+            output.drain_console(signals.fd(), wait, &mut || {
                 let got = signals.pending();
                 let stops = got.iter().any(|s| *s != Signal::SIGCHLD);
                 came.extend(got);
