@@ -601,10 +601,25 @@ fn ctrl_c_during_the_restart_delay_ends_the_job_without_a_restart() {
     launch.wait_for("the restart's delay", Duration::from_secs(30), |_, err| {
         err.contains("restarting every worker")
     });
+    // Some of the delay passes: it is no rank's run time in the summary.
+    std::thread::sleep(Duration::from_millis(1500));
     launch.signal(Signal::SIGINT);
     let r = launch.wait_at_most(Duration::from_secs(10));
     r.assert_code(130);
     assert!(!r.out().contains("attempt=1"), "{}", r.describe());
+    let ran = r
+        .err()
+        .lines()
+        .find_map(|l| l.strip_prefix("atlasboost: 2 ranks finished in "))
+        .and_then(|l| l.split(' ').next().and_then(|s| s.parse::<f64>().ok()))
+        .unwrap_or_else(|| panic!("no summary's time:\n{}", r.describe()));
+    let before_the_delay = r.elapsed.as_secs_f64() - 1.5;
+    assert!(
+        ran < before_the_delay,
+        "the summary counts the delay: {ran} s of {:?}\n{}",
+        r.elapsed,
+        r.describe()
+    );
     let err = r.err();
     let stopped = err
         .find("stopped by SIGINT before the restart")

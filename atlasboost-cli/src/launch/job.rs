@@ -591,11 +591,12 @@ pub(crate) fn report(
         "atlasboost: {} finished in {:.2} s: {succeeded} succeeded, {failed} failed, {stopped} \
          stopped{}\n",
         counted(result.workers.len(), "rank"),
-        match attempts.last() {
-            Some(a) if attempts.len() > 1 => a.duration,
-            _ => elapsed,
-        }
-        .as_secs_f64(),
+        // The last attempt's run, not the job's: a restart's delay that a signal cut short
+        // is no rank's time.
+        attempts
+            .last()
+            .map_or(elapsed, |a| a.duration)
+            .as_secs_f64(),
         match never {
             0 => String::new(),
             n => format!(", {n} not started"),
