@@ -82,8 +82,9 @@ pub enum ProbeError {
     #[error("found no device source: {dsmi}; and {} does not exist. On a machine without NPUs, {} {} to use N simulated devices{}",
         hccn.display(), origin.verb(), sim_example(*origin),
         unread_sim.as_ref().map_or(String::new(), |v| format!(
-            " ({}={v} is set, but only init() in a worker reads it; the command takes --sim {v})",
-            EnvVars::ATLASBOOST_SIM)))]
+            " ({}={v} is set, but only init() in a worker reads it; the command takes --sim {})",
+            EnvVars::ATLASBOOST_SIM,
+            if v.parse::<u32>().is_ok() { v.as_ref() } else { "N" })))]
     NoSource {
         /// How the user asked.
         origin: Origin,
@@ -223,9 +224,11 @@ pub fn make_probe(
                 return hccn_probe(server_id, &path, origin);
             }
             let unread_sim = match origin {
-                Origin::CommandLine => {
-                    std::env::var_os(EnvVars::ATLASBOOST_SIM).map(|v| v.to_string_lossy().into())
-                }
+                // Empty counts as unset, as everywhere.
+                Origin::CommandLine => std::env::var_os(EnvVars::ATLASBOOST_SIM)
+                    .map(|v| v.to_string_lossy().trim().to_string())
+                    .filter(|v| !v.is_empty())
+                    .map(String::into_boxed_str),
                 Origin::Environment => None,
             };
             Err(ProbeError::NoSource {

@@ -220,10 +220,10 @@ fn grandchild_is_stopped(script: &str, what: &str, said: &str) {
 }
 
 /// A signal while what the workers of a successful job left running is being stopped cuts
-/// that stop short (a grandchild ignoring SIGTERM, a long grace), and the job keeps its code,
-/// as during a failure's stop.
+/// that stop short (a grandchild ignoring SIGTERM, a long grace) instead of waiting out the
+/// grace; the job ends as interrupted (130), as a signal in the wait for the console does.
 #[test]
-fn a_signal_while_the_leftovers_are_stopped_kills_them_and_keeps_the_jobs_code() {
+fn a_signal_while_the_leftovers_are_stopped_kills_them_at_once() {
     let mark = unique("leftover-signal");
     let _cleanup = Cleanup(mark.clone());
     let mut launch = Run::new(["run", "--sim", "1", "-H", "127.0.0.1", "--grace", "60"])
@@ -236,7 +236,7 @@ fn a_signal_while_the_leftovers_are_stopped_kills_them_and_keeps_the_jobs_code()
     });
     launch.signal(Signal::SIGINT);
     let r = launch.wait();
-    r.assert_code(0).assert_err(
+    r.assert_code(130).assert_err(
         &["got SIGINT while stopping what the workers left running; killing it now"],
         &["passing it on"],
     );

@@ -465,7 +465,9 @@ fn a_silent_rank_is_reported_as_hung_naming_it_while_the_others_progress() {
     assert!(
         err.contains("one rank is stuck while ranks 0-1, 3 still progress")
             && err.contains("rank 2 (host 192.0.2.2, device 2): no output and no heartbeat")
-            && err.contains("its last line: going quiet; then, with no newline yet: init HCCL..."),
+            && err.contains(
+                "its last line: going quiet; on stdout, with no newline yet: init HCCL..."
+            ),
         "{}",
         r.describe()
     );

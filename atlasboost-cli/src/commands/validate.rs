@@ -37,9 +37,9 @@ struct Report<'a> {
 ///
 /// # Errors
 ///
-/// A file that cannot be read: exit 125. One that is not JSON is an invalid table (rule
-/// `not-json`, with the parser's line and column), reported as any other, so that `--json`
-/// always answers in JSON.
+/// A file that cannot be read: exit 125 (an error on stderr, no report). One that is not JSON
+/// is an invalid table (rule `not-json`, with the parser's line and column), reported as any
+/// other, `--json` too; its `chip` is `--chip`'s, or 910 (there is no version to tell).
 pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
     // `-` is standard input, as `ranktable -o -` is standard output.
     let stdin = args.file.as_os_str() == "-";

@@ -77,33 +77,6 @@ impl EventLog {
         })))
     }
 
-    /// `--events PATH` for job `job`, if given. A FIFO waits for its reader: that is said
-    /// first, and a signal meanwhile ends the launcher (before anything of the job is made).
-    ///
-    /// # Errors
-    ///
-    /// As [`EventLog::create`].
-    pub fn open(
-        path: Option<&Path>,
-        job: &str,
-        signals: &crate::launch::supervise::Signals,
-        printer: &crate::printer::Printer,
-    ) -> Result<Option<Events>, CliError> {
-        let Some(path) = path else {
-            return Ok(None);
-        };
-        use std::os::unix::fs::FileTypeExt;
-        if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo()) {
-            printer.status(&format!(
-                "atlasboost: --events {} is a FIFO: waiting for its reader",
-                path.display()
-            ));
-        }
-        signals
-            .exit_on_signal_during("opening the events file", || EventLog::create(path, job))
-            .map(Some)
-    }
-
     /// Appends one event: `fields` (an object) after `time`, `event` and `job`. One `write` per
     /// line, so a reader never sees half of one; a file that cannot be written any more (a full
     /// disk) is cut back to its last whole line, said once on stderr and given up, and the job

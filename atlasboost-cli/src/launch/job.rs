@@ -15,10 +15,10 @@ use atlasboost_tcp::Secret;
 use nix::sys::signal::Signal;
 
 use super::channel::Ending;
-use super::events::{self, Events};
+use super::events::{self, EventLog, Events};
 use super::output::JobLogDir;
 use super::plan::{HostPlan, ranks_named};
-use super::supervise::{JobResult, WorkerResult};
+use super::supervise::{JobResult, Signals, WorkerResult};
 use crate::commands::counted;
 use crate::error::CliError;
 use crate::printer::Printer;
@@ -220,6 +220,33 @@ pub(crate) fn lock_table(
 ) -> Result<TableLock, CliError> {
     TableLock::acquire(path, &LockOwner::this_process(job_id, launcher))
         .map_err(CliError::TableLock)
+}
+
+/// `--events PATH` for job `job`, if given. A FIFO waits for its reader: that is said first,
+/// and a signal meanwhile ends the launcher (before anything of the job is made).
+///
+/// # Errors
+///
+/// As [`EventLog::create`].
+pub(crate) fn open_events(
+    path: Option<&Path>,
+    job: &str,
+    signals: &Signals,
+    printer: &Printer,
+) -> Result<Option<Events>, CliError> {
+    use std::os::unix::fs::FileTypeExt;
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo()) {
+        printer.status(&format!(
+            "atlasboost: --events {} is a FIFO: waiting for its reader",
+            path.display()
+        ));
+    }
+    signals
+        .exit_on_signal_during("opening the events file", || EventLog::create(path, job))
+        .map(Some)
 }
 
 /// `--log-dir DIR`'s directory for this job, `DIR/<job id>` (see [`JobLogDir`]).

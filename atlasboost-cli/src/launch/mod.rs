@@ -39,7 +39,7 @@ use nix::sys::signal::Signal;
 
 use self::agent::{AgentReport, Decision, HostPart, Shrink, TablePolicy, host_workers};
 use self::channel::{AgentConfig, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
-use self::events::{EventLog, Events};
+use self::events::Events;
 use self::job::{
     AttemptRecord, check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table,
     new_job_id, report, report_attempt, resolve_exports, summary_event, worker_dir,
@@ -168,7 +168,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         }
         None => None,
     };
-    let events = EventLog::open(args.events.as_deref(), &job_id, &signals, printer)?;
+    let events = job::open_events(args.events.as_deref(), &job_id, &signals, printer)?;
     // After the events file, whose FIFO may wait for long: a signal meanwhile ends the
     // launcher, and must leave no empty log directory behind.
     let logs = job_logs(args, &job_id, printer)?;

@@ -23,7 +23,7 @@ use atlasboost_core::launch_context;
 use atlasboost_tcp::Secret;
 
 use super::channel::{self, Ending, Up};
-use super::events::{self, EventLog};
+use super::events;
 use super::job::{
     AttemptRecord, attempt_end_event, check_before_start, ending_of, host_json, job_logs,
     job_start_event, lock_table, new_job_id, recorded_root_cause, rendezvous_address, report,
@@ -132,7 +132,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         "atlasboost: {}",
         super::remote::shell_line(&command)
     ));
-    let events = EventLog::open(args.events.as_deref(), &job_id, &signals, printer)?;
+    let events = super::job::open_events(args.events.as_deref(), &job_id, &signals, printer)?;
     // mpirun places the ranks on the hosts given, or on this machine (whose address is not
     // needed, so not looked up).
     let given: Vec<serde_json::Value> = match resolved.is_empty() {

@@ -1594,21 +1594,21 @@ impl<'a> Supervisor<'a> {
                 .filter(|p| p.lane == lane && !p.split.unfinished().is_empty())
                 .map(|p| {
                     let bytes = p.split.unfinished();
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(TAIL_LINE_BYTES)]).into_owned()
+                    let cut = bytes.len() > TAIL_LINE_BYTES;
+                    format!(
+                        "; on {}, with no newline yet: {}{}",
+                        p.stream.as_str(),
+                        String::from_utf8_lossy(&bytes[..bytes.len().min(TAIL_LINE_BYTES)]),
+                        if cut { "..." } else { "" }
+                    )
                 })
                 .collect();
-            match (output.last_line(lane), unfinished.is_empty()) {
-                (Some(line), true) => report.push_str(&format!("; its last line: {line}")),
-                (None, true) => report.push_str("; it printed nothing"),
-                (Some(line), false) => report.push_str(&format!(
-                    "; its last line: {line}; then, with no newline yet: {}",
-                    unfinished.join(" / ")
-                )),
-                (None, false) => report.push_str(&format!(
-                    "; it printed, with no newline yet: {}",
-                    unfinished.join(" / ")
-                )),
+            match output.last_line(lane) {
+                Some(line) => report.push_str(&format!("; its last line: {line}")),
+                None if unfinished.is_empty() => report.push_str("; it printed nothing"),
+                None => report.push_str("; no whole line"),
             }
+            report.push_str(&unfinished.concat());
         }
         let summary = if progressing.is_empty() && stuck.len() == 1 {
             format!("the only rank still running stopped progressing:{report}")
@@ -2606,7 +2606,7 @@ impl<'a> Supervisor<'a> {
         }
         let live = self.running.iter().filter(|r| r.ended.is_none()).count();
         // What the workers of a job that has ended left running, being stopped: the signal
-        // cuts that stop short, and the job keeps its code.
+        // cuts that stop short (it does not wait out the grace again).
         let leftovers = live == 0 && self.stopping.is_some();
         let state = SignalState {
             agent: self.is_agent(),
@@ -2621,6 +2621,11 @@ impl<'a> Supervisor<'a> {
             // the launcher's `sig` commands.
             SignalAction::PassOn => self.stop(s),
             SignalAction::KillNow if !state.agent => {
+                // Ending what the workers of an ended job left is an interruption too (SPEC
+                // §8: 128+N), as a signal in the wait for the console after them is.
+                if leftovers && self.interrupted.is_none() {
+                    self.interrupted = Some(s);
+                }
                 output.message(&format!(
                     "atlasboost: got {} while stopping {}; killing {} now",
                     s.as_str(),
