@@ -104,6 +104,11 @@ impl EnvVars {
     /// name (`-x NAME`), so it is never on mpirun's command line, and removed from the worker's
     /// environment.
     pub const ATLASBOOST_RELAY_SECRET: &'static str = "ATLASBOOST_RELAY_SECRET";
+    /// `atlasboost run --mpi`: `1` in a worker's environment, set by its relay. A failing
+    /// worker (an uncaught exception after `init()`) then ends only itself, without
+    /// `MPI_Finalize`, and the launcher stops the others with SIGTERM and `--grace`, instead of
+    /// `MPI_Abort` killing them at once (mid-checkpoint).
+    pub const ATLASBOOST_RELAYED: &'static str = "ATLASBOOST_RELAYED";
 
     /// Whether the process that starts workers (the launcher, an agent, a relay of `run
     /// --mpi`) makes a cgroup for them: `0` never; `1` always, failing where it cannot; unset,

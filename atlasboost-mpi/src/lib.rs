@@ -70,13 +70,18 @@ pub fn library_version() -> Option<String> {
     (!first.is_empty()).then(|| first.to_string())
 }
 
+/// Whether MPI is initialised and not finalised in this process, whoever initialised it.
+pub fn is_initialized() -> bool {
+    mpi::environment::is_initialized() && !mpi::environment::is_finalized()
+}
+
 /// Ends the whole MPI job (`MPI_Abort` on `MPI_COMM_WORLD` with `code`, after flushing this
 /// process's standard output and error) if MPI is initialised and not finalised in this
 /// process, whoever initialised it; returns otherwise. For a process that is failing: under
 /// Open MPI its `MPI_Finalize` at exit would wait for every other rank, which may wait in a
 /// collective for it, so the job would hang instead of ending.
 pub fn abort_if_initialized(code: i32) {
-    if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
+    if is_initialized() {
         use mpi::topology::Communicator;
         use std::io::Write;
         let _ = std::io::stdout().flush();

@@ -366,6 +366,11 @@ pub mod session {
     /// failing process does instead of [`shutdown`], whose `MPI_Finalize` would wait for the
     /// other ranks. Returns without MPI (a build without it, or a process MPI did not start).
     ///
+    /// Under `atlasboost run --mpi` (`ATLASBOOST_RELAYED=1`) it ends only this process, with
+    /// `code` and without `MPI_Finalize`: its relay tells the launcher, which stops the other
+    /// ranks with SIGTERM and `--grace` (a checkpoint being saved is not cut short, as
+    /// `MPI_Abort`'s kill would), and mpirun (`orte_abort_on_non_zero_status 0`) lets it.
+    ///
     /// Not in a child forked after [`start`]: MPI there is the parent's, and an abort would end
     /// the parent's job.
     pub fn abort_mpi(code: i32) {
@@ -374,7 +379,19 @@ pub mod session {
             return;
         }
         #[cfg(feature = "mpi")]
-        atlasboost_mpi::abort_if_initialized(code);
+        {
+            let relayed = std::env::var_os(atlasboost_core::EnvVars::ATLASBOOST_RELAYED)
+                .is_some_and(|v| v == "1");
+            if relayed && atlasboost_mpi::is_initialized() {
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                let _ = std::io::stderr().flush();
+                // SAFETY: _exit ends the process at once; nothing after it runs. Not `exit`:
+                // its handlers (the atexit shutdown) would call MPI_Finalize and wait.
+                unsafe { nix::libc::_exit(code) };
+            }
+            atlasboost_mpi::abort_if_initialized(code);
+        }
         let _ = code;
     }
 

@@ -668,7 +668,8 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         rank: context.rank,
         host: host.clone(),
         device: context.local_rank,
-        env: Vec::new(),
+        // A worker that fails ends itself, and the launcher stops the others (see the name).
+        env: vec![(EnvVars::ATLASBOOST_RELAYED.into(), "1".into())],
         local: true,
         cpus: None,
     };

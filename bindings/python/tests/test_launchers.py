@@ -124,6 +124,42 @@ def test_a_rank_that_fails_after_init_ends_the_mpirun_job(tmp_path: Path) -> Non
     assert "last words of rank 1" in r.stdout, r.describe()
 
 
+def test_a_rank_that_fails_under_run_mpi_lets_the_others_save(tmp_path: Path) -> None:
+    """Under `atlasboost run --mpi`, a rank's uncaught exception after init() ends that rank
+    only: the launcher stops the others with SIGTERM and --grace, so a rank saving a checkpoint
+    on SIGTERM finishes it (MPI_Abort would kill them at once). Either build: with MPI support
+    the hook must not abort; without, nothing does."""
+    need_mpirun()
+    script = tmp_path / "saves.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys, time
+        import atlasboost
+        atlasboost.init()
+        rank = os.environ["OMPI_COMM_WORLD_RANK"]
+        def save(*_):
+            print(f"rank {rank} saving", flush=True)
+            time.sleep(1)
+            print(f"rank {rank} saved", flush=True)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, save)
+        print(f"rank {rank} ready", flush=True)
+        if rank == "1":
+            time.sleep(1)
+            raise RuntimeError("boom under run --mpi")
+        time.sleep(60)
+        """))
+    r = run(
+        [ATLASBOOST, "run", "--mpi", "--sim", "4", "--grace", "20", "--", PYTHON, str(script)],
+        cwd=tmp_path,
+        timeout=50,
+    )
+    assert r.returncode == 1, r.describe()
+    assert "RuntimeError: boom under run --mpi" in r.stderr, r.describe()
+    assert "rank 1 (host" in r.stderr and "failed first: exit 1" in r.stderr, r.describe()
+    for rank in (0, 2, 3):
+        assert f"[{rank}]<stdout>:rank {rank} saved" in r.stdout, r.describe()
+
+
 MPI4PY_WORKER = """\
 import json, os, sys
 from mpi4py import MPI                      # initialises MPI before atlasboost does anything
