@@ -856,6 +856,17 @@ fn reap_one() -> Option<(Pid, Option<Ending>)> {
     Some((Pid::from_raw(pid), ending))
 }
 
+/// Sends `signal` to process group `group`, then (but for SIGKILL) SIGCONT: a process stopped
+/// by SIGSTOP or SIGTSTP acts on the signal only once continued, and would otherwise wait out
+/// the grace for SIGKILL. The first signal's result.
+fn signal_group(group: Pid, signal: Signal) -> nix::Result<()> {
+    let sent = killpg(group, signal);
+    if sent.is_ok() && signal != Signal::SIGKILL {
+        let _ = killpg(group, Signal::SIGCONT);
+    }
+    sent
+}
+
 struct Supervisor<'a> {
     plan: &'a RunPlan,
     /// Owned: a relay names its host when it connects.
@@ -2626,15 +2637,15 @@ impl<'a> Supervisor<'a> {
                 if leftovers && self.interrupted.is_none() {
                     self.interrupted = Some(s);
                 }
+                let (what, it) = match leftovers {
+                    true => ("what the workers left running", "it"),
+                    false => ("the workers", "them"),
+                };
                 output.message(&format!(
                     "atlasboost: got {} while stopping {}; killing {} now",
                     s.as_str(),
-                    if leftovers {
-                        "what the workers left running"
-                    } else {
-                        "the workers"
-                    },
-                    if leftovers { "it" } else { "them" },
+                    what,
+                    it
                 ));
                 self.kill_now();
             }
@@ -2851,15 +2862,11 @@ impl<'a> Supervisor<'a> {
             let group = nix::unistd::getpgid(Some(pid)).ok().filter(|&group| {
                 group == pid || nix::unistd::getsid(Some(pid)).is_ok_and(own_session)
             });
-            if let Some(group) = group {
-                let _ = killpg(group, signal);
-            }
-            // As for the workers' groups: a stopped process acts on SIGTERM once continued.
             if signal != Signal::SIGKILL {
                 let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
-                if let Some(group) = group {
-                    let _ = killpg(group, Signal::SIGCONT);
-                }
+            }
+            if let Some(group) = group {
+                let _ = signal_group(group, signal);
             }
         }
     }
@@ -2885,15 +2892,10 @@ impl<'a> Supervisor<'a> {
         for r in &mut self.running {
             if let Some(pid) = r.pid
                 && !r.group_gone
+                && signal_group(pid, signal) == Err(Errno::ESRCH)
             {
-                if killpg(pid, signal) == Err(Errno::ESRCH) {
-                    r.group_gone = true;
-                    self.lifeline.forget(pid.as_raw());
-                } else if signal != Signal::SIGKILL {
-                    // A stopped process (SIGSTOP, a debugger's) would act on the signal only
-                    // once continued: without it, it waits out the grace for SIGKILL.
-                    let _ = killpg(pid, Signal::SIGCONT);
-                }
+                r.group_gone = true;
+                self.lifeline.forget(pid.as_raw());
             }
         }
     }
