@@ -36,7 +36,9 @@
 //! # Timeouts
 //!
 //! Every wait is bounded: the collectives are MPI's nonblocking ones, tested in a loop until a
-//! deadline. MPI cannot cancel a collective once started, and cannot say which rank is missing,
+//! deadline. `MPI_Init` cannot be: when [`MpiRendezvous::world`] starts MPI and it is not over
+//! within the timeout (a rank never started MPI), the process names the wait on stderr and
+//! exits with [`MPI_INIT_TIMEOUT_EXIT`]. MPI cannot cancel a collective once started, and cannot say which rank is missing,
 //! so a timeout leaves the operation pending for good: that rendezvous is unusable afterwards,
 //! and no new one can be started in the process. The application should then end the job
 //! ([`MpiRendezvous::abort`], or exit with an error: `mpirun` tears the job down when a rank
@@ -61,6 +63,11 @@ use std::time::Duration;
 
 pub use mpi::Threading;
 pub use rendezvous::MpiRendezvous;
+
+/// The exit status of a process whose `MPI_Init`, started by [`MpiRendezvous::world`], was not
+/// over within the rendezvous's timeout: atlasboost's own failure (a rendezvous), as the
+/// launcher's exit codes have it.
+pub const MPI_INIT_TIMEOUT_EXIT: i32 = 125;
 
 /// The first line of the MPI library's own version (`MPI_Get_library_version`, which MPI
 /// allows before `MPI_Init`), e.g. `Open MPI v4.1.4, package: Debian OpenMPI, ...`.

@@ -3,7 +3,10 @@
 //! One lock guards it, and every rendezvous holds the lock while it joins (so two threads of a
 //! process never start the joining collectives at the same time) and while it is dropped.
 
+use std::io::Write;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use mpi::Threading;
 use mpi::environment::Universe;
@@ -34,13 +37,14 @@ pub(crate) fn lock() -> MutexGuard<'static, Lifetime> {
 
 impl Lifetime {
     /// Makes sure MPI is initialised, and returns whether atlasboost initialised it (and so
-    /// finalises it when the last rendezvous is dropped).
+    /// finalises it when the last rendezvous is dropped). An `MPI_Init` of its own that is not
+    /// over within `timeout` ends the process (see [`initialize_within`]).
     ///
     /// # Errors
     ///
     /// [`MpiError::Poisoned`] after a timeout in this process, [`MpiError::Finalized`] after
     /// finalisation.
-    pub(crate) fn acquire(&mut self) -> Result<bool, MpiError> {
+    pub(crate) fn acquire(&mut self, timeout: Duration) -> Result<bool, MpiError> {
         if let Some((op, round)) = self.poisoned {
             return Err(MpiError::Poisoned { op, round });
         }
@@ -55,7 +59,7 @@ impl Lifetime {
         }
         // `None` when someone else initialised MPI since the check above (another thread,
         // outside this lock): then it is theirs.
-        match mpi::initialize_with_threading(Threading::Multiple) {
+        match initialize_within(timeout) {
             Some((universe, _granted)) => {
                 self.universe = Some(universe);
                 Ok(true)
@@ -93,4 +97,39 @@ impl Lifetime {
             }
         }
     }
+}
+
+/// `MPI_Init_thread`, bounded by `timeout`: Open MPI's waits until every rank of the job has
+/// called it, so a rank that never calls `init()` (or ended before the others started MPI)
+/// would keep this one there for good. A call cannot be cancelled, and this thread is inside
+/// it; so a watchdog thread names the wait on stderr and ends the process with
+/// [`crate::MPI_INIT_TIMEOUT_EXIT`] (`_exit`: an exit's handlers could wait for MPI). Under
+/// mpirun, a rank's non-zero exit ends the job.
+fn initialize_within(timeout: Duration) -> Option<(Universe, Threading)> {
+    let (over, wait) = mpsc::channel::<()>();
+    let watchdog = std::thread::Builder::new()
+        .name("atlasboost-mpi-init".into())
+        .spawn(move || {
+            if wait.recv_timeout(timeout) == Err(RecvTimeoutError::Timeout) {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "atlasboost: error: rendezvous failed (mpi): timed out after {timeout:?} in \
+                     MPI_Init, waiting for every rank of the job to start MPI: a rank that has \
+                     not called init() (or MPI_Init) or that ended without it keeps the others \
+                     there, and MPI cannot say which (the timeout is \
+                     ATLASBOOST_RENDEZVOUS_TIMEOUT); exiting with status {}",
+                    crate::MPI_INIT_TIMEOUT_EXIT
+                );
+                // SAFETY: `_exit` ends the process without running anything of it.
+                unsafe { nix::libc::_exit(crate::MPI_INIT_TIMEOUT_EXIT) };
+            }
+        });
+    let result = mpi::initialize_with_threading(Threading::Multiple);
+    // Disconnects the channel: the watchdog returns at once.
+    drop(over);
+    // Without a watchdog (no thread could be started) the wait is MPI's, as it always was.
+    if let Ok(watchdog) = watchdog {
+        let _ = watchdog.join();
+    }
+    result
 }

@@ -94,10 +94,14 @@ impl MpiRendezvous {
     /// Those two calls block, but only once every rank has joined. The lock that serialises
     /// `world()` and drops within the process is held meanwhile.
     ///
-    /// `MPI_Init` itself cannot be bounded: under Open MPI it waits until every rank has called
-    /// it. If a rank ends without calling it, `mpirun` ends the job when other ranks are in MPI
-    /// already; but if that rank ended before any other started `MPI_Init`, Open MPI took it for
-    /// a process that does not use MPI, and the others wait in `MPI_Init` for good.
+    /// `MPI_Init` cannot return an error after a timeout: under Open MPI it waits until every
+    /// rank has called it. If a rank ends without calling it, `mpirun` ends the job when other
+    /// ranks are in MPI already; but if that rank ended before any other started `MPI_Init`,
+    /// Open MPI took it for a process that does not use MPI, and the others would wait in
+    /// `MPI_Init` for good. So when `world()` starts MPI itself and `MPI_Init` is not over
+    /// within `timeout`, the process says so on stderr and exits with
+    /// [`MPI_INIT_TIMEOUT_EXIT`](crate::MPI_INIT_TIMEOUT_EXIT) (mpirun then ends the job). An
+    /// application that calls `MPI_Init` itself keeps MPI's own wait.
     ///
     /// After a join timeout MPI stays initialised (it is never finalised in this process).
     /// Under `MPI_THREAD_SINGLE` or `FUNNELED` (an application that asked for no more), call it
@@ -110,7 +114,7 @@ impl MpiRendezvous {
     /// [`MpiError::Timeout`] if not every rank joined within `timeout`.
     pub fn world(timeout: Duration) -> Result<MpiRendezvous, MpiError> {
         let mut life = lifetime::lock();
-        let owns_mpi = life.acquire()?;
+        let owns_mpi = life.acquire(timeout)?;
         let thread_support = mpi::environment::threading_support();
         let world = SimpleCommunicator::world();
         let index = rank_to_usize(world.rank());

@@ -6,7 +6,7 @@ use atlasboost_core::Rendezvous;
 use atlasboost_core::exchange::error_chain;
 use atlasboost_mpi::MpiRendezvous;
 
-use crate::harness::{self, RANKS, parse, report, under_mpirun, under_mpirun_for};
+use crate::harness::{self, RANKS, parse, report, under_mpirun};
 
 /// The timeout of these tests.
 const SHORT: Duration = Duration::from_secs(2);
@@ -206,10 +206,16 @@ fn timeout_then_drop() {
 }
 
 /// What a rank that never initialises MPI does to the others, who call
-/// `MpiRendezvous::world`: `MPI_Init` cannot be bounded (Open MPI's waits until every rank has
-/// called it), so they never return from it, and whether the job ends depends on when the rank
-/// leaves. Each rank reports `calls=` before `world()`, and `returned=` if it ever returns.
-fn without_rank_3_in_mpi(test: &str, rank_3_leaves_after: Duration, others_wait: Duration) {
+/// `MpiRendezvous::world(timeout)`: Open MPI's `MPI_Init` waits until every rank has called it,
+/// so they never return from it; either mpirun ends the job (depending on when the rank
+/// leaves), or the timeout ends each of them. Each rank reports `calls=` before `world()`, and
+/// `returned=` if it ever returns.
+fn without_rank_3_in_mpi(
+    test: &str,
+    rank_3_leaves_after: Duration,
+    others_wait: Duration,
+    timeout: Duration,
+) {
     // Without MPI, the rank comes from Open MPI's environment.
     let rank: usize = parse(
         &std::env::var("OMPI_COMM_WORLD_RANK").expect("OMPI_COMM_WORLD_RANK under mpirun"),
@@ -222,7 +228,7 @@ fn without_rank_3_in_mpi(test: &str, rank_3_leaves_after: Duration, others_wait:
     }
     std::thread::sleep(others_wait);
     report(test, rank, "calls=world()");
-    let result = MpiRendezvous::world(SHORT);
+    let result = MpiRendezvous::world(timeout);
     report(
         test,
         rank,
@@ -242,14 +248,14 @@ fn check_stuck_in_mpi_init(run: &harness::Run) {
     }
 }
 
-/// Rank 3 leaves (exit status 0, no MPI) 2 s after the others called `world()`. `mpirun` sees
-/// a rank end without MPI while others are in MPI, kills them (inside `MPI_Init`) and exits
-/// with 1.
+/// Rank 3 leaves (exit status 0, no MPI) 2 s after the others called `world()` (with a
+/// timeout far beyond that). `mpirun` sees a rank end without MPI while others are in MPI,
+/// kills them (inside `MPI_Init`) and exits with 1.
 #[test]
 fn a_rank_that_leaves_while_the_others_are_in_mpi_init() {
     const T: &str = "failures::a_rank_that_leaves_while_the_others_are_in_mpi_init";
     let Some(run) = under_mpirun(T, || {
-        without_rank_3_in_mpi(T, Duration::from_secs(2), Duration::ZERO);
+        without_rank_3_in_mpi(T, Duration::from_secs(2), Duration::ZERO, MISSING_SLEEP);
     }) else {
         return;
     };
@@ -268,22 +274,35 @@ fn a_rank_that_leaves_while_the_others_are_in_mpi_init() {
 }
 
 /// Rank 3 leaves (exit status 0, no MPI) at once, and the others call `world()` 2 s later.
-/// `mpirun` took rank 3 for a process that does not use MPI, so nothing ends the job: ranks
-/// 0..2 wait in `MPI_Init` for good, and the test kills `mpirun` after 6 s.
+/// `mpirun` took rank 3 for a process that does not use MPI, so nothing of MPI's ends the job:
+/// ranks 0..2 would wait in `MPI_Init` for good. The timeout ends each of them instead, with
+/// `MPI_INIT_TIMEOUT_EXIT` and a message naming the wait, and mpirun then ends.
 #[test]
-fn a_rank_that_leaves_before_the_others_start_mpi_hangs_the_job() {
-    const T: &str = "failures::a_rank_that_leaves_before_the_others_start_mpi_hangs_the_job";
-    let wall = Duration::from_secs(6);
-    let Some(run) = under_mpirun_for(T, wall, || {
-        without_rank_3_in_mpi(T, Duration::ZERO, Duration::from_secs(2));
+fn a_rank_that_leaves_before_the_others_start_mpi_times_them_out_in_mpi_init() {
+    const T: &str =
+        "failures::a_rank_that_leaves_before_the_others_start_mpi_times_them_out_in_mpi_init";
+    let Some(run) = under_mpirun(T, || {
+        without_rank_3_in_mpi(T, Duration::ZERO, Duration::from_secs(2), SHORT);
     }) else {
         return;
     };
 
-    assert!(run.killed, "mpirun was still running after {wall:?}\n{run}");
-    check_stuck_in_mpi_init(&run);
     assert!(
-        !run.output().contains("exiting improperly"),
-        "mpirun did not notice rank 3\n{run}"
+        !run.killed,
+        "mpirun was still running at its wall time\n{run}"
+    );
+    check_stuck_in_mpi_init(&run);
+    assert_ne!(run.status.code(), Some(0), "{run}");
+    let named = run
+        .output()
+        .matches("timed out after 2s in MPI_Init, waiting for every rank of the job to start MPI")
+        .count();
+    assert!(named >= 1, "no rank named its wait in MPI_Init\n{run}");
+    assert!(
+        run.output().contains(&format!(
+            "exiting with status {}",
+            atlasboost_mpi::MPI_INIT_TIMEOUT_EXIT
+        )),
+        "{run}"
     );
 }

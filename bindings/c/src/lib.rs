@@ -252,7 +252,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Returns ATLASBOOST_OK, or ATLASBOOST_ERR_INVALID_ARGUMENT (unknown framework, `frame` not
 /// UTF-8), ATLASBOOST_ERR_LAUNCH_CONTEXT, ATLASBOOST_ERR_CONFIG, ATLASBOOST_ERR_DEVICE,
 /// ATLASBOOST_ERR_RENDEZVOUS, ATLASBOOST_ERR_RENDEZVOUS_TIMEOUT, ATLASBOOST_ERR_RANK_TABLE or
-/// ATLASBOOST_ERR_INTERNAL, with the message in `atlasboost_last_error()`.
+/// ATLASBOOST_ERR_INTERNAL, with the message in `atlasboost_last_error()`. One wait cannot
+/// return: with the `mpi` feature under `mpirun`, an `MPI_Init` that this call starts and that
+/// still waits for another rank `ATLASBOOST_RENDEZVOUS_TIMEOUT` seconds later ends the process
+/// with status 125, naming the wait on stderr (MPI cannot give the call up).
 ///
 /// # Safety
 ///
