@@ -102,8 +102,11 @@ pub fn parse_hccn_conf(text: &str, path: &Path) -> Result<BTreeMap<u32, IpAddr>,
         .collect())
 }
 
-/// Devices from hccn.conf (SPEC §3, `--probe hccn`): one per `address_<id>` line, logical ids
-/// in physical order, then filtered and renumbered by the visible-devices variables.
+/// Devices from hccn.conf (SPEC §3, `--probe hccn`): one per `address_<id>` line, each with
+/// the logical id the driver gives it on a bare-metal server, its physical id (also where the
+/// file leaves devices out: a server whose file lists only 4-7 still has its NPUs 0-3, and the
+/// runtime's device 4 is NPU 4); then filtered and renumbered by the visible-devices variables
+/// (a container's mounted devices are 0..n-1).
 #[derive(Debug, Clone)]
 pub struct HccnProbe {
     server_id: String,
@@ -145,10 +148,9 @@ impl HccnProbe {
         })?;
         let devices = parse_hccn_conf(&text, &self.path)?
             .into_iter()
-            .enumerate()
-            .map(|(logical, (physical, ip))| Device {
+            .map(|(physical, ip)| Device {
                 server_id: self.server_id.clone(),
-                logical_id: logical as u32,
+                logical_id: physical,
                 physical_id: physical,
                 ip: Some(ip),
                 chip: CHIP.into(),

@@ -591,6 +591,35 @@ fn started_by_hand_it_is_a_world_of_one() {
     check_job(&[r], 1, "Alone");
 }
 
+/// Library mode reading an hccn.conf that lists only devices 4-7: local rank 0 is NPU 4, and
+/// `DEVICE_ID` says 4 (the driver's logical id on bare metal), not 0 (NPU 0, which the table
+/// does not name).
+#[test]
+fn init_with_an_hccn_conf_of_devices_4_to_7_is_on_device_4() {
+    let run = Run::new::<[&str; 0], &str>([]).program(init_worker_bin());
+    let conf = run.file(
+        "hccn.conf",
+        (4..8)
+            .map(|p| format!("address_{p}=192.168.100.{}\n", 101 + p))
+            .collect::<String>(),
+        false,
+    );
+    let f = run
+        .env("ATLASBOOST_PROBE", "hccn")
+        .env("ATLASBOOST_HCCN_CONF", &conf)
+        .env("ASCEND_RT_VISIBLE_DEVICES", "")
+        .env("ASCEND_VISIBLE_DEVICES", "")
+        .run();
+    f.assert_code(0);
+    let r = f
+        .out()
+        .lines()
+        .find_map(parse_report)
+        .unwrap_or_else(|| panic!("no report: {}", f.describe()));
+    assert_eq!((num(&r, "device"), num(&r, "physical")), (4, 4), "{r:?}");
+    check_job(&[r], 1, "Alone");
+}
+
 #[test]
 fn library_mode_names_the_variables_the_user_set_not_flags() {
     let f = Run::new::<[&str; 0], &str>([])

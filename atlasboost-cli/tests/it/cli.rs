@@ -1764,6 +1764,67 @@ fn the_driver_and_hccn_conf_give_the_table_hccl_tools_writes() {
     assert_eq!(got, want);
 }
 
+/// An hccn.conf that lists only devices 4-7 (a server whose other NPUs have no RoCE address):
+/// on bare metal the driver's logical ids are the physical ones, so the workers are told
+/// devices 4-7 (`ASCEND_RT_VISIBLE_DEVICES=4,5,6,7`, then device `LOCAL_RANK` of those), not
+/// the runtime's devices 0-3, which would be NPUs 0-3 while the table names 4-7.
+#[test]
+fn hccn_conf_without_devices_0_to_3_runs_the_workers_on_4_to_7() {
+    let dir = tempdir();
+    let conf = dir.path().join("hccn.conf");
+    std::fs::write(
+        &conf,
+        (4..8)
+            .map(|p| format!("address_{p}=192.168.100.{}\n", 101 + p))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let out = run_env(
+        dir.path(),
+        &[
+            "run",
+            "-q",
+            "--probe",
+            "hccn",
+            "--hccn-conf",
+            conf.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo visible=$ASCEND_RT_VISIBLE_DEVICES device=$DEVICE_ID \
+             physical=$ATLASBOOST_PHYSICAL_ID",
+        ],
+        &[
+            ("ASCEND_RT_VISIBLE_DEVICES", ""),
+            ("ASCEND_VISIBLE_DEVICES", ""),
+        ],
+    );
+    out.expect_code(SUCCESS);
+    let mut lines: Vec<&str> = out.stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        (0..4)
+            .map(|r| format!(
+                "[{r}]<stdout>:visible=4,5,6,7 device={r} physical={}",
+                r + 4
+            ))
+            .collect::<Vec<_>>(),
+        "{}",
+        out.stderr
+    );
+    let table: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("rank_table.json")).unwrap())
+            .unwrap();
+    let devices: Vec<&str> = table["server_list"][0]["device"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["device_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(devices, ["4", "5", "6", "7"], "{table}");
+}
+
 #[test]
 fn auto_takes_the_driver_then_hccn_conf() {
     let dir = tempdir();
