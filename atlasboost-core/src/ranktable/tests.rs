@@ -148,6 +148,29 @@ fn multi_server_tables_need_device_ips() {
     assert!(build_table(&devices[1..], &BuildOptions::default()).is_ok());
 }
 
+/// One server needs no device addresses, but HCCL counts them alike on every device: a device
+/// without one beside a device that has one is refused (in `validate` and when building).
+#[test]
+fn one_server_lists_device_ips_on_every_device_or_none() {
+    let mut devices = host("h1", 1, &[0, 1]);
+    devices[1].ip = None;
+    let err = build_table(&devices, &BuildOptions::default()).unwrap_err();
+    let Error::Invalid { violations, .. } = err else {
+        panic!("{err}")
+    };
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert_eq!(violations[0].rule, Rule::DeviceIpCount);
+    assert_eq!(violations[0].path, "$.server_list[0].device[1]");
+    assert!(
+        violations[0]
+            .message
+            .contains("lists no device_ip but $.server_list[0].device[0].device_ip lists 1"),
+        "{violations:?}"
+    );
+    devices[0].ip = None;
+    assert!(build_table(&devices, &BuildOptions::default()).is_ok());
+}
+
 #[test]
 fn format_1_2_groups_super_pods_and_needs_their_ids() {
     let mut devices = Vec::new();

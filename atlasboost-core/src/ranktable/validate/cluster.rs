@@ -210,8 +210,9 @@ impl Validator {
                 .get("super_pod_list")
                 .and_then(|p| p.len())
                 .is_some_and(|n| n == 1);
-        if server_total > 1 && !single_pod {
-            for loc in missing_ip {
+        let needs_ips = server_total > 1 && !single_pod;
+        if needs_ips {
+            for loc in missing_ip.iter() {
                 self.push(
                     loc.path(),
                     Rule::MissingDeviceIp,
@@ -219,16 +220,18 @@ impl Validator {
                 );
             }
         }
-        // HCCL counts the device addresses of every device alike: a host-NIC server's devices
-        // without any beside devices that list some is a mixed table it refuses.
+        // HCCL counts the device addresses of every device alike: devices without any (on a
+        // host-NIC server, or in a table that needs none) beside devices that list some is a
+        // mixed table it refuses.
         if let Some((first, floc)) = ip_counts {
-            for loc in host_nic_only {
+            let without_any = missing_ip.into_iter().filter(|_| !needs_ips);
+            for loc in host_nic_only.into_iter().chain(without_any) {
                 self.push(
                     loc.path(),
                     Rule::DeviceIpCount,
                     format!(
-                        "lists no device_ip (its server has host_ip) but {} lists {first}; HCCL \
-                         needs the same number on every device",
+                        "lists no device_ip but {} lists {first}; HCCL needs the same number \
+                         on every device",
                         floc.key("device_ip")
                     ),
                 );
