@@ -259,6 +259,24 @@ impl EnvVars {
     /// The user's private runtime directory (library mode's local sockets).
     pub const XDG_RUNTIME_DIR: &'static str = "XDG_RUNTIME_DIR";
 
+    /// Variables of other ways of starting a job than a rank table, which must not meet
+    /// `RANK_TABLE_FILE`: HCCL's cluster-info ones (`CM_*`, which it refuses beside a rank
+    /// table), and MindSpore's dynamic cluster (`MS_ROLE` switches it on; msrun and MindX set
+    /// them). A launcher's workers do not get them unless `-x` names them.
+    pub const OTHER_STARTUP: [&'static str; 11] = [
+        "CM_CHIEF_IP",
+        "CM_CHIEF_PORT",
+        "CM_CHIEF_DEVICE",
+        "CM_WORKER_SIZE",
+        "CM_WORKER_IP",
+        "CM_RANK",
+        "CM_LOCAL_WORKER",
+        "MS_ROLE",
+        "MS_SCHED_HOST",
+        "MS_SCHED_PORT",
+        "MS_WORKER_NUM",
+    ];
+
     /// The launcher's variables that remote workers receive too (SPEC §9), by name...
     pub const FORWARDED: [&'static str; 3] = [Self::PATH, Self::LD_LIBRARY_PATH, Self::PYTHONPATH];
     /// ... and by prefix.

@@ -1075,6 +1075,12 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
     // From here on every frame goes through `output` (standard output is non-blocking now),
     // the last ones too.
     let mut output = Output::upstream(&workers.iter().map(|w| w.rank).collect::<Vec<_>>())?;
+    // This host's own (its login environment's); under srun the agents have the launcher's,
+    // which it named already.
+    let other_startup = super::job::other_startup_vars(&settings.env);
+    if !slurm && let Some(warning) = super::job::other_startup_warning(&other_startup) {
+        output.message(&warning);
+    }
     output.send(&Up::Ready);
     let plan = RunPlan {
         helpers: Vec::new(),
@@ -1098,7 +1104,7 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
             )],
         }),
         metrics: None,
-        unset_env: slurm_env.0,
+        unset_env: slurm_env.0.into_iter().chain(other_startup).collect(),
     };
     let result = supervise::run_workers(
         &plan,

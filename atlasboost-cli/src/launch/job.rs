@@ -210,6 +210,37 @@ pub(crate) fn resolve_exports(
         .collect()
 }
 
+/// The variables of another way of starting ([`EnvVars::OTHER_STARTUP`]) that this process
+/// has and `exports` (`-x`) does not give: the workers do not get them.
+pub(crate) fn other_startup_vars(exports: &[(OsString, OsString)]) -> Vec<OsString> {
+    EnvVars::OTHER_STARTUP
+        .iter()
+        .filter(|name| std::env::var_os(name).is_some())
+        .filter(|name| !exports.iter().any(|(k, _)| k == **name))
+        .map(OsString::from)
+        .collect()
+}
+
+/// What is said of the variables [`other_startup_vars`] found, if any.
+pub(crate) fn other_startup_warning(names: &[OsString]) -> Option<String> {
+    let first = names.first()?;
+    let listed: Vec<String> = names
+        .iter()
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    let one = names.len() == 1;
+    Some(format!(
+        "atlasboost: warning: {} {} set, for another way of starting a job (HCCL's CM_* cluster \
+         information, MindSpore's dynamic cluster) that must not meet a rank table: the \
+         workers do not get {} (-x {} gives {} anyway)",
+        listed.join(", "),
+        if one { "is" } else { "are" },
+        if one { "it" } else { "them" },
+        first.to_string_lossy(),
+        if one { "it" } else { "one" },
+    ))
+}
+
 /// This host's lock of the table at `path` for job `job_id` (launched from `launcher`, this
 /// host when `None`), held until the job ends: a path another running job holds is refused,
 /// naming that job.

@@ -42,7 +42,8 @@ use self::channel::{AgentConfig, Tree, TreeBelow, TreeHost, Up, WorkerSettings};
 use self::events::Events;
 use self::job::{
     AttemptRecord, check_before_start, ending_of, host_json, job_logs, job_start_event, lock_table,
-    new_job_id, report, report_attempt, resolve_exports, summary_event, worker_dir,
+    new_job_id, other_startup_vars, other_startup_warning, report, report_attempt, resolve_exports,
+    summary_event, worker_dir,
 };
 use self::lifeline::CgroupWanted;
 use self::monitor::{HostMonitor, Metrics, MonitorPlan};
@@ -128,6 +129,10 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     });
     check_before_start(args, known_size)?;
     let exports = resolve_exports(&args.env)?;
+    let other_startup = other_startup_vars(&exports);
+    if let Some(warning) = other_startup_warning(&other_startup) {
+        printer.status(&warning);
+    }
     if let (Some(min), Some(size)) = (args.min_np, known_size)
         && u64::from(min) > size
     {
@@ -580,7 +585,7 @@ fn run_attempts(
                         .map(|r| (r.rank, r.physical_id))
                         .collect(),
                 }),
-                unset_env: Vec::new(),
+                unset_env: other_startup_vars(&settings.env),
             };
             drop(keeper.take());
             let result = run_workers(
@@ -1156,13 +1161,15 @@ fn route_toward(host: &str) -> Result<std::net::Ipv4Addr, String> {
     }
 }
 
-/// The launcher's variables that remote workers receive too (SPEC §9).
+/// The launcher's variables that remote workers receive too (SPEC §9), but for those of
+/// another way of starting (`-x` still sends them).
 fn forwarded_env() -> Vec<(OsString, OsString)> {
     std::env::vars_os()
         .filter(|(k, _)| {
             k.to_str().is_some_and(|k| {
-                EnvVars::FORWARDED.contains(&k)
-                    || EnvVars::FORWARDED_PREFIXES.iter().any(|p| k.starts_with(p))
+                (EnvVars::FORWARDED.contains(&k)
+                    || EnvVars::FORWARDED_PREFIXES.iter().any(|p| k.starts_with(p)))
+                    && !EnvVars::OTHER_STARTUP.contains(&k)
             })
         })
         .collect()

@@ -26,8 +26,8 @@ use super::channel::{self, Ending, Up};
 use super::events;
 use super::job::{
     AttemptRecord, attempt_end_event, check_before_start, ending_of, host_json, job_logs,
-    job_start_event, lock_table, new_job_id, recorded_root_cause, rendezvous_address, report,
-    resolve_exports, summary_event, worker_dir,
+    job_start_event, lock_table, new_job_id, other_startup_vars, other_startup_warning,
+    recorded_root_cause, rendezvous_address, report, resolve_exports, summary_event, worker_dir,
 };
 use super::lifeline::{self, CgroupWanted};
 use super::output::{JobLogDir, Output, OutputOptions};
@@ -80,6 +80,11 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     let wdir = worker_dir(args, true)?;
     let table_path = wdir.join(&args.rank_table);
     let exports = resolve_exports(&args.env)?;
+    // Kept from mpirun's environment, and so from every rank this host starts.
+    let other_startup = other_startup_vars(&exports);
+    if let Some(warning) = other_startup_warning(&other_startup) {
+        printer.status(&warning);
+    }
     let job_id = new_job_id()?;
     // With every rank here, the table's lock is taken before mpirun starts, so a clash fails
     // at once; the workers' init() shares it (same job id). On other hosts init() takes it.
@@ -184,7 +189,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         pytorch: false,
         monitor: None,
         metrics: None,
-        unset_env: Vec::new(),
+        unset_env: other_startup,
     };
     let mpirun = MpirunPlan {
         command,

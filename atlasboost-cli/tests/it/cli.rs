@@ -1825,6 +1825,51 @@ fn hccn_conf_without_devices_0_to_3_runs_the_workers_on_4_to_7() {
     assert_eq!(devices, ["4", "5", "6", "7"], "{table}");
 }
 
+/// A shell left over from MindX or msrun: HCCL's `CM_*` variables and MindSpore's `MS_ROLE`
+/// select other ways of starting, which must not meet the rank table. The workers do not get
+/// them, and the launcher says so; `-x` still gives one.
+#[test]
+fn another_way_of_starting_is_named_and_kept_from_the_workers() {
+    let dir = tempdir();
+    let out = run_env(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "2",
+            "-x",
+            "CM_WORKER_SIZE=16",
+            "--",
+            "sh",
+            "-c",
+            "echo chief=$CM_CHIEF_IP role=$MS_ROLE size=$CM_WORKER_SIZE",
+        ],
+        &[
+            ("CM_CHIEF_IP", "10.9.9.9"),
+            ("MS_ROLE", "MS_WORKER"),
+            ("CM_WORKER_SIZE", "8"),
+        ],
+    );
+    out.expect_code(SUCCESS);
+    let mut lines: Vec<&str> = out.stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "[0]<stdout>:chief= role= size=16",
+            "[1]<stdout>:chief= role= size=16"
+        ],
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .contains("warning: CM_CHIEF_IP, MS_ROLE are set, for another way of starting a job"),
+        "{}",
+        out.stderr
+    );
+}
+
 #[test]
 fn auto_takes_the_driver_then_hccn_conf() {
     let dir = tempdir();

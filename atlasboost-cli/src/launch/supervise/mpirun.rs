@@ -86,7 +86,7 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         pytorch: false,
         monitor: None,
         metrics: None,
-        unset_env: Vec::new(),
+        unset_env: plan.unset_env.clone(),
     };
     let spec = WorkerPlan {
         rank: 0,
