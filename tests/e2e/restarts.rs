@@ -847,7 +847,8 @@ fn the_root_cause_and_the_first_failure_are_named_apart() {
 
 /// Records of the same whole second (torch's stamps) go to the rank that failed first, not
 /// to the lowest rank; and a rank whose SIGTERM handler recorded the stop itself (stamped after
-/// the stop began) and exited 1 is not the root cause of a rank that died without a record.
+/// the stop began, or in the stop's own second to the whole second, as torch stamps) and
+/// exited 1 is not the root cause of a rank that died without a record.
 #[test]
 fn the_root_cause_is_the_first_of_equal_records_and_never_the_stops_own_error() {
     // `record MESSAGE TIME` writes torch's error file.
@@ -888,6 +889,25 @@ fn the_root_cause_is_the_first_of_equal_records_and_never_the_stops_own_error() 
     );
     let r = Run::new([
         "run", "--sim", "2", "--grace", "5", "--", "bash", "-c", &stopped,
+    ])
+    .timeout(Duration::from_secs(60))
+    .run();
+    r.assert_code(139).assert_err(
+        &["rank 1 (host 192.0.2.2, device 1) failed first: SIGSEGV"],
+        &["root cause"],
+    );
+    // The same, stamped as torch stamps: the whole second (the stop's own, or the next).
+    let stopped_whole = stopped.replace("$(date +%s.%N)", "$(date +%s)");
+    let r = Run::new([
+        "run",
+        "--sim",
+        "2",
+        "--grace",
+        "5",
+        "--",
+        "bash",
+        "-c",
+        &stopped_whole,
     ])
     .timeout(Duration::from_secs(60))
     .run();
