@@ -71,6 +71,36 @@ fn sigint_is_passed_to_the_workers_and_exits_130() {
     assert_all_gone(&mark, "after SIGINT");
 }
 
+/// A worker that finished (exit 0) before a SIGINT, but whose end the launcher reads together
+/// with the signal (a loaded machine, or here a launcher held with SIGSTOP, reads both in one
+/// batch, SIGINT first), succeeded: it is not counted as stopped.
+#[test]
+fn a_worker_that_finished_before_ctrl_c_succeeded() {
+    // Rank 0 ends a second after it said `up`, in a process named by this launch's mark.
+    let worker = "echo up; if [ \"$RANK_ID\" = 0 ]; then \
+                  exec env FINISHED_FIRST=\"$ATLASBOOST_E2E_LAUNCH\" sleep 1; fi; exec sleep 30";
+    let mut launch = start("2", "30", &["sh", "-c", worker]);
+    launch.wait_for_lines("]<stdout>:up", 2, Duration::from_secs(20));
+    let mark = launch.mark().to_string();
+    launch.signal(Signal::SIGSTOP);
+    // Gone from /proc (a zombie has no environment to read): it has exited.
+    let finished = atlasboost_e2e::wait_until(Duration::from_secs(20), || {
+        atlasboost_e2e::pids_with_env("FINISHED_FIRST", &mark).is_empty()
+    });
+    launch.signal(Signal::SIGINT);
+    launch.signal(Signal::SIGCONT);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    assert!(finished, "rank 0 did not finish\n{}", r.describe());
+    r.assert_code(130);
+    assert!(
+        r.err().contains("2 ranks finished in")
+            && r.err().contains(": 1 succeeded, 0 failed, 1 stopped"),
+        "{}",
+        r.describe()
+    );
+    assert_all_gone(&mark, "after SIGINT");
+}
+
 /// The workers are shells with a background child each: SIGTERM reaches the whole group.
 #[test]
 fn sigterm_is_passed_to_the_workers_and_their_children_and_exits_143() {

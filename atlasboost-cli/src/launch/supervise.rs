@@ -834,14 +834,31 @@ fn spawn(
     Ok((pid, out, err))
 }
 
-/// Reaps one child that has exited, if any: its pid, and how it ended (`None` for a status
+/// Whether child `pid` has exited with status 0, without collecting it.
+fn exited_cleanly(pid: Pid) -> bool {
+    use nix::libc;
+    // SAFETY: an all-zero siginfo_t is a valid value; waitid only writes the one it is given.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+    // SAFETY: as above.
+    let peeked = unsafe { libc::waitid(libc::P_PID, pid.as_raw() as libc::id_t, &mut info, flags) };
+    // SAFETY: si_pid and si_status are read from what waitid wrote for a child's state change
+    // (si_pid stays 0 while the child has not exited, with WNOHANG).
+    peeked == 0
+        && unsafe { info.si_pid() } == pid.as_raw()
+        && info.si_code == libc::CLD_EXITED
+        && unsafe { info.si_status() } == 0
+}
+
+/// Reaps one child that has exited (`which`, or any), if any: its pid, and how it ended (`None` for a status
 /// that is not an end). By the raw status: nix's `waitpid` reaps a child killed by a
 /// real-time signal and then fails to name the signal, and the worker's end would be lost.
-fn reap_one() -> Option<(Pid, Option<Ending>)> {
+fn reap_one(which: Option<Pid>) -> Option<(Pid, Option<Ending>)> {
     use nix::libc;
     let mut status: libc::c_int = 0;
+    let which = which.map_or(-1, Pid::as_raw);
     // SAFETY: waitpid only writes the status through the valid pointer it is given.
-    let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    let pid = unsafe { libc::waitpid(which, &mut status, libc::WNOHANG) };
     if pid <= 0 {
         // None left (0), no child at all (ECHILD), or EINTR: the next pass looks again.
         return None;
@@ -2605,6 +2622,7 @@ impl<'a> Supervisor<'a> {
             self.reap(output);
             return;
         }
+        self.reap_clean_exits(output);
         self.signalled.get_or_insert_with(|| (Instant::now(), s));
         // Against the last signal acted on: a stream of one signal (a held Ctrl-C) does not
         // stretch the window for ever.
@@ -2687,11 +2705,37 @@ impl<'a> Supervisor<'a> {
     /// starts must neither count them as stopped nor signal their groups.
     fn reap(&mut self, output: &mut Output) {
         let mut ended = Vec::new();
-        while let Some((pid, ending)) = reap_one() {
+        while let Some((pid, ending)) = reap_one(None) {
             if let Some(ending) = ending {
                 ended.push((pid, ending));
             }
         }
+        self.act_on_reaped(ended, output);
+    }
+
+    /// Before a signal is acted on: collects the workers that have already exited with status
+    /// 0. Their SIGCHLD is read after the signal (the lowest number comes first), but they
+    /// finished before it came, so they succeeded rather than were stopped. Any other end
+    /// waits for its SIGCHLD: a worker killed by the very signal the launcher got (a kill of
+    /// the whole group or cgroup) belongs to that interruption, and is no failure.
+    fn reap_clean_exits(&mut self, output: &mut Output) {
+        let clean: Vec<Pid> = self
+            .running
+            .iter()
+            .filter(|r| r.ended.is_none())
+            .filter_map(|r| r.pid)
+            .filter(|&pid| exited_cleanly(pid))
+            .collect();
+        let ended = clean
+            .into_iter()
+            .filter_map(|pid| reap_one(Some(pid)))
+            .filter_map(|(pid, ending)| ending.map(|e| (pid, e)))
+            .collect();
+        self.act_on_reaped(ended, output);
+    }
+
+    /// Acts on the children [`Self::reap`] or [`Self::reap_clean_exits`] collected.
+    fn act_on_reaped(&mut self, ended: Vec<(Pid, Ending)>, output: &mut Output) {
         // A group whose last process was just reaped may have its id reused from now on: mark
         // it gone (and tell the lifeline) before anything signals it.
         self.check_groups();
