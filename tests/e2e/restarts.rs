@@ -651,6 +651,51 @@ fn ctrl_c_during_the_restart_delay_ends_the_job_without_a_restart() {
     );
 }
 
+/// `--hang-dump` without py-spy says why it took no stacks: the worker never called
+/// `atlasboost.init()` (no stack file), or it did in a child of a wrapper (a shell) that does
+/// not catch SIGUSR1 and is not sent it.
+#[test]
+fn a_hang_dump_without_stacks_says_why() {
+    if ["/usr/bin/py-spy", "/bin/py-spy", "/usr/local/bin/py-spy"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+    {
+        eprintln!("skipped: py-spy is installed system-wide, so stacks are always taken");
+        return;
+    }
+    for (worker, says) in [
+        (
+            "echo ready; sleep 60",
+            "the worker has not called atlasboost.init()",
+        ),
+        // The file init() creates, made by the shell itself.
+        (
+            ": > \"$ATLASBOOST_STACK_FILE\"; echo ready; sleep 60",
+            "the worker is a wrapper (a shell) around Python",
+        ),
+    ] {
+        let r = Run::new([
+            "run",
+            "--sim",
+            "1",
+            "--hang-timeout",
+            "2",
+            "--hang-dump",
+            "--grace",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            worker,
+        ])
+        .env("PATH", "/usr/bin:/bin")
+        .timeout(Duration::from_secs(60))
+        .run();
+        r.assert_code(124)
+            .assert_err(&["no stacks: py-spy is not installed", says], &[]);
+    }
+}
+
 /// `--hang-dump` with ranks that went silent together: both are named as stuck (not one of
 /// them "progressing"), each one's stacks are taken (a stand-in `py-spy` on PATH, slow as a
 /// real one can be) and saved, and the job ends 124.

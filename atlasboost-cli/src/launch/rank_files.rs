@@ -132,9 +132,16 @@ impl RankFiles {
         let file = self.path(rank, "stacks");
         // `init()` creates the file when it registers the handler; and the worker's own
         // process must catch SIGUSR1 (a shell that runs Python would die of it).
-        if std::fs::metadata(&file).is_err() || !catches(pid, Signal::SIGUSR1) {
-            return "no stacks: py-spy is not installed on this host, and the worker's process \
-                    does not catch SIGUSR1 (atlasboost.init() registers faulthandler for it)"
+        if std::fs::metadata(&file).is_err() {
+            return "no stacks: py-spy is not installed on this host, and the worker has not \
+                    called atlasboost.init() (which registers faulthandler for SIGUSR1)"
+                .into();
+        }
+        if !catches(pid, Signal::SIGUSR1) {
+            return "no stacks: py-spy is not installed on this host, and the worker's own \
+                    process does not catch SIGUSR1, although a process of it called \
+                    atlasboost.init(): the worker is a wrapper (a shell) around Python, which \
+                    SIGUSR1 would kill; exec the Python program, or install py-spy"
                 .into();
         }
         let before = std::fs::metadata(&file).map_or(0, |m| m.len());
