@@ -1643,6 +1643,59 @@ fn a_lost_interior_host_is_the_only_one_a_restart_leaves_out() {
     sshd.assert_no_sessions(Duration::from_secs(10), "after the job");
 }
 
+/// Two of three hosts lost at once: the attempt's end names one, and every other host the
+/// restart leaves out is named on the console too (not only in `--events`).
+#[test]
+fn every_host_a_restart_leaves_out_is_named() {
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-restart-two-lost");
+    let mut launch = over_ssh(
+        &sshd,
+        &mark,
+        &[
+            "--sim",
+            "2",
+            "-H",
+            "127.0.0.2:2,127.0.0.3:2,127.0.0.4:2",
+            "--grace",
+            "2",
+        ],
+    )
+    .args([
+        "--max-restarts",
+        "1",
+        "--restart-delay",
+        "0",
+        "--min-np",
+        "2",
+    ])
+    .args(["--", "sh", "-c", FIRST_ATTEMPT_WAITS])
+    .timeout(Duration::from_secs(90))
+    .spawn();
+    launch.wait_for_lines("ready attempt=0", 6, Duration::from_secs(30));
+    let agents = agents_of(&mark);
+    let lost = ["127.0.0.3", "127.0.0.4"].map(|h| agent_of(&mark, &agents, h));
+    for agent in lost {
+        kill(agent, Signal::SIGKILL).unwrap();
+    }
+    let r = launch.wait_at_most(Duration::from_secs(60));
+    let ctx = ctx(&r, &sshd);
+    assert_second_attempt_on(&r, "127.0.0.2", &ctx);
+    let err = r.err();
+    // One is the attempt's end ("host H lost"), the other is left out by name.
+    for (named, other) in [("127.0.0.3", "127.0.0.4"), ("127.0.0.4", "127.0.0.3")] {
+        if err.contains(&format!("host {named} lost")) {
+            assert!(
+                err.contains(&format!(
+                    "leaving {other} out of the restart: lost during attempt 0"
+                )),
+                "{ctx}"
+            );
+            return;
+        }
+    }
+    panic!("neither lost host ended the attempt\n{ctx}");
+}
+
 /// A lost host under `--max-restarts 1 --min-np 2`: the job goes on without it, naming it.
 #[test]
 fn a_lost_host_is_left_out_and_the_job_continues_on_the_others() {

@@ -20,14 +20,14 @@ pub const SSHD: &str = "/usr/sbin/sshd";
 pub const REQUIRE_SSHD: &str = "ATLASBOOST_E2E_REQUIRE_SSHD";
 
 /// The addresses the test sshd listens on: "hosts" that are all this machine.
-pub const SSHD_ADDRESSES: [&str; 3] = ["127.0.0.1", "127.0.0.2", "127.0.0.3"];
+pub const SSHD_ADDRESSES: [&str; 4] = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"];
 
 /// A real OpenSSH server for one test, so that `atlasboost run` reaches "remote" hosts
 /// (127.0.0.2, 127.0.0.3, ... all this machine) with the system `ssh`, as it reaches real ones.
 ///
 /// [`Sshd::start`] makes a temporary directory with a host key, a client key (the only entry
 /// of `authorized_keys`), an `sshd_config` and an `ssh_config` for clients, and runs
-/// `/usr/sbin/sshd -D` on a free port of 127.0.0.1-3, as the user the tests run as (root
+/// `/usr/sbin/sshd -D` on a free port of 127.0.0.1-4, as the user the tests run as (root
 /// logs in with its key: `PermitRootLogin prohibit-password`). Each test has its own server:
 /// starting one takes a few milliseconds, its log is the test's alone, and everything below it
 /// ([`Sshd::sessions`]: sessions, agents, workers) belongs to that test.

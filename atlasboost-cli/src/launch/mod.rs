@@ -641,17 +641,28 @@ fn run_attempts(
         }
         // Left out for the rest of the job (SPEC §12): hosts lost, whether or not that ended
         // the attempt, and the host whose agent failed it.
+        let named = result.host_failure.as_ref().map(|f| f.host.as_str());
+        let mut unnamed = Vec::new();
         for host in &result.lost_hosts {
-            leave_out(job, host, "lost");
+            if leave_out(job, host, "lost") && named != Some(host.as_str()) {
+                unnamed.push(host.as_str());
+            }
         }
         if let Some(failed) = &result.host_failure {
             leave_out(job, &failed.host, "its agent failed");
         }
+        let delay = restart_delay(args.first_restart_delay(), attempt);
+        report_attempt(&result, job.attempts.last(), printer);
+        // The attempt's end names one host; the others lost with it are named here.
+        if !unnamed.is_empty() {
+            printer.error(&format!(
+                "atlasboost: leaving {} out of the restart: lost during attempt {attempt}",
+                unnamed.join(", ")
+            ));
+        }
         if job.slurm {
             leave_out_unusable_nodes(job, printer);
         }
-        let delay = restart_delay(args.first_restart_delay(), attempt);
-        report_attempt(&result, job.attempts.last(), printer);
         // Under -q too: the failure was said, and the job may yet succeed.
         printer.sequel(&format!(
             "atlasboost: restarting every worker ({} of {}) in {:.1} s",
@@ -671,13 +682,14 @@ fn run_attempts(
 }
 
 /// Leaves `host` (as [`HostPlan::describe`] names it) out of the rest of the job, saying why in
-/// the events.
-fn leave_out(job: &mut JobState<'_>, host: &str, why: &str) {
+/// the events; whether it was not left out already.
+fn leave_out(job: &mut JobState<'_>, host: &str, why: &str) -> bool {
     if job.lost.iter().any(|h| h == host) {
-        return;
+        return false;
     }
     job.lost.push(host.to_string());
     host_left_out_event(job, host, why);
+    true
 }
 
 /// The `host_left_out` event: `host` takes no part in the attempt (docs/events.md).
