@@ -285,6 +285,7 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
             .iter()
             .flat_map(|(_, devs)| devs)
             .any(|d| d.super_device_id.is_some() || d.super_pod_id.is_some());
+    let ip_of = device_ip_of(servers);
     let mut rank = 0usize;
     let mut server_list = Vec::with_capacity(servers.len());
     let mut pods: Vec<SuperPodEntry> = Vec::new();
@@ -306,7 +307,7 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
             };
             device.push(DeviceEntry {
                 device_id: decimal(d.physical_id as usize),
-                device_ip: d.ip.map(ip_text),
+                device_ip: ip_of(d),
                 super_device_id,
                 rank_id: decimal(rank),
                 extra: Map::new(),
@@ -349,7 +350,17 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
     }))
 }
 
+/// How each device's `device_ip` is written. HCCL counts the addresses of every device alike,
+/// so a device without one beside devices that have one is a table it refuses; one server
+/// needs none (its devices talk over HCCS), so there a device without an address leaves every
+/// device without one. Between servers every device needs one, which the validator says.
+fn device_ip_of(servers: &[(&str, Vec<&Device>)]) -> impl Fn(&Device) -> Option<String> {
+    let none = matches!(servers, [(_, devs)] if devs.iter().any(|d| d.ip.is_none()));
+    move |d: &Device| if none { None } else { d.ip.map(ip_text) }
+}
+
 fn legacy_table(servers: &[(&str, Vec<&Device>)]) -> RankTable {
+    let ip_of = device_ip_of(servers);
     let instance_list: Vec<InstanceEntry> = servers
         .iter()
         .enumerate()
@@ -358,7 +369,7 @@ fn legacy_table(servers: &[(&str, Vec<&Device>)]) -> RankTable {
                 .iter()
                 .map(|d| LegacyDeviceEntry {
                     device_id: decimal(d.physical_id as usize),
-                    device_ip: d.ip.map(ip_text),
+                    device_ip: ip_of(d),
                     extra: Map::new(),
                 })
                 .collect(),
