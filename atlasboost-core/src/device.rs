@@ -44,11 +44,77 @@ pub enum Health {
         code: u32,
     },
     /// Not usable: the driver's calls about this device fail while the others' answer (a
-    /// broken NPU); the code one of them returned is kept for the message.
+    /// broken NPU); the first call that failed and its code are kept for the message.
     Unreadable {
         /// The driver's return code.
         code: i32,
+        /// The call that returned it.
+        call: DriverCall,
     },
+}
+
+/// A driver call about one device, named in [`Health::Unreadable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DriverCall {
+    /// `dsmi_get_phyid_from_logicid`.
+    #[serde(rename = "dsmi_get_phyid_from_logicid")]
+    PhysicalId,
+    /// `dsmi_get_device_ip_address`.
+    #[serde(rename = "dsmi_get_device_ip_address")]
+    IpAddress,
+    /// `dsmi_get_chip_info`.
+    #[serde(rename = "dsmi_get_chip_info")]
+    ChipInfo,
+    /// `dsmi_get_device_health`.
+    #[serde(rename = "dsmi_get_device_health")]
+    Health,
+}
+
+impl DriverCall {
+    const ALL: [DriverCall; 4] = [
+        DriverCall::PhysicalId,
+        DriverCall::IpAddress,
+        DriverCall::ChipInfo,
+        DriverCall::Health,
+    ];
+
+    /// The C function.
+    pub fn function(self) -> &'static str {
+        match self {
+            DriverCall::PhysicalId => "dsmi_get_phyid_from_logicid",
+            DriverCall::IpAddress => "dsmi_get_device_ip_address",
+            DriverCall::ChipInfo => "dsmi_get_chip_info",
+            DriverCall::Health => "dsmi_get_device_health",
+        }
+    }
+
+    /// The call whose C function is `function`, if it is one of them.
+    pub fn of_function(function: &str) -> Option<DriverCall> {
+        Self::ALL.into_iter().find(|c| c.function() == function)
+    }
+}
+
+/// What a DSMI return code means (`NO_DEVICE: no device`, ...), for the codes the driver
+/// documents.
+pub fn dsmi_code_meaning(code: i32) -> Option<&'static str> {
+    Some(match code {
+        1 => "NO_DEVICE: no device",
+        2 => "INVALID_DEVICE: no such device",
+        3 => "INVALID_VALUE: invalid value",
+        4 => "INVALID_HANDLE",
+        6 => "OUT_OF_MEMORY",
+        7 => "INNER_ERR: the driver's internal error",
+        8 => "PARA_ERROR: bad parameter",
+        9 => "UNINIT: the driver is not initialised",
+        11 => "NOT_EXIST: does not exist",
+        13 => "BUSY: the device is busy",
+        16 => "WAIT_TIMEOUT",
+        17 => "IOCRL_FAIL: an ioctl to the driver failed",
+        46 => "OPER_NOT_PERMITTED: not permitted",
+        51 => "TRY_AGAIN: the driver is still starting",
+        0xfffe => "NOT_SUPPORT: not supported by this driver or device",
+        _ => return None,
+    })
 }
 
 impl Health {
@@ -67,22 +133,26 @@ impl Health {
     }
 
     /// The health as one number for the compact wire forms: 0 healthy, the DSMI code when
-    /// unhealthy (up to 0xFFFFFFFF), and `1 << 32` plus the return code's 32 bits when
-    /// unreadable.
+    /// unhealthy (up to 0xFFFFFFFF), and when unreadable `1 << 32` plus the return code's 32
+    /// bits, with the call's index in bits 40 and up.
     pub fn to_wire(self) -> u64 {
         match self {
             Health::Healthy => 0,
             Health::Unhealthy { code } => u64::from(code),
-            Health::Unreadable { code } => 1 << 32 | u64::from(code as u32),
+            Health::Unreadable { code, call } => {
+                let index = DriverCall::ALL.iter().position(|c| *c == call).unwrap_or(0);
+                (index as u64) << 40 | 1 << 32 | u64::from(code as u32)
+            }
         }
     }
 
     /// Reads what [`Health::to_wire`] wrote; `None` for a number it never writes.
     pub fn from_wire(wire: u64) -> Option<Health> {
-        match wire >> 32 {
-            0 => Some(Health::from_code(wire as u32)),
-            1 => Some(Health::Unreadable {
+        match (wire >> 40, (wire >> 32) & 0xff) {
+            (0, 0) => Some(Health::from_code(wire as u32)),
+            (index, 1) => Some(Health::Unreadable {
                 code: wire as u32 as i32,
+                call: *DriverCall::ALL.get(usize::try_from(index).ok()?)?,
             }),
             _ => None,
         }
@@ -98,8 +168,12 @@ impl fmt::Display for Health {
             Health::Unhealthy { code: 3 } => f.write_str("critical (3)"),
             Health::Unhealthy { code: u32::MAX } => f.write_str("offline"),
             Health::Unhealthy { code } => write!(f, "unhealthy ({code})"),
-            Health::Unreadable { code } => {
-                write!(f, "unreadable: a driver call about it returned {code}")
+            Health::Unreadable { code, call } => {
+                write!(f, "unreadable: {} returned {code}", call.function())?;
+                match dsmi_code_meaning(*code) {
+                    Some(meaning) => write!(f, " ({meaning})"),
+                    None => Ok(()),
+                }
             }
         }
     }
@@ -376,15 +450,34 @@ mod tests {
             Health::Healthy,
             Health::Unhealthy { code: 3 },
             Health::Unhealthy { code: u32::MAX },
-            Health::Unreadable { code: 13 },
-            Health::Unreadable { code: -8005 },
+            Health::Unreadable {
+                code: 13,
+                call: DriverCall::IpAddress,
+            },
+            Health::Unreadable {
+                code: -8005,
+                call: DriverCall::Health,
+            },
         ] {
             assert_eq!(Health::from_wire(h.to_wire()), Some(h), "{h}");
         }
         assert_eq!(Health::from_wire(2 << 32), None);
+        assert_eq!(Health::from_wire(9 << 40 | 1 << 32), None);
         assert_eq!(
-            Health::Unreadable { code: -8005 }.to_string(),
-            "unreadable: a driver call about it returned -8005"
+            Health::Unreadable {
+                code: -8005,
+                call: DriverCall::Health
+            }
+            .to_string(),
+            "unreadable: dsmi_get_device_health returned -8005"
+        );
+        assert_eq!(
+            Health::Unreadable {
+                code: 13,
+                call: DriverCall::ChipInfo
+            }
+            .to_string(),
+            "unreadable: dsmi_get_chip_info returned 13 (BUSY: the device is busy)"
         );
     }
 

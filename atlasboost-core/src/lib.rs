@@ -56,7 +56,8 @@ pub mod worker_env;
 mod world;
 
 pub use device::{
-    Chip, Device, DeviceList, DeviceProbe, Health, device_ip_problem, parse_id_list, select_devices,
+    Chip, Device, DeviceList, DeviceProbe, DriverCall, Health, device_ip_problem,
+    dsmi_code_meaning, parse_id_list, select_devices,
 };
 pub use env_vars::EnvVars;
 pub use error::{BoxError, Error, Result};

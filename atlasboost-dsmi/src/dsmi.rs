@@ -5,7 +5,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use atlasboost_core::{Device, DeviceProbe, DeviceSample, EnvVars, Error, Health, Telemetry};
+use atlasboost_core::{
+    Device, DeviceProbe, DeviceSample, DriverCall, EnvVars, Error, Health, Telemetry,
+};
 use libloading::Library;
 
 use crate::DsmiError;
@@ -264,7 +266,7 @@ impl DsmiProbe {
                             .is_none_or(|ids| !ids.contains(&logical)) => {}
                 // A broken NPU fails its own calls while the others answer: it is reported,
                 // unusable, so that the table names it and a restart plans around it.
-                Err(e) if let Some(code) = own_failure(&e) => {
+                Err(e) if let Some(health) = own_failure(&e) => {
                     first_unreadable.get_or_insert(e);
                     devices.push(Device {
                         server_id: self.server_id.clone(),
@@ -273,7 +275,7 @@ impl DsmiProbe {
                         ip: None,
                         // The host's chip, from a device that answered (below).
                         chip: String::new(),
-                        health: Health::Unreadable { code },
+                        health,
                         super_device_id: None,
                         super_pod_id: None,
                     });
@@ -514,16 +516,24 @@ fn optional<T: Copy>(library: &Library, symbol: &str) -> Option<T> {
 
 /// The code of a call that failed for one device (which the driver answers for the others):
 /// `None` for any other error.
-fn own_failure(e: &DsmiError) -> Option<i32> {
+fn own_failure(e: &DsmiError) -> Option<Health> {
     match e {
         DsmiError::Call {
             device: Some(_),
             code,
-            ..
-        } => Some(*code),
+            function,
+        } => Some(Health::Unreadable {
+            code: *code,
+            call: DriverCall::of_function(function)?,
+        }),
         DsmiError::StillStarting {
-            device: Some(_), ..
-        } => Some(TRY_AGAIN),
+            device: Some(_),
+            function,
+            ..
+        } => Some(Health::Unreadable {
+            code: TRY_AGAIN,
+            call: DriverCall::of_function(function)?,
+        }),
         _ => None,
     }
 }

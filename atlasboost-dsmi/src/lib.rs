@@ -149,23 +149,5 @@ pub enum DsmiError {
 
 /// ` (INVALID_DEVICE: no such device)` for the driver's known codes.
 fn meaning(code: i32) -> String {
-    let text = match code {
-        1 => "NO_DEVICE: no device",
-        2 => "INVALID_DEVICE: no such device",
-        3 => "INVALID_VALUE: invalid value",
-        4 => "INVALID_HANDLE",
-        6 => "OUT_OF_MEMORY",
-        7 => "INNER_ERR: the driver's internal error",
-        8 => "PARA_ERROR: bad parameter",
-        9 => "UNINIT: the driver is not initialised",
-        11 => "NOT_EXIST: does not exist",
-        13 => "BUSY: the device is busy",
-        16 => "WAIT_TIMEOUT",
-        17 => "IOCRL_FAIL: an ioctl to the driver failed",
-        46 => "OPER_NOT_PERMITTED: not permitted",
-        51 => "TRY_AGAIN: the driver is still starting",
-        0xfffe => "NOT_SUPPORT: not supported by this driver or device",
-        _ => return String::new(),
-    };
-    format!(" ({text})")
+    atlasboost_core::dsmi_code_meaning(code).map_or(String::new(), |text| format!(" ({text})"))
 }

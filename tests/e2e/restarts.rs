@@ -404,9 +404,9 @@ fn an_npu_whose_driver_calls_fail_at_a_restart_is_planned_around() {
         .run();
     r.assert_code(0).assert_err(
         &[
-            "the restart leaves out device 5 of host 127.0.0.1 (unreadable: a driver call about \
-             it returned 13), devices 4,6-7 of host 127.0.0.1 (usable, but not in the largest \
-             valid world)",
+            "the restart leaves out device 5 of host 127.0.0.1 (unreadable: \
+             dsmi_get_device_health returned 13 (BUSY: the device is busy)), devices 4,6-7 of \
+             host 127.0.0.1 (usable, but not in the largest valid world)",
             "attempt 1: 4 ranks on 1 server (1 × 4)",
         ],
         &[],

@@ -1214,14 +1214,18 @@ mod tests {
         p.shrink = Some(shrink(8, 16));
         let mut reports = healthy();
         if let HostReport::Devices(devices) = &mut reports[0].host {
-            devices[3].health = Health::Unreadable { code: 13 };
+            devices[3].health = Health::Unreadable {
+                code: 13,
+                call: atlasboost_core::DriverCall::ChipInfo,
+            };
         }
         let d = decide(&p, reports).unwrap();
         assert_eq!(d.devices.len(), 8);
         assert_eq!(
             d.left_out,
             [
-                "device 3 of host 127.0.0.1 (unreadable: a driver call about it returned 13)",
+                "device 3 of host 127.0.0.1 (unreadable: dsmi_get_chip_info returned 13 (BUSY: \
+                 the device is busy))",
                 "devices 0-2,4-7 of host 127.0.0.1 (usable, but not in the largest valid world)",
             ]
         );

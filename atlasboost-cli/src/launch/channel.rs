@@ -195,7 +195,7 @@ impl Stream {
 /// lines frames, `O` and `E`; 4: heartbeats, records and stacks; 5: the launch tree, with the
 /// rendezvous on the channel; 6: the host's NPU count in telemetry samples; 7: exit frames
 /// carry any signal number, the real-time ones too).
-pub const HELLO: &[u8] = b"\x00atlasboost-agent-7\n";
+pub const HELLO: &[u8] = b"\x00atlasboost-agent-8\n";
 
 /// A line longer than this is passed on in pieces of this size, so that a worker printing
 /// without newlines cannot make the launcher hold unbounded memory.

@@ -273,7 +273,7 @@ mod tests {
             assert!(
                 files
                     .stacks(3, std::process::id())
-                    .contains("does not catch SIGUSR1")
+                    .contains("the worker has not called atlasboost.init()")
             );
         }
         // The default disposition is not a handler.

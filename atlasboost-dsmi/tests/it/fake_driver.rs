@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use atlasboost_core::conformance::check_probe;
-use atlasboost_core::{Device, DeviceProbe, EnvVars, Health};
+use atlasboost_core::{Device, DeviceProbe, DriverCall, EnvVars, Health};
 use atlasboost_dsmi::DsmiProbe;
 
 use crate::Env;
@@ -118,11 +118,36 @@ fn the_chip_name_decides_the_rules() {
 /// (so that a table names it and a restart plans around it), with the host's chip.
 #[test]
 fn a_device_whose_own_calls_fail_is_reported_unreadable() {
-    for (fault, broken, code) in [
-        ("fail:dsmi_get_device_ip_address@1=65534", 1, 65534),
-        ("fail:dsmi_get_chip_info@2=8", 2, 8),
-        ("fail:dsmi_get_device_health@5=13", 5, 13),
-        ("fail:dsmi_get_device_health@3=51", 3, 51),
+    for (fault, broken, code, call, says) in [
+        (
+            "fail:dsmi_get_device_ip_address@1=65534",
+            1,
+            65534,
+            DriverCall::IpAddress,
+            "dsmi_get_device_ip_address returned 65534 (NOT_SUPPORT: not supported by this \
+             driver or device)",
+        ),
+        (
+            "fail:dsmi_get_chip_info@2=8",
+            2,
+            8,
+            DriverCall::ChipInfo,
+            "dsmi_get_chip_info returned 8 (PARA_ERROR: bad parameter)",
+        ),
+        (
+            "fail:dsmi_get_device_health@5=13",
+            5,
+            13,
+            DriverCall::Health,
+            "dsmi_get_device_health returned 13 (BUSY: the device is busy)",
+        ),
+        (
+            "fail:dsmi_get_device_health@3=51",
+            3,
+            51,
+            DriverCall::Health,
+            "dsmi_get_device_health returned 51 (TRY_AGAIN: the driver is still starting)",
+        ),
     ] {
         let devices = probe_with(&[
             (EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS, fault),
@@ -132,7 +157,7 @@ fn a_device_whose_own_calls_fail_is_reported_unreadable() {
         assert_eq!(devices.len(), 8, "{fault}");
         for d in &devices {
             let want = match d.physical_id == broken {
-                true => Health::Unreadable { code },
+                true => Health::Unreadable { code, call },
                 false => Health::Healthy,
             };
             assert_eq!(d.health, want, "{fault}: {d:?}");
@@ -140,10 +165,7 @@ fn a_device_whose_own_calls_fail_is_reported_unreadable() {
         }
         let unreadable = devices.iter().find(|d| d.physical_id == broken).unwrap();
         assert_eq!(unreadable.ip, None, "{fault}");
-        assert_eq!(
-            unreadable.health.to_string(),
-            format!("unreadable: a driver call about it returned {code}")
-        );
+        assert_eq!(unreadable.health.to_string(), format!("unreadable: {says}"));
     }
 }
 
