@@ -358,7 +358,7 @@ pub struct RunArgs {
     pub min_np: Option<u32>,
 
     /// Fail the attempt (exit 124) when a rank shows no progress, no output (a line or a part
-    /// of one) and no heartbeat, for SECS [default: off].
+    /// of one) and no heartbeat, for SECS; `off` for never [default: off].
     #[arg(allow_negative_numbers = true, long, value_name = "SECS", value_parser = parse_hang_timeout)]
     pub hang_timeout: Option<Duration>,
 
@@ -510,14 +510,18 @@ fn parse_sim_chip(s: &str) -> Result<String, String> {
     }
 }
 
-/// `--hang-timeout`: seconds, at least 0.5 (progress is looked at every 0.25 s).
+/// `--hang-timeout`: seconds, at least 0.5 (progress is looked at every 0.25 s); `off` (zero,
+/// which the settings read as no watchdog) for none, as the default.
 fn parse_hang_timeout(s: &str) -> Result<Duration, String> {
-    at_least(s, Duration::from_millis(500))
+    if s == "off" {
+        return Ok(Duration::ZERO);
+    }
+    at_least(s, Duration::from_millis(500)).map_err(|e| format!("{e}, or off"))
 }
 
 /// Seconds, at least `min`.
 fn at_least(s: &str, min: Duration) -> Result<Duration, String> {
-    let d = parse_seconds(s)?;
+    let d = parse_seconds_or_zero(s)?;
     match d < min {
         true => Err(format!("{s}: at least {} s", min.as_secs_f64())),
         false => Ok(d),
@@ -753,7 +757,12 @@ mod tests {
         );
         assert_eq!(
             parse_hang_timeout("0.1").unwrap_err(),
-            "0.1: at least 0.5 s"
+            "0.1: at least 0.5 s, or off"
+        );
+        assert_eq!(parse_hang_timeout("off").unwrap(), Duration::ZERO);
+        assert_eq!(
+            parse_monitor_interval("0").unwrap_err(),
+            "0: at least 1 s, or off"
         );
         assert_eq!(
             parse_hang_timeout("0.5").unwrap(),

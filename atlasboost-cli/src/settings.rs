@@ -277,7 +277,8 @@ impl From<&RunArgs> for RunSettings {
             max_restarts: a.max_restarts,
             restart_delay: a.restart_delay,
             min_np: a.min_np,
-            hang_timeout: a.hang_timeout,
+            // `off` is zero: no watchdog.
+            hang_timeout: a.hang_timeout.filter(|t| !t.is_zero()),
             hang_dump: a.hang_dump,
             ssh_port: a.ssh_port,
             ssh_identity: a.ssh_identity.clone(),

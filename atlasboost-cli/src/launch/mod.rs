@@ -163,7 +163,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     // with nothing of the job written.
     let metrics = match args.metrics {
         Some(address) => {
-            let m = Metrics::serve(address)?;
+            let m = Metrics::serve(address, &job_id)?;
             let said = format!("atlasboost: metrics at http://{}/metrics", m.address());
             match address.port() {
                 0 => printer.needed(&said),

@@ -417,7 +417,7 @@ pub fn render(
     for ((host, _), chip) in chips {
         host_chip.entry(host.as_str()).or_insert(chip);
     }
-    let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+
     type Get = fn(&DeviceSample) -> Option<f64>;
     let npu: [(&str, &str, Get); 7] = [
         (
@@ -489,12 +489,7 @@ pub fn render(
             sample.machine_npus
         );
     }
-    let _ = writeln!(
-        out,
-        "# HELP atlasboost_attempt The attempt under way, 0 for the first start.\n\
-         # TYPE atlasboost_attempt gauge\natlasboost_attempt{{job=\"{}\"}} {attempt}",
-        esc(job)
-    );
+    out.push_str(&attempt_text(job, attempt));
     type PerRank = (
         &'static str,
         &'static str,
@@ -577,8 +572,37 @@ pub fn render(
     out
 }
 
-/// `--metrics ADDR:PORT`: a small HTTP server (its own thread) that answers every request
-/// with the latest text [`Metrics::publish`] gave it.
+/// A label value, escaped for Prometheus's text format.
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The `atlasboost_attempt` metric of `job`: the attempt under way.
+fn attempt_text(job: &str, attempt: u32) -> String {
+    format!(
+        "# HELP atlasboost_attempt The attempt under way, 0 for the first start.\n\
+         # TYPE atlasboost_attempt gauge\natlasboost_attempt{{job=\"{}\"}} {attempt}\n",
+        esc(job)
+    )
+}
+
+/// What a request for anything but `/metrics` (`GET` or `HEAD`) is answered: its status and
+/// why, or `None` for a request for the metrics.
+fn refusal(method: &tiny_http::Method, url: &str) -> Option<(u16, &'static str)> {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    match (method, path) {
+        (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => None,
+        (_, "/metrics") => Some((405, "405 method not allowed: GET /metrics\n")),
+        _ => Some((404, "404 not found: atlasboost serves GET /metrics\n")),
+    }
+}
+
+/// `--metrics ADDR:PORT`: a small HTTP server (its own thread) that answers `GET /metrics`
+/// with the latest text [`Metrics::publish`] gave it (before the first sample, the job's
+/// attempt alone: a target that answers nothing would look like a host without NPUs), and
+/// anything else with 404 or 405.
 pub struct Metrics {
     text: Arc<Mutex<String>>,
     server: Arc<tiny_http::Server>,
@@ -594,12 +618,12 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// Listens on `address` and serves from a thread of its own.
+    /// Listens on `address` and serves the metrics of job `job` from a thread of its own.
     ///
     /// # Errors
     ///
     /// [`CliError::Usage`] naming the address when it cannot be bound.
-    pub fn serve(address: SocketAddr) -> Result<Metrics, CliError> {
+    pub fn serve(address: SocketAddr, job: &str) -> Result<Metrics, CliError> {
         let server = tiny_http::Server::http(address).map_err(|e| {
             CliError::Usage(format!("--metrics {address}: cannot listen there: {e}"))
         })?;
@@ -608,12 +632,18 @@ impl Metrics {
             tiny_http::ListenAddr::Unix(_) => address,
         };
         let server = Arc::new(server);
-        let text: Arc<Mutex<String>> = Arc::default();
+        let text = Arc::new(Mutex::new(attempt_text(job, 0)));
         let (serving, latest) = (Arc::clone(&server), Arc::clone(&text));
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
                 for request in serving.incoming_requests() {
+                    if let Some((status, why)) = refusal(request.method(), request.url()) {
+                        let response = tiny_http::Response::from_string(why)
+                            .with_status_code(tiny_http::StatusCode(status));
+                        let _ = request.respond(response);
+                        continue;
+                    }
                     let body = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
                     let mut response = tiny_http::Response::from_string(body);
                     if let Ok(h) = tiny_http::Header::from_bytes(
@@ -654,6 +684,43 @@ impl Drop for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One HTTP/1.0 request to `address`: the status line and the body.
+    fn ask(address: SocketAddr, request: &str) -> (String, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(address).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        s.write_all(format!("{request}\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+        let status = head.lines().next().unwrap_or_default().to_string();
+        (status, body.to_string())
+    }
+
+    /// Before the first sample the job's attempt is served (not an empty page); only
+    /// `GET /metrics` (and `HEAD`) is answered with the metrics.
+    #[test]
+    fn metrics_are_served_at_their_path_only_and_from_the_start() {
+        let m = Metrics::serve("127.0.0.1:0".parse().unwrap(), "ab-7").unwrap();
+        let (status, body) = ask(m.address(), "GET /metrics HTTP/1.1");
+        assert!(status.contains(" 200 "), "{status}");
+        assert!(
+            body.contains("atlasboost_attempt{job=\"ab-7\"} 0\n"),
+            "{body}"
+        );
+        let (status, _) = ask(m.address(), "GET /metrics?x=1 HTTP/1.1");
+        assert!(status.contains(" 200 "), "{status}");
+        let (status, body) = ask(m.address(), "GET / HTTP/1.1");
+        assert!(status.contains(" 404 "), "{status}");
+        assert!(body.contains("GET /metrics"), "{body}");
+        let (status, _) = ask(m.address(), "POST /metrics HTTP/1.1\r\nContent-Length: 0");
+        assert!(status.contains(" 405 "), "{status}");
+        m.publish("x 1\n".into());
+        assert_eq!(ask(m.address(), "GET /metrics HTTP/1.1").1, "x 1\n");
+    }
 
     /// A worker that is a shell running the real work: the sample counts the whole group, not
     /// the shell's own 1 MiB and 0 % (a child holding 64 MiB and spinning).
