@@ -65,8 +65,8 @@ pub use mpi::Threading;
 pub use rendezvous::MpiRendezvous;
 
 /// The exit status of a process whose `MPI_Init`, started by [`MpiRendezvous::world`], was not
-/// over within the rendezvous's timeout: atlasboost's own failure (a rendezvous), as the
-/// launcher's exit codes have it.
+/// over within the rendezvous's timeout (at least 10 s): atlasboost's own failure (a
+/// rendezvous), as the launcher's exit codes have it.
 pub const MPI_INIT_TIMEOUT_EXIT: i32 = 125;
 
 /// The first line of the MPI library's own version (`MPI_Get_library_version`, which MPI

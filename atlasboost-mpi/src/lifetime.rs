@@ -3,7 +3,6 @@
 //! One lock guards it, and every rendezvous holds the lock while it joins (so two threads of a
 //! process never start the joining collectives at the same time) and while it is dropped.
 
-use std::io::Write;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -99,29 +98,44 @@ impl Lifetime {
     }
 }
 
-/// `MPI_Init_thread`, bounded by `timeout`: Open MPI's waits until every rank of the job has
-/// called it, so a rank that never calls `init()` (or ended before the others started MPI)
-/// would keep this one there for good. A call cannot be cancelled, and this thread is inside
-/// it; so a watchdog thread names the wait on stderr and ends the process with
-/// [`crate::MPI_INIT_TIMEOUT_EXIT`] (`_exit`: an exit's handlers could wait for MPI). Under
-/// mpirun, a rank's non-zero exit ends the job.
+/// The least time `MPI_Init` is given, whatever the rendezvous's timeout: starting MPI (its
+/// runtime's own exchange) takes seconds on a loaded machine, and the collectives after it
+/// have the timeout of their own.
+pub(crate) const MPI_INIT_LEAST: Duration = Duration::from_secs(10);
+
+/// `MPI_Init_thread`, bounded by `timeout` (at least [`MPI_INIT_LEAST`]; zero: unbounded):
+/// Open MPI's waits until every rank of the job has called it, so a rank that never calls
+/// `init()` (or ended before the others started MPI) would keep this one there for good. A
+/// call cannot be cancelled, and this thread is inside it; so a watchdog thread names the
+/// wait on stderr and ends the process with [`crate::MPI_INIT_TIMEOUT_EXIT`] (`_exit`: an
+/// exit's handlers could wait for MPI). Under mpirun, a rank's non-zero exit ends the job.
 fn initialize_within(timeout: Duration) -> Option<(Universe, Threading)> {
+    if timeout.is_zero() {
+        return mpi::initialize_with_threading(Threading::Multiple);
+    }
+    let limit = timeout.max(MPI_INIT_LEAST);
     let (over, wait) = mpsc::channel::<()>();
     let watchdog = std::thread::Builder::new()
         .name("atlasboost-mpi-init".into())
         .spawn(move || {
-            if wait.recv_timeout(timeout) == Err(RecvTimeoutError::Timeout) {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "atlasboost: error: rendezvous failed (mpi): timed out after {timeout:?} in \
+            if wait.recv_timeout(limit) == Err(RecvTimeoutError::Timeout) {
+                let text = format!(
+                    "atlasboost: error: rendezvous failed (mpi): timed out after {limit:?} in \
                      MPI_Init, waiting for every rank of the job to start MPI: a rank that has \
                      not called init() (or MPI_Init) or that ended without it keeps the others \
                      there, and MPI cannot say which (the timeout is \
-                     ATLASBOOST_RENDEZVOUS_TIMEOUT); exiting with status {}",
+                     ATLASBOOST_RENDEZVOUS_TIMEOUT, at least {}s here); exiting with status {}\n",
+                    MPI_INIT_LEAST.as_secs(),
                     crate::MPI_INIT_TIMEOUT_EXIT
                 );
-                // SAFETY: `_exit` ends the process without running anything of it.
-                unsafe { nix::libc::_exit(crate::MPI_INIT_TIMEOUT_EXIT) };
+                // One write, and no lock: a full stderr that nobody reads must not keep the
+                // process from ending.
+                // SAFETY: the buffer is valid for its length; `_exit` ends the process without
+                // running anything of it.
+                unsafe {
+                    let _ = nix::libc::write(2, text.as_ptr().cast(), text.len());
+                    nix::libc::_exit(crate::MPI_INIT_TIMEOUT_EXIT);
+                }
             }
         });
     let result = mpi::initialize_with_threading(Threading::Multiple);

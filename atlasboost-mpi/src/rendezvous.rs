@@ -99,9 +99,10 @@ impl MpiRendezvous {
     /// ranks are in MPI already; but if that rank ended before any other started `MPI_Init`,
     /// Open MPI took it for a process that does not use MPI, and the others would wait in
     /// `MPI_Init` for good. So when `world()` starts MPI itself and `MPI_Init` is not over
-    /// within `timeout`, the process says so on stderr and exits with
-    /// [`MPI_INIT_TIMEOUT_EXIT`](crate::MPI_INIT_TIMEOUT_EXIT) (mpirun then ends the job). An
-    /// application that calls `MPI_Init` itself keeps MPI's own wait.
+    /// within `timeout` (at least 10 s; a zero `timeout` leaves it unbounded), the process says
+    /// so on stderr and exits with [`MPI_INIT_TIMEOUT_EXIT`](crate::MPI_INIT_TIMEOUT_EXIT)
+    /// (mpirun then ends the job). An application that calls `MPI_Init` itself keeps MPI's own
+    /// wait.
     ///
     /// After a join timeout MPI stays initialised (it is never finalised in this process).
     /// Under `MPI_THREAD_SINGLE` or `FUNNELED` (an application that asked for no more), call it

@@ -91,8 +91,8 @@ extern "C" {
  * ATLASBOOST_ERR_RENDEZVOUS, ATLASBOOST_ERR_RENDEZVOUS_TIMEOUT, ATLASBOOST_ERR_RANK_TABLE or
  * ATLASBOOST_ERR_INTERNAL, with the message in `atlasboost_last_error()`. One wait cannot
  * return: with the `mpi` feature under `mpirun`, an `MPI_Init` that this call starts and that
- * still waits for another rank `ATLASBOOST_RENDEZVOUS_TIMEOUT` seconds later ends the process
- * with status 125, naming the wait on stderr (MPI cannot give the call up).
+ * still waits for another rank `ATLASBOOST_RENDEZVOUS_TIMEOUT` seconds (at least 10) later ends
+ * the process with status 125, naming the wait on stderr (MPI cannot give the call up).
  *
  * # Safety
  *
