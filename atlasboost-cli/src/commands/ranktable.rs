@@ -36,12 +36,15 @@ pub fn write_local_table(
     server_id: &str,
     printer: &Printer,
 ) -> Result<(), CliError> {
-    let (table, chip) = local_table(
+    let (table, chip, without_ip) = local_table(
         probe,
         args.devices.discovery.devices.as_ref(),
         args.format,
         args.chip,
     )?;
+    if let Some(note) = without_ip {
+        printer.status(&format!("atlasboost: warning: {note}"));
+    }
     let path = args
         .output
         .clone()
@@ -50,7 +53,7 @@ pub fn write_local_table(
 }
 
 /// Probes, restricts to `devices` and builds this server's table; returns it with the chip
-/// whose rules it was checked against.
+/// whose rules it was checked against, and what to say of devices without an address.
 ///
 /// # Errors
 ///
@@ -61,7 +64,7 @@ pub fn local_table(
     devices: Option<&DeviceList>,
     format: Format,
     chip: Option<Chip>,
-) -> Result<(RankTable, Chip), CliError> {
+) -> Result<(RankTable, Chip, Option<String>), CliError> {
     let devices = local_devices(probe, devices)?;
     let chip = chip_or_reported(chip, &devices)?;
     let table = build_table(
@@ -72,7 +75,8 @@ pub fn local_table(
             ..BuildOptions::default()
         },
     )?;
-    Ok((table, chip))
+    let without_ip = atlasboost_core::ranktable::devices_without_ip(&devices, format);
+    Ok((table, chip, without_ip))
 }
 
 /// `hccl_<n>p_<ids>_<server_id>.json`, the name `hccl_tools.py` gives (ids: physical, joined).
@@ -192,7 +196,7 @@ mod tests {
             .expect_probe()
             .returning(|| Ok((0..8).map(device).collect()));
         let list: DeviceList = "4-7".parse().unwrap();
-        let (table, _) = local_table(&probe, Some(&list), Format::V1_0, None).unwrap();
+        let (table, _, _) = local_table(&probe, Some(&list), Format::V1_0, None).unwrap();
         assert_eq!(
             default_file_name(&table, "10.0.0.1"),
             PathBuf::from("hccl_4p_4567_10.0.0.1.json")

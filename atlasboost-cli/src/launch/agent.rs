@@ -228,7 +228,14 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
             ),
         }
     })?;
-    let warnings = warnings.iter().map(ToString::to_string).collect();
+    let warnings = warnings
+        .iter()
+        .map(ToString::to_string)
+        .chain(atlasboost_core::ranktable::devices_without_ip(
+            &devices,
+            build.format,
+        ))
+        .collect();
     let first = table
         .ranks()
         .map_err(|e| error_chain(&e))?

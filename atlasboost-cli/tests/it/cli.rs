@@ -1987,6 +1987,12 @@ fn driver_faults_show_in_the_table_or_the_error() {
     // no entry lists one.
     let out = driver("no-ip:3");
     out.expect_code(SUCCESS);
+    assert!(
+        out.stderr
+            .contains("device 3 of host 10.0.0.1 has no RoCE address, so the table lists device_ip on no device"),
+        "{}",
+        out.stderr
+    );
     let table: Value = serde_json::from_str(&out.stdout).unwrap();
     let devices = table["server_list"][0]["device"].as_array().unwrap();
     assert_eq!(devices[3]["device_id"], "3");

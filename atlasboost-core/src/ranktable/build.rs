@@ -285,7 +285,16 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
             .iter()
             .flat_map(|(_, devs)| devs)
             .any(|d| d.super_device_id.is_some() || d.super_pod_id.is_some());
-    let ip_of = device_ip_of(servers);
+    // Inside one super pod HCCS connects the devices: no address is needed, as on one server.
+    let one_pod = with_pods && {
+        let mut pods = servers
+            .iter()
+            .flat_map(|(_, devs)| devs)
+            .map(|d| d.super_pod_id.as_deref());
+        let first = pods.next().flatten();
+        pods.all(|p| p == first)
+    };
+    let ip_of = device_ip_of(servers, one_pod);
     let mut rank = 0usize;
     let mut server_list = Vec::with_capacity(servers.len());
     let mut pods: Vec<SuperPodEntry> = Vec::new();
@@ -351,16 +360,52 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
 }
 
 /// How each device's `device_ip` is written. HCCL counts the addresses of every device alike,
-/// so a device without one beside devices that have one is a table it refuses; one server
-/// needs none (its devices talk over HCCS), so there a device without an address leaves every
-/// device without one. Between servers every device needs one, which the validator says.
-fn device_ip_of(servers: &[(&str, Vec<&Device>)]) -> impl Fn(&Device) -> Option<String> {
-    let none = matches!(servers, [(_, devs)] if devs.iter().any(|d| d.ip.is_none()));
+/// so a device without one beside devices that have one is a table it refuses; one server, or
+/// one super pod (`one_pod`), needs none (its devices talk over HCCS), so there a device
+/// without an address leaves every device without one. Between servers every device needs
+/// one, which the validator says.
+fn device_ip_of(
+    servers: &[(&str, Vec<&Device>)],
+    one_pod: bool,
+) -> impl Fn(&Device) -> Option<String> {
+    let none = (servers.len() == 1 || one_pod)
+        && servers
+            .iter()
+            .flat_map(|(_, devs)| devs)
+            .any(|d| d.ip.is_none());
     move |d: &Device| if none { None } else { d.ip.map(ip_text) }
 }
 
+/// The devices whose probe found no RoCE address, when a table of one server (or, in `format`
+/// 1.2, one super pod) is built from them and so lists `device_ip` on no device: what to tell
+/// the user (`device 3 of host 10.0.0.1 has no RoCE address, ...`), or `None` when every
+/// device has an address or the table needs them (several servers: the validator names the
+/// devices).
+#[must_use]
+pub fn devices_without_ip(devices: &[Device], format: Format) -> Option<String> {
+    let without: Vec<String> = devices
+        .iter()
+        .filter(|d| d.ip.is_none())
+        .map(|d| format!("device {} of host {}", d.physical_id, d.server_id))
+        .collect();
+    let servers: std::collections::BTreeSet<&str> =
+        devices.iter().map(|d| d.server_id.as_str()).collect();
+    let pods: std::collections::BTreeSet<Option<&str>> =
+        devices.iter().map(|d| d.super_pod_id.as_deref()).collect();
+    let one_pod = format == Format::V1_2 && pods.len() == 1 && pods.iter().all(Option::is_some);
+    let one_place = servers.len() == 1 || one_pod;
+    (one_place && !without.is_empty() && without.len() < devices.len()).then(|| {
+        format!(
+            "{} {} no RoCE address, so the table lists device_ip on no device (HCCL needs the \
+             same count on every device, and none inside one server or super pod)",
+            without.join(", "),
+            if without.len() == 1 { "has" } else { "have" }
+        )
+    })
+}
+
 fn legacy_table(servers: &[(&str, Vec<&Device>)]) -> RankTable {
-    let ip_of = device_ip_of(servers);
+    let ip_of = device_ip_of(servers, false);
     let instance_list: Vec<InstanceEntry> = servers
         .iter()
         .enumerate()

@@ -13,7 +13,7 @@ mod write;
 
 pub use build::{
     BuildOptions, RankOrder, build_table, build_table_checked, chip_of_devices, chip_or_reported,
-    unhealthy_named,
+    devices_without_ip, unhealthy_named,
 };
 pub use lock::{LockOwner, TableLock, TableLockError, lock_path};
 pub use merge::{MergeInput, merge_tables};

@@ -180,6 +180,41 @@ fn one_server_lists_device_ips_on_every_device_or_none() {
         .map(|d| d.device_ip.as_ref())
         .collect();
     assert_eq!(ips, [None, None]);
+    assert_eq!(
+        devices_without_ip(&devices, Format::V1_0).as_deref(),
+        Some(
+            "device 1 of host h1 has no RoCE address, so the table lists device_ip on no \
+             device (HCCL needs the same count on every device, and none inside one server or \
+             super pod)"
+        )
+    );
+    // Two servers need every address: the validator names the device instead.
+    let mut two = host("h1", 1, &[0, 1]);
+    two.extend(host("h2", 2, &[0, 1]));
+    two[1].ip = None;
+    assert_eq!(devices_without_ip(&two, Format::V1_0), None);
+    // ... unless format 1.2 puts them in one super pod, where HCCS connects them.
+    for (i, d) in two.iter_mut().enumerate() {
+        d.chip = "910_9391".into();
+        d.super_device_id = Some(i as u32);
+        d.super_pod_id = Some("pod-0".into());
+    }
+    let opts = BuildOptions {
+        format: Format::V1_2,
+        ..BuildOptions::default()
+    };
+    let table = build_table(&two, &opts).unwrap();
+    let RankTable::Cluster(c) = &table else {
+        panic!()
+    };
+    assert!(
+        c.server_list
+            .iter()
+            .flat_map(|s| &s.device)
+            .all(|d| d.device_ip.is_none()),
+        "{c:?}"
+    );
+    assert!(devices_without_ip(&two, Format::V1_2).is_some());
 }
 
 #[test]

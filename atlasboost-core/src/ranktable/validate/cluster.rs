@@ -61,6 +61,15 @@ impl Validator {
             return;
         };
         let server_total = servers.len().unwrap_or(0);
+        if top.get("server_count").is_none() {
+            self.warn(
+                "$".into(),
+                Rule::Missing,
+                "no \"server_count\": HCCL's documentation requires it; its parser warns and \
+                 counts server_list"
+                    .into(),
+            );
+        }
         if let Some(count) = self.decimal(top, "server_count", &|| "$".into(), false)
             && count as usize != server_total
         {
