@@ -175,7 +175,11 @@ impl TableLock {
                         path,
                     });
                 }
-                Err((mut file, Errno::EWOULDBLOCK)) => match read_owner(&mut file) {
+                // A record of this job is shared, even when the process that wrote it has
+                // ended: only the job's processes can hold the lock then (another job would
+                // have written its own record first). A restart's agents meet this when the
+                // first attempt's writer has exited and a lost host's agent still holds it.
+                Err((mut file, Errno::EWOULDBLOCK)) => match read_record(&mut file) {
                     Some(holder) if holder.job == owner.job => {
                         match Flock::lock(file, FlockArg::LockSharedNonblock) {
                             Ok(lock) if names(&lock, &path) => {
@@ -190,15 +194,15 @@ impl TableLock {
                             Err((_, e)) => return Err(io("cannot lock")(e.into())),
                         }
                     }
-                    Some(holder) => {
+                    Some(holder) if !is_gone(&holder) => {
                         return Err(TableLockError::Held {
                             table: table.to_path_buf(),
                             lock: path,
                             owner: Some(Box::new(holder)),
                         });
                     }
-                    // The holder has not written its record yet.
-                    None => {}
+                    // The holder has not written its record yet, or the record's writer died.
+                    _ => {}
                 },
                 Err((_, e)) => return Err(io("cannot lock")(e.into())),
             }
@@ -262,17 +266,19 @@ fn names(file: &File, path: &Path) -> bool {
     }
 }
 
-/// The holder's record, if it is complete and names a live holder. A record left by a holder
-/// that died (and was not yet overwritten by the one holding the lock now) names a process
-/// that is gone: `None`, as for a record not yet written.
-fn read_owner(file: &mut File) -> Option<LockOwner> {
+/// The holder's record, if it is complete (`None` while it is being written).
+fn read_record(file: &mut File) -> Option<LockOwner> {
     let mut text = String::new();
     file.seek(SeekFrom::Start(0)).ok()?;
     file.take(64 * 1024).read_to_string(&mut text).ok()?;
-    let owner: LockOwner = serde_json::from_str(&text).ok()?;
-    let gone =
-        crate::host_name() == owner.host && !Path::new(&format!("/proc/{}", owner.pid)).exists();
-    (!gone).then_some(owner)
+    serde_json::from_str(&text).ok()
+}
+
+/// Whether the record's writer is known to have died: a process of this host that is gone.
+/// (A record left by a holder that died, and not yet overwritten by the one holding the lock
+/// now, names no one who could be asked to stop.)
+fn is_gone(owner: &LockOwner) -> bool {
+    crate::host_name() == owner.host && !Path::new(&format!("/proc/{}", owner.pid)).exists()
 }
 
 #[cfg(test)]
@@ -299,6 +305,36 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("is in use by job job-a"), "{text}");
         assert!(text.contains(&table.display().to_string()), "{text}");
+    }
+
+    /// A restart's agents: the first attempt's process that wrote the record has ended, and
+    /// another process of the job (a lost host's agent, on shared storage) still holds the lock.
+    /// The job's record is enough to share it; another job is still refused.
+    #[test]
+    fn a_record_of_this_job_whose_writer_ended_is_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = dir.path().join("t.json");
+        let ended = std::process::Command::new("true")
+            .spawn()
+            .and_then(|mut c| c.wait().map(|_| c.id()))
+            .unwrap();
+        let record = LockOwner {
+            pid: ended,
+            ..owner("job-a")
+        };
+        let path = lock_path(&table);
+        std::fs::write(&path, serde_json::to_string(&record).unwrap()).unwrap();
+        // The lost agent's shared hold, through a description of its own.
+        let held = Flock::lock(File::open(&path).unwrap(), FlockArg::LockSharedNonblock)
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let shared = TableLock::acquire(&table, &owner("job-a")).unwrap();
+        let err = TableLock::acquire(&table, &owner("job-b")).unwrap_err();
+        assert!(
+            matches!(&err, TableLockError::Held { owner: None, .. }),
+            "{err:?}"
+        );
+        drop((shared, held));
     }
 
     #[test]
