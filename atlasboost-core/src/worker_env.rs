@@ -1,7 +1,8 @@
-//! The environment each worker gets (SPEC §9), as a pure function of the table and the worker.
+//! The environment each worker gets (SPEC §9), as a function of the table and the worker (and
+//! of the symbolic links on the table's path, which the frameworks' variables leave out).
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -154,6 +155,17 @@ pub struct WorkerEnv {
 /// job's first connection, and torch_npu warns below 300 s in rank-table mode.
 pub const HCCL_CONNECT_TIMEOUT_SECS: u32 = 600;
 
+/// `path` without symbolic links: the real path of the file, or of its directory while the file
+/// is not there yet; `path` itself when neither can be resolved.
+fn real_path(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => {
+            std::fs::canonicalize(dir).map_or_else(|_| path.to_path_buf(), |d| d.join(name))
+        }
+        _ => path.to_path_buf(),
+    })
+}
+
 /// Computes a worker's environment from its seat in the table.
 ///
 /// # Errors
@@ -171,9 +183,12 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     let seat = spec.seat;
     let world = seat.world;
     let path = spec.table_path.display().to_string();
+    // What the frameworks read has no symbolic link: torch_npu refuses a RANK_TABLE_FILE
+    // that is one. atlasboost's own variable keeps the path given (its lock is beside it).
+    let real = real_path(spec.table_path).display().to_string();
     let logical = spec.logical_id.to_string();
     let mut set = vec![
-        (EnvVars::RANK_TABLE_FILE, path.clone()),
+        (EnvVars::RANK_TABLE_FILE, real.clone()),
         (EnvVars::RANK_ID, seat.rank_id_env.clone()),
         (EnvVars::RANK_SIZE, world.size.to_string()),
         (EnvVars::DEVICE_ID, logical.clone()),
@@ -204,7 +219,7 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
         (EnvVars::ATLASBOOST_JOB_ID, spec.job_id.to_string()),
     ];
     match spec.framework {
-        Framework::Mindspore => set.push((EnvVars::MINDSPORE_HCCL_CONFIG_PATH, path)),
+        Framework::Mindspore => set.push((EnvVars::MINDSPORE_HCCL_CONFIG_PATH, real)),
         // The adapter reads POD_NAME before RANK_ID: an inherited one must not change the rank.
         Framework::Tensorflow => set.push((EnvVars::POD_NAME, seat.rank_id_env.clone())),
         Framework::Pytorch => {}
@@ -434,6 +449,46 @@ mod tests {
             "the same pod_name"
         );
         assert!(env.set.contains(&("RANK", "6".into())));
+    }
+
+    /// torch_npu refuses a `RANK_TABLE_FILE` that is a symbolic link: the frameworks get the
+    /// real path (of the file, or of its directory before it is written), atlasboost's own
+    /// variable the path given.
+    #[test]
+    fn the_frameworks_get_the_tables_real_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("t.json"), "{}").unwrap();
+        let link = dir.path().join("rt.json");
+        std::os::unix::fs::symlink("real/t.json", &link).unwrap();
+        let linked_dir = dir.path().join("lnk");
+        std::os::unix::fs::symlink("real", &linked_dir).unwrap();
+        let t = table(Format::V1_0);
+        let seat = seat(&t);
+        let real_of = |given: &Path| std::fs::canonicalize(given.parent().unwrap()).unwrap();
+        for (given, want) in [
+            (link.clone(), real_of(&link).join("real/t.json")),
+            // Not written yet: its directory's real path.
+            (
+                linked_dir.join("new.json"),
+                real_of(&link).join("real/new.json"),
+            ),
+        ] {
+            let env = worker_env(&WorkerSpec {
+                table_path: &given,
+                ..spec(&seat, Framework::Mindspore)
+            })
+            .unwrap();
+            let get = |name: &str| env.set.iter().find(|(k, _)| *k == name).unwrap().1.clone();
+            let want = want.display().to_string();
+            assert_eq!(get("RANK_TABLE_FILE"), want);
+            assert_eq!(get("MINDSPORE_HCCL_CONFIG_PATH"), want);
+            assert_eq!(
+                get("ATLASBOOST_RANK_TABLE_FILE"),
+                given.display().to_string()
+            );
+        }
     }
 
     #[test]

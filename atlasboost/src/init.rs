@@ -238,7 +238,7 @@ pub struct Job {
     pub device_id: u32,
     /// Its device's physical id (the table's `device_id`).
     pub physical_id: u32,
-    /// The rank table (absolute path).
+    /// The rank table (absolute path, without symbolic links: `RANK_TABLE_FILE`).
     pub table_path: PathBuf,
     /// The variables of SPEC §9 for this process: set by [`Job::export_env`].
     pub env: Vec<(&'static str, String)>,
@@ -1407,6 +1407,12 @@ fn job_at(
     })?;
     let env_world = env.world;
     let (mut env, mut env_if_unset) = (env.set, env.set_if_unset);
+    // What the frameworks read (without symbolic links: torch_npu refuses one), which
+    // rank_table_file() gives too.
+    let real_table = env
+        .iter()
+        .find(|(k, _)| *k == EnvVars::RANK_TABLE_FILE)
+        .map_or_else(|| table_path.to_path_buf(), |(_, v)| PathBuf::from(v));
     // The frameworks' own sockets (gloo, HCCL's root-info mode) on the job's interface:
     // `ATLASBOOST_NIC` sets them, else the interface of this host's server_id, unless set.
     let nic_choice = crate::settings::env(EnvVars::ATLASBOOST_NIC);
@@ -1432,7 +1438,7 @@ fn job_at(
         server_id: seat.server_id.clone(),
         device_id,
         physical_id: seat.physical_id,
-        table_path: table_path.to_path_buf(),
+        table_path: real_table,
         env,
         env_if_unset,
         _mpi: None,
