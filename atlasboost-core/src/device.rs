@@ -14,7 +14,9 @@ use crate::error::{Error, Result, parse_name};
 pub struct Device {
     /// The host this device belongs to: its `server_id` in the rank table.
     pub server_id: String,
-    /// The id the runtime uses in this process (`ASCEND_DEVICE_ID`), after visible-device renumbering.
+    /// The id the runtime uses in this process (`ASCEND_DEVICE_ID`), after visible-device
+    /// renumbering: `0..n` from a driver, the physical id from hccn.conf (a bare-metal
+    /// server's numbering, which a file that leaves devices out shows as gaps).
     pub logical_id: u32,
     /// The chip's physical id (`/dev/davinciN`): the table's `device_id`.
     pub physical_id: u32,

@@ -100,6 +100,9 @@ impl EnvVars {
     /// `atlasboost run --mpi`: the launcher's `--grace`, in milliseconds, which each relay
     /// gives its worker (and what it leaves behind) between SIGTERM and SIGKILL.
     pub const ATLASBOOST_RELAY_GRACE_MS: &'static str = "ATLASBOOST_RELAY_GRACE_MS";
+    /// `run --mpi`'s relays: the variables of [`EnvVars::OTHER_STARTUP`] that `-x` gives the
+    /// workers (comma-separated); a relay keeps the others its host has from its worker.
+    pub const ATLASBOOST_RELAY_EXPORTED: &'static str = "ATLASBOOST_RELAY_EXPORTED";
     /// `atlasboost run --mpi`: the key (64 hex digits) a relay proves itself with; passed by
     /// name (`-x NAME`), so it is never on mpirun's command line, and removed from the worker's
     /// environment.

@@ -245,11 +245,18 @@ impl DsmiProbe {
         // The first error of a job's device whose own calls fail: the probe's error when no
         // device of the host can be read (a driver that fails everything is not a broken NPU).
         let mut first_unreadable = None;
-        for &logical in &ids {
+        for (at, &logical) in ids.iter().enumerate() {
             let Ok(logical) = u32::try_from(logical) else {
                 return Err(DsmiError::Nonsense {
                     function: "dsmi_list_device",
-                    what: format!("device id {logical}"),
+                    what: format!(
+                        "device id {logical} at place {at} of its {} ids ({})",
+                        ids.len(),
+                        ids.iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ),
                 });
             };
             let physical = self.physical_of(since, logical)?;
@@ -320,7 +327,7 @@ impl DsmiProbe {
             match answer {
                 // An older driver writes its own type back: what it wrote is decoded.
                 Ok(()) => {
-                    if let Some(address) = address(&ip)? {
+                    if let Some(address) = address(&ip, logical)? {
                         return Ok(Some(address));
                     }
                 }
@@ -550,8 +557,8 @@ fn check(function: &'static str, device: Option<u32>, code: c_int) -> Result<(),
     }
 }
 
-/// The RoCE address; `None` for a port with no address (all zeros).
-fn address(ip: &IpAddrT) -> Result<Option<IpAddr>, DsmiError> {
+/// The RoCE address of device `logical`; `None` for a port with no address (all zeros).
+fn address(ip: &IpAddrT, logical: u32) -> Result<Option<IpAddr>, DsmiError> {
     let addr = match ip.ip_type {
         raw::IPADDR_TYPE_V4 => IpAddr::V4(Ipv4Addr::new(
             ip.u_addr[0],
@@ -563,7 +570,10 @@ fn address(ip: &IpAddrT) -> Result<Option<IpAddr>, DsmiError> {
         other => {
             return Err(DsmiError::Nonsense {
                 function: "dsmi_get_device_ip_address",
-                what: format!("address type {other} (expected 0 for IPv4 or 1 for IPv6)"),
+                what: format!(
+                    "address type {other} for device {logical} (expected 0 for IPv4 or 1 for \
+                     IPv6)"
+                ),
             });
         }
     };
@@ -579,19 +589,19 @@ mod tests {
         let mut ip = IpAddrT::default();
         ip.u_addr[..4].copy_from_slice(&[192, 168, 100, 101]);
         assert_eq!(
-            address(&ip).unwrap(),
+            address(&ip, 3).unwrap(),
             Some(IpAddr::from([192, 168, 100, 101]))
         );
-        assert_eq!(address(&IpAddrT::default()).unwrap(), None);
+        assert_eq!(address(&IpAddrT::default(), 3).unwrap(), None);
         ip.ip_type = raw::IPADDR_TYPE_V6;
         ip.u_addr = "fd00::1".parse::<Ipv6Addr>().unwrap().octets();
-        assert_eq!(address(&ip).unwrap(), Some("fd00::1".parse().unwrap()));
+        assert_eq!(address(&ip, 3).unwrap(), Some("fd00::1".parse().unwrap()));
         ip.ip_type = 2;
         assert!(
-            address(&ip)
+            address(&ip, 3)
                 .unwrap_err()
                 .to_string()
-                .contains("address type 2")
+                .contains("address type 2 for device 3")
         );
     }
 

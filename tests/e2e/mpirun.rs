@@ -399,6 +399,48 @@ fn mpirun_failing_on_its_own_is_named_with_its_words() {
     assert!(err.contains("not started"), "the summary: {err}");
 }
 
+/// A host's own HCCL `CM_*` and MindSpore `MS_ROLE` (a remote host's login environment; here
+/// mpirun's, through a wrapper that sets them as a login shell would) are kept from the
+/// workers by their relays; one that `-x` gives still reaches them.
+#[test]
+fn each_relay_keeps_its_hosts_other_startup_variables_from_its_worker() {
+    let Some(mpirun) = mpirun_or_skip() else {
+        return;
+    };
+    let run = run_mpi(2).args([
+        "-x",
+        "CM_WORKER_SIZE=16",
+        "--grace",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo role=$MS_ROLE chief=$CM_CHIEF_IP size=$CM_WORKER_SIZE",
+    ]);
+    let wrapper = run.file(
+        "mpirun-with-a-login-environment",
+        format!(
+            "#!/bin/sh\nexport MS_ROLE=MS_WORKER CM_CHIEF_IP=10.9.9.9\nexec {} \"$@\"\n",
+            mpirun.display()
+        ),
+        true,
+    );
+    let f = run.env("ATLASBOOST_MPIRUN", wrapper).run();
+    f.assert_code(0);
+    let out = f.out();
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "[0]<stdout>:role= chief= size=16",
+            "[1]<stdout>:role= chief= size=16"
+        ],
+        "{}",
+        f.describe()
+    );
+}
+
 #[test]
 fn a_relay_started_by_hand_says_what_it_is_for() {
     let f = Run::new(["relay", "--", "true"]).run();

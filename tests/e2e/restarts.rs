@@ -671,7 +671,7 @@ fn a_hang_dump_without_stacks_says_why() {
         // The file init() creates, made by the shell itself.
         (
             ": > \"$ATLASBOOST_STACK_FILE\"; echo ready; sleep 60",
-            "the worker is a wrapper (a shell) around Python",
+            "most likely the worker is a wrapper (a shell) around Python",
         ),
     ] {
         let r = Run::new([

@@ -194,7 +194,8 @@ impl Stream {
 /// What an agent writes before its first frame; the number is the protocol's version (2: the
 /// lines frames, `O` and `E`; 4: heartbeats, records and stacks; 5: the launch tree, with the
 /// rendezvous on the channel; 6: the host's NPU count in telemetry samples; 7: exit frames
-/// carry any signal number, the real-time ones too).
+/// carry any signal number, the real-time ones too; 8: an unreadable device's health names the
+/// driver call that failed).
 pub const HELLO: &[u8] = b"\x00atlasboost-agent-8\n";
 
 /// A line longer than this is passed on in pieces of this size, so that a worker printing

@@ -51,6 +51,13 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
     if args.command.first().is_none_or(|c| c.is_empty()) {
         return Err(CliError::Usage("the command to run is empty".into()));
     }
+    if args.hang_dump && args.hang_timeout.is_none() {
+        return Err(CliError::Usage(
+            "--hang-dump takes the stacks of ranks the hang watchdog finds stuck, and \
+             --hang-timeout off runs no watchdog"
+                .into(),
+        ));
+    }
     if args.min_np.is_some() && args.max_restarts == 0 {
         return Err(CliError::Usage(
             "--min-np bounds how far a restart may shrink the job, and --max-restarts 0 allows \

@@ -639,8 +639,15 @@ impl Metrics {
             .spawn(move || {
                 for request in serving.incoming_requests() {
                     if let Some((status, why)) = refusal(request.method(), request.url()) {
-                        let response = tiny_http::Response::from_string(why)
+                        let mut response = tiny_http::Response::from_string(why)
                             .with_status_code(tiny_http::StatusCode(status));
+                        // A 405 names what is allowed (RFC 9110).
+                        if let Ok(h) =
+                            tiny_http::Header::from_bytes(&b"Allow"[..], &b"GET, HEAD"[..])
+                            && status == 405
+                        {
+                            response.add_header(h);
+                        }
                         let _ = request.respond(response);
                         continue;
                     }
@@ -685,7 +692,7 @@ impl Drop for Metrics {
 mod tests {
     use super::*;
 
-    /// One HTTP/1.0 request to `address`: the status line and the body.
+    /// One HTTP request to `address`: the status line and headers, and the body.
     fn ask(address: SocketAddr, request: &str) -> (String, String) {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(address).unwrap();
@@ -696,8 +703,7 @@ mod tests {
         let mut reply = String::new();
         s.read_to_string(&mut reply).unwrap();
         let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-        let status = head.lines().next().unwrap_or_default().to_string();
-        (status, body.to_string())
+        (head.to_string(), body.to_string())
     }
 
     /// Before the first sample the job's attempt is served (not an empty page); only
@@ -718,6 +724,7 @@ mod tests {
         assert!(body.contains("GET /metrics"), "{body}");
         let (status, _) = ask(m.address(), "POST /metrics HTTP/1.1\r\nContent-Length: 0");
         assert!(status.contains(" 405 "), "{status}");
+        assert!(status.contains("\r\nAllow: GET, HEAD"), "{status}");
         m.publish("x 1\n".into());
         assert_eq!(ask(m.address(), "GET /metrics HTTP/1.1").1, "x 1\n");
     }

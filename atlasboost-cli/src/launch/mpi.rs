@@ -400,6 +400,14 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     if let Some(name) = job.relay_local {
         vars.push((EnvVars::ATLASBOOST_RELAY_LOCAL.into(), name.into()));
     }
+    // A relay keeps its host's own CM_*, MS_ROLE, ... from its worker, but those -x gives.
+    let given: Vec<&str> = EnvVars::OTHER_STARTUP
+        .into_iter()
+        .filter(|name| job.exports.iter().any(|(n, _)| n == name))
+        .collect();
+    if !given.is_empty() {
+        vars.push((EnvVars::ATLASBOOST_RELAY_EXPORTED.into(), given.join(",")));
+    }
     if let Some(n) = args.discovery.sim {
         vars.push((EnvVars::ATLASBOOST_SIM.into(), n.to_string()));
     }
@@ -630,7 +638,14 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
             ))
         })?,
     };
+    let exported: Vec<(OsString, OsString)> = std::env::var(EnvVars::ATLASBOOST_RELAY_EXPORTED)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(|n| (n.into(), OsString::new()))
+        .collect();
     unsafe {
+        std::env::remove_var(EnvVars::ATLASBOOST_RELAY_EXPORTED);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_SECRET);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_ADDR);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_LOCAL);
@@ -691,7 +706,9 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         pytorch: false,
         monitor: None,
         metrics: None,
-        unset_env: Vec::new(),
+        // This host's own (a remote host's login environment; the launcher's host's were
+        // kept from mpirun already, and named there).
+        unset_env: other_startup_vars(&exported),
     };
     let result = run_workers(
         &plan,

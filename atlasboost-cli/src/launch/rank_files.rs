@@ -140,8 +140,8 @@ impl RankFiles {
         if !catches(pid, Signal::SIGUSR1) {
             return "no stacks: py-spy is not installed on this host, and the worker's own \
                     process does not catch SIGUSR1, although a process of it called \
-                    atlasboost.init(): the worker is a wrapper (a shell) around Python, which \
-                    SIGUSR1 would kill; exec the Python program, or install py-spy"
+                    atlasboost.init(): most likely the worker is a wrapper (a shell) around \
+                    Python, which SIGUSR1 would kill; exec the Python program, or install py-spy"
                 .into();
         }
         let before = std::fs::metadata(&file).map_or(0, |m| m.len());

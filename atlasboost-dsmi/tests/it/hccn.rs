@@ -38,6 +38,33 @@ fn a_file_with_every_key_passes_the_conformance_suite() {
     assert_eq!(devices[6].ip, Some(IpAddr::from([29, 1, 137, 206])));
 }
 
+/// A file that lists only devices 4-7 (the others have no RoCE address): on bare metal the
+/// driver numbers them 4-7, so do their logical ids; in a container that mounted 5-6 they are
+/// 0 and 1.
+#[test]
+fn a_file_with_gaps_keeps_the_physical_numbering() {
+    let f =
+        file("address_4=10.1.0.5\naddress_5=10.1.0.6\naddress_6=10.1.0.7\naddress_7=10.1.0.8\n");
+    let ids = |devices: &[atlasboost_core::Device]| -> Vec<(u32, u32)> {
+        devices
+            .iter()
+            .map(|d| (d.logical_id, d.physical_id))
+            .collect()
+    };
+    {
+        let _env = Env::set(&[]);
+        let probe = HccnProbe::new("10.0.0.1", f.path()).unwrap();
+        let devices = check_probe(&probe, "10.0.0.1").unwrap();
+        assert_eq!(ids(&devices), [(4, 4), (5, 5), (6, 6), (7, 7)]);
+    }
+    let _env = Env::set(&[(EnvVars::ASCEND_VISIBLE_DEVICES, "5-6")]);
+    let devices = HccnProbe::new("10.0.0.1", f.path())
+        .unwrap()
+        .probe()
+        .unwrap();
+    assert_eq!(ids(&devices), [(0, 5), (1, 6)]);
+}
+
 #[test]
 fn a_broken_file_is_reported_with_line_numbers() {
     let f = file("address_0=10.0.0.1\naddress_1=10.0.0.999\n");
