@@ -54,6 +54,20 @@ pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The port `--metrics 0` got from the kernel, as the launcher says it (waiting at most 30 s):
+/// a port picked free beforehand may be taken by another test before the launcher binds it.
+pub fn metrics_port(launch: &mut Launch) -> String {
+    launch.wait_for("the metrics address", Duration::from_secs(30), |_, err| {
+        err.contains("/metrics\n")
+    });
+    let err = String::from_utf8_lossy(&launch.stderr()).into_owned();
+    err.split("metrics at http://127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no metrics address in:\n{err}"))
+}
+
 /// What `--metrics` serves on loopback port `port` (`GET /metrics`, 5 s at most), or "" when
 /// nothing answers yet.
 pub fn scrape_metrics(port: &str) -> String {

@@ -143,6 +143,41 @@ impl RecordedError {
         })
     }
 
+    /// `text` with a whole-second time stamp made precise by `written`, when the file was
+    /// written, if that falls within the stamp's second. torch stamps whole seconds, and
+    /// whether a record came before or after a stop begun in that second decides whether it is
+    /// a root cause or the stop's own error (a SIGTERM handler's). Anything else is returned as
+    /// it is.
+    #[must_use]
+    pub fn with_precise_time(text: Vec<u8>, written: std::time::SystemTime) -> Vec<u8> {
+        let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&text) else {
+            return text;
+        };
+        let Some(stamp) = value
+            .get_mut("message")
+            .and_then(|m| m.get_mut("extraInfo"))
+            .and_then(|i| i.get_mut("timestamp"))
+        else {
+            return text;
+        };
+        let whole = match &*stamp {
+            serde_json::Value::String(s) => s.parse::<f64>().ok(),
+            other => other.as_f64(),
+        };
+        let Some(whole) = whole.filter(|t| t.fract() == 0.0) else {
+            return text;
+        };
+        let Ok(at) = written.duration_since(std::time::UNIX_EPOCH) else {
+            return text;
+        };
+        let at = at.as_secs_f64();
+        if at < whole || at >= whole + 1.0 {
+            return text;
+        }
+        *stamp = serde_json::Value::String(format!("{at:.6}"));
+        serde_json::to_vec(&value).unwrap_or(text)
+    }
+
     /// The traceback's innermost `File "...", line N, in f` line, if any.
     pub fn innermost_frame(&self) -> Option<&str> {
         self.traceback
@@ -157,6 +192,34 @@ impl RecordedError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// torch's whole-second stamp takes the file's time when it falls in that second; any other
+    /// stamp, or a time outside it, is left as it was.
+    #[test]
+    fn a_whole_second_stamp_is_made_precise_by_the_files_time() {
+        let at = |secs: f64| std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(secs);
+        let torch = br#"{"message": {"message": "E", "extraInfo": {"timestamp": "1700000000"}}}"#;
+        let precise = RecordedError::with_precise_time(torch.to_vec(), at(1_700_000_000.25));
+        let t = RecordedError::parse(&precise).unwrap().timestamp.unwrap();
+        assert!((t - 1_700_000_000.25).abs() < 1e-3, "{t}");
+        for (text, written) in [
+            (&torch[..], 1_700_000_001.5),
+            (&torch[..], 1_699_999_999.5),
+            (
+                &br#"{"message": {"message": "E", "extraInfo": {"timestamp": 1700000000.5}}}"#[..],
+                1_700_000_000.75,
+            ),
+            (&br#"{"message": "E"}"#[..], 1_700_000_000.5),
+            (&b"not json"[..], 1_700_000_000.5),
+        ] {
+            assert_eq!(
+                RecordedError::with_precise_time(text.to_vec(), at(written)),
+                text,
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
 
     #[test]
     fn beats_round_trip_through_the_file() {

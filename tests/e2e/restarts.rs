@@ -226,7 +226,6 @@ fn an_npu_dead_at_the_start_is_planned_around_with_min_np() {
 /// NPUs are all counted; each worker's own use names its device.
 #[test]
 fn metrics_keep_a_dead_npu_left_out_of_the_job_in_sight() {
-    let port = atlasboost_e2e::free_port_pair().to_string();
     let mut launch = Run::new(["run", "--sim", "8", "-H", "127.0.0.1"])
         .args([
             "--max-restarts",
@@ -236,17 +235,11 @@ fn metrics_keep_a_dead_npu_left_out_of_the_job_in_sight() {
             "--monitor-interval",
             "1",
         ])
-        .args([
-            "--metrics",
-            &port,
-            "--",
-            "sh",
-            "-c",
-            "echo up; exec sleep 30",
-        ])
+        .args(["--metrics", "0", "--", "sh", "-c", "echo up; exec sleep 30"])
         .env("ATLASBOOST_SIM_FAULTS", "127.0.0.1/unhealthy:5")
         .timeout(Duration::from_secs(60))
         .spawn();
+    let port = atlasboost_e2e::metrics_port(&mut launch);
     launch.wait_for_lines("<stdout>:up", 4, Duration::from_secs(30));
     let want = [
         "npu_chip_info_health_status{id=\"5\",model_name=\"Ascend910\",host=\"127.0.0.1\",job=",
@@ -286,7 +279,6 @@ fn metrics_keep_a_dead_npu_left_out_of_the_job_in_sight() {
 /// other ranks.
 #[test]
 fn metrics_keep_a_dead_npu_in_sight_when_its_whole_host_is_left_out() {
-    let port = atlasboost_e2e::free_port_pair().to_string();
     let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ]; then \
                       if [ \"$RANK\" = 7 ]; then echo 127.0.0.2/unhealthy:3 > faults; exit 1; fi; \
                       exec sleep 30; fi; echo up; exec sleep 30";
@@ -299,20 +291,14 @@ fn metrics_keep_a_dead_npu_in_sight_when_its_whole_host_is_left_out() {
             "--restart-delay",
             "0",
         ])
-        .args([
-            "--monitor-interval",
-            "1",
-            "--metrics",
-            &port,
-            "--grace",
-            "2",
-        ])
+        .args(["--monitor-interval", "1", "--metrics", "0", "--grace", "2"])
         .args(["--", "sh", "-c", worker]);
     let faults = run.dir().join("faults");
     let mut launch = run
         .env("ATLASBOOST_SIM_FAULTS_FILE", faults)
         .timeout(Duration::from_secs(60))
         .spawn();
+    let port = atlasboost_e2e::metrics_port(&mut launch);
     launch.wait_for_lines("<stdout>:up", 4, Duration::from_secs(30));
     let dead =
         "npu_chip_info_health_status{id=\"3\",model_name=\"Ascend910\",host=\"127.0.0.2\",job=";
@@ -340,7 +326,6 @@ fn metrics_keep_a_dead_npu_in_sight_when_its_whole_host_is_left_out() {
 /// attempt said they ran), and no worker's use is served.
 #[test]
 fn metrics_say_every_rank_is_down_during_the_restart_delay() {
-    let port = atlasboost_e2e::free_port_pair().to_string();
     let mut launch = Run::new(["run", "--sim", "2", "--max-restarts", "1"])
         .args([
             "--restart-delay",
@@ -348,11 +333,12 @@ fn metrics_say_every_rank_is_down_during_the_restart_delay() {
             "--monitor-interval",
             "1",
             "--metrics",
-            &port,
+            "0",
         ])
         .args(["--", "sh", "-c", "echo up; sleep 1; exit 3"])
         .timeout(Duration::from_secs(60))
         .spawn();
+    let port = atlasboost_e2e::metrics_port(&mut launch);
     launch.wait_for("the restart's delay", Duration::from_secs(30), |_, err| {
         err.contains("restarting every worker")
     });

@@ -487,11 +487,12 @@ fn fate(w: &WorkerResult, interrupted: bool) -> Fate {
 /// hosts); else the first failure the launcher heard of. A worker that the stop's SIGTERM or
 /// SIGKILL ended did not fail of its own accord, whatever it recorded (an error it caught);
 /// nor did one that ended after the stop began with a record stamped later than the stop (a
-/// SIGTERM handler that raised, recorded and exited 1). A whole-second stamp (torch's) of the
-/// second the stop began in may be either; for a worker that ended after the stop began it is
-/// taken for the stop's own (torch's elastic agent raises `SignalException` on SIGTERM, and
-/// its handler records it within milliseconds). Equal times go to the first failure, then to
-/// the worker that ended first.
+/// SIGTERM handler that raised, recorded and exited 1). A whole-second stamp (torch's) is
+/// made precise by the error file's time when it was read ([`RankFiles::recorded`]); one
+/// that could not be, of the second the stop began in, may be either, and counts. Equal times
+/// go to the first failure, then to the worker that ended first.
+///
+/// [`RankFiles::recorded`]: super::rank_files::RankFiles::recorded
 pub(crate) fn root_cause(result: &JobResult) -> Option<usize> {
     let first = result.first_failure?;
     let ended_by_the_stop = |w: &WorkerResult| {
@@ -513,10 +514,7 @@ pub(crate) fn root_cause(result: &JobResult) -> Option<usize> {
         .filter_map(|(i, w)| {
             let r = RecordedError::parse(w.recorded.as_deref()?).ok()?;
             let t = r.timestamp?;
-            let before_the_stop = stop_began.is_none_or(|stop| match t.fract() == 0.0 {
-                true => t < stop.floor(),
-                false => t <= stop,
-            });
+            let before_the_stop = stop_began.is_none_or(|stop| t <= stop);
             (!w.stopped || before_the_stop).then_some((i, t))
         })
         .min_by(|a, b| {

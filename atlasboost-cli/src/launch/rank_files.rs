@@ -92,9 +92,17 @@ impl RankFiles {
     /// What worker `rank` recorded about its failure, if it did.
     pub fn recorded(&self, rank: u32) -> Option<Vec<u8>> {
         let file = std::fs::File::open(self.path(rank, "error.json")).ok()?;
+        let written = file.metadata().and_then(|m| m.modified()).ok();
         let mut text = Vec::new();
         file.take(RECORD_LIMIT).read_to_end(&mut text).ok()?;
-        (!text.is_empty()).then_some(text)
+        if text.is_empty() {
+            return None;
+        }
+        // torch's whole-second stamp, made precise by when the file was written.
+        Some(match written {
+            Some(at) => atlasboost::progress::RecordedError::with_precise_time(text, at),
+            None => text,
+        })
     }
 
     /// [`Self::stacks`] of several workers (`(rank, pid)`), taken at the same time, in their
