@@ -895,19 +895,14 @@ fn the_root_cause_is_the_first_of_equal_records_and_never_the_stops_own_error() 
          if [ \"$RANK\" = 1 ]; then record \"ValueError: the real cause\" 1700000000; exit 1; fi; \
          sleep 30 & wait"
     );
-    let r = Run::new([
-        "run",
-        "--sim",
-        "2",
-        "--grace",
-        "5",
-        "--",
-        "bash",
-        "-c",
-        &same_second,
-    ])
-    .timeout(Duration::from_secs(60))
-    .run();
+    let run_bash = |script: &str| {
+        Run::new([
+            "run", "--sim", "2", "--grace", "5", "--", "bash", "-c", script,
+        ])
+        .timeout(Duration::from_secs(60))
+        .run()
+    };
+    let r = run_bash(&same_second);
     r.assert_code(1).assert_err(
         &["root cause: rank 1 recorded ValueError: the real cause"],
         &["peer rank 1 gone"],
@@ -918,30 +913,14 @@ fn the_root_cause_is_the_first_of_equal_records_and_never_the_stops_own_error() 
         "{record}; trap 'record \"RuntimeError: preempted by SIGTERM\" $(date +%s.%N); exit 1' TERM; \
          {ready}; if [ \"$RANK\" = 1 ]; then kill -SEGV $$; fi; sleep 30 & wait"
     );
-    let r = Run::new([
-        "run", "--sim", "2", "--grace", "5", "--", "bash", "-c", &stopped,
-    ])
-    .timeout(Duration::from_secs(60))
-    .run();
+    let r = run_bash(&stopped);
     r.assert_code(139).assert_err(
         &["rank 1 (host 192.0.2.2, device 1) failed first: SIGSEGV"],
         &["root cause"],
     );
     // The same, stamped as torch stamps: the whole second (the stop's own, or the next).
     let stopped_whole = stopped.replace("$(date +%s.%N)", "$(date +%s)");
-    let r = Run::new([
-        "run",
-        "--sim",
-        "2",
-        "--grace",
-        "5",
-        "--",
-        "bash",
-        "-c",
-        &stopped_whole,
-    ])
-    .timeout(Duration::from_secs(60))
-    .run();
+    let r = run_bash(&stopped_whole);
     r.assert_code(139).assert_err(
         &["rank 1 (host 192.0.2.2, device 1) failed first: SIGSEGV"],
         &["root cause"],
@@ -997,14 +976,7 @@ fn a_host_whose_probe_fails_at_a_restart_is_left_out_by_name() {
         "-H",
         "127.0.0.1:2,127.0.0.2:2,127.0.0.3:2",
     ])
-    .args([
-        "--max-restarts",
-        "1",
-        "--restart-delay",
-        "0",
-        "--min-np",
-        "2",
-    ])
+    .args(atlasboost_e2e::ONE_RESTART_DOWN_TO_2)
     .args(["--ranks", "3-5", "--events", "events.jsonl"]);
     let faults = run.dir().join("faults");
     let r = run

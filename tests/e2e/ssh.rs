@@ -1664,14 +1664,7 @@ fn every_host_a_restart_leaves_out_is_named() {
             "2",
         ],
     )
-    .args([
-        "--max-restarts",
-        "1",
-        "--restart-delay",
-        "0",
-        "--min-np",
-        "2",
-    ])
+    .args(atlasboost_e2e::ONE_RESTART_DOWN_TO_2)
     .args(["--", "sh", "-c", FIRST_ATTEMPT_WAITS])
     .timeout(Duration::from_secs(90))
     .spawn();
@@ -1745,14 +1738,7 @@ fn a_host_unreachable_at_a_restart_is_left_out_and_the_others_run_it() {
         gone.display()
     );
     let r = run
-        .args([
-            "--max-restarts",
-            "1",
-            "--restart-delay",
-            "0",
-            "--min-np",
-            "2",
-        ])
+        .args(atlasboost_e2e::ONE_RESTART_DOWN_TO_2)
         .args(["--events", "events.jsonl", "--remote-atlasboost"])
         .args([&unreachable])
         .args(["--", "sh", "-c", &worker])

@@ -26,6 +26,16 @@ pub const LAUNCH_MARK: &str = "ATLASBOOST_E2E_LAUNCH";
 /// How long a launch may take unless the test says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// One restart at once, which may shrink the job down to 2 ranks.
+pub const ONE_RESTART_DOWN_TO_2: [&str; 6] = [
+    "--max-restarts",
+    "1",
+    "--restart-delay",
+    "0",
+    "--min-np",
+    "2",
+];
+
 /// How much of each stream a panic message shows (the end of it).
 pub(crate) const SHOWN_BYTES: usize = 4000;
 
