@@ -285,16 +285,7 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
             .iter()
             .flat_map(|(_, devs)| devs)
             .any(|d| d.super_device_id.is_some() || d.super_pod_id.is_some());
-    // Inside one super pod HCCS connects the devices: no address is needed, as on one server.
-    let one_pod = with_pods && {
-        let mut pods = servers
-            .iter()
-            .flat_map(|(_, devs)| devs)
-            .map(|d| d.super_pod_id.as_deref());
-        let first = pods.next().flatten();
-        pods.all(|p| p == first)
-    };
-    let ip_of = device_ip_of(servers, one_pod);
+    let ip_of = device_ip_of(servers, format);
     let mut rank = 0usize;
     let mut server_list = Vec::with_capacity(servers.len());
     let mut pods: Vec<SuperPodEntry> = Vec::new();
@@ -359,20 +350,31 @@ fn cluster_table(servers: &[(&str, Vec<&Device>)], format: Format) -> Result<Ran
     }))
 }
 
+/// Whether a table of `devices` in `format` needs no `device_ip`: they are on one server, or
+/// (format 1.2) in one super pod, where HCCS connects them.
+fn needs_no_device_ip<'a>(devices: impl Iterator<Item = &'a Device>, format: Format) -> bool {
+    let mut places = devices.map(|d| (d.server_id.as_str(), d.super_pod_id.as_deref()));
+    let Some((server, pod)) = places.next() else {
+        return true;
+    };
+    let (mut one_server, mut one_pod) = (true, format == Format::V1_2 && pod.is_some());
+    for (s, p) in places {
+        one_server &= s == server;
+        one_pod &= p == pod;
+    }
+    one_server || one_pod
+}
+
 /// How each device's `device_ip` is written. HCCL counts the addresses of every device alike,
-/// so a device without one beside devices that have one is a table it refuses; one server, or
-/// one super pod (`one_pod`), needs none (its devices talk over HCCS), so there a device
-/// without an address leaves every device without one. Between servers every device needs
-/// one, which the validator says.
+/// so a device without one beside devices that have one is a table it refuses; where the
+/// table needs none ([`needs_no_device_ip`]), a device without an address leaves every device
+/// without one. Between servers every device needs one, which the validator says.
 fn device_ip_of(
     servers: &[(&str, Vec<&Device>)],
-    one_pod: bool,
+    format: Format,
 ) -> impl Fn(&Device) -> Option<String> {
-    let none = (servers.len() == 1 || one_pod)
-        && servers
-            .iter()
-            .flat_map(|(_, devs)| devs)
-            .any(|d| d.ip.is_none());
+    let devices = || servers.iter().flat_map(|(_, devs)| devs.iter().copied());
+    let none = devices().any(|d| d.ip.is_none()) && needs_no_device_ip(devices(), format);
     move |d: &Device| if none { None } else { d.ip.map(ip_text) }
 }
 
@@ -388,13 +390,8 @@ pub fn devices_without_ip(devices: &[Device], format: Format) -> Option<String> 
         .filter(|d| d.ip.is_none())
         .map(|d| format!("device {} of host {}", d.physical_id, d.server_id))
         .collect();
-    let servers: std::collections::BTreeSet<&str> =
-        devices.iter().map(|d| d.server_id.as_str()).collect();
-    let pods: std::collections::BTreeSet<Option<&str>> =
-        devices.iter().map(|d| d.super_pod_id.as_deref()).collect();
-    let one_pod = format == Format::V1_2 && pods.len() == 1 && pods.iter().all(Option::is_some);
-    let one_place = servers.len() == 1 || one_pod;
-    (one_place && !without.is_empty() && without.len() < devices.len()).then(|| {
+    let some = !without.is_empty() && without.len() < devices.len();
+    (some && needs_no_device_ip(devices.iter(), format)).then(|| {
         format!(
             "{} {} no RoCE address, so the table lists device_ip on no device (HCCL needs the \
              same count on every device, and none inside one server or super pod)",
@@ -405,7 +402,7 @@ pub fn devices_without_ip(devices: &[Device], format: Format) -> Option<String> 
 }
 
 fn legacy_table(servers: &[(&str, Vec<&Device>)]) -> RankTable {
-    let ip_of = device_ip_of(servers, false);
+    let ip_of = device_ip_of(servers, Format::Legacy);
     let instance_list: Vec<InstanceEntry> = servers
         .iter()
         .enumerate()
