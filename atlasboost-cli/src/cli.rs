@@ -333,6 +333,13 @@ pub struct RunArgs {
     #[arg(allow_negative_numbers = true, long, value_name = "SECS", default_value = "10", value_parser = parse_seconds_or_zero)]
     pub grace: Duration,
 
+    /// Seconds a host's agent (with --mpi: a rank's relay) may send nothing before the host
+    /// is lost, and the launcher before the agents stop their workers; raise it where the
+    /// network has blips (TCP's retransmission backoff makes a 2 s blip about 4 s of silence)
+    /// [default: 4].
+    #[arg(allow_negative_numbers = true, long, value_name = "SECS", value_parser = parse_host_timeout)]
+    pub host_timeout: Option<Duration>,
+
     /// Restart every worker up to N times after a failed worker, a lost host or a hang.
     #[arg(
         allow_negative_numbers = true,
@@ -517,6 +524,11 @@ fn parse_hang_timeout(s: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     at_least(s, Duration::from_millis(500)).map_err(|e| format!("{e}, or off"))
+}
+
+/// `--host-timeout`: seconds, at least two of the heartbeats each side sends every second.
+fn parse_host_timeout(s: &str) -> Result<Duration, String> {
+    at_least(s, crate::launch::channel::HEARTBEAT * 2)
 }
 
 /// Seconds, at least `min`.
@@ -768,6 +780,9 @@ mod tests {
             parse_hang_timeout("0.5").unwrap(),
             Duration::from_millis(500)
         );
+        // Two heartbeats at least: one late beat is no loss.
+        assert_eq!(parse_host_timeout("1.5").unwrap_err(), "1.5: at least 2 s");
+        assert_eq!(parse_host_timeout("30").unwrap(), Duration::from_secs(30));
     }
 
     #[test]

@@ -139,6 +139,10 @@ pub struct RunSettings {
     pub rendezvous_timeout: Duration,
     /// `--grace`.
     pub grace: Duration,
+    /// `--host-timeout`: the silence after which a host (or a relay) is lost.
+    pub host_timeout: Duration,
+    /// Whether `--host-timeout` was given (it is said to be unused where no host can be lost).
+    pub host_timeout_given: bool,
     /// `--max-restarts`.
     pub max_restarts: u32,
     /// `--restart-delay`; `None` when not given (1 s, [`RunSettings::first_restart_delay`]).
@@ -274,6 +278,8 @@ impl From<&RunArgs> for RunSettings {
             ranks: a.ranks.clone(),
             rendezvous_timeout: a.rendezvous_timeout,
             grace: a.grace,
+            host_timeout: a.host_timeout.unwrap_or(crate::launch::channel::LOST_AFTER),
+            host_timeout_given: a.host_timeout.is_some(),
             max_restarts: a.max_restarts,
             restart_delay: a.restart_delay,
             min_np: a.min_np,

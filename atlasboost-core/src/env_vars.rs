@@ -100,6 +100,9 @@ impl EnvVars {
     /// `atlasboost run --mpi`: the launcher's `--grace`, in milliseconds, which each relay
     /// gives its worker (and what it leaves behind) between SIGTERM and SIGKILL.
     pub const ATLASBOOST_RELAY_GRACE_MS: &'static str = "ATLASBOOST_RELAY_GRACE_MS";
+    /// `atlasboost run --mpi`: the launcher's `--host-timeout`, in milliseconds: a relay whose
+    /// launcher sends nothing for this long stops its worker.
+    pub const ATLASBOOST_RELAY_LOST_AFTER_MS: &'static str = "ATLASBOOST_RELAY_LOST_AFTER_MS";
     /// `run --mpi`'s relays: the variables of [`EnvVars::OTHER_STARTUP`] that `-x` gives the
     /// workers (comma-separated); a relay keeps the others its host has from its worker.
     pub const ATLASBOOST_RELAY_EXPORTED: &'static str = "ATLASBOOST_RELAY_EXPORTED";

@@ -719,6 +719,53 @@ fn start_forking_job(sshd: &Sshd, mark: &str, grace: &str) -> (Launch, BTreeSet<
     (launch, agents)
 }
 
+/// The ssh process the launcher started for `host`.
+fn launchers_session(launch: &Launch, host: &str) -> Pid {
+    let launcher = launch.pid();
+    let session: Vec<i32> = descendants(launcher)
+        .into_iter()
+        .filter(|p| p.ppid == launcher && p.comm == "ssh")
+        .filter(|p| cmdline(p.pid).is_some_and(|c| c.iter().any(|a| a == host)))
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(session.len(), 1, "one ssh process for {host}");
+    Pid::from_raw(session[0])
+}
+
+/// A network blip longer than the default `--host-timeout` (4 s): the launcher's ssh session
+/// to one host is stopped for 6 s, so nothing goes either way, as when a link is down (with
+/// `--fanout 1` the host below it is cut off too). With `--host-timeout 12` the launcher and
+/// the agents ride it out: the job finishes and every worker's last line arrives. (With the
+/// default, each side gives the other up after 4 s and the job fails.)
+#[test]
+fn a_blip_shorter_than_the_host_timeout_is_ridden_out() {
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-blip");
+    let mut launch = over_ssh(
+        &sshd,
+        &mark,
+        &["--sim", "2", "-H", TWO_BY_TWO, "--host-timeout", "12"],
+    )
+    .args(["--", "sh", "-c", "echo ready; sleep 10; echo finished"])
+    .timeout(Duration::from_secs(60))
+    .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 4, Duration::from_secs(20));
+    let session = launchers_session(&launch, "127.0.0.2");
+    kill(session, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    kill(session, Signal::SIGCONT).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(30));
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(0), "the job rode the blip out\n{ctx}");
+    assert_eq!(
+        r.out()
+            .lines()
+            .filter(|l| l.ends_with("]<stdout>:finished"))
+            .count(),
+        4,
+        "every worker finished\n{ctx}"
+    );
+}
+
 /// The ssh process of one host dies mid-job: the job fails (125) naming that host, the other
 /// host's workers are stopped, and that host's agent stops its own when its stdin closes.
 #[test]
@@ -726,16 +773,9 @@ fn a_killed_ssh_session_fails_the_job_and_stops_the_workers_of_both_hosts() {
     let (sshd, mark, _cleanup) = ssh_test!("ssh-lost");
     // --grace 30: nothing may wait for SIGKILL.
     let (launch, agents) = start_forking_job(&sshd, &mark, "30");
-    let launcher = launch.pid();
-    let session: Vec<i32> = descendants(launcher)
-        .into_iter()
-        .filter(|p| p.ppid == launcher && p.comm == "ssh")
-        .filter(|p| cmdline(p.pid).is_some_and(|c| c.iter().any(|a| a == "127.0.0.2")))
-        .map(|p| p.pid)
-        .collect();
-    assert_eq!(session.len(), 1, "one ssh process for 127.0.0.2");
+    let session = launchers_session(&launch, "127.0.0.2");
     let killed = Instant::now();
-    kill(Pid::from_raw(session[0]), Signal::SIGKILL).unwrap();
+    kill(session, Signal::SIGKILL).unwrap();
     let r = launch.wait_at_most(Duration::from_secs(20));
     let ctx = ctx(&r, &sshd);
     assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");

@@ -1094,6 +1094,7 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
         command: settings.command.clone(),
         wdir: settings.wdir.clone(),
         grace: Duration::from_millis(settings.grace_ms),
+        lost_after: Duration::from_millis(settings.lost_after_ms),
         files: Some(files.clone()),
         watch: settings.watch,
         hang: None,
@@ -1136,7 +1137,8 @@ fn run_remote(config: &AgentConfig, slurm: bool) -> Result<u8, CliError> {
         }
         Err(e) => output.send_failure(&e),
     };
-    supervise::send_the_rest(&mut output, &signals, launcher.as_fd());
+    let lost_after = Duration::from_millis(settings.lost_after_ms);
+    supervise::send_the_rest(&mut output, &signals, launcher.as_fd(), lost_after);
     Ok(code)
 }
 
@@ -1405,6 +1407,7 @@ mod tests {
                 rank_table: "/t.json".into(),
                 env: Vec::new(),
                 grace_ms: 1000,
+                lost_after_ms: 4000,
                 restart_count: 1,
                 max_restarts: 3,
                 watch: true,

@@ -39,6 +39,10 @@ pub struct WorkerSettings {
     pub env: Vec<(OsString, OsString)>,
     /// SIGTERM to SIGKILL, in milliseconds.
     pub grace_ms: u64,
+    /// `--host-timeout`, in milliseconds: the launcher's silence after which an agent stops
+    /// its workers, and a child agent's after which it is lost.
+    #[serde(default = "default_lost_after_ms")]
+    pub lost_after_ms: u64,
     /// Which attempt this is: 0 for the first start, 1 after the first restart.
     #[serde(default)]
     pub restart_count: u32,
@@ -112,7 +116,7 @@ pub struct TreeHost {
 
 /// How an agent starts its children's agents over ssh: the launcher's settings, as resolved
 /// where the launcher runs (its `ATLASBOOST_SSH_OPTIONS` included).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SshSpec {
     /// `--ssh-port`.
     pub port: Option<u16>,
@@ -122,6 +126,37 @@ pub struct SshSpec {
     pub remote_atlasboost: Vec<OsString>,
     /// Extra ssh options (`ATLASBOOST_SSH_OPTIONS` of the launcher).
     pub extra: Vec<String>,
+    /// ssh's own keep-alive, `ServerAliveInterval` (two unanswered end the session): half of
+    /// `--host-timeout`, so that ssh gives up about when the heartbeats' watch does.
+    #[serde(default = "default_server_alive_secs")]
+    pub server_alive_secs: u64,
+}
+
+impl Default for SshSpec {
+    fn default() -> SshSpec {
+        SshSpec {
+            port: None,
+            identity: None,
+            remote_atlasboost: Vec::new(),
+            extra: Vec::new(),
+            server_alive_secs: default_server_alive_secs(),
+        }
+    }
+}
+
+impl SshSpec {
+    /// ssh's keep-alive interval for a `--host-timeout` of `lost_after`.
+    pub fn server_alive_for(lost_after: std::time::Duration) -> u64 {
+        lost_after.as_secs().div_ceil(2).max(1)
+    }
+}
+
+fn default_lost_after_ms() -> u64 {
+    LOST_AFTER.as_millis() as u64
+}
+
+fn default_server_alive_secs() -> u64 {
+    SshSpec::server_alive_for(LOST_AFTER)
 }
 
 /// The launch tree over the remote hosts (positions `0..size`): the launcher starts the
@@ -208,7 +243,7 @@ pub const MAX_PAYLOAD: usize = MAX_LINE + 4096;
 /// How often each side sends a heartbeat.
 pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Silence for this long means the other side is lost.
+/// Silence for this long means the other side is lost, unless `--host-timeout` says otherwise.
 pub const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// The signal that ended a worker, by number: any of the kernel's, the real-time ones

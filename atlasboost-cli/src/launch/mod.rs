@@ -202,6 +202,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
             rank_table: table_path.clone(),
             env: exports,
             grace_ms: args.grace.as_millis() as u64,
+            lost_after_ms: args.host_timeout.as_millis() as u64,
             restart_count: 0,
             max_restarts: args.max_restarts,
             // Heartbeats are read for the watchdog, and for the status block's slowest step
@@ -550,6 +551,7 @@ fn run_attempts(
                 command: args.command.clone(),
                 wdir: settings.wdir.clone(),
                 grace: args.grace,
+                lost_after: args.host_timeout,
                 files: Some(job.files.clone()),
                 watch: job.base.watch,
                 hang: args.hang_timeout.map(|timeout| HangWatch {
@@ -961,6 +963,7 @@ fn unused_ssh_options(args: &RunSettings, hosts: &[HostPlan], printer: &Printer)
         (args.ssh_port.is_some(), "--ssh-port"),
         (args.ssh_identity.is_some(), "--ssh-identity"),
         (args.remote_atlasboost.is_some(), "--remote-atlasboost"),
+        (args.host_timeout_given, "--host-timeout"),
     ]
     .into_iter()
     .filter_map(|(given, flag)| given.then_some(flag))
@@ -1334,6 +1337,7 @@ fn root_config(
                     .collect()
             })
             .unwrap_or_default(),
+        server_alive_secs: SshOptions::server_alive_for(args.host_timeout),
     };
     let mut remote_settings = launch.settings.clone();
     remote_settings.env = forwarded_env();

@@ -183,6 +183,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         command: args.command.clone(),
         wdir,
         grace: args.grace,
+        lost_after: args.host_timeout,
         files: None,
         watch: false,
         hang: None,
@@ -395,6 +396,10 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
         (
             EnvVars::ATLASBOOST_RELAY_GRACE_MS.into(),
             args.grace.as_millis().to_string(),
+        ),
+        (
+            EnvVars::ATLASBOOST_RELAY_LOST_AFTER_MS.into(),
+            args.host_timeout.as_millis().to_string(),
         ),
     ];
     if let Some(name) = job.relay_local {
@@ -629,15 +634,15 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
     // SAFETY: no other thread exists (Signals::block checked), so nothing reads the
     // environment meanwhile. The worker must not inherit the relay's key.
     let local = std::env::var(EnvVars::ATLASBOOST_RELAY_LOCAL).ok();
-    let grace = match std::env::var(EnvVars::ATLASBOOST_RELAY_GRACE_MS) {
-        Err(_) => DEFAULT_RELAY_GRACE,
-        Ok(ms) => ms.parse().map(Duration::from_millis).map_err(|_| {
-            CliError::Usage(format!(
-                "{}={ms} is not a number of milliseconds",
-                EnvVars::ATLASBOOST_RELAY_GRACE_MS
-            ))
-        })?,
+    let millis = |name: &str, default: Duration| match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(ms) => ms
+            .parse()
+            .map(Duration::from_millis)
+            .map_err(|_| CliError::Usage(format!("{name}={ms} is not a number of milliseconds"))),
     };
+    let grace = millis(EnvVars::ATLASBOOST_RELAY_GRACE_MS, DEFAULT_RELAY_GRACE)?;
+    let lost_after = millis(EnvVars::ATLASBOOST_RELAY_LOST_AFTER_MS, channel::LOST_AFTER)?;
     let exported: Vec<(OsString, OsString)> = std::env::var(EnvVars::ATLASBOOST_RELAY_EXPORTED)
         .unwrap_or_default()
         .split(',')
@@ -650,6 +655,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_ADDR);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_LOCAL);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_GRACE_MS);
+        std::env::remove_var(EnvVars::ATLASBOOST_RELAY_LOST_AFTER_MS);
     }
     let context = launch_context::detect_from_env()?
         .filter(|c| c.launcher.is_mpi())
@@ -700,6 +706,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         // The launcher's --grace: for a stop of its own (mpirun's SIGTERM, what the worker left
         // behind); the launcher's `sig 9` may come first.
         grace,
+        lost_after,
         files: None,
         watch: false,
         hang: None,
@@ -732,7 +739,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         }
         Err(e) => output.send_failure(&e),
     };
-    send_the_rest(&mut output, &signals, launcher.as_fd());
+    send_the_rest(&mut output, &signals, launcher.as_fd(), lost_after);
     Ok(code)
 }
 
@@ -821,6 +828,7 @@ mod tests {
             "MASTER_ADDR=10.0.0.1",
             "ATLASBOOST_RELAY_ADDR=10.0.0.9:4000",
             "ATLASBOOST_RELAY_GRACE_MS=10000",
+            "ATLASBOOST_RELAY_LOST_AFTER_MS=4000",
             // The table init() writes: --format and --rank-order, here their defaults.
             "ATLASBOOST_RANK_TABLE_FORMAT=1.0",
             "ATLASBOOST_RANK_ORDER=server-id",

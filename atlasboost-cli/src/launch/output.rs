@@ -402,9 +402,9 @@ pub enum DrainFor<'a> {
     /// asked the job to stop.
     AfterSignal(Duration, Instant),
     /// An agent's or a relay's: for as long as the launcher is heard on this descriptor (its
-    /// commands), at least every `LOST_AFTER`. A launcher whose console holds output back
-    /// reads nothing for a while but still sends its heartbeats.
-    WhileHeard(BorrowedFd<'a>),
+    /// commands), at least once in this long (`--host-timeout`). A launcher whose console
+    /// holds output back reads nothing for a while but still sends its heartbeats.
+    WhileHeard(BorrowedFd<'a>, Duration),
 }
 
 /// One worker's part of the output.
@@ -894,9 +894,9 @@ impl Output {
                 DrainFor::AfterSignal(limit, _) => Some(limit.saturating_sub(started.elapsed())),
                 // A launcher stopped by Ctrl-Z is waited for until it speaks or its connection
                 // closes.
-                DrainFor::WhileHeard(_) if self.reader_paused => None,
-                DrainFor::WhileHeard(_) => {
-                    Some(super::channel::LOST_AFTER.saturating_sub(heard.elapsed()))
+                DrainFor::WhileHeard(..) if self.reader_paused => None,
+                DrainFor::WhileHeard(_, lost_after) => {
+                    Some(lost_after.saturating_sub(heard.elapsed()))
                 }
             };
             let waiting = self.waiting_fds();
@@ -909,7 +909,7 @@ impl Output {
                 .collect();
             let at_interrupt = fds.len();
             fds.push(PollFd::new(interrupt, PollFlags::POLLIN));
-            if let DrainFor::WhileHeard(launcher) = wait {
+            if let DrainFor::WhileHeard(launcher, _) = wait {
                 fds.push(PollFd::new(launcher, PollFlags::POLLIN));
             }
             let timeout = left.map_or(PollTimeout::NONE, |l| {
@@ -930,7 +930,7 @@ impl Output {
             drop(fds);
             let signalled = interrupted && stops();
             let mut gone = false;
-            if let (DrainFor::WhileHeard(launcher), true) = (wait, launcher_said) {
+            if let (DrainFor::WhileHeard(launcher, _), true) = (wait, launcher_said) {
                 // Its commands are of no use now (every worker has ended): only that it speaks.
                 let mut buf = [0u8; 4096];
                 match nix::unistd::read(launcher, &mut buf) {
@@ -956,10 +956,9 @@ impl Output {
                         "a signal asked to stop {:.1} s ago",
                         at.elapsed().as_secs_f64()
                     ),
-                    (_, _, DrainFor::WhileHeard(_)) => format!(
-                        "the launcher sent nothing for {:.0?}",
-                        super::channel::LOST_AFTER
-                    ),
+                    (_, _, DrainFor::WhileHeard(_, lost_after)) => {
+                        format!("the launcher sent nothing for {lost_after:.0?}")
+                    }
                 });
                 return;
             }
@@ -1335,7 +1334,7 @@ mod tests {
         });
         output.drain_console(
             quiet.as_fd(),
-            DrainFor::WhileHeard(commands.as_fd()),
+            DrainFor::WhileHeard(commands.as_fd(), super::super::channel::LOST_AFTER),
             &mut || false,
         );
         assert_eq!(output.backlog(), 0, "everything was taken");
@@ -1354,7 +1353,7 @@ mod tests {
         let started = Instant::now();
         output.drain_console(
             quiet.as_fd(),
-            DrainFor::WhileHeard(commands.as_fd()),
+            DrainFor::WhileHeard(commands.as_fd(), super::super::channel::LOST_AFTER),
             &mut || false,
         );
         assert!(

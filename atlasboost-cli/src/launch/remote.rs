@@ -970,6 +970,7 @@ mod tests {
                 identity: Some("/k".into()),
                 remote_atlasboost: vec!["/usr/bin/atlasboost".into()],
                 extra: Vec::new(),
+                server_alive_secs: SshOptions::server_alive_for(Duration::from_secs(9)),
             },
             &Connect::Direct(vec!["-o".into(), "ProxyUseFdpass=yes".into()]),
         );
@@ -990,5 +991,10 @@ mod tests {
         );
         assert!(args.windows(2).any(|w| w == ["-p", "2222"]));
         assert!(args.windows(2).any(|w| w == ["-o", "BatchMode=yes"]));
+        // A --host-timeout of 9 s: ssh's keep-alive ends a silent session after 10-15 s.
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["-o", "ServerAliveInterval=5"])
+        );
     }
 }

@@ -117,8 +117,9 @@ pub fn ssh_options(ssh: &SshOptions) -> Vec<OsString> {
         .map(OsString::from)
         .collect();
     // ssh's own keep-alive: a silent network ends the session (the agent then stops its
-    // workers), besides the launcher's heartbeats.
-    for o in ["ServerAliveInterval=2", "ServerAliveCountMax=2"] {
+    // workers), besides the launcher's heartbeats, and about as soon (`--host-timeout`).
+    let alive = format!("ServerAliveInterval={}", ssh.server_alive_secs.max(1));
+    for o in [alive.as_str(), "ServerAliveCountMax=2"] {
         args.extend([OsString::from("-o"), OsString::from(o)]);
     }
     if let Some(port) = ssh.port {

@@ -34,7 +34,7 @@ use self::mpirun_state::Mpirun;
 use self::policy::{SignalAction, SignalState};
 pub use super::channel::Ending;
 use super::channel::Stream;
-use super::channel::{Down, HEARTBEAT, LOST_AFTER, Tree, Up, WorkerSignal};
+use super::channel::{Down, HEARTBEAT, Tree, Up, WorkerSignal};
 use super::lifeline::{self, Lifeline, ORIGINAL_FD_LIMIT};
 use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState};
 use super::output::{DrainFor, LineSplitter, Output, TAIL_LINE_BYTES};
@@ -330,6 +330,9 @@ pub struct RunPlan {
     pub wdir: PathBuf,
     /// SIGTERM to SIGKILL.
     pub grace: Duration,
+    /// `--host-timeout`: a peer's silence for this long is its loss (the launcher's agents and
+    /// relays; an agent's launcher and child agents).
+    pub lost_after: Duration,
     /// The workers' heartbeat, error and stack files (none for relays).
     pub files: Option<RankFiles>,
     /// Whether heartbeats are read and reported (the launcher watches for hangs).
@@ -740,9 +743,16 @@ pub fn run_workers(
 
 /// An agent's or relay's end, after its last frame: waits until the launcher has taken
 /// everything, as long as it is heard on `launcher` (its commands; a launcher whose console
-/// holds output back reads nothing meanwhile), or until a signal stops this process.
-pub fn send_the_rest(output: &mut Output, signals: &Signals, launcher: BorrowedFd<'_>) {
-    output.drain_console(signals.fd(), DrainFor::WhileHeard(launcher), &mut || {
+/// holds output back reads nothing meanwhile; `lost_after`: `--host-timeout`), or until a
+/// signal stops this process.
+pub fn send_the_rest(
+    output: &mut Output,
+    signals: &Signals,
+    launcher: BorrowedFd<'_>,
+    lost_after: Duration,
+) {
+    let wait = DrainFor::WhileHeard(launcher, lost_after);
+    output.drain_console(signals.fd(), wait, &mut || {
         signals.pending().iter().any(|s| *s != Signal::SIGCHLD)
     });
 }
@@ -1439,8 +1449,8 @@ impl<'a> Supervisor<'a> {
                     // A host below another is watched first by the agent that started it, which
                     // names it better (and ends its session); the launcher is the backstop.
                     let limit = match r.parent {
-                        None => LOST_AFTER,
-                        Some(_) => LOST_AFTER + HEARTBEAT * 2,
+                        None => self.plan.lost_after,
+                        Some(_) => self.plan.lost_after + HEARTBEAT * 2,
                     };
                     if r.last_heard.elapsed() > limit && !dumping {
                         lost.push((
@@ -1461,7 +1471,10 @@ impl<'a> Supervisor<'a> {
                 // noticed yet) is ended here and reported lost: its session would otherwise
                 // keep this agent, and the launcher waiting on it, for ever.
                 for (position, child) in up.children.iter_mut() {
-                    if child.out.is_some() && !dumping && child.last_heard.elapsed() > LOST_AFTER {
+                    if child.out.is_some()
+                        && !dumping
+                        && child.last_heard.elapsed() > self.plan.lost_after
+                    {
                         let why = format!(
                             "its agent sent nothing for {:.0?} (heartbeats stopped)",
                             child.last_heard.elapsed()
@@ -1477,7 +1490,7 @@ impl<'a> Supervisor<'a> {
                     upstream_lost = Some("writing to the launcher failed (its connection is gone)");
                 } else if !up.lost
                     && !output.reader_paused()
-                    && up.last_heard.elapsed() > LOST_AFTER
+                    && up.last_heard.elapsed() > self.plan.lost_after
                 {
                     upstream_lost = Some("no heartbeat from the launcher");
                 }

@@ -944,11 +944,14 @@ fn ssh_options_of_a_launch_without_ssh_are_said_unused() {
         "2222",
         "--fanout",
         "4",
+        "--host-timeout",
+        "9",
         "--",
         "true",
     ];
     run(dir.path(), &args).expect_code(SUCCESS).stderr_has(&[
-        "atlasboost: --fanout, --ssh-port unused: every host is this machine, reached without ssh",
+        "atlasboost: --fanout, --ssh-port, --host-timeout unused: every host is this machine, \
+         reached without ssh",
     ]);
 }
 

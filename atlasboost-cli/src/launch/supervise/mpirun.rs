@@ -80,6 +80,7 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         command: m.command,
         wdir: plan.wdir.clone(),
         grace: plan.grace,
+        lost_after: plan.lost_after,
         files: None,
         watch: false,
         hang: None,
