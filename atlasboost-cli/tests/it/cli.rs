@@ -1710,6 +1710,37 @@ const HCCL_TOOLS_4P: &str = r#"{
     "status": "completed"
 }"#;
 
+/// Two hosts that are both this machine would run two servers on the same NPUs: refused up
+/// front, naming them (only simulated devices make one machine several servers).
+#[test]
+fn this_machine_twice_with_real_devices_is_refused() {
+    let dir = tempdir();
+    let conf = dir.path().join("hccn.conf");
+    std::fs::write(
+        &conf,
+        "address_0=192.168.100.101\naddress_1=192.168.100.102\n",
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap();
+    let twice = ["-H", "127.0.0.1:2,127.0.0.2:2"];
+    let hccn = ["--probe", "hccn", "--hccn-conf", conf];
+    let r = run(
+        dir.path(),
+        &[&["run"][..], &twice, &hccn, &["--", "true"]].concat(),
+    );
+    r.expect_code(USAGE).stderr_has(&[
+        "hosts 127.0.0.1 and 127.0.0.2 are both this machine: with --probe hccn, its NPUs would \
+         be two servers' in the table",
+    ]);
+    assert!(!dir.path().join("rank_table.json").exists());
+    // Simulated devices may: that is how one machine plays a cluster.
+    let sim = run(
+        dir.path(),
+        &[&["run"][..], &twice, &["--sim", "2", "--", "true"]].concat(),
+    );
+    sim.expect_code(SUCCESS);
+}
+
 #[test]
 fn the_driver_and_hccn_conf_give_the_table_hccl_tools_writes() {
     let dir = tempdir();
