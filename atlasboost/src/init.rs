@@ -1202,7 +1202,8 @@ fn settle(
     shared: &Shared,
 ) -> Result<(RankTable, Written, Option<TableLock>), InitError> {
     let devices = check_claims(claims)?;
-    let table = build_table(&devices, &build_options(claims)?)?;
+    let options = build_options(claims)?;
+    let table = build_table(&devices, &options)?;
     let chip = atlasboost_core::ranktable::chip_of_devices(&devices)?;
     let writer = claims
         .iter()
@@ -1226,8 +1227,11 @@ fn settle(
     };
     Ok(match write_table(&shared.table_path, &table, chip) {
         Ok(warnings) => {
-            // What HCCL only recommends, said as the launcher says it.
-            for w in warnings {
+            // What HCCL only recommends, and the devices whose addresses the table leaves
+            // out, said as the launcher says them.
+            let without_ip =
+                atlasboost_core::ranktable::devices_without_ip(&devices, options.format);
+            for w in warnings.iter().map(ToString::to_string).chain(without_ip) {
                 to_stderr(&format!("atlasboost: the rank table: {w}\n"));
             }
             (table, Written::Done(shared.table_path.clone()), Some(lock))

@@ -536,6 +536,36 @@ fn two_processes_on_one_device_are_both_named() {
     }
 }
 
+/// A one-server table whose device 1 has no RoCE address lists `device_ip` on no device (as
+/// `run` and `ranktable` write it), and its writer names the devices without one, as they do.
+#[test]
+fn init_names_the_devices_whose_addresses_the_table_leaves_out() {
+    let port = free_port_pair();
+    let (launches, table) = start_workers(2, &[], Duration::from_secs(60), |r| {
+        let mut v = torchrun_vars(r, 2, 2, port);
+        v.push(("ATLASBOOST_SIM_FAULTS".into(), "no-ip:1".into()));
+        v
+    });
+    let finished: Vec<Finished> = launches.into_iter().map(Launch::wait).collect();
+    check_job(&reports_of(&finished), 2, "Zmq");
+    let note = "atlasboost: the rank table: device 1 of host 127.0.0.1 has no RoCE address, so \
+                the table lists device_ip on no device";
+    let said: Vec<&Finished> = finished.iter().filter(|f| f.err().contains(note)).collect();
+    assert_eq!(
+        said.len(),
+        1,
+        "the table's writer says it: {:#?}",
+        finished.iter().map(Finished::describe).collect::<Vec<_>>()
+    );
+    let written: Value = serde_json::from_slice(&std::fs::read(&table).unwrap()).unwrap();
+    let devices = written["server_list"][0]["device"].as_array().unwrap();
+    assert_eq!(devices.len(), 2, "{written}");
+    assert!(
+        devices.iter().all(|d| d.get("device_ip").is_none()),
+        "{written}"
+    );
+}
+
 #[test]
 fn a_half_set_slurm_environment_names_the_missing_variable() {
     let f = Run::new::<[&str; 0], &str>([])
