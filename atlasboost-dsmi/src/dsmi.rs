@@ -502,7 +502,7 @@ impl DeviceProbe for DsmiProbe {
         let devices = self.devices().map_err(wrap)?;
         // The driver already shows only what a container runtime mounted; the CANN runtime's
         // own filter still applies to the workers.
-        self.visible.apply_runtime(devices).map_err(wrap)
+        self.visible.apply_runtime(devices, None).map_err(wrap)
     }
 }
 

@@ -159,8 +159,8 @@ impl HccnProbe {
                 super_pod_id: None,
             })
             .collect();
-        let devices = self.visible.apply_physical(devices)?;
-        self.visible.apply_runtime(devices)
+        let devices = self.visible.apply_physical(devices, Some(&self.path))?;
+        self.visible.apply_runtime(devices, Some(&self.path))
     }
 }
 

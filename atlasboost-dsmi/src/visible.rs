@@ -7,6 +7,8 @@
 //! - `ASCEND_RT_VISIBLE_DEVICES` (CANN runtime): **logical** ids a process sees, ascending,
 //!   renumbered from 0. Applied to every probe, since the workers inherit it.
 
+use std::path::Path;
+
 use atlasboost_core::{Device, EnvVars};
 
 use crate::DsmiError;
@@ -58,11 +60,16 @@ impl VisibleDevices {
     }
 
     /// Keeps the devices whose physical id is listed, renumbered 0..n-1 in physical order.
+    /// `listed_by`: the hccn.conf the devices come from (it lists only those with an address).
     ///
     /// # Errors
     ///
     /// [`DsmiError::BadVisible`] for a listed id the host does not have.
-    pub fn apply_physical(&self, devices: Vec<Device>) -> Result<Vec<Device>, DsmiError> {
+    pub fn apply_physical(
+        &self,
+        devices: Vec<Device>,
+        listed_by: Option<&Path>,
+    ) -> Result<Vec<Device>, DsmiError> {
         let Some(ids) = &self.physical else {
             return Ok(devices);
         };
@@ -71,6 +78,7 @@ impl VisibleDevices {
             ids,
             |d| d.physical_id,
             EnvVars::ASCEND_VISIBLE_DEVICES,
+            listed_by,
         )?;
         kept.sort_by_key(|d| d.physical_id);
         for (logical, d) in kept.iter_mut().enumerate() {
@@ -80,11 +88,16 @@ impl VisibleDevices {
     }
 
     /// Keeps the devices whose logical id is listed, renumbered 0..n-1 in that order.
+    /// `listed_by`: as for [`VisibleDevices::apply_physical`].
     ///
     /// # Errors
     ///
     /// [`DsmiError::BadVisible`] for a listed id the host does not have.
-    pub fn apply_runtime(&self, devices: Vec<Device>) -> Result<Vec<Device>, DsmiError> {
+    pub fn apply_runtime(
+        &self,
+        devices: Vec<Device>,
+        listed_by: Option<&Path>,
+    ) -> Result<Vec<Device>, DsmiError> {
         let Some(ids) = &self.runtime else {
             return Ok(devices);
         };
@@ -93,6 +106,7 @@ impl VisibleDevices {
             ids,
             |d| d.logical_id,
             EnvVars::ASCEND_RT_VISIBLE_DEVICES,
+            listed_by,
         )?;
         kept.sort_by_key(|d| d.logical_id);
         for (logical, d) in kept.iter_mut().enumerate() {
@@ -107,6 +121,7 @@ fn pick(
     ids: &[u32],
     key: impl Fn(&Device) -> u32,
     variable: &'static str,
+    listed_by: Option<&Path>,
 ) -> Result<Vec<Device>, DsmiError> {
     if let Some(missing) = ids
         .iter()
@@ -114,13 +129,23 @@ fn pick(
     {
         let mut have: Vec<u32> = devices.iter().map(&key).collect();
         have.sort_unstable();
-        return Err(DsmiError::BadVisible {
-            variable,
-            value: join(ids),
-            reason: format!(
+        // hccn.conf lists the devices it gives an address: another may well be in the machine.
+        let reason = match listed_by {
+            None => format!(
                 "names device {missing}, which this host does not have (it has: {})",
                 join(&have)
             ),
+            Some(file) => format!(
+                "names device {missing}, to which {} gives no RoCE address (it lists: {}), so \
+                 this probe cannot use it",
+                file.display(),
+                join(&have)
+            ),
+        };
+        return Err(DsmiError::BadVisible {
+            variable,
+            value: join(ids),
+            reason,
         });
     }
     Ok(devices
@@ -189,7 +214,7 @@ mod tests {
             runtime: None,
         };
         let got = v
-            .apply_physical(devices(&[0, 1, 2, 3, 4, 5, 6, 7]))
+            .apply_physical(devices(&[0, 1, 2, 3, 4, 5, 6, 7]), None)
             .unwrap();
         assert_eq!(ids(&got), vec![(0, 4), (1, 5), (2, 6)]);
     }
@@ -200,7 +225,7 @@ mod tests {
             physical: None,
             runtime: Some(vec![1, 3]),
         };
-        let got = v.apply_runtime(devices(&[4, 5, 6, 7])).unwrap();
+        let got = v.apply_runtime(devices(&[4, 5, 6, 7]), None).unwrap();
         assert_eq!(ids(&got), vec![(0, 5), (1, 7)]);
     }
 
@@ -217,7 +242,7 @@ mod tests {
             physical: Some(vec![9]),
             runtime: None,
         };
-        let e = v.apply_physical(devices(&[0, 1])).unwrap_err();
+        let e = v.apply_physical(devices(&[0, 1]), None).unwrap_err();
         assert!(
             e.to_string()
                 .contains("names device 9, which this host does not have (it has: 0,1)"),

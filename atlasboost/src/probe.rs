@@ -267,7 +267,7 @@ impl DeviceProbe for SimVisible {
         let devices = self.sim.probe()?;
         let server_id = devices.first().map(|d| d.server_id.clone());
         self.visible
-            .apply_runtime(devices)
+            .apply_runtime(devices, None)
             .map_err(|e| atlasboost_core::Error::Probe {
                 probe: "sim".into(),
                 server_id: server_id.unwrap_or_default(),

@@ -57,12 +57,27 @@ fn a_file_with_gaps_keeps_the_physical_numbering() {
         let devices = check_probe(&probe, "10.0.0.1").unwrap();
         assert_eq!(ids(&devices), [(4, 4), (5, 5), (6, 6), (7, 7)]);
     }
-    let _env = Env::set(&[(EnvVars::ASCEND_VISIBLE_DEVICES, "5-6")]);
-    let devices = HccnProbe::new("10.0.0.1", f.path())
+    {
+        let _env = Env::set(&[(EnvVars::ASCEND_VISIBLE_DEVICES, "5-6")]);
+        let devices = HccnProbe::new("10.0.0.1", f.path())
+            .unwrap()
+            .probe()
+            .unwrap();
+        assert_eq!(ids(&devices), [(0, 5), (1, 6)]);
+    }
+    // Device 0 may well be in the machine: the file gives it no address.
+    let _env = Env::set(&[(EnvVars::ASCEND_RT_VISIBLE_DEVICES, "0")]);
+    let e = HccnProbe::new("10.0.0.1", f.path())
         .unwrap()
         .probe()
-        .unwrap();
-    assert_eq!(ids(&devices), [(0, 5), (1, 6)]);
+        .unwrap_err();
+    let text = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    let want = format!(
+        "ASCEND_RT_VISIBLE_DEVICES=\"0\": names device 0, to which {} gives no RoCE address (it \
+         lists: 4,5,6,7), so this probe cannot use it",
+        f.path().display()
+    );
+    assert!(text.contains(&want), "{text}");
 }
 
 #[test]
