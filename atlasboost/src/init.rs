@@ -46,7 +46,7 @@ use crate::probe::make_probe;
 use crate::settings::{Discovery, env, parse_seconds};
 
 /// Text on stderr, flushed; a closed stderr loses it but does not panic (as `eprint!` would).
-fn to_stderr(text: &str) {
+pub(crate) fn to_stderr(text: &str) {
     use std::io::Write;
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
@@ -729,6 +729,8 @@ struct Shared {
     server_id: String,
     timeout: Duration,
     table: TableChoice,
+    /// `ATLASBOOST_PROBE`, `ATLASBOOST_SIM`: checked as the other settings are.
+    discovery: Discovery,
 }
 
 impl Shared {
@@ -746,8 +748,17 @@ impl Shared {
             server_id: server_id()?,
             timeout: timeout()?,
             table: TableChoice::from_env()?,
+            discovery: discovery()?,
         })
     }
+}
+
+/// How this process finds its device: malformed or contradicting variables are the
+/// settings' errors, not a device's.
+fn discovery() -> Result<Discovery, InitError> {
+    let discovery = Discovery::from_env().map_err(InitError::Config)?;
+    crate::probe::check_choice(&discovery).map_err(|e| InitError::Config(error_chain(&e)))?;
+    Ok(discovery)
 }
 
 fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError> {
@@ -1122,7 +1133,7 @@ fn answer_statuses(payloads: &[Vec<u8>], hosts: &[String]) -> Result<Replies, St
 
 /// This process's claim, and its device (or why it has none).
 fn make_claim(rank: u32, local_rank: u32, shared: &Shared) -> (Claim, Result<Device, String>) {
-    let device = my_device(&shared.server_id, local_rank);
+    let device = my_device(&shared.discovery, &shared.server_id, local_rank);
     // Launcher rank 0 offers the launcher's MASTER_ADDR and MASTER_PORT (or its host and a
     // free port there). The others offer their host and a free port, for the case where one
     // of them becomes the table's rank 0: RANK is the table's, and torch's env:// store
@@ -1346,8 +1357,8 @@ fn check_claims(claims: &[Claim]) -> Result<Vec<Device>, InitError> {
 
 /// This process's device: its host's device number `local_rank` (in logical order), or why
 /// there is none.
-fn my_device(server_id: &str, local_rank: u32) -> Result<Device, String> {
-    let probe = make_probe(&Discovery::from_env()?, server_id).map_err(|e| error_chain(&e))?;
+fn my_device(discovery: &Discovery, server_id: &str, local_rank: u32) -> Result<Device, String> {
+    let probe = make_probe(discovery, server_id).map_err(|e| error_chain(&e))?;
     let mut devices = probe.probe().map_err(|e| error_chain(&e))?;
     devices.sort_by_key(|d| d.logical_id);
     let count = devices.len();

@@ -143,16 +143,12 @@ fn sim_example(origin: Origin) -> &'static str {
     }
 }
 
-/// The probe `discovery` asks for. Simulated devices only with a number of them; `auto` takes
-/// the driver if it loads, else hccn.conf if it exists, and never simulated devices.
+/// Whether `discovery`'s settings go together, before anything is probed or loaded.
 ///
 /// # Errors
 ///
-/// [`ProbeError`] naming the settings that contradict each other, or saying what was tried.
-pub fn make_probe(
-    discovery: &Discovery,
-    server_id: &str,
-) -> Result<Box<dyn DeviceProbe>, ProbeError> {
+/// The [`ProbeError`]s of [`ProbeError::is_usage`]: settings that contradict each other.
+pub fn check_choice(discovery: &Discovery) -> Result<(), ProbeError> {
     let origin = discovery.origin;
     // A flag the chosen probe never reads is an error, not a silent no-op. (A variable may be
     // set machine-wide, for other jobs: only the flag is refused.)
@@ -170,10 +166,32 @@ pub fn make_probe(
         }
     }
     match (discovery.probe, discovery.sim) {
+        (ProbeKind::Sim, None) => Err(ProbeError::SimWithoutCount { origin }),
+        (kind @ (ProbeKind::Dsmi | ProbeKind::Hccn), Some(_)) => {
+            Err(ProbeError::SimAndReal { origin, kind })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The probe `discovery` asks for. Simulated devices only with a number of them; `auto` takes
+/// the driver if it loads, else hccn.conf if it exists, and never simulated devices.
+///
+/// # Errors
+///
+/// [`ProbeError`] naming the settings that contradict each other, or saying what was tried.
+pub fn make_probe(
+    discovery: &Discovery,
+    server_id: &str,
+) -> Result<Box<dyn DeviceProbe>, ProbeError> {
+    check_choice(discovery)?;
+    let origin = discovery.origin;
+    match (discovery.probe, discovery.sim) {
         (ProbeKind::Sim | ProbeKind::Auto, Some(n)) => Ok(Box::new(SimVisible {
             sim: sim_probe(discovery, server_id, n)?,
             visible: VisibleDevices::runtime_from_env().map_err(ProbeError::Visible)?,
         })),
+        // (Refused by check_choice.)
         (ProbeKind::Sim, None) => Err(ProbeError::SimWithoutCount { origin }),
         (kind @ (ProbeKind::Dsmi | ProbeKind::Hccn), Some(_)) => {
             Err(ProbeError::SimAndReal { origin, kind })

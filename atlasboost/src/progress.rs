@@ -37,7 +37,9 @@ static BEATS: Mutex<Option<Beats>> = Mutex::new(None);
 
 /// Tells the launcher this worker is making progress (`step`: the training step, if known).
 /// Returns whether a launcher listens (`atlasboost run --hang-timeout` set
-/// `ATLASBOOST_HEARTBEAT_FILE`); without one it does nothing.
+/// `ATLASBOOST_HEARTBEAT_FILE`); without one it does nothing. A file the variable names but
+/// that cannot be opened is said once on stderr (the watchdog would take the worker for hung),
+/// and counts as nobody listening.
 pub fn heartbeat(step: Option<i64>) -> bool {
     let mut guard = BEATS
         .lock()
@@ -46,12 +48,20 @@ pub fn heartbeat(step: Option<i64>) -> bool {
         file: std::env::var_os(EnvVars::ATLASBOOST_HEARTBEAT_FILE)
             .filter(|p| !p.is_empty())
             .and_then(|p| {
-                File::options()
+                let opened = File::options()
                     .write(true)
                     .create(true)
                     .truncate(false)
-                    .open(p)
-                    .ok()
+                    .open(&p);
+                if let Err(e) = &opened {
+                    crate::init::to_stderr(&format!(
+                        "atlasboost: heartbeat: cannot open {}={}: {e}; the launcher's hang \
+                         watchdog will not see this worker's heartbeats\n",
+                        EnvVars::ATLASBOOST_HEARTBEAT_FILE,
+                        Path::new(&p).display()
+                    ));
+                }
+                opened.ok()
             }),
         count: 0,
         step: None,

@@ -181,7 +181,8 @@ int atlasboost_finalize(void);
  * watchdog; cheap enough to call every training step (it writes at most every 100 ms). Needs
  * no `atlasboost_init()`.
  *
- * Returns 1 when a launcher listens (`ATLASBOOST_HEARTBEAT_FILE` is set), 0 when nobody does.
+ * Returns 1 when a launcher listens (`ATLASBOOST_HEARTBEAT_FILE` names a file this process can
+ * open), 0 when nobody does (a file that cannot be opened is said once on stderr).
  */
 int atlasboost_heartbeat(void);
 

@@ -274,6 +274,24 @@ fn before_init_every_call_says_to_call_init_first() {
     assert!(!dir.path().join("rank_table.json").exists());
 }
 
+/// A heartbeat file that cannot be opened: nobody hears the beats (0), and the worker is told
+/// once on stderr, since the launcher's watchdog would take it for hung.
+#[test]
+fn a_heartbeat_file_that_cannot_be_opened_is_said_once() {
+    let dir = scratch();
+    let program = compile_test_program();
+    let mut cmd = Command::new(program);
+    cmd.arg("before-init")
+        .env("ATLASBOOST_HEARTBEAT_FILE", "/nonexistent/beats");
+    let f = run(cmd, dir.path());
+    let note = "atlasboost: heartbeat: cannot open ATLASBOOST_HEARTBEAT_FILE=/nonexistent/beats: \
+                No such file or directory";
+    f.assert_success()
+        .assert_stdout_has("ok: heartbeat() alone returns 0 (no launcher listens)")
+        .assert_stderr_has(note);
+    assert_eq!(f.stderr.matches(note).count(), 1, "{}", f.show());
+}
+
 #[test]
 fn alone_with_simulated_devices_init_makes_a_world_of_one() {
     let dir = scratch();
@@ -297,11 +315,43 @@ fn a_failed_init_returns_the_code_of_its_kind() {
     let port = free_port_pair().to_string();
     // Each with the words its message must hold (the variable to blame, where one is).
     type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
-    let cases: [Case<'_>; 3] = [
+    let cases: [Case<'_>; 6] = [
         (
             "ATLASBOOST_ERR_CONFIG",
             "ATLASBOOST_FRAMEWORK=caffe",
             &[("ATLASBOOST_FRAMEWORK", "caffe")],
+        ),
+        // The probe's settings are settings too, not a device that is missing.
+        (
+            "ATLASBOOST_ERR_CONFIG",
+            "ATLASBOOST_SIM=0: expected a number of simulated devices, 1 to 255",
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+                ("LOCAL_RANK", "0"),
+                ("ATLASBOOST_SIM", "0"),
+            ],
+        ),
+        (
+            "ATLASBOOST_ERR_CONFIG",
+            "ATLASBOOST_PROBE=foo: expected auto, dsmi, hccn or sim",
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+                ("LOCAL_RANK", "0"),
+                ("ATLASBOOST_PROBE", "foo"),
+            ],
+        ),
+        (
+            "ATLASBOOST_ERR_CONFIG",
+            "ATLASBOOST_PROBE=hccn",
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+                ("LOCAL_RANK", "0"),
+                ("ATLASBOOST_PROBE", "hccn"),
+                ("ATLASBOOST_SIM", "4"),
+            ],
         ),
         (
             "ATLASBOOST_ERR_LAUNCH_CONTEXT",

@@ -159,7 +159,7 @@ def heartbeat(step: "int | None" = None) -> bool:
     training step, shown when a hang is reported). A rank that prints nothing but beats is
     never reported as hung. Cheap enough for every step; needs no `init()`. Returns whether
     the launcher gave this worker a heartbeat file (`atlasboost run`): False, and nothing is
-    done, elsewhere."""
+    done, elsewhere (and where that file cannot be opened: said once on stderr)."""
     return _native.heartbeat(step)
 
 
