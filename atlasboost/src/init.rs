@@ -275,18 +275,54 @@ impl Job {
     /// [`std::env::set_var`]). `init` has stopped its own threads by the time it returns; call
     /// this before starting threads of your own, as the original tool's `init()` did.
     pub unsafe fn export_env(&self) {
+        let mut replaced = REPLACED.lock().unwrap_or_else(|p| p.into_inner());
+        let first = replaced.is_empty();
         for (name, value) in &self.env {
+            if first {
+                replaced.push((name, std::env::var_os(name), value.clone()));
+            }
             // SAFETY: the caller guarantees no other thread touches the environment.
             unsafe { std::env::set_var(name, value) };
         }
         for (name, value) in &self.env_if_unset {
             if std::env::var_os(name).is_none() {
+                if first {
+                    replaced.push((name, None, value.clone()));
+                }
                 // SAFETY: as above.
                 unsafe { std::env::set_var(name, value) };
             }
         }
     }
+
+    /// Before a start after [`session::shutdown`]: puts back the launcher's values that the
+    /// first [`Job::export_env`] of this process replaced (`RANK` is the table's rank after
+    /// it, `MASTER_ADDR` the table's rank 0's host), where they still hold what it set, so
+    /// that the new start finds this process's place as the first did.
+    ///
+    /// # Safety
+    ///
+    /// As [`Job::export_env`]'s.
+    pub unsafe fn restore_launchers_env() {
+        let replaced = REPLACED.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, before, set) in replaced.iter() {
+            if std::env::var_os(name).is_none_or(|now| now != set.as_str()) {
+                continue;
+            }
+            match before {
+                // SAFETY: the caller guarantees no other thread touches the environment.
+                Some(value) => unsafe { std::env::set_var(name, value) },
+                // SAFETY: as above.
+                None => unsafe { std::env::remove_var(name) },
+            }
+        }
+    }
 }
+
+/// What the first [`Job::export_env`] of the process replaced: each variable's name, the
+/// launcher's value (`None`: unset) and the value set.
+type Replaced = Vec<(&'static str, Option<std::ffi::OsString>, String)>;
+static REPLACED: std::sync::Mutex<Replaced> = std::sync::Mutex::new(Vec::new());
 
 impl Job {
     /// Checks that `device_id` (a logical id, as `DEVICE_ID`) is this process's device.

@@ -164,7 +164,9 @@ int atlasboost_set_device_id(int id);
 /**
  * Ends the job: MPI is finalised if atlasboost initialised it, and the string of
  * `atlasboost_rank_table_file()` is freed. Queries then return ATLASBOOST_ERR_NOT_INITIALIZED
- * until the next `atlasboost_init()`. The environment keeps the job's variables.
+ * until the next `atlasboost_init()`. The environment keeps the job's variables; the next
+ * `atlasboost_init()` first puts back the launcher's values that the first one replaced (where
+ * nobody changed them since), so that it finds this process's place as the first did.
  *
  * Under `mpirun`, call it before the program exits: a process that initialised MPI and exits
  * without finalising it makes `mpirun` fail the job ("exiting improperly"). `atexit` is a good

@@ -288,6 +288,12 @@ pub unsafe extern "C" fn atlasboost_init(frame: *const c_char) -> c_int {
         // Only the call that creates the job sets the environment (a second call changes
         // nothing). Two threads racing here may both set it, with the same values.
         let already = session::with(|_| ()).is_ok();
+        if !already {
+            // A start after atlasboost_finalize(): the launcher's RANK, MASTER_ADDR, ... back,
+            // not the first job's.
+            // SAFETY: this function's contract is `Job::restore_launchers_env`'s.
+            unsafe { Job::restore_launchers_env() };
+        }
         session::start(&InitOptions { framework })?;
         if !already {
             session::with(|job| {
@@ -390,7 +396,9 @@ pub extern "C" fn atlasboost_set_device_id(id: c_int) -> c_int {
 
 /// Ends the job: MPI is finalised if atlasboost initialised it, and the string of
 /// `atlasboost_rank_table_file()` is freed. Queries then return ATLASBOOST_ERR_NOT_INITIALIZED
-/// until the next `atlasboost_init()`. The environment keeps the job's variables.
+/// until the next `atlasboost_init()`. The environment keeps the job's variables; the next
+/// `atlasboost_init()` first puts back the launcher's values that the first one replaced (where
+/// nobody changed them since), so that it finds this process's place as the first did.
 ///
 /// Under `mpirun`, call it before the program exits: a process that initialised MPI and exits
 /// without finalising it makes `mpirun` fail the job ("exiting improperly"). `atexit` is a good

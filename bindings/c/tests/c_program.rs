@@ -246,6 +246,46 @@ fn every_rank_of_a_launched_job_sees_its_own_place() {
     assert!(dir.path().join("rank_table.json").is_file());
 }
 
+/// init, finalize, init again, in a job of two processes on two simulated hosts whose names
+/// sort against their launcher ranks (the table's rank 0 is launcher rank 1): the first init
+/// exports the table's `RANK` over torchrun's, and the second must still find each process's
+/// place from the launcher's.
+#[test]
+fn a_second_init_after_finalize_finds_the_launchers_place_again() {
+    let program = compile_test_program();
+    let port = free_port_pair().to_string();
+    let hosts = ["127.0.0.9", "127.0.0.10"];
+    let finished: Vec<Finished> = std::thread::scope(|s| {
+        let runs: Vec<_> = hosts
+            .iter()
+            .enumerate()
+            .map(|(rank, host)| {
+                let port = &port;
+                s.spawn(move || {
+                    let dir = scratch();
+                    let mut cmd = Command::new(program);
+                    cmd.arg("reinit")
+                        .env("RANK", rank.to_string())
+                        .env("WORLD_SIZE", "2")
+                        .env("LOCAL_RANK", "0")
+                        .env("LOCAL_WORLD_SIZE", "1")
+                        .env("MASTER_ADDR", "127.0.0.1")
+                        .env("MASTER_PORT", port)
+                        .env("ATLASBOOST_SERVER_ID", host)
+                        .env("ATLASBOOST_SIM", "1")
+                        .env("ATLASBOOST_RENDEZVOUS_TIMEOUT", "20");
+                    run(cmd, dir.path())
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    for (rank, f) in finished.iter().enumerate() {
+        f.assert_success()
+            .assert_stdout_has(&format!("test_init: reinit: launcher rank {rank}: "));
+    }
+}
+
 #[test]
 fn before_init_every_call_says_to_call_init_first() {
     let dir = scratch();

@@ -246,6 +246,37 @@ def test_under_torchrun_variables(tmp_path: Path, worker: Path) -> None:
         assert rep["env"]["RANK"] == str(rep["rank"]), rep
 
 
+def test_a_second_init_after_shutdown_finds_the_launchers_place_again(tmp_path: Path) -> None:
+    # Two simulated hosts whose names sort against their launcher ranks: the table's rank 0 is
+    # launcher rank 1, and the first init() sets RANK (and MASTER_ADDR) to the table's.
+    port = free_port_pair()
+    code = """
+        import json, os, atlasboost
+        atlasboost.init()
+        first = (atlasboost.launcher_rank(), atlasboost.rank())
+        atlasboost.shutdown()
+        atlasboost.init()
+        again = (atlasboost.launcher_rank(), atlasboost.rank())
+        print(json.dumps([first, again, os.environ["RANK"]]))
+    """
+    hosts = ["127.0.0.9", "127.0.0.10"]
+    procs = []
+    for rank, host in enumerate(hosts):
+        directory = tmp_path / host
+        directory.mkdir()
+        env = torchrun_env(
+            rank, 2, port, directory / "rank_table.json",
+            LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", ATLASBOOST_SERVER_ID=host,
+        )
+        procs.append(start([PYTHON, "-c", textwrap.dedent(code)], env=env, cwd=directory))
+    results = wait_all(procs, timeout=60)
+    for rank, r in enumerate(results):
+        assert r.returncode == 0, r.describe()
+        first, again, rank_env = json.loads(r.stdout.strip().splitlines()[-1])
+        assert first == again and first[0] == rank, r.describe()
+        assert first[1] == 1 - rank and rank_env == str(first[1]), r.describe()
+
+
 def test_a_rank_that_never_comes_is_a_rendezvous_timeout(tmp_path: Path) -> None:
     table = tmp_path / "rank_table.json"
     port = free_port_pair()

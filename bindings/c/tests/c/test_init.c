@@ -397,6 +397,27 @@ static int launched(void) {
     return rank;
 }
 
+/*
+ * init, finalize, init again: the second start finds this process's place as the first did,
+ * though the first exported the table's RANK (and MASTER_ADDR) over the launcher's. Returns
+ * the launcher's rank.
+ */
+static int reinit(void) {
+    int launcher_rank, rank, again;
+    check_code(atlasboost_init(NULL), ATLASBOOST_OK, "init(NULL)");
+    launcher_rank = atlasboost_launcher_rank();
+    rank = atlasboost_rank();
+    check_code(atlasboost_finalize(), ATLASBOOST_OK, "finalize()");
+    check_code(atlasboost_init(NULL), ATLASBOOST_OK, "init(NULL) after finalize()");
+    again = atlasboost_launcher_rank();
+    check(again == launcher_rank, "launcher_rank() after the second init is still %d (got %d)",
+          launcher_rank, again);
+    check(atlasboost_rank() == rank, "rank() after the second init is still %d (got %d)", rank,
+          atlasboost_rank());
+    check_code(atlasboost_finalize(), ATLASBOOST_OK, "finalize() after the second init");
+    return launcher_rank;
+}
+
 static int alone(void) {
     const char *table, *e;
     char lock[4096];
@@ -451,7 +472,8 @@ int main(int argc, char **argv) {
     int rank;
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2 || (strcmp(argv[1], "init-fails") == 0) != (argc == 3) || argc > 3) {
-        fprintf(stderr, "usage: test_init before-init|launched|alone|init-fails CODE_NAME\n");
+        fprintf(stderr,
+                "usage: test_init before-init|launched|alone|reinit|init-fails CODE_NAME\n");
         return 2;
     }
     mode = argv[1];
@@ -464,6 +486,9 @@ int main(int argc, char **argv) {
     } else if (strcmp(mode, "launched") == 0) {
         rank = launched();
         printf("test_init: launched: rank %d: %d checks passed\n", rank, checks);
+    } else if (strcmp(mode, "reinit") == 0) {
+        rank = reinit();
+        printf("test_init: reinit: launcher rank %d: %d checks passed\n", rank, checks);
     } else if (strcmp(mode, "alone") == 0) {
         alone();
         printf("test_init: alone: %d checks passed\n", checks);

@@ -12,6 +12,12 @@ from atlasboost import _atlasboost as _native
 
 _shutdown_at_exit = False
 
+# What the first init() replaced in os.environ: (name, the launcher's value or None, the value
+# set). An init() after shutdown() puts the launcher's values back first (RANK is the table's
+# rank after init(), MASTER_ADDR the table's rank 0's host), so that it finds this process's
+# place as the first did.
+_replaced = []
+
 # Annotations that newer Pythons spell `str | None` are strings here (3.9 runs this module),
 # rather than `from __future__ import annotations`, one import less for `import atlasboost`.
 
@@ -37,11 +43,23 @@ def init(frame: "str | None" = None) -> None:
     global _shutdown_at_exit
     # Before the rendezvous: its own failure (a timeout) ends the MPI job too.
     _end_the_job_on_failure()
+    if _replaced and not _initialized():
+        for name, before, value in _replaced:
+            if os.environ.get(name) == value:
+                if before is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = before
     env, env_if_unset = _native.init(frame)
+    first = not _replaced
     for name, value in env:
+        if first:
+            _replaced.append((name, os.environ.get(name), value))
         os.environ[name] = value
     for name, value in env_if_unset:
         if name not in os.environ:
+            if first:
+                _replaced.append((name, None, value))
             os.environ[name] = value
     if not _shutdown_at_exit:
         # Under mpirun, a process that initialised MPI must finalise it before it exits.
@@ -246,6 +264,14 @@ def set_device_id(device_id: int) -> None:
         import torch_npu  # noqa: F401  (adds torch.npu)
 
         torch.npu.set_device(device_id)
+
+
+def _initialized() -> bool:
+    try:
+        _native.rank()
+    except _native.NotInitializedError:
+        return False
+    return True
 
 
 def shutdown() -> None:
