@@ -830,8 +830,9 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
             let hint = if c.launcher.is_mpi() {
                 format!(
                     " (mpirun does not say which host runs rank 0: `mpirun -x {}=<that host>`; \
-                     or use a build with MPI support, which meets over MPI: atlasboost.build_info() \
-                     tells, and `pip install` builds it where it finds mpicc)",
+                     or use a build with MPI support, which meets over MPI: \
+                     atlasboost.build_info() in Python, atlasboost_build_info() in C tell, and \
+                     `pip install` builds it where it finds mpicc)",
                     EnvVars::MASTER_ADDR
                 )
             } else {
