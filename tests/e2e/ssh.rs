@@ -766,6 +766,26 @@ fn a_blip_shorter_than_the_host_timeout_is_ridden_out() {
     );
 }
 
+/// The ssh process of one host is killed by a real-time signal (one nix cannot name): its
+/// ending is still told.
+#[test]
+fn an_ssh_killed_by_a_real_time_signal_is_named() {
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-rt-killed");
+    let (launch, _agents) = start_forking_job(&sshd, &mark, "1");
+    let session = launchers_session(&launch, "127.0.0.2");
+    // SIGRTMIN+3 (37 on Linux): no handler in ssh, so it ends it.
+    // SAFETY: kill(2) on a child of the launcher this test started.
+    assert_eq!(unsafe { nix::libc::kill(session.as_raw(), 37) }, 0);
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    let ctx = ctx(&r, &sshd);
+    assert_eq!(r.code(), Some(125), "a lost host fails the job\n{ctx}");
+    let error = r.the_error_line(&ctx);
+    assert!(
+        error.contains("its ssh session ended (ssh was killed by SIGRTMIN+3)"),
+        "the error says how ssh ended: {error}\n{ctx}"
+    );
+}
+
 /// The ssh process of one host dies mid-job: the job fails (125) naming that host, the other
 /// host's workers are stopped, and that host's agent stops its own when its stdin closes.
 #[test]

@@ -403,29 +403,36 @@ impl Remote {
     /// `ssh exited 255`), without reaping it. Its output closes as it exits, a moment before
     /// it can be waited for: 5 ms at most (the supervisor may have many hosts to hear of).
     fn ssh_ending(&self) -> Option<String> {
-        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        use super::channel::{Ending, WorkerSignal};
+        use nix::libc;
         let Link::Ssh(child) = &self.link else {
             return None;
         };
-        let say = |e: super::channel::Ending| match e {
-            super::channel::Ending::Signaled(s) => format!("ssh was killed by {}", s.name()),
+        let say = |e: Ending| match e {
+            Ending::Signaled(s) => format!("ssh was killed by {}", s.name()),
             other => format!("ssh {}", other.describe().replace("exit ", "exited ")),
         };
         if let Some(e) = self.ssh_ended {
             return Some(say(e));
         }
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        // The raw status: nix's waitid cannot name a real-time signal (SIGRTMIN...), and would
+        // lose the ending.
+        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
         for _ in 0..5 {
-            match waitid(Id::Pid(pid), flags) {
-                Ok(WaitStatus::Signaled(_, signal, _)) => {
-                    return Some(say(super::channel::Ending::Signaled(signal.into())));
-                }
-                Ok(WaitStatus::Exited(_, code)) => {
-                    return Some(say(super::channel::Ending::Exited(code)));
-                }
-                Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(1)),
+            // SAFETY: an all-zero siginfo_t is valid; waitid only writes it.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waitid writes only through the valid pointer it is given.
+            let r = unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, flags) };
+            // SAFETY: si_pid and si_status are the fields waitid fills for a child's end.
+            let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+            match (r, pid, info.si_code) {
                 // Reaped already, or not ours: nothing to tell.
+                (-1, _, _) => return None,
+                (_, 0, _) => std::thread::sleep(Duration::from_millis(1)),
+                (_, _, libc::CLD_EXITED) => return Some(say(Ending::Exited(status))),
+                (_, _, libc::CLD_KILLED | libc::CLD_DUMPED) => {
+                    return WorkerSignal::from_number(status).map(|s| say(Ending::Signaled(s)));
+                }
                 _ => return None,
             }
         }
