@@ -70,9 +70,16 @@ fn a_worker_that_fails_once_is_restarted_and_the_job_succeeds() {
 /// Four local simulated servers of 8; the worker on physical device 5 of the third fails once,
 /// after marking that device unhealthy for the probe (`ATLASBOOST_SIM_FAULTS_FILE`).
 fn dead_npu_job(min_np: &str) -> atlasboost_e2e::Finished {
-    let worker = "echo \"size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID\"; \
+    npu_fault_job(min_np, "unhealthy:5")
+}
+
+/// [`dead_npu_job`] with another fault of device 5 of the third server (`no-ip:5`, ...).
+fn npu_fault_job(min_np: &str, fault: &str) -> atlasboost_e2e::Finished {
+    let worker = format!(
+        "echo \"size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID\"; \
          if [ \"$ATLASBOOST_SERVER_ID\" = 127.0.0.3 ] && [ \"$ATLASBOOST_PHYSICAL_ID\" = 5 ] \
-            && [ ! -e marker ]; then touch marker; echo 127.0.0.3/unhealthy:5 > faults; exit 1; fi";
+            && [ ! -e marker ]; then touch marker; echo 127.0.0.3/{fault} > faults; exit 1; fi"
+    );
     let run = Run::new([
         "run",
         "--sim",
@@ -91,9 +98,40 @@ fn dead_npu_job(min_np: &str) -> atlasboost_e2e::Finished {
     .args(["--min-np", min_np]);
     let faults = run.dir().join("faults");
     run.env("ATLASBOOST_SIM_FAULTS_FILE", faults)
-        .args(["--", "sh", "-c", worker])
+        .args(["--", "sh", "-c", &worker])
         .timeout(Duration::from_secs(120))
         .run()
+}
+
+/// An NPU whose RoCE port lost its address (a common failure): a table of several servers
+/// cannot list it, so the restart leaves its server out as for a dead NPU, saying why, instead
+/// of ending the job on the table's `missing-device-ip`.
+#[test]
+fn an_npu_that_lost_its_roce_address_costs_its_server_too() {
+    let r = npu_fault_job("16", "no-ip:5");
+    r.assert_code(0);
+    let out = r.out();
+    let second: Vec<&str> = out.lines().filter(|l| l.contains("size=24 ")).collect();
+    assert_eq!(
+        second.len(),
+        24,
+        "attempt 2 runs 3 servers × 8\n{}",
+        r.describe()
+    );
+    assert!(
+        !second.iter().any(|l| l.contains("server=127.0.0.3")),
+        "the server without the address is left out\n{}",
+        r.describe()
+    );
+    assert!(
+        r.err().contains(
+            "the restart leaves out device 5 of host 127.0.0.3 (no RoCE address, which a table \
+             of several servers needs), devices 0-4,6-7 of host 127.0.0.3 (usable, but not in \
+             the largest valid world)"
+        ),
+        "{}",
+        r.describe()
+    );
 }
 
 #[test]

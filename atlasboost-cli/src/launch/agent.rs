@@ -434,6 +434,23 @@ fn replan(
             d.physical_id, d.server_id, d.health
         )
     }));
+    // Devices a world of several servers cannot take (one server alone could).
+    let shared = shared_addresses(&hosts);
+    left_out.extend(
+        all.iter()
+            .filter(|d| d.health.is_healthy())
+            .filter(|d| d.ip.is_none_or(|ip| shared.contains(&ip)))
+            .map(|d| match d.ip {
+                None => format!(
+                    "device {} of host {} (no RoCE address, for a world of several servers)",
+                    d.physical_id, d.server_id
+                ),
+                Some(ip) => format!(
+                    "device {} of host {} (its RoCE address {ip} is another device's too)",
+                    d.physical_id, d.server_id
+                ),
+            }),
+    );
     let servers = {
         let mut ids: Vec<&str> = world.iter().map(|d| d.server_id.as_str()).collect();
         ids.dedup();
@@ -475,6 +492,10 @@ fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<Str
         .iter()
         .map(|w| (w.server_id.as_str(), w.physical_id))
         .collect();
+    let several = world
+        .iter()
+        .any(|d| world.first().is_some_and(|f| f.server_id != d.server_id));
+    let shared = shared_addresses(hosts);
     let mut said = Vec::new();
     for h in hosts {
         for d in h.devices.iter().filter(|d| !d.health.is_healthy()) {
@@ -483,11 +504,39 @@ fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<Str
                 d.physical_id, h.server_id, d.health
             ));
         }
+        let not_taken = |d: &&Device| !taken.contains(&(d.server_id.as_str(), d.physical_id));
+        // A world of several servers needs each device's own RoCE address.
+        let mut unaddressed = Vec::new();
+        for d in h
+            .devices
+            .iter()
+            .filter(|d| d.health.is_healthy())
+            .filter(not_taken)
+        {
+            match d.ip {
+                None if several => unaddressed.push(format!(
+                    "device {} of host {} (no RoCE address, which a table of several servers \
+                     needs)",
+                    d.physical_id, h.server_id
+                )),
+                Some(ip) if several && shared.contains(&ip) => unaddressed.push(format!(
+                    "device {} of host {} (its RoCE address {ip} is another device's too)",
+                    d.physical_id, h.server_id
+                )),
+                _ => {}
+            }
+        }
+        let addressed = |d: &&Device| match d.ip {
+            None => !several,
+            Some(ip) => !several || !shared.contains(&ip),
+        };
+        said.extend(unaddressed);
         let idle: Vec<u64> = h
             .devices
             .iter()
             .filter(|d| shrank && d.health.is_healthy())
-            .filter(|d| !taken.contains(&(d.server_id.as_str(), d.physical_id)))
+            .filter(not_taken)
+            .filter(addressed)
             .map(|d| u64::from(d.physical_id))
             .collect();
         let ids = super::plan::id_ranges(idle.iter().copied(), ",");
@@ -504,6 +553,18 @@ fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<Str
         }
     }
     said
+}
+
+/// The RoCE addresses more than one healthy device of `hosts` has.
+fn shared_addresses(hosts: &[HostDevices]) -> std::collections::HashSet<std::net::IpAddr> {
+    let mut seen = std::collections::HashSet::new();
+    hosts
+        .iter()
+        .flat_map(|h| &h.devices)
+        .filter(|d| d.health.is_healthy())
+        .filter_map(|d| d.ip)
+        .filter(|ip| !seen.insert(*ip))
+        .collect()
 }
 
 /// What an agent has once the table is written.

@@ -5,6 +5,9 @@
 //! cluster: the result is always a valid table, never smaller than another valid choice, and the
 //! same for the same input.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+
 use crate::device::{Chip, Device};
 
 /// What one host can still offer a restart.
@@ -20,18 +23,68 @@ pub struct HostDevices {
 
 /// The devices of the largest world the chip's rules allow on `hosts`, at most `max` of them.
 ///
-/// Unhealthy devices are left out. On 910 every server runs the same count, 1, 2, 4 or 8, and a
-/// server of 2 or 4 uses one group (0-3 or 4-7): 16 servers of 8 with one dead device become 15
-/// × 8, not 16 × 4. On 910B each server runs what it has. On other chips every server runs the
-/// same count. Ties go to more devices per server (fewer servers; hosts earlier in `hosts`
-/// first); within a server the lowest usable physical ids are taken. Empty when nothing is
-/// usable.
+/// Unhealthy devices are left out, and ids above the chip's highest. On 910 every server runs
+/// the same count, 1, 2, 4 or 8, and a server of 2 or 4 uses one group (0-3 or 4-7): 16
+/// servers of 8 with one dead device become 15 × 8, not 16 × 4. On 910B each server runs what
+/// it has. On other chips every server runs the same count. Ties go to more devices per server
+/// (fewer servers; hosts earlier in `hosts` first); within a server the lowest usable physical
+/// ids are taken. Empty when nothing is usable.
+///
+/// A world of several servers needs every device's RoCE address, each its own (HCCL's
+/// `device-ip-count`, `duplicate-device-ip`): a device without one, or sharing one with
+/// another device, is left out of it, like an unhealthy one. A world of one server needs none
+/// (its devices talk over HCCS), so one host may still run them all when that is larger.
 pub fn largest_world(chip: Chip, hosts: &[HostDevices], max: Option<u64>) -> Vec<Device> {
+    let fit = |d: &Device| d.health.is_healthy() && d.physical_id <= chip.max_device_id();
+    let mut owners: HashMap<IpAddr, usize> = HashMap::new();
+    for ip in hosts
+        .iter()
+        .flat_map(|h| &h.devices)
+        .filter(|d| fit(d))
+        .filter_map(|d| d.ip)
+    {
+        *owners.entry(ip).or_default() += 1;
+    }
+    let addressed = |d: &Device| fit(d) && d.ip.is_some_and(|ip| owners[&ip] == 1);
+    let several = plan(chip, hosts, max, &addressed);
+    // The best single host on its own, when some of its devices lack an address.
+    let alone = hosts
+        .iter()
+        .filter(|h| h.devices.iter().any(|d| fit(d) && !addressed(d)))
+        .map(|h| plan(chip, std::slice::from_ref(h), max, &fit))
+        .filter(|world| alone_is_valid(world))
+        .fold(Vec::new(), |best, world| match world.len() > best.len() {
+            true => world,
+            false => best,
+        });
+    match alone.len() > several.len() {
+        true => alone,
+        false => several,
+    }
+}
+
+/// A one-server world lists no addresses if any device lacks one, else all of them, which must
+/// then differ.
+fn alone_is_valid(world: &[Device]) -> bool {
+    let mut ips: Vec<IpAddr> = world.iter().filter_map(|d| d.ip).collect();
+    if ips.len() < world.len() {
+        return true;
+    }
+    ips.sort_unstable();
+    ips.windows(2).all(|w| w[0] != w[1])
+}
+
+/// [`largest_world`] over the devices `usable` keeps.
+fn plan(
+    chip: Chip,
+    hosts: &[HostDevices],
+    max: Option<u64>,
+    usable: &dyn Fn(&Device) -> bool,
+) -> Vec<Device> {
     let usable: Vec<(Vec<&Device>, usize)> = hosts
         .iter()
         .map(|h| {
-            let mut healthy: Vec<&Device> =
-                h.devices.iter().filter(|d| d.health.is_healthy()).collect();
+            let mut healthy: Vec<&Device> = h.devices.iter().filter(|d| usable(d)).collect();
             healthy.sort_by_key(|d| d.physical_id);
             healthy.dedup_by_key(|d| d.physical_id);
             (healthy, h.cap.unwrap_or(usize::MAX))
@@ -190,6 +243,68 @@ mod tests {
         assert_eq!(largest_world(Chip::Ascend910B, &hosts, Some(10)).len(), 10);
     }
 
+    /// The table of `world`, which must be valid.
+    fn valid_table(world: &[Device]) {
+        let options = BuildOptions {
+            format: Format::V1_0,
+            ..BuildOptions::default()
+        };
+        if let Err(e) = build_table(world, &options) {
+            panic!("{e}: {:?}", shape(world));
+        }
+    }
+
+    #[test]
+    fn a_device_without_an_address_leaves_its_host_out_of_a_world_of_several() {
+        let mut hosts: Vec<HostDevices> = (1..=3).map(|i| host(i, "910", 8, &[])).collect();
+        hosts[1].devices[3].ip = None;
+        let world = largest_world(Chip::Ascend910, &hosts, None);
+        assert_eq!(world.len(), 16, "{:?}", shape(&world));
+        assert!(world.iter().all(|d| d.server_id != "10.0.0.2"));
+        valid_table(&world);
+        // Alone, the host needs no addresses: all 8 run.
+        let alone = largest_world(Chip::Ascend910, &hosts[1..2], None);
+        assert_eq!(alone.len(), 8);
+        valid_table(&alone);
+        // On 910B, where servers run what they have, only that device is left out.
+        let b: Vec<HostDevices> = (1..=2)
+            .map(|i| {
+                let mut h = host(i, "910B3", 8, &[]);
+                h.devices[3].ip = None;
+                h
+            })
+            .collect();
+        let world = largest_world(Chip::Ascend910B, &b, None);
+        assert_eq!(world.len(), 14);
+        valid_table(&world);
+    }
+
+    #[test]
+    fn devices_sharing_an_address_are_left_out_of_a_world_of_several() {
+        let mut hosts: Vec<HostDevices> = (1..=3).map(|i| host(i, "910", 8, &[])).collect();
+        hosts[1].devices[3].ip = hosts[0].devices[3].ip;
+        let world = largest_world(Chip::Ascend910, &hosts, None);
+        // 3 × 4 (hosts 1 and 2 on 4-7), more than host 3's 8 alone.
+        assert_eq!(world.len(), 12, "{:?}", shape(&world));
+        let shared = |d: &&Device| d.physical_id == 3 && d.server_id != "10.0.0.3";
+        assert!(!world.iter().any(|d| shared(&d)), "{:?}", shape(&world));
+        valid_table(&world);
+    }
+
+    #[test]
+    fn a_910_plan_keeps_to_its_eight_ids() {
+        // Sixteen devices a host (simulated: no 910 has them), device 0 of the second dead.
+        let hosts = vec![host(1, "910", 16, &[]), host(2, "910", 16, &[0])];
+        let world = largest_world(Chip::Ascend910, &hosts, None);
+        assert!(
+            world.iter().all(|d| d.physical_id <= 7),
+            "{:?}",
+            shape(&world)
+        );
+        assert_eq!(world.len(), 8, "{:?}", shape(&world));
+        valid_table(&world);
+    }
+
     #[test]
     fn nothing_usable_is_an_empty_world() {
         let hosts = vec![host(1, "910", 2, &[0, 1])];
@@ -261,6 +376,36 @@ mod tests {
                 prop_assert!(table.is_ok(), "{:?}", table.err());
             }
             prop_assert_eq!(shape(&world), shape(&largest_world(Chip::Ascend910, &hosts, max)));
+        }
+
+        #[test]
+        fn devices_without_their_own_address_never_make_an_invalid_plan(
+            dead in proptest::collection::vec(proptest::collection::vec(0u32..8, 0..3), 1..5),
+            no_ip in proptest::collection::vec((0usize..5, 0usize..8), 0..4),
+            shared in proptest::collection::vec(((0usize..5, 0usize..8), (0usize..5, 0usize..8)), 0..3),
+            chip in prop_oneof![Just(("910", Chip::Ascend910)), Just(("910B3", Chip::Ascend910B))],
+        ) {
+            let mut hosts: Vec<HostDevices> = dead
+                .iter()
+                .enumerate()
+                .map(|(i, d)| host(i as u8 + 1, chip.0, 8, d))
+                .collect();
+            let n = hosts.len();
+            for (h, p) in no_ip {
+                hosts[h % n].devices[p].ip = None;
+            }
+            for ((h, p), (g, q)) in shared {
+                hosts[g % n].devices[q].ip = hosts[h % n].devices[p].ip;
+            }
+            let world = largest_world(chip.1, &hosts, None);
+            prop_assert!(world.iter().all(|d| d.health.is_healthy()));
+            if !world.is_empty() {
+                let table = build_table(
+                    &world,
+                    &BuildOptions { format: Format::V1_0, ..BuildOptions::default() },
+                );
+                prop_assert!(table.is_ok(), "{:?}: {:?}", table.err(), shape(&world));
+            }
         }
 
         #[test]
