@@ -103,6 +103,35 @@ fn npu_fault_job(min_np: &str, fault: &str) -> atlasboost_e2e::Finished {
         .run()
 }
 
+/// An NPU without a RoCE address as the job starts, with `--min-np`: the first attempt starts
+/// on the largest world a table of several servers allows, saying what it left out and why.
+#[test]
+fn an_npu_without_a_roce_address_at_the_start_is_planned_around_with_min_np() {
+    let r = Run::new(["run", "--sim", "8", "-H", "127.0.0.1,127.0.0.2,127.0.0.3"])
+        .args(["--max-restarts", "1", "--min-np", "8"])
+        .env("ATLASBOOST_SIM_FAULTS", "127.0.0.2/no-ip:3")
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID",
+        ])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(0).assert_err(
+        &[
+            "the job leaves out device 3 of host 127.0.0.2 (no RoCE address, which a table of \
+             several servers needs), devices 0-2,4-7 of host 127.0.0.2 (usable, but not in the \
+             largest valid world)",
+            "16 ranks on 2 servers (2 × 8)",
+        ],
+        &[],
+    );
+    let out = r.out();
+    assert_eq!(out.matches("size=16 ").count(), 16, "{}", r.describe());
+    assert!(!out.contains("server=127.0.0.2"), "{}", r.describe());
+}
+
 /// An NPU whose RoCE port lost its address (a common failure): a table of several servers
 /// cannot list it, so the restart leaves its server out as for a dead NPU, saying why, instead
 /// of ending the job on the table's `missing-device-ip`.

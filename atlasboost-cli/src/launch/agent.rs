@@ -181,8 +181,17 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
         .iter()
         .flat_map(|o| &o.devices)
         .any(|d| !d.health.is_healthy());
+    // Devices that several servers' table cannot list (no RoCE address of their own).
+    let shared = shared_addresses(offers.iter().flat_map(|o| &o.devices));
+    let any_unaddressed = offers.len() > 1
+        && offers
+            .iter()
+            .flat_map(|o| &o.devices)
+            .any(|d| d.ip.is_none_or(|ip| shared.contains(&ip)));
     let (devices, left_out) = match &policy.shrink {
-        Some(shrink) if shrink.restart || any_unhealthy || !unprobed.is_empty() => {
+        Some(shrink)
+            if shrink.restart || any_unhealthy || any_unaddressed || !unprobed.is_empty() =>
+        {
             replan(offers, shrink, &unprobed, policy.build.chip)?
         }
         _ => {
@@ -435,7 +444,7 @@ fn replan(
         )
     }));
     // Devices a world of several servers cannot take (one server alone could).
-    let shared = shared_addresses(&hosts);
+    let shared = shared_addresses(&all);
     left_out.extend(
         all.iter()
             .filter(|d| d.health.is_healthy())
@@ -495,7 +504,7 @@ fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<Str
     let several = world
         .iter()
         .any(|d| world.first().is_some_and(|f| f.server_id != d.server_id));
-    let shared = shared_addresses(hosts);
+    let shared = shared_addresses(hosts.iter().flat_map(|h| &h.devices));
     let mut said = Vec::new();
     for h in hosts {
         for d in h.devices.iter().filter(|d| !d.health.is_healthy()) {
@@ -555,12 +564,13 @@ fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<Str
     said
 }
 
-/// The RoCE addresses more than one healthy device of `hosts` has.
-fn shared_addresses(hosts: &[HostDevices]) -> std::collections::HashSet<std::net::IpAddr> {
+/// The RoCE addresses more than one healthy device of `devices` has.
+fn shared_addresses<'a>(
+    devices: impl IntoIterator<Item = &'a Device>,
+) -> std::collections::HashSet<std::net::IpAddr> {
     let mut seen = std::collections::HashSet::new();
-    hosts
-        .iter()
-        .flat_map(|h| &h.devices)
+    devices
+        .into_iter()
         .filter(|d| d.health.is_healthy())
         .filter_map(|d| d.ip)
         .filter(|ip| !seen.insert(*ip))
