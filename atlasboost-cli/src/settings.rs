@@ -200,6 +200,7 @@ impl From<&DiscoveryArgs> for Discovery {
             devices: a.devices.clone(),
             hccn_conf: a.hccn_conf.clone(),
             origin: Origin::CommandLine,
+            sim_faults: None,
         }
     }
 }

@@ -187,15 +187,11 @@ impl SimProbe {
     /// # Errors
     ///
     /// [`Error::InvalidValue`] naming the variable when its value is malformed.
-    pub fn with_faults_from_env(mut self) -> Result<Self> {
+    pub fn with_faults_from_env(self) -> Result<Self> {
         let name = EnvVars::ATLASBOOST_SIM_FAULTS;
-        match std::env::var(name) {
-            Ok(spec) => {
-                let faults = parse_faults(&spec)
-                    .map_err(|e| Error::invalid_value(name, spec.clone(), e.to_string()))?;
-                self.faults.extend(faults);
-            }
-            Err(std::env::VarError::NotPresent) => {}
+        let spec = match std::env::var(name) {
+            Ok(spec) => Some(spec),
+            Err(std::env::VarError::NotPresent) => None,
             Err(std::env::VarError::NotUnicode(raw)) => {
                 return Err(Error::invalid_value(
                     name,
@@ -203,10 +199,31 @@ impl SimProbe {
                     "is not valid UTF-8",
                 ));
             }
+        };
+        let file = std::env::var_os(EnvVars::ATLASBOOST_SIM_FAULTS_FILE).map(Into::into);
+        self.with_faults_of(spec.as_deref(), file)
+    }
+
+    /// Adds the faults of `spec` and of the file `file` names, as
+    /// [`SimProbe::with_faults_from_env`] does with the variables' values (another process's:
+    /// a launcher's, for its agents on other hosts).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidValue`] naming `ATLASBOOST_SIM_FAULTS` when `spec` is malformed.
+    pub fn with_faults_of(
+        mut self,
+        spec: Option<&str>,
+        file: Option<std::path::PathBuf>,
+    ) -> Result<Self> {
+        if let Some(spec) = spec {
+            let name = EnvVars::ATLASBOOST_SIM_FAULTS;
+            let faults =
+                parse_faults(spec).map_err(|e| Error::invalid_value(name, spec, e.to_string()))?;
+            self.faults.extend(faults);
         }
-        let name = EnvVars::ATLASBOOST_SIM_FAULTS_FILE;
-        match std::env::var_os(name).filter(|p| !p.is_empty()) {
-            Some(path) => self.with_faults_file(path.into()),
+        match file.filter(|p| !p.as_os_str().is_empty()) {
+            Some(path) => self.with_faults_file(path),
             None => Ok(self),
         }
     }

@@ -261,11 +261,14 @@ pub fn make_probe(
 
 /// The simulated devices `discovery` asks for (`n` of them).
 fn sim_probe(discovery: &Discovery, server_id: &str, n: u32) -> Result<SimProbe, ProbeError> {
-    SimProbe::new(server_id, n)
+    let probe = SimProbe::new(server_id, n)
         .with_chip(discovery.sim_chip.clone())
-        .with_ipv6(discovery.sim_ipv6)
-        .with_faults_from_env()
-        .map_err(ProbeError::Sim)
+        .with_ipv6(discovery.sim_ipv6);
+    match &discovery.sim_faults {
+        None => probe.with_faults_from_env(),
+        Some(f) => probe.with_faults_of(f.spec.as_deref(), f.file.clone()),
+    }
+    .map_err(ProbeError::Sim)
 }
 
 /// Simulated devices as a process under `ASCEND_RT_VISIBLE_DEVICES` sees them: only the

@@ -127,6 +127,19 @@ pub struct Discovery {
     pub hccn_conf: Option<PathBuf>,
     /// How the user gave these, for messages.
     pub origin: Origin,
+    /// Simulated devices' faults as a launcher read them, for its agents on other hosts, whose
+    /// own environment has neither variable; `None`: this process's environment.
+    #[serde(default)]
+    pub sim_faults: Option<SimFaults>,
+}
+
+/// `ATLASBOOST_SIM_FAULTS` and `ATLASBOOST_SIM_FAULTS_FILE`, as read where they were set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimFaults {
+    /// `ATLASBOOST_SIM_FAULTS`.
+    pub spec: Option<String>,
+    /// `ATLASBOOST_SIM_FAULTS_FILE`.
+    pub file: Option<PathBuf>,
 }
 
 impl Discovery {
@@ -142,7 +155,21 @@ impl Discovery {
             devices: None,
             hccn_conf: None,
             origin,
+            sim_faults: None,
         }
+    }
+
+    /// For agents on other hosts: this process's simulated faults (its variables), when it
+    /// simulates devices.
+    #[must_use]
+    pub fn with_sim_faults_of_env(mut self) -> Discovery {
+        if self.sim.is_some() {
+            self.sim_faults = Some(SimFaults {
+                spec: env(EnvVars::ATLASBOOST_SIM_FAULTS),
+                file: std::env::var_os(EnvVars::ATLASBOOST_SIM_FAULTS_FILE).map(Into::into),
+            });
+        }
+        self
     }
 
     /// Library mode's discovery: `ATLASBOOST_PROBE`, `ATLASBOOST_SIM` (and

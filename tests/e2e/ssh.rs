@@ -1164,6 +1164,26 @@ fn agents_below(sshd: &Sshd) -> BTreeSet<i32> {
         .collect()
 }
 
+/// Simulated faults (`ATLASBOOST_SIM_FAULTS`, the tests' way to break an NPU) reach the agents
+/// on other hosts, whose own environment has no such variable: an unhealthy device of
+/// 127.0.0.3 ends the job naming it, as on a local host, instead of running on it.
+#[test]
+fn simulated_faults_reach_the_agents_over_ssh() {
+    let (sshd, mark, _cleanup) = ssh_test!("ssh-sim-faults");
+    let r = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
+        .env("ATLASBOOST_SIM_FAULTS", "127.0.0.3/unhealthy:1")
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    let ctx = r.describe();
+    assert_eq!(r.code(), Some(125), "{ctx}");
+    assert!(
+        r.err().contains("device 1 of host 127.0.0.3 is critical"),
+        "{ctx}"
+    );
+    assert!(!r.out().contains("WORKER-RAN"), "{ctx}");
+}
+
 /// A launcher with no devices of its own (a login node: no driver, no hccn.conf) launches
 /// remote hosts whose agents find theirs: it probes only the hosts it is one of.
 #[test]

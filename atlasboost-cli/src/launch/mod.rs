@@ -1380,7 +1380,8 @@ fn root_config(
         server_id: String::new(),
         host: String::new(),
         launcher: atlasboost_core::host_name(),
-        discovery: args.discovery.clone(),
+        // Remote agents inject this launcher's simulated faults (tests' hosts over ssh).
+        discovery: args.discovery.clone().with_sim_faults_of_env(),
         job_id: launch.job_id.to_string(),
         timeout_ms: (args.rendezvous_timeout + AGENT_SLACK).as_millis() as u64,
         workers: remote_settings,
