@@ -1029,6 +1029,38 @@ fn every_attempts_recorded_root_cause_is_in_the_summary_and_the_events() {
     );
 }
 
+/// A job whose every attempt fails ends with the last one's code, saying that no restart is
+/// left (the summary lists every attempt).
+#[test]
+fn a_job_that_used_every_restart_says_so() {
+    let r = Run::new([
+        "run",
+        "--sim",
+        "2",
+        "--max-restarts",
+        "2",
+        "--restart-delay",
+        "0",
+    ])
+    .args(["--", "sh", "-c", "exit 3"])
+    .timeout(Duration::from_secs(60))
+    .run();
+    r.assert_code(3).assert_err(
+        &[
+            "restarting every worker (2 of 2)",
+            "atlasboost: no restart left (--max-restarts 2 used): the job ends",
+            "attempt 2:",
+        ],
+        &[],
+    );
+    assert_eq!(
+        r.err().matches("no restart left").count(),
+        1,
+        "{}",
+        r.describe()
+    );
+}
+
 /// A host whose probe fails at a restart is left out of it by name, on the console and in the
 /// events; `--ranks` then names every rank the smaller job lacks; an attempt whose workers
 /// cannot start keeps its table's layout in the summary.

@@ -630,6 +630,13 @@ fn run_attempts(
                     .as_ref()
                     .is_some_and(|h| h.code == ExitCodes::FAILURE));
         if !restartable || attempt == args.max_restarts {
+            // An attempt that would have been restarted: why this one is not.
+            if restartable && args.max_restarts > 0 && result.signalled.is_none() {
+                printer.status(&format!(
+                    "atlasboost: no restart left (--max-restarts {} used): the job ends",
+                    args.max_restarts
+                ));
+            }
             return Ok(Outcome::Ran(result));
         }
         // Ctrl-C (or SIGTERM, SIGHUP) while the failed attempt's workers were being stopped:
