@@ -767,12 +767,15 @@ struct Shared {
     table: TableChoice,
     /// `ATLASBOOST_PROBE`, `ATLASBOOST_SIM`: checked as the other settings are.
     discovery: Discovery,
+    /// The rendezvous's key (`ATLASBOOST_SECRET` checked also where nobody is met).
+    secret: Secret,
 }
 
 impl Shared {
     /// The settings, from the environment.
     fn from_env(framework: Framework) -> Result<Shared, InitError> {
         let job_id = job_id();
+        let secret = job_secret(&job_id)?;
         Ok(Shared {
             framework,
             lock_job: match launcher_job_id() {
@@ -785,6 +788,7 @@ impl Shared {
             timeout: timeout()?,
             table: TableChoice::from_env()?,
             discovery: discovery()?,
+            secret,
         })
     }
 }
@@ -849,7 +853,7 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
             )));
         }
     };
-    let secret = job_secret(&shared.job_id)?;
+    let secret = shared.secret.clone();
     let coordinator = if c.rank == 0 {
         let config = CoordinatorConfig {
             // A timeout then names whom it waited for: "participant 3 (launcher rank 3)".

@@ -355,7 +355,7 @@ fn a_failed_init_returns_the_code_of_its_kind() {
     let port = free_port_pair().to_string();
     // Each with the words its message must hold (the variable to blame, where one is).
     type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
-    let cases: [Case<'_>; 6] = [
+    let cases: [Case<'_>; 7] = [
         (
             "ATLASBOOST_ERR_CONFIG",
             "ATLASBOOST_FRAMEWORK=caffe",
@@ -391,6 +391,18 @@ fn a_failed_init_returns_the_code_of_its_kind() {
                 ("LOCAL_RANK", "0"),
                 ("ATLASBOOST_PROBE", "hccn"),
                 ("ATLASBOOST_SIM", "4"),
+            ],
+        ),
+        // Refused also where nobody is met (a world of one), as it is in a larger one.
+        (
+            "ATLASBOOST_ERR_CONFIG",
+            "ATLASBOOST_SECRET is not 64 hexadecimal digits",
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+                ("LOCAL_RANK", "0"),
+                ("ATLASBOOST_SIM", "1"),
+                ("ATLASBOOST_SECRET", "zz"),
             ],
         ),
         (
