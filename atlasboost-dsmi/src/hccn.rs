@@ -160,7 +160,13 @@ impl HccnProbe {
             })
             .collect();
         let devices = self.visible.apply_physical(devices, Some(&self.path))?;
-        self.visible.apply_runtime(devices, Some(&self.path))
+        // Renumbered by ASCEND_VISIBLE_DEVICES, the ids are no longer the file's.
+        let listed = self
+            .visible
+            .physical
+            .is_none()
+            .then_some(self.path.as_path());
+        self.visible.apply_runtime(devices, listed)
     }
 }
 

@@ -276,29 +276,33 @@ impl Job {
     /// this before starting threads of your own, as the original tool's `init()` did.
     pub unsafe fn export_env(&self) {
         let mut replaced = REPLACED.lock().unwrap_or_else(|p| p.into_inner());
-        let first = replaced.is_empty();
+        // The launcher's value is the one before the first export of each variable (a later
+        // start's comes after `restore_launchers_env`); what was set is the latest.
+        let mut record = |name: &'static str, value: &String| match replaced
+            .iter_mut()
+            .find(|(n, _, _)| *n == name)
+        {
+            Some((_, _, set)) => set.clone_from(value),
+            None => replaced.push((name, std::env::var_os(name), value.clone())),
+        };
         for (name, value) in &self.env {
-            if first {
-                replaced.push((name, std::env::var_os(name), value.clone()));
-            }
+            record(name, value);
             // SAFETY: the caller guarantees no other thread touches the environment.
             unsafe { std::env::set_var(name, value) };
         }
         for (name, value) in &self.env_if_unset {
             if std::env::var_os(name).is_none() {
-                if first {
-                    replaced.push((name, None, value.clone()));
-                }
+                record(name, value);
                 // SAFETY: as above.
                 unsafe { std::env::set_var(name, value) };
             }
         }
     }
 
-    /// Before a start after [`session::shutdown`]: puts back the launcher's values that the
-    /// first [`Job::export_env`] of this process replaced (`RANK` is the table's rank after
-    /// it, `MASTER_ADDR` the table's rank 0's host), where they still hold what it set, so
-    /// that the new start finds this process's place as the first did.
+    /// Before a start after [`session::shutdown`]: puts back the launcher's values that
+    /// [`Job::export_env`] replaced (`RANK` is the table's rank after it, `MASTER_ADDR` the
+    /// table's rank 0's host), where they still hold what it set last, so that the new start
+    /// finds this process's place as the first did.
     ///
     /// # Safety
     ///
@@ -319,8 +323,8 @@ impl Job {
     }
 }
 
-/// What the first [`Job::export_env`] of the process replaced: each variable's name, the
-/// launcher's value (`None`: unset) and the value set.
+/// What [`Job::export_env`] replaced in this process: each variable's name, the launcher's
+/// value (`None`: unset) and the value set last.
 type Replaced = Vec<(&'static str, Option<std::ffi::OsString>, String)>;
 static REPLACED: std::sync::Mutex<Replaced> = std::sync::Mutex::new(Vec::new());
 

@@ -166,7 +166,10 @@ impl Discovery {
         if self.sim.is_some() {
             self.sim_faults = Some(SimFaults {
                 spec: env(EnvVars::ATLASBOOST_SIM_FAULTS),
-                file: std::env::var_os(EnvVars::ATLASBOOST_SIM_FAULTS_FILE).map(Into::into),
+                // Absolute: another host's agent starts in another directory.
+                file: std::env::var_os(EnvVars::ATLASBOOST_SIM_FAULTS_FILE)
+                    .filter(|p| !p.is_empty())
+                    .map(|p| std::path::absolute(&p).unwrap_or_else(|_| p.into())),
             });
         }
         self

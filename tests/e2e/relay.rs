@@ -111,7 +111,7 @@ fn an_agent_whose_launcher_stops_reading_stops_its_workers() {
     kill_marked(LAUNCH_MARK, &mark);
 }
 
-/// A console read only after longer than an agent may go unheard (`LOST_AFTER`, 4 s): the
+/// A console read only after longer than an agent may go unheard (`--host-timeout`, 4 s): the
 /// launcher stops reading its agents while the console holds 1 MiB back, and each agent then
 /// holds its workers' output back in turn. The launcher's heartbeats still reach the agents,
 /// so none gives up: the job finishes, every line whole. Flat, and through a chain whose

@@ -1182,6 +1182,21 @@ fn simulated_faults_reach_the_agents_over_ssh() {
         "{ctx}"
     );
     assert!(!r.out().contains("WORKER-RAN"), "{ctx}");
+    // A faults file named relative to the launcher's directory, not the agents' (their login
+    // directory).
+    let run = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO]);
+    run.file("faults", "127.0.0.2/unhealthy:0\n", false);
+    let r = run
+        .env("ATLASBOOST_SIM_FAULTS_FILE", "faults")
+        .args(RAN)
+        .timeout(Duration::from_secs(60))
+        .run();
+    let ctx = r.describe();
+    assert_eq!(r.code(), Some(125), "{ctx}");
+    assert!(
+        r.err().contains("device 0 of host 127.0.0.2 is critical"),
+        "{ctx}"
+    );
 }
 
 /// A launcher with no devices of its own (a login node: no driver, no hccn.conf) launches

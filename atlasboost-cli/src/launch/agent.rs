@@ -21,7 +21,7 @@ use atlasboost_core::compact;
 use atlasboost_core::exchange::{HostReport, error_chain};
 use atlasboost_core::ranktable::{
     BuildOptions, HostDevices, RankOrder, RankTable, Rule, build_table_checked, chip_or_reported,
-    largest_world,
+    largest_world, without_own_address,
 };
 use atlasboost_core::worker_env::{Framework, Seat, WorkerSpec, worker_env};
 use atlasboost_core::{Chip, Device, EnvVars};
@@ -181,13 +181,14 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
         .iter()
         .flat_map(|o| &o.devices)
         .any(|d| !d.health.is_healthy());
-    // Devices that several servers' table cannot list (no RoCE address of their own).
-    let shared = shared_addresses(offers.iter().flat_map(|o| &o.devices));
-    let any_unaddressed = offers.len() > 1
-        && offers
-            .iter()
-            .flat_map(|o| &o.devices)
-            .any(|d| d.ip.is_none_or(|ip| shared.contains(&ip)));
+    // Devices that several servers' table cannot list (no RoCE address of their own). (A chip
+    // that cannot be told fails the launch below, with its reason.)
+    let any_unaddressed = offers.len() > 1 && {
+        let all = || offers.iter().flat_map(|o| &o.devices);
+        let all_devices: Vec<Device> = all().cloned().collect();
+        chip_or_reported(policy.build.chip, &all_devices)
+            .is_ok_and(|chip| !without_own_address(chip, all()).is_empty())
+    };
     let (devices, left_out) = match &policy.shrink {
         Some(shrink)
             if shrink.restart || any_unhealthy || any_unaddressed || !unprobed.is_empty() =>
@@ -424,7 +425,7 @@ fn replan(
             .map(|h| h.devices.len().min(h.cap.unwrap_or(usize::MAX)) as u64)
             .sum::<u64>()
             .min(shrink.max);
-        let left_out = left_out_of(&hosts, &world, (world.len() as u64) < wanted);
+        let left_out = left_out_of(chip, &hosts, &world, (world.len() as u64) < wanted);
         return Ok((world, left_out));
     }
     let mut left_out: Vec<String> = shrink
@@ -444,22 +445,14 @@ fn replan(
         )
     }));
     // Devices a world of several servers cannot take (one server alone could).
-    let shared = shared_addresses(&all);
-    left_out.extend(
-        all.iter()
-            .filter(|d| d.health.is_healthy())
-            .filter(|d| d.ip.is_none_or(|ip| shared.contains(&ip)))
-            .map(|d| match d.ip {
-                None => format!(
-                    "device {} of host {} (no RoCE address, for a world of several servers)",
-                    d.physical_id, d.server_id
-                ),
-                Some(ip) => format!(
-                    "device {} of host {} (its RoCE address {ip} is another device's too)",
-                    d.physical_id, d.server_id
-                ),
-            }),
-    );
+    if hosts.len() > 1 {
+        let unaddressed = without_own_address(chip, &all);
+        left_out.extend(
+            all.iter()
+                .filter(|d| unaddressed.contains(&(d.server_id.clone(), d.physical_id)))
+                .map(address_problem),
+        );
+    }
     let servers = {
         let mut ids: Vec<&str> = world.iter().map(|d| d.server_id.as_str()).collect();
         ids.dedup();
@@ -496,7 +489,7 @@ fn replan(
 /// What `world` leaves out of what `hosts` offer: each unusable device with its health, and,
 /// when the world `shrank` (below the job's size), per host the usable devices it does not take
 /// (the chip's rules, the slots). Without a shrink those are only the job's size at work.
-fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<String> {
+fn left_out_of(chip: Chip, hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<String> {
     let taken: std::collections::HashSet<(&str, u32)> = world
         .iter()
         .map(|w| (w.server_id.as_str(), w.physical_id))
@@ -504,7 +497,11 @@ fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<Str
     let several = world
         .iter()
         .any(|d| world.first().is_some_and(|f| f.server_id != d.server_id));
-    let shared = shared_addresses(hosts.iter().flat_map(|h| &h.devices));
+    // A world of several servers needs each device's own RoCE address.
+    let unaddressed = match several {
+        true => without_own_address(chip, hosts.iter().flat_map(|h| &h.devices)),
+        false => Default::default(),
+    };
     let mut said = Vec::new();
     for h in hosts {
         for d in h.devices.iter().filter(|d| !d.health.is_healthy()) {
@@ -514,32 +511,14 @@ fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<Str
             ));
         }
         let not_taken = |d: &&Device| !taken.contains(&(d.server_id.as_str(), d.physical_id));
-        // A world of several servers needs each device's own RoCE address.
-        let mut unaddressed = Vec::new();
-        for d in h
-            .devices
-            .iter()
-            .filter(|d| d.health.is_healthy())
-            .filter(not_taken)
-        {
-            match d.ip {
-                None if several => unaddressed.push(format!(
-                    "device {} of host {} (no RoCE address, which a table of several servers \
-                     needs)",
-                    d.physical_id, h.server_id
-                )),
-                Some(ip) if several && shared.contains(&ip) => unaddressed.push(format!(
-                    "device {} of host {} (its RoCE address {ip} is another device's too)",
-                    d.physical_id, h.server_id
-                )),
-                _ => {}
-            }
-        }
-        let addressed = |d: &&Device| match d.ip {
-            None => !several,
-            Some(ip) => !several || !shared.contains(&ip),
-        };
-        said.extend(unaddressed);
+        let addressed = |d: &&Device| !unaddressed.contains(&(d.server_id.clone(), d.physical_id));
+        said.extend(
+            h.devices
+                .iter()
+                .filter(not_taken)
+                .filter(|d| !addressed(d))
+                .map(address_problem),
+        );
         let idle: Vec<u64> = h
             .devices
             .iter()
@@ -564,17 +543,18 @@ fn left_out_of(hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<Str
     said
 }
 
-/// The RoCE addresses more than one healthy device of `devices` has.
-fn shared_addresses<'a>(
-    devices: impl IntoIterator<Item = &'a Device>,
-) -> std::collections::HashSet<std::net::IpAddr> {
-    let mut seen = std::collections::HashSet::new();
-    devices
-        .into_iter()
-        .filter(|d| d.health.is_healthy())
-        .filter_map(|d| d.ip)
-        .filter(|ip| !seen.insert(*ip))
-        .collect()
+/// Why a world of several servers cannot take `d` (one of [`without_own_address`]'s).
+fn address_problem(d: &Device) -> String {
+    match d.ip {
+        None => format!(
+            "device {} of host {} (no RoCE address, which a table of several servers needs)",
+            d.physical_id, d.server_id
+        ),
+        Some(ip) => format!(
+            "device {} of host {} (its RoCE address {ip} is another device's too)",
+            d.physical_id, d.server_id
+        ),
+    }
 }
 
 /// What an agent has once the table is written.

@@ -962,7 +962,10 @@ fn refuse_ssh_options(args: &RunSettings, slurm: bool) -> Result<(), CliError> {
 
 /// Two hosts that are both this machine (`-H 127.0.0.1,<its own address>`) are two servers of
 /// the table only with simulated devices: real ones would be the same NPUs twice.
-fn refuse_this_machine_twice(args: &RunSettings, hosts: &[HostPlan]) -> Result<(), CliError> {
+pub(crate) fn refuse_this_machine_twice(
+    args: &RunSettings,
+    hosts: &[HostPlan],
+) -> Result<(), CliError> {
     use atlasboost::settings::ProbeKind;
     let simulated = args.discovery.sim.is_some()
         && matches!(args.discovery.probe, ProbeKind::Sim | ProbeKind::Auto);

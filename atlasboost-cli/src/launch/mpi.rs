@@ -98,6 +98,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         true => Vec::new(),
         false => resolve_hosts(&hosts)?,
     };
+    super::refuse_this_machine_twice(args, &resolved)?;
     let relay_ip = if hosts.is_empty() {
         args.rendezvous_addr
             .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
@@ -643,6 +644,14 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
     };
     let grace = millis(EnvVars::ATLASBOOST_RELAY_GRACE_MS, DEFAULT_RELAY_GRACE)?;
     let lost_after = millis(EnvVars::ATLASBOOST_RELAY_LOST_AFTER_MS, channel::LOST_AFTER)?;
+    if lost_after < channel::LOST_AFTER {
+        return Err(CliError::Usage(format!(
+            "{}={} is below --host-timeout's least, {} ms",
+            EnvVars::ATLASBOOST_RELAY_LOST_AFTER_MS,
+            lost_after.as_millis(),
+            channel::LOST_AFTER.as_millis()
+        )));
+    }
     let exported: Vec<(OsString, OsString)> = std::env::var(EnvVars::ATLASBOOST_RELAY_EXPORTED)
         .unwrap_or_default()
         .split(',')

@@ -23,7 +23,8 @@ use crate::process::wait_until;
 const RECORD_LIMIT: u64 = 256 * 1024;
 
 /// How long `py-spy dump` may take on one worker: less than the silence after which a peer
-/// counts as lost (4 s), since taking stacks blocks the supervisor's loop.
+/// counts as lost (`--host-timeout`, at least 4 s), since taking stacks blocks the
+/// supervisor's loop.
 const PY_SPY_LIMIT: Duration = Duration::from_secs(3);
 
 /// How long a worker's `faulthandler` has to write its stacks after SIGUSR1.

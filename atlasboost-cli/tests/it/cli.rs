@@ -1724,14 +1724,17 @@ fn this_machine_twice_with_real_devices_is_refused() {
     let conf = conf.to_str().unwrap();
     let twice = ["-H", "127.0.0.1:2,127.0.0.2:2"];
     let hccn = ["--probe", "hccn", "--hccn-conf", conf];
-    let r = run(
-        dir.path(),
-        &[&["run"][..], &twice, &hccn, &["--", "true"]].concat(),
-    );
-    r.expect_code(USAGE).stderr_has(&[
-        "hosts 127.0.0.1 and 127.0.0.2 are both this machine: with --probe hccn, its NPUs would \
-         be two servers' in the table",
-    ]);
+    // With --mpi too (refused before mpirun starts).
+    for run_args in [&["run"][..], &["run", "--mpi"]] {
+        let r = run(
+            dir.path(),
+            &[run_args, &twice, &hccn, &["--", "true"]].concat(),
+        );
+        r.expect_code(USAGE).stderr_has(&[
+            "hosts 127.0.0.1 and 127.0.0.2 are both this machine: with --probe hccn, its NPUs \
+             would be two servers' in the table",
+        ]);
+    }
     assert!(!dir.path().join("rank_table.json").exists());
     // Simulated devices may: that is how one machine plays a cluster.
     let sim = run(

@@ -22,7 +22,7 @@ pub use model::{
     LEGACY_GROUP_NAME, LegacyDeviceEntry, LegacyTable, RankEntry, RankTable, STATUS_COMPLETED,
     ServerEntry, SuperPodEntry, SuperPodServer,
 };
-pub use shrink::{HostDevices, largest_world};
+pub use shrink::{HostDevices, largest_world, without_own_address};
 pub use validate::{
     MAX_SERVER_ID_LEN, Rule, Severity, Violation, default_chip, duplicate_keys, errors_fail,
     validate_table, validate_value,

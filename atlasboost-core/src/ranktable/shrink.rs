@@ -5,7 +5,7 @@
 //! cluster: the result is always a valid table, never smaller than another valid choice, and the
 //! same for the same input.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use crate::device::{Chip, Device};
@@ -35,17 +35,10 @@ pub struct HostDevices {
 /// another device, is left out of it, like an unhealthy one. A world of one server needs none
 /// (its devices talk over HCCS), so one host may still run them all when that is larger.
 pub fn largest_world(chip: Chip, hosts: &[HostDevices], max: Option<u64>) -> Vec<Device> {
-    let fit = |d: &Device| d.health.is_healthy() && d.physical_id <= chip.max_device_id();
-    let mut owners: HashMap<IpAddr, usize> = HashMap::new();
-    for ip in hosts
-        .iter()
-        .flat_map(|h| &h.devices)
-        .filter(|d| fit(d))
-        .filter_map(|d| d.ip)
-    {
-        *owners.entry(ip).or_default() += 1;
-    }
-    let addressed = |d: &Device| fit(d) && d.ip.is_some_and(|ip| owners[&ip] == 1);
+    let fit = |d: &Device| usable(chip, d);
+    let unaddressed = without_own_address(chip, hosts.iter().flat_map(|h| &h.devices));
+    let addressed =
+        |d: &Device| fit(d) && !unaddressed.contains(&(d.server_id.clone(), d.physical_id));
     let several = plan(chip, hosts, max, &addressed);
     // The best single host on its own, when some of its devices lack an address.
     let alone = hosts
@@ -61,6 +54,31 @@ pub fn largest_world(chip: Chip, hosts: &[HostDevices], max: Option<u64>) -> Vec
         true => alone,
         false => several,
     }
+}
+
+/// Whether a world may take `d`: healthy, and within the chip's ids.
+fn usable(chip: Chip, d: &Device) -> bool {
+    d.health.is_healthy() && d.physical_id <= chip.max_device_id()
+}
+
+/// The usable devices of `devices` (healthy, within the chip's ids) that a world of several
+/// servers cannot take for their RoCE address: none, or one another usable device also has;
+/// by server id and physical id.
+#[must_use]
+pub fn without_own_address<'a>(
+    chip: Chip,
+    devices: impl IntoIterator<Item = &'a Device>,
+) -> HashSet<(String, u32)> {
+    let devices: Vec<&Device> = devices.into_iter().filter(|d| usable(chip, d)).collect();
+    let mut owners: HashMap<IpAddr, usize> = HashMap::new();
+    for ip in devices.iter().filter_map(|d| d.ip) {
+        *owners.entry(ip).or_default() += 1;
+    }
+    devices
+        .iter()
+        .filter(|d| d.ip.is_none_or(|ip| owners.get(&ip) != Some(&1)))
+        .map(|d| (d.server_id.clone(), d.physical_id))
+        .collect()
 }
 
 /// A one-server world lists no addresses if any device lacks one, else all of them, which must

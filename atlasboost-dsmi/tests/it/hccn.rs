@@ -65,19 +65,35 @@ fn a_file_with_gaps_keeps_the_physical_numbering() {
             .unwrap();
         assert_eq!(ids(&devices), [(0, 5), (1, 6)]);
     }
-    // Device 0 may well be in the machine: the file gives it no address.
-    let _env = Env::set(&[(EnvVars::ASCEND_RT_VISIBLE_DEVICES, "0")]);
+    {
+        // Device 0 may well be in the machine: the file gives it no address.
+        let _env = Env::set(&[(EnvVars::ASCEND_RT_VISIBLE_DEVICES, "0")]);
+        let e = HccnProbe::new("10.0.0.1", f.path())
+            .unwrap()
+            .probe()
+            .unwrap_err();
+        let text = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        let want = format!(
+            "ASCEND_RT_VISIBLE_DEVICES=\"0\": names device 0, to which {} gives no RoCE address \
+             (it lists: 4,5,6,7), so this probe cannot use it",
+            f.path().display()
+        );
+        assert!(text.contains(&want), "{text}");
+    }
+    // Renumbered by a container's ASCEND_VISIBLE_DEVICES, the ids are not the file's.
+    let _env = Env::set(&[
+        (EnvVars::ASCEND_VISIBLE_DEVICES, "5-6"),
+        (EnvVars::ASCEND_RT_VISIBLE_DEVICES, "2"),
+    ]);
     let e = HccnProbe::new("10.0.0.1", f.path())
         .unwrap()
         .probe()
         .unwrap_err();
     let text = format!("{e}: {}", std::error::Error::source(&e).unwrap());
-    let want = format!(
-        "ASCEND_RT_VISIBLE_DEVICES=\"0\": names device 0, to which {} gives no RoCE address (it \
-         lists: 4,5,6,7), so this probe cannot use it",
-        f.path().display()
+    assert!(
+        text.contains("names device 2, which this host does not have (it has: 0,1)"),
+        "{text}"
     );
-    assert!(text.contains(&want), "{text}");
 }
 
 #[test]

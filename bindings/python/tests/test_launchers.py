@@ -257,6 +257,10 @@ def test_a_second_init_after_shutdown_finds_the_launchers_place_again(tmp_path: 
         atlasboost.shutdown()
         atlasboost.init()
         again = (atlasboost.launcher_rank(), atlasboost.rank())
+        atlasboost.shutdown()
+        atlasboost.init()
+        third = (atlasboost.launcher_rank(), atlasboost.rank())
+        assert third == again, (third, again)
         print(json.dumps([first, again, os.environ["RANK"]]))
     """
     hosts = ["127.0.0.9", "127.0.0.10"]

@@ -2,7 +2,7 @@
 //! takes nothing (a file on a hung mount, a socket), a slow `--events` file, a long pass.
 //! (A terminal is written by a thread of its own, `launch/terminal.rs`, so a paused one no
 //! longer holds the loop.) The agents and relays must still hear that the launcher is there,
-//! or they would stop their workers after `LOST_AFTER`.
+//! or they would stop their workers after `--host-timeout` (`LOST_AFTER`, 4 s, by default).
 //!
 //! A thread looks twice a heartbeat whether the loop went round since it last looked; if
 //! not, it sends each peer a heartbeat itself (so a peer waits at most about two

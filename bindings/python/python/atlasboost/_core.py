@@ -12,11 +12,11 @@ from atlasboost import _atlasboost as _native
 
 _shutdown_at_exit = False
 
-# What the first init() replaced in os.environ: (name, the launcher's value or None, the value
-# set). An init() after shutdown() puts the launcher's values back first (RANK is the table's
-# rank after init(), MASTER_ADDR the table's rank 0's host), so that it finds this process's
-# place as the first did.
-_replaced = []
+# What init() replaced in os.environ: {name: [the launcher's value or None, the value set
+# last]}. An init() after shutdown() puts the launcher's values back first (RANK is the
+# table's rank after init(), MASTER_ADDR the table's rank 0's host), so that it finds this
+# process's place as the first did.
+_replaced = {}
 
 # Annotations that newer Pythons spell `str | None` are strings here (3.9 runs this module),
 # rather than `from __future__ import annotations`, one import less for `import atlasboost`.
@@ -44,22 +44,19 @@ def init(frame: "str | None" = None) -> None:
     # Before the rendezvous: its own failure (a timeout) ends the MPI job too.
     _end_the_job_on_failure()
     if _replaced and not _initialized():
-        for name, before, value in _replaced:
+        for name, (before, value) in _replaced.items():
             if os.environ.get(name) == value:
                 if before is None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = before
     env, env_if_unset = _native.init(frame)
-    first = not _replaced
     for name, value in env:
-        if first:
-            _replaced.append((name, os.environ.get(name), value))
+        _replaced.setdefault(name, [os.environ.get(name), value])[1] = value
         os.environ[name] = value
     for name, value in env_if_unset:
         if name not in os.environ:
-            if first:
-                _replaced.append((name, None, value))
+            _replaced.setdefault(name, [None, value])[1] = value
             os.environ[name] = value
     if not _shutdown_at_exit:
         # Under mpirun, a process that initialised MPI must finalise it before it exits.
