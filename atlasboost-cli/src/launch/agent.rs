@@ -94,6 +94,10 @@ pub struct Shrink {
     pub left_out: Vec<String>,
     /// A restart (re-planned always), not the first attempt (planned only when it must be).
     pub restart: bool,
+    /// The server ids of the last attempt's table: between worlds of one size, a restart keeps
+    /// its ranks there (their files, caches and checkpoints) rather than move them to a host
+    /// that has healed meanwhile.
+    pub previous: Vec<String>,
 }
 
 /// The SHA-256 of `bytes`, in lowercase hex.
@@ -404,7 +408,7 @@ fn replan(
 ) -> Result<(Vec<Device>, Vec<String>), String> {
     let all: Vec<Device> = offers.iter().flat_map(|o| o.devices.clone()).collect();
     let chip = chip_or_reported(chip, &all).map_err(|e| error_chain(&e))?;
-    let hosts: Vec<HostDevices> = offers
+    let mut hosts: Vec<HostDevices> = offers
         .into_iter()
         .map(|o| HostDevices {
             server_id: o
@@ -416,6 +420,8 @@ fn replan(
             devices: o.devices,
         })
         .collect();
+    // Ties go to hosts earlier in the list: the last attempt's first (a stable sort).
+    hosts.sort_by_key(|h| !shrink.previous.contains(&h.server_id));
     let world = largest_world(chip, &hosts, Some(shrink.max));
     if world.len() as u64 >= shrink.min {
         // What the hosts would run, unhealthy devices and all, within their slots and the
@@ -1261,6 +1267,7 @@ mod tests {
             max,
             left_out: Vec::new(),
             restart: true,
+            previous: Vec::new(),
         };
         let two = || vec![host("127.0.0.1", None), host("127.0.0.2", None)];
         let mut p = policy(two(), Some(8), RankOrder::ServerId);
@@ -1307,6 +1314,36 @@ mod tests {
         let d = decide(&p, reports).unwrap();
         assert_eq!(d.devices.len(), 8);
         assert_eq!(d.left_out, ["device 6 of host 127.0.0.2 (critical (3))"]);
+    }
+
+    /// A restart of the same size keeps its ranks on the last attempt's hosts, though a host
+    /// earlier in the list (healed meanwhile) could take them as well.
+    #[test]
+    fn a_restart_keeps_the_last_attempts_hosts_between_equal_worlds() {
+        let hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"];
+        let mut p = policy(
+            hosts.iter().map(|h| host(h, None)).collect(),
+            Some(16),
+            RankOrder::ServerId,
+        );
+        p.shrink = Some(Shrink {
+            min: 16,
+            min_given: true,
+            max: 16,
+            left_out: Vec::new(),
+            restart: true,
+            previous: vec!["127.0.0.1".into(), "127.0.0.3".into()],
+        });
+        let reports = hosts
+            .iter()
+            .zip(1u16..)
+            .map(|(h, port)| report(h, 8, port))
+            .collect();
+        let d = decide(&p, reports).unwrap();
+        let mut servers: Vec<&str> = d.devices.iter().map(|d| d.server_id.as_str()).collect();
+        servers.dedup();
+        assert_eq!(servers, ["127.0.0.1", "127.0.0.3"]);
+        assert_eq!(d.left_out, Vec::<String>::new());
     }
 
     #[test]

@@ -223,6 +223,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         first_local: Some(first_local),
         attempts: Vec::new(),
         attempts_started: 0,
+        previous_servers: Vec::new(),
     };
     let outcome = run_attempts(&mut job, &signals, &mut lifeline, printer);
     lifeline.close();
@@ -308,6 +309,8 @@ struct JobState<'a> {
     /// Attempts whose `attempt_start` was written: one stopped while its hosts joined has no
     /// record, but counts in the summary.
     attempts_started: usize,
+    /// The server ids of the last attempt's table, which a restart keeps where it can.
+    previous_servers: Vec<String>,
 }
 
 impl<'a> JobState<'a> {
@@ -338,6 +341,7 @@ impl<'a> JobState<'a> {
                     max: first as u64,
                     left_out: self.lost.clone(),
                     restart: true,
+                    previous: self.previous_servers.clone(),
                 }),
                 // With --min-np, a first attempt that finds an unhealthy device or a host whose
                 // probe fails starts on the largest valid world without them.
@@ -347,6 +351,7 @@ impl<'a> JobState<'a> {
                     max: self.args.np.map_or(u64::MAX, u64::from),
                     left_out: Vec::new(),
                     restart: false,
+                    previous: Vec::new(),
                 }),
             },
         }
@@ -508,6 +513,15 @@ fn run_attempts(
             }
             let layout = layout(&joined.decision.table, workers.len());
             decided_layout = Some(layout.clone());
+            job.previous_servers = joined
+                .decision
+                .table
+                .ranks()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| r.server_id)
+                .collect();
+            job.previous_servers.dedup();
             events::emit(
                 job.events.as_ref(),
                 "table",
