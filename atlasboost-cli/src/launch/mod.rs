@@ -111,7 +111,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         check_ssh_identity(args, &hosts)?;
         unused_ssh_options(args, &hosts, printer);
     }
-    refuse_this_machine_twice(args, &hosts)?;
+    plan::refuse_this_machine_twice(args, &hosts)?;
     // Refuse what cannot work before anything starts: this machine's probe, if it is one of
     // the hosts (a login node without NPUs launches remote hosts, whose agents probe theirs).
     if let Some(local) = hosts.iter().find(|h| h.local) {
@@ -971,29 +971,6 @@ fn refuse_ssh_options(args: &RunSettings, slurm: bool) -> Result<(), CliError> {
              starts the agents (inside a Slurm allocation; --launcher ssh uses ssh instead)"
         ))),
         (false, false) => Ok(()),
-    }
-}
-
-/// Two hosts that are both this machine (`-H 127.0.0.1,<its own address>`) are two servers of
-/// the table only with simulated devices: real ones would be the same NPUs twice.
-pub(crate) fn refuse_this_machine_twice(
-    args: &RunSettings,
-    hosts: &[HostPlan],
-) -> Result<(), CliError> {
-    use atlasboost::settings::ProbeKind;
-    let simulated = args.discovery.sim.is_some()
-        && matches!(args.discovery.probe, ProbeKind::Sim | ProbeKind::Auto);
-    let mut local = hosts.iter().filter(|h| h.local);
-    match (simulated, local.next(), local.next()) {
-        (false, Some(first), Some(second)) => Err(CliError::Usage(format!(
-            "hosts {} and {} are both this machine: with --probe {}, its NPUs would be two \
-             servers' in the table (only simulated devices, --sim N, make one machine several \
-             servers); list it once",
-            first.name,
-            second.name,
-            args.discovery.probe.as_str()
-        ))),
-        _ => Ok(()),
     }
 }
 

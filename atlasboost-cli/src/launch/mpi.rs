@@ -98,7 +98,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         true => Vec::new(),
         false => resolve_hosts(&hosts)?,
     };
-    super::refuse_this_machine_twice(args, &resolved)?;
+    super::plan::refuse_this_machine_twice(args, &resolved)?;
     let relay_ip = if hosts.is_empty() {
         args.rendezvous_addr
             .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))

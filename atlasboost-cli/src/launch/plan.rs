@@ -8,6 +8,7 @@ use std::path::Path;
 use atlasboost_core::Device;
 
 use crate::error::CliError;
+use crate::settings::RunSettings;
 use atlasboost::host::{NicChoice, find_nic, primary_ipv4};
 
 /// A host as the user wrote it, before it is resolved.
@@ -263,6 +264,29 @@ pub fn resolve_hosts(specs: &[HostSpec]) -> Result<Vec<HostPlan>, CliError> {
         });
     }
     Ok(plans)
+}
+
+/// Two hosts that are both this machine (`-H 127.0.0.1,<its own address>`) are two servers of
+/// the table only with simulated devices: real ones would be the same NPUs twice.
+pub(crate) fn refuse_this_machine_twice(
+    args: &RunSettings,
+    hosts: &[HostPlan],
+) -> Result<(), CliError> {
+    use atlasboost::settings::ProbeKind;
+    let simulated = args.discovery.sim.is_some()
+        && matches!(args.discovery.probe, ProbeKind::Sim | ProbeKind::Auto);
+    let mut local = hosts.iter().filter(|h| h.local);
+    match (simulated, local.next(), local.next()) {
+        (false, Some(first), Some(second)) => Err(CliError::Usage(format!(
+            "hosts {} and {} are both this machine: with --probe {}, its NPUs would be two \
+             servers' in the table (only simulated devices, --sim N, make one machine several \
+             servers); list it once",
+            first.name,
+            second.name,
+            args.discovery.probe.as_str()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The single host of a launch without `-H` or `--hostfile`: this machine, named by its
