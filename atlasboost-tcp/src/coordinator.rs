@@ -509,6 +509,16 @@ impl State {
             self.fail(why.clone());
             return self.send_failure(&routing, frame.index, &why);
         }
+        // A participant sends its contribution again while it waits for the answer: a copy
+        // of one taken already, or of a round answered since, is no stranger's.
+        let own = |routing_of: &[u8]| *routing_of == routing[..];
+        let repeat = match &self.slots[index] {
+            Some(slot) => own(&slot.routing),
+            None => round < self.round && self.owners[index].as_ref().is_some_and(|(o, _)| own(o)),
+        };
+        if repeat {
+            return;
+        }
         if round < self.round {
             return self.refuse(
                 &peer,

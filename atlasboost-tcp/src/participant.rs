@@ -8,6 +8,9 @@ use atlasboost_core::{Error, Rendezvous};
 use crate::wire::{self, Frame, Kind, Secret};
 use crate::{BROADCAST, DEFAULT_MAX_MESSAGE, TcpError, is_ipv6_endpoint, zmq_err};
 
+/// How long a participant waits for an answer before it sends its contribution again.
+const RESEND_AFTER: Duration = Duration::from_secs(2);
+
 /// How to join a rendezvous.
 #[derive(Debug, Clone)]
 pub struct ParticipantConfig {
@@ -58,6 +61,10 @@ pub struct ZmqRendezvous {
     _ctx: zmq::Context,
     /// The round of the last contribution sent (0 before the first).
     round: u64,
+    /// That contribution's frame and when it was last sent: sent again while no answer comes,
+    /// since a coordinator that ended on the same endpoint (the previous start of the job) may
+    /// have taken it and closed.
+    join: Option<(Vec<u8>, Instant)>,
     /// Frames ignored because they did not authenticate or did not belong here.
     ignored: u64,
 }
@@ -138,6 +145,7 @@ impl ZmqRendezvous {
             _ctx: ctx.clone(),
             round: 0,
             ignored: 0,
+            join: None,
         })
     }
 
@@ -156,8 +164,10 @@ impl ZmqRendezvous {
         self.round += 1;
         let frame = self.frame(Kind::Join, payload);
         self.socket
-            .send(frame, 0)
-            .map_err(zmq_err("send a contribution"))
+            .send(&frame, 0)
+            .map_err(zmq_err("send a contribution"))?;
+        self.join = Some((frame, Instant::now()));
+        Ok(())
     }
 
     /// Waits for the coordinator's answer to the round last contributed to.
@@ -178,11 +188,21 @@ impl ZmqRendezvous {
                     after: self.config.timeout,
                 });
             }
+            let resend_in = self.join.as_ref().map_or(left, |(_, at)| {
+                RESEND_AFTER.saturating_sub(at.elapsed()).min(left)
+            });
             let ready = self
                 .socket
-                .poll(zmq::POLLIN, left.as_millis().max(1) as i64)
+                .poll(zmq::POLLIN, resend_in.as_millis().max(1) as i64)
                 .map_err(zmq_err("wait for the coordinator"))?;
             if ready == 0 {
+                // No answer yet: the contribution again (the coordinator takes one copy).
+                if let Some((frame, at)) = &mut self.join
+                    && at.elapsed() >= RESEND_AFTER
+                {
+                    let _ = self.socket.send(&*frame, zmq::DONTWAIT);
+                    *at = Instant::now();
+                }
                 continue;
             }
             let msg = self

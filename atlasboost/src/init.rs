@@ -363,6 +363,14 @@ pub mod session {
     /// The process that started the job: only it ends it.
     static OWNER: AtomicU32 = AtomicU32::new(0);
 
+    /// How many jobs this process has started (one, and more after [`shutdown`]s).
+    static STARTED: AtomicU32 = AtomicU32::new(0);
+
+    /// How many jobs this process has started before the one starting now.
+    pub(super) fn started_before() -> u32 {
+        STARTED.load(Ordering::Relaxed)
+    }
+
     fn job() -> MutexGuard<'static, Option<Job>> {
         // A panic while holding the lock leaves a consistent Option behind.
         JOB.lock().unwrap_or_else(|p| p.into_inner())
@@ -389,6 +397,7 @@ pub mod session {
             let started = init(opts)?;
             *job() = Some(started);
             OWNER.store(std::process::id(), Ordering::Relaxed);
+            STARTED.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -858,6 +867,13 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
         }
     };
     let secret = shared.secret.clone();
+    // A later start of the job in the same processes meets under a name of its own: a copy of
+    // a contribution that reached the previous start's coordinator, on the same endpoint,
+    // is then refused there, not taken for a second participant with its index.
+    let meeting = match session::started_before() {
+        0 => shared.job_id.clone(),
+        n => format!("{}-start{}", shared.job_id, n + 1),
+    };
     let coordinator = if c.rank == 0 {
         let config = CoordinatorConfig {
             // A timeout then names whom it waited for: "participant 3 (launcher rank 3)".
@@ -865,7 +881,7 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
             ..CoordinatorConfig::new(
                 bind.clone(),
                 c.size as usize,
-                &shared.job_id,
+                &meeting,
                 secret.clone(),
                 shared.timeout,
             )
@@ -891,7 +907,7 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
         &endpoint,
         c.rank as usize,
         c.size as usize,
-        &shared.job_id,
+        &meeting,
         secret,
         shared.timeout + PARTICIPANT_SLACK,
     ))
