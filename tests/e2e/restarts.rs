@@ -103,6 +103,14 @@ fn npu_fault_job(min_np: &str, fault: &str) -> atlasboost_e2e::Finished {
         .run()
 }
 
+/// A worker that says its job's size and its server.
+const SAY_SIZE_AND_SERVER: [&str; 4] = [
+    "--",
+    "sh",
+    "-c",
+    "echo size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID",
+];
+
 /// An NPU without a RoCE address as the job starts, with `--min-np`: the first attempt starts
 /// on the largest world a table of several servers allows, saying what it left out and why.
 #[test]
@@ -110,12 +118,7 @@ fn an_npu_without_a_roce_address_at_the_start_is_planned_around_with_min_np() {
     let r = Run::new(["run", "--sim", "8", "-H", "127.0.0.1,127.0.0.2,127.0.0.3"])
         .args(["--max-restarts", "1", "--min-np", "8"])
         .env("ATLASBOOST_SIM_FAULTS", "127.0.0.2/no-ip:3")
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "echo size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID",
-        ])
+        .args(SAY_SIZE_AND_SERVER)
         .timeout(Duration::from_secs(60))
         .run();
     r.assert_code(0).assert_err(
@@ -219,12 +222,7 @@ fn an_npu_dead_at_the_start_is_planned_around_with_min_np() {
         .env("ATLASBOOST_SIM_FAULTS", "127.0.0.3/unhealthy:5");
     let dir = run.dir().to_path_buf();
     let r = run
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "echo size=$RANK_SIZE server=$ATLASBOOST_SERVER_ID",
-        ])
+        .args(SAY_SIZE_AND_SERVER)
         .timeout(Duration::from_secs(60))
         .run();
     r.assert_code(0).assert_err(

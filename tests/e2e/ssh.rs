@@ -116,6 +116,16 @@ fn ctx(r: &Finished, sshd: &Sshd) -> String {
     format!("{}\n{}", r.describe(), sshd_log(sshd))
 }
 
+/// The job succeeded, and each of its four workers printed a line ending with `ending`.
+fn assert_all_four_said(r: &Finished, ctx: &str, ending: &str) {
+    assert_eq!(r.code(), Some(0), "the job succeeded\n{ctx}");
+    assert_eq!(
+        r.out().lines().filter(|l| l.ends_with(ending)).count(),
+        4,
+        "every worker said {ending:?}\n{ctx}"
+    );
+}
+
 /// The launcher binary's path as the launcher sees itself (`/proc/self/exe`): the default
 /// remote path.
 fn bin() -> String {
@@ -754,16 +764,7 @@ fn a_blip_shorter_than_the_host_timeout_is_ridden_out() {
     std::thread::sleep(Duration::from_secs(6));
     kill(session, Signal::SIGCONT).unwrap();
     let r = launch.wait_at_most(Duration::from_secs(30));
-    let ctx = ctx(&r, &sshd);
-    assert_eq!(r.code(), Some(0), "the job rode the blip out\n{ctx}");
-    assert_eq!(
-        r.out()
-            .lines()
-            .filter(|l| l.ends_with("]<stdout>:finished"))
-            .count(),
-        4,
-        "every worker finished\n{ctx}"
-    );
+    assert_all_four_said(&r, &ctx(&r, &sshd), "]<stdout>:finished");
 }
 
 /// The ssh process of one host is killed by a real-time signal (one nix cannot name): its
@@ -1463,16 +1464,7 @@ fn a_remote_rank_printing_part_of_a_line_is_not_hung() {
         ])
         .timeout(Duration::from_secs(60))
         .run();
-    let ctx = ctx(&r, &sshd);
-    assert_eq!(r.code(), Some(0), "{ctx}");
-    assert_eq!(
-        r.out()
-            .lines()
-            .filter(|l| l.ends_with(":............ done"))
-            .count(),
-        4,
-        "{ctx}"
-    );
+    assert_all_four_said(&r, &ctx(&r, &sshd), ":............ done");
 }
 
 /// Ctrl-Z (SIGTSTP) stops the launcher for longer than the hosts' bound on its silence and
@@ -1500,12 +1492,7 @@ fn ctrl_z_of_the_launcher_keeps_a_multi_host_job() {
     let r = launch.wait_at_most(Duration::from_secs(30));
     let ctx = ctx(&r, &sshd);
     assert!(stopped, "the launcher stopped on SIGTSTP\n{ctx}");
-    assert_eq!(r.code(), Some(0), "the job ends as it would have\n{ctx}");
-    assert_eq!(
-        r.out().lines().filter(|l| l.ends_with(":finished")).count(),
-        4,
-        "every worker finished\n{ctx}"
-    );
+    assert_all_four_said(&r, &ctx, ":finished");
     assert!(
         r.err().contains("atlasboost: stopped (SIGTSTP)") && r.err().contains("continued"),
         "{ctx}"
