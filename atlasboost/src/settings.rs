@@ -159,11 +159,18 @@ impl Discovery {
         }
     }
 
+    /// Whether simulated devices are asked for (`--sim N`, with `--probe sim` or `auto`; a real
+    /// probe beside them is refused).
+    #[must_use]
+    pub fn simulated(&self) -> bool {
+        self.sim.is_some() && matches!(self.probe, ProbeKind::Sim | ProbeKind::Auto)
+    }
+
     /// For agents on other hosts: this process's simulated faults (its variables), when it
     /// simulates devices.
     #[must_use]
     pub fn with_sim_faults_of_env(mut self) -> Discovery {
-        if self.sim.is_some() {
+        if self.simulated() {
             self.sim_faults = Some(SimFaults {
                 spec: env(EnvVars::ATLASBOOST_SIM_FAULTS),
                 // Absolute: another host's agent starts in another directory.

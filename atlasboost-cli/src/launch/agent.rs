@@ -185,17 +185,20 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
         .iter()
         .flat_map(|o| &o.devices)
         .any(|d| !d.health.is_healthy());
-    // Devices that several servers' table cannot list (no RoCE address of their own). (A chip
-    // that cannot be told fails the launch below, with its reason.)
-    let any_unaddressed = offers.len() > 1 && {
+    // Devices that several servers' table cannot list (no RoCE address of their own): looked
+    // for only when a first attempt may be planned around them. (A chip that cannot be told
+    // fails the launch below, with its reason.)
+    let any_unaddressed = || {
         let all = || offers.iter().flat_map(|o| &o.devices);
-        let all_devices: Vec<Device> = all().cloned().collect();
-        chip_or_reported(policy.build.chip, &all_devices)
-            .is_ok_and(|chip| !without_own_address(chip, all()).is_empty())
+        offers.len() > 1 && {
+            let all_devices: Vec<Device> = all().cloned().collect();
+            chip_or_reported(policy.build.chip, &all_devices)
+                .is_ok_and(|chip| !without_own_address(chip, all()).is_empty())
+        }
     };
     let (devices, left_out) = match &policy.shrink {
         Some(shrink)
-            if shrink.restart || any_unhealthy || any_unaddressed || !unprobed.is_empty() =>
+            if shrink.restart || any_unhealthy || !unprobed.is_empty() || any_unaddressed() =>
         {
             replan(offers, shrink, &unprobed, policy.build.chip)?
         }
@@ -455,7 +458,7 @@ fn replan(
         let unaddressed = without_own_address(chip, &all);
         left_out.extend(
             all.iter()
-                .filter(|d| unaddressed.contains(&(d.server_id.clone(), d.physical_id)))
+                .filter(|d| unaddressed.contains(&(d.server_id.as_str(), d.physical_id)))
                 .map(address_problem),
         );
     }
@@ -517,7 +520,7 @@ fn left_out_of(chip: Chip, hosts: &[HostDevices], world: &[Device], shrank: bool
             ));
         }
         let not_taken = |d: &&Device| !taken.contains(&(d.server_id.as_str(), d.physical_id));
-        let addressed = |d: &&Device| !unaddressed.contains(&(d.server_id.clone(), d.physical_id));
+        let addressed = |d: &&Device| !unaddressed.contains(&(d.server_id.as_str(), d.physical_id));
         said.extend(
             h.devices
                 .iter()

@@ -272,11 +272,8 @@ pub(crate) fn refuse_this_machine_twice(
     args: &RunSettings,
     hosts: &[HostPlan],
 ) -> Result<(), CliError> {
-    use atlasboost::settings::ProbeKind;
-    let simulated = args.discovery.sim.is_some()
-        && matches!(args.discovery.probe, ProbeKind::Sim | ProbeKind::Auto);
     let mut local = hosts.iter().filter(|h| h.local);
-    match (simulated, local.next(), local.next()) {
+    match (args.discovery.simulated(), local.next(), local.next()) {
         (false, Some(first), Some(second)) => Err(CliError::Usage(format!(
             "hosts {} and {} are both this machine: with --probe {}, its NPUs would be two \
              servers' in the table (only simulated devices, --sim N, make one machine several \

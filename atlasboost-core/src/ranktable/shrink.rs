@@ -38,7 +38,7 @@ pub fn largest_world(chip: Chip, hosts: &[HostDevices], max: Option<u64>) -> Vec
     let fit = |d: &Device| usable(chip, d);
     let unaddressed = without_own_address(chip, hosts.iter().flat_map(|h| &h.devices));
     let addressed =
-        |d: &Device| fit(d) && !unaddressed.contains(&(d.server_id.clone(), d.physical_id));
+        |d: &Device| fit(d) && !unaddressed.contains(&(d.server_id.as_str(), d.physical_id));
     let several = plan(chip, hosts, max, &addressed);
     // The best single host on its own, when some of its devices lack an address.
     let alone = hosts
@@ -68,7 +68,7 @@ fn usable(chip: Chip, d: &Device) -> bool {
 pub fn without_own_address<'a>(
     chip: Chip,
     devices: impl IntoIterator<Item = &'a Device>,
-) -> HashSet<(String, u32)> {
+) -> HashSet<(&'a str, u32)> {
     let devices: Vec<&Device> = devices.into_iter().filter(|d| usable(chip, d)).collect();
     let mut owners: HashMap<IpAddr, usize> = HashMap::new();
     for ip in devices.iter().filter_map(|d| d.ip) {
@@ -77,7 +77,7 @@ pub fn without_own_address<'a>(
     devices
         .iter()
         .filter(|d| d.ip.is_none_or(|ip| owners.get(&ip) != Some(&1)))
-        .map(|d| (d.server_id.clone(), d.physical_id))
+        .map(|d| (d.server_id.as_str(), d.physical_id))
         .collect()
 }
 
