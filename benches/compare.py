@@ -13,6 +13,8 @@
 
 - launch: wall time of starting 8 ranks of `true` and waiting for them (targets:
   atlasboost/mpirun median <= 1.0; `atlasboost run --mpi`, which starts mpirun, <= 1.1).
+  `wrapper`: mpirun starting a static C program per rank that forks `true` and waits for it,
+  the floor of any process between mpirun and each worker (needs a C compiler).
 - output: 8 ranks each print LINES lines as fast as they can; every launcher's stdout goes to a
   file, and the file must hold every line (targets: atlasboost line rate >= 4x mpirun's with
   --tag-output, with and without --mpi, and atlasboost time <= 3x a raw `sh` pipe with no
@@ -300,10 +302,40 @@ def ms(seconds):
 # ---------------------------------------------------------------- launch
 
 
+# The least a process per rank can cost under mpirun: fork, exec the rank's command, wait, and
+# exit with its code. A statically linked C program, so that no loader's work is counted.
+WRAPPER_C = r"""
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    pid_t pid = fork();
+    if (pid == 0) { execvp(argv[1], argv + 1); _exit(127); }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0) return 1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+"""
+
+
+def build_wrapper(tmp):
+    """The per-rank wrapper of WRAPPER_C, compiled with the system's C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        die("no C compiler for the wrapper contender; install one (apt-get install -y gcc) or leave it out with --only")
+    src = Path(tmp) / "wrapper.c"
+    src.write_text(WRAPPER_C)
+    exe = Path(tmp) / "wrapper"
+    # Static where the C library allows it, else as the system links by default.
+    if subprocess.run([cc, "-O2", "-static", "-o", str(exe), str(src)], stderr=subprocess.DEVNULL).returncode != 0:
+        subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
+    return cc, str(exe)
+
+
 def cmd_launch(args):
     if args.runs < 1:
         die("--runs must be at least 1")
-    names = selected(args.only, ["atlasboost", "atlasboost-mpi", "mpirun"])
+    names = selected(args.only, ["atlasboost", "atlasboost-mpi", "mpirun", "wrapper"])
     tools, cmds = {}, {}
     if "atlasboost" in names or "atlasboost-mpi" in names:
         tools["atlasboost"] = find_atlasboost(args.atlasboost)
@@ -317,11 +349,22 @@ def cmd_launch(args):
         # The placement `run --mpi` asks for, so that both start the same mpirun job.
         cmds["mpirun"] = [tools["mpirun"], *MPIRUN_FLAGS, "-np", "8", "-H", "localhost:8",
                           "-bind-to", "none", "-map-by", "slot", "true"]
+    tmp = None
+    if "wrapper" in names:
+        # mpirun starting a process per rank that starts `true`: the floor of any design with
+        # a process of its own between mpirun and each worker, as `run --mpi`'s relays are.
+        tools.setdefault("mpirun", find_mpirun())
+        tmp = tempfile.mkdtemp(prefix="atlasboost-launch-", dir=scratch_dir())
+        tools["cc"], wrapper = build_wrapper(tmp)
+        cmds["wrapper"] = [tools["mpirun"], *MPIRUN_FLAGS, "-np", "8", "-H", "localhost:8",
+                           "-bind-to", "none", "-map-by", "slot", wrapper, "true"]
     add_baseline(args, names, tools, cmds)
     print("# launch: start 8 ranks of `true` and wait for them\n")
     print_machine(tools)
     print_commands(cmds)
     times = time_alternating(names, cmds, args.runs)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
     rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
     print_table(["launcher", "median ms", "min ms", "max ms"], rows)
     if "mpirun" in names:
@@ -330,6 +373,9 @@ def cmd_launch(args):
             if n in names:
                 ratio = statistics.median(times[n]) / statistics.median(times["mpirun"])
                 print(f"{n}/mpirun median: {ratio:.2f} (target <= {target}: {verdict(ratio <= target)})")
+        if "wrapper" in names:
+            ratio = statistics.median(times["wrapper"]) / statistics.median(times["mpirun"])
+            print(f"wrapper/mpirun median: {ratio:.2f} (no target: the floor of a process per rank)")
     print_baseline_ratios(names, {n: statistics.median(t) for n, t in times.items()}, "median time")
 
 

@@ -142,9 +142,10 @@ step "benchmarks run once each (criterion --test mode), so they cannot rot"
 cargo build --release --quiet -p atlasboost-fake-dsmi
 cargo bench -p atlasboost-benches -- --test
 
-step "the side-by-side comparison script runs (tiny sizes; no mpirun needed)"
+step "the side-by-side comparison script runs (tiny sizes)"
 python3 benches/compare.py output --only atlasboost,raw --runs 1 --lines 2000 \
     --atlasboost target/debug/atlasboost >/dev/null
+python3 benches/compare.py launch --runs 1 --atlasboost target/debug/atlasboost >/dev/null
 python3 benches/compare.py memory --ranks 16 --seconds 1 --atlasboost target/debug/atlasboost >/dev/null
 python3 benches/compare.py init --runs 1 --atlasboost target/debug/atlasboost \
     --init-worker target/debug/examples/init-worker >/dev/null

@@ -273,8 +273,10 @@ pub trait DeviceProbe: Send + Sync {
 }
 
 /// Why `ip` cannot be a device's RoCE address, which other servers' devices connect to: the
-/// unspecified address (the device has none), the broadcast address, a multicast address, or a
-/// loopback address (no other server reaches it). `None` for an address that can be one.
+/// unspecified address (the device has none), the broadcast address, a multicast address, a
+/// loopback address (no other server reaches it), or an IPv6 address that holds an IPv4 one
+/// (`::ffff:10.0.0.1`, `::10.0.0.1`: the device's address is the IPv4 one, and written so it
+/// would escape these checks and the duplicate check). `None` for an address that can be one.
 #[must_use]
 pub fn device_ip_problem(ip: IpAddr) -> Option<&'static str> {
     match ip {
@@ -282,6 +284,13 @@ pub fn device_ip_problem(ip: IpAddr) -> Option<&'static str> {
         IpAddr::V4(v4) if v4.is_broadcast() => Some("the broadcast address"),
         _ if ip.is_multicast() => Some("a multicast address"),
         _ if ip.is_loopback() => Some("a loopback address, which no other server reaches"),
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => {
+            Some("an IPv4-mapped IPv6 address (write the IPv4 address itself)")
+        }
+        // The deprecated IPv4-compatible form (RFC 4291 §2.5.5.1); `::` and `::1` are above.
+        IpAddr::V6(v6) if v6.segments()[..6].iter().all(|s| *s == 0) => {
+            Some("an IPv4-compatible IPv6 address (deprecated; write the IPv4 address itself)")
+        }
         _ => None,
     }
 }
@@ -445,6 +454,26 @@ fn abbreviate(items: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv4_address_in_ipv6_clothing_is_no_device_address() {
+        for (ip, want) in [
+            ("::ffff:127.0.0.1", Some("IPv4-mapped")),
+            ("::ffff:10.0.0.1", Some("IPv4-mapped")),
+            ("::10.0.0.1", Some("IPv4-compatible")),
+            ("::1", Some("loopback")),
+            ("::", Some("unspecified")),
+            ("fe80::1", None),
+            ("2001:db8::a00:1", None),
+            ("10.0.0.1", None),
+        ] {
+            let got = device_ip_problem(ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}")));
+            match want {
+                Some(w) => assert!(got.is_some_and(|g| g.contains(w)), "{ip}: {got:?}"),
+                None => assert_eq!(got, None, "{ip}"),
+            }
+        }
+    }
 
     #[test]
     fn health_survives_its_wire_form_and_strangers_are_refused() {

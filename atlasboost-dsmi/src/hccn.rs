@@ -2,6 +2,7 @@
 //! RoCE IP (what `hccl_tools.py` falls back to).
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,18 @@ const CHIP: &str = "910";
 
 /// The largest physical id accepted (Ascend servers have at most 16 NPUs; 64 leaves room).
 const MAX_PHYSICAL_ID: u32 = 63;
+
+/// The largest hccn.conf read: a real one is a few kilobytes (a dozen lines per device).
+const MAX_HCCN_CONF: u64 = 1 << 20;
+
+/// Whether a key's name (before `_<id>`) is `address` mistyped: another case, a letter
+/// missing, doubled or swapped (`Address`, `adress`, `addresss`), or more after it
+/// (`address_0_1`). No other key of hccn.conf (`netmask`, `gateway`, `arp`, `netdetect`,
+/// `send_arp_status`, `tls_enable`, `dscp_tc`, ...) is within two edits of it.
+fn looks_like_address(name: &str) -> bool {
+    let lower = name.trim().to_ascii_lowercase();
+    lower.starts_with("address") || strsim::levenshtein(&lower, "address") <= 2
+}
 
 /// Parses hccn.conf text into `physical id → address`. Other `key_<id>=value` lines
 /// (`netmask_0`, `gateway_0`, `arp_0`, ...) are checked for shape and otherwise ignored.
@@ -56,6 +69,13 @@ pub fn parse_hccn_conf(text: &str, path: &Path) -> Result<BTreeMap<u32, IpAddr>,
             }
         };
         if name != "address" {
+            // A misspelt address line would leave its device out without a word.
+            if looks_like_address(name) {
+                problems.push(format!(
+                    "line {line_no}: key {key:?} is not address_<id> (misspelt, the line \
+                     would give no device an address)"
+                ));
+            }
             continue;
         }
         let ip: IpAddr = match value.parse() {
@@ -69,7 +89,7 @@ pub fn parse_hccn_conf(text: &str, path: &Path) -> Result<BTreeMap<u32, IpAddr>,
         };
         if let Some(problem) = atlasboost_core::device_ip_problem(ip) {
             problems.push(format!(
-                "line {line_no}: address_{id}={ip} is {problem}, not a device's RoCE address"
+                "line {line_no}: address_{id}={value} is {problem}, not a device's RoCE address"
             ));
             continue;
         }
@@ -134,10 +154,24 @@ impl HccnProbe {
     }
 
     fn devices(&self) -> Result<Vec<Device>, DsmiError> {
-        let bytes = std::fs::read(&self.path).map_err(|source| DsmiError::Read {
+        let read_error = |source| DsmiError::Read {
             path: self.path.clone(),
             source,
-        })?;
+        };
+        // Read with a cap: the path may name anything (`/dev/zero`, a log file).
+        let mut bytes = Vec::new();
+        std::fs::File::open(&self.path)
+            .and_then(|f| f.take(MAX_HCCN_CONF + 1).read_to_end(&mut bytes))
+            .map_err(read_error)?;
+        if bytes.len() as u64 > MAX_HCCN_CONF {
+            return Err(DsmiError::BadHccnConf {
+                path: self.path.clone(),
+                problems: vec![format!(
+                    "it holds more than {} MiB, far more than any hccn.conf",
+                    MAX_HCCN_CONF >> 20
+                )],
+            });
+        }
         let text = String::from_utf8(bytes).map_err(|e| {
             let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
             let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
@@ -216,7 +250,10 @@ mod tests {
         let text = "address_0=10.0.0.1\naddress_0=10.0.0.2\naddress_1=10.0.0.1\n\
                     address_2=10.0.0.300\naddress_x=1.2.3.4\nnonsense\nnetmask=1\n\
                     address_3=0.0.0.0\naddress_4=255.255.255.255\naddress_5=127.0.0.1\n\
-                    address_6=224.0.0.1\naddress_7=::1\naddress_+1=10.0.0.9\n";
+                    address_6=224.0.0.1\naddress_7=::1\naddress_+1=10.0.0.9\n\
+                    address_8=::ffff:127.0.0.1\naddress_9=::10.0.0.6\nAddress_10=10.0.0.10\n\
+                    adress_11=10.0.0.11\naddress_0_12=10.0.0.12\naddress _13=10.0.0.13\n\
+                    gateway_0=10.0.0.1\ndscp_tc_0=1\nip_rule_0=x\n";
         let e = parse(text).unwrap_err();
         for want in [
             "line 2: address_0 is given again (first on line 1)",
@@ -231,8 +268,18 @@ mod tests {
             "line 11: address_6=224.0.0.1 is a multicast address",
             "line 12: address_7=::1 is a loopback address",
             "line 13: \"address_+1\" does not end in a device id",
+            "line 14: address_8=::ffff:127.0.0.1 is an IPv4-mapped IPv6 address",
+            "line 15: address_9=::10.0.0.6 is an IPv4-compatible IPv6 address",
+            "line 16: key \"Address_10\" is not address_<id> (misspelt",
+            "line 17: key \"adress_11\" is not address_<id>",
+            "line 18: key \"address_0_12\" is not address_<id>",
+            "line 19: key \"address _13\" is not address_<id>",
         ] {
             assert!(e.contains(want), "{want:?} missing from:\n{e}");
+        }
+        // Other keys of a real file are no misspelt address.
+        for other in ["line 20", "line 21", "line 22"] {
+            assert!(!e.contains(other), "{other} flagged:\n{e}");
         }
         assert!(
             parse("# empty\n")

@@ -38,6 +38,13 @@ pub enum ProbeError {
         /// The hccn.conf given.
         path: PathBuf,
     },
+    /// `--hccn-conf` given with `--probe auto` on a machine whose driver loaded: auto reads
+    /// hccn.conf only where there is no driver.
+    #[error("--probe auto takes the driver before hccn.conf, and its DSMI library loaded: --hccn-conf {} would be ignored; give --probe hccn to read the file, or drop --hccn-conf", path.display())]
+    HccnConfBehindDriver {
+        /// The hccn.conf given.
+        path: PathBuf,
+    },
     /// The simulated devices' settings (`ATLASBOOST_SIM_FAULTS`) are malformed.
     #[error(transparent)]
     Sim(atlasboost_core::Error),
@@ -132,6 +139,7 @@ impl ProbeError {
             ProbeError::SimWithoutCount { .. }
                 | ProbeError::SimAndReal { .. }
                 | ProbeError::HccnConfUnused { .. }
+                | ProbeError::HccnConfBehindDriver { .. }
         )
     }
 }
@@ -212,6 +220,13 @@ pub fn make_probe(
         }
         (ProbeKind::Auto, None) => {
             let dsmi = match DsmiProbe::load(server_id) {
+                // A flag naming the file that would not be read is refused (a variable may be
+                // set machine-wide, for machines without the driver).
+                Ok(_) if origin == Origin::CommandLine && discovery.hccn_conf.is_some() => {
+                    return Err(ProbeError::HccnConfBehindDriver {
+                        path: discovery.hccn_conf.clone().unwrap_or_default(),
+                    });
+                }
                 Ok(p) => return Ok(Box::new(p.only(job_devices(discovery)))),
                 Err(e) => e,
             };

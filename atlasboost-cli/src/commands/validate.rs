@@ -128,6 +128,23 @@ pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
         for v in &violations {
             s.push_str(&format!("  {v}\n"));
         }
+        // The table does not say its chip: a 910B or A3 table breaks the 910's topology
+        // rules, which apply when none is named.
+        let topology = [
+            Rule::DeviceCount,
+            Rule::DeviceIdRange,
+            Rule::CrossesGroups,
+            Rule::UnequalDeviceCounts,
+        ];
+        if args.chip.is_none()
+            && chip == Chip::Ascend910
+            && violations.iter().any(|v| topology.contains(&v.rule))
+        {
+            s.push_str(
+                "note: these are the 910's rules: no --chip was given, and a table does not say its \
+                 chip; for an Atlas A2 (910B) or A3 (910_93) table, pass --chip 910b or --chip 910_93\n",
+            );
+        }
         s
     };
     printer.out(&text).map_err(CliError::Stdout)?;

@@ -504,10 +504,16 @@ fn refuse_unsupported(args: &RunSettings) -> Result<(), CliError> {
 /// Without `-n`: the sum of the hosts' slots, or every device of this machine.
 fn default_np(args: &RunSettings, hosts: &[HostSpec]) -> Result<u32, CliError> {
     if hosts.is_empty() {
-        // Only to count this machine's devices: any name will do.
-        let server = atlasboost::host::primary_ipv4()
-            .map(|ip| ip.to_string())
-            .unwrap_or_else(|_| "127.0.0.1".into());
+        // Only to count this machine's devices: any name will do. A real probe's messages
+        // name the server, so it gets this machine's address; simulated devices need none
+        // (looking it up reads the interfaces and resolves the host name: a cost on every
+        // launch).
+        let server = match args.discovery.sim {
+            Some(_) => "127.0.0.1".to_string(),
+            None => atlasboost::host::primary_ipv4()
+                .map(|ip| ip.to_string())
+                .unwrap_or_else(|_| "127.0.0.1".into()),
+        };
         let devices = atlasboost::probe::make_probe(&args.discovery, &server)?.probe()?;
         return match u32::try_from(devices.len()) {
             Ok(n) if n > 0 => Ok(n),

@@ -1053,6 +1053,34 @@ fn validate_dash_reads_standard_input() {
     );
 }
 
+/// A 910B table of 3 devices, as `ranktable` writes it, breaks the 910's rules, which apply
+/// when no chip is named: the report says so, and how to name the chip.
+#[test]
+fn validate_says_which_chips_rules_it_took_when_none_was_named() {
+    let dir = tempdir();
+    sim_table(
+        dir.path(),
+        "10.0.0.1",
+        "8",
+        "b.json",
+        &["--sim-chip", "910B3", "--devices", "0-2"],
+    );
+    let out = run(dir.path(), &["validate", "b.json"]);
+    out.expect_code(INVALID_TABLE);
+    assert!(
+        out.stdout.contains("[device-count]")
+            && out.stdout.contains("note: these are the 910's rules")
+            && out.stdout.contains("pass --chip 910b"),
+        "{}",
+        out.stdout
+    );
+    run(dir.path(), &["validate", "--chip", "910b", "b.json"]).expect_code(SUCCESS);
+    // Named, the 910's rules are what was asked for: no note.
+    let out = run(dir.path(), &["validate", "--chip", "910", "b.json"]);
+    out.expect_code(INVALID_TABLE);
+    assert!(!out.stdout.contains("note:"), "{}", out.stdout);
+}
+
 #[test]
 fn validate_a_valid_table_exits_0_and_json_says_valid() {
     let dir = tempdir();
@@ -1951,6 +1979,13 @@ fn auto_takes_the_driver_then_hccn_conf() {
             "pass --probe hccn to read",
         ]);
     }
+    // A driver that loads is taken before hccn.conf: the file the flag names would not be read.
+    let out = probe_with_hccn_conf(&[("ATLASBOOST_DSMI_LIB", &fake_driver())]);
+    out.expect_code(USAGE).stderr_has(&[
+        "--probe auto takes the driver before hccn.conf",
+        conf,
+        "would be ignored",
+    ]);
 }
 
 /// `run -q --probe dsmi -H 127.0.0.1 -- COMMAND` on the fake driver, which numbers the

@@ -17,7 +17,8 @@ pub struct MergeInput {
     pub table: RankTable,
 }
 
-/// Merges tables: servers in input order, `rank_id`s renumbered from 0, `server_count` summed.
+/// Merges tables: servers in input order, each input's ranks in their own order after the
+/// inputs before it (`rank_id`s renumbered from 0), `server_count` summed, super pods combined.
 ///
 /// # Errors
 ///
@@ -97,16 +98,26 @@ pub fn merge_tables(inputs: &[MergeInput], chip: Chip) -> Result<RankTable> {
 
     let mut server_list = Vec::new();
     let mut pods: Vec<SuperPodEntry> = Vec::new();
-    let mut rank = 0usize;
-    for (_, t) in &tables {
+    // Each input keeps its own rank order (its devices need not be listed in it): its ranks
+    // follow the inputs before it.
+    let mut offset = 0usize;
+    for (name, t) in &tables {
+        let mut ranks = 0usize;
         for s in &t.server_list {
             let mut s = s.clone();
             for d in &mut s.device {
-                d.rank_id = rank.to_string();
-                rank += 1;
+                let own: usize = d.rank_id.parse().map_err(|_| {
+                    Error::Merge(format!(
+                        "{name}: rank_id {:?} of device {} of server {} is not a number",
+                        d.rank_id, d.device_id, s.server_id
+                    ))
+                })?;
+                d.rank_id = (offset + own).to_string();
+                ranks += 1;
             }
             server_list.push(s);
         }
+        offset += ranks;
         for pod in t.super_pod_list.iter().flatten() {
             match pods.iter_mut().find(|p| p.super_pod_id == pod.super_pod_id) {
                 Some(p) => p.server_list.extend(pod.server_list.iter().cloned()),
@@ -118,7 +129,11 @@ pub fn merge_tables(inputs: &[MergeInput], chip: Chip) -> Result<RankTable> {
         version: first.version.clone(),
         server_count: Some(server_list.len().to_string()),
         server_list,
-        super_pod_list: first.super_pod_list.as_ref().map(|_| pods),
+        // A table with super pods stays one, whichever input has them.
+        super_pod_list: tables
+            .iter()
+            .any(|(_, t)| t.super_pod_list.is_some())
+            .then_some(pods),
         status: STATUS_COMPLETED.into(),
         extra,
     });

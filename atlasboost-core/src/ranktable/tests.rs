@@ -381,6 +381,91 @@ fn merge_keeps_keys_it_does_not_know() {
     assert!(json.contains("\"rank_id\": \"1\""));
 }
 
+fn merge_input(name: &str, table: RankTable) -> MergeInput {
+    MergeInput {
+        name: name.into(),
+        table,
+    }
+}
+
+#[test]
+fn merge_keeps_each_inputs_rank_order() {
+    // A valid table whose devices are not listed in rank order: device 1 (rank 1) first.
+    let mut a = build_table(&host("h1", 1, &[0, 1]), &BuildOptions::default()).unwrap();
+    let RankTable::Cluster(c) = &mut a else {
+        panic!()
+    };
+    c.server_list[0].device.reverse();
+    assert!(validate_table(&a, Chip::Ascend910).is_empty());
+    let b = build_table(&host("h2", 2, &[0, 1]), &BuildOptions::default()).unwrap();
+    let merged =
+        merge_tables(&[merge_input("a", a), merge_input("b", b)], Chip::Ascend910).unwrap();
+    let RankTable::Cluster(m) = &merged else {
+        panic!()
+    };
+    let ranks: Vec<(&str, &str, &str)> = m
+        .server_list
+        .iter()
+        .flat_map(|s| {
+            s.device.iter().map(|d| {
+                (
+                    s.server_id.as_str(),
+                    d.device_id.as_str(),
+                    d.rank_id.as_str(),
+                )
+            })
+        })
+        .collect();
+    assert_eq!(
+        ranks,
+        [
+            ("h1", "1", "1"),
+            ("h1", "0", "0"),
+            ("h2", "0", "2"),
+            ("h2", "1", "3")
+        ]
+    );
+}
+
+#[test]
+fn merge_keeps_the_super_pods_whichever_input_has_them() {
+    let pod_table = |server: &str, third: u8, pod: bool| {
+        let devices: Vec<Device> = host(server, third, &[0, 1])
+            .into_iter()
+            .map(|mut d| {
+                d.chip = "910_9391".into();
+                if pod {
+                    d.super_device_id = Some(d.physical_id + 10 * u32::from(third));
+                    d.super_pod_id = Some("p1".into());
+                }
+                d
+            })
+            .collect();
+        let opts = BuildOptions {
+            format: Format::V1_2,
+            ..BuildOptions::default()
+        };
+        build_table(&devices, &opts).unwrap()
+    };
+    let (with, without) = (pod_table("a", 1, true), pod_table("b", 2, false));
+    // Either order: a server in no pod beside a table of pods is refused, never dropped.
+    for inputs in [
+        [
+            merge_input("without", without.clone()),
+            merge_input("with", with.clone()),
+        ],
+        [
+            merge_input("with", with.clone()),
+            merge_input("without", without.clone()),
+        ],
+    ] {
+        let err = merge_tables(&inputs, Chip::Ascend910_93)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("in no super pod"), "{err}");
+    }
+}
+
 #[test]
 fn writer_replaces_atomically_with_mode_0644() {
     let dir = tempfile::tempdir().unwrap();

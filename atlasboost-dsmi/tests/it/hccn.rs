@@ -38,6 +38,27 @@ fn a_file_with_every_key_passes_the_conformance_suite() {
     assert_eq!(devices[6].ip, Some(IpAddr::from([29, 1, 137, 206])));
 }
 
+#[test]
+fn a_path_to_something_endless_is_refused_after_a_megabyte() {
+    let _env = Env::set(&[]);
+    // A valid start, then far more than any hccn.conf: refused whole, without reading it all.
+    let mut text = "address_0=10.1.0.1\n".to_string();
+    text.push_str(&"# padding\n".repeat(200_000));
+    let f = file(&text);
+    for path in [f.path(), std::path::Path::new("/dev/zero")] {
+        let e = HccnProbe::new("10.0.0.1", path)
+            .unwrap()
+            .probe()
+            .unwrap_err();
+        let text = format!(
+            "{e}: {}",
+            std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
+        );
+        assert!(text.contains("more than 1 MiB"), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+    }
+}
+
 /// A file that lists only devices 4-7 (the others have no RoCE address): on bare metal the
 /// driver numbers them 4-7, so do their logical ids; in a container that mounted 5-6 they are
 /// 0 and 1.

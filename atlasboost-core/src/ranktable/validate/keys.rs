@@ -24,6 +24,24 @@ pub fn duplicate_keys(bytes: &[u8]) -> Vec<Violation> {
     found.into_inner()
 }
 
+/// The path of member `key` of the object at `path`: `$.a.b` for a plain name, else the
+/// bracket form with the key as a JSON string (`$.a["x.y"]`, `$.a["\u001b[31m"]`), so that a
+/// key can neither make two paths look alike nor put control characters on the terminal.
+fn member(path: &str, key: &str) -> String {
+    let plain = key
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    match plain {
+        true => format!("{path}.{key}"),
+        false => format!(
+            "{path}[{}]",
+            serde_json::to_string(key).unwrap_or_else(|_| format!("{key:?}"))
+        ),
+    }
+}
+
 /// Visits a value at `path`, noting the keys its objects repeat.
 struct Walk<'a> {
     path: String,
@@ -49,7 +67,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
         let mut seen: HashMap<String, usize> = HashMap::new();
         let mut order = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
-            let path = format!("{}.{key}", self.path);
+            let path = member(&self.path, &key);
             map.next_value_seed(Walk {
                 path,
                 found: self.found,
@@ -63,7 +81,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
         for key in order {
             let times = seen[&key];
             self.found.borrow_mut().push(Violation::warning(
-                format!("{}.{key}", self.path),
+                member(&self.path, &key),
                 Rule::DuplicateKey,
                 format!(
                     "{key:?} is given {times} times in one object; only the last is read (by \
@@ -133,5 +151,18 @@ mod tests {
         assert!(found.iter().all(|v| !v.is_error()));
         assert!(duplicate_keys(br#"{"a": [1, {"b": 2}], "c": null}"#).is_empty());
         assert!(duplicate_keys(b"{not json").is_empty());
+    }
+
+    #[test]
+    fn a_strange_key_is_quoted_in_its_path() {
+        let text = br#"{"a.b": {"\u001b[31mRED\nfake: valid": 1, "\u001b[31mRED\nfake: valid": 2},
+            "a": {"b": 1, "b": 2}}"#;
+        let paths: Vec<String> = duplicate_keys(text).into_iter().map(|v| v.path).collect();
+        assert_eq!(
+            paths,
+            [r#"$["a.b"]["\u001b[31mRED\nfake: valid"]"#, "$.a.b"],
+            "{paths:?}"
+        );
+        assert!(paths.iter().all(|p| !p.chars().any(char::is_control)));
     }
 }
