@@ -66,12 +66,15 @@ pub fn local_table(
     chip: Option<Chip>,
 ) -> Result<(RankTable, Chip, Option<String>), CliError> {
     let devices = local_devices(probe, devices)?;
-    let chip = chip_or_reported(chip, &devices)?;
+    let chip_flag = chip;
+    let chip = chip_or_reported(chip_flag, &devices)?;
     let table = build_table(
         &devices,
         &BuildOptions {
             format,
-            chip: Some(chip),
+            // The user's --chip, or none: the builder finds the same chip, and its messages
+            // say which of the two it was.
+            chip: chip_flag,
             ..BuildOptions::default()
         },
     )?;

@@ -128,6 +128,13 @@ pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
         for v in &violations {
             s.push_str(&format!("  {v}\n"));
         }
+        // HCCL's own check, of the file's name rather than its contents.
+        if !stdin && args.file.extension().is_none_or(|e| e != "json") {
+            s.push_str(&format!(
+                "note: HCCL reads a rank table only from a file whose name ends in .json, \
+                 which {file} does not\n"
+            ));
+        }
         // The table does not say its chip: a 910B or A3 table breaks the 910's topology
         // rules, which apply when none is named.
         let topology = [

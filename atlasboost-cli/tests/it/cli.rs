@@ -794,6 +794,11 @@ fn format_1_2_with_the_default_910_sim_chip_is_refused() {
     .expect_code(FAILURE)
     .stderr_has(&["format 1.2 is the Atlas A3's (910_93), and the devices are 910"]);
     assert_eq!(entries(dir.path()), Vec::<String>::new());
+    // A3 devices that --chip calls 910: the flag is named, not the devices.
+    let args = "ranktable --sim 8 --sim-chip 910_9391 --server-id 10.0.0.1 --format 1.2 --chip 910";
+    let out = run(dir.path(), &args.split(' ').collect::<Vec<_>>());
+    out.expect_code(FAILURE)
+        .stderr_has(&["and --chip says the devices are 910: use format 1.0, or --chip 910_93"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1075,6 +1080,15 @@ fn validate_says_which_chips_rules_it_took_when_none_was_named() {
         out.stdout
     );
     run(dir.path(), &["validate", "--chip", "910b", "b.json"]).expect_code(SUCCESS);
+    // HCCL's check of the name is said too: the table itself is valid.
+    fs::copy(dir.path().join("b.json"), dir.path().join("b.txt")).unwrap();
+    let out = run(dir.path(), &["validate", "--chip", "910b", "b.txt"]);
+    out.expect_code(SUCCESS);
+    assert!(
+        out.stdout.contains("note: HCCL reads a rank table only from a file whose name ends in .json, which b.txt does not"),
+        "{}",
+        out.stdout
+    );
     // Named, the 910's rules are what was asked for: no note.
     let out = run(dir.path(), &["validate", "--chip", "910", "b.json"]);
     out.expect_code(INVALID_TABLE);

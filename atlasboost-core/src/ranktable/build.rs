@@ -62,10 +62,17 @@ pub fn build_table_checked(
     let chip = chip_or_reported(opts.chip, devices)?;
     // Version 1.2 is the A3's (SuperPoD) format; HCCL reads other chips' tables as 1.0.
     if opts.format == Format::V1_2 && chip != Chip::Ascend910_93 {
-        return Err(Error::Build(format!(
-            "format 1.2 is the Atlas A3's (910_93), and the devices are {chip}: use format 1.0 \
-             (--chip 910_93 if they are A3s the driver does not name so)"
-        )));
+        return Err(Error::Build(match opts.chip {
+            // The user's word, not the devices': said as such.
+            Some(_) => format!(
+                "format 1.2 is the Atlas A3's (910_93), and --chip says the devices are \
+                 {chip}: use format 1.0, or --chip 910_93"
+            ),
+            None => format!(
+                "format 1.2 is the Atlas A3's (910_93), and the devices are {chip}: use format \
+                 1.0 (--chip 910_93 if they are A3s the driver does not name so)"
+            ),
+        }));
     }
     let servers = group_servers(devices, opts)?;
     let table = match opts.format {
