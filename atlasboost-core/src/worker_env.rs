@@ -155,6 +155,20 @@ pub struct WorkerEnv {
 /// job's first connection, and torch_npu warns below 300 s in rank-table mode.
 pub const HCCL_CONNECT_TIMEOUT_SECS: u32 = 600;
 
+/// The variables every worker gets unless its environment already has them (SPEC §9): one
+/// OpenMP thread (else each of 8 workers starts one per core), and [`HCCL_CONNECT_TIMEOUT_SECS`].
+/// The same for every worker: what a launcher that starts workers without knowing their seat
+/// (`run --mpi`'s relays) sets too, before the worker starts, where OpenMP reads it.
+pub fn defaults_unless_set() -> Vec<(&'static str, String)> {
+    vec![
+        (EnvVars::OMP_NUM_THREADS, "1".into()),
+        (
+            EnvVars::HCCL_CONNECT_TIMEOUT,
+            HCCL_CONNECT_TIMEOUT_SECS.to_string(),
+        ),
+    ]
+}
+
 /// `path` without symbolic links: the real path of the file, or of its directory while the file
 /// is not there yet; `path` itself when neither can be resolved.
 fn real_path(path: &Path) -> PathBuf {
@@ -227,13 +241,7 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     Ok(WorkerEnv {
         world,
         set,
-        set_if_unset: vec![
-            (EnvVars::OMP_NUM_THREADS, "1".into()),
-            (
-                EnvVars::HCCL_CONNECT_TIMEOUT,
-                HCCL_CONNECT_TIMEOUT_SECS.to_string(),
-            ),
-        ],
+        set_if_unset: defaults_unless_set(),
     })
 }
 

@@ -403,7 +403,7 @@ fn mpirun_failing_on_its_own_is_named_with_its_words() {
 /// mpirun's, through a wrapper that sets them as a login shell would) are kept from the
 /// workers by their relays; one that `-x` gives still reaches them.
 #[test]
-fn each_relay_keeps_its_hosts_other_startup_variables_from_its_worker() {
+fn each_relay_keeps_its_hosts_other_startup_variables_from_its_worker_and_sets_the_defaults() {
     let Some(mpirun) = mpirun_or_skip() else {
         return;
     };
@@ -415,12 +415,16 @@ fn each_relay_keeps_its_hosts_other_startup_variables_from_its_worker() {
         "--",
         "sh",
         "-c",
-        "echo role=$MS_ROLE chief=$CM_CHIEF_IP size=$CM_WORKER_SIZE",
+        "echo role=$MS_ROLE chief=$CM_CHIEF_IP size=$CM_WORKER_SIZE \
+         omp=$OMP_NUM_THREADS hccl=$HCCL_CONNECT_TIMEOUT",
     ]);
+    // Also SPEC §9's defaults, each unless the environment has it: set by the relay before
+    // the worker starts (OpenMP reads its variable as it loads, before any init()).
     let wrapper = run.file(
         "mpirun-with-a-login-environment",
         format!(
-            "#!/bin/sh\nexport MS_ROLE=MS_WORKER CM_CHIEF_IP=10.9.9.9\nexec {} \"$@\"\n",
+            "#!/bin/sh\nexport MS_ROLE=MS_WORKER CM_CHIEF_IP=10.9.9.9 HCCL_CONNECT_TIMEOUT=900\n\
+             unset OMP_NUM_THREADS\nexec {} \"$@\"\n",
             mpirun.display()
         ),
         true,
@@ -433,8 +437,8 @@ fn each_relay_keeps_its_hosts_other_startup_variables_from_its_worker() {
     assert_eq!(
         lines,
         [
-            "[0]<stdout>:role= chief= size=16",
-            "[1]<stdout>:role= chief= size=16"
+            "[0]<stdout>:role= chief= size=16 omp=1 hccl=900",
+            "[1]<stdout>:role= chief= size=16 omp=1 hccl=900"
         ],
         "{}",
         f.describe()
@@ -923,14 +927,31 @@ fn a_relay_makes_its_workers_cgroup_only_when_asked() {
 fn a_command_not_found_under_mpi_is_the_ranks_failure() {
     let run = run_mpi(3);
     let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let logs = run.dir().join("logs");
     let f = run
         .env("ATLASBOOST_MPIRUN", &fake)
-        .args(["--", "/nonexistent/cmd"])
+        .args(["--log-dir", "logs", "--", "/nonexistent/cmd"])
         .run();
+    // Each rank failed by itself, none was stopped: however soon after the first it said so.
     f.assert_code(127).assert_err(
-        &["/nonexistent/cmd", "command not found", "exit 127"],
-        &["lost", "error: host", "wrote nothing on stderr"],
+        &[
+            "/nonexistent/cmd",
+            "command not found",
+            "exit 127",
+            "0 succeeded, 3 failed, 0 stopped",
+        ],
+        &[
+            "lost",
+            "error: host",
+            "wrote nothing on stderr",
+            "stopped (exit",
+        ],
     );
+    // No worker ran: no empty logs are kept, as without --mpi.
+    let kept: Vec<_> = std::fs::read_dir(&logs)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(kept.is_empty(), "{kept:?} in {}", logs.display());
     let said = f
         .err()
         .lines()

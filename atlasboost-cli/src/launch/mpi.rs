@@ -235,11 +235,12 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     };
     attempt_end_event(events.as_ref(), &attempt);
     summary_event(events.as_ref(), code, 1, attempt.duration);
-    // No rank started (mpirun could not, or placed none): empty logs go.
+    // No rank started (mpirun could not, or placed none, or no relay could start its
+    // worker): empty logs go, as without --mpi.
     let none_started = result.as_ref().map_or(true, |r| {
         r.workers
             .iter()
-            .all(|w| matches!(w.ending, Some(Ending::NotStarted)))
+            .all(|w| matches!(w.ending, Some(Ending::NotStarted)) || w.not_run.is_some())
     });
     let logs_gone = none_started
         && logs
@@ -710,7 +711,16 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         host: host.clone(),
         device: context.local_rank,
         // A worker that fails ends itself, and the launcher stops the others (see the name).
-        env: vec![(EnvVars::ATLASBOOST_RELAYED.into(), "1".into())],
+        // The defaults of every worker (SPEC §9) are set here, before it starts: init() sets
+        // them too, but after the interpreter has loaded OpenMP.
+        env: std::iter::once((EnvVars::ATLASBOOST_RELAYED, "1".to_string()))
+            .chain(
+                atlasboost_core::worker_env::defaults_unless_set()
+                    .into_iter()
+                    .filter(|(name, _)| std::env::var_os(name).is_none()),
+            )
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect(),
         local: true,
         cpus: None,
     };

@@ -3013,7 +3013,9 @@ impl<'a> Supervisor<'a> {
                 run_time: r
                     .ended
                     .map_or_else(|| r.started.elapsed(), |(t, _)| t - r.started),
+                // A worker that could not start failed by itself, whenever that was said.
                 stopped: Some(lane) != self.first_failure
+                    && self.not_run[lane].is_none()
                     && matches!((r.ended, self.stopping), (Some((t, _)), Some((since, _))) if t >= since),
                 tail: output.tail(lane),
                 recorded: self.recorded[lane].clone(),
