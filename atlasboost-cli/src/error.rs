@@ -188,6 +188,17 @@ pub enum CliError {
         #[source]
         source: serde_json::Error,
     },
+    /// atlasboost's own tool (`run --mpi`'s mpirun) could not be started: exit 125, as for
+    /// ssh; 126 and 127 are the worker's command's (SPEC §8).
+    #[error("cannot start {} on host {host}: {}", program.to_string_lossy(), spawn_reason(program, reason))]
+    ToolSpawn {
+        /// The tool.
+        program: std::ffi::OsString,
+        /// The host, and what the tool is for.
+        host: String,
+        /// Why (not kept as a source: the message already says it).
+        reason: io::Error,
+    },
     /// A worker's command could not be started; exit 127 if it was not found, 126 if it cannot
     /// be executed.
     #[error("cannot start {} on host {host}: {}", program.to_string_lossy(), spawn_reason(program, reason))]
@@ -273,6 +284,7 @@ impl CliError {
                 _ => ExitCodes::FAILURE,
             },
             CliError::Core(_)
+            | CliError::ToolSpawn { .. }
             | CliError::NotAlone { .. }
             | CliError::Lifeline { .. }
             | CliError::ThisMachine { .. }

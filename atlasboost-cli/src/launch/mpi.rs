@@ -9,7 +9,8 @@
 //! (whole lines tagged `[rank]<stdout>:`, `--timestamp`, `--ranks`, `--log-dir`, the summary)
 //! while mpirun keeps its own duties: placing the ranks, and ending the job when one fails.
 //! The exit code is the first failed rank's (as mpirun's), mpirun's own when it fails by
-//! itself, 127 when `mpirun` is not found.
+//! itself, 125 when `mpirun` cannot be started (atlasboost's tool, as ssh is: 126 and 127 are
+//! the worker's command's).
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr};
@@ -598,7 +599,54 @@ fn check_mpi_size(args: &RunSettings, hosts: &[HostSpec], np: u32) -> Result<(),
             }
         )));
     }
-    Ok(())
+    check_simulated_shape(hosts, np, sim)
+}
+
+/// The table the workers' `init()` would write, known before mpirun starts when the devices
+/// are simulated (910s, the only chip `--mpi` simulates): mpirun fills each host's slots in
+/// turn (`-map-by slot`), and a 910 server runs 1, 2, 4 or 8 devices, as many on every
+/// server. A shape no table can have is refused here, as without `--mpi` (exit 125), rather
+/// than by every worker's `init()`.
+fn check_simulated_shape(hosts: &[HostSpec], np: u32, sim: u32) -> Result<(), CliError> {
+    let mut left = np;
+    let counts: Vec<(&str, u32)> = match hosts {
+        [] => vec![("this machine", np)],
+        _ => hosts
+            .iter()
+            .map(|h| {
+                // A host without slots is alone (checked above): it takes every rank.
+                let take = h.slots.unwrap_or(left).min(left);
+                left -= take;
+                (h.name.as_str(), take)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect(),
+    };
+    let placed = counts
+        .iter()
+        .map(|(host, n)| {
+            format!(
+                "{} on {host}",
+                crate::commands::counted(*n as usize, "rank")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let why = if counts.iter().any(|(_, n)| ![1, 2, 4, 8].contains(n)) {
+        "a 910 server runs 1, 2, 4 or 8 workers"
+    } else if counts.iter().any(|(_, n)| *n != counts[0].1) {
+        "the servers of a 910 table run as many workers each"
+    } else {
+        return Ok(());
+    };
+    let how = match hosts.len() {
+        0 | 1 => "",
+        _ => " (mpirun fills each host's slots in turn)",
+    };
+    Err(CliError::Failure(format!(
+        "-n {np} puts {placed}{how}, and {why} (--sim {sim}): the workers' init() would \
+         refuse the table"
+    )))
 }
 
 /// `atlasboost relay -- COMMAND`: one rank of `run --mpi`, started by mpirun. Connects to the

@@ -3369,7 +3369,7 @@ fn a_launch_whose_command_is_missing_ends_its_events_and_leaves_no_logs() {
         ],
         &[("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")],
     )
-    .expect_code(127);
+    .expect_code(125);
     let events = events_of("mpi.jsonl");
     assert_eq!(events.last().unwrap()["event"], "summary", "{events:?}");
     let left: Vec<_> = std::fs::read_dir(&logs).unwrap().collect();
@@ -3409,11 +3409,18 @@ fn run_mpi_refuses_a_size_it_cannot_run() {
             FAILURE,
             "host 127.0.0.1 (-H) has 3 slots, more than its 2 simulated devices",
         ),
+        // Shapes no 910 table has, as the workers' init() would find (as without --mpi).
+        (
+            &["-H", "127.0.0.1:2,127.0.0.2:2", "-n", "3"],
+            FAILURE,
+            "-n 3 puts 2 ranks on 127.0.0.1, 1 rank on 127.0.0.2 (mpirun fills each host's \
+             slots in turn), and the servers of a 910 table run as many workers each",
+        ),
     ] {
         let mut args = vec!["run", "--mpi", "--sim", "2"];
         args.extend_from_slice(flags);
         args.extend_from_slice(&["--", "sh", "-c", "echo RAN"]);
-        // mpirun is never reached: a missing one would end the job 127, not 2.
+        // mpirun is never reached: a missing one would say so (and end the job 125, not 2).
         let out = run_env(
             dir.path(),
             &args,
@@ -3421,6 +3428,15 @@ fn run_mpi_refuses_a_size_it_cannot_run() {
         );
         out.expect_code(code).stderr_has(&[says]);
     }
+    run_env(
+        dir.path(),
+        &["run", "--mpi", "--sim", "4", "-n", "3", "--", "true"],
+        &[("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")],
+    )
+    .expect_code(FAILURE)
+    .stderr_has(&[
+        "-n 3 puts 3 ranks on this machine, and a 910 server runs 1, 2, 4 or 8 workers (--sim 4)",
+    ]);
     // The same sizes without --mpi, found once the devices are probed: the same code.
     for (flags, says) in [
         (&["-n", "4"][..], "-n 4 is more than the 2 devices"),

@@ -46,7 +46,7 @@ pub struct MpirunPlan {
 ///
 /// # Errors
 ///
-/// [`CliError::Spawn`] when mpirun cannot be started.
+/// [`CliError::ToolSpawn`] when mpirun cannot be started.
 pub fn run_mpirun(
     plan: &RunPlan,
     ranks: &[WorkerPlan],
@@ -99,7 +99,7 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
     };
     // Not in a cgroup of the launcher's: mpirun's ranks are relays, each with a lifeline (and,
     // when asked, a cgroup) of its own for its worker.
-    let (pid, out, err) = spawn(&mpirun_plan, &spec, None).map_err(|e| CliError::Spawn {
+    let (pid, out, err) = spawn(&mpirun_plan, &spec, None).map_err(|e| CliError::ToolSpawn {
         program: mpirun_plan.command.first().cloned().unwrap_or_default(),
         host: match e.kind() {
             std::io::ErrorKind::NotFound => "this machine (--mpi runs Open MPI's mpirun: \
