@@ -534,10 +534,13 @@ fn parse_host_timeout(s: &str) -> Result<Duration, String> {
 
 /// Seconds, at least `min`.
 fn at_least(s: &str, min: Duration) -> Result<Duration, String> {
-    let d = parse_seconds_or_zero(s)?;
-    match d < min {
-        true => Err(format!("{s}: at least {} s", min.as_secs_f64())),
-        false => Ok(d),
+    let below = || format!("{s}: at least {} s", min.as_secs_f64());
+    match parse_seconds_or_zero(s) {
+        Ok(d) if d < min => Err(below()),
+        Ok(d) => Ok(d),
+        // Below the least too: said so, not "less than 0".
+        Err(_) if s.trim().parse::<f64>().is_ok_and(|v| v < 0.0) => Err(below()),
+        Err(e) => Err(e),
     }
 }
 
@@ -784,6 +787,15 @@ mod tests {
         // The default at least: an agent taking stacks is silent for up to 3 s.
         assert_eq!(parse_host_timeout("3.5").unwrap_err(), "3.5: at least 4 s");
         assert_eq!(parse_host_timeout("30").unwrap(), Duration::from_secs(30));
+        // A negative number is below the least as well: the least is said, not 0.
+        assert_eq!(
+            parse_monitor_interval("-1").unwrap_err(),
+            "-1: at least 1 s, or off"
+        );
+        assert_eq!(
+            parse_hang_timeout("-1").unwrap_err(),
+            "-1: at least 0.5 s, or off"
+        );
     }
 
     #[test]

@@ -44,12 +44,14 @@
 mod coordinator;
 mod participant;
 mod shared;
+mod waiting;
 pub mod wire;
 
 use std::time::Duration;
 
 pub use coordinator::{Combiner, Coordinator, CoordinatorConfig, Replies, Report};
 pub use participant::{ParticipantConfig, ZmqRendezvous};
+pub use waiting::{WaitHooks, set_wait_hooks};
 pub use wire::Secret;
 /// A ZeroMQ context, for [`ZmqRendezvous::connect_in`] (many participants in one process).
 pub use zmq::Context;

@@ -191,10 +191,18 @@ impl ZmqRendezvous {
             let resend_in = self.join.as_ref().map_or(left, |(_, at)| {
                 RESEND_AFTER.saturating_sub(at.elapsed()).min(left)
             });
-            let ready = self
-                .socket
-                .poll(zmq::POLLIN, resend_in.as_millis().max(1) as i64)
-                .map_err(zmq_err("wait for the coordinator"))?;
+            let mut polled = Ok(0);
+            crate::waiting::blocking(&mut || {
+                polled = self
+                    .socket
+                    .poll(zmq::POLLIN, resend_in.as_millis().max(1) as i64);
+            });
+            let ready = match polled {
+                Ok(n) => n,
+                // A signal's handler ran: the wait goes on unless the program asks to stop.
+                Err(zmq::Error::EINTR) if !crate::waiting::stop_after_interrupt() => continue,
+                Err(e) => return Err(zmq_err("wait for the coordinator")(e)),
+            };
             if ready == 0 {
                 // No answer yet: the contribution again (the coordinator takes one copy).
                 if let Some((frame, at)) = &mut self.join

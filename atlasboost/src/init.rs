@@ -244,6 +244,11 @@ pub struct Job {
     pub env: Vec<(&'static str, String)>,
     /// Set only where the environment does not have them yet.
     pub env_if_unset: Vec<(&'static str, String)>,
+    /// Removed: the variables of another way of starting a job ([`EnvVars::OTHER_STARTUP`]:
+    /// HCCL's `CM_*`, which it refuses beside a rank table, MindSpore's `MS_ROLE`, ...) that
+    /// this process has, unless `atlasboost run` started it (its launcher passes them only
+    /// where `-x` asks for them).
+    pub env_remove: Vec<&'static str>,
     /// Keeps MPI initialised while the job lives (finalised when dropped, if atlasboost
     /// initialised it).
     _mpi: Option<Box<dyn Rendezvous>>,
@@ -296,6 +301,10 @@ impl Job {
                 // SAFETY: as above.
                 unsafe { std::env::set_var(name, value) };
             }
+        }
+        for name in &self.env_remove {
+            // SAFETY: as above.
+            unsafe { std::env::remove_var(name) };
         }
     }
 
@@ -394,7 +403,21 @@ pub mod session {
         // other threads' queries answer (NotInitialized) at once instead of waiting with it.
         let _starting = starting();
         if job().is_none() {
-            let started = init(opts)?;
+            let mut started = init(opts)?;
+            started.env_remove = super::other_startup_present(started.launcher);
+            if !started.env_remove.is_empty() {
+                super::to_stderr(&format!(
+                    "atlasboost: warning: {} {} set, for another way of starting a job (HCCL's \
+                     cluster information, MindSpore's dynamic cluster), which HCCL refuses beside \
+                     the rank table init() gives: removed from this process's environment\n",
+                    started.env_remove.join(", "),
+                    if started.env_remove.len() == 1 {
+                        "is"
+                    } else {
+                        "are"
+                    }
+                ));
+            }
             *job() = Some(started);
             OWNER.store(std::process::id(), Ordering::Relaxed);
             STARTED.fetch_add(1, Ordering::Relaxed);
@@ -1517,9 +1540,24 @@ fn job_at(
         table_path: real_table,
         env,
         env_if_unset,
+        env_remove: Vec::new(),
         _mpi: None,
         _table_lock: None,
     })
+}
+
+/// The variables of [`EnvVars::OTHER_STARTUP`] this process has, to be removed ([`Job::env_remove`]):
+/// none when `atlasboost run` (or `run --mpi`'s relay) started it, which passed on only those
+/// the user exported with `-x`.
+fn other_startup_present(launcher: Option<Launcher>) -> Vec<&'static str> {
+    let relayed = env(EnvVars::ATLASBOOST_RELAYED).is_some();
+    if launcher == Some(Launcher::Atlasboost) || relayed {
+        return Vec::new();
+    }
+    EnvVars::OTHER_STARTUP
+        .into_iter()
+        .filter(|name| std::env::var_os(name).is_some())
+        .collect()
 }
 
 /// A variable's value; empty counts as unset.
@@ -1610,10 +1648,16 @@ fn rendezvous_port(c: &LaunchContext) -> Result<u16, InitError> {
 }
 
 /// The job's id, the same in every process: `ATLASBOOST_JOB_ID`, else the launcher's job id,
-/// else one made of `MASTER_ADDR` and the port. Anything but letters, digits, `-` and `_`
-/// becomes `-` (TensorFlow refuses other `JOB_ID`s).
+/// else one made of `MASTER_ADDR` and the port, made a `JOB_ID` TensorFlow takes
+/// ([`tensorflow_job_id`]).
 fn job_id() -> String {
-    let raw = launcher_job_id().unwrap_or_else(|| "atlasboost".into());
+    tensorflow_job_id(&launcher_job_id().unwrap_or_else(|| "atlasboost".into()))
+}
+
+/// `raw` as a `JOB_ID` TensorFlow takes: anything but letters, digits, `-` and `_` becomes `-`,
+/// and an all-digit id with a leading 0 (torchrun's `--rdzv-id 00042`, which TensorFlow
+/// refuses) gets a `job-` prefix.
+fn tensorflow_job_id(raw: &str) -> String {
     let id: String = raw
         .chars()
         .map(|c| {
@@ -1628,6 +1672,8 @@ fn job_id() -> String {
     let id = id.trim_matches('-');
     if id.is_empty() {
         "atlasboost".into()
+    } else if id.len() > 1 && id.starts_with('0') && id.bytes().all(|b| b.is_ascii_digit()) {
+        format!("job-{id}")
     } else {
         id.to_string()
     }
@@ -1815,6 +1861,20 @@ mod tests {
     use atlasboost_core::Health;
 
     use super::*;
+
+    #[test]
+    fn a_launchers_job_id_becomes_one_tensorflow_takes() {
+        for (raw, want) in [
+            ("a b/c;ü", "a-b-c"),
+            ("00042", "job-00042"),
+            ("0", "0"),
+            ("42", "42"),
+            ("0a1", "0a1"),
+            ("///", "atlasboost"),
+        ] {
+            assert_eq!(tensorflow_job_id(raw), want, "{raw:?}");
+        }
+    }
 
     fn context(launcher: Launcher, size: u32, local_size: Option<u32>) -> LaunchContext {
         LaunchContext {

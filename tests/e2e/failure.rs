@@ -183,6 +183,15 @@ fn workers_that_resist_sigterm_are_killed_after_the_grace_time() {
         "{line}"
     );
     assert!(report.contains("rank 0 gives up"), "{}", r.describe());
+    // The wait for them is said as it begins, and how to cut it short.
+    assert!(
+        r.err().contains(
+            "failed (exit 3); stopping the other 3 workers (SIGKILL in 1s to those that have \
+             not exited; Ctrl-C to kill them now)"
+        ),
+        "{}",
+        r.describe()
+    );
     let row = summary_row(&r, 1);
     assert!(row.contains("exit 5"), "rank 1 exits 5 on SIGTERM: {row}");
     for rank in [2, 3] {

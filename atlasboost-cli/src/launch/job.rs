@@ -28,11 +28,20 @@ use crate::settings::{DEFAULT_FANOUT, RunSettings, ServerOrder};
 pub(crate) const FULL_SUMMARY_MAX: usize = 64;
 
 /// Whether two paths name one file, which may not exist yet: the same name in the same
-/// directory (resolved), or the same inode (a link).
+/// directory, each path's symbolic links followed (also one to a file not written yet), or
+/// the same inode (a hard link).
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let resolved = |p: &Path| {
-        let p = std::path::absolute(p).ok()?;
+        let mut p = std::path::absolute(p).ok()?;
+        // A chain of links, each followed (as open would, up to its limit of 40).
+        for _ in 0..40 {
+            if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                break;
+            }
+            let target = std::fs::read_link(&p).ok()?;
+            p = p.parent()?.join(target);
+        }
         Some(p.parent()?.canonicalize().ok()?.join(p.file_name()?))
     };
     if resolved(a).is_some_and(|x| Some(x) == resolved(b)) {

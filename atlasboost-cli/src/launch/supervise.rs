@@ -2845,10 +2845,20 @@ impl<'a> Supervisor<'a> {
             self.first_failure = Some(i);
             let w = &self.workers[i];
             let live = self.running.iter().filter(|r| r.ended.is_none()).count();
+            // The wait for them is said, and how to end it: a worker that ignores SIGTERM
+            // keeps the launcher silent for the whole grace.
             let stopping = match live {
                 0 => String::new(),
-                1 => "; stopping the other 1 worker".to_string(),
-                n => format!("; stopping the other {n} workers"),
+                1 => format!(
+                    "; stopping the other 1 worker (SIGKILL in {:.0?} if it has not exited; \
+                     Ctrl-C to kill it now)",
+                    self.plan.grace
+                ),
+                n => format!(
+                    "; stopping the other {n} workers (SIGKILL in {:.0?} to those that have \
+                     not exited; Ctrl-C to kill them now)",
+                    self.plan.grace
+                ),
             };
             output.message(&format!(
                 "atlasboost: rank {} (host {}, device {}) failed ({}){stopping}",

@@ -1289,6 +1289,16 @@ fn events_on_the_rank_tables_path_are_refused() {
     out.expect_code(SUCCESS);
     assert!(dir.path().join("sub/rank_table.json").is_file(), "{out:?}");
     assert!(dir.path().join("rank_table.json").is_file(), "{out:?}");
+    // A symbolic link to the table, also before the table is there (a link to a link too).
+    let fresh = tempdir();
+    std::os::unix::fs::symlink("rank_table.json", fresh.path().join("events.jsonl")).unwrap();
+    std::os::unix::fs::symlink("events.jsonl", fresh.path().join("again.jsonl")).unwrap();
+    for link in ["events.jsonl", "again.jsonl"] {
+        let args = ["run", "--sim", "2", "--events", link, "--", "true"];
+        run(fresh.path(), &args)
+            .expect_code(USAGE)
+            .stderr_has(&[&format!("--events {link} is the rank table's path too")]);
+    }
     // Nor the hostfile, which creating the events' file would empty.
     fs::write(dir.path().join("hosts"), "127.0.0.1 slots=2\n").unwrap();
     let args = [

@@ -14,9 +14,14 @@
 //!
 //! What it does not do: set the environment (the Python package writes `init()`'s variables
 //! to `os.environ`, which keeps Python's view and the C environment in step), or talk to
-//! MindSpore and torch_npu (the package does, and only when they are installed). Every call
-//! that may wait (the rendezvous, MPI's finalisation) releases the
-//! GIL.
+//! MindSpore and torch_npu (the package does, and only when they are installed).
+//!
+//! `init()` holds the GIL while it reads the environment (Python's `os.environ` writes call
+//! `putenv`, which a read without the GIL would race: a crash) and releases it where it waits
+//! for its peers over ZeroMQ, where it reads nothing ([`atlasboost_tcp::set_wait_hooks`]). A
+//! signal that interrupts that wait runs Python's handlers: one that raises (Ctrl-C's
+//! `KeyboardInterrupt`) ends `init()` with its exception, one that returns lets the wait go on
+//! (PEP 475). MPI's finalisation and the queries release the GIL.
 #![deny(missing_docs)]
 
 use std::ffi::OsString;
@@ -24,10 +29,10 @@ use std::ffi::OsString;
 use atlasboost::init::{InitError, InitOptions, Job, session};
 use atlasboost_core::worker_env::Framework;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple, PyType};
+use pyo3::types::{PyBool, PyDict, PyTuple, PyType};
 
 create_exception!(
     atlasboost,
@@ -145,29 +150,72 @@ impl From<Error> for PyErr {
 type Vars = Vec<(&'static str, String)>;
 
 /// Initialises the process's job once (a second call keeps the first job), then returns its
-/// variables: `(set, set_if_unset)`.
+/// variables: `(set, set_if_unset, remove)`.
 ///
 /// `frame` is `tensorflow`, `mindspore` or `pytorch`; `None` reads `ATLASBOOST_FRAMEWORK`
 /// (default `tensorflow`).
 #[pyfunction]
 #[pyo3(signature = (frame=None))]
-fn init(py: Python<'_>, frame: Option<&str>) -> PyResult<(Vars, Vars)> {
+fn init(py: Python<'_>, frame: Option<&str>) -> PyResult<(Vars, Vars, Vec<&'static str>)> {
     let framework = frame
         .map(str::parse::<Framework>)
         .transpose()
         .map_err(|e| Error(InitError::from(e)))?;
     let opts = InitOptions { framework };
-    // The rendezvous may wait for the other processes: other Python threads run meanwhile.
-    let result = py.detach(|| {
-        session::start(&opts)?;
-        session::with(|job| (job.env.clone(), job.env_if_unset.clone()))
+    // With the GIL (the module docs say why); other Python threads run while it waits for the
+    // other processes over ZeroMQ (`release_gil`).
+    let result = session::start(&opts).and_then(|()| {
+        session::with(|job| {
+            let (set, if_unset) = (job.env.clone(), job.env_if_unset.clone());
+            (set, if_unset, job.env_remove.clone())
+        })
     });
     if result.is_err() {
-        // A Ctrl-C interrupts the rendezvous's wait (EINTR): KeyboardInterrupt, not a
-        // rendezvous error about an interrupted system call.
+        // A handler that raised (Ctrl-C's KeyboardInterrupt) ended the wait: its exception,
+        // not a rendezvous error about an interrupted system call.
+        if let Some(raised) = take_raised() {
+            return Err(raised);
+        }
         py.check_signals()?;
     }
     Ok(result.map_err(Error)?)
+}
+
+/// The exception a signal handler raised while `init()` waited (see [`stop_on_signal`]).
+static RAISED: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+
+fn take_raised() -> Option<PyErr> {
+    RAISED.lock().ok().and_then(|mut r| r.take())
+}
+
+/// A rendezvous wait, with the GIL released: it polls a socket and touches no Python object.
+fn release_gil(wait: &mut dyn FnMut()) {
+    /// The wait, to be run by `detach` on this thread before it returns.
+    struct OnThisThread<'a>(&'a mut dyn FnMut());
+    // SAFETY: `detach` runs its closure on the calling thread and returns after it: the
+    // borrowed wait never crosses to another thread.
+    unsafe impl Send for OnThisThread<'_> {}
+    let wait = OnThisThread(wait);
+    Python::attach(|py| {
+        py.detach(move || {
+            let wait = wait;
+            (wait.0)();
+        });
+    });
+}
+
+/// A signal interrupted a rendezvous wait: Python's handlers run; whether one raised, its
+/// exception kept for `init()` to raise.
+fn stop_on_signal() -> bool {
+    Python::attach(|py| match py.check_signals() {
+        Ok(()) => false,
+        Err(raised) => {
+            if let Ok(mut r) = RAISED.lock() {
+                *r = Some(raised);
+            }
+            true
+        }
+    })
 }
 
 /// Runs `f` on the job, without the GIL (the job's lock may be held by an `init` that waits).
@@ -217,17 +265,31 @@ fn rank_table_file(py: Python<'_>) -> Result<OsString, Error> {
     with_job(py, |j| j.table_path.clone().into_os_string())
 }
 
-/// Checks that `device_id` (a logical id) is this rank's device in the table.
+/// Checks that `device_id` (a logical id: an integer, or anything with `__index__`, as numpy's
+/// integers) is this rank's device in the table. A bool is refused (`True` is no device 1), a
+/// number no device has (negative, or beyond any C integer) is named.
 #[pyfunction]
-fn check_device(py: Python<'_>, device_id: i64) -> Result<(), Error> {
-    with_job(py, |j| match u32::try_from(device_id) {
-        Ok(id) => j.check_device(id),
-        Err(_) => Err(InitError::Device(format!(
-            "{device_id} is not a device id: rank {}'s device is {}",
+fn check_device(py: Python<'_>, device_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    if device_id.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "set_device_id() takes a device id (an int), not a bool ({device_id})"
+        )));
+    }
+    // `operator.index`: a TypeError naming the type for what is no integer.
+    let index = py
+        .import("operator")?
+        .getattr("index")?
+        .call1((device_id,))?;
+    let id = index.extract::<u32>().ok();
+    let shown = index.str()?.to_string();
+    let checked = with_job(py, |j| match id {
+        Some(id) => j.check_device(id),
+        None => Err(InitError::Device(format!(
+            "{shown} is not a device id: rank {}'s device is {}",
             j.world.rank, j.device_id
         ))),
-    })?
-    .map_err(Error)
+    })?;
+    Ok(checked.map_err(Error)?)
 }
 
 /// Ends the job (MPI is finalised if atlasboost initialised it); nothing before `init`.
@@ -270,6 +332,10 @@ fn heartbeat(step: Option<i64>) -> bool {
 #[pymodule]
 fn _atlasboost(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    atlasboost_tcp::set_wait_hooks(atlasboost_tcp::WaitHooks {
+        blocking: release_gil,
+        interrupted: stop_on_signal,
+    });
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("AtlasBoostError", py.get_type::<AtlasBoostError>())?;
     m.add("ConfigError", config_error(py)?)?;

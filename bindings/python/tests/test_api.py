@@ -309,6 +309,21 @@ def test_omp_num_threads_defaults_to_1(tmp_path: Path) -> None:
     assert r.stdout.split() == ["1"]
 
 
+def test_init_removes_another_way_of_starting_a_job_and_says_so(tmp_path: Path) -> None:
+    """HCCL refuses its CM_* variables beside RANK_TABLE_FILE: init() takes them out."""
+    code = """
+        import json, os, atlasboost
+        atlasboost.init()
+        print(json.dumps(sorted(k for k in os.environ if k.startswith(("CM_", "MS_ROLE")))))
+    """
+    env = alone_env(tmp_path)
+    env.update(CM_CHIEF_IP="10.0.0.1", CM_WORKER_SIZE="8", MS_ROLE="MS_WORKER")
+    r = run_python(code, env=env)
+    assert r.returncode == 0, r.describe()
+    assert last_json(r.stdout) == [], r.describe()
+    assert "CM_CHIEF_IP, CM_WORKER_SIZE, MS_ROLE are set, for another way of starting a job" in r.stderr, r.describe()
+
+
 def test_set_device_id_refuses_another_ranks_device(tmp_path: Path) -> None:
     code = """
         import json, os
@@ -346,13 +361,18 @@ def test_set_device_id_wants_an_integer(tmp_path: Path) -> None:
     code = """
         import atlasboost
         atlasboost.init()
-        for bad in ("0", 0.0, None):
+        for bad in ("0", 0.0, None, True, False):
             try:
                 atlasboost.set_device_id(bad)
             except TypeError:
                 pass
             else:
                 raise SystemExit(f"set_device_id({bad!r}) was accepted")
+        # An integer beyond any device (and any C integer) is named, not an OverflowError.
+        try:
+            atlasboost.set_device_id(2**70)
+        except atlasboost.DeviceError as e:
+            assert str(e).startswith(f"{2**70} is not a device id"), e
         print("ok")
     """
     r = run_python(code, env=alone_env(tmp_path))

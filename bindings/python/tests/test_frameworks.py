@@ -129,6 +129,31 @@ def test_set_device_id_selects_the_device_in_mindspore_and_torch_npu(tmp_path: P
     assert not any("set_context" in c for c in calls), calls
 
 
+@pytest.mark.parametrize(
+    ("module", "selected", "imported"),
+    [
+        ("mindspore", "mindspore.set_device Ascend 0", ["mindspore"]),
+        ("torch", "torch.npu.set_device 0", ["torch", "torch_npu"]),
+    ],
+)
+def test_a_frameworks_job_selects_the_device_in_that_framework_alone(
+    tmp_path: Path, module: str, selected: str, imported: list[str]
+) -> None:
+    """With both installed, a MindSpore job does not import torch (nor a PyTorch job
+    MindSpore): the framework of init() decides."""
+    code = f"""
+        import json, sys
+        import atlasboost.{module} as atlasboost
+        atlasboost.init()
+        atlasboost.set_device_id(atlasboost.local_rank())
+        print(json.dumps(sorted(m for m in ("mindspore", "torch", "torch_npu") if m in sys.modules)))
+    """
+    r = run_python(code, env=env_with(tmp_path, fakes(tmp_path)))
+    assert r.returncode == 0, r.describe()
+    assert json.loads(r.stdout.splitlines()[-1]) == imported, r.describe()
+    assert selected in log(tmp_path), log(tmp_path)
+
+
 def test_old_mindspore_gets_set_context(tmp_path: Path) -> None:
     r = run_python(SELECT, env=env_with(tmp_path, fakes(tmp_path, ("mindspore",), old_mindspore=True)))
     assert r.returncode == 0, r.describe()

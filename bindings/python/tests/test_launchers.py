@@ -331,6 +331,50 @@ def test_init_lets_other_threads_run_while_it_waits(tmp_path: Path) -> None:
     assert int(r.stdout.split()[-1]) > 30, r.describe()
 
 
+def test_a_signal_handler_that_returns_lets_a_waiting_init_go_on(tmp_path: Path) -> None:
+    """A profiler's SIGALRM every 50 ms and a no-op SIGUSR1 handler while rank 0 waits 1 s
+    for rank 1: the wait resumes after each (PEP 475), and both ranks meet."""
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    code = """
+        import os, signal, threading, atlasboost
+        signal.signal(signal.SIGALRM, lambda s, f: None)
+        signal.signal(signal.SIGUSR1, lambda s, f: None)
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        atlasboost.init()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        print("rank", atlasboost.rank())
+    """
+    procs = [start([PYTHON, "-c", textwrap.dedent(code)], env=torchrun_env(0, 2, port, table), cwd=tmp_path)]
+    time.sleep(1)
+    procs.append(start([PYTHON, "-c", textwrap.dedent(code)], env=torchrun_env(1, 2, port, table), cwd=tmp_path))
+    for rank, r in enumerate(wait_all(procs, timeout=60)):
+        assert r.returncode == 0 and r.stdout.split() == ["rank", str(rank)], r.describe()
+
+
+def test_a_thread_writing_os_environ_during_init_is_safe(tmp_path: Path) -> None:
+    """init() reads the environment with the GIL held: a thread writing os.environ meanwhile
+    (putenv) cannot pull it from under the read (it crashed the interpreter)."""
+    code = """
+        import os, threading, time, atlasboost
+        def churn():
+            i = 0
+            while True:
+                os.environ["CHURN_%d" % (i % 5000)] = str(i)
+                i += 1
+        threading.Thread(target=churn, daemon=True).start()
+        deadline, starts = time.monotonic() + 3, 0
+        while time.monotonic() < deadline:
+            atlasboost.init()
+            atlasboost.shutdown()
+            starts += 1
+        print("starts", starts)
+    """
+    r = run_python(code, env=clean_env(ATLASBOOST_SIM="2"), cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("starts "), r.describe()
+
+
 def test_ctrl_c_stops_a_waiting_init_with_keyboard_interrupt(tmp_path: Path) -> None:
     table = tmp_path / "rank_table.json"
     port = free_port_pair()

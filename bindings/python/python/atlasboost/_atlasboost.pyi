@@ -29,8 +29,8 @@ class RankTableError(AtlasBoostError):
 class NotInitializedError(AtlasBoostError):
     """A call that needs init() came before it (or after shutdown())."""
 
-def init(frame: str | None = None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Initialises the job once; returns its variables: (to set, to set where unset)."""
+def init(frame: str | None = None) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+    """Initialises the job once; returns its variables: (to set, to set where unset, to remove)."""
 
 def rank() -> int: ...
 def size() -> int: ...

@@ -50,7 +50,10 @@ def init(frame: "str | None" = None) -> None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = before
-    env, env_if_unset = _native.init(frame)
+    env, env_if_unset, env_remove = _native.init(frame)
+    # Another way of starting a job (HCCL's CM_*, MindSpore's MS_ROLE): said on stderr.
+    for name in env_remove:
+        os.environ.pop(name, None)
     for name, value in env:
         _replaced.setdefault(name, [os.environ.get(name), value])[1] = value
         os.environ[name] = value
@@ -236,12 +239,14 @@ def rank_table_file() -> str:
 def set_device_id(device_id: int) -> None:
     """Selects this process's device: `device_id` must be its entry in the rank table.
 
-    Sets DEVICE_ID and ASCEND_DEVICE_ID; if MindSpore is installed, selects the device there
-    (`mindspore.set_device("Ascend", id)`, or `set_context(device_id=id)` on older versions);
-    if torch_npu is installed, `torch.npu.set_device(id)`. A framework that is not installed
-    is not imported.
+    Sets DEVICE_ID and ASCEND_DEVICE_ID, and selects the device in the job's framework (the
+    `frame` of `init()`) where it is installed: MindSpore's (`mindspore.set_device("Ascend",
+    id)`, or `set_context(device_id=id)` on older versions) for "mindspore", torch_npu's
+    (`torch.npu.set_device(id)`) for "pytorch"; for "tensorflow", the default, whichever of
+    the two is installed. A framework that is not installed, or not the job's, is not imported.
 
-    Raises DeviceError naming both devices when `device_id` is not this rank's device.
+    Raises DeviceError naming both devices when `device_id` is not this rank's device, and
+    TypeError for what is no integer (a bool included).
     """
     _native.check_device(device_id)
     # check_device took it as an integer (`__index__`): a numpy integer becomes a plain int.
@@ -249,14 +254,16 @@ def set_device_id(device_id: int) -> None:
     value = str(device_id)
     os.environ["DEVICE_ID"] = value
     os.environ["ASCEND_DEVICE_ID"] = value
-    if _installed("mindspore"):
+    # init() set it: the frame it was given, or ATLASBOOST_FRAMEWORK's.
+    framework = os.environ.get("ATLASBOOST_FRAMEWORK", "tensorflow")
+    if framework in ("mindspore", "tensorflow") and _installed("mindspore"):
         import mindspore
 
         if hasattr(mindspore, "set_device"):
             mindspore.set_device("Ascend", device_id)
         else:
             mindspore.set_context(device_id=device_id)
-    if _installed("torch_npu"):
+    if framework in ("pytorch", "tensorflow") and _installed("torch_npu"):
         import torch
         import torch_npu  # noqa: F401  (adds torch.npu)
 
