@@ -119,6 +119,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         Some(p) => vec![p.clone().into_os_string()],
         None => crate::self_command()?,
     };
+    check_argv_fits_open_mpi(&relay, &args.command)?;
     let command = mpirun_command(&MpirunJob {
         program: mpirun_program(),
         np,
@@ -539,6 +540,34 @@ fn default_np(args: &RunSettings, hosts: &[HostSpec]) -> Result<u32, CliError> {
                  atlasboost runs under --mpi"
             ))
         })
+}
+
+/// The longest environment string Linux passes to a program (`MAX_ARG_STRLEN`, 32 pages).
+const MAX_ENV_STRING: usize = 128 << 10;
+
+/// Open MPI gives each rank its arguments (all after the program) joined by spaces in one
+/// variable, `OMPI_ARGV`, and the exec of a rank fails when that string is longer than Linux
+/// passes (a plain `mpirun` fails alike): refused before mpirun starts, naming the limit,
+/// rather than as mpirun's "execve error" for every rank.
+fn check_argv_fits_open_mpi(relay: &[OsString], command: &[OsString]) -> Result<(), CliError> {
+    let after_program = relay.iter().skip(1).map(|a| a.len());
+    let ours = ["relay", "--"].iter().map(|a| a.len());
+    let lengths: Vec<usize> = after_program
+        .chain(ours)
+        .chain(command.iter().map(|a| a.len()))
+        .collect();
+    let joined = lengths.iter().sum::<usize>() + lengths.len().saturating_sub(1);
+    let variable = "OMPI_ARGV=".len() + joined + 1;
+    if variable <= MAX_ENV_STRING {
+        return Ok(());
+    }
+    Err(CliError::Usage(format!(
+        "--mpi: the command's arguments take {joined} bytes, and Open MPI gives them to each \
+         rank in one environment variable (OMPI_ARGV), which Linux limits to {} KiB: run a \
+         script, or pass the long arguments in a file (without --mpi the limit is Linux's own, \
+         about 2 MiB)",
+        MAX_ENV_STRING >> 10
+    )))
 }
 
 /// The most ranks `run --mpi` starts: far beyond any Ascend cluster (4,096 servers of 16

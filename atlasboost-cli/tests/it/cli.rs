@@ -3438,6 +3438,17 @@ fn run_mpi_refuses_a_size_it_cannot_run() {
         );
         out.expect_code(code).stderr_has(&[says]);
     }
+    // Arguments Open MPI cannot pass (130 KiB, in one variable): refused, naming the limit.
+    let long = "a".repeat(1023);
+    let mut args = vec!["run", "--mpi", "--sim", "2", "--", "sh", "-c", "true"];
+    args.extend(std::iter::repeat_n(long.as_str(), 130));
+    run_env(
+        dir.path(),
+        &args,
+        &[("ATLASBOOST_MPIRUN", "/nonexistent/mpirun")],
+    )
+    .expect_code(USAGE)
+    .stderr_has(&["one environment variable (OMPI_ARGV), which Linux limits to 128 KiB"]);
     run_env(
         dir.path(),
         &["run", "--mpi", "--sim", "4", "-n", "3", "--", "true"],
