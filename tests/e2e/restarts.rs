@@ -2,7 +2,7 @@
 //! NPU under the 910 rules, the hang watchdog, and nothing left behind when the launcher is
 //! killed in the middle of a restart.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use atlasboost_e2e::{LAUNCH_MARK, Run, assert_no_process_with_env, wait_until};
 use nix::sys::signal::Signal;
@@ -411,6 +411,42 @@ fn metrics_say_every_rank_is_down_during_the_restart_delay() {
         "in the delay:\n{text}\n{}",
         done.describe()
     );
+}
+
+/// The ranks' own values are the launcher's and served fresh between two samples of the
+/// hosts (every 5 s here, the default): a rank that ended is down at once, and another's lines
+/// are counted as it prints.
+#[test]
+fn metrics_say_a_rank_that_ended_is_down_before_the_next_sample() {
+    let mut launch = Run::new(["run", "--sim", "2", "--metrics", "0"])
+        .args(["--", "sh", "-c"])
+        .args(["[ $RANK_ID = 1 ] && exit 0; i=0; while [ $i -lt 40 ]; do echo $i; sleep 0.2; i=$((i+1)); done"])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    let port = atlasboost_e2e::metrics_port(&mut launch);
+    let value = |text: &str, name: &str, rank: u32| -> Option<f64> {
+        let prefix = format!("{name}{{rank=\"{rank}\",");
+        text.lines()
+            .find(|l| l.starts_with(&prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    // Within 4 s, well inside the first 5 s interval: rank 1 down, rank 0's lines counted.
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let mut text = String::new();
+    let fresh = |text: &str| {
+        value(text, "atlasboost_rank_up", 1) == Some(0.0)
+            && value(text, "atlasboost_rank_up", 0) == Some(1.0)
+            && value(text, "atlasboost_rank_output_lines_total", 0).is_some_and(|n| n >= 3.0)
+            && value(text, "atlasboost_rank_last_output_seconds", 0).is_some_and(|s| s < 1.5)
+    };
+    while Instant::now() < deadline && !fresh(&text) {
+        std::thread::sleep(Duration::from_millis(200));
+        text = atlasboost_e2e::scrape_metrics(&port);
+    }
+    launch.signal(Signal::SIGTERM);
+    let done = launch.wait_at_most(Duration::from_secs(30));
+    assert!(fresh(&text), "within 4 s:\n{text}\n{}", done.describe());
 }
 
 /// A broken NPU that fails its own driver calls (not one that reports itself unhealthy) at a

@@ -88,6 +88,11 @@ const MAX_STACKS: usize = 256 * 1024;
 /// How often the status block is redrawn (its clock, ranks that ended).
 const STATUS_EVERY: Duration = Duration::from_secs(1);
 
+/// How often `--metrics` is published between two samples of the hosts: the ranks' own values
+/// (up, lines, seconds since the last line) are the launcher's, and a scrape should not read
+/// them a whole `--monitor-interval` old.
+const METRICS_REFRESH: Duration = Duration::from_secs(1);
+
 /// The exit code of a job that hung (as `timeout` uses).
 pub const HANG_EXIT: u8 = 124;
 
@@ -952,6 +957,9 @@ struct Supervisor<'a> {
     samples: std::collections::BTreeMap<String, HostSample>,
     /// Each lane's line count at the last publication, and when it last changed.
     printed: Vec<(u64, Instant)>,
+    /// When `--metrics` is published next: every [`METRICS_REFRESH`], and at once when a
+    /// worker ends (the ranks' own values are the launcher's, known between two samples).
+    next_publish: Instant,
     /// When supervision began (the status block's clock).
     began: Instant,
     /// When the status block is redrawn next (every second, on a terminal).
@@ -1033,6 +1041,7 @@ impl<'a> Supervisor<'a> {
             cpu: CpuClock::default(),
             samples: std::collections::BTreeMap::new(),
             printed: vec![(0, Instant::now()); workers.len()],
+            next_publish: Instant::now(),
             began: Instant::now(),
             next_status: Instant::now(),
         }
@@ -1118,6 +1127,7 @@ impl<'a> Supervisor<'a> {
             return;
         };
         let now = Instant::now();
+        self.next_publish = now + METRICS_REFRESH;
         let ranks: Vec<RankState> = (0..self.workers.len())
             .map(|lane| {
                 let lines = output.line_count(lane);
@@ -1203,6 +1213,9 @@ impl<'a> Supervisor<'a> {
             self.heartbeats(output);
             self.watch(output);
             self.monitor(output);
+            if self.plan.metrics.is_some() && Instant::now() >= self.next_publish {
+                self.publish(output);
+            }
             if output.has_status() && Instant::now() >= self.next_status {
                 self.refresh_status(output);
             }
@@ -1222,9 +1235,13 @@ impl<'a> Supervisor<'a> {
             if output.has_status() {
                 wait = wait.min(self.next_status.saturating_duration_since(Instant::now()));
             }
+            if self.plan.metrics.is_some() {
+                wait = wait.min(self.next_publish.saturating_duration_since(Instant::now()));
+            }
             let timeout = if self.has_peers()
                 || watching
                 || self.plan.monitor.is_some()
+                || self.plan.metrics.is_some()
                 || output.has_status()
             {
                 PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX)
@@ -2841,6 +2858,8 @@ impl<'a> Supervisor<'a> {
             return;
         }
         self.exit_event(i, ending, output);
+        // A rank that ended is not up: said at the next scrape, not the next sample's.
+        self.next_publish = Instant::now();
         if ending.failed() && !self.failed_or_interrupted() {
             self.first_failure = Some(i);
             let w = &self.workers[i];
