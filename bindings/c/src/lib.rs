@@ -244,6 +244,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// host writes the table; alone it is a world of one, with a note on stderr. Then it sets
 /// `RANK_TABLE_FILE`, `RANK_ID`, `RANK_SIZE`, `DEVICE_ID`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 /// ... in the environment (some only where unset), as `atlasboost run` sets them for a worker.
+/// Variables of another way of starting a job that HCCL refuses beside a rank table (its
+/// `CM_*`, MindSpore's `MS_ROLE`, ...) are removed, with a warning on stderr (not under
+/// `atlasboost run`, which passes them only where `-x` asks). A signal whose handler returns
+/// does not end the wait for the other processes: it goes on.
 ///
 /// A second call after a success returns ATLASBOOST_OK at once (a bad `frame` is still
 /// refused): no second rendezvous, the first call's framework stays, and the environment is not

@@ -339,11 +339,14 @@ fn alone_with_simulated_devices_init_makes_a_world_of_one() {
     let mut cmd = Command::new(program);
     cmd.arg("alone")
         .env("ATLASBOOST_PROBE", "sim")
-        .env("ATLASBOOST_SIM", "2");
+        .env("ATLASBOOST_SIM", "2")
+        .env("CM_CHIEF_IP", "10.0.0.1");
     run(cmd, dir.path())
         .assert_success()
         .assert_stdout_has("test_init: alone: ")
-        .assert_stderr_has("world of one");
+        .assert_stdout_has("ok: init removed CM_CHIEF_IP")
+        .assert_stderr_has("world of one")
+        .assert_stderr_has("CM_CHIEF_IP is set, for another way of starting a job");
     assert!(dir.path().join("rank_table.json").is_file());
 }
 
