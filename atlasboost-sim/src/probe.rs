@@ -146,6 +146,9 @@ pub struct SimProbe {
     /// while a job runs, as a real one does); its faults are `faults[file_faults_at..]`.
     faults_file: Option<std::path::PathBuf>,
     file_faults_at: usize,
+    /// The file's faults as last read whole: what a sample keeps while the file does not parse
+    /// (being rewritten), rather than the state at the start.
+    file_faults_read: std::sync::Arc<std::sync::Mutex<Option<Vec<HostFault>>>>,
 }
 
 impl SimProbe {
@@ -159,6 +162,7 @@ impl SimProbe {
             faults: Vec::new(),
             faults_file: None,
             file_faults_at: 0,
+            file_faults_read: Default::default(),
         }
     }
 
@@ -249,17 +253,30 @@ impl SimProbe {
         Ok(self)
     }
 
-    /// This probe with the faults file read again, if it has one that reads and parses now
-    /// (one that does not, being rewritten say, counts as it was when the probe was made: a
-    /// sample has nobody to tell).
+    /// This probe with the faults file read again, if it has one. One that does not read or
+    /// parse now (being rewritten, say) counts as it was last read whole: a sample has nobody
+    /// to tell, and a fault must not vanish for a moment.
     fn with_faults_file_now(&self) -> Option<SimProbe> {
         let path = self.faults_file.as_ref()?;
-        let spec = match std::fs::read_to_string(path) {
-            Ok(spec) => spec,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(_) => return None,
+        let read = match std::fs::read_to_string(path) {
+            Ok(spec) => Some(spec),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(String::new()),
+            Err(_) => None,
         };
-        let faults = parse_faults(&spec.lines().collect::<Vec<_>>().join(";")).ok()?;
+        let parsed =
+            read.and_then(|spec| parse_faults(&spec.lines().collect::<Vec<_>>().join(";")).ok());
+        let mut last = self
+            .file_faults_read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let faults = match parsed {
+            Some(faults) => {
+                *last = Some(faults.clone());
+                faults
+            }
+            None => last.clone()?,
+        };
+        drop(last);
         let mut now = self.clone();
         now.faults.truncate(self.file_faults_at);
         now.faults.extend(faults);
@@ -427,7 +444,7 @@ mod tests {
     use super::*;
 
     /// A device that fails while a job runs: the faults file is read again at each sample;
-    /// a file that does not parse (being rewritten) counts as it was at the start.
+    /// a file that does not parse (being rewritten) counts as it was last read whole.
     #[test]
     fn telemetry_reads_the_faults_file_again() {
         let dir = tempfile::tempdir().unwrap();
@@ -452,7 +469,8 @@ mod tests {
         std::fs::write(&file, "unhealthy:").unwrap();
         assert_eq!(
             health(),
-            [Some(Health::from_code(2)), Some(Health::Healthy)]
+            [Some(Health::from_code(2)), Some(Health::from_code(3))],
+            "a file being rewritten keeps what it said last"
         );
         std::fs::remove_file(&file).unwrap();
         assert_eq!(
