@@ -46,10 +46,17 @@ def test_a_rank_that_only_beats_is_never_reported_while_a_silent_one_is(tmp_path
 
 def test_heartbeat_without_a_launcher_does_nothing() -> None:
     # Outside `atlasboost run` nobody listens: the call says so, and is still safe to make.
-    code = "import atlasboost\nfor _ in range(1000): atlasboost.heartbeat(3)\nprint(atlasboost.heartbeat())"
+    code = """import atlasboost
+for _ in range(1000): atlasboost.heartbeat(3)
+try:
+    atlasboost.heartbeat(2**70)
+except OverflowError as e:
+    print(e)
+print(atlasboost.heartbeat())"""
     r = run([PYTHON, "-c", code], timeout=60)
     assert r.returncode == 0, r.describe()
-    assert r.stdout.strip() == "False", r.describe()
+    # A step no 64-bit integer holds is named with its argument.
+    assert r.stdout.split("\n")[:2] == [f"heartbeat(step={2**70}): a step is a signed 64-bit integer", "False"], r.describe()
 
 
 def test_hang_dump_saves_the_stuck_ranks_python_stacks(tmp_path: Path) -> None:

@@ -178,7 +178,11 @@ def heartbeat(step: "int | None" = None) -> bool:
     never reported as hung. Cheap enough for every step; needs no `init()`. Returns whether
     the launcher gave this worker a heartbeat file (`atlasboost run`): False, and nothing is
     done, elsewhere (and where that file cannot be opened: said once on stderr)."""
-    return _native.heartbeat(step)
+    try:
+        return _native.heartbeat(step)
+    except OverflowError:
+        # The native message ("too large to convert to C long") names no argument.
+        raise OverflowError(f"heartbeat(step={step}): a step is a signed 64-bit integer") from None
 
 
 def init_for(framework: str):  # -> a function like `init`
