@@ -233,6 +233,9 @@ impl Stream {
 /// driver call that failed).
 pub const HELLO: &[u8] = b"\x00atlasboost-agent-8\n";
 
+/// What every version's [`HELLO`] starts with (its version and a newline follow).
+const GREETING_PREFIX: &[u8] = b"\x00atlasboost-agent-";
+
 /// A line longer than this is passed on in pieces of this size, so that a worker printing
 /// without newlines cannot make the launcher hold unbounded memory.
 pub const MAX_LINE: usize = 1 << 20;
@@ -544,6 +547,32 @@ fn frame(kind: u8, rank: u32, payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
+/// What [`HELLO`]'s own prefix says of bytes that do not hold it.
+enum Foreign {
+    /// A whole greeting of another version (what follows `atlasboost-agent-`).
+    Version(String),
+    /// The start of a greeting, at this index, whose line has not ended yet.
+    Partial(usize),
+    /// No greeting.
+    None,
+}
+
+/// Whether `bytes` (without [`HELLO`]) hold another version's greeting: `\0atlasboost-agent-`,
+/// something short, a newline.
+fn foreign_greeting(bytes: &[u8]) -> Foreign {
+    let prefix = GREETING_PREFIX;
+    let Some(at) = bytes.windows(prefix.len()).position(|w| w == prefix) else {
+        return Foreign::None;
+    };
+    let after = &bytes[at + prefix.len()..];
+    match after.iter().position(|&b| b == b'\n') {
+        Some(end) => Foreign::Version(String::from_utf8_lossy(&after[..end]).into_owned()),
+        // A version is a few digits: a line longer than that is noise, not a greeting.
+        None if after.len() < 16 => Foreign::Partial(at),
+        None => Foreign::None,
+    }
+}
+
 /// Reads frames from an agent's stdout, in whatever pieces they arrive.
 #[derive(Debug, Default)]
 pub struct Decoder {
@@ -570,9 +599,22 @@ impl Decoder {
                     self.greeted = true;
                 }
                 None => {
-                    // Keep a tail that could be the start of HELLO.
-                    let keep = self.buf.len().min(HELLO.len() - 1);
-                    let cut = self.buf.len() - keep;
+                    // Another version's greeting: said at once (its frames would not parse,
+                    // and without them the host would wait out the rendezvous timeout).
+                    let cut = match foreign_greeting(&self.buf) {
+                        Foreign::Version(version) => {
+                            return Err(format!(
+                                "it greets as atlasboost-agent-{version}, and this launcher \
+                                 speaks {}: the atlasboost there is another version; install \
+                                 the same atlasboost on every host, or pass --remote-atlasboost",
+                                String::from_utf8_lossy(&HELLO[1..]).trim_end()
+                            ));
+                        }
+                        // The rest of it is still to come: kept whole.
+                        Foreign::Partial(at) => at,
+                        // Keep a tail that could be the start of HELLO.
+                        Foreign::None => self.buf.len() - self.buf.len().min(HELLO.len() - 1),
+                    };
                     self.keep_noise(cut);
                     self.buf.drain(..cut);
                     return Ok(Vec::new());
@@ -961,6 +1003,40 @@ mod tests {
         let chain = Tree { size: 4, fanout: 1 };
         assert_eq!(chain.children(Some(2)), 3..4);
         assert_eq!(chain.top(3), 0);
+    }
+
+    #[test]
+    fn another_versions_greeting_is_named_at_once_in_any_pieces() {
+        let mut stream = b"login banner\n".to_vec();
+        stream.extend_from_slice(b"\x00atlasboost-agent-7\n");
+        stream.extend_from_slice(&[b'h', 0, 0, 0, 0, 0, 0, 0, 0]);
+        for piece in [1, 3, 7, stream.len()] {
+            let mut d = Decoder::default();
+            let mut said = None;
+            for chunk in stream.chunks(piece) {
+                if let Err(e) = d.feed(chunk) {
+                    said = Some(e);
+                    break;
+                }
+            }
+            let said = said.unwrap_or_else(|| panic!("pieces of {piece}: nothing said"));
+            assert!(
+                said.starts_with(
+                    "it greets as atlasboost-agent-7, and this launcher speaks \
+                                  atlasboost-agent-"
+                ) && said.contains("another version"),
+                "{said}"
+            );
+        }
+        assert!(HELLO.starts_with(GREETING_PREFIX));
+        // This version's greeting after the same banner is no stranger.
+        let mut d = Decoder::default();
+        let mut ours = b"login banner\n".to_vec();
+        ours.extend_from_slice(HELLO);
+        for chunk in ours.chunks(3) {
+            assert!(d.feed(chunk).is_ok());
+        }
+        assert!(d.greeted());
     }
 
     #[test]

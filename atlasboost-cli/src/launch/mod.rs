@@ -1633,6 +1633,42 @@ fn join(
                 })
                 .map(|(&i, _)| hosts[i].describe())
                 .collect();
+            // The silent hosts reached through a silent host of the launch tree: that one is
+            // the place to look.
+            let through: Vec<String> = remote_index
+                .iter()
+                .zip(&remotes)
+                .filter(|&(&i, r)| {
+                    reports[i].is_none()
+                        && r.parent.is_none_or(|p| reports[remote_index[p]].is_some())
+                })
+                .filter_map(|(&top, _)| {
+                    let below: Vec<String> = (0..remotes.len())
+                        .filter(|&k| reports[remote_index[k]].is_none())
+                        .filter(|&k| {
+                            let mut up = remotes[k].parent;
+                            while let Some(p) = up {
+                                if remote_index[p] == top {
+                                    return true;
+                                }
+                                up = remotes[p].parent;
+                            }
+                            false
+                        })
+                        .map(|k| hosts[remote_index[k]].describe())
+                        .collect();
+                    (!below.is_empty()).then(|| {
+                        format!(
+                            "{} {} reached through {} in the launch tree (--fanout): look at \
+                             {} first",
+                            below.join(", "),
+                            if below.len() == 1 { "is" } else { "are" },
+                            hosts[top].describe(),
+                            hosts[top].describe()
+                        )
+                    })
+                })
+                .collect();
             // Hosts lost meanwhile are why, first: the others may wait on them.
             if let Some((l, _)) = lost.take() {
                 break Err(l.error());
@@ -1657,7 +1693,11 @@ fn join(
                         ),
                         _ => String::new(),
                     }
-                ) + &said.iter().map(|s| format!("\n  {s}")).collect::<String>(),
+                ) + &through
+                    .iter()
+                    .chain(&said)
+                    .map(|s| format!("\n  {s}"))
+                    .collect::<String>(),
             });
         }
         if started.elapsed() > join_limit {

@@ -881,12 +881,13 @@ mod tests {
         // What an agent of protocol 1 says: not this launcher's greeting, then its frames.
         let mut said = b"\0atlasboost-agent-1\n".to_vec();
         said.extend_from_slice(&[b'h', 0, 0, 0, 0, 0, 0, 0, 0].repeat(8));
-        let r = Remote::relay(stream, "node1", 0, &said).unwrap();
-        let said = r.err_tail();
+        // Refused at once, as the greeting comes (not at the rendezvous timeout).
+        let said = Remote::relay(stream, "node1", 0, &said).unwrap_err();
         let ours = String::from_utf8_lossy(&super::super::channel::HELLO[1..]);
         assert!(
             said.contains(&format!(
-                "another version: it speaks atlasboost-agent-1, this launcher {}",
+                "it greets as atlasboost-agent-1, and this launcher speaks {}: the atlasboost \
+                 there is another version",
                 ours.trim_end()
             )),
             "{said}"

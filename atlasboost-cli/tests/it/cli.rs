@@ -3608,6 +3608,67 @@ fn a_rendezvous_timeout_says_what_the_silent_host_said() {
         started.elapsed() < std::time::Duration::from_secs(20),
         "the hung session was not waited for"
     );
+    // In a chain, the hosts below the silent one are named as reached through it.
+    let chain = [
+        "run",
+        "--sim",
+        "2",
+        "--fanout",
+        "1",
+        "-H",
+        "127.0.0.8,127.0.0.9,127.0.0.10",
+        "--rendezvous-timeout",
+        "2",
+        "--",
+        "true",
+    ];
+    let out = run_env(
+        dir.path(),
+        &chain,
+        &[("PATH", &path), ("ATLASBOOST_SSH_ALL_HOSTS", "1")],
+    );
+    out.expect_code(125).stderr_has(&[
+        "hosts 127.0.0.8, 127.0.0.9, 127.0.0.10 did not join",
+        "127.0.0.9, 127.0.0.10 are reached through 127.0.0.8 in the launch tree (--fanout): \
+         look at 127.0.0.8 first",
+    ]);
+}
+
+/// An atlasboost of another version on a host (its greeting names another protocol) is
+/// named as soon as it greets, not when the rendezvous times out.
+#[test]
+fn another_version_on_a_host_is_named_as_it_greets() {
+    let dir = TempDir::new().unwrap();
+    let path = path_with_fake_ssh(
+        dir.path(),
+        "printf '\\000atlasboost-agent-7\\n'\nexec sleep 30",
+    );
+    let started = std::time::Instant::now();
+    let args = [
+        "run",
+        "--sim",
+        "2",
+        "-H",
+        "127.0.0.8",
+        "--rendezvous-timeout",
+        "60",
+        "--",
+        "true",
+    ];
+    let out = run_env(
+        dir.path(),
+        &args,
+        &[("PATH", &path), ("ATLASBOOST_SSH_ALL_HOSTS", "1")],
+    );
+    out.expect_code(125).stderr_has(&[
+        "host 127.0.0.8: its agent sent something that is not the protocol: it greets as \
+         atlasboost-agent-7",
+        "the atlasboost there is another version",
+    ]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "waited for the rendezvous timeout: {out:?}"
+    );
 }
 
 /// `atlasboost agent` by hand, or fed garbage: a usage error that says what is wrong with its
