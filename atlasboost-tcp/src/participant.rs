@@ -203,6 +203,10 @@ impl ZmqRendezvous {
                 Err(zmq::Error::EINTR) if !crate::waiting::stop_after_interrupt() => continue,
                 Err(e) => return Err(zmq_err("wait for the coordinator")(e)),
             };
+            if ready == 0 && crate::waiting::stop_after_timeout() {
+                // A signal that came between two waits, which no EINTR told of.
+                return Err(zmq_err("wait for the coordinator")(zmq::Error::EINTR));
+            }
             if ready == 0 {
                 // No answer yet: the contribution again (the coordinator takes one copy).
                 if let Some((frame, at)) = &mut self.join

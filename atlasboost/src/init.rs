@@ -1550,7 +1550,7 @@ fn job_at(
 /// none when `atlasboost run` (or `run --mpi`'s relay) started it, which passed on only those
 /// the user exported with `-x`.
 fn other_startup_present(launcher: Option<Launcher>) -> Vec<&'static str> {
-    let relayed = env(EnvVars::ATLASBOOST_RELAYED).is_some();
+    let relayed = env(EnvVars::ATLASBOOST_RELAYED).is_some_and(|v| v == "1");
     if launcher == Some(Launcher::Atlasboost) || relayed {
         return Vec::new();
     }

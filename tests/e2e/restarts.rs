@@ -414,14 +414,14 @@ fn metrics_say_every_rank_is_down_during_the_restart_delay() {
 }
 
 /// The ranks' own values are the launcher's and served fresh between two samples of the
-/// hosts (every 5 s here, the default): a rank that ended is down at once, and another's lines
-/// are counted as it prints.
+/// hosts (every 60 s here): a rank that ended is down at once, and another's lines are
+/// counted as it prints.
 #[test]
 fn metrics_say_a_rank_that_ended_is_down_before_the_next_sample() {
     let mut launch = Run::new(["run", "--sim", "2", "--metrics", "0"])
-        .args(["--", "sh", "-c"])
-        .args(["[ $RANK_ID = 1 ] && exit 0; i=0; while [ $i -lt 40 ]; do echo $i; sleep 0.2; i=$((i+1)); done"])
-        .timeout(Duration::from_secs(60))
+        .args(["--monitor-interval", "60", "--", "sh", "-c"])
+        .args(["[ $RANK_ID = 1 ] && exit 0; i=0; while [ $i -lt 300 ]; do echo $i; sleep 0.1; i=$((i+1)); done"])
+        .timeout(Duration::from_secs(90))
         .spawn();
     let port = atlasboost_e2e::metrics_port(&mut launch);
     let value = |text: &str, name: &str, rank: u32| -> Option<f64> {
@@ -431,8 +431,8 @@ fn metrics_say_a_rank_that_ended_is_down_before_the_next_sample() {
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse().ok())
     };
-    // Within 4 s, well inside the first 5 s interval: rank 1 down, rank 0's lines counted.
-    let deadline = Instant::now() + Duration::from_secs(4);
+    // Within 20 s, well inside the first 60 s interval: rank 1 down, rank 0's lines counted.
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut text = String::new();
     let fresh = |text: &str| {
         value(text, "atlasboost_rank_up", 1) == Some(0.0)
@@ -446,7 +446,7 @@ fn metrics_say_a_rank_that_ended_is_down_before_the_next_sample() {
     }
     launch.signal(Signal::SIGTERM);
     let done = launch.wait_at_most(Duration::from_secs(30));
-    assert!(fresh(&text), "within 4 s:\n{text}\n{}", done.describe());
+    assert!(fresh(&text), "within 20 s:\n{text}\n{}", done.describe());
 }
 
 /// A broken NPU that fails its own driver calls (not one that reports itself unhealthy) at a

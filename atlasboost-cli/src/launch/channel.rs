@@ -565,9 +565,12 @@ fn foreign_greeting(bytes: &[u8]) -> Foreign {
         return Foreign::None;
     };
     let after = &bytes[at + prefix.len()..];
+    // A version is a few digits: a line longer than that is noise, not a greeting.
     match after.iter().position(|&b| b == b'\n') {
-        Some(end) => Foreign::Version(String::from_utf8_lossy(&after[..end]).into_owned()),
-        // A version is a few digits: a line longer than that is noise, not a greeting.
+        Some(end) if end < 16 => {
+            Foreign::Version(String::from_utf8_lossy(&after[..end]).into_owned())
+        }
+        Some(_) => Foreign::None,
         None if after.len() < 16 => Foreign::Partial(at),
         None => Foreign::None,
     }
@@ -603,11 +606,24 @@ impl Decoder {
                     // and without them the host would wait out the rendezvous timeout).
                     let cut = match foreign_greeting(&self.buf) {
                         Foreign::Version(version) => {
+                            let ours = String::from_utf8_lossy(&HELLO[1..]);
+                            let ours = ours.trim_end();
+                            // This version's greeting, with a carriage return before its
+                            // newline: a terminal between them, not another atlasboost.
+                            if format!("atlasboost-agent-{}", version.trim_end_matches('\r'))
+                                == ours
+                            {
+                                return Err(format!(
+                                    "its greeting ({ours}) came with its line ends changed (a \
+                                     carriage return added: a terminal allocated for the \
+                                     session, e.g. ssh -t, or a login script)"
+                                ));
+                            }
                             return Err(format!(
                                 "it greets as atlasboost-agent-{version}, and this launcher \
-                                 speaks {}: the atlasboost there is another version; install \
-                                 the same atlasboost on every host, or pass --remote-atlasboost",
-                                String::from_utf8_lossy(&HELLO[1..]).trim_end()
+                                 speaks {ours}: the atlasboost there is another version; \
+                                 install the same atlasboost on every host, or pass \
+                                 --remote-atlasboost"
                             ));
                         }
                         // The rest of it is still to come: kept whole.
@@ -1029,6 +1045,12 @@ mod tests {
             );
         }
         assert!(HELLO.starts_with(GREETING_PREFIX));
+        // This version's, its line end changed on the way: said as such.
+        let mut d = Decoder::default();
+        let mut crlf = HELLO[..HELLO.len() - 1].to_vec();
+        crlf.extend_from_slice(b"\r\n");
+        let said = d.feed(&crlf).unwrap_err();
+        assert!(said.contains("came with its line ends changed"), "{said}");
         // This version's greeting after the same banner is no stranger.
         let mut d = Decoder::default();
         let mut ours = b"login banner\n".to_vec();

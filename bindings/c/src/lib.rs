@@ -246,8 +246,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// ... in the environment (some only where unset), as `atlasboost run` sets them for a worker.
 /// Variables of another way of starting a job that HCCL refuses beside a rank table (its
 /// `CM_*`, MindSpore's `MS_ROLE`, ...) are removed, with a warning on stderr (not under
-/// `atlasboost run`, which passes them only where `-x` asks). A signal whose handler returns
-/// does not end the wait for the other processes: it goes on.
+/// `atlasboost run`, which passes them only where `-x` asks). A signal that interrupts its wait
+/// for the other processes (a handler that returns) ends the wait: it returns
+/// ATLASBOOST_ERR_RENDEZVOUS ("Interrupted system call"), and a later call may try again.
 ///
 /// A second call after a success returns ATLASBOOST_OK at once (a bad `frame` is still
 /// refused): no second rendezvous, the first call's framework stays, and the environment is not

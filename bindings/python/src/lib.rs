@@ -29,7 +29,7 @@ use std::ffi::OsString;
 use atlasboost::init::{InitError, InitOptions, Job, session};
 use atlasboost_core::worker_env::Framework;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyException, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyTuple, PyType};
@@ -162,6 +162,24 @@ fn init(py: Python<'_>, frame: Option<&str>) -> PyResult<(Vars, Vars, Vec<&'stat
         .transpose()
         .map_err(|e| Error(InitError::from(e)))?;
     let opts = InitOptions { framework };
+    // A signal handler that runs during the wait (`stop_on_signal`) and calls init() again
+    // would wait for this very start: refused. (Another thread's init() waits for it in
+    // `_core.py`'s lock, without the GIL.)
+    if STARTING_HERE.get() {
+        return Err(PyRuntimeError::new_err(
+            "init() was called while this thread's init() waits for the other processes (from \
+             a signal handler?): it cannot wait for itself",
+        ));
+    }
+    STARTING_HERE.set(true);
+    /// Clears [`STARTING_HERE`] however the start ends.
+    struct Started;
+    impl Drop for Started {
+        fn drop(&mut self) {
+            STARTING_HERE.set(false);
+        }
+    }
+    let _started = Started;
     // With the GIL (the module docs say why); other Python threads run while it waits for the
     // other processes over ZeroMQ (`release_gil`).
     let result = session::start(&opts).and_then(|()| {
@@ -179,6 +197,11 @@ fn init(py: Python<'_>, frame: Option<&str>) -> PyResult<(Vars, Vars, Vec<&'stat
         py.check_signals()?;
     }
     Ok(result.map_err(Error)?)
+}
+
+thread_local! {
+    /// Whether this thread is inside `init()`: its signal handlers run there, during the wait.
+    static STARTING_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The exception a signal handler raised while `init()` waited (see [`stop_on_signal`]).
@@ -293,8 +316,15 @@ fn check_device(py: Python<'_>, device_id: &Bound<'_, PyAny>) -> PyResult<()> {
 }
 
 /// Ends the job (MPI is finalised if atlasboost initialised it); nothing before `init`.
+///
+/// From a signal handler that runs while this thread's `init()` waits, it does nothing: the
+/// start is not done, and waiting for it would wait for ever (the handler's exception, a
+/// `SystemExit` say, ends that `init()`).
 #[pyfunction]
 fn shutdown(py: Python<'_>) {
+    if STARTING_HERE.get() {
+        return;
+    }
     py.detach(session::shutdown);
 }
 

@@ -359,10 +359,13 @@ def test_a_thread_writing_os_environ_during_init_is_safe(tmp_path: Path) -> None
     code = """
         import os, threading, time, atlasboost
         def churn():
-            i = 0
+            # New names (each grows the C environment: setenv moves it) in bursts, then
+            # removed, for as long as the test runs.
             while True:
-                os.environ["CHURN_%d" % (i % 5000)] = str(i)
-                i += 1
+                for i in range(2000):
+                    os.environ["CHURN_%d" % i] = "1"
+                for i in range(2000):
+                    del os.environ["CHURN_%d" % i]
         threading.Thread(target=churn, daemon=True).start()
         deadline, starts = time.monotonic() + 3, 0
         while time.monotonic() < deadline:
@@ -373,6 +376,43 @@ def test_a_thread_writing_os_environ_during_init_is_safe(tmp_path: Path) -> None
     """
     r = run_python(code, env=clean_env(ATLASBOOST_SIM="2"), cwd=tmp_path, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("starts "), r.describe()
+
+
+def test_two_threads_calling_init_meet_once_and_a_handlers_shutdown_ends_the_wait(tmp_path: Path) -> None:
+    """Two threads of rank 0 call init() while it waits for rank 1: both return its job (one
+    rendezvous). Then a SIGTERM handler that calls shutdown() and exits, while a second
+    start waits: the process ends at once with its code."""
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    code = """
+        import os, signal, sys, threading, atlasboost
+        results = []
+        def start():
+            atlasboost.init()
+            results.append(atlasboost.rank())
+        threads = [threading.Thread(target=start) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        print("ranks", *results, flush=True)
+        if atlasboost.launcher_rank() == 0:
+            atlasboost.shutdown()
+            def stop(s, f):
+                atlasboost.shutdown()      # from the handler, during the wait: does nothing
+                sys.exit(143)
+            signal.signal(signal.SIGTERM, stop)
+            threading.Timer(1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 2)
+            atlasboost.init()              # alone now: waits for a rank 1 that never comes
+            print("not reached", flush=True)
+    """
+    procs = [start([PYTHON, "-c", textwrap.dedent(code)], env=torchrun_env(0, 2, port, table), cwd=tmp_path)]
+    time.sleep(1)
+    procs.append(start([PYTHON, "-c", textwrap.dedent(code)], env=torchrun_env(1, 2, port, table), cwd=tmp_path))
+    zero, one = wait_all(procs, timeout=60)
+    assert one.returncode == 0 and one.stdout.split() == ["ranks", "1", "1"], one.describe()
+    assert zero.returncode == 143 and zero.stdout.split() == ["ranks", "0", "0"], zero.describe()
 
 
 def test_ctrl_c_stops_a_waiting_init_with_keyboard_interrupt(tmp_path: Path) -> None:

@@ -33,13 +33,24 @@ fn member(path: &str, key: &str) -> String {
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    match plain {
-        true => format!("{path}.{key}"),
-        false => format!(
-            "{path}[{}]",
-            serde_json::to_string(key).unwrap_or_else(|_| format!("{key:?}"))
-        ),
+    if plain {
+        return format!("{path}.{key}");
     }
+    // JSON's escapes, and `\uXXXX` for what JSON leaves as it is but a terminal acts on: C1
+    // controls (U+0080-U+009F, an 8-bit CSI among them) and the bidirectional overrides.
+    let mut quoted = String::with_capacity(key.len() + 2);
+    for c in serde_json::to_string(key)
+        .unwrap_or_else(|_| format!("{key:?}"))
+        .chars()
+    {
+        match c {
+            '\u{80}'..='\u{9f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {
+                quoted.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            _ => quoted.push(c),
+        }
+    }
+    format!("{path}[{quoted}]")
 }
 
 /// Visits a value at `path`, noting the keys its objects repeat.
@@ -164,5 +175,12 @@ mod tests {
             "{paths:?}"
         );
         assert!(paths.iter().all(|p| !p.chars().any(char::is_control)));
+        // What JSON itself leaves as it is: an 8-bit CSI, a right-to-left override.
+        let text = "{\"a\u{9b}b\": 1, \"a\u{9b}b\": 2, \"x\u{202e}y\": 1, \"x\u{202e}y\": 2}";
+        let paths: Vec<String> = duplicate_keys(text.as_bytes())
+            .into_iter()
+            .map(|v| v.path)
+            .collect();
+        assert_eq!(paths, [r#"$["a\u009bb"]"#, r#"$["x\u202ey"]"#], "{paths:?}");
     }
 }

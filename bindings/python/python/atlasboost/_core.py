@@ -5,6 +5,7 @@ the job's variables go to `os.environ`, and `set_device_id` tells MindSpore and 
 they are installed. Nothing here imports a framework at import time.
 """
 
+import _thread
 import os
 import sys
 
@@ -38,8 +39,22 @@ def init(frame: "str | None" = None) -> None:
     `atlasboost run --framework` (ATLASBOOST_FRAMEWORK), else "tensorflow".
 
     Raises ConfigError (also a ValueError) for a bad `frame`, and the other AtlasBoostError
-    subclasses for a failed start. Other Python threads run while it waits.
+    subclasses for a failed start. Other Python threads run while it waits for the other
+    processes over ZeroMQ (not under MPI, whose rendezvous holds the GIL); a signal handler that
+    raises during that wait ends it with its exception, one that returns lets it go on.
     """
+    # One init() at a time: another thread's waits here, without the GIL, for the first to be
+    # done (and then keeps its job). Re-entrant: a signal handler's init() during the wait is
+    # refused by the native module rather than waiting for itself.
+    with _init_lock:
+        _init(frame)
+
+
+# (`_thread`'s: always loaded; `import atlasboost` imports no more than it needs.)
+_init_lock = _thread.RLock()
+
+
+def _init(frame: "str | None") -> None:
     global _shutdown_at_exit
     # Before the rendezvous: its own failure (a timeout) ends the MPI job too.
     _end_the_job_on_failure()
