@@ -85,6 +85,17 @@ fn path_with_fake_ssh(dir: &Path, script: &str) -> String {
     )
 }
 
+/// `atlasboost ARGS` (split at spaces) with the stand-in `ssh` of [`path_with_fake_ssh`] first
+/// on `path`, every host reached over it.
+fn over_fake_ssh(dir: &Path, path: &str, args: &str) -> Output {
+    let args: Vec<&str> = args.split(' ').collect();
+    run_env(
+        dir,
+        &args,
+        &[("PATH", path), ("ATLASBOOST_SSH_ALL_HOSTS", "1")],
+    )
+}
+
 fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_atlasboost")
 }
@@ -3609,23 +3620,10 @@ fn a_rendezvous_timeout_says_what_the_silent_host_said() {
         "the hung session was not waited for"
     );
     // In a chain, the hosts below the silent one are named as reached through it.
-    let chain = [
-        "run",
-        "--sim",
-        "2",
-        "--fanout",
-        "1",
-        "-H",
-        "127.0.0.8,127.0.0.9,127.0.0.10",
-        "--rendezvous-timeout",
-        "2",
-        "--",
-        "true",
-    ];
-    let out = run_env(
+    let out = over_fake_ssh(
         dir.path(),
-        &chain,
-        &[("PATH", &path), ("ATLASBOOST_SSH_ALL_HOSTS", "1")],
+        &path,
+        "run --sim 2 --fanout 1 -H 127.0.0.8,127.0.0.9,127.0.0.10 --rendezvous-timeout 2 -- true",
     );
     out.expect_code(125).stderr_has(&[
         "hosts 127.0.0.8, 127.0.0.9, 127.0.0.10 did not join",
@@ -3644,21 +3642,10 @@ fn another_version_on_a_host_is_named_as_it_greets() {
         "printf '\\000atlasboost-agent-7\\n'\nexec sleep 30",
     );
     let started = std::time::Instant::now();
-    let args = [
-        "run",
-        "--sim",
-        "2",
-        "-H",
-        "127.0.0.8",
-        "--rendezvous-timeout",
-        "60",
-        "--",
-        "true",
-    ];
-    let out = run_env(
+    let out = over_fake_ssh(
         dir.path(),
-        &args,
-        &[("PATH", &path), ("ATLASBOOST_SSH_ALL_HOSTS", "1")],
+        &path,
+        "run --sim 2 -H 127.0.0.8 --rendezvous-timeout 60 -- true",
     );
     out.expect_code(125).stderr_has(&[
         "host 127.0.0.8: its agent sent something that is not the protocol: it greets as \
