@@ -60,8 +60,8 @@ def main():
     if atlasboost is not None:
         try:
             atlasboost.init(frame="tensorflow")
-            # The original tool's scripts pass local_rank(); device_id() is also right when the
-            # job uses devices that do not start at 0 (e.g. --devices 4-7).
+            # The original tool's scripts pass local_rank(); device_id() is also right in library
+            # mode on devices that do not start at 0 (an hccn.conf of devices 4-7).
             atlasboost.set_device_id(atlasboost.device_id())
         except atlasboost.AtlasBoostError as e:
             print(f"train.py: atlasboost.init() failed: {e}", file=sys.stderr)
