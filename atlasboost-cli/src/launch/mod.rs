@@ -1922,15 +1922,25 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> H
                 let r = &mut remotes[h];
                 // Drain what ssh said last, for the message.
                 while r.read_err(buf).is_some_and(|l| !l.is_empty()) {}
+                let ending = r.ssh_ending();
                 let what = if r.greeted() {
                     "its agent stopped before the job started"
+                } else if ending.as_deref() == Some("ssh exited 0") {
+                    // ssh ran the remote command, which ended well without a word of the
+                    // protocol: something other than atlasboost (--remote-atlasboost /bin/true).
+                    "the remote command ended (exit 0) without starting atlasboost's agent: is \
+                     --remote-atlasboost (or the atlasboost on the remote PATH) atlasboost?"
                 } else {
                     "ssh could not start atlasboost agent there"
+                };
+                let said = match ending {
+                    Some(e) => format!("{} ({e})", r.err_tail()),
+                    None => r.err_tail(),
                 };
                 let e = CliError::HostLost {
                     host: r.host.clone(),
                     what,
-                    said: r.err_tail(),
+                    said,
                 };
                 r.lost = Some(what.to_string());
                 heard.failures.push(with_subtree(remotes, h, e));

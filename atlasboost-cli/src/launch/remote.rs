@@ -402,7 +402,7 @@ impl Remote {
     /// How this launcher's ssh process ended, once it has (`ssh was killed by SIGKILL`,
     /// `ssh exited 255`), without reaping it. Its output closes as it exits, a moment before
     /// it can be waited for: 5 ms at most (the supervisor may have many hosts to hear of).
-    fn ssh_ending(&self) -> Option<String> {
+    pub fn ssh_ending(&self) -> Option<String> {
         use super::channel::{Ending, WorkerSignal};
         use nix::libc;
         let Link::Ssh(child) = &self.link else {

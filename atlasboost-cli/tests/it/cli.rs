@@ -3656,6 +3656,19 @@ fn another_version_on_a_host_is_named_as_it_greets() {
         started.elapsed() < std::time::Duration::from_secs(20),
         "waited for the rendezvous timeout: {out:?}"
     );
+    // A remote command that is no atlasboost at all, and ends well (`/bin/true`).
+    let other = TempDir::new().unwrap();
+    let path = path_with_fake_ssh(other.path(), "exit 0");
+    over_fake_ssh(
+        other.path(),
+        &path,
+        "run --sim 2 -H 127.0.0.8 --rendezvous-timeout 60 -- true",
+    )
+    .expect_code(125)
+    .stderr_has(&[
+        "host 127.0.0.8: the remote command ended (exit 0) without starting atlasboost's agent",
+        "(ssh exited 0)",
+    ]);
 }
 
 /// `atlasboost agent` by hand, or fed garbage: a usage error that says what is wrong with its
