@@ -172,15 +172,41 @@ impl HccnProbe {
                 )],
             });
         }
-        let text = String::from_utf8(bytes).map_err(|e| {
-            let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
-            let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
-            DsmiError::BadHccnConf {
-                path: self.path.clone(),
-                problems: vec![format!("line {line} is not UTF-8 text")],
+        // Lines that are not UTF-8 are named, and read as empty so that every other problem is
+        // named too, at its own line.
+        let mut not_text = Vec::new();
+        let text: Vec<&str> = bytes
+            .split(|&b| b == b'\n')
+            .enumerate()
+            .map(|(n, line)| {
+                std::str::from_utf8(line).unwrap_or_else(|_| {
+                    not_text.push(format!("line {} is not UTF-8 text", n + 1));
+                    ""
+                })
+            })
+            .collect();
+        let bad = |problems| DsmiError::BadHccnConf {
+            path: self.path.clone(),
+            problems,
+        };
+        let addresses = match parse_hccn_conf(&text.join("\n"), &self.path) {
+            Ok(addresses) if not_text.is_empty() => addresses,
+            Ok(_) => return Err(bad(not_text)),
+            Err(DsmiError::BadHccnConf { problems, .. }) => {
+                let mut all = not_text;
+                all.extend(problems);
+                // In the file's order: `line N...` by N, the rest after.
+                all.sort_by_key(|p| {
+                    p.strip_prefix("line ")
+                        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .unwrap_or(usize::MAX)
+                });
+                return Err(bad(all));
             }
-        })?;
-        let devices = parse_hccn_conf(&text, &self.path)?
+            Err(e) => return Err(e),
+        };
+        let devices: Vec<Device> = addresses
             .into_iter()
             .map(|(physical, ip)| Device {
                 server_id: self.server_id.clone(),

@@ -59,6 +59,27 @@ fn a_path_to_something_endless_is_refused_after_a_megabyte() {
     }
 }
 
+#[test]
+fn a_line_that_is_not_utf8_is_named_beside_every_other_problem() {
+    let _env = Env::set(&[]);
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(
+        b"address_0=10.1.0.1\naddress_1=10.1.\xff.2\naddress_2=10.1.0.300\r\naddress_3=10.1.0.4\n",
+    )
+    .unwrap();
+    let e = HccnProbe::new("10.0.0.1", f.path())
+        .unwrap()
+        .probe()
+        .unwrap_err();
+    let text = format!(
+        "{e}: {}",
+        std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
+    );
+    let two = text.find("line 2 is not UTF-8 text");
+    let three = text.find("line 3: address_2=\"10.1.0.300\" is not an IPv4 or IPv6 address");
+    assert!(two.is_some() && three.is_some() && two < three, "{text}");
+}
+
 /// A file that lists only devices 4-7 (the others have no RoCE address): on bare metal the
 /// driver numbers them 4-7, so do their logical ids; in a container that mounted 5-6 they are
 /// 0 and 1.
