@@ -1922,7 +1922,8 @@ fn check_remotes(remotes: &mut [Remote], buf: &mut [u8], printer: &Printer) -> H
                 let r = &mut remotes[h];
                 // Drain what ssh said last, for the message.
                 while r.read_err(buf).is_some_and(|l| !l.is_empty()) {}
-                let ending = r.ssh_ending();
+                // The launch fails on this host: worth a moment more for ssh's ending.
+                let ending = r.ssh_ending_within(200);
                 let what = if r.greeted() {
                     "its agent stopped before the job started"
                 } else if ending.as_deref() == Some("ssh exited 0") {

@@ -403,6 +403,12 @@ impl Remote {
     /// `ssh exited 255`), without reaping it. Its output closes as it exits, a moment before
     /// it can be waited for: 5 ms at most (the supervisor may have many hosts to hear of).
     pub fn ssh_ending(&self) -> Option<String> {
+        self.ssh_ending_within(5)
+    }
+
+    /// [`Remote::ssh_ending`], waiting up to `millis` ms for it (a launch that fails on this
+    /// host anyway can wait longer for the words that say why).
+    pub fn ssh_ending_within(&self, millis: u32) -> Option<String> {
         use super::channel::{Ending, WorkerSignal};
         use nix::libc;
         let Link::Ssh(child) = &self.link else {
@@ -418,7 +424,7 @@ impl Remote {
         // The raw status: nix's waitid cannot name a real-time signal (SIGRTMIN...), and would
         // lose the ending.
         let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
-        for _ in 0..5 {
+        for _ in 0..millis.max(1) {
             // SAFETY: an all-zero siginfo_t is valid; waitid only writes it.
             let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
             // SAFETY: waitid writes only through the valid pointer it is given.
