@@ -201,10 +201,16 @@ impl ZmqRendezvous {
                 Ok(n) => n,
                 // A signal's handler ran: the wait goes on unless the program asks to stop.
                 Err(zmq::Error::EINTR) if !crate::waiting::stop_after_interrupt() => continue,
-                Err(e) => return Err(zmq_err("wait for the coordinator")(e)),
+                Err(e) => {
+                    // Given up (a signal, most likely): the others are told at once, rather
+                    // than wait for this participant until their timeout.
+                    self.abort(&format!("it stopped waiting: {e}"));
+                    return Err(zmq_err("wait for the coordinator")(e));
+                }
             };
             if ready == 0 && crate::waiting::stop_after_timeout() {
                 // A signal that came between two waits, which no EINTR told of.
+                self.abort("it stopped waiting: interrupted by a signal");
                 return Err(zmq_err("wait for the coordinator")(zmq::Error::EINTR));
             }
             if ready == 0 {

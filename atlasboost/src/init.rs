@@ -476,7 +476,37 @@ pub mod session {
     /// not know, which waits for ever.
     pub fn shutdown() {
         // A start under way ends first: its job is then the one ended.
-        let _starting = starting();
+        let starting = starting();
+        end_job(starting);
+    }
+
+    /// [`shutdown`], unless a start under way in another thread keeps it waiting longer than
+    /// `wait`: then `false`, and nothing is done (an embedding program that must hear a Ctrl-C
+    /// meanwhile calls it again).
+    pub fn shutdown_within(wait: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match STARTING.try_lock() {
+                Ok(starting) => {
+                    end_job(starting);
+                    return true;
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    end_job(p.into_inner());
+                    return true;
+                }
+                Err(std::sync::TryLockError::WouldBlock)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return false,
+            }
+        }
+    }
+
+    /// Ends the job, with the start lock held.
+    fn end_job(_starting: MutexGuard<'static, ()>) {
         let ended = job().take();
         if OWNER.load(Ordering::Relaxed) == std::process::id() {
             drop(ended);

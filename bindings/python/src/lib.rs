@@ -320,12 +320,18 @@ fn check_device(py: Python<'_>, device_id: &Bound<'_, PyAny>) -> PyResult<()> {
 /// From a signal handler that runs while this thread's `init()` waits, it does nothing: the
 /// start is not done, and waiting for it would wait for ever (the handler's exception, a
 /// `SystemExit` say, ends that `init()`).
+///
+/// While another thread's `init()` is under way it waits for it, hearing Ctrl-C meanwhile (a
+/// `finally: shutdown()` must not make the process deaf for the rendezvous timeout).
 #[pyfunction]
-fn shutdown(py: Python<'_>) {
+fn shutdown(py: Python<'_>) -> PyResult<()> {
     if STARTING_HERE.get() {
-        return;
+        return Ok(());
     }
-    py.detach(session::shutdown);
+    while !py.detach(|| session::shutdown_within(std::time::Duration::from_millis(50))) {
+        py.check_signals()?;
+    }
+    Ok(())
 }
 
 /// `abort_mpi(code)`: ends the whole MPI job (`MPI_Abort`) if MPI is initialised in this

@@ -415,6 +415,93 @@ def test_two_threads_calling_init_meet_once_and_a_handlers_shutdown_ends_the_wai
     assert zero.returncode == 143 and zero.stdout.split() == ["ranks", "0", "0"], zero.describe()
 
 
+def test_a_rank_stopped_by_ctrl_c_in_the_wait_fails_the_others_at_once(tmp_path: Path) -> None:
+    """Rank 1 of 3 gets Ctrl-C while the rendezvous waits for rank 2: rank 0 (the coordinator)
+    hears that it gave up, rather than wait for it until the timeout."""
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    code = """
+        import time, atlasboost
+        print("waiting", flush=True)
+        start = time.monotonic()
+        try:
+            atlasboost.init()
+        except atlasboost.RendezvousError as e:
+            print(round(time.monotonic() - start), e, flush=True)
+    """
+    env = lambda rank: torchrun_env(rank, 3, port, table, ATLASBOOST_RENDEZVOUS_TIMEOUT="60")  # noqa: E731
+    zero = start([PYTHON, "-c", textwrap.dedent(code)], env=env(0), cwd=tmp_path)
+    one = start([PYTHON, "-c", textwrap.dedent(code)], env=env(1), cwd=tmp_path)
+    try:
+        for p in (zero, one):
+            assert p.stdout is not None and p.stdout.readline().strip() == "waiting"
+        time.sleep(1)
+        one.send_signal(signal.SIGINT)
+        first, stopped = wait_all([zero, one], timeout=50)
+    finally:
+        for p in (zero, one):
+            if p.poll() is None:
+                p.kill()
+    assert stopped.returncode != 0 and "KeyboardInterrupt" in stopped.stderr, stopped.describe()
+    seconds, _, message = first.stdout.strip().partition(" ")
+    assert "gave up" in message and int(seconds) < 30, first.describe()
+
+
+def test_shutdown_hears_ctrl_c_while_another_threads_init_waits(tmp_path: Path) -> None:
+    """A `finally: shutdown()` while a thread's init() waits for a rank that never comes: a
+    Ctrl-C there ends it, not the rendezvous timeout."""
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    code = """
+        import threading, time, atlasboost
+        threading.Thread(target=atlasboost.init, daemon=True).start()
+        time.sleep(0.3)
+        print("shutting down", flush=True)
+        start = time.monotonic()
+        try:
+            atlasboost.shutdown()
+        except KeyboardInterrupt:
+            print("interrupted after", round(time.monotonic() - start), flush=True)
+    """
+    env = torchrun_env(1, 2, port, table, ATLASBOOST_RENDEZVOUS_TIMEOUT="60")
+    proc = start([PYTHON, "-c", textwrap.dedent(code)], env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "shutting down"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        r = finish(proc, timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    words = r.stdout.split()
+    assert words[:2] == ["interrupted", "after"] and int(words[2]) < 10, r.describe()
+
+
+def test_threads_waiting_for_a_failed_init_get_its_failure(tmp_path: Path) -> None:
+    """Three threads call init() at once, and the start times out (rank 0 never comes): the two
+    that waited for it raise its failure, not a rendezvous of their own each."""
+    table = tmp_path / "rank_table.json"
+    port = free_port_pair()
+    code = """
+        import threading, atlasboost
+        failures = []
+        def start():
+            try:
+                atlasboost.init()
+            except atlasboost.RendezvousError as e:
+                failures.append(e)
+        threads = [threading.Thread(target=start) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        print(len(failures), len({id(e) for e in failures}), flush=True)
+    """
+    env = torchrun_env(1, 2, port, table, ATLASBOOST_RENDEZVOUS_TIMEOUT="2")
+    r = run_python(code, env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and r.stdout.split() == ["3", "1"], r.describe()
+
+
 def test_ctrl_c_stops_a_waiting_init_with_keyboard_interrupt(tmp_path: Path) -> None:
     table = tmp_path / "rank_table.json"
     port = free_port_pair()

@@ -44,14 +44,31 @@ def init(frame: "str | None" = None) -> None:
     raises during that wait ends it with its exception, one that returns lets it go on.
     """
     # One init() at a time: another thread's waits here, without the GIL, for the first to be
-    # done (and then keeps its job). Re-entrant: a signal handler's init() during the wait is
-    # refused by the native module rather than waiting for itself.
+    # done, and then keeps its job, or raises its failure (rather than wait a whole rendezvous
+    # again). Re-entrant: a signal handler's init() during the wait is refused by the native
+    # module rather than waiting for itself.
+    global _starts, _last_failure
+    seen = _starts
     with _init_lock:
-        _init(frame)
+        # (Not a KeyboardInterrupt or SystemExit of the other thread's: its own to take.)
+        if _starts != seen and isinstance(_last_failure, _native.AtlasBoostError):
+            raise _last_failure
+        try:
+            _init(frame)
+        except BaseException as e:
+            _last_failure = e
+            raise
+        else:
+            _last_failure = None
+        finally:
+            _starts += 1
 
 
 # (`_thread`'s: always loaded; `import atlasboost` imports no more than it needs.)
 _init_lock = _thread.RLock()
+# How many init() calls have ended, and how the last one failed (None: it did not).
+_starts = 0
+_last_failure = None
 
 
 def _init(frame: "str | None") -> None:
