@@ -16,6 +16,16 @@ fn file(text: &str) -> tempfile::NamedTempFile {
     f
 }
 
+/// The error of probing the hccn.conf at `path` (which must fail), with its source.
+fn probe_error(path: &std::path::Path) -> String {
+    let e = HccnProbe::new("10.0.0.1", path)
+        .unwrap()
+        .probe()
+        .unwrap_err();
+    let source = std::error::Error::source(&e).map_or(String::new(), |s| s.to_string());
+    format!("{e}: {source}")
+}
+
 #[test]
 fn a_file_with_every_key_passes_the_conformance_suite() {
     let mut text = String::new();
@@ -46,14 +56,7 @@ fn a_path_to_something_endless_is_refused_after_a_megabyte() {
     text.push_str(&"# padding\n".repeat(200_000));
     let f = file(&text);
     for path in [f.path(), std::path::Path::new("/dev/zero")] {
-        let e = HccnProbe::new("10.0.0.1", path)
-            .unwrap()
-            .probe()
-            .unwrap_err();
-        let text = format!(
-            "{e}: {}",
-            std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
-        );
+        let text = probe_error(path);
         assert!(text.contains("more than 1 MiB"), "{text}");
         assert!(text.contains(&path.display().to_string()), "{text}");
     }
@@ -67,14 +70,7 @@ fn a_line_that_is_not_utf8_is_named_beside_every_other_problem() {
         b"address_0=10.1.0.1\naddress_1=10.1.\xff.2\naddress_2=10.1.0.300\r\naddress_3=10.1.0.4\n",
     )
     .unwrap();
-    let e = HccnProbe::new("10.0.0.1", f.path())
-        .unwrap()
-        .probe()
-        .unwrap_err();
-    let text = format!(
-        "{e}: {}",
-        std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
-    );
+    let text = probe_error(f.path());
     let two = text.find("line 2 is not UTF-8 text");
     let three = text.find("line 3: address_2=\"10.1.0.300\" is not an IPv4 or IPv6 address");
     assert!(two.is_some() && three.is_some() && two < three, "{text}");
