@@ -233,6 +233,17 @@ impl Chip {
         }
     }
 
+    /// Whether HCCL runs a server of `n` devices of this chip: on 910 only 1, 2, 4 or 8.
+    pub fn allows_device_count(self, n: usize) -> bool {
+        self != Chip::Ascend910 || [1, 2, 4, 8].contains(&n)
+    }
+
+    /// Whether HCCL needs every server of a table to have as many devices (910; on 910_93 it
+    /// only recommends it, on 910B not even that).
+    pub fn needs_equal_device_counts(self) -> bool {
+        self == Chip::Ascend910
+    }
+
     /// The highest `device_id` HCCL accepts on this chip.
     pub fn max_device_id(self) -> u32 {
         match self {

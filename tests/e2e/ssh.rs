@@ -1171,32 +1171,34 @@ fn agents_below(sshd: &Sshd) -> BTreeSet<i32> {
 #[test]
 fn simulated_faults_reach_the_agents_over_ssh() {
     let (sshd, mark, _cleanup) = ssh_test!("ssh-sim-faults");
-    let r = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO])
-        .env("ATLASBOOST_SIM_FAULTS", "127.0.0.3/unhealthy:1")
-        .args(RAN)
-        .timeout(Duration::from_secs(60))
-        .run();
-    let ctx = r.describe();
-    assert_eq!(r.code(), Some(125), "{ctx}");
-    assert!(
-        r.err().contains("device 1 of host 127.0.0.3 is critical"),
-        "{ctx}"
+    // The job with the fault given as `name=value`, refused naming the `critical` device.
+    let refused = |run: Run, name: &str, value: &str, critical: &str| {
+        let r = run
+            .env(name, value)
+            .args(RAN)
+            .timeout(Duration::from_secs(60))
+            .run();
+        let ctx = r.describe();
+        assert_eq!(r.code(), Some(125), "{ctx}");
+        assert!(r.err().contains(critical), "{ctx}");
+        assert!(!r.out().contains("WORKER-RAN"), "{ctx}");
+    };
+    let run = || over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO]);
+    refused(
+        run(),
+        "ATLASBOOST_SIM_FAULTS",
+        "127.0.0.3/unhealthy:1",
+        "device 1 of host 127.0.0.3 is critical",
     );
-    assert!(!r.out().contains("WORKER-RAN"), "{ctx}");
     // A faults file named relative to the launcher's directory, not the agents' (their login
     // directory).
-    let run = over_ssh(&sshd, &mark, &["--sim", "2", "-H", TWO_BY_TWO]);
-    run.file("faults", "127.0.0.2/unhealthy:0\n", false);
-    let r = run
-        .env("ATLASBOOST_SIM_FAULTS_FILE", "faults")
-        .args(RAN)
-        .timeout(Duration::from_secs(60))
-        .run();
-    let ctx = r.describe();
-    assert_eq!(r.code(), Some(125), "{ctx}");
-    assert!(
-        r.err().contains("device 0 of host 127.0.0.2 is critical"),
-        "{ctx}"
+    let in_file = run();
+    in_file.file("faults", "127.0.0.2/unhealthy:0\n", false);
+    refused(
+        in_file,
+        "ATLASBOOST_SIM_FAULTS_FILE",
+        "faults",
+        "device 0 of host 127.0.0.2 is critical",
     );
 }
 

@@ -1622,49 +1622,32 @@ fn join(
                 })
                 .collect();
             let unconnected = remotes.iter().filter(|r| r.is_awaited()).count();
-            // The silent hosts whose parent in the launch tree reported: the others were
-            // reached through one of them.
-            let silent_tops: Vec<String> = remote_index
+            // The silent hosts whose parent in the launch tree reported (indices into
+            // `remotes`): the others were reached through one of them.
+            let silent = |k: usize| reports[remote_index[k]].is_none();
+            let tops: Vec<usize> = (0..remotes.len())
+                .filter(|&k| silent(k) && remotes[k].parent.is_none_or(|p| !silent(p)))
+                .collect();
+            let silent_tops: Vec<String> = tops
                 .iter()
-                .zip(&remotes)
-                .filter(|&(&i, r)| {
-                    reports[i].is_none()
-                        && r.parent.is_none_or(|p| reports[remote_index[p]].is_some())
-                })
-                .map(|(&i, _)| hosts[i].describe())
+                .map(|&t| hosts[remote_index[t]].describe())
                 .collect();
             // The silent hosts reached through a silent host of the launch tree: that one is
             // the place to look.
-            let through: Vec<String> = remote_index
+            let through: Vec<String> = tops
                 .iter()
-                .zip(&remotes)
-                .filter(|&(&i, r)| {
-                    reports[i].is_none()
-                        && r.parent.is_none_or(|p| reports[remote_index[p]].is_some())
-                })
-                .filter_map(|(&top, _)| {
+                .filter_map(|&t| {
                     let below: Vec<String> = (0..remotes.len())
-                        .filter(|&k| reports[remote_index[k]].is_none())
-                        .filter(|&k| {
-                            let mut up = remotes[k].parent;
-                            while let Some(p) = up {
-                                if remote_index[p] == top {
-                                    return true;
-                                }
-                                up = remotes[p].parent;
-                            }
-                            false
-                        })
+                        .filter(|&k| silent(k) && is_below(&remotes, k, t))
                         .map(|k| hosts[remote_index[k]].describe())
                         .collect();
+                    let top = hosts[remote_index[t]].describe();
                     (!below.is_empty()).then(|| {
                         format!(
-                            "{} {} reached through {} in the launch tree (--fanout): look at \
-                             {} first",
+                            "{} {} reached through {top} in the launch tree (--fanout): look at \
+                             {top} first",
                             below.join(", "),
                             if below.len() == 1 { "is" } else { "are" },
-                            hosts[top].describe(),
-                            hosts[top].describe()
                         )
                     })
                 })

@@ -457,10 +457,16 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     }
     cmd.push("-wdir".into());
     cmd.push(job.wdir.as_os_str().to_owned());
-    cmd.extend(job.relay.iter().cloned());
-    cmd.extend(["relay".into(), "--".into()]);
-    cmd.extend(args.command.iter().cloned());
+    cmd.extend(rank_command(job.relay, &args.command));
     cmd
+}
+
+/// What mpirun starts as each rank: the relay (`atlasboost relay -- COMMAND`).
+fn rank_command(relay: &[OsString], command: &[OsString]) -> Vec<OsString> {
+    let mut rank = relay.to_vec();
+    rank.extend(["relay".into(), "--".into()]);
+    rank.extend(command.iter().cloned());
+    rank
 }
 
 /// Options that `--mpi` cannot honour are refused, never ignored.
@@ -550,13 +556,10 @@ const MAX_ENV_STRING: usize = 128 << 10;
 /// passes (a plain `mpirun` fails alike): refused before mpirun starts, naming the limit,
 /// rather than as mpirun's "execve error" for every rank.
 fn check_argv_fits_open_mpi(relay: &[OsString], command: &[OsString]) -> Result<(), CliError> {
-    let after_program = relay.iter().skip(1).map(|a| a.len());
-    let ours = ["relay", "--"].iter().map(|a| a.len());
-    let lengths: Vec<usize> = after_program
-        .chain(ours)
-        .chain(command.iter().map(|a| a.len()))
-        .collect();
-    let joined = lengths.iter().sum::<usize>() + lengths.len().saturating_sub(1);
+    let rank = rank_command(relay, command);
+    let after_program = rank.get(1..).unwrap_or_default();
+    let joined = after_program.iter().map(|a| a.len()).sum::<usize>()
+        + after_program.len().saturating_sub(1);
     let variable = "OMPI_ARGV=".len() + joined + 1;
     if variable <= MAX_ENV_STRING {
         return Ok(());
@@ -661,9 +664,14 @@ fn check_simulated_shape(hosts: &[HostSpec], np: u32, sim: u32) -> Result<(), Cl
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let why = if counts.iter().any(|(_, n)| ![1, 2, 4, 8].contains(n)) {
+    // The validator's rules for the chip (atlasboost_core::Chip), before any table exists.
+    let chip = atlasboost_core::Chip::Ascend910;
+    let why = if counts
+        .iter()
+        .any(|(_, n)| !chip.allows_device_count(*n as usize))
+    {
         "a 910 server runs 1, 2, 4 or 8 workers"
-    } else if counts.iter().any(|(_, n)| *n != counts[0].1) {
+    } else if chip.needs_equal_device_counts() && counts.iter().any(|(_, n)| *n != counts[0].1) {
         "the servers of a 910 table run as many workers each"
     } else {
         return Ok(());

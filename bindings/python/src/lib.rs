@@ -184,8 +184,11 @@ fn init(py: Python<'_>, frame: Option<&str>) -> PyResult<(Vars, Vars, Vec<&'stat
     // other processes over ZeroMQ (`release_gil`).
     let result = session::start(&opts).and_then(|()| {
         session::with(|job| {
-            let (set, if_unset) = (job.env.clone(), job.env_if_unset.clone());
-            (set, if_unset, job.env_remove.clone())
+            (
+                job.env.clone(),
+                job.env_if_unset.clone(),
+                job.env_remove.clone(),
+            )
         })
     });
     if result.is_err() {

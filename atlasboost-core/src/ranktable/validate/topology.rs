@@ -48,7 +48,7 @@ impl Validator {
         }
         if self.chip == Chip::Ascend910 {
             let n = devices.len();
-            if ![1, 2, 4, 8].contains(&n) {
+            if !self.chip.allows_device_count(n) {
                 self.push(
                     list_path.to_string(),
                     Rule::DeviceCount,
@@ -98,7 +98,7 @@ impl Validator {
                          {first_n}; HCCL recommends the same count on every 910_93 server"
                     ),
                 );
-            } else {
+            } else if self.chip.needs_equal_device_counts() {
                 self.push(
                     path.clone(),
                     Rule::UnequalDeviceCounts,
