@@ -253,7 +253,8 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
             .map(|v| {
                 v.trim().parse::<u32>().map_err(|_| {
                     Error::LaunchEnv(format!(
-                        "{name}={v} is not a number ({} sets it to a count or an index)",
+                        "{name}={v} {} ({} sets it to a count or an index)",
+                        not_a_count(&v),
                         family.launcher
                     ))
                 })
@@ -331,6 +332,16 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
         master_addr,
         master_port,
     }))
+}
+
+/// What is wrong with `value`, which does not parse as a count or an index (a `u32`): said
+/// as it is, so that `RANK=-1` is not called "not a number".
+pub fn not_a_count(value: &str) -> &'static str {
+    match value.trim().parse::<i128>() {
+        Ok(n) if n < 0 => "is negative",
+        Ok(_) => "is too large",
+        Err(_) => "is not a number",
+    }
 }
 
 /// [`detect`] on this process's environment.
@@ -636,6 +647,15 @@ mod tests {
             ("MPI_LOCALRANKID", "0"),
         ]);
         assert!(m.contains("PMI_RANK=two is not a number"), "{m}");
+        // A negative or oversized number is said as what it is.
+        let m = message(&[("RANK", "-1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0")]);
+        assert!(m.contains("RANK=-1 is negative"), "{m}");
+        let m = message(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4294967296"),
+            ("LOCAL_RANK", "0"),
+        ]);
+        assert!(m.contains("WORLD_SIZE=4294967296 is too large"), "{m}");
         let m = message(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0")]);
         assert!(
             m.contains("RANK=4 is not a rank of a job of WORLD_SIZE=4"),

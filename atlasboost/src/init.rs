@@ -612,8 +612,10 @@ fn from_launch(c: &LaunchContext, framework: Framework) -> Result<Job, InitError
     };
     let number = |name: &'static str| -> Result<u32, InitError> {
         let v = need(name)?;
-        v.parse()
-            .map_err(|_| InitError::LaunchContext(format!("{name}={v} is not a number")))
+        v.parse().map_err(|_| {
+            let why = launch_context::not_a_count(&v);
+            InitError::LaunchContext(format!("{name}={v} {why}"))
+        })
     };
     let table_path = PathBuf::from(need(EnvVars::ATLASBOOST_RANK_TABLE_FILE)?);
     let server_id = need(EnvVars::ATLASBOOST_SERVER_ID)?;
