@@ -15,6 +15,8 @@ use atlasboost_core::{Device, DeviceSample, Health, Telemetry};
 
 use crate::error::CliError;
 
+mod http;
+
 /// The shortest `--monitor-interval`.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -588,103 +590,45 @@ fn attempt_text(job: &str, attempt: u32) -> String {
     )
 }
 
-/// What a request for anything but `/metrics` (`GET` or `HEAD`) is answered: its status and
-/// why, or `None` for a request for the metrics.
-fn refusal(method: &tiny_http::Method, url: &str) -> Option<(u16, &'static str)> {
-    let path = url.split(['?', '#']).next().unwrap_or(url);
-    match (method, path) {
-        (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => None,
-        (_, "/metrics") => Some((405, "405 method not allowed: GET /metrics\n")),
-        _ => Some((404, "404 not found: atlasboost serves GET /metrics\n")),
-    }
-}
-
-/// `--metrics ADDR:PORT`: a small HTTP server (its own thread) that answers `GET /metrics`
-/// with the latest text [`Metrics::publish`] gave it (before the first sample, the job's
-/// attempt alone: a target that answers nothing would look like a host without NPUs), and
-/// anything else with 404 or 405.
+/// `--metrics ADDR:PORT`: a small HTTP server ([`http`], threads of its own) that answers
+/// `GET /metrics` with the latest text [`Metrics::publish`] gave it (before the first sample,
+/// the job's attempt alone: a target that answers nothing would look like a host without
+/// NPUs), and anything else with 404 or 405.
 pub struct Metrics {
     text: Arc<Mutex<String>>,
-    server: Arc<tiny_http::Server>,
-    address: SocketAddr,
+    server: http::Server,
 }
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics")
-            .field("address", &self.address)
+            .field("address", &self.server.address())
             .finish()
     }
 }
 
 impl Metrics {
-    /// Listens on `address` and serves the metrics of job `job` from a thread of its own.
+    /// Listens on `address` and serves the metrics of job `job`; stops when dropped.
     ///
     /// # Errors
     ///
     /// [`CliError::Usage`] naming the address when it cannot be bound.
     pub fn serve(address: SocketAddr, job: &str) -> Result<Metrics, CliError> {
-        let server = tiny_http::Server::http(address).map_err(|e| {
+        let text = Arc::new(Mutex::new(attempt_text(job, 0)));
+        let server = http::Server::serve(address, Arc::clone(&text)).map_err(|e| {
             CliError::Usage(format!("--metrics {address}: cannot listen there: {e}"))
         })?;
-        let bound = match server.server_addr() {
-            tiny_http::ListenAddr::IP(a) => a,
-            tiny_http::ListenAddr::Unix(_) => address,
-        };
-        let server = Arc::new(server);
-        let text = Arc::new(Mutex::new(attempt_text(job, 0)));
-        let (serving, latest) = (Arc::clone(&server), Arc::clone(&text));
-        std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || {
-                for request in serving.incoming_requests() {
-                    if let Some((status, why)) = refusal(request.method(), request.url()) {
-                        let mut response = tiny_http::Response::from_string(why)
-                            .with_status_code(tiny_http::StatusCode(status));
-                        // A 405 names what is allowed (RFC 9110).
-                        if let Ok(h) =
-                            tiny_http::Header::from_bytes(&b"Allow"[..], &b"GET, HEAD"[..])
-                            && status == 405
-                        {
-                            response.add_header(h);
-                        }
-                        let _ = request.respond(response);
-                        continue;
-                    }
-                    let body = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    let mut response = tiny_http::Response::from_string(body);
-                    if let Ok(h) = tiny_http::Header::from_bytes(
-                        &b"Content-Type"[..],
-                        &b"text/plain; version=0.0.4; charset=utf-8"[..],
-                    ) {
-                        response.add_header(h);
-                    }
-                    // A client that went away is its own business.
-                    let _ = request.respond(response);
-                }
-            })
-            .map_err(CliError::system("start the metrics thread"))?;
-        Ok(Metrics {
-            text,
-            server,
-            address: bound,
-        })
+        Ok(Metrics { text, server })
     }
 
     /// Where it listens (the port the kernel chose for port 0).
     pub fn address(&self) -> SocketAddr {
-        self.address
+        self.server.address()
     }
 
     /// What the next requests are answered.
     pub fn publish(&self, text: String) {
         *self.text.lock().unwrap_or_else(|p| p.into_inner()) = text;
-    }
-}
-
-impl Drop for Metrics {
-    fn drop(&mut self) {
-        self.server.unblock();
     }
 }
 
