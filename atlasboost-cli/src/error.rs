@@ -123,6 +123,10 @@ pub enum CliError {
         /// ssh's (or the agent's) last lines.
         said: String,
     },
+    /// No table could be decided (a restart's world is too small, say); exit 125. Carries
+    /// the hosts whose probe failed, for the restart's events.
+    #[error(transparent)]
+    Undecided(#[from] crate::launch::agent::Undecided),
     /// Hosts lost while the hosts were joining: one whose session ended, or those that did not
     /// join in time; exit 125. A restart goes on without them.
     #[error("{message}")]
@@ -306,6 +310,7 @@ impl CliError {
             | CliError::Probe(_)
             | CliError::Host { .. }
             | CliError::Failure(_)
+            | CliError::Undecided(_)
             | CliError::TableLock(_)
             | CliError::Stdout(_) => ExitCodes::FAILURE,
         }

@@ -727,6 +727,57 @@ fn ctrl_c_during_the_restart_delay_ends_the_job_without_a_restart() {
     );
 }
 
+/// A restart's probe can take as long as the driver retries (`TRY_AGAIN` right after a device
+/// failed, up to 10 s): Ctrl-C meanwhile ends the job at once, and no worker of the restart
+/// starts.
+#[test]
+fn ctrl_c_while_a_restart_probes_ends_the_job_before_its_workers_start() {
+    let lib = atlasboost_e2e::atlasboost_bin().with_file_name("libdrvdsmi_host.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build -p atlasboost-fake-dsmi` first",
+        lib.display()
+    );
+    // Attempt 0's rank 0 makes the driver answer TRY_AGAIN from now on, and fails.
+    let worker = "echo attempt=$ATLASBOOST_RESTART_COUNT; \
+                  if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ] && [ \"$RANK_ID\" = 0 ]; then \
+                      echo try-again:dsmi_get_device_count=1000000 > faults; exit 1; fi; \
+                  sleep 30";
+    let run = Run::new(["run", "--probe", "dsmi", "--max-restarts", "1"]).args([
+        "--restart-delay",
+        "0",
+        "--grace",
+        "1",
+    ]);
+    let faults = run.dir().join("faults");
+    let mut launch = run
+        .env("ATLASBOOST_DSMI_LIB", &lib)
+        .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
+        .env("ATLASBOOST_FAKE_DSMI_FAULTS_FILE", faults)
+        .env("ATLASBOOST_DSMI_RETRY_SECS", "30")
+        .args(["--", "sh", "-c", worker])
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    launch.wait_for("the restart", Duration::from_secs(30), |_, err| {
+        err.contains("restarting every worker")
+    });
+    // Well into the probe's retries.
+    std::thread::sleep(Duration::from_millis(1000));
+    launch.signal(Signal::SIGINT);
+    let signalled = launch.elapsed();
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    r.assert_code(130)
+        .assert_err(&["stopped by SIGINT while the hosts were joining"], &[]);
+    assert!(!r.out().contains("attempt=1"), "{}", r.describe());
+    // At once, not after the driver's 30 s of retries.
+    assert!(
+        r.elapsed < signalled + Duration::from_secs(10),
+        "{:?} after the signal\n{}",
+        r.elapsed - signalled,
+        r.describe()
+    );
+}
+
 /// `--hang-dump` without py-spy says why it took no stacks: the worker never called
 /// `atlasboost.init()` (no stack file), or it did in a child of a wrapper (a shell) that does
 /// not catch SIGUSR1 and is not sent it.
@@ -1122,6 +1173,38 @@ fn a_host_whose_probe_fails_at_a_restart_is_left_out_by_name() {
         left_out[0]["why"]
             .as_str()
             .is_some_and(|w| w.contains("driver gone")),
+        "{left_out:?}"
+    );
+}
+
+/// Every host's probe fails at the restart: no world is left. The job ends 125 saying so,
+/// without sending the user to --min-np (nothing is left to shrink to), and each host left out
+/// is in the events, as when the restart goes on without it.
+#[test]
+fn a_restart_whose_every_probe_fails_ends_naming_each_host_in_the_events() {
+    let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 0 ]; then \
+                      printf '127.0.0.2/fail:driver gone\\n127.0.0.3/fail:driver gone\\n' \
+                      > faults; exit 1; fi";
+    let run = Run::new(["run", "--sim", "2", "-H", "127.0.0.2,127.0.0.3"])
+        .args(["--max-restarts", "1", "--restart-delay", "0"])
+        .args(["--events", "events.jsonl"]);
+    let faults = run.dir().join("faults");
+    let r = run
+        .env("ATLASBOOST_SIM_FAULTS_FILE", faults)
+        .args(["--", "sh", "-c", worker])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(125).assert_err(
+        &["cannot restart: no valid world is left without host 127.0.0.2 (its probe failed: "],
+        &["--min-np"],
+    );
+    let left_out = events_of(&r, "host_left_out");
+    let hosts: Vec<&str> = left_out.iter().filter_map(|e| e["host"].as_str()).collect();
+    assert_eq!(hosts, ["127.0.0.2", "127.0.0.3"], "{left_out:?}");
+    assert!(
+        left_out.iter().all(|e| e["why"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("its probe failed: ") && w.contains("driver gone"))),
         "{left_out:?}"
     );
 }

@@ -158,9 +158,42 @@ pub struct Decision {
     pub left_out: Vec<String>,
 }
 
+/// Why no table was decided, with the hosts whose probe failed: a restart leaves them out,
+/// and says so in its events, even when it then cannot go on.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Undecided {
+    /// Why, naming what is missing.
+    pub message: String,
+    /// Each host whose probe failed, and why (as [`Decision::unprobed`]).
+    pub unprobed: Vec<(String, String)>,
+}
+
 /// Builds the table from every host's report, in host order: the first failed probe fails the
 /// launch, naming its host. The launcher's work, once every host reported.
-pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decision, String> {
+pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decision, Undecided> {
+    let unprobed = match policy.shrink {
+        Some(_) => policy
+            .hosts
+            .iter()
+            .zip(&reports)
+            .filter_map(|(host, report)| match &report.host {
+                HostReport::ProbeFailed { message, .. } => Some(probe_failure(host, message)),
+                HostReport::Devices(_) => None,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    decide_table(policy, reports).map_err(|message| Undecided { message, unprobed })
+}
+
+/// A host whose probe failed, as [`Decision::unprobed`] lists it.
+fn probe_failure(host: &HostPlan, message: &str) -> (String, String) {
+    (host.describe(), format!("its probe failed: {message}"))
+}
+
+/// [`decide`], failing with why alone.
+fn decide_table(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decision, String> {
     let mut offers = Vec::with_capacity(reports.len());
     let mut ports = Vec::with_capacity(reports.len());
     // A restart leaves out a host whose probe fails now, as it does a lost one.
@@ -173,7 +206,7 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
                 devices,
             }),
             HostReport::ProbeFailed { message, .. } if policy.shrink.is_some() => {
-                unprobed.push((host.describe(), format!("its probe failed: {message}")));
+                unprobed.push(probe_failure(host, &message));
             }
             HostReport::ProbeFailed { message, .. } => {
                 return Err(format!("host {}: {message}", host.describe()));
@@ -434,7 +467,8 @@ fn replan(
             .map(|h| h.devices.len().min(h.cap.unwrap_or(usize::MAX)) as u64)
             .sum::<u64>()
             .min(shrink.max);
-        let left_out = left_out_of(chip, &hosts, &world, (world.len() as u64) < wanted);
+        let shrank = (world.len() as u64) < wanted;
+        let left_out = left_out_of(chip, &hosts, &world, shrank, &shrink.previous);
         return Ok((world, left_out));
     }
     let mut left_out: Vec<String> = shrink
@@ -479,10 +513,13 @@ fn replan(
         true => String::new(),
         false => format!(" without {}", left_out.join(", ")),
     };
-    Err(if shrink.min_given {
+    let verb = if shrink.restart { "restart" } else { "start" };
+    Err(if world.is_empty() {
+        // Nothing is left to shrink to: --min-np would not help.
+        format!("cannot {verb}: {largest}{without}")
+    } else if shrink.min_given {
         format!(
-            "cannot {}: {largest}{without}, fewer than --min-np {}",
-            if shrink.restart { "restart" } else { "start" },
+            "cannot {verb}: {largest}{without}, fewer than --min-np {}",
             shrink.min
         )
     } else {
@@ -497,8 +534,15 @@ fn replan(
 
 /// What `world` leaves out of what `hosts` offer: each unusable device with its health, and,
 /// when the world `shrank` (below the job's size), per host the usable devices it does not take
-/// (the chip's rules, the slots). Without a shrink those are only the job's size at work.
-fn left_out_of(chip: Chip, hosts: &[HostDevices], world: &[Device], shrank: bool) -> Vec<String> {
+/// (the chip's rules, the slots). Without a shrink those are only the job's size at work,
+/// except on a host of the `previous` attempt that the world no longer uses: its ranks moved.
+fn left_out_of(
+    chip: Chip,
+    hosts: &[HostDevices],
+    world: &[Device],
+    shrank: bool,
+    previous: &[String],
+) -> Vec<String> {
     let taken: std::collections::HashSet<(&str, u32)> = world
         .iter()
         .map(|w| (w.server_id.as_str(), w.physical_id))
@@ -528,10 +572,12 @@ fn left_out_of(chip: Chip, hosts: &[HostDevices], world: &[Device], shrank: bool
                 .filter(|d| !addressed(d))
                 .map(address_problem),
         );
+        let moved_off =
+            previous.contains(&h.server_id) && !world.iter().any(|w| w.server_id == h.server_id);
         let idle: Vec<u64> = h
             .devices
             .iter()
-            .filter(|d| shrank && d.health.is_healthy())
+            .filter(|d| (shrank || moved_off) && d.health.is_healthy())
             .filter(not_taken)
             .filter(addressed)
             .map(|d| u64::from(d.physical_id))
@@ -1242,7 +1288,9 @@ mod tests {
         policy: &TablePolicy,
         reports: Vec<AgentReport>,
     ) -> Result<LaunchAnswer, String> {
-        decide(policy, reports).map(|d| d.answer)
+        decide(policy, reports)
+            .map(|d| d.answer)
+            .map_err(|e| e.message)
     }
 
     fn servers(answer: &LaunchAnswer) -> Vec<(String, usize)> {
@@ -1317,6 +1365,27 @@ mod tests {
         let d = decide(&p, reports).unwrap();
         assert_eq!(d.devices.len(), 8);
         assert_eq!(d.left_out, ["device 6 of host 127.0.0.2 (critical (3))"]);
+        // No world at all is left: --min-np, given or not, could not help, and is not named.
+        for min_given in [false, true] {
+            let mut p = policy(vec![host("127.0.0.1", None)], Some(8), RankOrder::ServerId);
+            p.shrink = Some(Shrink {
+                min_given,
+                ..shrink(if min_given { 1 } else { 8 }, 8)
+            });
+            let mut reports = vec![report("127.0.0.1", 8, 1)];
+            if let HostReport::Devices(devices) = &mut reports[0].host {
+                for d in devices {
+                    d.health = Health::Unhealthy { code: 3 };
+                }
+            }
+            let e = decide(&p, reports).map(|_| ()).unwrap_err();
+            let e = e.to_string();
+            assert!(
+                e.starts_with("cannot restart: no valid world is left without "),
+                "{e}"
+            );
+            assert!(!e.contains("--min-np"), "{e}");
+        }
     }
 
     /// A restart of the same size keeps its ranks on the last attempt's hosts, though a host
@@ -1347,6 +1416,25 @@ mod tests {
         servers.dedup();
         assert_eq!(servers, ["127.0.0.1", "127.0.0.3"]);
         assert_eq!(d.left_out, Vec::<String>::new());
+        // Device 2 of 127.0.0.1 dies: the same size runs on .2 and .3. Nothing shrank, but
+        // the ranks moved off a host of the last attempt: its idle devices are named too.
+        let mut reports: Vec<AgentReport> = hosts
+            .iter()
+            .zip(1u16..)
+            .map(|(h, port)| report(h, 8, port))
+            .collect();
+        if let HostReport::Devices(devices) = &mut reports[0].host {
+            devices[2].health = Health::Unhealthy { code: 3 };
+        }
+        let d = decide(&p, reports).unwrap();
+        assert_eq!(d.devices.len(), 16);
+        assert_eq!(
+            d.left_out,
+            [
+                "device 2 of host 127.0.0.1 (critical (3))",
+                "devices 0-1,3-7 of host 127.0.0.1 (usable, but not in the largest valid world)",
+            ]
+        );
     }
 
     #[test]

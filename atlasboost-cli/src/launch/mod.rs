@@ -407,6 +407,13 @@ fn run_attempts(
             }
         };
         let launch = job.launch(&live, &settings);
+        // The hosts whose probe failed are left out of this attempt, in the events too, when
+        // it then cannot go on (its error names them); an attempt that goes on says so below.
+        if let Err(CliError::Undecided(u)) = &joined {
+            for (host, why) in &u.unprobed {
+                host_left_out_event(job, host, why);
+            }
+        }
         let joined = match joined {
             Ok(Joined::Ready(j)) => j,
             Ok(Joined::Interrupted(s)) => {
@@ -1412,6 +1419,48 @@ fn probe_local_hosts(args: &RunSettings, hosts: &[HostPlan]) -> Result<LocalRepo
     Ok((reports, devices))
 }
 
+/// A restart's probe of the local hosts, which may take as long as the driver retries (seconds,
+/// right after a device failed): run on a thread of its own, so that Ctrl-C (SIGTERM, SIGHUP)
+/// meanwhile ends the job at once, before any worker starts. A probe that was left behind
+/// ends with the launcher.
+fn probe_local_hosts_or_signal(
+    args: &RunSettings,
+    hosts: &[HostPlan],
+    signals: &Signals,
+) -> Result<Result<LocalReports, CliError>, Signal> {
+    if !hosts.iter().any(|h| h.local) {
+        return Ok(probe_local_hosts(args, hosts));
+    }
+    let (args, hosts) = (args.clone(), hosts.to_vec());
+    let (done, result) = std::sync::mpsc::channel();
+    let probing = std::thread::Builder::new()
+        .name("ab-probe".into())
+        .spawn(move || {
+            let _ = done.send(probe_local_hosts(&args, &hosts));
+        });
+    if let Err(e) = probing {
+        return Ok(Err(CliError::system("start the probe's thread")(e)));
+    }
+    loop {
+        if let Some(s) = signals
+            .pending()
+            .into_iter()
+            .find(|s| *s != Signal::SIGCHLD)
+        {
+            return Err(s);
+        }
+        match result.recv_timeout(Duration::from_millis(20)) {
+            Ok(probed) => return Ok(probed),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Ok(Err(CliError::Failure(
+                    "the probe of this machine's devices ended without an answer".into(),
+                )));
+            }
+        }
+    }
+}
+
 /// Probes the local hosts, starts the launch tree over ssh (when there are remote hosts),
 /// gathers every host's report up the tree, decides the table once, sends the decision down
 /// in its compact form, and waits until every remote host has built and written the table;
@@ -1428,7 +1477,10 @@ fn join(
     let started = Instant::now();
     let (mut reports, local_devices) = match probed {
         Some(reports) => reports,
-        None => probe_local_hosts(args, hosts)?,
+        None => match probe_local_hosts_or_signal(args, hosts, signals) {
+            Ok(reports) => reports?,
+            Err(s) => return Ok(Joined::Interrupted(s)),
+        },
     };
     let remote_index: Vec<usize> = (0..hosts.len()).filter(|&i| !hosts[i].local).collect();
     if remote_index.is_empty() {
@@ -1436,8 +1488,7 @@ fn join(
         let decision = agent::decide(
             &table_policy(launch),
             reports.into_iter().flatten().collect(),
-        )
-        .map_err(CliError::Failure)?;
+        )?;
         printer.detail("atlasboost: every host is this machine: no rendezvous");
         printer.detail(&format!(
             "atlasboost: {} probed and decided in {} ms",
@@ -1577,7 +1628,7 @@ fn join(
                 reports.iter_mut().filter_map(Option::take).collect(),
             ) {
                 Ok(d) => d,
-                Err(why) => break Err(CliError::Failure(why)),
+                Err(why) => break Err(why.into()),
             };
             let compact = agent::encode_decision(&decided);
             let message = channel::decision_message(&compact);
