@@ -4,33 +4,96 @@
 //! - **Heartbeats**: [`heartbeat`] counts calls and keeps the last step; the launcher's agent
 //!   on the worker's host reads them from the file `ATLASBOOST_HEARTBEAT_FILE` names: 16 bytes,
 //!   the count then the step, each a little-endian 64-bit integer (the step `i64::MIN` when none
-//!   was given). The file is written at most every [`WRITE_EVERY`], so a call costs a clock
-//!   read and a lock, not a system call: cheap enough for every training step.
+//!   was given). The file's record is mapped into memory, shared: a call stores the two
+//!   numbers there, which the launcher's next read of the file sees, at the cost of a lock and
+//!   two stores, not a system call (cheap enough for every training step), and a hung worker's
+//!   last beat is never held back. Where the file cannot be mapped, each call writes it.
 //! - **Errors**: a worker that fails records why in `ATLASBOOST_ERROR_FILE`, as JSON in the
 //!   form torch's `@record` writes to `TORCHELASTIC_ERROR_FILE`, so both are read the same way:
 //!   `{"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack": "...",
 //!   "timestamp": "1733050000"}}}`. [`RecordedError::parse`] reads either.
 
 use std::fs::File;
+use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::ptr::NonNull;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+
+use nix::sys::mman::{MapFlags, ProtFlags};
 
 use atlasboost_core::EnvVars;
-
-/// The longest a count can wait in memory before it is written.
-pub const WRITE_EVERY: Duration = Duration::from_millis(100);
 
 /// The step of a heartbeat that gave none, in the file.
 const NO_STEP: i64 = i64::MIN;
 
+/// The record's length in the file.
+const RECORD: usize = 16;
+
+/// The same, as `mmap` takes it.
+const RECORD_LENGTH: NonZeroUsize = NonZeroUsize::new(RECORD).unwrap();
+
 struct Beats {
     /// `None`: no launcher listens (the variable is unset or the file cannot be opened).
-    file: Option<File>,
+    file: Option<Record>,
     count: u64,
     step: Option<i64>,
-    written: Option<Instant>,
+}
+
+/// Where a worker's beats go.
+enum Record {
+    /// The file's first [`RECORD`] bytes, mapped shared.
+    Mapped(Mapped),
+    /// The file itself, written at each call (it could not be mapped).
+    Written(File),
+}
+
+/// A shared mapping of a file's first [`RECORD`] bytes, kept for the life of the process.
+struct Mapped(NonNull<std::ffi::c_void>);
+
+// SAFETY: the mapping is only written with the BEATS lock held; the pointer is valid for the
+// life of the process (never unmapped).
+unsafe impl Send for Mapped {}
+
+impl Record {
+    /// Opens `path` and maps its record (written first, so that the file is long enough).
+    fn open(path: &Path) -> std::io::Result<Record> {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        file.write_all_at(&encode(0, None), 0)?;
+        // SAFETY: a new shared mapping of a file opened for reading and writing; nothing else
+        // in this process maps it.
+        let mapped = unsafe {
+            nix::sys::mman::mmap(
+                None,
+                RECORD_LENGTH,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                &file,
+                0,
+            )
+        };
+        Ok(match mapped {
+            Ok(at) => Record::Mapped(Mapped(at)),
+            Err(_) => Record::Written(file),
+        })
+    }
+
+    fn store(&self, bytes: [u8; RECORD]) {
+        match self {
+            // SAFETY: the mapping is RECORD bytes, writable, and alive (never unmapped).
+            Record::Mapped(m) => unsafe {
+                std::ptr::write_volatile(m.0.as_ptr().cast::<[u8; RECORD]>(), bytes);
+            },
+            Record::Written(file) => {
+                let _ = file.write_all_at(&bytes, 0);
+            }
+        }
+    }
 }
 
 static BEATS: Mutex<Option<Beats>> = Mutex::new(None);
@@ -48,11 +111,7 @@ pub fn heartbeat(step: Option<i64>) -> bool {
         file: std::env::var_os(EnvVars::ATLASBOOST_HEARTBEAT_FILE)
             .filter(|p| !p.is_empty())
             .and_then(|p| {
-                let opened = File::options()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&p);
+                let opened = Record::open(Path::new(&p));
                 if let Err(e) = &opened {
                     crate::init::to_stderr(&format!(
                         "atlasboost: heartbeat: cannot open {}={}: {e}; the launcher's hang \
@@ -65,7 +124,6 @@ pub fn heartbeat(step: Option<i64>) -> bool {
             }),
         count: 0,
         step: None,
-        written: None,
     });
     let Some(file) = &beats.file else {
         return false;
@@ -74,33 +132,41 @@ pub fn heartbeat(step: Option<i64>) -> bool {
     if step.is_some() {
         beats.step = step;
     }
-    let now = Instant::now();
-    if beats
-        .written
-        .is_none_or(|t| now.duration_since(t) >= WRITE_EVERY)
-    {
-        let _ = file.write_all_at(&encode(beats.count, beats.step), 0);
-        beats.written = Some(now);
-    }
+    file.store(encode(beats.count, beats.step));
     true
 }
 
-fn encode(count: u64, step: Option<i64>) -> [u8; 16] {
-    let mut bytes = [0u8; 16];
+fn encode(count: u64, step: Option<i64>) -> [u8; RECORD] {
+    let mut bytes = [0u8; RECORD];
     bytes[..8].copy_from_slice(&count.to_le_bytes());
     bytes[8..].copy_from_slice(&step.unwrap_or(NO_STEP).to_le_bytes());
     bytes
 }
 
 /// A worker's heartbeats so far, from its file: the count and the last step. `None` when the
-/// file is missing or shorter than a record (the worker has not called [`heartbeat`]).
+/// file is missing, shorter than a record or counts none (the worker has not called
+/// [`heartbeat`]).
 pub fn read_beats(path: &Path) -> Option<(u64, Option<i64>)> {
-    let mut bytes = [0u8; 16];
-    File::open(path).ok()?.read_exact_at(&mut bytes, 0).ok()?;
+    let file = File::open(path).ok()?;
+    // The worker stores into its mapping while this reads: two reads that agree are one
+    // record, not halves of two (a few tries, then the last read).
+    let read = || {
+        let mut bytes = [0u8; RECORD];
+        file.read_exact_at(&mut bytes, 0).ok().map(|()| bytes)
+    };
+    let mut bytes = read()?;
+    for _ in 0..3 {
+        let again = read()?;
+        if again == bytes {
+            break;
+        }
+        bytes = again;
+    }
     let (count, step) = bytes.split_at(8);
     let count = u64::from_le_bytes(count.try_into().ok()?);
     let step = i64::from_le_bytes(step.try_into().ok()?);
-    Some((count, (step != NO_STEP).then_some(step)))
+    // 0: the record a worker writes before its first beat is stored.
+    (count > 0).then_some((count, (step != NO_STEP).then_some(step)))
 }
 
 /// What a failed worker recorded about its failure.
@@ -242,6 +308,23 @@ mod tests {
         assert_eq!(read_beats(&path), Some((u64::MAX, None)));
         std::fs::write(&path, b"short").unwrap();
         assert_eq!(read_beats(&path), None);
+        std::fs::write(&path, encode(0, None)).unwrap();
+        assert_eq!(read_beats(&path), None, "no beat yet");
+    }
+
+    /// Each beat is in the file at once (a worker that hangs right after beating is not
+    /// reported with older beats).
+    #[test]
+    fn every_beat_is_in_the_file_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("beat");
+        let record = Record::open(&path).unwrap();
+        assert!(matches!(record, Record::Mapped(_)), "the file is mapped");
+        assert_eq!(read_beats(&path), None);
+        for count in 1..=50u64 {
+            record.store(encode(count, Some(count as i64 - 1)));
+            assert_eq!(read_beats(&path), Some((count, Some(count as i64 - 1))));
+        }
     }
 
     #[test]

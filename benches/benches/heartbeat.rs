@@ -1,5 +1,5 @@
 //! The cost of `heartbeat()` (SPEC §12), which a worker may call every training step: with a
-//! launcher listening (`ATLASBOOST_HEARTBEAT_FILE` set, the file written at most every 100 ms)
+//! launcher listening (`ATLASBOOST_HEARTBEAT_FILE` set, its record mapped into memory)
 //! and without one. Python's `atlasboost.heartbeat()` and C's `atlasboost_heartbeat()` are this
 //! call behind their bindings (`benches/compare.py restart` times the Python one).
 

@@ -172,7 +172,8 @@ fn round(plans: &[HostPlan], streams: &[Vec<u8>]) -> Result<Round, String> {
             std::thread::yield_now();
         }
     }
-    let decision = decide(&policy(plans), reports.into_iter().flatten().collect())?;
+    let decision =
+        decide(&policy(plans), reports.into_iter().flatten().collect()).map_err(|e| e.message)?;
     let compact = encode_decision(&decision);
     let lines = channel::decision_message(&compact);
     let mut sent = 0;

@@ -425,8 +425,8 @@ pub extern "C" fn atlasboost_finalize() -> c_int {
 }
 
 /// Tells the launcher this worker is making progress, for `atlasboost run --hang-timeout`'s
-/// watchdog; cheap enough to call every training step (it writes at most every 100 ms). Needs
-/// no `atlasboost_init()`.
+/// watchdog; cheap enough to call every training step (two stores into the heartbeat file's
+/// record, mapped into memory; no system call). Needs no `atlasboost_init()`.
 ///
 /// Returns 1 when a launcher listens (`ATLASBOOST_HEARTBEAT_FILE` names a file this process can
 /// open), 0 when nobody does (a file that cannot be opened is said once on stderr).

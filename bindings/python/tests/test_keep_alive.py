@@ -44,6 +44,25 @@ def test_a_rank_that_only_beats_is_never_reported_while_a_silent_one_is(tmp_path
     assert "rank 0 (host" not in r.stderr.split("hang:")[1].split("stopping")[0], r.describe()
 
 
+def test_a_hang_report_has_the_last_beat_before_the_hang(tmp_path: Path) -> None:
+    # 50 beats in a burst (well within 100 ms), then the worker hangs: the report counts them
+    # all and names the last step, not an older beat held back in memory.
+    r = launch(
+        tmp_path,
+        """
+        import time
+        import atlasboost
+        for step in range(50):
+            atlasboost.heartbeat(step)
+        time.sleep(60)
+        """,
+        "--sim", "1", "--hang-timeout", "1", "--grace", "1",
+    )
+    assert r.returncode == 124, r.describe()
+    assert "no output and no heartbeat for" in r.stderr, r.describe()
+    assert "50 heartbeats, last at step 49" in r.stderr, r.describe()
+
+
 def test_heartbeat_without_a_launcher_does_nothing() -> None:
     # Outside `atlasboost run` nobody listens: the call says so, and is still safe to make.
     code = """import atlasboost
