@@ -310,18 +310,26 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
                 })
         })
         .transpose()?;
-    let master_addr = get(EnvVars::MASTER_ADDR)
-        .map(|v| v.trim().to_string())
-        .or_else(|| {
-            (family.launcher == Launcher::Slurm)
-                .then(|| {
-                    get(EnvVars::SLURM_STEP_NODELIST)
-                        .or_else(|| get(EnvVars::SLURM_JOB_NODELIST))
-                        .or_else(|| get(EnvVars::SLURM_NODELIST))
-                })
-                .flatten()
-                .and_then(|list| first_slurm_host(&list))
-        });
+    let master_addr = match get(EnvVars::MASTER_ADDR) {
+        Some(v) => Some(v.trim().to_string()),
+        // Slurm places task 0 on the first node of the step: the first list that is set says
+        // where, and one that does not parse is named (not taken for unset).
+        None if family.launcher == Launcher::Slurm => [
+            EnvVars::SLURM_STEP_NODELIST,
+            EnvVars::SLURM_JOB_NODELIST,
+            EnvVars::SLURM_NODELIST,
+        ]
+        .into_iter()
+        .find_map(|name| get(name).map(|list| (name, list)))
+        .map(|(name, list)| {
+            crate::slurm::expand_hostlist(&list)
+                .map(|hosts| hosts.into_iter().next())
+                .map_err(|e| Error::LaunchEnv(format!("{name}={list:?}: {e}")))
+        })
+        .transpose()?
+        .flatten(),
+        None => None,
+    };
     Ok(Some(LaunchContext {
         launcher: family.launcher,
         rank,
@@ -350,13 +358,9 @@ pub fn not_a_count(value: &str) -> &'static str {
 ///
 /// As [`detect`].
 pub fn detect_from_env() -> Result<Option<LaunchContext>> {
-    detect(&|name| std::env::var(name).ok())
-}
-
-/// The first host of a Slurm node list: `node[03-05,9],gpu1` gives `node03`. Slurm places
-/// task 0 on the first node of the step.
-fn first_slurm_host(list: &str) -> Option<String> {
-    crate::slurm::expand_hostlist(list).ok()?.into_iter().next()
+    // Read lossily: a value that is not UTF-8 is refused by name where it is parsed, not
+    // taken for unset (`RANK=1\xff` is not "RANK is not set").
+    detect(&|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
 }
 
 #[cfg(test)]
@@ -458,9 +462,21 @@ mod tests {
             c,
             Some((Launcher::Slurm, 9, Some(4), Some("npu07".to_string())))
         );
-        assert_eq!(first_slurm_host("a1"), Some("a1".into()));
-        assert_eq!(first_slurm_host("x[3]"), Some("x3".into()));
-        assert_eq!(first_slurm_host(""), None);
+        let first = |list: &str| {
+            detect_in(&[
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_LOCALID", "0"),
+                ("SLURM_JOB_NODELIST", list),
+            ])
+            .map(|c| c.and_then(|c| c.master_addr))
+        };
+        assert_eq!(first("a1").unwrap(), Some("a1".into()));
+        assert_eq!(first("x[3]").unwrap(), Some("x3".into()));
+        // A list that does not parse is named, not taken for unset (which would blame
+        // MASTER_ADDR).
+        let e = first("node[1-").unwrap_err().to_string();
+        assert!(e.starts_with("SLURM_JOB_NODELIST=\"node[1-\": "), "{e}");
     }
 
     #[test]

@@ -395,6 +395,13 @@ FAILURES = [
         id="no-master-addr",
     ),
     pytest.param(
+        # A value that is not UTF-8 (b"1\xff") is named, not taken for unset.
+        {"RANK": "1\udcff", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "ATLASBOOST_SIM": "2"},
+        "LaunchContextError",
+        "RANK=1\ufffd is not a number",
+        id="launcher-variable-not-utf8",
+    ),
+    pytest.param(
         {"ATLASBOOST_SIM": "2", "ATLASBOOST_RENDEZVOUS_TIMEOUT": "soon"},
         "ConfigError",
         "ATLASBOOST_RENDEZVOUS_TIMEOUT=soon",
