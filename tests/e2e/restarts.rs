@@ -778,6 +778,41 @@ fn ctrl_c_while_a_restart_probes_ends_the_job_before_its_workers_start() {
     );
 }
 
+/// A driver call of the devices' telemetry that hangs (a wedged NPU) holds up nothing but the
+/// devices' values: the workers' output flows, their ends are seen, the job ends on time, and
+/// the stuck reading is named once.
+#[test]
+fn a_hung_telemetry_call_holds_up_neither_output_nor_the_end() {
+    let lib = atlasboost_e2e::atlasboost_bin().with_file_name("libdrvdsmi_host.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build -p atlasboost-fake-dsmi` first",
+        lib.display()
+    );
+    let r = Run::new(["run", "--probe", "dsmi", "--monitor-interval", "1"])
+        .env("ATLASBOOST_DSMI_LIB", &lib)
+        .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
+        .env(
+            "ATLASBOOST_FAKE_DSMI_FAULTS",
+            "hang:dsmi_get_device_temperature@0=120000",
+        )
+        .args(["--", "sh", "-c", "echo start; sleep 3; echo done"])
+        .timeout(Duration::from_secs(60))
+        .run();
+    r.assert_code(0).assert_err(
+        &["the device telemetry of host ", " has not come back for "],
+        &[],
+    );
+    let out = r.out();
+    assert!(
+        out.contains("[0]<stdout>:done") && out.contains("[1]<stdout>:done"),
+        "{}",
+        r.describe()
+    );
+    // Not the driver's 120 s.
+    assert!(r.elapsed < Duration::from_secs(30), "{}", r.describe());
+}
+
 /// `--hang-dump` without py-spy says why it took no stacks: the worker never called
 /// `atlasboost.init()` (no stack file), or it did in a child of a wrapper (a shell) that does
 /// not catch SIGUSR1 and is not sent it.

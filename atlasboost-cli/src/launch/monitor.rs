@@ -357,14 +357,130 @@ impl CpuClock {
 }
 
 /// Samples `host`: its devices' telemetry, and `workers` (rank, pid) of it that run.
-pub fn sample_host(host: &HostMonitor, workers: &[(u32, i32)], cpu: &mut CpuClock) -> HostSample {
+pub fn sample_host(
+    host: &HostMonitor,
+    devices: Vec<DeviceSample>,
+    workers: &[(u32, i32)],
+    cpu: &mut CpuClock,
+) -> HostSample {
     HostSample {
         host: host.host.clone(),
         machine_npus: host.machine_npus,
-        devices: host.telemetry.sample(&host.devices),
+        devices,
         left_out: host.left_out,
         workers: cpu.stats(workers),
     }
+}
+
+/// How long a sample waits for the devices' telemetry before it goes without it (the last
+/// values, or none): the supervisor's loop, which carries the output, reaps the workers and
+/// hears signals, is held no longer than this by a slow driver.
+pub const TELEMETRY_WAIT: Duration = Duration::from_millis(100);
+
+/// A host's device telemetry, read on a thread of its own: a driver call that hangs (a wedged
+/// NPU) or is slow holds up only the devices' values, which are then absent (or the last ones
+/// read, when they are not older than twice the interval), never the workers' output, their
+/// reaping or the signals.
+#[derive(Debug)]
+pub struct DeviceSampler {
+    host: String,
+    ask: std::sync::mpsc::SyncSender<()>,
+    answers: std::sync::mpsc::Receiver<Vec<DeviceSample>>,
+    /// When the sample being read was asked for (`None`: none is being read).
+    asked: Option<Instant>,
+    /// The last values read, and when they were asked for.
+    last: Option<(Instant, Vec<DeviceSample>)>,
+    /// The stuck sample was said (once per stuck call).
+    said: bool,
+}
+
+impl DeviceSampler {
+    /// Starts the reading thread of `host`'s devices.
+    ///
+    /// # Errors
+    ///
+    /// The thread cannot start.
+    pub fn start(host: &HostMonitor) -> std::io::Result<DeviceSampler> {
+        let (ask, asked) = std::sync::mpsc::sync_channel::<()>(1);
+        let (answer, answers) = std::sync::mpsc::channel();
+        let (telemetry, devices) = (Arc::clone(&host.telemetry), host.devices.clone());
+        std::thread::Builder::new()
+            .name("ab-telemetry".into())
+            .spawn(move || {
+                // Ends when the sampler is dropped (or, stuck in a driver call, with the
+                // process).
+                while asked.recv().is_ok() {
+                    if answer.send(telemetry.sample(&devices)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(DeviceSampler {
+            host: host.host.clone(),
+            ask,
+            answers,
+            asked: None,
+            last: None,
+            said: false,
+        })
+    }
+
+    /// The devices' telemetry now: read at most [`TELEMETRY_WAIT`]; else the last values if
+    /// they are recent (within `stale_after`), else each device absent (`devices`' physical
+    /// ids). The second value: a warning to say, once, when a reading has not come back for
+    /// `stale_after`.
+    pub fn sample(
+        &mut self,
+        devices: &[Device],
+        stale_after: Duration,
+    ) -> (Vec<DeviceSample>, Option<String>) {
+        let now = Instant::now();
+        if self.asked.is_none() && self.ask.try_send(()).is_ok() {
+            self.asked = Some(now);
+        }
+        if let Some(asked) = self.asked {
+            // A reading asked for just now is waited for a little; one asked for earlier (and
+            // still not back) is only looked at.
+            let wait = match asked == now {
+                true => TELEMETRY_WAIT,
+                false => Duration::ZERO,
+            };
+            match self.answers.recv_timeout(wait) {
+                Ok(values) => {
+                    self.last = Some((asked, values));
+                    self.asked = None;
+                    self.said = false;
+                }
+                Err(_) => {
+                    let late = now.saturating_duration_since(asked);
+                    if late >= stale_after && !self.said {
+                        self.said = true;
+                        let warning = format!(
+                            "atlasboost: warning: the device telemetry of host {} has not come back for \
+                             {:.0?} (a driver call hangs?); its devices' values are left out \
+                             until it does",
+                            self.host, late
+                        );
+                        return (absent(devices), Some(warning));
+                    }
+                }
+            }
+        }
+        match &self.last {
+            Some((at, values)) if now.saturating_duration_since(*at) < stale_after => {
+                (values.clone(), None)
+            }
+            _ => (absent(devices), None),
+        }
+    }
+}
+
+/// Each of `devices` with no value read.
+fn absent(devices: &[Device]) -> Vec<DeviceSample> {
+    devices
+        .iter()
+        .map(|d| DeviceSample::of(d.physical_id))
+        .collect()
 }
 
 /// The events-file form of a sample.

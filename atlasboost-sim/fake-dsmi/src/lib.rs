@@ -59,6 +59,8 @@
 //! - `fail:<function>@<logical>=<code>`: the same, only for that logical device: the calls
 //!   taking a logical id, and `dsmi_get_logicid_from_phyid` for that device's physical id
 //!   (`dsmi_get_device_count` and `dsmi_list_device` take no device, so this is malformed);
+//! - `hang:<function>[@<logical>]=<milliseconds>`: the call (for that logical device) sleeps
+//!   that long before it answers, as a driver whose NPU is wedged;
 //! - `no-ip:<physical>`: that device's port has no address configured:
 //!   `dsmi_get_device_ip_address` answers `NO_DEVICE` (`old` API: success with `0.0.0.0`);
 //! - `unhealthy:<physical>[=<code>]`: `dsmi_get_device_health` reports the `unsigned int`

@@ -97,6 +97,13 @@ enum Fault {
     },
     /// `errorcode:<physical>=<code>`: `dsmi_get_device_errorcode` reports `code` for it.
     ErrorCode { physical: u32, code: c_uint },
+    /// `hang:<function>[@<logical>]=<milliseconds>`: the call takes that long before it
+    /// answers, as a driver whose NPU is wedged.
+    Hang {
+        function: &'static str,
+        logical: Option<u32>,
+        millis: u64,
+    },
 }
 
 /// How `dsmi_get_device_ip_address` treats `ip_addr_t::ip_type` (`ATLASBOOST_FAKE_DSMI_IP_API`).
@@ -405,12 +412,27 @@ fn parse_fault(fault: &str, physical: &[u32]) -> Result<Fault, Malformed> {
                 ))
             })
     };
-    if let Some(rest) = fault.strip_prefix("fail:") {
-        let (target, code) = rest
-            .split_once('=')
-            .ok_or_else(|| bad("expected fail:<function>[@<logical>]=<code>".into()))?;
-        let code =
-            parse_int(code.trim()).ok_or_else(|| bad(format!("bad return code {code:?}")))?;
+    let hang = fault.strip_prefix("hang:");
+    if let Some(rest) = fault.strip_prefix("fail:").or(hang) {
+        let (target, value) = rest.split_once('=').ok_or_else(|| {
+            bad(match hang {
+                Some(_) => "expected hang:<function>[@<logical>]=<milliseconds>".into(),
+                None => "expected fail:<function>[@<logical>]=<code>".into(),
+            })
+        })?;
+        let code = match hang {
+            Some(_) => 0,
+            None => {
+                parse_int(value.trim()).ok_or_else(|| bad(format!("bad return code {value:?}")))?
+            }
+        };
+        let millis = match hang {
+            Some(_) => value
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| bad(format!("bad number of milliseconds {value:?}")))?,
+            None => 0,
+        };
         let (function, logical) = match target.split_once('@') {
             Some((function, logical)) => (function.trim(), Some(logical.trim())),
             None => (target.trim(), None),
@@ -439,10 +461,17 @@ fn parse_fault(fault: &str, physical: &[u32]) -> Result<Fault, Malformed> {
                     })?,
             ),
         };
-        Ok(Fault::Fail {
-            function,
-            logical,
-            code,
+        Ok(match hang {
+            Some(_) => Fault::Hang {
+                function,
+                logical,
+                millis,
+            },
+            None => Fault::Fail {
+                function,
+                logical,
+                code,
+            },
         })
     } else if let Some(id) = fault.strip_prefix("no-ip:") {
         Ok(Fault::NoIp {
@@ -524,6 +553,18 @@ pub(crate) fn call(
         }
     };
     let device = device(&config);
+    for fault in &config.faults {
+        if let Fault::Hang {
+            function: f,
+            logical,
+            millis,
+        } = *fault
+            && f == function
+            && (logical.is_none() || logical == device)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(millis));
+        }
+    }
     let still_starting = config.faults.iter().any(|fault| match *fault {
         Fault::TryAgain { function: f, times } if f == function => {
             TRY_AGAIN_ANSWERED.with(|answered| {
