@@ -30,8 +30,9 @@ const MAX_DEVICES: c_int = 64;
 const CHIP_WITHOUT_CHIP_INFO: &str = "910";
 
 /// The library paths to try, in order (SPEC §3): `$ATLASBOOST_DSMI_LIB` alone when set;
-/// else each directory of `$LD_LIBRARY_PATH`, then the driver's own directories, each with
-/// `libdrvdsmi_host.so` first and `libdrvdsmi.so` second.
+/// else `libdrvdsmi_host.so` in each directory of `$LD_LIBRARY_PATH`, then in the driver's own
+/// directories, and only then `libdrvdsmi.so` in each (an older library earlier on the path
+/// must not shadow the host library, which reads health).
 pub fn library_candidates() -> Vec<PathBuf> {
     // Empty counts as unset, as for every variable.
     if let Some(file) = std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB).filter(|f| !f.is_empty()) {
@@ -45,8 +46,9 @@ pub fn library_candidates() -> Vec<PathBuf> {
         })
         .unwrap_or_default();
     dirs.extend(DRIVER_DIRS.iter().map(PathBuf::from));
-    dirs.iter()
-        .flat_map(|d| NAMES.iter().map(move |n| d.join(n)))
+    NAMES
+        .iter()
+        .flat_map(|n| dirs.iter().map(move |d| d.join(n)))
         .collect()
 }
 
@@ -96,6 +98,11 @@ impl DsmiProbe {
         for path in library_candidates() {
             if !path.exists() {
                 tried.push(format!("{} (not there)", path.display()));
+                continue;
+            }
+            // Opening a FIFO or a device would wait for a writer (for ever).
+            if !path.is_file() {
+                tried.push(format!("{} (not a regular file)", path.display()));
                 continue;
             }
             // A library that does not load or lacks a function is noted, and the search goes
@@ -241,6 +248,28 @@ impl DsmiProbe {
         self.call(since, "dsmi_list_device", None, || unsafe {
             (f.list)(ids.as_mut_ptr(), count)
         })?;
+        let listed = || {
+            ids.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        if let Some((at, twice)) = ids
+            .iter()
+            .enumerate()
+            .find(|(at, id)| ids[..*at].contains(id))
+        {
+            return Err(DsmiError::Nonsense {
+                function: "dsmi_list_device",
+                what: format!(
+                    "device id {twice} again at place {at} of its {} ids ({})",
+                    ids.len(),
+                    listed()
+                ),
+            });
+        }
+        // Each logical id's physical id, for the duplicates check below.
+        let mut physical_ids: Vec<(u32, u32)> = Vec::with_capacity(ids.len());
         let mut devices = Vec::with_capacity(ids.len());
         // The first error of a job's device whose own calls fail: the probe's error when no
         // device of the host can be read (a driver that fails everything is not a broken NPU).
@@ -252,14 +281,30 @@ impl DsmiProbe {
                     what: format!(
                         "device id {logical} at place {at} of its {} ids ({})",
                         ids.len(),
-                        ids.iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(",")
+                        listed()
                     ),
                 });
             };
             let physical = self.physical_of(since, logical)?;
+            // A host has at most MAX_DEVICES NPUs, each its own physical id.
+            if physical >= MAX_DEVICES as u32 {
+                return Err(DsmiError::Nonsense {
+                    function: "dsmi_get_phyid_from_logicid",
+                    what: format!(
+                        "physical id {physical} for logical id {logical} (expected below \
+                         {MAX_DEVICES})"
+                    ),
+                });
+            }
+            if let Some((other, _)) = physical_ids.iter().find(|(_, p)| *p == physical) {
+                return Err(DsmiError::Nonsense {
+                    function: "dsmi_get_phyid_from_logicid",
+                    what: format!(
+                        "physical id {physical} for both logical ids {other} and {logical}"
+                    ),
+                });
+            }
+            physical_ids.push((logical, physical));
             match self.device(since, logical, physical) {
                 Ok(d) => devices.push(d),
                 // Not the job's device: its failing calls are not the job's failure (unless
@@ -273,13 +318,13 @@ impl DsmiProbe {
                             .is_none_or(|ids| !ids.contains(&logical)) => {}
                 // A broken NPU fails its own calls while the others answer: it is reported,
                 // unusable, so that the table names it and a restart plans around it.
-                Err(e) if let Some(health) = own_failure(&e) => {
+                Err((e, ip)) if let Some(health) = own_failure(&e) => {
                     first_unreadable.get_or_insert(e);
                     devices.push(Device {
                         server_id: self.server_id.clone(),
                         logical_id: logical,
                         physical_id: physical,
-                        ip: None,
+                        ip,
                         // The host's chip, from a device that answered (below).
                         chip: String::new(),
                         health,
@@ -287,7 +332,7 @@ impl DsmiProbe {
                         super_pod_id: None,
                     });
                 }
-                Err(e) => return Err(e),
+                Err((e, _)) => return Err(e),
             }
         }
         let readable = devices
@@ -356,10 +401,28 @@ impl DsmiProbe {
         Ok(physical)
     }
 
-    fn device(&self, since: Instant, logical: u32, physical: u32) -> Result<Device, DsmiError> {
+    /// A device read whole, or the error of its first failing call with its RoCE address when
+    /// that was read before (an NPU whose health cannot be read still has its address).
+    fn device(
+        &self,
+        since: Instant,
+        logical: u32,
+        physical: u32,
+    ) -> Result<Device, (DsmiError, Option<IpAddr>)> {
+        let ip = self.roce_address(since, logical).map_err(|e| (e, None))?;
+        self.read_device(since, logical, physical, ip)
+            .map_err(|e| (e, ip))
+    }
+
+    fn read_device(
+        &self,
+        since: Instant,
+        logical: u32,
+        physical: u32,
+        ip: Option<IpAddr>,
+    ) -> Result<Device, DsmiError> {
         let f = self.functions;
         let id = logical as c_int;
-        let ip = self.roce_address(since, logical)?;
         let chip = match f.chip {
             Some(get) => {
                 let mut info = ChipInfo::default();

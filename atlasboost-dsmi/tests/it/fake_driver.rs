@@ -54,6 +54,30 @@ fn eight_910_devices_pass_the_conformance_suite() {
     }
 }
 
+/// An older `libdrvdsmi.so` in a directory earlier on `LD_LIBRARY_PATH` does not shadow the
+/// host library of a later one (it lacks the health function: a critical NPU would read ok);
+/// a FIFO under the library's name is passed by, not opened (that would wait for ever).
+#[test]
+fn the_host_library_anywhere_on_the_path_comes_before_the_older_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (early, late) = (dir.path().join("early"), dir.path().join("late"));
+    for d in [&early, &late] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::os::unix::fs::symlink(built("libdrvdsmi.so"), early.join("libdrvdsmi.so")).unwrap();
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(early.join("libdrvdsmi_host.so"))
+        .status()
+        .unwrap();
+    assert!(fifo.success());
+    std::os::unix::fs::symlink(fake(), late.join("libdrvdsmi_host.so")).unwrap();
+    let path = format!("{}:{}", early.display(), late.display());
+    let _env = Env::set(&[(EnvVars::LD_LIBRARY_PATH, path.as_str())]);
+    let probe = DsmiProbe::load("10.0.0.1").unwrap();
+    assert_eq!(probe.library(), late.join("libdrvdsmi_host.so"));
+    assert_eq!(probe.has_chip_and_health(), (true, true));
+}
+
 #[test]
 fn ipv6_addresses_come_through_the_union() {
     let devices = probe_with(&[(EnvVars::ATLASBOOST_FAKE_DSMI_IP, "v6")]).unwrap();
@@ -164,8 +188,35 @@ fn a_device_whose_own_calls_fail_is_reported_unreadable() {
             assert_eq!(d.chip, "910", "{fault}: {d:?}");
         }
         let unreadable = devices.iter().find(|d| d.physical_id == broken).unwrap();
-        assert_eq!(unreadable.ip, None, "{fault}");
+        // The address read before the failing call is kept (it is not "no RoCE address").
+        let read = match call {
+            DriverCall::IpAddress => None,
+            _ => Some(IpAddr::from([192, 168, 100, 101 + broken as u8])),
+        };
+        assert_eq!(unreadable.ip, read, "{fault}");
         assert_eq!(unreadable.health.to_string(), format!("unreadable: {says}"));
+    }
+}
+
+/// Ids no driver can mean (a list that repeats an id, two devices on one physical id, a
+/// physical id past any host's NPUs) are refused naming the function, not passed on to fail
+/// later as a table's duplicate device.
+#[test]
+fn impossible_ids_are_refused_naming_the_function() {
+    for (fault, want) in [
+        // "Success" without writing the list: every id 0.
+        (
+            "fail:dsmi_list_device=0",
+            "dsmi_list_device answered device id 0 again at place 1 of its 8 ids (0,0,0,0,0,0,0,0)",
+        ),
+        // "Success" without writing the physical id: 0 for each.
+        (
+            "fail:dsmi_get_phyid_from_logicid=0",
+            "dsmi_get_phyid_from_logicid answered physical id 0 for both logical ids 0 and 1",
+        ),
+    ] {
+        let e = error_with(&[(EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS, fault)]);
+        assert!(e.contains(want), "{fault}: {e}");
     }
 }
 
