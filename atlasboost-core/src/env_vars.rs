@@ -171,6 +171,9 @@ impl EnvVars {
     pub const ATLASBOOST_FAKE_DSMI_IP_API: &'static str = "ATLASBOOST_FAKE_DSMI_IP_API";
     /// How long the DSMI probe retries a driver that answers `TRY_AGAIN` (seconds, default 10).
     pub const ATLASBOOST_DSMI_RETRY_SECS: &'static str = "ATLASBOOST_DSMI_RETRY_SECS";
+    /// How long one DSMI driver call may take before the probe fails naming it (seconds,
+    /// default 30): a wedged NPU's call may never return.
+    pub const ATLASBOOST_DSMI_CALL_TIMEOUT_SECS: &'static str = "ATLASBOOST_DSMI_CALL_TIMEOUT_SECS";
     /// The fake driver: faults to inject (see `atlasboost-sim/fake-dsmi`).
     pub const ATLASBOOST_FAKE_DSMI_FAULTS: &'static str = "ATLASBOOST_FAKE_DSMI_FAULTS";
     /// The fake driver: a file of more faults, read at every call.

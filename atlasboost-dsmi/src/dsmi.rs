@@ -3,6 +3,7 @@
 use std::ffi::{c_int, c_uint};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use atlasboost_core::{
@@ -69,9 +70,25 @@ struct Functions {
     errors: Option<raw::GetErrorCode>,
 }
 
-/// Devices from the Ascend driver (SPEC §3, `--probe dsmi`).
+/// Devices from the Ascend driver (SPEC §3, `--probe dsmi`). The probe's calls run on a
+/// thread of their own, watched: a call that does not return within
+/// `ATLASBOOST_DSMI_CALL_TIMEOUT_SECS` (a wedged NPU) fails the probe naming it, instead of
+/// hanging the command.
 #[derive(Debug)]
 pub struct DsmiProbe {
+    driver: Arc<Driver>,
+}
+
+/// The driver call under way: its function, device and start.
+type InCall = (&'static str, Option<u32>, Instant);
+
+/// The loaded driver and the probe's settings.
+#[derive(Debug)]
+struct Driver {
+    /// The call under way, for a probe that times out to name it.
+    in_call: Mutex<Option<InCall>>,
+    /// How long one call may take.
+    call_limit: Duration,
     server_id: String,
     path: PathBuf,
     functions: Functions,
@@ -143,43 +160,62 @@ impl DsmiProbe {
             hbm: optional(&library, "dsmi_get_hbm_info"),
             errors: optional(&library, "dsmi_get_device_errorcode"),
         };
-        Ok(DsmiProbe {
+        let driver = Driver {
+            in_call: Mutex::new(None),
+            call_limit: seconds_of(
+                EnvVars::ATLASBOOST_DSMI_CALL_TIMEOUT_SECS,
+                DEFAULT_CALL_LIMIT,
+                0.1,
+            )?,
             server_id: server_id.to_string(),
             path: path.to_path_buf(),
             functions,
             visible: VisibleDevices::from_env()?,
-            retry: retry_bound()?,
+            retry: seconds_of(EnvVars::ATLASBOOST_DSMI_RETRY_SECS, DEFAULT_RETRY, 0.0)?,
             only: None,
             _library: library,
+        };
+        Ok(DsmiProbe {
+            driver: Arc::new(driver),
         })
+    }
+
+    /// The driver, changed by `change` (the builders below, before any probe: the driver is
+    /// not shared yet).
+    fn changed(self, change: impl FnOnce(&mut Driver)) -> DsmiProbe {
+        let mut driver = self.driver;
+        if let Some(d) = Arc::get_mut(&mut driver) {
+            change(d);
+        }
+        DsmiProbe { driver }
     }
 
     /// Only these physical ids are the job's (`--devices`): another device whose driver calls
     /// fail (a broken NPU the user left out) is dropped instead of failing the probe.
-    pub fn only(mut self, physical: Option<std::collections::BTreeSet<u32>>) -> DsmiProbe {
-        self.only = physical;
-        self
+    pub fn only(self, physical: Option<std::collections::BTreeSet<u32>>) -> DsmiProbe {
+        self.changed(|d| d.only = physical)
     }
 
     /// The library in use.
     pub fn library(&self) -> &Path {
-        &self.path
+        &self.driver.path
     }
 
     /// Whether the driver has the optional functions (chip name, health).
     pub fn has_chip_and_health(&self) -> (bool, bool) {
         (
-            self.functions.chip.is_some(),
-            self.functions.health.is_some(),
+            self.driver.functions.chip.is_some(),
+            self.driver.functions.health.is_some(),
         )
     }
 
     /// How long a call that answers `TRY_AGAIN` (a driver still starting) is retried.
-    pub fn with_retry(mut self, bound: Duration) -> DsmiProbe {
-        self.retry = bound;
-        self
+    pub fn with_retry(self, bound: Duration) -> DsmiProbe {
+        self.changed(|d| d.retry = bound)
     }
+}
 
+impl Driver {
     /// Calls a driver function, again with backoff while it answers `TRY_AGAIN`, until the
     /// probe's retry bound (`since` + the bound: one bound for the whole probe, not per call,
     /// so that 16 devices of a driver still starting wait the bound once, not 16 times). Each
@@ -198,7 +234,10 @@ impl DsmiProbe {
         let own = Instant::now() + self.retry.min(Duration::from_millis(100));
         let until = (since + self.retry).max(own);
         loop {
+            *self.in_call.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some((function, device, Instant::now()));
             let code = f();
+            *self.in_call.lock().unwrap_or_else(PoisonError::into_inner) = None;
             if code != TRY_AGAIN {
                 return check(function, device, code);
             }
@@ -461,6 +500,12 @@ impl DsmiProbe {
 }
 
 impl Telemetry for DsmiProbe {
+    fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
+        self.driver.sample(devices)
+    }
+}
+
+impl Driver {
     /// One call per metric and device, each once (no retry: the next sample comes soon); a
     /// function the driver lacks, or a call that fails, leaves that metric absent.
     fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
@@ -532,22 +577,74 @@ const NOT_SUPPORT: c_int = 0xfffe;
 /// How long `TRY_AGAIN` is retried unless `ATLASBOOST_DSMI_RETRY_SECS` says otherwise.
 pub const DEFAULT_RETRY: Duration = Duration::from_secs(10);
 
-/// `ATLASBOOST_DSMI_RETRY_SECS`, or [`DEFAULT_RETRY`].
-fn retry_bound() -> Result<Duration, DsmiError> {
-    let variable = EnvVars::ATLASBOOST_DSMI_RETRY_SECS;
+/// How long one driver call may take unless `ATLASBOOST_DSMI_CALL_TIMEOUT_SECS` says otherwise:
+/// far longer than any healthy call (milliseconds), short enough that a job does not wait for
+/// ever on a wedged NPU.
+pub const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// A number of seconds from `least` to 3600 in `variable`, or `default` when it is unset.
+fn seconds_of(
+    variable: &'static str,
+    default: Duration,
+    least: f64,
+) -> Result<Duration, DsmiError> {
     let Some(value) = std::env::var_os(variable).filter(|v| !v.is_empty()) else {
-        return Ok(DEFAULT_RETRY);
+        return Ok(default);
     };
     let value = value.to_string_lossy().into_owned();
     match value.trim().parse::<f64>() {
-        Ok(secs) if secs.is_finite() && (0.0..=3600.0).contains(&secs) => {
+        Ok(secs) if secs.is_finite() && (least..=3600.0).contains(&secs) => {
             Ok(Duration::from_secs_f64(secs))
         }
         _ => Err(DsmiError::BadVariable {
             variable,
             value,
-            reason: "expected a number of seconds from 0 to 3600".into(),
+            reason: format!("expected a number of seconds from {least} to 3600"),
         }),
+    }
+}
+
+impl DsmiProbe {
+    /// The driver's devices, read on a thread of their own; a call that has not returned
+    /// within the call limit fails the probe naming it (the thread is left to its call).
+    fn devices(&self) -> Result<Vec<Device>, DsmiError> {
+        let driver = Arc::clone(&self.driver);
+        let (done, result) = std::sync::mpsc::channel();
+        let reading = std::thread::Builder::new()
+            .name("ab-dsmi".into())
+            .spawn(move || {
+                let _ = done.send(driver.devices());
+            });
+        if reading.is_err() {
+            // No thread to be had: read here, unwatched.
+            return self.driver.devices();
+        }
+        loop {
+            match result.recv_timeout(Duration::from_millis(50)) {
+                Ok(devices) => return devices,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(DsmiError::Nonsense {
+                        function: "the probe",
+                        what: "nothing: its thread ended without an answer".into(),
+                    });
+                }
+            }
+            let in_call = *self
+                .driver
+                .in_call
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some((function, device, since)) = in_call
+                && since.elapsed() >= self.driver.call_limit
+            {
+                return Err(DsmiError::Hung {
+                    function,
+                    device,
+                    waited: since.elapsed(),
+                });
+            }
+        }
     }
 }
 
@@ -559,13 +656,16 @@ impl DeviceProbe for DsmiProbe {
     fn probe(&self) -> atlasboost_core::Result<Vec<Device>> {
         let wrap = |e: DsmiError| Error::Probe {
             probe: "dsmi".into(),
-            server_id: self.server_id.clone(),
+            server_id: self.driver.server_id.clone(),
             source: e.into(),
         };
         let devices = self.devices().map_err(wrap)?;
         // The driver already shows only what a container runtime mounted; the CANN runtime's
         // own filter still applies to the workers.
-        self.visible.apply_runtime(devices, None).map_err(wrap)
+        self.driver
+            .visible
+            .apply_runtime(devices, None)
+            .map_err(wrap)
     }
 }
 

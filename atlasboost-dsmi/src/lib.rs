@@ -100,6 +100,21 @@ pub enum DsmiError {
         /// For how long.
         waited: std::time::Duration,
     },
+    /// A driver call has not returned for longer than a call may take: the driver, or the
+    /// NPU it addresses, is stuck.
+    #[error(
+        "{function}({}) has not returned after {:.1} s: the driver, or that NPU, is stuck (ATLASBOOST_DSMI_CALL_TIMEOUT_SECS sets how long a call may take)",
+        device.map_or(String::new(), |d| format!("device {d}")),
+        waited.as_secs_f64()
+    )]
+    Hung {
+        /// The C function.
+        function: &'static str,
+        /// The (logical) device it was called for, if any.
+        device: Option<u32>,
+        /// For how long it had not returned.
+        waited: std::time::Duration,
+    },
     /// A setting of the probe's is malformed.
     #[error("{variable}={value:?}: {reason}")]
     BadVariable {

@@ -220,6 +220,39 @@ fn impossible_ids_are_refused_naming_the_function() {
     }
 }
 
+/// A driver call that does not return (a wedged NPU) fails the probe once it has taken the
+/// call limit, naming the call and its device, instead of hanging the command.
+#[test]
+fn a_call_that_hangs_fails_the_probe_naming_it() {
+    let env = Env::set(&[
+        (
+            EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS,
+            "hang:dsmi_get_device_health@1=1500",
+        ),
+        (EnvVars::ATLASBOOST_DSMI_CALL_TIMEOUT_SECS, "0.3"),
+    ]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    let e = atlasboost_core::exchange::error_chain(&probe.probe().unwrap_err());
+    assert!(
+        e.contains("dsmi_get_device_health(device 1) has not returned after 0.")
+            && e.contains("ATLASBOOST_DSMI_CALL_TIMEOUT_SECS"),
+        "{e}"
+    );
+    // The probe's thread, left to its call, reads the environment until it ends: the lock
+    // is held until then.
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    drop(env);
+    // A limit that is not a number of seconds is named.
+    let _env = Env::set(&[(EnvVars::ATLASBOOST_DSMI_CALL_TIMEOUT_SECS, "soon")]);
+    let e = DsmiProbe::load_from("10.0.0.1", &fake())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ATLASBOOST_DSMI_CALL_TIMEOUT_SECS=\"soon\": expected a number of seconds"),
+        "{e}"
+    );
+}
+
 #[test]
 fn every_failing_function_is_named_with_its_device_and_code() {
     for (fault, want) in [

@@ -16,13 +16,14 @@ use atlasboost_core::EnvVars;
 static ENV: Mutex<()> = Mutex::new(());
 
 /// Every variable a test may set; cleared before each test.
-const VARS: [&str; 14] = [
+const VARS: [&str; 15] = [
     EnvVars::ATLASBOOST_DCMI_LIB,
     EnvVars::ATLASBOOST_FAKE_DCMI_AFFINITY,
     EnvVars::ATLASBOOST_FAKE_DCMI_CHIPS_PER_CARD,
     EnvVars::ATLASBOOST_FAKE_DSMI_DEVICES,
     EnvVars::ATLASBOOST_FAKE_DSMI_IP_API,
     EnvVars::ATLASBOOST_DSMI_RETRY_SECS,
+    EnvVars::ATLASBOOST_DSMI_CALL_TIMEOUT_SECS,
     EnvVars::ATLASBOOST_FAKE_DSMI_PHYSICAL,
     EnvVars::ATLASBOOST_FAKE_DSMI_CHIP,
     EnvVars::ATLASBOOST_FAKE_DSMI_IP,
@@ -43,7 +44,8 @@ impl Env {
         let lock = ENV.lock().unwrap_or_else(|p| p.into_inner());
         for v in VARS {
             // SAFETY: every test of this binary that reads or writes the environment holds
-            // ENV, and the libraries involved read it only from the calling thread.
+            // ENV, and the libraries involved read it only while the test's probe runs (on the
+            // probe's thread: a test that leaves one behind waits for it under the lock).
             unsafe { std::env::remove_var(v) };
         }
         for (k, v) in vars {
