@@ -125,8 +125,13 @@ pub enum CliError {
     },
     /// No table could be decided (a restart's world is too small, say); exit 125. Carries
     /// the hosts whose probe failed, for the restart's events.
-    #[error(transparent)]
-    Undecided(#[from] crate::launch::agent::Undecided),
+    #[error("{message}")]
+    Undecided {
+        /// Why, naming what is missing.
+        message: String,
+        /// Each host whose probe failed, and why.
+        unprobed: Vec<(String, String)>,
+    },
     /// Hosts lost while the hosts were joining: one whose session ended, or those that did not
     /// join in time; exit 125. A restart goes on without them.
     #[error("{message}")]
@@ -310,7 +315,7 @@ impl CliError {
             | CliError::Probe(_)
             | CliError::Host { .. }
             | CliError::Failure(_)
-            | CliError::Undecided(_)
+            | CliError::Undecided { .. }
             | CliError::TableLock(_)
             | CliError::Stdout(_) => ExitCodes::FAILURE,
         }

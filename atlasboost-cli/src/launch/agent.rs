@@ -187,6 +187,15 @@ pub fn decide(policy: &TablePolicy, reports: Vec<AgentReport>) -> Result<Decisio
     decide_table(policy, reports).map_err(|message| Undecided { message, unprobed })
 }
 
+impl From<Undecided> for CliError {
+    fn from(u: Undecided) -> CliError {
+        CliError::Undecided {
+            message: u.message,
+            unprobed: u.unprobed,
+        }
+    }
+}
+
 /// A host whose probe failed, as [`Decision::unprobed`] lists it.
 fn probe_failure(host: &HostPlan, message: &str) -> (String, String) {
     (host.describe(), format!("its probe failed: {message}"))

@@ -409,8 +409,8 @@ fn run_attempts(
         let launch = job.launch(&live, &settings);
         // The hosts whose probe failed are left out of this attempt, in the events too, when
         // it then cannot go on (its error names them); an attempt that goes on says so below.
-        if let Err(CliError::Undecided(u)) = &joined {
-            for (host, why) in &u.unprobed {
+        if let Err(CliError::Undecided { unprobed, .. }) = &joined {
+            for (host, why) in unprobed {
                 host_left_out_event(job, host, why);
             }
         }
