@@ -748,6 +748,8 @@ fn ctrl_c_while_a_restart_probes_ends_the_job_before_its_workers_start() {
         "0",
         "--grace",
         "1",
+        "--events",
+        "events.jsonl",
     ]);
     let faults = run.dir().join("faults");
     let mut launch = run
@@ -766,9 +768,18 @@ fn ctrl_c_while_a_restart_probes_ends_the_job_before_its_workers_start() {
     launch.signal(Signal::SIGINT);
     let signalled = launch.elapsed();
     let r = launch.wait_at_most(Duration::from_secs(20));
-    r.assert_code(130)
-        .assert_err(&["stopped by SIGINT while the hosts were joining"], &[]);
+    r.assert_code(130).assert_err(
+        &[
+            "stopped by SIGINT while the hosts were joining",
+            // The attempt that began is in the summary, and its end in the events.
+            "attempt 1: no table, ",
+            "s: stopped by SIGINT while the hosts were joining (exit code 130)",
+        ],
+        &[],
+    );
     assert!(!r.out().contains("attempt=1"), "{}", r.describe());
+    let ends = events_of(&r, "attempt_end");
+    assert_eq!(ends.len(), 2, "{ends:?}");
     // At once, not after the driver's 30 s of retries.
     assert!(
         r.elapsed < signalled + Duration::from_secs(10),

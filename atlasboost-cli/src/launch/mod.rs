@@ -417,11 +417,12 @@ fn run_attempts(
         let joined = match joined {
             Ok(Joined::Ready(j)) => j,
             Ok(Joined::Interrupted(s)) => {
-                printer.status(&format!(
-                    "atlasboost: stopped by {} while the hosts were joining",
-                    s.as_str()
-                ));
-                return Ok(Outcome::Ended(128u8.wrapping_add(s as u8)));
+                let why = format!("stopped by {} while the hosts were joining", s.as_str());
+                printer.status(&format!("atlasboost: {why}"));
+                // The attempt began (its events say so): it ends, and is in the summary.
+                let code = 128u8.wrapping_add(s as u8);
+                record_attempt(job, (attempt, attempt_started, None), why, code);
+                return Ok(Outcome::Ended(code));
             }
             // A restart that cannot go on ends the job, naming why; the first attempt's
             // errors are the launch's.
@@ -779,18 +780,26 @@ fn end_restart(
 
 /// Records attempt `number`, begun at `started`, as ended by `e` (with its layout if its table
 /// was decided), and says so in the events.
-fn record_end(
+fn record_end(job: &mut JobState<'_>, attempt: (u32, Instant, Option<String>), e: &CliError) {
+    let ended = atlasboost_core::exchange::error_chain(e);
+    record_attempt(job, attempt, ended, e.exit_code());
+}
+
+/// Records attempt `number`, begun at `started`, as `ended` with exit code `code` (with its
+/// layout if its table was decided), and says so in the events.
+fn record_attempt(
     job: &mut JobState<'_>,
     (number, started, layout): (u32, Instant, Option<String>),
-    e: &CliError,
+    ended: String,
+    exit_code: u8,
 ) {
     job.attempts.push(AttemptRecord {
         number,
         layout,
         duration: started.elapsed(),
-        ended: atlasboost_core::exchange::error_chain(e),
+        ended,
         root_cause: None,
-        exit_code: e.exit_code(),
+        exit_code,
     });
     attempt_end_event(job);
 }
