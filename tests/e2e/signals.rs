@@ -285,6 +285,37 @@ fn after_sigint_a_leftover_grandchild_is_stopped_without_waiting_the_grace_time(
     assert_all_gone(&mark, "after SIGINT");
 }
 
+/// After SIGINT the workers exit at once, but one left a process outside their groups that
+/// ignores SIGTERM: the launcher waits the grace time for it, and says so (what it waits for,
+/// when SIGKILL comes, how to cut it short), instead of waiting silently.
+#[test]
+fn a_stop_that_waits_for_a_leftover_says_so() {
+    let mut launch = start(
+        "2",
+        "3",
+        &[
+            "sh",
+            "-c",
+            "(trap '' TERM INT HUP; exec setsid sleep 300) & echo ready; exec sleep 300",
+        ],
+    );
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
+    let mark = launch.mark().to_string();
+    // The setsid children are running (they start a moment after "ready").
+    std::thread::sleep(Duration::from_millis(300));
+    launch.signal(Signal::SIGINT);
+    let r = launch.wait_at_most(Duration::from_secs(30));
+    r.assert_code(130).assert_err(
+        &[
+            "atlasboost: every worker has exited; waiting for what they left running (",
+            "left their workers' groups) (SIGKILL in ",
+            "; Ctrl-C to kill it now)",
+        ],
+        &[],
+    );
+    assert_all_gone(&mark, "after SIGINT and the grace time");
+}
+
 /// Runs `worker` on 2 ranks with the launcher's stdout a pipe nobody reads; once `ready`
 /// (given the job's mark) says so, sends `signal`; returns the exit status (`None`: still
 /// running 20 s later, then killed) and stderr.

@@ -1381,17 +1381,30 @@ impl<'a> Supervisor<'a> {
                     }
                 ));
             }
-            // While the workers are being stopped anyway, what they left is part of that stop:
-            // saying so would only add a line per rank to a failure's output.
-            if self.stopping.is_none() {
-                output.message(&format!(
-                    "atlasboost: every worker has exited; stopping what they left running{}",
-                    match what.is_empty() {
-                        true => String::new(),
-                        false => format!(" ({})", what.join(", and ")),
-                    }
-                ));
-                self.begin_stop();
+            let what = match what.is_empty() {
+                true => String::new(),
+                false => format!(" ({})", what.join(", and ")),
+            };
+            match self.stopping {
+                None => {
+                    output.message(&format!(
+                        "atlasboost: every worker has exited; stopping what they left \
+                         running{what}"
+                    ));
+                    self.begin_stop();
+                }
+                // While the workers are being stopped anyway, what they left is part of that
+                // stop; but the wait for it is said (it may last the whole grace), with when
+                // it ends, unless it is being killed already.
+                Some((began, false)) => {
+                    let left = self.grace.saturating_sub(began.elapsed());
+                    output.message(&format!(
+                        "atlasboost: every worker has exited; waiting for what they left \
+                         running{what} (SIGKILL in {:.0?}; Ctrl-C to kill it now)",
+                        Duration::from_secs(left.as_secs_f64().ceil() as u64)
+                    ));
+                }
+                Some((_, true)) => {}
             }
             self.signal_groups(Signal::SIGTERM);
         }
