@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use atlasboost_e2e::{
-    Run, assert_no_process_with_env, descendants, kill_marked, mpirun_or_skip, unique,
+    Run, assert_no_process_with_env, descendants, kill_marked, mpirun_or_skip, unique, wait_until,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -490,6 +490,81 @@ fn relays_on_hosts_that_mpirun_reaches_over_ssh_report_to_the_launcher() {
         sshd.log().contains("Accepted publickey"),
         "mpirun went through ssh: {}",
         sshd.log()
+    );
+}
+
+/// A relay that mpirun's daemon started on a host the launcher is not above (reached over
+/// ssh) and that dies of SIGKILL leaves nothing of its worker running, not even a process in a
+/// session of its own (setsid): there the workers' cgroup is the relays' default.
+#[test]
+fn a_relay_killed_on_a_host_reached_over_ssh_leaves_no_setsid_child() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let Some(sshd) = atlasboost_e2e::Sshd::start() else {
+        return;
+    };
+    let mark = unique("mpi-remote-setsid");
+    let script = format!(
+        "setsid sh -c 'sleep 300; : {mark}-daemon' & echo ready; exec sh -c 'sleep 300; : {mark}-worker'"
+    );
+    let mut launch = run_mpi(2)
+        .env(
+            "OMPI_MCA_plm_rsh_agent",
+            format!("ssh -F {}", sshd.ssh_config().display()),
+        )
+        .args([
+            "--grace",
+            "1",
+            "-H",
+            "127.0.0.2:1,127.0.0.3:1",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .args([&script])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(60));
+    let marked = |what: &str| -> Vec<atlasboost_e2e::ProcStat> {
+        atlasboost_e2e::all_pids()
+            .into_iter()
+            .filter(|&pid| {
+                // The daemon's or worker's own shell (the launcher's and relays' command
+                // lines hold the whole script).
+                atlasboost_e2e::cmdline(pid)
+                    .is_some_and(|c| c.last() == Some(&format!("sleep 300; : {mark}-{what}")))
+            })
+            .filter_map(atlasboost_e2e::proc_stat)
+            .filter(atlasboost_e2e::ProcStat::alive)
+            .collect()
+    };
+    // Both daemons are up (they start a moment after "ready"); a worker's parent is its relay.
+    assert!(
+        wait_until(Duration::from_secs(10), || marked("daemon").len() == 2),
+        "{:?}",
+        marked("daemon")
+    );
+    let relay = marked("worker")
+        .first()
+        .map(|w| w.ppid)
+        .expect("a worker runs");
+    assert!(
+        atlasboost_e2e::cmdline(relay).is_some_and(|c| c.iter().any(|a| a == "relay")),
+        "the worker's parent is a relay: {:?}",
+        atlasboost_e2e::cmdline(relay)
+    );
+    let _ = kill(Pid::from_raw(relay), Signal::SIGKILL);
+    let r = launch.wait_at_most(Duration::from_secs(60));
+    assert_ne!(r.code(), Some(0), "{}", r.describe());
+    let gone = wait_until(Duration::from_secs(10), || marked("daemon").is_empty());
+    let left: Vec<i32> = marked("daemon").iter().map(|p| p.pid).collect();
+    for &pid in &left {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    assert!(
+        gone,
+        "setsid children left running: {left:?}\n{}",
+        r.describe()
     );
 }
 

@@ -100,9 +100,11 @@ pub fn prepare(
 pub enum CgroupWanted {
     /// This process starts no workers (the launcher of `run --mpi`).
     NoWorkers,
-    /// As `ATLASBOOST_CGROUP` says (`1` or `0`), else this: on for the launcher and the agents;
-    /// off for the relays of `run --mpi`, where every launch would wait once more for the
-    /// kernel's migration lock (docs/launching.md, "Nothing outlives the job").
+    /// As `ATLASBOOST_CGROUP` says (`1` or `0`), else this: on for the launcher, the agents
+    /// and the relays of `run --mpi` on other hosts; off for the relays below the launcher,
+    /// where every launch would wait once more for the kernel's migration lock and the
+    /// launcher adopts what their workers leave (docs/launching.md, "Nothing outlives the
+    /// job").
     ByDefault(bool),
 }
 

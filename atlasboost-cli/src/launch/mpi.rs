@@ -768,7 +768,6 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
             )
         })?;
     let host = atlasboost_core::host_name();
-    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(false), None, None)?;
     let who = Introduction {
         job_id: &job_id,
         secret: &secret,
@@ -784,6 +783,13 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
                 why,
             }
         })?;
+    // Below the launcher (its mpirun started this relay), what a worker leaves behind in a
+    // session of its own is re-parented to the launcher, a subreaper, which stops it. Anywhere
+    // else (another host, or this one through ssh) nothing above the relay would: there the
+    // workers' cgroup is the default, so that even a relay killed with SIGKILL leaves nothing
+    // running (it costs those relays the kernel's migration lock once, a few milliseconds).
+    let below_launcher = launcher_pid(&connection).is_some_and(is_ancestor);
+    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(!below_launcher), None, None)?;
     // Commands go to the supervisor; the launcher is heard on `launcher` after it.
     let [commands, launcher] = [connection.try_clone(), connection.try_clone()]
         .map(|c| c.map_err(CliError::system("duplicate the connection")));
@@ -851,6 +857,41 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
     };
     send_the_rest(&mut output, &signals, launcher.as_fd(), lost_after);
     Ok(code)
+}
+
+/// The launcher's process id as this process's pid namespace sees it, from the Unix socket
+/// `connection` (its peer's credentials); `None` over TCP.
+fn launcher_pid(connection: &std::os::fd::OwnedFd) -> Option<i32> {
+    nix::sys::socket::getsockopt(connection, nix::sys::socket::sockopt::PeerCredentials)
+        .ok()
+        .map(|c| c.pid())
+        .filter(|&pid| pid > 0)
+}
+
+/// Whether process `pid` is an ancestor of this one (its parent's parent's ..., from
+/// `/proc`; a few steps up, at most 64).
+fn is_ancestor(pid: i32) -> bool {
+    let mut at = nix::unistd::getppid().as_raw();
+    for _ in 0..64 {
+        if at == pid {
+            return true;
+        }
+        if at <= 1 {
+            return false;
+        }
+        let Some(parent) = std::fs::read_to_string(format!("/proc/{at}/stat"))
+            .ok()
+            .and_then(|stat| {
+                // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+                let rest = &stat[stat.rfind(')')? + 1..];
+                rest.split_whitespace().nth(1)?.parse().ok()
+            })
+        else {
+            return false;
+        };
+        at = parent;
+    }
+    false
 }
 
 #[cfg(test)]
