@@ -706,7 +706,7 @@ fn attempt_text(job: &str, attempt: u32) -> String {
     )
 }
 
-/// `--metrics ADDR:PORT`: a small HTTP server ([`http`], threads of its own) that answers
+/// `--metrics ADDR:PORT`: a small HTTP server (module `http`, threads of its own) that answers
 /// `GET /metrics` with the latest text [`Metrics::publish`] gave it (before the first sample,
 /// the job's attempt alone: a target that answers nothing would look like a host without
 /// NPUs), and anything else with 404 or 405.
