@@ -126,14 +126,15 @@ impl DsmiProbe {
             // on: a later candidate may be the real driver.
             match DsmiProbe::load_from(server_id, &path) {
                 Ok(p) => return Ok(p),
-                Err(DsmiError::NotFound { tried: why }) => tried.extend(why),
+                Err(DsmiError::NotFound { tried: why, .. }) => tried.extend(why),
                 Err(DsmiError::MissingSymbol { symbol, .. }) => {
                     tried.push(format!("{} (has no function {symbol})", path.display()));
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(DsmiError::NotFound { tried })
+        let named = std::env::var_os(EnvVars::ATLASBOOST_DSMI_LIB).is_some_and(|f| !f.is_empty());
+        Err(DsmiError::NotFound { tried, named })
     }
 
     /// Loads the driver library at `path`.
@@ -146,6 +147,7 @@ impl DsmiProbe {
         // driver's) have no preconditions; this is the documented way to use DSMI.
         let library = unsafe { Library::new(path) }.map_err(|e| DsmiError::NotFound {
             tried: vec![format!("{} ({e})", path.display())],
+            named: false,
         })?;
         let functions = Functions {
             count: required(&library, path, "dsmi_get_device_count")?,

@@ -48,13 +48,21 @@ pub const HCCN_CONF: &str = "/etc/hccn.conf";
 pub enum DsmiError {
     /// No driver library could be loaded.
     #[error(
-        "cannot load the Ascend driver library; tried: {}. Set ATLASBOOST_DSMI_LIB to the \
-         library's path or add its directory to LD_LIBRARY_PATH",
-        tried.join("; ")
+        "cannot load the Ascend driver library; tried: {}. {}",
+        tried.join("; "),
+        match named {
+            true => "ATLASBOOST_DSMI_LIB names it (and only it is tried): point it at the \
+                     driver's libdrvdsmi_host.so, or unset it to search LD_LIBRARY_PATH and \
+                     the driver's directories",
+            false => "Set ATLASBOOST_DSMI_LIB to the library's path or add its directory to \
+                      LD_LIBRARY_PATH",
+        }
     )]
     NotFound {
         /// Every path tried, with why it failed.
         tried: Vec<String>,
+        /// `ATLASBOOST_DSMI_LIB` named the one path tried.
+        named: bool,
     },
     /// The library lacks a function atlasboost cannot do without.
     #[error("the driver library {} has no function {symbol}", library.display())]

@@ -105,8 +105,12 @@ pub enum ProbeError {
     },
     /// `auto` found the driver's library (or was told where it is) but it does not work: not
     /// a reason to fall back to hccn.conf, whose devices would have no health or chip.
-    #[error("the Ascend driver cannot be used: {dsmi}. Mend it, or {} {} to read {} instead",
-        origin.verb(), origin.assignment(Setting::Probe, "hccn"), hccn.display())]
+    #[error("the Ascend driver cannot be used: {dsmi}. Mend it, or {} {} to read {}{}",
+        origin.verb(), origin.assignment(Setting::Probe, "hccn"), hccn.display(),
+        match hccn_exists {
+            true => " instead",
+            false => " (not there now: name the hccn.conf to read as well)",
+        })]
     DriverBroken {
         /// How the user asked.
         origin: Origin,
@@ -114,6 +118,8 @@ pub enum ProbeError {
         dsmi: DsmiError,
         /// The hccn.conf that `--probe hccn` would read.
         hccn: PathBuf,
+        /// Whether that file is there.
+        hccn_exists: bool,
     },
     /// `ASCEND_RT_VISIBLE_DEVICES` (applied to simulated devices too) is malformed.
     #[error(transparent)]
@@ -250,6 +256,7 @@ pub fn make_probe(
                 return Err(ProbeError::DriverBroken {
                     origin,
                     dsmi,
+                    hccn_exists: path.exists(),
                     hccn: path,
                 });
             }

@@ -2011,9 +2011,24 @@ fn auto_takes_the_driver_then_hccn_conf() {
         out.expect_code(FAILURE).stderr_has(&[
             "the Ascend driver cannot be used",
             named,
+            // The variable is set: the hint is about it, not about setting it.
+            "ATLASBOOST_DSMI_LIB names it (and only it is tried)",
             "pass --probe hccn to read",
+            &format!("{conf} instead"),
         ]);
     }
+    // An hccn.conf that is not there is not offered as if it were.
+    let out = run_env(
+        dir.path(),
+        &["probe", "--server-id", "h"],
+        &[
+            ("LD_LIBRARY_PATH", ""),
+            ("ATLASBOOST_DSMI_LIB", "/etc/passwd"),
+            ("ATLASBOOST_HCCN_CONF", "/nonexistent/hccn.conf"),
+        ],
+    );
+    out.expect_code(FAILURE)
+        .stderr_has(&["to read /nonexistent/hccn.conf (not there now"]);
     // A driver that loads is taken before hccn.conf: the file the flag names would not be read.
     let out = probe_with_hccn_conf(&[("ATLASBOOST_DSMI_LIB", &fake_driver())]);
     out.expect_code(USAGE).stderr_has(&[
