@@ -58,6 +58,14 @@ pub enum Error {
     #[error("cannot build a rank table: {0}")]
     Build(String),
 
+    /// Devices that report themselves unusable (unhealthy, unreadable) were to be in the
+    /// table: a device's trouble, not the table's. Each is named, with its health.
+    #[error(
+        "cannot build a rank table: {0}; leave it out with --devices (in library mode, hide it \
+         with ASCEND_RT_VISIBLE_DEVICES)"
+    )]
+    Unusable(String),
+
     /// A rank table breaks one or more rules; every violation is listed.
     #[error("{} is not a valid rank table ({} problem{}):{}", origin, violations.len(), plural(violations.len()), list(violations))]
     Invalid {

@@ -584,6 +584,23 @@ pub const DEFAULT_RETRY: Duration = Duration::from_secs(10);
 /// ever on a wedged NPU.
 pub const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(30);
 
+/// Whether the probe's own variables (`ATLASBOOST_DSMI_RETRY_SECS`,
+/// `ATLASBOOST_DSMI_CALL_TIMEOUT_SECS`) are well formed, before any library is loaded: a
+/// malformed one is a setting's error, not a device's.
+///
+/// # Errors
+///
+/// [`DsmiError::BadVariable`] naming it.
+pub fn check_settings() -> Result<(), DsmiError> {
+    seconds_of(EnvVars::ATLASBOOST_DSMI_RETRY_SECS, DEFAULT_RETRY, 0.0)?;
+    seconds_of(
+        EnvVars::ATLASBOOST_DSMI_CALL_TIMEOUT_SECS,
+        DEFAULT_CALL_LIMIT,
+        0.1,
+    )?;
+    Ok(())
+}
+
 /// A number of seconds from `least` to 3600 in `variable`, or `default` when it is unset.
 fn seconds_of(
     variable: &'static str,

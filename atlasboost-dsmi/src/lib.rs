@@ -35,7 +35,7 @@ mod visible;
 use std::path::PathBuf;
 
 pub use dcmi::{Dcmi, parse_cpu_list};
-pub use dsmi::{DsmiProbe, library_candidates};
+pub use dsmi::{DsmiProbe, check_settings, library_candidates};
 pub use hccn::{HccnProbe, parse_hccn_conf};
 pub use visible::VisibleDevices;
 

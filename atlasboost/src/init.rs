@@ -183,7 +183,7 @@ impl From<atlasboost_core::Error> for InitError {
             },
             E::LaunchEnv(_) => InitError::LaunchContext(message),
             E::InvalidValue { .. } => InitError::Config(message),
-            E::Probe { .. } | E::RemoteProbe { .. } => InitError::Device(message),
+            E::Probe { .. } | E::RemoteProbe { .. } | E::Unusable(_) => InitError::Device(message),
             _ => InitError::RankTable(message),
         }
     }
@@ -866,6 +866,14 @@ impl Shared {
 fn discovery() -> Result<Discovery, InitError> {
     let discovery = Discovery::from_env().map_err(InitError::Config)?;
     crate::probe::check_choice(&discovery).map_err(|e| InitError::Config(error_chain(&e)))?;
+    if discovery.sim.is_none()
+        && matches!(
+            discovery.probe,
+            crate::settings::ProbeKind::Dsmi | crate::settings::ProbeKind::Auto
+        )
+    {
+        atlasboost_dsmi::check_settings().map_err(|e| InitError::Config(error_chain(&e)))?;
+    }
     Ok(discovery)
 }
 

@@ -205,10 +205,7 @@ fn group_servers<'a>(
     }
     let unhealthy = unhealthy_named(devices);
     if !unhealthy.is_empty() {
-        return Err(Error::Build(format!(
-            "{}; leave it out with --devices",
-            unhealthy.join(", ")
-        )));
+        return Err(Error::Unusable(unhealthy.join(", ")));
     }
     let mut by_server: HashMap<&str, Vec<&Device>> = HashMap::new();
     for d in devices {

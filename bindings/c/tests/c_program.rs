@@ -356,9 +356,43 @@ fn a_failed_init_returns_the_code_of_its_kind() {
     let program = compile_test_program();
     // A free port on loopback that nobody answers on: the rendezvous times out.
     let port = free_port_pair().to_string();
+    // The fake driver (built with the workspace), for a device that is not healthy.
+    let fake_driver = deps_dir()
+        .parent()
+        .map(|d| d.join("libdrvdsmi_host.so"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| panic!("no fake driver: run `cargo build -p atlasboost-fake-dsmi`"));
+    let fake_driver = fake_driver.to_string_lossy();
     // Each with the words its message must hold (the variable to blame, where one is).
     type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
-    let cases: [Case<'_>; 7] = [
+    let cases: [Case<'_>; 9] = [
+        // The driver probe's own settings are settings, not a device's trouble.
+        (
+            "ATLASBOOST_ERR_CONFIG",
+            "ATLASBOOST_DSMI_RETRY_SECS=\"soon\": expected a number of seconds",
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+                ("LOCAL_RANK", "0"),
+                ("ATLASBOOST_PROBE", "dsmi"),
+                ("ATLASBOOST_DSMI_RETRY_SECS", "soon"),
+            ],
+        ),
+        // An unhealthy NPU is a device's trouble, not the table's; the hint fits library mode.
+        (
+            "ATLASBOOST_ERR_DEVICE",
+            "is critical (3); leave it out with --devices (in library mode, hide it with \
+             ASCEND_RT_VISIBLE_DEVICES)",
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+                ("LOCAL_RANK", "0"),
+                ("ATLASBOOST_PROBE", "dsmi"),
+                ("ATLASBOOST_DSMI_LIB", &fake_driver),
+                ("ATLASBOOST_FAKE_DSMI_DEVICES", "2"),
+                ("ATLASBOOST_FAKE_DSMI_FAULTS", "unhealthy:0"),
+            ],
+        ),
         (
             "ATLASBOOST_ERR_CONFIG",
             "ATLASBOOST_FRAMEWORK=caffe",
