@@ -38,8 +38,9 @@
 #define ATLASBOOST_ERR_CONFIG (0 - 4)
 
 /**
- * A device problem: the probe failed, too few devices for the local rank, two processes claim
- * one device, or `atlasboost_set_device_id()` was given another rank's device.
+ * A device problem: the probe failed, a device reports itself unusable (unhealthy,
+ * unreadable), too few devices for the local rank, two processes claim one device, or
+ * `atlasboost_set_device_id()` was given another rank's device.
  */
 #define ATLASBOOST_ERR_DEVICE (0 - 5)
 

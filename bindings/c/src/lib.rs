@@ -98,8 +98,9 @@ pub const ATLASBOOST_ERR_INVALID_ARGUMENT: c_int = 0 - 2;
 pub const ATLASBOOST_ERR_LAUNCH_CONTEXT: c_int = 0 - 3;
 /// An `ATLASBOOST_*` setting is malformed (e.g. `ATLASBOOST_FRAMEWORK=caffe`).
 pub const ATLASBOOST_ERR_CONFIG: c_int = 0 - 4;
-/// A device problem: the probe failed, too few devices for the local rank, two processes claim
-/// one device, or `atlasboost_set_device_id()` was given another rank's device.
+/// A device problem: the probe failed, a device reports itself unusable (unhealthy,
+/// unreadable), too few devices for the local rank, two processes claim one device, or
+/// `atlasboost_set_device_id()` was given another rank's device.
 pub const ATLASBOOST_ERR_DEVICE: c_int = 0 - 5;
 /// The rendezvous failed (not for lack of time).
 pub const ATLASBOOST_ERR_RENDEZVOUS: c_int = 0 - 6;
