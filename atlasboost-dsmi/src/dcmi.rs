@@ -118,7 +118,7 @@ impl Dcmi {
     ///
     /// # Errors
     ///
-    /// [`DsmiError::Call`] naming the function, the NPU and the code.
+    /// [`DsmiError::DcmiCall`] naming the function, the NPU and the code.
     pub fn card_of(&self, physical: u32) -> Result<(c_int, c_int), DsmiError> {
         let Some(get) = self.card_of else {
             return Ok((physical as c_int, 0));
@@ -127,9 +127,10 @@ impl Dcmi {
         // SAFETY: two ints to write through valid pointers.
         let code = unsafe { get(&mut card, &mut chip, physical) };
         if code != 0 {
-            return Err(DsmiError::Call {
+            return Err(DsmiError::DcmiCall {
                 function: "dcmi_get_card_id_device_id_from_phyid",
-                device: Some(physical),
+                physical,
+                card: None,
                 code,
             });
         }
@@ -140,7 +141,7 @@ impl Dcmi {
     ///
     /// # Errors
     ///
-    /// [`DsmiError::Call`] naming the function, the NPU and the code; [`DsmiError::Nonsense`]
+    /// [`DsmiError::DcmiCall`] naming the function, the NPU and the code; [`DsmiError::Nonsense`]
     /// for an answer that is not a CPU list.
     pub fn affinity(&self, physical: u32) -> Result<Vec<usize>, DsmiError> {
         const FUNCTION: &str = "dcmi_get_affinity_cpu_info_by_device_id";
@@ -150,9 +151,10 @@ impl Dcmi {
         // SAFETY: a 256-byte buffer and its size, as the function is told.
         let code = unsafe { (self.get)(card, chip, buf.as_mut_ptr(), &mut len) };
         if code != 0 {
-            return Err(DsmiError::Call {
+            return Err(DsmiError::DcmiCall {
                 function: FUNCTION,
-                device: Some(physical),
+                physical,
+                card: Some((card, chip)),
                 code,
             });
         }

@@ -82,6 +82,25 @@ pub enum DsmiError {
         /// Its return code.
         code: i32,
     },
+    /// A DCMI function (`--bind-cores`) returned an error code. DCMI addresses an NPU by
+    /// card and chip, found from its physical id.
+    #[error(
+        "{function}({}) returned {code}",
+        match card {
+            Some((card, chip)) => format!("card {card}, chip {chip}: the NPU with physical id {physical}"),
+            None => format!("physical id {physical}"),
+        }
+    )]
+    DcmiCall {
+        /// The C function.
+        function: &'static str,
+        /// The NPU's physical id.
+        physical: u32,
+        /// Its card and chip, when the call took them.
+        card: Option<(i32, i32)>,
+        /// Its return code.
+        code: i32,
+    },
     /// The driver says this host has no device.
     #[error(
         "the driver reports no device on this host (dsmi_get_device_count {})",

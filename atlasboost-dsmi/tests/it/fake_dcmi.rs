@@ -30,7 +30,11 @@ fn an_npus_cpus_are_its_cards_and_two_chips_share_a_card() {
     assert_eq!(dcmi.affinity(1).unwrap(), vec![4, 5, 6, 7]);
     let e = dcmi.affinity(2).unwrap_err().to_string();
     assert!(
-        e.contains("dcmi_get_affinity_cpu_info_by_device_id(device 2) returned -8005"),
+        // DCMI takes a card and a chip, not a device id: named as such.
+        e.contains(
+            "dcmi_get_affinity_cpu_info_by_device_id(card 2, chip 0: the NPU with physical id \
+             2) returned -8005"
+        ),
         "{e}"
     );
     drop(_env);
