@@ -275,6 +275,13 @@ pub trait DeviceProbe: Send + Sync {
     /// A short name for messages (`sim`, `dsmi`, `hccn`).
     fn name(&self) -> &str;
 
+    /// Where the devices come from, for a reader who must know which one was used (the
+    /// driver library loaded, the hccn.conf read), with what it cannot tell; `None` for a
+    /// source that is not a file.
+    fn source(&self) -> Option<String> {
+        None
+    }
+
     /// The devices of this host, sorted by physical id.
     ///
     /// # Errors

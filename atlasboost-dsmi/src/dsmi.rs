@@ -672,6 +672,29 @@ impl DeviceProbe for DsmiProbe {
         "dsmi"
     }
 
+    /// The library, and what an older one lacks: without `dsmi_get_device_health` every
+    /// device reads healthy, which a reader must know.
+    fn source(&self) -> Option<String> {
+        let lacks: Vec<&str> = [
+            (
+                self.driver.functions.health.is_none(),
+                "dsmi_get_device_health: health not read",
+            ),
+            (
+                self.driver.functions.chip.is_none(),
+                "dsmi_get_chip_info: chip taken for 910",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(missing, what)| missing.then_some(what))
+        .collect();
+        let library = self.driver.path.display();
+        Some(match lacks.is_empty() {
+            true => library.to_string(),
+            false => format!("{library}, without {}", lacks.join(", without ")),
+        })
+    }
+
     fn probe(&self) -> atlasboost_core::Result<Vec<Device>> {
         let wrap = |e: DsmiError| Error::Probe {
             probe: "dsmi".into(),

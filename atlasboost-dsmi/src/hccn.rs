@@ -235,6 +235,10 @@ impl DeviceProbe for HccnProbe {
         "hccn"
     }
 
+    fn source(&self) -> Option<String> {
+        Some(self.path.display().to_string())
+    }
+
     fn probe(&self) -> atlasboost_core::Result<Vec<Device>> {
         self.devices().map_err(|e| Error::Probe {
             probe: "hccn".into(),

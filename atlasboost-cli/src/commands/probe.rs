@@ -18,6 +18,9 @@ use crate::settings::ProbeSettings;
 struct Report<'a> {
     server_id: &'a str,
     probe: &'a str,
+    /// The driver library or hccn.conf read (absent for simulated devices).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
     devices: &'a [Device],
 }
 
@@ -37,13 +40,18 @@ pub fn run(args: &ProbeSettings, printer: &Printer) -> Result<(), CliError> {
         let report = Report {
             server_id: &server_id,
             probe: probe.name(),
+            source: probe.source(),
             devices: &devices,
         };
         serde_json::to_string_pretty(&report)
             .map(|s| s + "\n")
             .map_err(CliError::json("encode the devices"))?
     } else {
-        render_table(&server_id, probe.name(), &devices)
+        let probe = match probe.source() {
+            Some(source) => format!("{} probe, {source}", probe.name()),
+            None => format!("{} probe", probe.name()),
+        };
+        render_table(&server_id, &probe, &devices)
     };
     printer.out(&text).map_err(CliError::Stdout)
 }
@@ -83,7 +91,7 @@ fn render_table(server_id: &str, probe: &str, devices: &[Device]) -> String {
         s
     };
     let mut out = format!(
-        "server {server_id}: {} device{} ({probe} probe)\n",
+        "server {server_id}: {} device{} ({probe})\n",
         devices.len(),
         if devices.len() == 1 { "" } else { "s" }
     );

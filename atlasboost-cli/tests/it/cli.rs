@@ -1752,6 +1752,52 @@ fn fake_driver() -> String {
     lib.to_string_lossy().into_owned()
 }
 
+/// `probe` says which driver library it read (a user with two on the path must know), and
+/// what an older one cannot tell: without `dsmi_get_device_health` every device reads ok.
+#[test]
+fn probe_names_the_driver_library_and_what_it_cannot_tell() {
+    let dir = tempdir();
+    let host = fake_driver();
+    let old = Path::new(&host).with_file_name("libdrvdsmi.so");
+    let old = old.to_string_lossy();
+    let probe = |lib: &str, json: bool| {
+        let mut args = vec!["probe", "--probe", "dsmi", "--server-id", "h"];
+        if json {
+            args.push("--json");
+        }
+        run_env(
+            dir.path(),
+            &args,
+            &[
+                ("ATLASBOOST_DSMI_LIB", lib),
+                ("ATLASBOOST_FAKE_DSMI_DEVICES", "2"),
+            ],
+        )
+    };
+    let out = probe(&host, false);
+    out.expect_code(SUCCESS);
+    assert!(
+        out.stdout
+            .starts_with(&format!("server h: 2 devices (dsmi probe, {host})\n")),
+        "{}",
+        out.stdout
+    );
+    let out = probe(&old, false);
+    out.expect_code(SUCCESS);
+    assert!(
+        out.stdout.starts_with(&format!(
+            "server h: 2 devices (dsmi probe, {old}, without dsmi_get_device_health: health not \
+             read, without dsmi_get_chip_info: chip taken for 910)\n"
+        )),
+        "{}",
+        out.stdout
+    );
+    let out = probe(&host, true);
+    out.expect_code(SUCCESS);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json["source"], host.as_str(), "{}", out.stdout);
+}
+
 /// What `hccl_tools.py --device_num "[0,4)" --server_ip 10.0.0.1` writes for a server whose
 /// hccn.conf gives devices 0-3 the addresses 192.168.100.101-104 (hccl_tools falls back to
 /// hccn.conf's `address_<id>` lines; `rank_id`s count up in device order, as strings).
