@@ -377,46 +377,56 @@ pub fn sample_host(
 /// hears signals, is held no longer than this by a slow driver.
 pub const TELEMETRY_WAIT: Duration = Duration::from_millis(100);
 
-/// A host's device telemetry, read on a thread of its own: a driver call that hangs (a wedged
-/// NPU) or is slow holds up only the devices' values, which are then absent (or the last ones
-/// read, when they are not older than twice the interval), never the workers' output, their
-/// reaping or the signals.
+/// The device telemetry of a supervisor's hosts (the launcher's local hosts, an agent's own),
+/// read on one thread of its own: a driver call that hangs (a wedged NPU) or is slow holds up
+/// only the devices' values, which are then absent (or the last ones read, while they are not
+/// older than twice the interval), never the workers' output, their reaping or the signals.
+/// One thread for all of them: they are all this machine, with one driver (several only with
+/// simulated devices, up to thousands of them).
 #[derive(Debug)]
 pub struct DeviceSampler {
-    host: String,
+    /// The hosts, as messages name them.
+    hosts: Vec<String>,
     ask: std::sync::mpsc::SyncSender<()>,
-    answers: std::sync::mpsc::Receiver<Vec<DeviceSample>>,
-    /// When the sample being read was asked for (`None`: none is being read).
+    answers: std::sync::mpsc::Receiver<Vec<Vec<DeviceSample>>>,
+    /// When the reading under way was asked for (`None`: none is under way).
     asked: Option<Instant>,
-    /// The last values read, and when they were asked for.
-    last: Option<(Instant, Vec<DeviceSample>)>,
-    /// The stuck sample was said (once per stuck call).
+    /// The last values read (each host's), and when they were asked for.
+    last: Option<(Instant, Vec<Vec<DeviceSample>>)>,
+    /// The stuck reading was said (once per stuck reading).
     said: bool,
 }
 
 impl DeviceSampler {
-    /// Starts the reading thread of `host`'s devices.
+    /// Starts the reading thread of `hosts`' devices.
     ///
     /// # Errors
     ///
     /// The thread cannot start.
-    pub fn start(host: &HostMonitor) -> std::io::Result<DeviceSampler> {
+    pub fn start(hosts: &[HostMonitor]) -> std::io::Result<DeviceSampler> {
         let (ask, asked) = std::sync::mpsc::sync_channel::<()>(1);
         let (answer, answers) = std::sync::mpsc::channel();
-        let (telemetry, devices) = (Arc::clone(&host.telemetry), host.devices.clone());
+        let sources: Vec<(Arc<dyn Telemetry>, Vec<Device>)> = hosts
+            .iter()
+            .map(|h| (Arc::clone(&h.telemetry), h.devices.clone()))
+            .collect();
         std::thread::Builder::new()
             .name("ab-telemetry".into())
             .spawn(move || {
                 // Ends when the sampler is dropped (or, stuck in a driver call, with the
                 // process).
                 while asked.recv().is_ok() {
-                    if answer.send(telemetry.sample(&devices)).is_err() {
+                    let values = sources
+                        .iter()
+                        .map(|(telemetry, devices)| telemetry.sample(devices))
+                        .collect();
+                    if answer.send(values).is_err() {
                         return;
                     }
                 }
             })?;
         Ok(DeviceSampler {
-            host: host.host.clone(),
+            hosts: hosts.iter().map(|h| h.host.clone()).collect(),
             ask,
             answers,
             asked: None,
@@ -425,19 +435,20 @@ impl DeviceSampler {
         })
     }
 
-    /// The devices' telemetry now: read at most [`TELEMETRY_WAIT`]; else the last values if
-    /// they are recent (within `stale_after`), else each device absent (`devices`' physical
-    /// ids). The second value: a warning to say, once, when a reading has not come back for
-    /// `stale_after`.
+    /// Each host's device telemetry now (`hosts` as given to [`DeviceSampler::start`]): read
+    /// at most [`TELEMETRY_WAIT`]; else the last values if they are recent (within
+    /// `stale_after`), else each device absent. The second value: a warning to say, once,
+    /// when a reading has not come back for `stale_after`.
     pub fn sample(
         &mut self,
-        devices: &[Device],
+        hosts: &[HostMonitor],
         stale_after: Duration,
-    ) -> (Vec<DeviceSample>, Option<String>) {
+    ) -> (Vec<Vec<DeviceSample>>, Option<String>) {
         let now = Instant::now();
         if self.asked.is_none() && self.ask.try_send(()).is_ok() {
             self.asked = Some(now);
         }
+        let mut warning = None;
         if let Some(asked) = self.asked {
             // A reading asked for just now is waited for a little; one asked for earlier (and
             // still not back) is only looked at.
@@ -455,23 +466,30 @@ impl DeviceSampler {
                     let late = now.saturating_duration_since(asked);
                     if late >= stale_after && !self.said {
                         self.said = true;
-                        let warning = format!(
-                            "atlasboost: warning: the device telemetry of host {} has not come back for \
-                             {:.0?} (a driver call hangs?); its devices' values are left out \
-                             until it does",
-                            self.host, late
-                        );
-                        return (absent(devices), Some(warning));
+                        warning = Some(format!(
+                            "atlasboost: warning: the device telemetry of {} has not come back \
+                             for {:.0?} (a driver call hangs?); the devices' values are left \
+                             out until it does",
+                            match self.hosts.as_slice() {
+                                [one] => format!("host {one}"),
+                                many => format!("{} hosts", many.len()),
+                            },
+                            Duration::from_secs(late.as_secs()),
+                        ));
                     }
                 }
             }
         }
-        match &self.last {
-            Some((at, values)) if now.saturating_duration_since(*at) < stale_after => {
-                (values.clone(), None)
+        let values = match &self.last {
+            Some((at, values))
+                if now.saturating_duration_since(*at) < stale_after
+                    && values.len() == hosts.len() =>
+            {
+                values.clone()
             }
-            _ => (absent(devices), None),
-        }
+            _ => hosts.iter().map(|h| absent(&h.devices)).collect(),
+        };
+        (values, warning)
     }
 }
 

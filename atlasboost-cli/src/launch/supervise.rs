@@ -953,9 +953,9 @@ struct Supervisor<'a> {
     next_sample: Instant,
     /// The workers' CPU time at the last sample.
     cpu: CpuClock,
-    /// Each monitored host's device telemetry, read on a thread of its own (`None`: none could
-    /// be started), made at the first sample.
-    samplers: Vec<Option<monitor::DeviceSampler>>,
+    /// The monitored hosts' device telemetry, read on a thread of its own (`Some(None)`: none
+    /// could be started), made at the first sample.
+    sampler: Option<Option<monitor::DeviceSampler>>,
     /// The latest sample of every host (the launcher's).
     samples: std::collections::BTreeMap<String, HostSample>,
     /// Each lane's line count at the last publication, and when it last changed.
@@ -1042,7 +1042,7 @@ impl<'a> Supervisor<'a> {
             dumping: None,
             next_sample: Instant::now(),
             cpu: CpuClock::default(),
-            samplers: Vec::new(),
+            sampler: None,
             samples: std::collections::BTreeMap::new(),
             printed: vec![(0, Instant::now()); workers.len()],
             next_publish: Instant::now(),
@@ -1098,14 +1098,25 @@ impl<'a> Supervisor<'a> {
             return;
         }
         self.next_sample = now + plan.every;
-        if self.samplers.is_empty() {
-            self.samplers = plan
+        if self.sampler.is_none() {
+            self.sampler = Some(monitor::DeviceSampler::start(&plan.hosts).ok());
+        }
+        let devices = match &mut self.sampler {
+            Some(Some(sampler)) => {
+                let (devices, warning) = sampler.sample(&plan.hosts, 2 * plan.every);
+                if let Some(w) = warning {
+                    output.message(&w);
+                }
+                devices
+            }
+            // No thread could be started: read here.
+            _ => plan
                 .hosts
                 .iter()
-                .map(|h| monitor::DeviceSampler::start(h).ok())
-                .collect();
-        }
-        for (index, host) in plan.hosts.iter().enumerate() {
+                .map(|h| h.telemetry.sample(&h.devices))
+                .collect(),
+        };
+        for (host, devices) in plan.hosts.iter().zip(devices) {
             let workers: Vec<(u32, i32)> = self
                 .workers
                 .iter()
@@ -1113,17 +1124,6 @@ impl<'a> Supervisor<'a> {
                 .filter(|(w, r)| w.local && w.host == host.host && r.ended.is_none())
                 .filter_map(|(w, r)| r.pid.map(|p| (w.rank, p.as_raw())))
                 .collect();
-            let devices = match self.samplers.get_mut(index) {
-                Some(Some(sampler)) => {
-                    let (devices, warning) = sampler.sample(&host.devices, 2 * plan.every);
-                    if let Some(w) = warning {
-                        output.message(&w);
-                    }
-                    devices
-                }
-                // No thread could be started for it: read here.
-                _ => host.telemetry.sample(&host.devices),
-            };
             let sample = monitor::sample_host(host, devices, &workers, &mut self.cpu);
             if self.is_agent() {
                 output.send(&Up::Telemetry {
