@@ -345,8 +345,10 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchConte
 /// What is wrong with `value`, which does not parse as a count or an index (a `u32`): said
 /// as it is, so that `RANK=-1` is not called "not a number".
 pub fn not_a_count(value: &str) -> &'static str {
-    match value.trim().parse::<i128>() {
-        Ok(n) if n < 0 => "is negative",
+    let value = value.trim();
+    match value.parse::<i128>() {
+        // `-0` parses as 0, which a count may be; the sign still makes it one no launcher sets.
+        Ok(n) if n < 0 || value.starts_with('-') => "is negative",
         Ok(_) => "is too large",
         Err(_) => "is not a number",
     }
@@ -666,6 +668,8 @@ mod tests {
         // A negative or oversized number is said as what it is.
         let m = message(&[("RANK", "-1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0")]);
         assert!(m.contains("RANK=-1 is negative"), "{m}");
+        let m = message(&[("RANK", "-0"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0")]);
+        assert!(m.contains("RANK=-0 is negative"), "{m}");
         let m = message(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "4294967296"),

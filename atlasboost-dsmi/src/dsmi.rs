@@ -87,6 +87,9 @@ type InCall = (&'static str, Option<u32>, Instant);
 struct Driver {
     /// The call under way, for a probe that times out to name it.
     in_call: Mutex<Option<InCall>>,
+    /// A probe gave up on this driver's thread (a call hung): it makes no further call once
+    /// that one returns.
+    abandoned: std::sync::atomic::AtomicBool,
     /// How long one call may take.
     call_limit: Duration,
     server_id: String,
@@ -164,6 +167,7 @@ impl DsmiProbe {
         };
         let driver = Driver {
             in_call: Mutex::new(None),
+            abandoned: std::sync::atomic::AtomicBool::new(false),
             call_limit: seconds_of(
                 EnvVars::ATLASBOOST_DSMI_CALL_TIMEOUT_SECS,
                 DEFAULT_CALL_LIMIT,
@@ -236,6 +240,14 @@ impl Driver {
         let own = Instant::now() + self.retry.min(Duration::from_millis(100));
         let until = (since + self.retry).max(own);
         loop {
+            if self.abandoned.load(std::sync::atomic::Ordering::Acquire) {
+                // The probe has failed already; its answer is not waited for.
+                return Err(DsmiError::Hung {
+                    function,
+                    device,
+                    waited: Duration::ZERO,
+                });
+            }
             *self.in_call.lock().unwrap_or_else(PoisonError::into_inner) =
                 Some((function, device, Instant::now()));
             let code = f();
@@ -634,13 +646,18 @@ impl DsmiProbe {
             .spawn(move || {
                 let _ = done.send(driver.devices());
             });
-        if reading.is_err() {
+        let Ok(reading) = reading else {
             // No thread to be had: read here, unwatched.
             return self.driver.devices();
-        }
+        };
         loop {
             match result.recv_timeout(Duration::from_millis(50)) {
-                Ok(devices) => return devices,
+                Ok(devices) => {
+                    // It has answered: it ends now (and with it, perhaps, the last hold on
+                    // the library), before the caller goes on.
+                    let _ = reading.join();
+                    return devices;
+                }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(DsmiError::Nonsense {
@@ -657,6 +674,9 @@ impl DsmiProbe {
             if let Some((function, device, since)) = in_call
                 && since.elapsed() >= self.driver.call_limit
             {
+                self.driver
+                    .abandoned
+                    .store(true, std::sync::atomic::Ordering::Release);
                 return Err(DsmiError::Hung {
                     function,
                     device,

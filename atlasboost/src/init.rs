@@ -612,7 +612,7 @@ fn from_launch(c: &LaunchContext, framework: Framework) -> Result<Job, InitError
     };
     let number = |name: &'static str| -> Result<u32, InitError> {
         let v = need(name)?;
-        v.parse().map_err(|_| {
+        v.trim().parse().map_err(|_| {
             let why = launch_context::not_a_count(&v);
             InitError::LaunchContext(format!("{name}={v} {why}"))
         })

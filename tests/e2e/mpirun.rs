@@ -493,12 +493,27 @@ fn relays_on_hosts_that_mpirun_reaches_over_ssh_report_to_the_launcher() {
     );
 }
 
+/// Whether relays can make their workers' cgroups here: where the launcher can, a relay can
+/// (the same user, the same machine). Skips (saying why) when not.
+fn relays_can_make_cgroups() -> bool {
+    let probe = Run::new(["run", "-v", "--sim", "1", "--", "true"]).run();
+    let note = probe.err();
+    let note = note
+        .lines()
+        .find(|l| l.contains("cgroup"))
+        .unwrap_or_default();
+    atlasboost_e2e::cgroup_or_skip(note)
+}
+
 /// A relay that mpirun's daemon started on a host the launcher is not above (reached over
 /// ssh) and that dies of SIGKILL leaves nothing of its worker running, not even a process in a
 /// session of its own (setsid): there the workers' cgroup is the relays' default.
 #[test]
 fn a_relay_killed_on_a_host_reached_over_ssh_leaves_no_setsid_child() {
     if mpirun_or_skip().is_none() {
+        return;
+    }
+    if !relays_can_make_cgroups() {
         return;
     }
     let Some(sshd) = atlasboost_e2e::Sshd::start() else {
@@ -960,22 +975,15 @@ fn a_relay_stopped_while_the_console_is_held_keeps_its_frames_whole() {
     );
 }
 
-/// A relay makes its worker's cgroup only when asked (`ATLASBOOST_CGROUP=1` in the launcher's
-/// environment, which the relays of this host inherit through mpirun; `run --mpi` adds `-x`
-/// for other hosts): by default its worker stays in the relay's own cgroup.
+/// A relay below the launcher makes its worker's cgroup only when asked (`ATLASBOOST_CGROUP=1`
+/// in the launcher's environment, which the relays of this host inherit through mpirun; `run
+/// --mpi` adds `-x` for other hosts): by default its worker stays in the relay's own cgroup.
 #[test]
 fn a_relay_makes_its_workers_cgroup_only_when_asked() {
     if mpirun_or_skip().is_none() {
         return;
     }
-    // Where the launcher can make a cgroup, a relay can (the same user, the same machine).
-    let probe = Run::new(["run", "-v", "--sim", "1", "--", "true"]).run();
-    let note = probe.err();
-    let note = note
-        .lines()
-        .find(|l| l.contains("cgroup"))
-        .unwrap_or_default();
-    if !atlasboost_e2e::cgroup_or_skip(note) {
+    if !relays_can_make_cgroups() {
         return;
     }
     for (asked, want) in [(None, false), (Some("1"), true)] {

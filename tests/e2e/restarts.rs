@@ -807,7 +807,8 @@ fn a_hung_telemetry_call_holds_up_neither_output_nor_the_end() {
             "ATLASBOOST_FAKE_DSMI_FAULTS",
             "hang:dsmi_get_device_temperature@0=120000",
         )
-        .args(["--", "sh", "-c", "echo start; sleep 3; echo done"])
+        // Long enough for the third sample (2 intervals after the first) on a loaded machine.
+        .args(["--", "sh", "-c", "echo start; sleep 6; echo done"])
         .timeout(Duration::from_secs(60))
         .run();
     r.assert_code(0).assert_err(

@@ -445,8 +445,13 @@ impl DeviceSampler {
         stale_after: Duration,
     ) -> (Vec<Vec<DeviceSample>>, Option<String>) {
         let now = Instant::now();
-        if self.asked.is_none() && self.ask.try_send(()).is_ok() {
-            self.asked = Some(now);
+        if self.asked.is_none() {
+            match self.ask.try_send(()) {
+                Ok(()) => self.asked = Some(now),
+                // The thread is gone: said below, once.
+                Err(std::sync::mpsc::TrySendError::Disconnected(())) => self.asked = Some(now),
+                Err(std::sync::mpsc::TrySendError::Full(())) => {}
+            }
         }
         let mut warning = None;
         if let Some(asked) = self.asked {
@@ -458,9 +463,18 @@ impl DeviceSampler {
             };
             match self.answers.recv_timeout(wait) {
                 Ok(values) => {
-                    self.last = Some((asked, values));
+                    // Stamped when it came: a reading that was late is still fresh now.
+                    self.last = Some((Instant::now(), values));
                     self.asked = None;
                     self.said = false;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) if !self.said => {
+                    self.said = true;
+                    warning = Some(
+                        "atlasboost: warning: the thread reading the devices' telemetry has \
+                         ended (a bug: please report it); their values are left out from now on"
+                            .to_string(),
+                    );
                 }
                 Err(_) => {
                     let late = now.saturating_duration_since(asked);

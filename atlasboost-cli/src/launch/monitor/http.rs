@@ -13,7 +13,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
@@ -21,7 +21,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 /// its next interval).
 pub const MAX_CLIENTS: usize = 16;
 
-/// How long a client has to send its request, and, separately, to take the answer.
+/// How long a client has to send its request (all of it), and, separately, to take the
+/// answer.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest request head read; a longer one is answered 431.
@@ -52,7 +53,8 @@ impl Server {
     pub fn serve(address: SocketAddr, page: Arc<Mutex<String>>) -> io::Result<Server> {
         let listener = TcpListener::bind(address)?;
         let address = listener.local_addr()?;
-        let (stopped, stop) = nix::unistd::pipe()?;
+        // Close-on-exec: a worker that inherited the write end would keep the server up.
+        let (stopped, stop) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let busy = Arc::new(AtomicUsize::new(0));
         std::thread::Builder::new()
             .name("metrics".into())
@@ -112,10 +114,51 @@ fn accept_until_stopped(
     }
 }
 
+/// A connection whose reads and writes, together, end by a deadline (a socket's own timeouts
+/// bound each call alone: a client sending a byte every 9 s would never time out).
+struct Timed {
+    stream: TcpStream,
+    until: Instant,
+}
+
+impl Timed {
+    /// The time left, set as the socket's timeout for the next call; an error once none is.
+    fn arm(&self, write: bool) -> io::Result<()> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        match write {
+            true => self.stream.set_write_timeout(Some(left)),
+            false => self.stream.set_read_timeout(Some(left)),
+        }
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm(false)?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm(true)?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Reads one request from `stream` and answers it.
-fn answer(mut stream: TcpStream, page: &Mutex<String>) -> io::Result<()> {
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+fn answer(stream: TcpStream, page: &Mutex<String>) -> io::Result<()> {
+    let mut stream = Timed {
+        stream,
+        until: Instant::now() + CLIENT_TIMEOUT,
+    };
     let head = match read_head(&mut stream)? {
         Some(head) => head,
         None => {
@@ -153,7 +196,7 @@ fn answer(mut stream: TcpStream, page: &Mutex<String>) -> io::Result<()> {
 }
 
 /// The request head (up to the empty line), or `None` when it is longer than [`MAX_HEAD`].
-fn read_head(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
+fn read_head(stream: &mut Timed) -> io::Result<Option<Vec<u8>>> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     loop {
@@ -186,7 +229,7 @@ fn refusal(method: &str, target: &str) -> Option<(u16, &'static str)> {
 }
 
 fn respond(
-    stream: &mut TcpStream,
+    stream: &mut Timed,
     head_only: bool,
     status: u16,
     body: &str,
@@ -214,6 +257,8 @@ fn respond(
         head.push_str(&format!("Allow: {allow}\r\n"));
     }
     head.push_str("\r\n");
+    // The answer's own time, from now.
+    stream.until = Instant::now() + CLIENT_TIMEOUT;
     stream.write_all(head.as_bytes())?;
     if !head_only {
         stream.write_all(body.as_bytes())?;
@@ -221,18 +266,14 @@ fn respond(
     // The answer is whole; the client sees the end of it at once. What it sent beyond its
     // request (a body, pipelined requests) is read and dropped for a moment before closing:
     // a close with unread bytes resets the connection, which can cost the client the answer.
-    stream.shutdown(Shutdown::Write)?;
-    stream.set_read_timeout(Some(LINGER))?;
+    stream.stream.shutdown(Shutdown::Write)?;
+    stream.until = Instant::now() + LINGER;
     let _ = io::copy(&mut stream.take(MAX_LINGER_BYTES), &mut io::sink());
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Write};
-    use std::net::TcpStream;
-    use std::time::{Duration, Instant};
-
     use super::*;
 
     fn serve(page: &str) -> (Server, Arc<Mutex<String>>) {
@@ -339,6 +380,45 @@ mod tests {
         assert!(ask(b"GET /metrics HTTP/2.0\r\n\r\n").starts_with("HTTP/1.1 505 "));
         *page.lock().unwrap() = "y 2\n".into();
         assert!(ask(b"GET /metrics HTTP/1.0\r\n\r\n").ends_with("\r\n\r\ny 2\n"));
+    }
+
+    /// A client that drips its request a byte at a time (each read well within a socket
+    /// timeout) is still cut off at the request's deadline, not served for ever.
+    #[test]
+    fn a_request_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let dripping = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(address).unwrap();
+            for _ in 0..100 {
+                if s.write_all(b"G").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (stream, _) = listener.accept().unwrap();
+        let started = Instant::now();
+        let mut timed = Timed {
+            stream,
+            until: Instant::now() + Duration::from_millis(400),
+        };
+        let e = read_head(&mut timed).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{e}"
+        );
+        // Long before the 5 s the client would drip for.
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(timed);
+        dripping.join().unwrap();
     }
 
     /// Dropping the server closes its port.
