@@ -376,8 +376,9 @@ impl Remote {
         matches!(self.link, Link::Step { .. })
     }
 
-    /// Why the host is lost when its channel ends before its agent said it was done.
-    pub fn ended_early(&self) -> String {
+    /// Why the host is lost when its channel ends before its agent said it was done, waiting up
+    /// to `ssh_wait_ms` for how its ssh ended.
+    pub fn ended_early(&self, ssh_wait_ms: u32) -> String {
         match &self.link {
             Link::Relay { rank } => format!(
                 "the relay of rank {rank} closed its connection before its worker ended (killed?)"
@@ -392,7 +393,7 @@ impl Remote {
             ),
             Link::Ssh(_) | Link::Below => format!(
                 "its ssh session ended{} before its workers did; ssh said: {}",
-                self.ssh_ending()
+                self.ssh_ending_within(ssh_wait_ms)
                     .map_or_else(String::new, |e| format!(" ({e})")),
                 self.err_tail()
             ),

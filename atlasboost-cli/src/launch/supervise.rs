@@ -2286,7 +2286,11 @@ impl<'a> Supervisor<'a> {
         };
         let r = &remotes[h];
         if r.out.is_none() && r.parent.is_none() && !r.done && r.lost.is_none() {
-            let why = r.ended_early();
+            // The first host lost is the job's failure, named with how its ssh ended: a
+            // killed ssh's output ends a moment before its exit can be collected, a moment
+            // seen past 5 ms on a loaded machine. The others are told as they come.
+            let first = !self.failed_or_interrupted();
+            let why = r.ended_early(if first { 100 } else { 5 });
             // `scancel` of the agents' step kills them at once (SIGKILL): only srun's lines say
             // why, and they may come a moment after the connection closed.
             if !self.step_cancelled(h, SLURM_CANCEL_WAIT, output) {
