@@ -452,14 +452,20 @@ fn metrics_say_a_rank_that_ended_is_down_before_the_next_sample() {
 /// A broken NPU that fails its own driver calls (not one that reports itself unhealthy) at a
 /// restart: the real driver path (the fake DSMI library) reports it unreadable, and the
 /// restart runs on the largest valid world without it, rather than without its whole server.
-#[test]
-fn an_npu_whose_driver_calls_fail_at_a_restart_is_planned_around() {
+/// The fake driver (atlasboost-sim/fake-dsmi) built beside the binary under test.
+fn fake_driver() -> std::path::PathBuf {
     let lib = atlasboost_e2e::atlasboost_bin().with_file_name("libdrvdsmi_host.so");
     assert!(
         lib.is_file(),
         "{} is missing: run `cargo build -p atlasboost-fake-dsmi` first",
         lib.display()
     );
+    lib
+}
+
+#[test]
+fn an_npu_whose_driver_calls_fail_at_a_restart_is_planned_around() {
+    let lib = fake_driver();
     let worker = "if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ] && [ \"$RANK_ID\" = 5 ]; then \
                       echo fail:dsmi_get_device_health@5=13 > faults; exit 1; fi; \
                   echo size=$RANK_SIZE device=$ATLASBOOST_PHYSICAL_ID";
@@ -732,12 +738,7 @@ fn ctrl_c_during_the_restart_delay_ends_the_job_without_a_restart() {
 /// starts.
 #[test]
 fn ctrl_c_while_a_restart_probes_ends_the_job_before_its_workers_start() {
-    let lib = atlasboost_e2e::atlasboost_bin().with_file_name("libdrvdsmi_host.so");
-    assert!(
-        lib.is_file(),
-        "{} is missing: run `cargo build -p atlasboost-fake-dsmi` first",
-        lib.display()
-    );
+    let lib = fake_driver();
     // Attempt 0's rank 0 makes the driver answer TRY_AGAIN from now on, and fails.
     let worker = "echo attempt=$ATLASBOOST_RESTART_COUNT; \
                   if [ \"$ATLASBOOST_RESTART_COUNT\" = 0 ] && [ \"$RANK_ID\" = 0 ]; then \
@@ -794,12 +795,7 @@ fn ctrl_c_while_a_restart_probes_ends_the_job_before_its_workers_start() {
 /// the stuck reading is named once.
 #[test]
 fn a_hung_telemetry_call_holds_up_neither_output_nor_the_end() {
-    let lib = atlasboost_e2e::atlasboost_bin().with_file_name("libdrvdsmi_host.so");
-    assert!(
-        lib.is_file(),
-        "{} is missing: run `cargo build -p atlasboost-fake-dsmi` first",
-        lib.display()
-    );
+    let lib = fake_driver();
     let r = Run::new(["run", "--probe", "dsmi", "--monitor-interval", "1"])
         .env("ATLASBOOST_DSMI_LIB", &lib)
         .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
