@@ -2046,7 +2046,8 @@ fn auto_takes_the_driver_then_hccn_conf() {
     let out = probe_with_hccn_conf(&[("LD_LIBRARY_PATH", "")]);
     out.expect_code(SUCCESS);
     assert!(
-        out.stdout.contains(&format!("2 devices (hccn probe, {conf})")),
+        out.stdout
+            .contains(&format!("2 devices (hccn probe, {conf})")),
         "{}",
         out.stdout
     );
