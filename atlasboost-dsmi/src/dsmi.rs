@@ -77,6 +77,9 @@ struct Functions {
 #[derive(Debug)]
 pub struct DsmiProbe {
     driver: Arc<Driver>,
+    /// The thread a probe gave up on, left in a call that hangs: until it ends, a later probe
+    /// makes no call of its own (two calls into a wedged driver at once) and names that call.
+    stuck: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// The driver call under way: its function, device and start.
@@ -183,6 +186,7 @@ impl DsmiProbe {
         };
         Ok(DsmiProbe {
             driver: Arc::new(driver),
+            stuck: Mutex::new(None),
         })
     }
 
@@ -193,7 +197,10 @@ impl DsmiProbe {
         if let Some(d) = Arc::get_mut(&mut driver) {
             change(d);
         }
-        DsmiProbe { driver }
+        DsmiProbe {
+            driver,
+            stuck: self.stuck,
+        }
     }
 
     /// Only these physical ids are the job's (`--devices`): another device whose driver calls
@@ -639,6 +646,7 @@ impl DsmiProbe {
     /// The driver's devices, read on a thread of their own; a call that has not returned
     /// within the call limit fails the probe naming it (the thread is left to its call).
     fn devices(&self) -> Result<Vec<Device>, DsmiError> {
+        self.after_a_stuck_call()?;
         let driver = Arc::clone(&self.driver);
         let (done, result) = std::sync::mpsc::channel();
         let reading = std::thread::Builder::new()
@@ -677,6 +685,7 @@ impl DsmiProbe {
                 self.driver
                     .abandoned
                     .store(true, std::sync::atomic::Ordering::Release);
+                *self.stuck.lock().unwrap_or_else(PoisonError::into_inner) = Some(reading);
                 return Err(DsmiError::Hung {
                     function,
                     device,
@@ -684,6 +693,50 @@ impl DsmiProbe {
                 });
             }
         }
+    }
+}
+
+impl DsmiProbe {
+    /// Before a probe: if an earlier one gave up on a call that hangs, either that call has
+    /// returned since (its thread has ended; the driver is used again) or it is named, with
+    /// how long it has not returned, as the probe's failure.
+    fn after_a_stuck_call(&self) -> Result<(), DsmiError> {
+        let mut stuck = self.stuck.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(thread) = stuck.take() else {
+            return Ok(());
+        };
+        // Once its call returns, the thread sees `abandoned` and ends without another call;
+        // a moment is given to a thread that is on its way out.
+        let until = Instant::now() + Duration::from_millis(100);
+        while !thread.is_finished() && Instant::now() < until {
+            let in_call = *self
+                .driver
+                .in_call
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some((function, device, since)) = in_call {
+                *stuck = Some(thread);
+                return Err(DsmiError::Hung {
+                    function,
+                    device,
+                    waited: since.elapsed(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !thread.is_finished() {
+            *stuck = Some(thread);
+            return Err(DsmiError::Nonsense {
+                function: "the probe",
+                what: "nothing: the thread it left in a call that hung earlier has not ended"
+                    .into(),
+            });
+        }
+        let _ = thread.join();
+        self.driver
+            .abandoned
+            .store(false, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 }
 

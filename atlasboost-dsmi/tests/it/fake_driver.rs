@@ -238,10 +238,29 @@ fn a_call_that_hangs_fails_the_probe_naming_it() {
             && e.contains("ATLASBOOST_DSMI_CALL_TIMEOUT_SECS"),
         "{e}"
     );
+    // A second probe while that call still hangs makes no call of its own and names the
+    // same call, with how long it has not returned (not a fresh 0 s).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let again = atlasboost_core::exchange::error_chain(&probe.probe().unwrap_err());
+    let waited: f64 = again
+        .split("has not returned after ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("no time in {again}"));
+    assert!(
+        again.contains("dsmi_get_device_health(device 1) has not returned") && waited >= 0.5,
+        "{again}"
+    );
     // The probe's thread, left to its call, reads the environment until it ends: the lock
     // is held until then.
-    std::thread::sleep(std::time::Duration::from_millis(2000));
+    std::thread::sleep(std::time::Duration::from_millis(1700));
     drop(env);
+    // Once the call has returned, the same probe reads the driver again.
+    {
+        let _env = Env::set(&[]);
+        assert_eq!(probe.probe().unwrap().len(), 8);
+    }
     // A limit that is not a number of seconds is named.
     let _env = Env::set(&[(EnvVars::ATLASBOOST_DSMI_CALL_TIMEOUT_SECS, "soon")]);
     let e = DsmiProbe::load_from("10.0.0.1", &fake())
