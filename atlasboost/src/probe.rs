@@ -332,19 +332,20 @@ impl Telemetry for NoTelemetry {
     }
 }
 
-/// The telemetry of the devices `probe` (made by [`make_probe`] from `discovery`) finds: the
-/// same backend's (the driver's, or the simulated devices'), re-read at every sample (the
-/// simulated faults too); none for hccn.conf.
+/// The telemetry of the devices the probe named `probe` (`sim`, `dsmi`, ...: a
+/// [`DeviceProbe::name`], of the probe [`make_probe`] made from `discovery`) finds: the same
+/// backend's (the driver's, or the simulated devices'), re-read at every sample (the simulated
+/// faults too); none for hccn.conf. By name, so that a thread of its own can make it.
 ///
 /// # Errors
 ///
 /// The simulated faults, when malformed (the driver's absence is no error: no telemetry).
 pub fn make_telemetry(
-    probe: &dyn DeviceProbe,
+    probe: &str,
     discovery: &Discovery,
     server_id: &str,
 ) -> Result<Box<dyn Telemetry>, ProbeError> {
-    Ok(match (probe.name(), discovery.sim) {
+    Ok(match (probe, discovery.sim) {
         ("sim", Some(n)) => Box::new(sim_probe(discovery, server_id, n)?),
         ("dsmi", _) => match DsmiProbe::load(server_id) {
             Ok(p) => Box::new(p),
@@ -358,7 +359,7 @@ pub fn make_telemetry(
 /// then [`make_telemetry`]); none when they cannot be probed (the launch reports that itself).
 pub fn telemetry_of(discovery: &Discovery, server_id: &str) -> Box<dyn Telemetry> {
     make_probe(discovery, server_id)
-        .and_then(|p| make_telemetry(p.as_ref(), discovery, server_id))
+        .and_then(|p| make_telemetry(p.name(), discovery, server_id))
         .unwrap_or_else(|_| Box::new(NoTelemetry))
 }
 

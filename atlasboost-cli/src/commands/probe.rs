@@ -2,7 +2,7 @@
 //! their telemetry refreshed (SPEC §13).
 
 use std::io::IsTerminal;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use atlasboost_core::{Device, DeviceSample};
 use serde::Serialize;
@@ -109,10 +109,19 @@ struct Sampled<'a> {
     time: f64,
     server_id: &'a str,
     devices: &'a [DeviceSample],
+    /// Seconds since the reading under way was asked for, when it has not come back (a driver
+    /// call hangs): the devices' values are then absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    no_answer_for_s: Option<f64>,
 }
 
+/// How long `--watch` waits for a reading of the devices (at least its interval) before it
+/// shows them without values, saying for how long the driver has not answered.
+const NO_ANSWER_AFTER: Duration = Duration::from_secs(2);
+
 /// `--watch`: samples every `every` until interrupted (the default action of SIGINT and
-/// SIGTERM ends it; a closed stdout too).
+/// SIGTERM ends it; a closed stdout too). The devices are read on a thread of their own, so
+/// that a driver call that hangs (a wedged NPU) shows as such instead of freezing the view.
 fn watch(
     args: &ProbeSettings,
     server_id: &str,
@@ -122,10 +131,58 @@ fn watch(
     printer: &Printer,
 ) -> Result<(), CliError> {
     let redraw = std::io::stdout().is_terminal() && !args.json;
+    let (ask, asks) = std::sync::mpsc::channel::<()>();
+    let (answer, answers) = std::sync::mpsc::channel();
+    let reading = (
+        probe.name().to_string(),
+        args.devices.discovery.clone(),
+        server_id.to_string(),
+        devices.to_vec(),
+    );
+    std::thread::Builder::new()
+        .name("ab-telemetry".into())
+        .spawn(move || {
+            let (probe, discovery, server_id, devices) = reading;
+            // Ends when the watch does (or, stuck in a driver call, with the process).
+            while asks.recv().is_ok() {
+                // Made again each time: the simulated faults are re-read, as the driver's are.
+                let samples = make_telemetry(&probe, &discovery, &server_id)
+                    .map(|telemetry| telemetry.sample(&devices));
+                if answer.send(samples).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(CliError::system("start the thread reading the devices"))?;
+    // When the reading under way was asked for, and whether its lateness was shown.
+    let mut asked: Option<(Instant, bool)> = None;
     loop {
-        // Made again each time: the simulated faults are re-read, as the driver's are.
-        let telemetry = make_telemetry(probe, &args.devices.discovery, server_id)?;
-        let samples = telemetry.sample(devices);
+        let (since, shown) = match asked {
+            Some(a) => a,
+            None => {
+                ask.send(()).map_err(|_| gone())?;
+                (Instant::now(), false)
+            }
+        };
+        let wait = match shown {
+            false => (since + every.max(NO_ANSWER_AFTER)).saturating_duration_since(Instant::now()),
+            true => every,
+        };
+        let (samples, late) = match answers.recv_timeout(wait) {
+            Ok(samples) => {
+                asked = None;
+                (samples?, None)
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                asked = Some((since, true));
+                let absent = devices
+                    .iter()
+                    .map(|d| DeviceSample::of(d.physical_id))
+                    .collect();
+                (absent, Some(since.elapsed()))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(gone()),
+        };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -134,12 +191,13 @@ fn watch(
                 time: now,
                 server_id,
                 devices: &samples,
+                no_answer_for_s: late.map(|l| (l.as_secs_f64() * 10.0).round() / 10.0),
             };
             serde_json::to_string(&line)
                 .map(|s| s + "\n")
                 .map_err(CliError::json("encode the samples"))?
         } else {
-            let table = render_samples(server_id, devices, &samples);
+            let table = render_samples(server_id, devices, &samples, late);
             match redraw {
                 // Home and clear, then the table: redrawn in place.
                 true => format!("\x1b[H\x1b[2J{table}"),
@@ -147,12 +205,27 @@ fn watch(
             }
         };
         printer.out(&text).map_err(CliError::Stdout)?;
-        std::thread::sleep(every);
+        if late.is_none() {
+            std::thread::sleep(every);
+        }
     }
 }
 
+/// The reading thread ended without an answer (it panicked).
+fn gone() -> CliError {
+    CliError::Failure(
+        "the thread reading the devices' telemetry has ended without an answer".into(),
+    )
+}
+
 /// The telemetry table, as `npu-smi info` shows it; `-` for what the driver does not tell.
-fn render_samples(server_id: &str, devices: &[Device], samples: &[DeviceSample]) -> String {
+/// `late`: how long the driver has not answered, when the values are absent for that.
+fn render_samples(
+    server_id: &str,
+    devices: &[Device],
+    samples: &[DeviceSample],
+    late: Option<Duration>,
+) -> String {
     let dash = || "-".to_string();
     let header = [
         "npu", "chip", "health", "power W", "temp C", "aicore %", "hbm MB", "errors",
@@ -206,9 +279,13 @@ fn render_samples(server_id: &str, devices: &[Device], samples: &[DeviceSample])
         s
     };
     let mut out = format!(
-        "server {server_id}: telemetry of {} device{}\n",
+        "server {server_id}: telemetry of {} device{}{}\n",
         devices.len(),
-        if devices.len() == 1 { "" } else { "s" }
+        if devices.len() == 1 { "" } else { "s" },
+        late.map_or(String::new(), |l| format!(
+            " (no answer from the driver for {}s: a call hangs?)",
+            l.as_secs()
+        ))
     );
     out.push_str(&line(header.to_vec()));
     for r in &rows {

@@ -2813,6 +2813,76 @@ fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
     assert_eq!(sample["devices"][0]["health"], "healthy");
 }
 
+/// `probe --watch --json` through the fake driver whose telemetry call hangs (a wedged NPU):
+/// the watch goes on, with lines whose values are absent and that say for how long the driver
+/// has not answered, and shows the values again once the call returns. (It froze before.)
+#[test]
+fn probe_watch_shows_a_driver_call_that_hangs_and_goes_on() {
+    use std::io::BufRead;
+
+    let dir = TempDir::new().unwrap();
+    let faults = dir.path().join("faults");
+    fs::write(&faults, "").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_atlasboost"))
+        .args(["probe", "--probe", "dsmi", "--server-id", "10.0.0.1"])
+        .args(["--watch", "0.1", "--json"])
+        .env("ATLASBOOST_DSMI_LIB", fake_driver())
+        .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
+        .env("ATLASBOOST_FAKE_DSMI_FAULTS_FILE", &faults)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || -> Value {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a sample within 10 s");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    let first = next();
+    assert_eq!(first["devices"][1]["temperature_c"], 41);
+    assert!(first.get("no_answer_for_s").is_none(), "{first}");
+    fs::write(&faults, "hang:dsmi_get_device_temperature@1=4000\n").unwrap();
+    let mut late = None;
+    for _ in 0..60 {
+        let sample = next();
+        if sample.get("no_answer_for_s").is_some() {
+            late = Some(sample);
+            break;
+        }
+    }
+    let late = late.expect("a line saying the driver has not answered, within 60 samples");
+    let waited = late["no_answer_for_s"].as_f64().unwrap();
+    assert!(waited >= 2.0, "{late}");
+    assert_eq!(late["devices"][1]["physical_id"], 1);
+    assert!(late["devices"][1]["temperature_c"].is_null(), "{late}");
+    assert!(late["devices"][0]["temperature_c"].is_null(), "{late}");
+    // The call returns (after its 4 s), and the values come back.
+    fs::write(&faults, "").unwrap();
+    let mut back = None;
+    for _ in 0..60 {
+        let sample = next();
+        if sample.get("no_answer_for_s").is_none() {
+            back = Some(sample);
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let back = back.expect("values again once the call returned");
+    assert_eq!(back["devices"][1]["temperature_c"], 41);
+    assert_eq!(back["devices"][0]["temperature_c"], 40);
+}
+
 /// `run --events`: every line parses, has the fields docs/events.md promises for its event,
 /// and the events tell the story of a job whose rank 2 fails once and succeeds on the restart.
 #[test]
