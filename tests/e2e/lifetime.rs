@@ -232,7 +232,7 @@ fn a_signal_while_the_leftovers_are_stopped_kills_them_at_once() {
         .timeout(Duration::from_secs(60))
         .spawn();
     launch.wait_for("the leftovers' stop", Duration::from_secs(20), |_, err| {
-        err.contains("stopping what they left running")
+        err.contains("stopping what it left running")
     });
     launch.signal(Signal::SIGINT);
     let r = launch.wait();

@@ -1075,7 +1075,7 @@ fn a_relays_own_message_is_the_launchers_naming_the_rank() {
         assert!(
             err.lines().any(
                 |l| l.starts_with(&format!("atlasboost: rank {rank} (host "))
-                    && l.contains("): every worker has exited; stopping what they left running")
+                    && l.contains("): the worker has exited; stopping what it left running")
             ),
             "{}",
             f.describe()

@@ -1353,6 +1353,9 @@ impl<'a> Supervisor<'a> {
                 .filter(|(_, r)| !r.group_gone)
                 .map(|(i, _)| self.workers[i].rank.to_string())
                 .collect();
+            // One worker (a relay's, or a job of one): said of it, not of "every worker"
+            // (under `run --mpi` the other ranks may still run).
+            let one = self.workers.len() == 1;
             let mut what = Vec::new();
             if !left.is_empty() {
                 what.push(format!(
@@ -1374,10 +1377,11 @@ impl<'a> Supervisor<'a> {
                 what.push(format!(
                     "{n} process{} that left {}",
                     if n == 1 { "" } else { "es" },
-                    if left.is_empty() {
-                        "their workers' groups"
-                    } else {
-                        "them"
+                    match (left.is_empty(), one) {
+                        (true, true) => "its worker's group",
+                        (true, false) => "their workers' groups",
+                        (false, true) => "it",
+                        (false, false) => "them",
                     }
                 ));
             }
@@ -1385,11 +1389,14 @@ impl<'a> Supervisor<'a> {
                 true => String::new(),
                 false => format!(" ({})", what.join(", and ")),
             };
+            let (exited, they) = match one {
+                true => ("the worker has exited", "it"),
+                false => ("every worker has exited", "they"),
+            };
             match self.stopping {
                 None => {
                     output.message(&format!(
-                        "atlasboost: every worker has exited; stopping what they left \
-                         running{what}"
+                        "atlasboost: {exited}; stopping what {they} left running{what}"
                     ));
                     self.begin_stop();
                 }
@@ -1399,8 +1406,8 @@ impl<'a> Supervisor<'a> {
                 Some((began, false)) => {
                     let left = self.grace.saturating_sub(began.elapsed());
                     output.message(&format!(
-                        "atlasboost: every worker has exited; waiting for what they left \
-                         running{what} (SIGKILL in {:.0?}; Ctrl-C to kill it now)",
+                        "atlasboost: {exited}; waiting for what {they} left running{what} \
+                         (SIGKILL in {:.0?}; Ctrl-C to kill it now)",
                         Duration::from_secs(left.as_secs_f64().ceil() as u64)
                     ));
                 }
