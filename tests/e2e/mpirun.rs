@@ -368,6 +368,50 @@ fn kill_9_of_mpirun_ends_the_job_naming_it() {
     );
 }
 
+/// The same with ranks on hosts mpirun reaches over ssh: its daemons there stop their relays
+/// (SIGTERM) as mpirun dies, and those relays' reports can come before mpirun's end is seen;
+/// mpirun is still the one named, not a rank that its daemon stopped.
+#[test]
+fn kill_9_of_mpirun_with_ranks_over_ssh_names_mpirun_not_a_rank() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let Some(sshd) = atlasboost_e2e::Sshd::start() else {
+        return;
+    };
+    let mark = unique("mpirun-kill9-ssh");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = run_mpi(2)
+        .env(
+            "OMPI_MCA_plm_rsh_agent",
+            format!("ssh -F {}", sshd.ssh_config().display()),
+        )
+        .args(["--grace", "1", "-x", &format!("{MARK}={mark}")])
+        .args(["-H", "127.0.0.2:1,127.0.0.3:1", "--"])
+        .args(["sh", "-c", "echo ready; sleep 60"])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(60));
+    let mpirun = descendants(launch.pid())
+        .into_iter()
+        .find(|p| p.comm == "mpirun")
+        .unwrap_or_else(|| panic!("no mpirun below the launcher {}", launch.pid()));
+    kill(Pid::from_raw(mpirun.pid), Signal::SIGKILL).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(30));
+    r.assert_code(128 + 9);
+    let line = r.the_error_line("mpirun killed");
+    assert!(
+        line.starts_with("error: mpirun failed first: mpirun ended with SIGKILL"),
+        "{line}\n{}",
+        r.describe()
+    );
+    assert_no_process_with_env(
+        MARK,
+        &mark,
+        Duration::from_secs(10),
+        "after mpirun's kill -9",
+    );
+}
+
 #[test]
 fn mpirun_failing_on_its_own_is_named_with_its_words() {
     if mpirun_or_skip().is_none() {

@@ -851,6 +851,11 @@ fn spawn(
 
 /// Whether child `pid` has exited with status 0, without collecting it.
 fn exited_cleanly(pid: Pid) -> bool {
+    peek_ending(pid) == Some(Ending::Exited(0))
+}
+
+/// How child `pid` ended, if it has, without collecting it (`None` while it runs).
+fn peek_ending(pid: Pid) -> Option<Ending> {
     use nix::libc;
     // SAFETY: an all-zero siginfo_t is a valid value; waitid only writes the one it is given.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -859,10 +864,18 @@ fn exited_cleanly(pid: Pid) -> bool {
     let peeked = unsafe { libc::waitid(libc::P_PID, pid.as_raw() as libc::id_t, &mut info, flags) };
     // SAFETY: si_pid and si_status are read from what waitid wrote for a child's state change
     // (si_pid stays 0 while the child has not exited, with WNOHANG).
-    peeked == 0
-        && unsafe { info.si_pid() } == pid.as_raw()
-        && info.si_code == libc::CLD_EXITED
-        && unsafe { info.si_status() } == 0
+    if peeked != 0 || unsafe { info.si_pid() } != pid.as_raw() {
+        return None;
+    }
+    // SAFETY: as above.
+    let status = unsafe { info.si_status() };
+    match info.si_code {
+        libc::CLD_EXITED => Some(Ending::Exited(status)),
+        libc::CLD_KILLED | libc::CLD_DUMPED => {
+            WorkerSignal::from_number(status).map(Ending::Signaled)
+        }
+        _ => None,
+    }
 }
 
 /// Reaps one child that has exited (`which`, or any), if any: its pid, and how it ended (`None` for a status
@@ -2373,6 +2386,9 @@ impl<'a> Supervisor<'a> {
                 {
                     self.step_cancelled(h, SLURM_KILLED_WORKER_WAIT, output);
                 }
+                // Under --mpi, a rank stopped by mpirun's side as mpirun died (its daemons on
+                // other hosts stop their ranks then) is no failure of its own.
+                self.mpirun_died_first(ending, output);
                 if let Some(lane) = self.lane_of(h, rank) {
                     self.worker_ended(lane, ending, output);
                 }

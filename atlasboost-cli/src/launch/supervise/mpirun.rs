@@ -21,8 +21,12 @@ use super::super::relay::{DoorEvent, RelayDoor};
 use super::mpirun_state::{Headlines, Mpirun};
 use super::{
     DRAIN_AFTER_KILL, Ending, JobResult, Lifeline, MPIRUN, Role, RunPlan, Running, Signals,
-    Supervisor, WorkerPlan, spawn,
+    Supervisor, WorkerPlan, peek_ending, spawn,
 };
+
+/// How long a rank's end by SIGTERM (SIGINT, SIGHUP) waits for mpirun's, to tell a rank that
+/// mpirun's daemons stopped as mpirun died from one that failed ([`Supervisor::mpirun_died_first`]).
+const MPIRUN_END_WAIT: Duration = Duration::from_millis(100);
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 
@@ -370,6 +374,48 @@ impl Supervisor<'_> {
             );
             self.fail_job(MPIRUN, why, ExitCodes::FAILURE, output);
         }
+    }
+
+    /// A relay reports its worker ended by a signal that mpirun's side sends when mpirun goes
+    /// (its daemons on other hosts stop their ranks, SIGTERM, as they lose it). If mpirun has
+    /// died of a signal the launcher did not send, that is the job's failure, named as when
+    /// no relay spoke first: the rank was only its casualty. mpirun's exit is looked at
+    /// without collecting it, and waited for a moment ([`MPIRUN_END_WAIT`]): the daemons see
+    /// it die a moment before the kernel reports it.
+    pub(super) fn mpirun_died_first(&mut self, ending: Ending, output: &mut Output) {
+        let Some(m) = &self.mpirun else { return };
+        let from_mpirun = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP]
+            .map(|s| Ending::Signaled(s.into()))
+            .contains(&ending);
+        if !from_mpirun || m.signalled || self.failed_or_interrupted() {
+            return;
+        }
+        let until = Instant::now() + MPIRUN_END_WAIT;
+        let mpirun_end = loop {
+            let end = m.ended.map(|(_, e)| e).or_else(|| peek_ending(m.pid));
+            if end.is_some() || Instant::now() >= until {
+                break end;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let Some(mpirun_end) = mpirun_end.filter(|e| matches!(e, Ending::Signaled(_))) else {
+            return;
+        };
+        // The reporting rank still counts as running: its end is taken after this.
+        let running: Vec<u32> = self
+            .workers
+            .iter()
+            .zip(&self.running)
+            .filter(|(w, r)| r.ended.is_none() && m.door.is_admitted(w.rank))
+            .map(|(w, _)| w.rank)
+            .collect();
+        let why = format!(
+            "mpirun ended with {} while {} still ran; {}",
+            mpirun_end.describe(),
+            ranks_named(&running),
+            m.said()
+        );
+        self.fail_job(MPIRUN, why, mpirun_end.code(), output);
     }
 
     /// Every rank's relay must connect within the rendezvous timeout of mpirun's start; those
