@@ -2750,11 +2750,10 @@ fn every_framework_selects_the_tables_device_with_subsets_and_container_views() 
     .stderr_has(&["ASCEND_RT_VISIBLE_DEVICES=\"5\"", "device 5"]);
 }
 
-/// `probe --watch --json` through the fake driver (`dlopen`): one JSON line per sample with the
-/// driver's telemetry, and a device made unhealthy (with an error code) between samples shows
-/// in a later one. The watch runs until it is killed; the test reads at most 10 s.
-#[test]
-fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
+/// `probe --watch 0.1 --json` of 2 devices of the fake driver, whose faults are read from
+/// `faults` in the returned directory (empty at first): the directory, the watch (to kill),
+/// and its next sample (each within 10 s).
+fn watch_json() -> (TempDir, std::process::Child, impl Fn() -> Value) {
     use std::io::BufRead;
 
     let dir = TempDir::new().unwrap();
@@ -2779,12 +2778,22 @@ fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
             }
         }
     });
-    let next = || -> Value {
+    let next = move || -> Value {
         let line = rx
             .recv_timeout(std::time::Duration::from_secs(10))
             .expect("a sample within 10 s");
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     };
+    (dir, child, next)
+}
+
+/// `probe --watch --json` through the fake driver (`dlopen`): one JSON line per sample with the
+/// driver's telemetry, and a device made unhealthy (with an error code) between samples shows
+/// in a later one. The watch runs until it is killed; the test reads at most 10 s.
+#[test]
+fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
+    let (dir, mut child, next) = watch_json();
+    let faults = dir.path().join("faults");
     let first = next();
     assert_eq!(first["server_id"], "10.0.0.1");
     let devices = first["devices"].as_array().unwrap();
@@ -2818,36 +2827,8 @@ fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
 /// has not answered, and shows the values again once the call returns. (It froze before.)
 #[test]
 fn probe_watch_shows_a_driver_call_that_hangs_and_goes_on() {
-    use std::io::BufRead;
-
-    let dir = TempDir::new().unwrap();
+    let (dir, mut child, next) = watch_json();
     let faults = dir.path().join("faults");
-    fs::write(&faults, "").unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_atlasboost"))
-        .args(["probe", "--probe", "dsmi", "--server-id", "10.0.0.1"])
-        .args(["--watch", "0.1", "--json"])
-        .env("ATLASBOOST_DSMI_LIB", fake_driver())
-        .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
-        .env("ATLASBOOST_FAKE_DSMI_FAULTS_FILE", &faults)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            if tx.send(line.unwrap_or_default()).is_err() {
-                break;
-            }
-        }
-    });
-    let next = || -> Value {
-        let line = rx
-            .recv_timeout(std::time::Duration::from_secs(10))
-            .expect("a sample within 10 s");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
-    };
     let first = next();
     assert_eq!(first["devices"][1]["temperature_c"], 41);
     assert!(first.get("no_answer_for_s").is_none(), "{first}");

@@ -297,20 +297,7 @@ impl Supervisor<'_> {
                     && now >= at + DRAIN_AFTER_KILL
                     && !self.failed_or_interrupted()
                 {
-                    let running: Vec<u32> = self
-                        .workers
-                        .iter()
-                        .zip(&self.running)
-                        .filter(|(w, r)| r.ended.is_none() && m.door.is_admitted(w.rank))
-                        .map(|(w, _)| w.rank)
-                        .collect();
-                    if !running.is_empty() {
-                        let why = format!(
-                            "mpirun ended with {} while {} still ran; {}",
-                            ending.describe(),
-                            ranks_named(&running),
-                            m.said()
-                        );
+                    if let Some(why) = self.mpirun_died_while_ranks_ran(ending) {
                         self.fail_job(MPIRUN, why, ending.code(), output);
                         return;
                     }
@@ -402,6 +389,15 @@ impl Supervisor<'_> {
             return;
         };
         // The reporting rank still counts as running: its end is taken after this.
+        if let Some(why) = self.mpirun_died_while_ranks_ran(mpirun_end) {
+            self.fail_job(MPIRUN, why, mpirun_end.code(), output);
+        }
+    }
+
+    /// Why the job fails when mpirun ended (`ending`) while admitted ranks still ran, naming
+    /// them; `None` when none did.
+    fn mpirun_died_while_ranks_ran(&self, ending: Ending) -> Option<String> {
+        let m = self.mpirun.as_ref()?;
         let running: Vec<u32> = self
             .workers
             .iter()
@@ -409,13 +405,14 @@ impl Supervisor<'_> {
             .filter(|(w, r)| r.ended.is_none() && m.door.is_admitted(w.rank))
             .map(|(w, _)| w.rank)
             .collect();
-        let why = format!(
-            "mpirun ended with {} while {} still ran; {}",
-            mpirun_end.describe(),
-            ranks_named(&running),
-            m.said()
-        );
-        self.fail_job(MPIRUN, why, mpirun_end.code(), output);
+        (!running.is_empty()).then(|| {
+            format!(
+                "mpirun ended with {} while {} still ran; {}",
+                ending.describe(),
+                ranks_named(&running),
+                m.said()
+            )
+        })
     }
 
     /// Every rank's relay must connect within the rendezvous timeout of mpirun's start; those
