@@ -296,11 +296,10 @@ impl Supervisor<'_> {
                     && !m.signalled
                     && now >= at + DRAIN_AFTER_KILL
                     && !self.failed_or_interrupted()
+                    && let Some(why) = self.mpirun_died_while_ranks_ran(ending)
                 {
-                    if let Some(why) = self.mpirun_died_while_ranks_ran(ending) {
-                        self.fail_job(MPIRUN, why, ending.code(), output);
-                        return;
-                    }
+                    self.fail_job(MPIRUN, why, ending.code(), output);
+                    return;
                 }
                 let quiet_since = unfinished.into_iter().fold(at, Instant::max);
                 let heard = quiet_since == at && self.remotes_done();
