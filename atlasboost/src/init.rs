@@ -617,7 +617,14 @@ fn from_launch(c: &LaunchContext, framework: Framework) -> Result<Job, InitError
             InitError::LaunchContext(format!("{name}={v} {why}"))
         })
     };
-    let table_path = PathBuf::from(need(EnvVars::ATLASBOOST_RANK_TABLE_FILE)?);
+    // Made absolute as the rendezvous's path is: what the frameworks read must be.
+    let table_path =
+        std::path::absolute(need(EnvVars::ATLASBOOST_RANK_TABLE_FILE)?).map_err(|e| {
+            InitError::RankTable(format!(
+                "{}: cannot make it an absolute path: {e}",
+                EnvVars::ATLASBOOST_RANK_TABLE_FILE
+            ))
+        })?;
     let server_id = need(EnvVars::ATLASBOOST_SERVER_ID)?;
     let physical_id = number(EnvVars::ATLASBOOST_PHYSICAL_ID)?;
     let device_id = number(EnvVars::ATLASBOOST_DEVICE_ID)?;
@@ -627,7 +634,28 @@ fn from_launch(c: &LaunchContext, framework: Framework) -> Result<Job, InitError
     let master_port = env(EnvVars::MASTER_PORT)
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
-    let seat = Seat::find(&table, &server_id, physical_id)?;
+    // The table is the launcher's, of this job: one that lacks this device, or holds another
+    // number of ranks, is another job's (a stale file at the same path), named with its path.
+    let of_another_job = |what: String| {
+        InitError::RankTable(format!(
+            "{what} ({}={}): a rank table of another job?",
+            EnvVars::ATLASBOOST_RANK_TABLE_FILE,
+            table_path.display()
+        ))
+    };
+    let seat = Seat::find(&table, &server_id, physical_id).map_err(|e| match e {
+        atlasboost_core::Error::NotInTable { .. } => of_another_job(e.to_string()),
+        other => other.into(),
+    })?;
+    if seat.world.size != c.size {
+        return Err(of_another_job(format!(
+            "{}={} but the rank table holds {} rank{}",
+            EnvVars::ATLASBOOST_SIZE,
+            c.size,
+            seat.world.size,
+            if seat.world.size == 1 { "" } else { "s" }
+        )));
+    }
     let mut job = job_at(
         &seat,
         &table_path,
@@ -656,6 +684,16 @@ fn from_launch(c: &LaunchContext, framework: Framework) -> Result<Job, InitError
 
 /// Reads a table whatever chip its devices are (the validator's rules depend on the chip).
 fn read_table_any_chip(path: &Path) -> Result<RankTable, InitError> {
+    // The launcher's table is a file: anything else (a FIFO would hold the read for ever) is
+    // named before it is opened.
+    if let Ok(meta) = std::fs::metadata(path)
+        && !meta.is_file()
+    {
+        return Err(InitError::RankTable(format!(
+            "the rank table {} is not a regular file",
+            path.display()
+        )));
+    }
     // The file is read once, for its chip and its table.
     let value = atlasboost_core::ranktable::read_json(path)?;
     let chip = atlasboost_core::ranktable::default_chip(&value);

@@ -58,12 +58,18 @@ unsafe impl Send for Mapped {}
 impl Record {
     /// Opens `path` and maps its record (written first, so that the file is long enough).
     fn open(path: &Path) -> std::io::Result<Record> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Without waiting: a FIFO under that name would hold the open until a reader came.
         let file = File::options()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .custom_flags(nix::libc::O_NONBLOCK)
             .open(path)?;
+        if !file.metadata()?.is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
         file.write_all_at(&encode(0, None), 0)?;
         // SAFETY: a new shared mapping of a file opened for reading and writing; nothing else
         // in this process maps it.

@@ -363,6 +363,84 @@ fn a_failed_init_returns_the_code_of_its_kind() {
         .filter(|p| p.is_file())
         .unwrap_or_else(|| panic!("no fake driver: run `cargo build -p atlasboost-fake-dsmi`"));
     let fake_driver = fake_driver.to_string_lossy();
+    // A launcher's table of 2 ranks on host 10.0.0.1, and a FIFO where a table should be.
+    std::fs::write(
+        dir.path().join("t.json"),
+        r#"{"version": "1.0", "server_count": "1", "server_list": [{"server_id": "10.0.0.1",
+            "device": [{"device_id": "0", "device_ip": "192.168.100.101", "rank_id": "0"},
+                       {"device_id": "1", "device_ip": "192.168.100.102", "rank_id": "1"}],
+            "host_nic_ip": "reserve"}], "status": "completed"}"#,
+    )
+    .unwrap();
+    let fifo = dir.path().join("fifo.json");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let fifo = fifo.to_string_lossy();
+    // What `atlasboost run` sets for rank 1 (device 1 of 10.0.0.1) of a job of `size`, whose
+    // table is at `table`.
+    let launched = |size: &'static str, table: &'static str| -> Vec<(&'static str, String)> {
+        [
+            ("ATLASBOOST_RANK", "1"),
+            ("ATLASBOOST_SIZE", size),
+            ("ATLASBOOST_LOCAL_RANK", "1"),
+            ("ATLASBOOST_LOCAL_SIZE", "2"),
+            ("ATLASBOOST_PHYSICAL_ID", "1"),
+            ("ATLASBOOST_DEVICE_ID", "1"),
+            ("ATLASBOOST_SERVER_ID", "10.0.0.1"),
+            ("ATLASBOOST_JOB_ID", "j"),
+            ("ATLASBOOST_RANK_TABLE_FILE", table),
+        ]
+        .map(|(k, v)| (k, v.to_string()))
+        .to_vec()
+    };
+    // A table of another job: of another size (its path, given relative, is named made
+    // absolute), without this device, or not a file at all.
+    let other_size = launched("4", "t.json");
+    let mut other_host = launched("2", "t.json");
+    other_host.push(("ATLASBOOST_SERVER_ID", "10.0.0.9".into()));
+    let mut not_a_file = launched("2", "t.json");
+    not_a_file.push(("ATLASBOOST_RANK_TABLE_FILE", fifo.to_string()));
+    /// The code, the words its message must hold, and the environment.
+    type TableCase = (&'static str, String, Vec<(&'static str, String)>);
+    let table_cases: Vec<TableCase> = vec![
+        (
+            "ATLASBOOST_ERR_RANK_TABLE",
+            format!(
+                "ATLASBOOST_SIZE=4 but the rank table holds 2 ranks (ATLASBOOST_RANK_TABLE_FILE={}): \
+                 a rank table of another job?",
+                dir.path().join("t.json").display()
+            ),
+            other_size,
+        ),
+        (
+            "ATLASBOOST_ERR_RANK_TABLE",
+            "device with physical id 1 of server 10.0.0.9 is not in the rank table \
+             (ATLASBOOST_RANK_TABLE_FILE="
+                .to_string(),
+            other_host,
+        ),
+        (
+            "ATLASBOOST_ERR_RANK_TABLE",
+            format!("the rank table {fifo} is not a regular file"),
+            not_a_file,
+        ),
+    ];
+    for (code, mentions, env) in &table_cases {
+        let mut cmd = Command::new(program);
+        cmd.args(["init-fails", code]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(cmd, dir.path())
+            .assert_success()
+            .assert_stdout_has(&format!("ok: init(NULL) returns {code}"))
+            .assert_stdout_has(mentions);
+    }
     // Each with the words its message must hold (the variable to blame, where one is).
     type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
     let cases: [Case<'_>; 9] = [

@@ -29,7 +29,7 @@ use std::ffi::OsString;
 use atlasboost::init::{InitError, InitOptions, Job, session};
 use atlasboost_core::worker_env::Framework;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyTuple, PyType};
@@ -166,7 +166,7 @@ fn init(py: Python<'_>, frame: Option<&str>) -> PyResult<(Vars, Vars, Vec<&'stat
     // would wait for this very start: refused. (Another thread's init() waits for it in
     // `_core.py`'s lock, without the GIL.)
     if STARTING_HERE.get() {
-        return Err(PyRuntimeError::new_err(
+        return Err(AtlasBoostError::new_err(
             "init() was called while this thread's init() waits for the other processes (from \
              a signal handler?): it cannot wait for itself",
         ));

@@ -353,6 +353,31 @@ def test_a_signal_handler_that_returns_lets_a_waiting_init_go_on(tmp_path: Path)
         assert r.returncode == 0 and r.stdout.split() == ["rank", str(rank)], r.describe()
 
 
+def test_init_from_a_signal_handler_during_init_is_an_atlasboost_error(tmp_path: Path) -> None:
+    """A signal handler that calls init() while this thread's init() waits gets an
+    AtlasBoostError saying why (every error atlasboost raises is one), and the wait goes on."""
+    table = tmp_path / "rank_table.json"
+    code = """
+        import signal, atlasboost
+        def handler(*_):
+            try:
+                atlasboost.init()
+            except atlasboost.AtlasBoostError as e:
+                print("handler:", type(e).__name__, "|", e)
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            atlasboost.init()
+        except atlasboost.RendezvousTimeout:
+            print("main: RendezvousTimeout")
+    """
+    env = torchrun_env(0, 2, free_port_pair(), table)
+    env["ATLASBOOST_RENDEZVOUS_TIMEOUT"] = "1"
+    r = wait_all([start([PYTHON, "-c", textwrap.dedent(code)], env=env, cwd=tmp_path)], timeout=60)[0]
+    assert "handler: AtlasBoostError | init() was called while this thread's init() waits" in r.stdout, r.describe()
+    assert "main: RendezvousTimeout" in r.stdout, r.describe()
+
+
 def test_a_thread_writing_os_environ_during_init_is_safe(tmp_path: Path) -> None:
     """init() reads the environment with the GIL held: a thread writing os.environ meanwhile
     (putenv) cannot pull it from under the read (it crashed the interpreter)."""
