@@ -284,7 +284,12 @@ pub struct RunArgs {
 
     /// Where every host writes the cluster rank table (relative to --wdir; a name ending in
     /// .json); one running job per path on each host.
-    #[arg(long, value_name = "PATH", default_value = "rank_table.json", value_parser = parse_table_path)]
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "rank_table.json",
+        value_parser = text_parser(parse_table_path, "RANK_TABLE_FILE gives it as text")
+    )]
     pub rank_table: PathBuf,
 
     /// Rank table format.
@@ -301,7 +306,15 @@ pub struct RunArgs {
     pub rank_order: RankOrderArg,
 
     /// Export a variable to every worker: NAME=VALUE, or NAME for this shell's value.
-    #[arg(short = 'x', long = "env", value_name = "NAME[=VALUE]", value_parser = parse_export)]
+    #[arg(
+        short = 'x',
+        long = "env",
+        value_name = "NAME[=VALUE]",
+        value_parser = text_parser(
+            parse_export,
+            "export it in this shell and give -x NAME: that passes its bytes on as they are"
+        )
+    )]
     pub env: Vec<(String, Option<String>)>,
 
     /// The workers' directory on every host [default: the current directory].
@@ -481,6 +494,18 @@ pub fn normalize_args(args: Vec<OsString>) -> Vec<OsString> {
 }
 
 /// A rank table's path: HCCL loads only names that end in `.json`.
+/// `parse` for a value that must be text: one that is not UTF-8 is named, with `why` (clap's
+/// own error names neither the flag nor the value).
+fn text_parser<T: Clone + Send + Sync + 'static>(
+    parse: fn(&str) -> Result<T, String>,
+    why: &'static str,
+) -> impl TypedValueParser<Value = T> {
+    clap::builder::OsStringValueParser::new().try_map(move |value| match value.to_str() {
+        Some(text) => parse(text),
+        None => Err(format!("{} is not UTF-8 ({why})", value.to_string_lossy())),
+    })
+}
+
 fn parse_table_path(s: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(s);
     match path.extension().is_some_and(|e| e == "json") {

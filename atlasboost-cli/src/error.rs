@@ -1,5 +1,6 @@
 //! The command's error type and how it maps to exit codes.
 
+use nix::errno::Errno;
 use std::io;
 
 use atlasboost::host::{HostError, server_id_hint};
@@ -287,8 +288,23 @@ impl CliError {
                 io::ErrorKind::PermissionDenied | io::ErrorKind::IsADirectory => {
                     ExitCodes::CANNOT_EXECUTE
                 }
-                // ENOEXEC: not a binary and no #! line.
-                _ if reason.raw_os_error() == Some(8) => ExitCodes::CANNOT_EXECUTE,
+                // The command is there but cannot be run as given, as a shell says with 126:
+                // not a binary and no #! line, a loop of symbolic links, a name too long, a
+                // file in the path taken for a directory, arguments and environment too large,
+                // a binary being written.
+                _ if [
+                    Errno::ENOEXEC,
+                    Errno::ELOOP,
+                    Errno::ENAMETOOLONG,
+                    Errno::ENOTDIR,
+                    Errno::E2BIG,
+                    Errno::ETXTBSY,
+                ]
+                .map(|e| Some(e as i32))
+                .contains(&reason.raw_os_error()) =>
+                {
+                    ExitCodes::CANNOT_EXECUTE
+                }
                 // Out of descriptors or memory: atlasboost's failure, not the command's.
                 _ => ExitCodes::FAILURE,
             },

@@ -180,6 +180,23 @@ fn real_path(path: &Path) -> PathBuf {
     })
 }
 
+/// A rank table's path as the text `RANK_TABLE_FILE` gives the frameworks.
+///
+/// # Errors
+///
+/// [`Error::BadPath`] for a path that is not UTF-8: refused by name rather than passed on with
+/// its bad bytes replaced (the path of a file that does not exist).
+pub fn table_path_text(path: &Path) -> Result<String> {
+    path.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| Error::BadPath {
+            path: path.to_path_buf(),
+            reason: "is not UTF-8, and RANK_TABLE_FILE is read as text: put the rank table \
+                 (--rank-table, or --wdir's directory) on a path that is"
+                .into(),
+        })
+}
+
 /// Computes a worker's environment from its seat in the table.
 ///
 /// # Errors
@@ -196,10 +213,10 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     check_job_id(spec.job_id)?;
     let seat = spec.seat;
     let world = seat.world;
-    let path = spec.table_path.display().to_string();
+    let path = table_path_text(spec.table_path)?;
     // What the frameworks read has no symbolic link: torch_npu refuses a RANK_TABLE_FILE
     // that is one. atlasboost's own variable keeps the path given (its lock is beside it).
-    let real = real_path(spec.table_path).display().to_string();
+    let real = table_path_text(&real_path(spec.table_path))?;
     let logical = spec.logical_id.to_string();
     let mut set = vec![
         (EnvVars::RANK_TABLE_FILE, real.clone()),

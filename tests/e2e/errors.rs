@@ -119,8 +119,54 @@ fn a_bad_hostfile_line_is_named_by_file_and_line() {
     );
     bad_input(
         &["--sim", "2", "--wdir", "no-such-dir"],
-        &["--wdir", "no-such-dir"],
+        &["--wdir", "no-such-dir: does not exist"],
     );
+    bad_input(
+        &["--sim", "2", "--wdir", "/proc/version"],
+        &["--wdir /proc/version: not a directory"],
+    );
+}
+
+/// Values that are not UTF-8 where the workers need text are refused naming them: a table
+/// path (through `--wdir`'s directory; it was given to the workers with its bad bytes
+/// replaced, a file that does not exist, and the job went on), `--rank-table`, and `-x NAME=`
+/// (which points to `-x NAME`, whose value goes on byte for byte).
+#[test]
+fn values_that_are_not_utf8_are_refused_by_name() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = |s: &[u8]| std::ffi::OsStr::from_bytes(s).to_os_string();
+    let run = Run::new(["run", "-q", "--sim", "1", "--wdir"]);
+    std::fs::create_dir(run.dir().join(bad(b"dir\xfe"))).unwrap();
+    let r = run.args([bad(b"dir\xfe")]).args(["--", "true"]).run();
+    assert_error(
+        &r,
+        125,
+        &[
+            "rank table path",
+            "dir\u{fffd}/rank_table.json",
+            "is not UTF-8",
+        ],
+    );
+    let r = Run::new(["run", "-q", "--sim", "1", "--rank-table"])
+        .args([bad(b"t\xfe.json")])
+        .args(["--", "true"])
+        .run();
+    assert_error(&r, 2, &["--rank-table", "t\u{fffd}.json is not UTF-8"]);
+    let r = Run::new(["run", "-q", "--sim", "1", "-x"])
+        .args([bad(b"V=x\xff")])
+        .args(["--", "true"])
+        .run();
+    assert_error(
+        &r,
+        2,
+        &["--env", "V=x\u{fffd} is not UTF-8", "give -x NAME"],
+    );
+    let r = Run::new(["run", "-q", "--sim", "1", "-x", "V", "--", "sh", "-c"])
+        .args([r#"test "$V" = "$(printf 'x\377')" && echo same"#])
+        .env("V", bad(b"x\xff"))
+        .run();
+    r.assert_code(0);
+    assert!(r.out().contains("same"), "{}", r.describe());
 }
 
 #[test]
@@ -218,6 +264,15 @@ fn a_command_that_is_not_executable_exits_126() {
         },
     );
     assert_error(&r, 126, &["./a-directory on host", ": it is a directory"]);
+    // What a shell also cannot execute (126): a loop of symbolic links, a name too long.
+    let r = run_with(&["--sim", "2", "-H", "127.0.0.1", "--", "./loop1"], |run| {
+        std::os::unix::fs::symlink("loop2", run.dir().join("loop1")).unwrap();
+        std::os::unix::fs::symlink("loop1", run.dir().join("loop2")).unwrap();
+    });
+    assert_error(&r, 126, &["./loop1 on host", "symbolic links"]);
+    let long = format!("./{}", "a".repeat(5000));
+    let r = run_with(&["--sim", "2", "-H", "127.0.0.1", "--", &long], |_| {});
+    assert_error(&r, 126, &["File name too long"]);
 }
 
 /// A script whose `#!` interpreter is missing fails as a missing command does (ENOENT, 127),

@@ -199,8 +199,12 @@ pub(crate) fn worker_dir(args: &RunSettings, check_here: bool) -> Result<PathBuf
     };
     // What is on the disk is bad input (125), here as on a remote host.
     if check_here && !dir.is_dir() {
+        let what = match dir.exists() {
+            true => "not a directory",
+            false => "does not exist",
+        };
         return Err(CliError::Failure(format!(
-            "--wdir {}: not a directory",
+            "--wdir {}: {what}",
             dir.display()
         )));
     }

@@ -121,6 +121,7 @@ pub fn run(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     }
     let wdir = worker_dir(args, hosts.iter().any(|h| h.local))?;
     let table_path = wdir.join(&args.rank_table);
+    atlasboost_core::worker_env::table_path_text(&table_path)?;
     // What can be checked before any host starts a worker is checked now.
     let known_size = args.np.map(u64::from).or_else(|| {
         hosts

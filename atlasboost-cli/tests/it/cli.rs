@@ -898,24 +898,42 @@ fn validate_json_reports_five_violations() {
     );
 }
 
-/// A working directory whose path is not UTF-8 (the table's path, in the events) runs: it
-/// panicked where the events are made, with or without `--events`.
+/// A working directory whose path is not UTF-8: the table's path in it cannot be given to the
+/// workers as text, and is refused by name (it was passed on with its bad bytes replaced, a
+/// file that does not exist); with `--rank-table` elsewhere the job runs, also with `--events`
+/// (it panicked where the events are made).
 #[test]
-fn a_working_directory_that_is_not_utf8_runs() {
+fn a_working_directory_that_is_not_utf8_needs_a_table_elsewhere() {
     use std::os::unix::ffi::OsStrExt;
     let dir = tempdir();
     let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"c\xfe"));
     fs::create_dir(&odd).unwrap();
-    run(&odd, &["run", "-q", "--sim", "1", "--", "true"]).expect_code(SUCCESS);
+    run(&odd, &["run", "-q", "--sim", "1", "--", "true"])
+        .expect_code(FAILURE)
+        .stderr_has(&["c\u{fffd}/rank_table.json: is not UTF-8", "--rank-table"]);
+    let table = dir.path().join("t.json");
+    let table = table.to_str().unwrap();
     run(
         &odd,
         &[
-            "run", "-q", "--sim", "1", "--events", "e.json", "--", "true",
+            "run",
+            "-q",
+            "--sim",
+            "1",
+            "--rank-table",
+            table,
+            "--events",
+            "e.json",
+            "--",
+            "true",
         ],
     )
     .expect_code(SUCCESS);
     let events = fs::read_to_string(odd.join("e.json")).unwrap();
-    assert!(events.contains("\"rank_table\":\""), "{events}");
+    assert!(
+        events.contains(&format!("\"rank_table\":\"{table}\"")),
+        "{events}"
+    );
 }
 
 /// A table the rules refuse because of how many devices the user asked for says so: the
