@@ -508,7 +508,7 @@ fn text_parser<T: Clone + Send + Sync + 'static>(
 
 fn parse_table_path(s: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(s);
-    match path.extension().is_some_and(|e| e == "json") {
+    match atlasboost_core::ranktable::has_json_name(&path) {
         true => Ok(path),
         false => Err("HCCL only loads rank tables whose name ends in .json".into()),
     }

@@ -1,9 +1,11 @@
 //! `atlasboost merge`: single-server tables into one cluster table.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use atlasboost_core::Chip;
-use atlasboost_core::ranktable::{MergeInput, RankTable, default_chip, merge_tables, read_json};
+use atlasboost_core::ranktable::{
+    MergeInput, RankTable, default_chip, merge_tables, read_json, read_json_from,
+};
 
 use super::write_output;
 use crate::error::CliError;
@@ -19,11 +21,23 @@ use crate::settings::MergeSettings;
 pub fn run(args: &MergeSettings, printer: &Printer) -> Result<(), CliError> {
     let mut inputs = Vec::with_capacity(args.inputs.len());
     let mut chip = args.chip;
+    // `-` is standard input (`ranktable -o - | atlasboost merge a.json -`), which is read once.
+    if args.inputs.iter().filter(|p| p.as_os_str() == "-").count() > 1 {
+        return Err(CliError::Usage(
+            "`-` (standard input) is given twice; it can be read once".into(),
+        ));
+    }
     for path in &args.inputs {
-        let value = read_json(path)?;
+        let (value, name) = match path.as_os_str() == "-" {
+            true => {
+                let name = "<stdin>";
+                let (value, _) = read_json_from(std::io::stdin().lock(), Path::new(name))?;
+                (value, name.to_string())
+            }
+            false => (read_json(path)?, path.display().to_string()),
+        };
         // Without --chip, the first input's version decides the rules for all.
         let rules = *chip.get_or_insert_with(|| default_chip(&value));
-        let name = path.display().to_string();
         inputs.push(MergeInput {
             table: RankTable::from_value(value, &name, rules)?,
             name,

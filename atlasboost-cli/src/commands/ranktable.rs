@@ -43,7 +43,8 @@ pub fn write_local_table(
         args.chip,
     )?;
     if let Some(note) = without_ip {
-        printer.status(&format!("atlasboost: warning: {note}"));
+        // Said even with -q: every device's address is left out of the table for it.
+        printer.error(&format!("atlasboost: warning: {note}"));
     }
     let path = args
         .output

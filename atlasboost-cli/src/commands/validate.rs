@@ -129,7 +129,7 @@ pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
             s.push_str(&format!("  {v}\n"));
         }
         // HCCL's own check, of the file's name rather than its contents.
-        if !stdin && args.file.extension().is_none_or(|e| e != "json") {
+        if !stdin && !atlasboost_core::ranktable::has_json_name(&args.file) {
             s.push_str(&format!(
                 "note: HCCL reads a rank table only from a file whose name ends in .json, \
                  which {file} does not\n"

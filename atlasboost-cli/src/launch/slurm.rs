@@ -62,6 +62,25 @@ const RESTART_SCONTROL_LIMIT: Duration = Duration::from_secs(5);
 /// The longest invitation line an agent reads.
 const MAX_INVITATION: usize = 64 * 1024;
 
+/// `ATLASBOOST_SRUN_OPTIONS` (its `value`), split at blanks. No shell reads it: a quote or a
+/// backslash would reach srun as part of a word (`--comment='a b'` made `b'` the program srun
+/// ran), and is refused by name.
+fn srun_options(value: Option<&std::ffi::OsStr>) -> Result<Vec<String>, CliError> {
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    let value = value.to_string_lossy();
+    if value.contains(['\'', '"', '\\']) {
+        return Err(CliError::Failure(format!(
+            "{}={value}: it is split at blanks, with no shell's quoting; give each option as \
+             one word without quotes (--comment=a_b), or set srun's own variable for it \
+             (SLURM_*, SRUN_*)",
+            EnvVars::ATLASBOOST_SRUN_OPTIONS
+        )));
+    }
+    Ok(value.split_whitespace().map(str::to_string).collect())
+}
+
 /// Variables srun reads as options that would contradict the agents' step (`SLURM_EXACT` is
 /// `--exact`, which srun refuses beside `--whole`); not given to srun.
 const SRUN_OPTIONS_REMOVED: [&str; 2] = ["SLURM_EXACT", "SLURM_EXCLUSIVE"];
@@ -170,10 +189,17 @@ pub fn allocation_node_names(env: Env<'_>) -> Result<Option<Vec<String>>, CliErr
 pub fn allocation_hosts(env: Env<'_>) -> Result<Vec<HostSpec>, CliError> {
     let job = env(EnvVars::SLURM_JOB_ID).unwrap_or_default();
     let (var, list) = node_list(env).ok_or_else(|| {
-        CliError::Usage(format!(
-            "Slurm job {job}: SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside \
+        // A heterogeneous job (`salloc -N1 : -N1`) lists each component's nodes on its own.
+        match env("SLURM_JOB_NODELIST_HET_GROUP_0") {
+            Some(first) => CliError::Usage(format!(
+                "Slurm job {job} is heterogeneous (SLURM_JOB_NODELIST_HET_GROUP_0={first}, ...), \
+                 which --launcher slurm does not take apart; pass the hosts with -H/--hostfile"
+            )),
+            None => CliError::Usage(format!(
+                "Slurm job {job}: SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside \
                  salloc or sbatch, or pass -H/--hostfile"
-        ))
+            )),
+        }
     })?;
     let named = |var: &str, e: NotationError| CliError::Usage(format!("{var}={e}"));
     let names = expand_hostlist(&list).map_err(|e| named(var, e))?;
@@ -553,9 +579,9 @@ impl Step {
                     .env(format!("{HELD_PREFIX}{var}"), value);
             }
         }
-        if let Some(extra) = std::env::var_os(EnvVars::ATLASBOOST_SRUN_OPTIONS) {
-            cmd.args(extra.to_string_lossy().split_whitespace());
-        }
+        cmd.args(srun_options(
+            std::env::var_os(EnvVars::ATLASBOOST_SRUN_OPTIONS).as_deref(),
+        )?);
         cmd.args(plan.atlasboost).args(["agent", "--slurm"]);
         let (reader, writer) = nix::unistd::pipe().map_err(|e| {
             CliError::system("make a pipe for srun's output")(std::io::Error::from(e))
@@ -899,6 +925,42 @@ fn read_invitation() -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `salloc -N1 : -N1`: the node lists are the components'; said so, not that the job
+    /// runs outside an allocation.
+    #[test]
+    fn a_heterogeneous_job_is_named() {
+        let env = env_of(&[
+            ("SLURM_JOB_ID", "32"),
+            ("SLURM_JOB_NODELIST_HET_GROUP_0", "abn1"),
+            ("SLURM_JOB_NODELIST_HET_GROUP_1", "abn2"),
+        ]);
+        let e = allocation_hosts(&env).unwrap_err().to_string();
+        assert!(
+            e.contains("Slurm job 32 is heterogeneous (SLURM_JOB_NODELIST_HET_GROUP_0=abn1, ...)")
+                && e.contains("-H/--hostfile"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn srun_options_are_words_without_quotes() {
+        let words = |v: &str| srun_options(Some(std::ffi::OsStr::new(v)));
+        assert_eq!(srun_options(None).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            words(" --qos=high\t--comment=a_b ").unwrap(),
+            ["--qos=high", "--comment=a_b"]
+        );
+        for quoted in ["--comment='a b'", "--comment=\"a\"", "--x=a\\ b"] {
+            let e = words(quoted).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "ATLASBOOST_SRUN_OPTIONS={quoted}: it is split at blanks"
+                )),
+                "{e}"
+            );
+        }
+    }
 
     fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let vars: HashMap<String, String> = vars

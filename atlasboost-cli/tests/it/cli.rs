@@ -1052,6 +1052,41 @@ fn validate_a_file_that_is_not_json_is_invalid_with_line_and_column() {
         .stderr_has(&["bom.json starts with a UTF-8 byte-order mark"]);
 }
 
+/// `merge a.json -` reads one input from standard input (`ranktable -o - | atlasboost merge
+/// a.json -`; it said "cannot read -"); `-` twice is refused, as standard input is read once.
+/// A table named `.json` (a dot-file, whose name ends in .json as HCCL checks) is written.
+#[test]
+fn merge_dash_reads_standard_input_and_dot_json_is_a_json_name() {
+    let dir = tempdir();
+    sim_table(dir.path(), "10.0.0.1", "8", "a.json", &[]);
+    sim_table(dir.path(), "10.0.0.2", "8", ".json", &[]);
+    let mut child = command(dir.path(), &["merge", "a.json", "-", "-o", "m.json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let piped = fs::read(dir.path().join(".json")).unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &piped).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(SUCCESS),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let merged: Value =
+        serde_json::from_str(&fs::read_to_string(dir.path().join("m.json")).unwrap()).unwrap();
+    assert_eq!(merged["server_count"], "2");
+    assert_eq!(merged["server_list"][1]["server_id"], "10.0.0.2");
+    run(dir.path(), &["merge", "a.json", "-", "-", "-o", "n.json"])
+        .expect_code(USAGE)
+        .stderr_has(&["`-` (standard input) is given twice"]);
+    let out = run(dir.path(), &["validate", ".json"]);
+    out.expect_code(SUCCESS);
+    assert!(!out.stdout.contains("note: HCCL reads"), "{}", out.stdout);
+}
+
 /// `validate -` reads standard input (as `ranktable -o -` writes standard output): a table
 /// piped from another command is checked without a file.
 #[test]
@@ -2179,6 +2214,32 @@ fn driver_faults_show_in_the_table_or_the_error() {
             .contains("device 3 of host 10.0.0.1 has no RoCE address, so the table lists device_ip on no device"),
         "{}",
         out.stderr
+    );
+    // Said with -q too: every other device's address is left out of the table for it.
+    let quiet = run_env(
+        dir.path(),
+        &[
+            "-q",
+            "ranktable",
+            "--probe",
+            "dsmi",
+            "--server-id",
+            "10.0.0.1",
+            "-o",
+            "-",
+        ],
+        &[
+            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
+            ("ATLASBOOST_FAKE_DSMI_FAULTS", "no-ip:3"),
+        ],
+    );
+    quiet.expect_code(SUCCESS);
+    assert!(
+        quiet
+            .stderr
+            .contains("device 3 of host 10.0.0.1 has no RoCE address"),
+        "{}",
+        quiet.stderr
     );
     let table: Value = serde_json::from_str(&out.stdout).unwrap();
     let devices = table["server_list"][0]["device"].as_array().unwrap();

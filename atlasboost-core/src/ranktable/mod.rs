@@ -28,8 +28,8 @@ pub use validate::{
     validate_table, validate_value,
 };
 pub use write::{
-    TABLE_SIZE_LIMIT, read_json, read_json_bytes, read_json_from, read_table, write_atomically,
-    write_table,
+    TABLE_SIZE_LIMIT, has_json_name, read_json, read_json_bytes, read_json_from, read_table,
+    write_atomically, write_table,
 };
 
 #[cfg(test)]

@@ -675,3 +675,23 @@ fn a_file_larger_than_any_rank_table_is_refused() {
     assert_eq!(value["a"], 1);
     assert_eq!(bytes.len(), 8);
 }
+
+/// A table's name must end in `.json`, as HCCL's `CheckFilePath` checks: `.json` alone does
+/// (a dot-file, where `Path::extension` sees none, and it was refused).
+#[test]
+fn a_table_name_ends_in_json() {
+    use std::path::Path;
+    for (name, ok) in [
+        ("t.json", true),
+        ("dir/.json", true),
+        (".json", true),
+        ("a.b.json", true),
+        ("t.txt", false),
+        ("json", false),
+        ("t.json/", true),
+        ("t.JSON", false),
+        ("", false),
+    ] {
+        assert_eq!(super::has_json_name(Path::new(name)), ok, "{name:?}");
+    }
+}

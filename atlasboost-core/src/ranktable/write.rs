@@ -10,6 +10,15 @@ use super::validate::{Violation, errors_fail, validate_table};
 use crate::device::Chip;
 use crate::error::{Error, Result};
 
+/// Whether `path`'s name ends in `.json`, which is all HCCL checks of a table's name
+/// (`CheckFilePath`): `.json` itself does (where `Path::extension` sees none).
+#[must_use]
+pub fn has_json_name(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    path.file_name()
+        .is_some_and(|name| name.as_bytes().ends_with(b".json"))
+}
+
 /// Validates `table` for `chip` and writes it to `path` atomically (see [`write_atomically`]).
 ///
 /// # Errors
@@ -18,7 +27,7 @@ use crate::error::{Error, Result};
 /// the table breaks a rule (nothing is written), [`Error::Io`] if the file cannot be written.
 /// Returns the table's warnings (what HCCL only recommends), for the caller to show.
 pub fn write_table(path: &Path, table: &RankTable, chip: Chip) -> Result<Vec<Violation>> {
-    if path.extension().is_none_or(|e| e != "json") {
+    if !has_json_name(path) {
         return Err(Error::BadPath {
             path: path.to_path_buf(),
             reason: "HCCL only loads rank tables whose name ends in .json".into(),
