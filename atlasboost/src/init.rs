@@ -1004,6 +1004,11 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
     } else {
         None
     };
+    if c.rank == 0
+        && let Some(master) = &c.master_addr
+    {
+        own_coordinator_reachable(master, &endpoint)?;
+    }
     let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
         &endpoint,
         c.rank as usize,
@@ -1075,6 +1080,34 @@ fn mpi_rendezvous(c: &LaunchContext, shared: &Shared) -> Result<Job, InitError> 
 #[cfg(not(feature = "mpi"))]
 fn mpi_rendezvous(_: &LaunchContext, _: &Shared) -> Result<Job, InitError> {
     unreachable!("only called with the mpi feature")
+}
+
+/// Rank 0 runs the coordinator, listening on every address of this host, and meets the
+/// others at `endpoint` (`tcp://MASTER_ADDR:port`) as they do: a connection there that is
+/// refused means `master` is another host, where the others wait for a coordinator that is not
+/// there, until the timeout (Slurm's task 0 placed elsewhere than the step's first node; a
+/// MASTER_ADDR copied from another job). Said at once. A connection that does not come back
+/// within a second proves nothing (a firewall), and the rendezvous goes on.
+fn own_coordinator_reachable(master: &str, endpoint: &str) -> Result<(), InitError> {
+    let Some(address) = endpoint
+        .strip_prefix("tcp://")
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+    else {
+        return Ok(());
+    };
+    match std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(InitError::LaunchContext(format!(
+                "this process is rank 0, whose rendezvous coordinator listens on port {} of this \
+                 host, but {master} ({address}) refused a connection to it: {} (or, under \
+                 Slurm, the first node of the step's node list, where Slurm puts task 0 unless \
+                 told otherwise) must be rank 0's host",
+                address.port(),
+                EnvVars::MASTER_ADDR
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// No launcher: this process alone, on its host's first device.
@@ -1939,6 +1972,32 @@ mod tests {
     use atlasboost_core::Health;
 
     use super::*;
+
+    /// Rank 0 whose MASTER_ADDR port refuses a connection (another host, where nobody runs
+    /// the coordinator) is told at once; one where the coordinator listens goes on.
+    #[test]
+    fn rank_0_finds_its_own_coordinator_or_says_where_it_is_not() {
+        let listening = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let open = format!("tcp://{}", listening.local_addr().unwrap());
+        own_coordinator_reachable("127.0.0.1", &open).unwrap();
+        let closed = {
+            let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            gone.local_addr().unwrap()
+        };
+        let e = own_coordinator_reachable("node1", &format!("tcp://{closed}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "this process is rank 0, whose rendezvous coordinator listens on port {} of this \
+                 host, but node1 ({closed}) refused a connection to it: MASTER_ADDR",
+                closed.port()
+            )),
+            "{e}"
+        );
+        // A Unix socket's endpoint is this host's by its nature.
+        own_coordinator_reachable("x", "ipc:///tmp/x").unwrap();
+    }
 
     #[test]
     fn a_launchers_job_id_becomes_one_tensorflow_takes() {
