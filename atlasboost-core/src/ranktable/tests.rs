@@ -660,6 +660,54 @@ fn an_unreadable_server_does_not_make_the_other_ranks_wrong() {
     }
 }
 
+/// Every violation is reported (SPEC §4): a rank_id that cannot be read hides no other's being
+/// out of range (the devices are still counted), and a table without "version" but with a
+/// server_list is a 1.x table missing it, whose other problems are reported with it.
+#[test]
+fn an_unreadable_rank_id_or_a_missing_version_hides_no_other_problem() {
+    let rules = |text: &str| -> Vec<(String, Rule)> {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        validate_value(&v, Chip::Ascend910)
+            .into_iter()
+            .map(|x| (x.path, x.rule))
+            .collect()
+    };
+    let got = rules(
+        r#"{"version": "1.0", "server_count": "1", "status": "completed", "server_list": [
+            {"server_id": "s", "device": [
+                {"device_id": "0", "device_ip": "10.0.0.1", "rank_id": "0"},
+                {"device_id": "1", "device_ip": "10.0.0.2", "rank_id": "x"},
+                {"device_id": "2", "device_ip": "10.0.0.3", "rank_id": "7"},
+                {"device_id": "3", "device_ip": "10.0.0.4", "rank_id": "3"}]}]}"#,
+    );
+    assert!(
+        got.contains(&(
+            "$.server_list[0].device[1].rank_id".into(),
+            Rule::NotDecimal
+        )) && got.contains(&("$.server_list[0].device[2].rank_id".into(), Rule::RankIds)),
+        "{got:#?}"
+    );
+    let got = rules(
+        r#"{"server_count": "1", "server_list": [{"server_id": "10.0.0.1", "device": [
+            {"device_id": 3, "device_ip": "10.0.1.1", "rank_id": "0"},
+            {"device_id": "1", "device_ip": "10.0.1.2", "rank_id": "1"}]}]}"#,
+    );
+    for want in [
+        ("$".to_string(), Rule::Missing),
+        (
+            "$.server_list[0].device[0].device_id".to_string(),
+            Rule::NotString,
+        ),
+    ] {
+        assert!(got.contains(&want), "{want:?}: {got:#?}");
+    }
+    assert_eq!(
+        got.iter().filter(|(_, r)| *r == Rule::Missing).count(),
+        2,
+        "{got:#?}"
+    );
+}
+
 /// More than any rank table is refused before it is parsed (`/dev/zero` would fill memory).
 #[test]
 fn a_file_larger_than_any_rank_table_is_refused() {

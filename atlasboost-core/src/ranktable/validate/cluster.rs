@@ -90,7 +90,10 @@ impl Validator {
         // (rank_id, server index, where) of every readable rank_id.
         let mut ranks: Vec<(u32, usize, Loc)> = Vec::with_capacity(expected_devices);
         let mut total = 0usize;
+        // Every rank_id was read (`complete`); every server's device list was, so that the
+        // number of devices is known (`total_known`) even when some rank_id is unreadable.
         let mut complete = true;
+        let mut total_known = true;
         let mut counts = Vec::new();
         let mut missing_ip = Vec::new();
         // Devices of host_ip servers without device_ip.
@@ -107,6 +110,7 @@ impl Validator {
             // because of it (`complete`).
             let Some(sobj) = self.object(server, &spath) else {
                 complete = false;
+                total_known = false;
                 continue;
             };
             let sid = self.server_id(sobj, &spath);
@@ -143,6 +147,7 @@ impl Validator {
             self.string(sobj, "host_nic_ip", &spath, false);
             let Some(devices) = self.array(sobj, "device", &spath) else {
                 complete = false;
+                total_known = false;
                 continue;
             };
             let device_total = devices.len().unwrap_or(0);
@@ -250,7 +255,7 @@ impl Validator {
         self.ip_families(device_families, server_total);
         self.ip_families(host_families, server_total);
         self.equal_counts(&counts);
-        self.rank_ids(&ranks, total, complete, "$.server_list");
+        self.rank_ids(&ranks, total, total_known, complete, "$.server_list");
 
         match (format, top.get("super_pod_list")) {
             (Format::V1_2, Some(pods)) => self.super_pods(pods, &server_ids, &super_devices),

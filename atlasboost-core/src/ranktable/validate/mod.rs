@@ -264,7 +264,11 @@ fn validate_node<'a, N: Node<'a>>(top: N, chip: Chip) -> Vec<Violation> {
             Rule::Structure,
             format!("a rank table is a JSON object, found {}", top.describe().0),
         );
-    } else if top.get("version").is_some() {
+    } else if top.get("version").is_some()
+        || (top.get("server_list").is_some() && top.get("group_list").is_none())
+    {
+        // A table with a server_list and no version is a 1.x table that lacks it: said (the
+        // version is required), and its other problems with it.
         v.cluster(top);
     } else if top.get("deploy_mode").is_some() {
         // HCCL reads a legacy table with deploy_mode by its lab parser (MindSpore r0.2's

@@ -5,11 +5,14 @@ use super::{Loc, Rule, Validator};
 impl Validator {
     /// `rank_id`s must be exactly `0..total`, and each server's ranks one block (HCCL's docs: no
     /// interleaving across servers). `complete` is false when some could not be read, in which
-    /// case the gap they leave is not reported again.
+    /// case the gap they leave is not reported again; `total_known` is false when a server's
+    /// devices could not be counted, and then no rank is out of range. (An unreadable
+    /// `rank_id` hides no other: the devices are still counted.)
     pub(super) fn rank_ids(
         &mut self,
         ranks: &[(u32, usize, Loc)],
         total: usize,
+        total_known: bool,
         complete: bool,
         list_path: &str,
     ) {
@@ -18,7 +21,7 @@ impl Validator {
         for &(rank, _, loc) in ranks {
             let r = rank as usize;
             // With a server unreadable, the total is not known: no rank is out of range.
-            if r >= total && !complete {
+            if r >= total && !total_known {
                 continue;
             } else if r >= total {
                 self.push(
