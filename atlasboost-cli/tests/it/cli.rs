@@ -2182,10 +2182,12 @@ print("rank", os.environ["RANK_ID"], "logical", os.environ["DEVICE_ID"], "physic
 #[test]
 fn driver_faults_show_in_the_table_or_the_error() {
     let dir = tempdir();
-    let driver = |fault: &str| {
-        run_env(
-            dir.path(),
-            &[
+    // `ranktable` of the fake driver with `fault`, after the global flags `before`.
+    let driver_with = |before: &[&str], fault: &str| {
+        let args: Vec<&str> = before
+            .iter()
+            .copied()
+            .chain([
                 "ranktable",
                 "--probe",
                 "dsmi",
@@ -2193,13 +2195,18 @@ fn driver_faults_show_in_the_table_or_the_error() {
                 "10.0.0.1",
                 "-o",
                 "-",
-            ],
+            ])
+            .collect();
+        run_env(
+            dir.path(),
+            &args,
             &[
                 ("ATLASBOOST_DSMI_LIB", &fake_driver()),
                 ("ATLASBOOST_FAKE_DSMI_FAULTS", fault),
             ],
         )
     };
+    let driver = |fault: &str| driver_with(&[], fault);
     // An unhealthy device is named, with the driver's code.
     driver("unhealthy:5=2")
         .expect_code(FAILURE)
@@ -2216,23 +2223,7 @@ fn driver_faults_show_in_the_table_or_the_error() {
         out.stderr
     );
     // Said with -q too: every other device's address is left out of the table for it.
-    let quiet = run_env(
-        dir.path(),
-        &[
-            "-q",
-            "ranktable",
-            "--probe",
-            "dsmi",
-            "--server-id",
-            "10.0.0.1",
-            "-o",
-            "-",
-        ],
-        &[
-            ("ATLASBOOST_DSMI_LIB", &fake_driver()),
-            ("ATLASBOOST_FAKE_DSMI_FAULTS", "no-ip:3"),
-        ],
-    );
+    let quiet = driver_with(&["-q"], "no-ip:3");
     quiet.expect_code(SUCCESS);
     assert!(
         quiet
