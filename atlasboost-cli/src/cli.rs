@@ -200,7 +200,7 @@ pub struct RanktableArgs {
 /// `atlasboost merge`.
 #[derive(Debug, Args)]
 pub struct MergeArgs {
-    /// The tables to merge, in server order.
+    /// The tables to merge, in server order (one of them may be `-`, standard input).
     #[arg(required = true, num_args = 2.., value_name = "TABLE.json")]
     pub inputs: Vec<PathBuf>,
 
@@ -493,7 +493,6 @@ pub fn normalize_args(args: Vec<OsString>) -> Vec<OsString> {
         .collect()
 }
 
-/// A rank table's path: HCCL loads only names that end in `.json`.
 /// `parse` for a value that must be text: one that is not UTF-8 is named, with `why` (clap's
 /// own error names neither the flag nor the value).
 fn text_parser<T: Clone + Send + Sync + 'static>(
@@ -506,6 +505,7 @@ fn text_parser<T: Clone + Send + Sync + 'static>(
     })
 }
 
+/// A rank table's path: HCCL loads only names that end in `.json`.
 fn parse_table_path(s: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(s);
     match atlasboost_core::ranktable::has_json_name(&path) {

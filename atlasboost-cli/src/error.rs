@@ -283,8 +283,11 @@ impl CliError {
             CliError::Usage(_) | CliError::BadHost { .. } => ExitCodes::USAGE,
             CliError::Probe(e) if e.is_usage() => ExitCodes::USAGE,
             CliError::Remote { code, .. } => *code,
-            CliError::Spawn { reason, .. } => match reason.kind() {
+            CliError::Spawn {
+                program, reason, ..
+            } => match reason.kind() {
                 io::ErrorKind::NotFound => ExitCodes::NOT_FOUND,
+                _ if missed_on_path(program, reason) => ExitCodes::NOT_FOUND,
                 io::ErrorKind::PermissionDenied | io::ErrorKind::IsADirectory => {
                     ExitCodes::CANNOT_EXECUTE
                 }
@@ -352,9 +355,23 @@ pub(crate) fn brief(text: &str) -> String {
     }
 }
 
+/// Whether `program`, a bare name (no `/`), was not found on `PATH`: the search goes on past
+/// an entry that is a file, a loop of links or a name too long (ENOTDIR, ELOOP, ENAMETOOLONG)
+/// and, finding nothing, reports the last of them; a shell says "command not found" (127).
+fn missed_on_path(program: &std::ffi::OsStr, e: &io::Error) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    !program.as_bytes().contains(&b'/')
+        && [Errno::ENOTDIR, Errno::ELOOP, Errno::ENAMETOOLONG]
+            .map(|e| Some(e as i32))
+            .contains(&e.raw_os_error())
+}
+
 /// `command not found`, `permission denied`: what a shell would say. A script whose `#!`
 /// interpreter is missing fails with the same ENOENT as a missing command: it is told apart.
 fn spawn_reason(program: &std::ffi::OsStr, e: &io::Error) -> String {
+    if missed_on_path(program, e) {
+        return "command not found".into();
+    }
     match e.kind() {
         io::ErrorKind::NotFound => match missing_interpreter(program) {
             Some(interpreter) => {

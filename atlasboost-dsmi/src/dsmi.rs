@@ -262,6 +262,10 @@ impl Driver {
             if code != TRY_AGAIN {
                 return check(function, device, code);
             }
+            // A probe that gave up on this thread meanwhile gets no retry (nor its pause).
+            if self.abandoned.load(std::sync::atomic::Ordering::Acquire) {
+                continue;
+            }
             let now = Instant::now();
             if now >= until {
                 let waited = since.elapsed();

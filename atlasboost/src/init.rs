@@ -1004,10 +1004,14 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
     } else {
         None
     };
-    if c.rank == 0
-        && let Some(master) = &c.master_addr
-    {
-        own_coordinator_reachable(master, &endpoint)?;
+    // Said at once, and again with the timeout it leads to (a refused address may still be
+    // one that is not ready yet, a cluster's service address: not fatal by itself).
+    let elsewhere = match (c.rank, &c.master_addr) {
+        (0, Some(master)) => coordinator_elsewhere(master, &endpoint),
+        _ => None,
+    };
+    if let Some(why) = &elsewhere {
+        to_stderr(&format!("atlasboost: warning: {why}\n"));
     }
     let mut rdv = ZmqRendezvous::connect(ParticipantConfig::new(
         &endpoint,
@@ -1041,7 +1045,19 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
             let _ = std::fs::remove_file(path);
         }
     }
-    let mut job = result?;
+    let mut job = result.map_err(|e| match (e, elsewhere) {
+        (
+            InitError::Rendezvous {
+                message,
+                timed_out: true,
+            },
+            Some(why),
+        ) => InitError::Rendezvous {
+            message: format!("{message}; {why}"),
+            timed_out: true,
+        },
+        (e, _) => e,
+    })?;
     job.launcher = Some(c.launcher);
     job.agreement = Agreement::Zmq;
     Ok(job)
@@ -1084,29 +1100,24 @@ fn mpi_rendezvous(_: &LaunchContext, _: &Shared) -> Result<Job, InitError> {
 
 /// Rank 0 runs the coordinator, listening on every address of this host, and meets the
 /// others at `endpoint` (`tcp://MASTER_ADDR:port`) as they do: a connection there that is
-/// refused means `master` is another host, where the others wait for a coordinator that is not
-/// there, until the timeout (Slurm's task 0 placed elsewhere than the step's first node; a
-/// MASTER_ADDR copied from another job). Said at once. A connection that does not come back
-/// within a second proves nothing (a firewall), and the rendezvous goes on.
-fn own_coordinator_reachable(master: &str, endpoint: &str) -> Result<(), InitError> {
-    let Some(address) = endpoint
+/// refused means `master` is most likely another host, where the others wait for a
+/// coordinator that is not there (Slurm's task 0 placed off the step's first node; a
+/// MASTER_ADDR copied from another job). What to say of it, if so; `None` when the connection
+/// is taken, or does not come back within a second (a firewall proves nothing).
+fn coordinator_elsewhere(master: &str, endpoint: &str) -> Option<String> {
+    let address = endpoint
         .strip_prefix("tcp://")
-        .and_then(|a| a.parse::<SocketAddr>().ok())
-    else {
-        return Ok(());
-    };
+        .and_then(|a| a.parse::<SocketAddr>().ok())?;
     match std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)) {
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            Err(InitError::LaunchContext(format!(
-                "this process is rank 0, whose rendezvous coordinator listens on port {} of this \
-                 host, but {master} ({address}) refused a connection to it: {} (or, under \
-                 Slurm, the first node of the step's node list, where Slurm puts task 0 unless \
-                 told otherwise) must be rank 0's host",
-                address.port(),
-                EnvVars::MASTER_ADDR
-            )))
-        }
-        _ => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(format!(
+            "this process is rank 0, whose rendezvous coordinator listens on port {} of this \
+             host, but {master} ({address}) refused a connection to it: {} (or, under Slurm, \
+             the first node of the step's node list, where Slurm puts task 0 unless told \
+             otherwise) must be rank 0's host",
+            address.port(),
+            EnvVars::MASTER_ADDR
+        )),
+        _ => None,
     }
 }
 
@@ -1974,29 +1985,31 @@ mod tests {
     use super::*;
 
     /// Rank 0 whose MASTER_ADDR port refuses a connection (another host, where nobody runs
-    /// the coordinator) is told at once; one where the coordinator listens goes on.
+    /// the coordinator) is told why; one where the coordinator listens is not.
     #[test]
     fn rank_0_finds_its_own_coordinator_or_says_where_it_is_not() {
         let listening = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let open = format!("tcp://{}", listening.local_addr().unwrap());
-        own_coordinator_reachable("127.0.0.1", &open).unwrap();
-        let closed = {
-            let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            gone.local_addr().unwrap()
-        };
-        let e = own_coordinator_reachable("node1", &format!("tcp://{closed}"))
-            .unwrap_err()
-            .to_string();
+        assert_eq!(coordinator_elsewhere("127.0.0.1", &open), None);
+        // A port just freed, that nothing else has taken since (a test beside this one may).
+        let said = (0..5).find_map(|_| {
+            let closed = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            coordinator_elsewhere("node1", &format!("tcp://{closed}")).map(|why| (closed, why))
+        });
+        let (closed, why) = said.expect("a refused port within 5 tries");
         assert!(
-            e.contains(&format!(
+            why.contains(&format!(
                 "this process is rank 0, whose rendezvous coordinator listens on port {} of this \
                  host, but node1 ({closed}) refused a connection to it: MASTER_ADDR",
                 closed.port()
             )),
-            "{e}"
+            "{why}"
         );
         // A Unix socket's endpoint is this host's by its nature.
-        own_coordinator_reachable("x", "ipc:///tmp/x").unwrap();
+        assert_eq!(coordinator_elsewhere("x", "ipc:///tmp/x"), None);
     }
 
     #[test]

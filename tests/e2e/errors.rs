@@ -135,18 +135,21 @@ fn a_bad_hostfile_line_is_named_by_file_and_line() {
 fn values_that_are_not_utf8_are_refused_by_name() {
     use std::os::unix::ffi::OsStrExt;
     let bad = |s: &[u8]| std::ffi::OsStr::from_bytes(s).to_os_string();
-    let run = Run::new(["run", "-q", "--sim", "1", "--wdir"]);
-    std::fs::create_dir(run.dir().join(bad(b"dir\xfe"))).unwrap();
-    let r = run.args([bad(b"dir\xfe")]).args(["--", "true"]).run();
-    assert_error(
-        &r,
-        125,
-        &[
-            "rank table path",
-            "dir\u{fffd}/rank_table.json",
-            "is not UTF-8",
-        ],
-    );
+    // With --mpi too (refused before mpirun would start).
+    for mode in [&["--sim", "1"][..], &["--mpi", "--sim", "1"]] {
+        let run = Run::new(["run", "-q"]).args(mode).args(["--wdir"]);
+        std::fs::create_dir(run.dir().join(bad(b"dir\xfe"))).unwrap();
+        let r = run.args([bad(b"dir\xfe")]).args(["--", "true"]).run();
+        assert_error(
+            &r,
+            125,
+            &[
+                "rank table path",
+                "dir\u{fffd}/rank_table.json",
+                "is not UTF-8",
+            ],
+        );
+    }
     let r = Run::new(["run", "-q", "--sim", "1", "--rank-table"])
         .args([bad(b"t\xfe.json")])
         .args(["--", "true"])
@@ -237,6 +240,21 @@ fn a_command_that_does_not_exist_exits_127() {
         |_| {},
     );
     assert_error(&r, 127, &["atlasboost-e2e-no-such-command"]);
+    // Not found either when the last PATH entry is a file (the search ends on ENOTDIR).
+    let run = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--"])
+        .args(["atlasboost-e2e-no-such-command"]);
+    let file = run.file("not-a-dir", "", false);
+    let path = format!(
+        "{}:{}",
+        std::env::var("PATH").unwrap_or_default(),
+        file.display()
+    );
+    let r = run.env("PATH", path).run();
+    assert_error(
+        &r,
+        127,
+        &["atlasboost-e2e-no-such-command", "command not found"],
+    );
     let r = run_with(
         &["--sim", "2", "-H", "127.0.0.1", "--", "./missing.sh"],
         |_| {},

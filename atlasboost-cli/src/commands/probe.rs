@@ -115,8 +115,9 @@ struct Sampled<'a> {
     no_answer_for_s: Option<f64>,
 }
 
-/// How long `--watch` waits for a reading of the devices (at least its interval) before it
-/// shows them without values, saying for how long the driver has not answered.
+/// How long `--watch` waits for a reading of the devices (at least its interval, and twice
+/// the last reading's time: a slow driver of many NPUs is no hung one) before it shows them
+/// without values, saying for how long the driver has not answered.
 const NO_ANSWER_AFTER: Duration = Duration::from_secs(2);
 
 /// `--watch`: samples every `every` until interrupted (the default action of SIGINT and
@@ -156,6 +157,8 @@ fn watch(
         .map_err(CliError::system("start the thread reading the devices"))?;
     // When the reading under way was asked for, and whether its lateness was shown.
     let mut asked: Option<(Instant, bool)> = None;
+    // How long the last reading took.
+    let mut took = Duration::ZERO;
     loop {
         let (since, shown) = match asked {
             Some(a) => a,
@@ -165,12 +168,14 @@ fn watch(
             }
         };
         let wait = match shown {
-            false => (since + every.max(NO_ANSWER_AFTER)).saturating_duration_since(Instant::now()),
+            false => (since + every.max(NO_ANSWER_AFTER).max(took * 2))
+                .saturating_duration_since(Instant::now()),
             true => every,
         };
         let (samples, late) = match answers.recv_timeout(wait) {
             Ok(samples) => {
                 asked = None;
+                took = since.elapsed();
                 (samples?, None)
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {

@@ -199,9 +199,11 @@ pub(crate) fn worker_dir(args: &RunSettings, check_here: bool) -> Result<PathBuf
     };
     // What is on the disk is bad input (125), here as on a remote host.
     if check_here && !dir.is_dir() {
-        let what = match dir.exists() {
-            true => "not a directory",
-            false => "does not exist",
+        // `exists` would call a directory that cannot be reached (EACCES) missing.
+        let what = match dir.try_exists() {
+            Ok(true) => "not a directory".to_string(),
+            Ok(false) => "does not exist".to_string(),
+            Err(e) => format!("cannot be reached ({e})"),
         };
         return Err(CliError::Failure(format!(
             "--wdir {}: {what}",

@@ -80,6 +80,9 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     check_before_start(args, Some(u64::from(np)))?;
     let wdir = worker_dir(args, true)?;
     let table_path = wdir.join(&args.rank_table);
+    // Passed on as text (ATLASBOOST_RANK_TABLE_FILE), as without --mpi: a path that is not
+    // UTF-8 is refused here, not given with its bad bytes replaced.
+    atlasboost_core::worker_env::table_path_text(&table_path)?;
     let exports = resolve_exports(&args.env)?;
     // Kept from mpirun's environment, and so from every rank this host starts.
     let other_startup = other_startup_vars(&exports);

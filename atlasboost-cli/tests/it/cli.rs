@@ -2934,6 +2934,43 @@ fn probe_watch_shows_a_driver_call_that_hangs_and_goes_on() {
     assert_eq!(back["devices"][0]["temperature_c"], 40);
 }
 
+/// A driver that is slow but answers (each reading takes 2.3 s, more than the 2 s after which
+/// a reading is taken for stuck) is shown as stuck only until its first slow reading has come:
+/// then twice the last reading's time is waited for (it flapped between values and none).
+#[test]
+fn probe_watch_of_a_slow_driver_does_not_flap() {
+    let (dir, mut child, next) = watch_json();
+    fs::write(
+        dir.path().join("faults"),
+        "hang:dsmi_get_device_temperature@1=2300\n",
+    )
+    .unwrap();
+    // Until a slow reading has come (its time known), one run of lines without values (one
+    // per interval, 0.1 s, from 2 s on).
+    let mut late = 0;
+    let mut seen_slow = false;
+    for _ in 0..40 {
+        let sample = next();
+        if sample.get("no_answer_for_s").is_some() {
+            late += 1;
+        } else if late > 0 {
+            seen_slow = true;
+            break;
+        }
+    }
+    assert!(
+        seen_slow && late >= 1,
+        "late lines before the first slow reading: {late}"
+    );
+    for _ in 0..3 {
+        let sample = next();
+        assert!(sample.get("no_answer_for_s").is_none(), "{sample}");
+        assert_eq!(sample["devices"][1]["temperature_c"], 41, "{sample}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// `run --events`: every line parses, has the fields docs/events.md promises for its event,
 /// and the events tell the story of a job whose rank 2 fails once and succeeds on the restart.
 #[test]
