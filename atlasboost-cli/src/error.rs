@@ -1,7 +1,8 @@
 //! The command's error type and how it maps to exit codes.
 
-use nix::errno::Errno;
 use std::io;
+
+use nix::errno::Errno;
 
 use atlasboost::host::{HostError, server_id_hint};
 use atlasboost::probe::ProbeError;
@@ -291,21 +292,10 @@ impl CliError {
                 io::ErrorKind::PermissionDenied | io::ErrorKind::IsADirectory => {
                     ExitCodes::CANNOT_EXECUTE
                 }
-                // The command is there but cannot be run as given, as a shell says with 126:
-                // not a binary and no #! line, a loop of symbolic links, a name too long, a
-                // file in the path taken for a directory, arguments and environment too large,
-                // a binary being written.
-                _ if [
-                    Errno::ENOEXEC,
-                    Errno::ELOOP,
-                    Errno::ENAMETOOLONG,
-                    Errno::ENOTDIR,
-                    Errno::E2BIG,
-                    Errno::ETXTBSY,
-                ]
-                .map(|e| Some(e as i32))
-                .contains(&reason.raw_os_error()) =>
-                {
+                // The command cannot be run as given, as a shell says with 126: its path
+                // cannot be looked up (a name with a `/`; a bare one is not found, above), or
+                // exec refuses the file.
+                _ if errno_in(reason, &[PATH_LOOKUP_ERRORS, EXEC_ERRORS].concat()) => {
                     ExitCodes::CANNOT_EXECUTE
                 }
                 // Out of descriptors or memory: atlasboost's failure, not the command's.
@@ -360,10 +350,20 @@ pub(crate) fn brief(text: &str) -> String {
 /// and, finding nothing, reports the last of them; a shell says "command not found" (127).
 fn missed_on_path(program: &std::ffi::OsStr, e: &io::Error) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    !program.as_bytes().contains(&b'/')
-        && [Errno::ENOTDIR, Errno::ELOOP, Errno::ENAMETOOLONG]
-            .map(|e| Some(e as i32))
-            .contains(&e.raw_os_error())
+    !program.as_bytes().contains(&b'/') && errno_in(e, &PATH_LOOKUP_ERRORS)
+}
+
+/// How looking up a command's path fails short of ENOENT: a component that is a file, a loop
+/// of links, a name too long.
+const PATH_LOOKUP_ERRORS: [Errno; 3] = [Errno::ENOTDIR, Errno::ELOOP, Errno::ENAMETOOLONG];
+
+/// How exec fails for a file that is there: not a binary and no #! line, arguments and
+/// environment too large, a binary being written.
+const EXEC_ERRORS: [Errno; 3] = [Errno::ENOEXEC, Errno::E2BIG, Errno::ETXTBSY];
+
+/// Whether `e` is one of `errors`.
+fn errno_in(e: &io::Error, errors: &[Errno]) -> bool {
+    errors.iter().any(|&x| e.raw_os_error() == Some(x as i32))
 }
 
 /// `command not found`, `permission denied`: what a shell would say. A script whose `#!`

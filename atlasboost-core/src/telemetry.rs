@@ -41,6 +41,14 @@ impl DeviceSample {
         }
     }
 
+    /// An empty sample of each of `devices`: what is shown when nothing could be read.
+    pub fn none_of(devices: &[crate::Device]) -> Vec<DeviceSample> {
+        devices
+            .iter()
+            .map(|d| DeviceSample::of(d.physical_id))
+            .collect()
+    }
+
     /// Power draw in watts.
     pub fn power_watts(&self) -> Option<f64> {
         self.power_decwatts.map(|p| f64::from(p) / 10.0)

@@ -325,10 +325,7 @@ pub struct NoTelemetry;
 
 impl Telemetry for NoTelemetry {
     fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
-        devices
-            .iter()
-            .map(|d| DeviceSample::of(d.physical_id))
-            .collect()
+        DeviceSample::none_of(devices)
     }
 }
 

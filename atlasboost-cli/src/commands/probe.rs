@@ -180,11 +180,7 @@ fn watch(
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 asked = Some((since, true));
-                let absent = devices
-                    .iter()
-                    .map(|d| DeviceSample::of(d.physical_id))
-                    .collect();
-                (absent, Some(since.elapsed()))
+                (DeviceSample::none_of(devices), Some(since.elapsed()))
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(gone()),
         };

@@ -501,18 +501,13 @@ impl DeviceSampler {
             {
                 values.clone()
             }
-            _ => hosts.iter().map(|h| absent(&h.devices)).collect(),
+            _ => hosts
+                .iter()
+                .map(|h| DeviceSample::none_of(&h.devices))
+                .collect(),
         };
         (values, warning)
     }
-}
-
-/// Each of `devices` with no value read.
-fn absent(devices: &[Device]) -> Vec<DeviceSample> {
-    devices
-        .iter()
-        .map(|d| DeviceSample::of(d.physical_id))
-        .collect()
 }
 
 /// The events-file form of a sample.

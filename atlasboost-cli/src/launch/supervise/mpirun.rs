@@ -23,12 +23,12 @@ use super::{
     DRAIN_AFTER_KILL, Ending, JobResult, Lifeline, MPIRUN, Role, RunPlan, Running, Signals,
     Supervisor, WorkerPlan, peek_ending, spawn,
 };
+use crate::error::CliError;
+use crate::exit::ExitCodes;
 
 /// How long a rank's end by SIGTERM (SIGINT, SIGHUP) waits for mpirun's, to tell a rank that
 /// mpirun's daemons stopped as mpirun died from one that failed ([`Supervisor::mpirun_died_first`]).
 const MPIRUN_END_WAIT: Duration = Duration::from_millis(100);
-use crate::error::CliError;
-use crate::exit::ExitCodes;
 
 /// What the launcher of `run --mpi` starts and watches ([`run_mpirun`]).
 #[derive(Debug)]
