@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -118,20 +119,30 @@ def run_python(
 
 
 def free_port_pair() -> int:
-    """A port p such that p and p + 1 are free now (MASTER_PORT, and the rendezvous at + 1)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("0.0.0.0", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
+    """A port p such that p and p + 1 are free now (MASTER_PORT, and the rendezvous at + 1).
+
+    Picked below the kernel's ephemeral range: a port the kernel hands out on its own (bind to
+    0) is one it may also give the next outgoing connection, which took p + 1 from under a
+    test once (CI: "cannot bind ...: Address already in use").
+    """
+    low = ephemeral_range()[0]
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, low - 1)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("0.0.0.0", port))
+                b.bind(("0.0.0.0", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no two free ports in a row in 20000..{low - 1}")
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel picks from for outgoing connections (ip_local_port_range)."""
+    text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    return int(text[0]), int(text[1])
 
 
 # The original tool's usage, then a report of what the process sees: one line `REPORT {json}`.

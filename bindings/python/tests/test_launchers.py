@@ -428,13 +428,17 @@ def test_two_threads_calling_init_meet_once_and_a_handlers_shutdown_ends_the_wai
                 sys.exit(143)
             signal.signal(signal.SIGTERM, stop)
             threading.Timer(1, os.kill, (os.getpid(), signal.SIGTERM)).start()
-            os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 2)
+            os.environ["MASTER_PORT"] = os.environ["SECOND_MASTER_PORT"]
             atlasboost.init()              # alone now: waits for a rank 1 that never comes
             print("not reached", flush=True)
     """
-    procs = [start([PYTHON, "-c", textwrap.dedent(code)], env=torchrun_env(0, 2, port, table), cwd=tmp_path)]
+    second = free_port_pair()
+    while abs(second - port) < 2:
+        second = free_port_pair()
+    env = {rank: torchrun_env(rank, 2, port, table, SECOND_MASTER_PORT=str(second)) for rank in (0, 1)}
+    procs = [start([PYTHON, "-c", textwrap.dedent(code)], env=env[0], cwd=tmp_path)]
     time.sleep(1)
-    procs.append(start([PYTHON, "-c", textwrap.dedent(code)], env=torchrun_env(1, 2, port, table), cwd=tmp_path))
+    procs.append(start([PYTHON, "-c", textwrap.dedent(code)], env=env[1], cwd=tmp_path))
     zero, one = wait_all(procs, timeout=60)
     assert one.returncode == 0 and one.stdout.split() == ["ranks", "1", "1"], one.describe()
     assert zero.returncode == 143 and zero.stdout.split() == ["ranks", "0", "0"], zero.describe()
