@@ -65,10 +65,11 @@
   `true` for the agent. Run it inside the real Slurm of tests/slurm-cluster.sh (or any Slurm
   with a few idle nodes).
 
-Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH) and, for launch and
-output, OpenMPI (`apt-get install openmpi-bin`). As root, mpirun needs
---allow-run-as-root, which these commands pass; --oversubscribe lets 8 ranks share fewer cores.
-The exact command lines and the machine are printed first, for docs/PERFORMANCE.md.
+Needs `cargo build --release -p atlasboost-cli` (or --atlasboost PATH), then, for launch's
+`run --mpi`, `scripts/build-static-relay.sh` (the relay each rank runs, static; the launch
+prints which relay it measures), and, for launch and output, OpenMPI (`apt-get install
+openmpi-bin`). As root, mpirun needs --allow-run-as-root, which these commands pass;
+--oversubscribe lets 8 ranks share fewer cores. The exact command lines and the machine are printed first, for docs/PERFORMANCE.md.
 `--only` restricts a benchmark to some of its contenders (e.g. `--only mpirun,raw`).
 """
 
@@ -332,6 +333,24 @@ def build_wrapper(tmp):
     return cc, str(exe)
 
 
+def describe_relay(atlasboost):
+    """Which relay `run --mpi` starts as each rank, as the launcher chooses it (every rank on
+    this machine): `atlasboost-relay` beside it, and whether that is statically linked."""
+    relay = Path(atlasboost).parent / "atlasboost-relay"
+    if not os.access(relay, os.X_OK):
+        return f"`{atlasboost} relay` (no {relay}: build it with scripts/build-static-relay.sh)"
+    # An ELF executable with a PT_INTERP program header (type 3) is dynamically linked.
+    data = relay.read_bytes()[:4096]
+    phoff, phentsize, phnum = (int.from_bytes(data[0x20:0x28], "little"),
+                               int.from_bytes(data[0x36:0x38], "little"),
+                               int.from_bytes(data[0x38:0x3a], "little"))
+    types = [int.from_bytes(data[phoff + i * phentsize:phoff + i * phentsize + 4], "little")
+             for i in range(phnum)]
+    linked = "dynamically linked: scripts/build-static-relay.sh links it statically" if 3 in types \
+        else "statically linked"
+    return f"{relay} ({linked})"
+
+
 def cmd_launch(args):
     if args.runs < 1:
         die("--runs must be at least 1")
@@ -361,6 +380,8 @@ def cmd_launch(args):
     add_baseline(args, names, tools, cmds)
     print("# launch: start 8 ranks of `true` and wait for them\n")
     print_machine(tools)
+    if "atlasboost-mpi" in names:
+        print(f"relay:      {describe_relay(tools['atlasboost'])}\n")
     print_commands(cmds)
     times = time_alternating(names, cmds, args.runs)
     if tmp:

@@ -134,6 +134,12 @@ awk '/^test result:/ || /^=+ .* in [0-9.]+s/ { for (i = 1; i <= NF; i++) { if ($
     { echo "scripts/test.sh: cargo test ran no test" >&2; exit 1; }
 totals=$(cat "$log.total")
 
+step "the statically linked relay (scripts/build-static-relay.sh) runs every rank of run --mpi"
+bash scripts/build-static-relay.sh --debug --quiet
+out=$(target/debug/atlasboost run -q --mpi --sim 4 -- sh -c 'readlink /proc/$PPID/exe')
+[[ $(grep -cx "\[[0-3]\]<stdout>:$PWD/target/debug/atlasboost-relay" <<<"$out") == 4 ]] ||
+    { echo "$out"; echo "scripts/test.sh: the ranks did not run the static relay" >&2; exit 1; }
+
 step "a 3-server job and a 6-server launch tree across network namespaces, over ssh (skips, saying why, where not allowed)"
 cargo build --quiet -p atlasboost-cli
 bash tests/netns-cluster.sh

@@ -30,7 +30,7 @@ use clap::Parser;
 use crate::cli::{Cli, Command};
 use crate::error::CliError;
 use crate::exit::ExitCodes;
-use crate::printer::Printer;
+use crate::printer::{Printer, to_stderr};
 
 /// How atlasboost starts itself again (remote hosts' `agent`, the ranks' `relay`): set
 /// once by [`main_with`]; by default this executable.
@@ -48,6 +48,41 @@ pub fn self_command() -> Result<Vec<OsString>, CliError> {
     std::env::current_exe()
         .map(|p| vec![p.into_os_string()])
         .map_err(CliError::system("find the atlasboost executable"))
+}
+
+/// The name of the relay program, built beside `atlasboost` (`atlasboost-relay -- COMMAND`).
+pub const RELAY_PROGRAM: &str = "atlasboost-relay";
+
+/// The relay program beside this executable, when it is there and this process is the
+/// `atlasboost` executable itself (not a program that embeds it through [`main_with`]).
+#[must_use]
+pub fn relay_program() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if SELF_COMMAND.get().is_some() {
+        return None;
+    }
+    let path = std::env::current_exe().ok()?.parent()?.join(RELAY_PROGRAM);
+    let meta = std::fs::metadata(&path).ok()?;
+    (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(path)
+}
+
+/// The `atlasboost-relay` program's `main`: `atlasboost-relay -- COMMAND...`, what `atlasboost
+/// relay -- COMMAND...` does, in a program of its own that starts faster (a relay is on every
+/// rank's path: docs/PERFORMANCE.md).
+pub fn relay_entry() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    match args.split_first() {
+        Some((dashes, command)) if dashes == "--" && !command.is_empty() => {
+            ExitCode::from(launch::mpi::relay_main(command))
+        }
+        _ => {
+            to_stderr(&format!(
+                "{RELAY_PROGRAM}: error: usage: {RELAY_PROGRAM} -- COMMAND [ARGS]... (mpirun \
+                 starts it for `atlasboost run --mpi`, not by hand)\n"
+            ));
+            ExitCode::from(ExitCodes::USAGE)
+        }
+    }
 }
 
 /// Parses the command line, runs the command, prints any error, and returns the exit code.

@@ -41,6 +41,15 @@ fn run_mpi(ranks: u32) -> Run {
         .timeout(Duration::from_secs(90))
 }
 
+/// Whether process `pid` is a rank's relay: `atlasboost relay -- ...` or `atlasboost-relay --
+/// ...`.
+fn is_relay(pid: i32) -> bool {
+    atlasboost_e2e::cmdline(pid).is_some_and(|c| {
+        c.get(1).is_some_and(|a| a == "relay")
+            || c.first().is_some_and(|p| p.ends_with("/atlasboost-relay"))
+    })
+}
+
 /// `run --mpi` of 2 ranks with `--grace 1`, each running the shell `script`.
 fn two_ranks_sh(script: &str) -> Run {
     run_mpi(2).args(["--grace", "1", "--", "sh", "-c", script])
@@ -501,6 +510,93 @@ fn a_relay_started_by_hand_says_what_it_is_for() {
     );
 }
 
+/// Each rank's relay's command line, as its worker sees it (`/proc/$PPID/cmdline`), by rank.
+fn relay_command_lines(run: Run) -> BTreeMap<u32, String> {
+    let f = run
+        .args([
+            "-q",
+            "--",
+            "sh",
+            "-c",
+            r#"tr '\0' ' ' < /proc/$PPID/cmdline; echo"#,
+        ])
+        .run();
+    f.assert_code(0);
+    let lines = lines_by_rank(&f.out(), "stdout");
+    lines
+        .into_iter()
+        .map(|(rank, mut l)| (rank, l.pop().unwrap_or_default()))
+        .collect()
+}
+
+#[test]
+fn ranks_here_run_the_relay_program_beside_atlasboost_and_others_atlasboost_relay() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let bin = atlasboost_e2e::atlasboost_bin();
+    let relay = bin.with_file_name("atlasboost-relay");
+    assert!(relay.is_file(), "{} is not built", relay.display());
+    // Every rank here: the relay program (as scripts/build-static-relay.sh links it, or not).
+    let here = relay_command_lines(run_mpi(2));
+    assert_eq!(here.len(), 2, "{here:?}");
+    for line in here.values() {
+        assert!(
+            line.starts_with(&format!("{} -- sh -c ", relay.display())),
+            "{line}"
+        );
+    }
+    // Hosts given (mpirun may start ranks elsewhere, where only atlasboost is sure to be):
+    // `atlasboost relay`.
+    let listed = relay_command_lines(run_mpi(2).args(["-H", "localhost:2"]));
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    for line in listed.values() {
+        assert!(
+            line.starts_with(&format!("{} relay -- sh -c ", bin.display())),
+            "{line}"
+        );
+    }
+    // An atlasboost without the relay program beside it relays with itself.
+    let alone = run_mpi(2);
+    let copy = alone.dir().join("alone").join("atlasboost");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::copy(&bin, &copy).unwrap_or_else(|e| panic!("cannot copy {}: {e}", bin.display()));
+    let by_itself = relay_command_lines(alone.program(&copy));
+    assert_eq!(by_itself.len(), 2, "{by_itself:?}");
+    for line in by_itself.values() {
+        assert!(
+            line.starts_with(&format!("{} relay -- sh -c ", copy.display())),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn the_relay_program_started_by_hand_says_what_it_is_for() {
+    let relay = atlasboost_e2e::atlasboost_bin().with_file_name("atlasboost-relay");
+    for args in [&[][..], &["true"][..], &["--"][..]] {
+        let f = Run::new(args).program(&relay).run();
+        f.assert_code(2);
+        assert!(
+            f.err().contains(
+                "usage: atlasboost-relay -- COMMAND [ARGS]... (mpirun starts it for \
+                 `atlasboost run --mpi`, not by hand)"
+            ),
+            "{}",
+            f.describe()
+        );
+    }
+    // With a command, it needs what mpirun and the launcher give it, as `atlasboost relay`.
+    let f = Run::new(["--", "true"]).program(&relay).run();
+    f.assert_code(2);
+    assert!(
+        f.err()
+            .contains("is started by mpirun for `atlasboost run --mpi`"),
+        "{}",
+        f.describe()
+    );
+}
+
 #[test]
 fn relays_on_hosts_that_mpirun_reaches_over_ssh_report_to_the_launcher() {
     if mpirun_or_skip().is_none() {
@@ -608,7 +704,7 @@ fn a_relay_killed_on_a_host_reached_over_ssh_leaves_no_setsid_child() {
         .map(|w| w.ppid)
         .expect("a worker runs");
     assert!(
-        atlasboost_e2e::cmdline(relay).is_some_and(|c| c.iter().any(|a| a == "relay")),
+        is_relay(relay),
         "the worker's parent is a relay: {:?}",
         atlasboost_e2e::cmdline(relay)
     );
@@ -996,9 +1092,7 @@ fn a_relay_stopped_while_the_console_is_held_keeps_its_frames_whole() {
     });
     let worker = worker.unwrap_or_else(|| panic!("rank 0's worker did not start within 30 s"));
     std::thread::sleep(Duration::from_secs(1));
-    // Its relay: the nearest ancestor that is `atlasboost relay` (seq's parent is the sh).
-    let is_relay =
-        |pid: i32| atlasboost_e2e::cmdline(pid).is_some_and(|c| c.iter().any(|a| a == "relay"));
+    // Its relay: the nearest ancestor that is a relay (seq's parent is the sh).
     let relay = std::iter::successors(Some(worker.ppid), |&pid| {
         atlasboost_e2e::proc_stat(pid).map(|p| p.ppid)
     })

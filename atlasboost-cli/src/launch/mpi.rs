@@ -3,7 +3,8 @@
 //!
 //! atlasboost builds the `mpirun` command, prints it with `-v`, and runs it with the same
 //! lifetime rules as its own workers: its own process group, killed with the launcher. mpirun
-//! starts each rank as `atlasboost relay -- COMMAND` ([`relay_main`]): the relay runs the
+//! starts each rank as `atlasboost relay -- COMMAND` ([`relay_main`]; `atlasboost-relay --
+//! COMMAND` where that program is beside atlasboost and every rank is here): the relay runs the
 //! worker and sends its lines and its exit to the launcher over a connection of its own
 //! ([`relay`](super::relay) says why), so `--mpi` prints what atlasboost's own launches print
 //! (whole lines tagged `[rank]<stdout>:`, `--timestamp`, `--ranks`, `--log-dir`, the summary)
@@ -118,10 +119,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     })?;
     let relay_address = door.address();
     let master_addr = master_address(&resolved, relay_ip);
-    let relay = match &args.remote_atlasboost {
-        Some(p) => vec![p.clone().into_os_string()],
-        None => crate::self_command()?,
-    };
+    let relay = relay_prefix(args.remote_atlasboost.as_deref(), hosts.is_empty())?;
     check_argv_fits_open_mpi(&relay, &args.command)?;
     let command = mpirun_command(&MpirunJob {
         program: mpirun_program(),
@@ -285,7 +283,7 @@ pub struct MpirunJob<'a> {
     pub as_root: bool,
     /// A port free on this machine, for `MASTER_PORT` when the job runs here.
     pub master_port: Option<u16>,
-    /// How the hosts start atlasboost (`relay` is appended).
+    /// What each rank runs before the command: the relay and its `--` (`atlasboost relay --`).
     pub relay: &'a [OsString],
     /// Where the relays connect (`address:port`).
     pub relay_address: &'a str,
@@ -464,12 +462,31 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     cmd
 }
 
-/// What mpirun starts as each rank: the relay (`atlasboost relay -- COMMAND`).
+/// What mpirun starts as each rank: the relay (`relay`, [`relay_prefix`]) and the command.
 fn rank_command(relay: &[OsString], command: &[OsString]) -> Vec<OsString> {
     let mut rank = relay.to_vec();
-    rank.extend(["relay".into(), "--".into()]);
     rank.extend(command.iter().cloned());
     rank
+}
+
+/// The relay's part of each rank's command: `atlasboost-relay --` from beside this executable
+/// when every rank is on this machine and it is there (built statically, it starts in about a
+/// third of the time: docs/PERFORMANCE.md), else `atlasboost relay --` (`remote_atlasboost`,
+/// or this executable), which every host that has atlasboost has.
+fn relay_prefix(
+    remote_atlasboost: Option<&Path>,
+    every_rank_here: bool,
+) -> Result<Vec<OsString>, CliError> {
+    let program = crate::relay_program().filter(|_| every_rank_here && remote_atlasboost.is_none());
+    if let Some(program) = program {
+        return Ok(vec![program.into_os_string(), "--".into()]);
+    }
+    let mut prefix = match remote_atlasboost {
+        Some(p) => vec![p.as_os_str().to_owned()],
+        None => crate::self_command()?,
+    };
+    prefix.extend(["relay".into(), "--".into()]);
+    Ok(prefix)
 }
 
 /// Options that `--mpi` cannot honour are refused, never ignored.
@@ -929,7 +946,7 @@ mod tests {
             exports: &[("FOO".into(), "s3cr3t v".into())],
             as_root,
             master_port: Some(29555),
-            relay: &["/opt/atlasboost".into()],
+            relay: &["/opt/atlasboost".into(), "relay".into(), "--".into()],
             relay_address: "10.0.0.9:4000",
             relay_local: Some("atlasboost-relays-ab-1-4000"),
             master_addr: if hosts.is_empty() {

@@ -20,7 +20,8 @@ The choice is printed (`pip install -v` shows it) and the installed package tell
 The wheel also carries the `atlasboost` command (`atlasboost/_bin/atlasboost`, built here
 from `atlasboost-cli` with the same features, into the python source directory and removed
 again after a wheel is made): the console script and `python -m atlasboost` run it, so the
-native module links library mode only.
+native module links library mode only. Beside it goes the relay that `run --mpi` starts as
+every rank (`atlasboost/_bin/atlasboost-relay`), statically linked where the machine can.
 
 Everything else is maturin's: every hook delegates to it.
 """
@@ -156,20 +157,60 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 COMMAND = PACKAGE_DIR / "python" / "atlasboost" / "_bin" / "atlasboost"
 
 
+RELAY = COMMAND.with_name("atlasboost-relay")
+
+
 def place_command(features: list) -> None:
-    """Builds the `atlasboost` command (release, `features`) and copies it to COMMAND, where
-    maturin packs it with the python sources. Raises SystemExit (as maturin's failures do)
-    when cargo fails."""
-    cmd = ["cargo", "build", "--release", "-p", "atlasboost-cli", *features,
-           "--message-format=json-render-diagnostics"]
+    """Builds the `atlasboost` command (release, `features`) and copies it to COMMAND, and the
+    relay program, statically linked, to RELAY, where maturin packs them with the python
+    sources. Raises SystemExit (as maturin's failures do) when the command's build fails."""
+    built = cargo_executable(["build", "--release", "-p", "atlasboost-cli", *features], "atlasboost")
+    if built is None:
+        raise SystemExit("atlasboost build: building the atlasboost command failed (above)")
+    COMMAND.parent.mkdir(exist_ok=True)
+    copy_without_debug_information(built, COMMAND)
+    place_relay(features)
+
+
+def place_relay(features: list) -> None:
+    """The relay that `atlasboost run --mpi` starts as every rank on its machine, built as
+    scripts/build-static-relay.sh builds it: statically linked, it starts without the dynamic
+    loader (docs/PERFORMANCE.md). Where it cannot be linked statically, the package goes
+    without it, saying so, and the command relays with itself: a build with MPI support (its
+    programs link the MPI library, which comes as a shared library only; a relay built apart
+    without it would compile two crates again, a minute more of every install), or a machine
+    without a static C library."""
+    RELAY.unlink(missing_ok=True)
+    if "mpi" in features:
+        print("atlasboost build: no statically linked relay in a build with MPI support (the MPI "
+              "library is shared only): `atlasboost run --mpi` starts each rank as `atlasboost "
+              "relay`, which works, a few milliseconds slower", file=sys.stderr, flush=True)
+        return
+    built = cargo_executable(["rustc", "--release", "-p", "atlasboost-cli", "--bin", "atlasboost-relay",
+                              *features], "atlasboost-relay",
+                             rustc_args=["-C", "target-feature=+crt-static"])
+    if built is None:
+        print("atlasboost build: the statically linked relay did not build (above); `atlasboost run "
+              "--mpi` will start each rank as `atlasboost relay`, which works, a few milliseconds "
+              "slower", file=sys.stderr, flush=True)
+        return
+    copy_without_debug_information(built, RELAY)
+
+
+def cargo_executable(command: list, name: str, rustc_args: tuple = ()) -> Optional[str]:
+    """Runs `cargo COMMAND` in the workspace (`-- RUSTC_ARGS` after it) and returns the path of
+    the executable `name` it built; None when cargo fails or built none (cargo said why)."""
+    cmd = ["cargo", *command, "--message-format=json-render-diagnostics"]
+    if rustc_args:
+        cmd += ["--", *rustc_args]
     print(f"atlasboost build: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     try:
         done = subprocess.run(cmd, cwd=PACKAGE_DIR, stdout=subprocess.PIPE, text=True)
     except OSError as e:
         raise SystemExit(f"atlasboost build: cannot run cargo: {e}") from None
     if done.returncode != 0:
-        raise SystemExit(f"atlasboost build: building the atlasboost command failed "
-                         f"(cargo exited {done.returncode}, above)")
+        print(f"atlasboost build: cargo exited {done.returncode}", file=sys.stderr, flush=True)
+        return None
     built = None
     for line in done.stdout.splitlines():
         try:
@@ -177,24 +218,28 @@ def place_command(features: list) -> None:
         except ValueError:
             continue
         target = message.get("target") or {}
-        if (message.get("reason") == "compiler-artifact" and target.get("name") == "atlasboost"
+        if (message.get("reason") == "compiler-artifact" and target.get("name") == name
                 and "bin" in target.get("kind", []) and message.get("executable")):
             built = message["executable"]
     if built is None:
-        raise SystemExit("atlasboost build: cargo built no atlasboost executable")
-    COMMAND.parent.mkdir(exist_ok=True)
-    shutil.copyfile(built, COMMAND)
-    COMMAND.chmod(0o755)
-    # The workspace keeps line tables in release builds (44 MB); the wheel's command, like its
-    # native module (pyproject's `strip`), goes without them (panics still name file and line).
+        print(f"atlasboost build: cargo built no {name} executable", file=sys.stderr, flush=True)
+    return built
+
+
+def copy_without_debug_information(built: str, dest: Path) -> None:
+    """Copies the executable `built` to `dest`, stripped of its debug information: the
+    workspace keeps line tables in release builds (44 MB); the wheel's programs, like its native
+    module (pyproject's `strip`), go without them (panics still name file and line)."""
+    shutil.copyfile(built, dest)
+    dest.chmod(0o755)
     strip = shutil.which("strip")
     if strip is None:
-        print("atlasboost build: no `strip` on PATH: the atlasboost command keeps its debug "
-              "information", file=sys.stderr, flush=True)
-    elif subprocess.run([strip, "--strip-debug", str(COMMAND)]).returncode != 0:
+        print(f"atlasboost build: no `strip` on PATH: {dest.name} keeps its debug information",
+              file=sys.stderr, flush=True)
+    elif subprocess.run([strip, "--strip-debug", str(dest)]).returncode != 0:
         # (A cross build's binary, which this host's strip cannot read: still a working wheel.)
-        print(f"atlasboost build: `strip --strip-debug {COMMAND}` failed (above): the "
-              "atlasboost command keeps its debug information", file=sys.stderr, flush=True)
+        print(f"atlasboost build: `strip --strip-debug {dest}` failed (above): {dest.name} "
+              "keeps its debug information", file=sys.stderr, flush=True)
 
 
 def remove_command() -> None:

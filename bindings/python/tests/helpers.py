@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -137,6 +138,17 @@ def free_port_pair() -> int:
             continue
         return port
     raise RuntimeError(f"no two free ports in a row in 20000..{low - 1}")
+
+
+def need_mpirun() -> str:
+    """mpirun's path; skips the test, saying why, where Open MPI is not installed, and fails it
+    where it should be (scripts/test-python.sh installs it: ATLASBOOST_PYTHON_REQUIRE_MPI=1)."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        if os.environ.get("ATLASBOOST_PYTHON_REQUIRE_MPI") == "1":
+            pytest.fail("mpirun is not installed, but scripts/test-python.sh installed Open MPI")
+        pytest.skip("mpirun is not installed (Debian: openmpi-bin)")
+    return mpirun
 
 
 def ephemeral_range() -> tuple[int, int]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ATLASBOOST, PYTHON, clean_env, run, start
+from helpers import ATLASBOOST, PYTHON, clean_env, need_mpirun, run, start
 
 COMMANDS = [
     pytest.param([ATLASBOOST], id="console-script"),
@@ -81,14 +81,9 @@ def test_a_small_launch(tmp_path: Path, command: list[str]) -> None:
 
 
 def test_run_mpi_from_the_package_prints_whole_lines(tmp_path: Path) -> None:
-    """`atlasboost run --mpi` of the package: mpirun starts each rank as `atlasboost relay` (the
-    package's command), which sends the worker's lines to the launcher whole, however they were written."""
-    import shutil
-
-    if shutil.which("mpirun") is None:
-        if os.environ.get("ATLASBOOST_PYTHON_REQUIRE_MPI") == "1":
-            pytest.fail("mpirun is not installed, but scripts/test-python.sh installed Open MPI")
-        pytest.skip("mpirun is not installed (Debian: openmpi-bin)")
+    """`atlasboost run --mpi` of the package: mpirun starts each rank as the package's relay,
+    which sends the worker's lines to the launcher whole, however they were written."""
+    need_mpirun()
     code = "import os\nr = os.environ['OMPI_COMM_WORLD_RANK']\nfor i in range(1000):\n    print(r, i, 'end')\n"
     r = run([ATLASBOOST, "run", "--mpi", "--sim", "4", "--", PYTHON, "-c", code], cwd=tmp_path, timeout=90)
     assert r.returncode == 0, r.describe()
@@ -98,6 +93,37 @@ def test_run_mpi_from_the_package_prints_whole_lines(tmp_path: Path) -> None:
         mine = [line for line in lines if line.startswith(f"[{rank}]<stdout>:")]
         assert mine == [f"[{rank}]<stdout>:{rank} {i} end" for i in range(1000)], (rank, mine[:3])
     assert "4 succeeded, 0 failed" in r.stderr, r.describe()
+
+
+def test_run_mpi_from_the_package_starts_its_static_relay_as_every_rank(tmp_path: Path) -> None:
+    """A wheel without MPI support carries the relay program beside the command, statically
+    linked and without debug information, and `run --mpi` with every rank here starts it as
+    each rank; one with MPI support (whose MPI library is shared only) relays with the command."""
+    import shutil
+    import subprocess
+
+    import atlasboost
+
+    need_mpirun()
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf is not installed (Debian: binutils)")
+    programs = Path(atlasboost.__file__).resolve().parent / "_bin"
+    relay = programs / "atlasboost-relay"
+    if atlasboost.build_info()["mpi"]:
+        assert not relay.exists(), relay
+        expected = programs / "atlasboost"
+    else:
+        assert relay.is_file(), relay
+        headers = subprocess.run([readelf, "--program-headers", "--sections", "-W", str(relay)],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout
+        assert "LOAD" in headers and "INTERP" not in headers, headers
+        assert ".debug_info" not in headers, headers
+        expected = relay
+    r = run([ATLASBOOST, "run", "-q", "--mpi", "--sim", "2", "--", "sh", "-c", "readlink /proc/$PPID/exe"],
+            cwd=tmp_path, timeout=90)
+    assert r.returncode == 0, r.describe()
+    assert sorted(r.stdout.split()) == [f"[0]<stdout>:{expected}", f"[1]<stdout>:{expected}"], r.describe()
 
 
 def test_python3_on_path_is_this_interpreter_in_a_launch(tmp_path: Path) -> None:

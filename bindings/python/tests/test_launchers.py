@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import textwrap
 import time
@@ -20,6 +19,7 @@ from helpers import (
     clean_env,
     finish,
     free_port_pair,
+    need_mpirun,
     report_files,
     reports,
     run,
@@ -28,7 +28,6 @@ from helpers import (
     wait_all,
 )
 
-MPIRUN = shutil.which("mpirun")
 # mpirun's options for this machine: root (CI), and more ranks than its 2 cores.
 MPIRUN_OPTIONS = ["--allow-run-as-root", "--oversubscribe"]
 
@@ -56,14 +55,6 @@ def test_under_atlasboost_run(tmp_path: Path, worker: Path, hosts: list[str], ho
         assert rep["launcher_rank"] == rep["rank"], rep
         assert rep["env"]["ATLASBOOST_FRAMEWORK"] == "tensorflow", rep
     assert "4 succeeded, 0 failed" in r.stderr, r.describe()
-
-
-def need_mpirun() -> str:
-    if MPIRUN is None:
-        if os.environ.get("ATLASBOOST_PYTHON_REQUIRE_MPI") == "1":
-            pytest.fail("mpirun is not installed, but the package was built with MPI support")
-        pytest.skip("mpirun is not installed (Debian: openmpi-bin)")
-    return MPIRUN
 
 
 def test_under_mpirun(tmp_path: Path, worker: Path) -> None:
