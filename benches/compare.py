@@ -336,19 +336,15 @@ def build_wrapper(tmp):
 def describe_relay(atlasboost):
     """Which relay `run --mpi` starts as each rank, as the launcher chooses it (every rank on
     this machine): `atlasboost-relay` beside it, and whether that is statically linked."""
-    relay = Path(atlasboost).parent / "atlasboost-relay"
-    if not os.access(relay, os.X_OK):
+    relay = Path(atlasboost).resolve().parent / "atlasboost-relay"
+    if not (relay.is_file() and os.access(relay, os.X_OK)):
         return f"`{atlasboost} relay` (no {relay}: build it with scripts/build-static-relay.sh)"
-    # An ELF executable with a PT_INTERP program header (type 3) is dynamically linked.
-    data = relay.read_bytes()[:4096]
-    phoff, phentsize, phnum = (int.from_bytes(data[0x20:0x28], "little"),
-                               int.from_bytes(data[0x36:0x38], "little"),
-                               int.from_bytes(data[0x38:0x3a], "little"))
-    types = [int.from_bytes(data[phoff + i * phentsize:phoff + i * phentsize + 4], "little")
-             for i in range(phnum)]
-    linked = "dynamically linked: scripts/build-static-relay.sh links it statically" if 3 in types \
-        else "statically linked"
-    return f"{relay} ({linked})"
+    check = subprocess.run(["bash", str(REPO / "scripts" / "build-static-relay.sh"), "--check", str(relay)],
+                           capture_output=True, text=True)
+    said = (check.stdout or check.stderr).strip()
+    if check.returncode == 1:
+        said += ": scripts/build-static-relay.sh links it statically"
+    return said
 
 
 def cmd_launch(args):

@@ -134,11 +134,13 @@ awk '/^test result:/ || /^=+ .* in [0-9.]+s/ { for (i = 1; i <= NF; i++) { if ($
     { echo "scripts/test.sh: cargo test ran no test" >&2; exit 1; }
 totals=$(cat "$log.total")
 
-step "the statically linked relay (scripts/build-static-relay.sh) runs every rank of run --mpi"
+step "the statically linked relay (scripts/build-static-relay.sh) under run --mpi's end-to-end tests"
 bash scripts/build-static-relay.sh --debug --quiet
 out=$(target/debug/atlasboost run -q --mpi --sim 4 -- sh -c 'readlink /proc/$PPID/exe')
-[[ $(grep -cx "\[[0-3]\]<stdout>:$PWD/target/debug/atlasboost-relay" <<<"$out") == 4 ]] ||
+[[ $(grep -cx "\[[0-3]\]<stdout>:$(pwd -P)/target/debug/atlasboost-relay" <<<"$out") == 4 ]] ||
     { echo "$out"; echo "scripts/test.sh: the ranks did not run the static relay" >&2; exit 1; }
+# The e2e tests build nothing of atlasboost-cli: they run the static relay just built.
+ATLASBOOST_E2E_REQUIRE_MPIRUN=1 cargo test --quiet -p atlasboost-e2e --test e2e -- mpirun::
 
 step "a 3-server job and a 6-server launch tree across network namespaces, over ssh (skips, saying why, where not allowed)"
 cargo build --quiet -p atlasboost-cli

@@ -50,38 +50,41 @@ pub fn self_command() -> Result<Vec<OsString>, CliError> {
         .map_err(CliError::system("find the atlasboost executable"))
 }
 
-/// The name of the relay program, built beside `atlasboost` (`atlasboost-relay -- COMMAND`).
-pub const RELAY_PROGRAM: &str = "atlasboost-relay";
-
-/// The relay program beside this executable, when it is there and this process is the
-/// `atlasboost` executable itself (not a program that embeds it through [`main_with`]).
+/// The relay program beside this executable ([`launch::mpi::relay_beside`]), unless
+/// [`main_with`] was given another command that starts atlasboost (the embedding program's
+/// directory is not atlasboost's).
 #[must_use]
 pub fn relay_program() -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     if SELF_COMMAND.get().is_some() {
         return None;
     }
-    let path = std::env::current_exe().ok()?.parent()?.join(RELAY_PROGRAM);
-    let meta = std::fs::metadata(&path).ok()?;
-    (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(path)
+    launch::mpi::relay_beside(std::env::current_exe().ok()?.parent()?)
 }
 
 /// The `atlasboost-relay` program's `main`: `atlasboost-relay -- COMMAND...`, what `atlasboost
-/// relay -- COMMAND...` does, in a program of its own that starts faster (a relay is on every
-/// rank's path: docs/PERFORMANCE.md).
+/// relay -- COMMAND...` does, in a program of its own, which statically linked starts faster
+/// (a relay is on every rank's path: docs/PERFORMANCE.md).
 pub fn relay_entry() -> ExitCode {
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    match args.split_first() {
-        Some((dashes, command)) if dashes == "--" && !command.is_empty() => {
-            ExitCode::from(launch::mpi::relay_main(command))
-        }
-        _ => {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let code = match args.get(1..).and_then(relay_command) {
+        Some(command) => launch::mpi::relay_program_main(command),
+        None => {
+            let name = launch::mpi::RELAY_PROGRAM;
             to_stderr(&format!(
-                "{RELAY_PROGRAM}: error: usage: {RELAY_PROGRAM} -- COMMAND [ARGS]... (mpirun \
-                 starts it for `atlasboost run --mpi`, not by hand)\n"
+                "{name}: error: usage: {name} -- COMMAND [ARGS]... (mpirun starts it for \
+                 `atlasboost run --mpi`, not by hand)\n"
             ));
-            ExitCode::from(ExitCodes::USAGE)
+            ExitCodes::USAGE
         }
+    };
+    ExitCode::from(code)
+}
+
+/// A relay's worker command: what follows its `--`, when something does.
+fn relay_command(args: &[OsString]) -> Option<&[OsString]> {
+    match args {
+        [dashes, command @ ..] if dashes == "--" && !command.is_empty() => Some(command),
+        _ => None,
     }
 }
 
@@ -113,10 +116,9 @@ fn run_command_line(args: Vec<OsString>) -> u8 {
     // mpirun starts `atlasboost relay -- COMMAND...` once per rank of `run --mpi`, and a
     // launch waits for the last of them: building clap's whole command tree first cost each
     // relay about a third of its start (docs/PERFORMANCE.md). Any other form goes to clap.
-    if let [_, relay, dashes, command @ ..] = args.as_slice()
+    if let [_, relay, rest @ ..] = args.as_slice()
         && relay == "relay"
-        && dashes == "--"
-        && !command.is_empty()
+        && let Some(command) = relay_command(rest)
     {
         return launch::mpi::relay_main(command);
     }

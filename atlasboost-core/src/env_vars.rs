@@ -94,6 +94,9 @@ impl EnvVars {
     /// `atlasboost run --mpi`: where each rank's relay (`atlasboost relay`, started by mpirun)
     /// sends the worker's output, `address:port` of the launcher.
     pub const ATLASBOOST_RELAY_ADDR: &'static str = "ATLASBOOST_RELAY_ADDR";
+    /// `atlasboost run --mpi`: the launcher's version and protocol, which the relay program
+    /// beside it (`atlasboost-relay`) must share: one of another build refuses to run.
+    pub const ATLASBOOST_RELAY_VERSION: &'static str = "ATLASBOOST_RELAY_VERSION";
     /// `atlasboost run --mpi`: the abstract Unix socket the relays on the launcher's host try
     /// before [`EnvVars::ATLASBOOST_RELAY_ADDR`].
     pub const ATLASBOOST_RELAY_LOCAL: &'static str = "ATLASBOOST_RELAY_LOCAL";

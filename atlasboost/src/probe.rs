@@ -365,8 +365,10 @@ fn job_devices(discovery: &Discovery) -> Option<std::collections::BTreeSet<u32>>
     discovery.devices.as_ref().map(|list| list.ids().collect())
 }
 
-/// The hccn.conf setting, else `$ATLASBOOST_HCCN_CONF`, else `/etc/hccn.conf`.
-fn hccn_conf(discovery: &Discovery) -> PathBuf {
+/// The hccn.conf setting, else `$ATLASBOOST_HCCN_CONF`, else `/etc/hccn.conf`: the file a probe
+/// that reads one reads.
+#[must_use]
+pub fn hccn_conf(discovery: &Discovery) -> PathBuf {
     discovery
         .hccn_conf
         .clone()

@@ -534,7 +534,8 @@ fn ranks_here_run_the_relay_program_beside_atlasboost_and_others_atlasboost_rela
     if mpirun_or_skip().is_none() {
         return;
     }
-    let bin = atlasboost_e2e::atlasboost_bin();
+    // As the launcher finds itself (`/proc/self/exe`) and mpirun names the relay.
+    let bin = std::fs::canonicalize(atlasboost_e2e::atlasboost_bin()).unwrap();
     let relay = bin.with_file_name("atlasboost-relay");
     assert!(relay.is_file(), "{} is not built", relay.display());
     // Every rank here: the relay program (as scripts/build-static-relay.sh links it, or not).
@@ -560,7 +561,10 @@ fn ranks_here_run_the_relay_program_beside_atlasboost_and_others_atlasboost_rela
     let alone = run_mpi(2);
     let copy = alone.dir().join("alone").join("atlasboost");
     std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
-    std::fs::copy(&bin, &copy).unwrap_or_else(|e| panic!("cannot copy {}: {e}", bin.display()));
+    if std::fs::hard_link(&bin, &copy).is_err() {
+        std::fs::copy(&bin, &copy).unwrap_or_else(|e| panic!("cannot copy {}: {e}", bin.display()));
+    }
+    let copy = std::fs::canonicalize(&copy).unwrap();
     let by_itself = relay_command_lines(alone.program(&copy));
     assert_eq!(by_itself.len(), 2, "{by_itself:?}");
     for line in by_itself.values() {
@@ -592,6 +596,27 @@ fn the_relay_program_started_by_hand_says_what_it_is_for() {
     assert!(
         f.err()
             .contains("is started by mpirun for `atlasboost run --mpi`"),
+        "{}",
+        f.describe()
+    );
+    // Started by a launcher of another build (a relay program left beside a newer atlasboost):
+    // refused before it connects or starts anything, naming itself and both versions.
+    let f = Run::new(["--", "true"])
+        .program(&relay)
+        .env("ATLASBOOST_RELAY_ADDR", "127.0.0.1:9")
+        .env("ATLASBOOST_RELAY_SECRET", "ab".repeat(32))
+        .env("ATLASBOOST_JOB_ID", "ab-1")
+        .env("ATLASBOOST_RELAY_VERSION", "0.0.9+atlasboost-agent-7")
+        .run();
+    f.assert_code(2);
+    let relay = std::fs::canonicalize(&relay).unwrap();
+    assert!(
+        f.err().contains(&format!(
+            "atlasboost-relay: error: this relay ({}) is atlasboost ",
+            relay.display()
+        )) && f
+            .err()
+            .contains("and the launcher that started it is atlasboost 0.0.9+atlasboost-agent-7"),
         "{}",
         f.describe()
     );

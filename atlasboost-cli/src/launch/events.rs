@@ -48,13 +48,43 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    /// Creates (or truncates) `path` for job `job`.
+    /// Creates (or empties) `path` for job `job`. A regular file is locked for the job
+    /// (another job's `--events` there is refused, not mixed in) and written at its end
+    /// (`O_APPEND`: a rotation that empties it under the job leaves no gap of zero bytes).
     ///
     /// # Errors
     ///
-    /// [`CliError::File`] naming the path, or the writer thread that cannot start.
+    /// [`CliError::File`] naming the path, or the writer thread that cannot start;
+    /// [`CliError::Failure`] for a file another job writes its events to.
     pub fn create(path: &Path, job: &str) -> Result<Events, CliError> {
-        let file = File::create(path).map_err(CliError::file("create the events file", path))?;
+        let file = File::options()
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(CliError::file("create the events file", path))?;
+        let file = match file.metadata().is_ok_and(|m| m.is_file()) {
+            // A pipe or a terminal: nothing to lock or empty.
+            false => EventsFile::Plain(file),
+            // Locked before it is emptied: a running job's events stay whole.
+            true => {
+                let locked = nix::fcntl::Flock::lock(
+                    file,
+                    nix::fcntl::FlockArg::LockExclusiveNonblock,
+                )
+                .map_err(|(_, errno)| match errno {
+                    nix::errno::Errno::EWOULDBLOCK => CliError::Failure(format!(
+                        "the events file {} is another running job's (it holds its lock): give \
+                         this job a file of its own",
+                        path.display()
+                    )),
+                    errno => CliError::file("lock the events file", path)(errno.into()),
+                })?;
+                locked
+                    .set_len(0)
+                    .map_err(CliError::file("empty the events file", path))?;
+                EventsFile::Locked(locked)
+            }
+        };
         let (lines, incoming) = mpsc::channel::<Vec<u8>>();
         let (finished, done) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
@@ -113,25 +143,47 @@ impl EventLog {
 /// The writer thread: each line with one `write_all`; after a failed write, the file is cut
 /// back to its last whole line (a reader of JSON Lines would choke on half of one), said once,
 /// and the rest is only counted off.
-fn write_lines(mut file: File, incoming: &Receiver<Vec<u8>>, queued: &AtomicUsize, path: &Path) {
-    let mut written = 0u64;
+/// The events' file: a regular file locked for the job, or a pipe or terminal.
+enum EventsFile {
+    Plain(File),
+    Locked(nix::fcntl::Flock<File>),
+}
+
+impl EventsFile {
+    fn file(&mut self) -> &mut File {
+        match self {
+            EventsFile::Plain(f) => f,
+            EventsFile::Locked(f) => f,
+        }
+    }
+}
+
+fn write_lines(
+    mut file: EventsFile,
+    incoming: &Receiver<Vec<u8>>,
+    queued: &AtomicUsize,
+    path: &Path,
+) {
+    let file = file.file();
+    // Only a regular file is cut back (not a pipe or a terminal).
+    let regular = file.metadata().is_ok_and(|m| m.is_file());
     let mut failed = false;
     for line in incoming {
         if !failed {
-            match file.write_all(&line) {
-                Ok(()) => written += line.len() as u64,
-                Err(e) => {
-                    failed = true;
-                    // (Only a regular file: not a pipe or a terminal.)
-                    if file.metadata().is_ok_and(|m| m.is_file()) {
-                        let _ = file.set_len(written);
-                    }
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "atlasboost: warning: cannot write the events file {}: {e}; no more events",
-                        path.display()
-                    );
+            // Where this line starts: the file may have been emptied under the job meanwhile.
+            let start = regular
+                .then(|| file.metadata().map(|m| m.len()).ok())
+                .flatten();
+            if let Err(e) = file.write_all(&line) {
+                failed = true;
+                if let Some(start) = start {
+                    let _ = file.set_len(start);
                 }
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "atlasboost: warning: cannot write the events file {}: {e}; no more events",
+                    path.display()
+                );
             }
         }
         queued.fetch_sub(line.len(), Ordering::Relaxed);
@@ -186,6 +238,54 @@ pub fn emit(events: Option<&Events>, event: &str, fields: Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A second job's `--events` at a running job's file is refused, and the first job's
+    /// events stay whole; a file emptied under the job (a rotation) goes on from its start.
+    #[test]
+    fn a_running_jobs_events_file_is_its_own_and_written_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let first = EventLog::create(&path, "ab-1").unwrap();
+        emit(Some(&first), "attempt_start", json!({}));
+        let Err(e) = EventLog::create(&path, "ab-2") else {
+            panic!("a second job's events at a running job's file were taken");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains(&format!(
+                "the events file {} is another running job's",
+                path.display()
+            )),
+            "{e}"
+        );
+        emit(Some(&first), "attempt_end", json!({}));
+        // Written by the time the writer has had a moment; then emptied, as copytruncate does.
+        let written = |n: usize| {
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while std::fs::read_to_string(&path).unwrap().lines().count() < n {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "the writer wrote nothing"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        written(2);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        emit(Some(&first), "summary", json!({}));
+        drop(first);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("{\""), "no gap of zero bytes: {text:?}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        // Its lock went with it: the next job takes the file.
+        let next = EventLog::create(&path, "ab-3").unwrap();
+        drop(next);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+    }
 
     #[test]
     fn every_line_is_one_object_with_time_event_and_job() {

@@ -53,6 +53,40 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// What of the job's own files `events` is, if any: creating the events file empties it, so
+/// no input of the job may be it (the hostfile, the hccn.conf the probe reads, a file the
+/// command names), and the table and its lock are replaced under it.
+fn taken_by_the_job(args: &RunSettings, events: &Path) -> Result<Option<String>, CliError> {
+    let wdir = worker_dir(args, false)?;
+    let table = wdir.join(&args.rank_table);
+    let mut taken = vec![
+        (table.clone(), "the rank table's path".to_string()),
+        (
+            atlasboost_core::ranktable::lock_path(&table),
+            "the rank table's lock file".into(),
+        ),
+        (
+            atlasboost::probe::hccn_conf(&args.discovery),
+            "the hccn.conf the probe reads".into(),
+        ),
+    ];
+    if let Some(hostfile) = &args.hostfile {
+        taken.push((hostfile.clone(), "the --hostfile".into()));
+    }
+    // The command's own files (its program, a script it runs), where they exist.
+    for arg in &args.command {
+        let path = wdir.join(arg);
+        if path.is_file() {
+            let shown = Path::new(arg).display().to_string();
+            taken.push((path, format!("a file the command names ({shown})")));
+        }
+    }
+    Ok(taken
+        .into_iter()
+        .find(|(path, _)| same_file(events, path))
+        .map(|(_, what)| what))
+}
+
 /// What can be refused before any worker starts, with or without `--mpi`: an empty command,
 /// `--ranks` beyond the job's size (when it is known), a `-x` of a variable the table decides,
 /// a log directory that cannot be made.
@@ -95,23 +129,11 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
              watchdog, error records), so a value of yours would mislead it or the worker"
         )));
     }
-    // The table (written in the workers' directory) is replaced by a rename, which would take
-    // the events' file (opened here) away.
     if let Some(events) = &args.events
-        && same_file(events, &worker_dir(args, false)?.join(&args.rank_table))
+        && let Some(what) = taken_by_the_job(args, events)?
     {
         return Err(CliError::Usage(format!(
-            "--events {} is the rank table's path too; give the events a file of their own",
-            events.display()
-        )));
-    }
-    // Creating the events' file truncates it: an input of the job's must not be it.
-    if let Some(events) = &args.events
-        && let Some(hostfile) = &args.hostfile
-        && same_file(events, hostfile)
-    {
-        return Err(CliError::Usage(format!(
-            "--events {} is the --hostfile too; give the events a file of their own",
+            "--events {} is {what} too; give the events a file of their own",
             events.display()
         )));
     }
@@ -146,6 +168,13 @@ pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Resul
             )));
         }
         std::fs::create_dir_all(dir).map_err(CliError::file("create log directory", dir))?;
+        // A directory there but not writable (a read-only mount) fails now, before the events
+        // file of a job before is emptied.
+        nix::unistd::access(
+            dir,
+            nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+        )
+        .map_err(|e| CliError::file("write in log directory", dir)(e.into()))?;
     }
     Ok(())
 }

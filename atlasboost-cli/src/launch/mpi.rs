@@ -119,7 +119,11 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     })?;
     let relay_address = door.address();
     let master_addr = master_address(&resolved, relay_ip);
-    let relay = relay_prefix(args.remote_atlasboost.as_deref(), hosts.is_empty())?;
+    let relay = relay_prefix(
+        args.remote_atlasboost.as_deref(),
+        hosts.is_empty(),
+        crate::relay_program(),
+    )?;
     check_argv_fits_open_mpi(&relay, &args.command)?;
     let command = mpirun_command(&MpirunJob {
         program: mpirun_program(),
@@ -394,6 +398,7 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
             args.discovery.probe.as_str().into(),
         ),
         (EnvVars::PYTHONUNBUFFERED.into(), "1".into()),
+        (EnvVars::ATLASBOOST_RELAY_VERSION.into(), relay_version()),
         (
             EnvVars::ATLASBOOST_RELAY_ADDR.into(),
             job.relay_address.to_string(),
@@ -469,16 +474,17 @@ fn rank_command(relay: &[OsString], command: &[OsString]) -> Vec<OsString> {
     rank
 }
 
-/// The relay's part of each rank's command: `atlasboost-relay --` from beside this executable
-/// when every rank is on this machine and it is there (built statically, it starts in about a
-/// third of the time: docs/PERFORMANCE.md), else `atlasboost relay --` (`remote_atlasboost`,
-/// or this executable), which every host that has atlasboost has.
+/// The relay's part of each rank's command: `atlasboost-relay --` (`beside`: the relay program
+/// beside this executable, [`crate::relay_program`]) when every rank is on this machine
+/// (statically linked, it saves a launch of 8 ranks about 3 ms: docs/PERFORMANCE.md), else
+/// `atlasboost relay --` (`remote_atlasboost`, or this executable), which every host that has
+/// atlasboost has.
 fn relay_prefix(
     remote_atlasboost: Option<&Path>,
     every_rank_here: bool,
+    beside: Option<std::path::PathBuf>,
 ) -> Result<Vec<OsString>, CliError> {
-    let program = crate::relay_program().filter(|_| every_rank_here && remote_atlasboost.is_none());
-    if let Some(program) = program {
+    if let Some(program) = beside.filter(|_| every_rank_here && remote_atlasboost.is_none()) {
         return Ok(vec![program.into_os_string(), "--".into()]);
     }
     let mut prefix = match remote_atlasboost {
@@ -712,20 +718,55 @@ fn check_simulated_shape(hosts: &[HostSpec], np: u32, sim: u32) -> Result<(), Cl
 /// it, leaves stopping the others to the launcher, which got the exit first). Returns the
 /// exit code.
 pub fn relay_main(command: &[OsString]) -> u8 {
-    match relay(command) {
+    relay_as("atlasboost relay", command)
+}
+
+/// `atlasboost-relay -- COMMAND` ([`RELAY_PROGRAM`]): [`relay_main`] in a program of its own,
+/// which first checks that the launcher is of its build ([`relay_version`]): a relay program
+/// left beside a newer atlasboost would otherwise speak to it in another version.
+pub fn relay_program_main(command: &[OsString]) -> u8 {
+    relay_as(RELAY_PROGRAM, command)
+}
+
+/// The name of the relay program that `run --mpi` uses from beside `atlasboost`.
+pub const RELAY_PROGRAM: &str = "atlasboost-relay";
+
+/// The relay program in `dir`, when it is a file this process may execute (a directory, a
+/// dangling link, a file without the permission, one on a `noexec` mount: none).
+#[must_use]
+pub fn relay_beside(dir: &Path) -> Option<std::path::PathBuf> {
+    let path = dir.join(RELAY_PROGRAM);
+    let executable = nix::unistd::access(&path, nix::unistd::AccessFlags::X_OK).is_ok();
+    (path.is_file() && executable).then_some(path)
+}
+
+/// What a launcher and the relay program beside it must share: atlasboost's version and its
+/// channel's protocol (`0.1.0+atlasboost-agent-8`: one word, as mpirun's `-x` passes it on).
+#[must_use]
+pub fn relay_version() -> String {
+    let protocol = String::from_utf8_lossy(channel::HELLO);
+    format!(
+        "{}+{}",
+        env!("CARGO_PKG_VERSION"),
+        protocol.trim_matches(['\0', '\n'])
+    )
+}
+
+fn relay_as(name: &str, command: &[OsString]) -> u8 {
+    match relay(name, command) {
         Ok(code) => code,
         Err(e) => {
-            to_stderr(&format!("atlasboost relay: error: {}\n", error_chain(&e)));
+            to_stderr(&format!("{name}: error: {}\n", error_chain(&e)));
             e.exit_code()
         }
     }
 }
 
-fn relay(command: &[OsString]) -> Result<u8, CliError> {
-    let not_by_hand = |name: &str| {
+fn relay(name: &str, command: &[OsString]) -> Result<u8, CliError> {
+    let not_by_hand = |variable: &str| {
         CliError::Usage(format!(
-            "{name} is not set: `atlasboost relay` is started by mpirun for `atlasboost run \
-             --mpi`, not by hand"
+            "{variable} is not set: `{name}` is started by mpirun for `atlasboost run --mpi`, \
+             not by hand"
         ))
     };
     let address = std::env::var(EnvVars::ATLASBOOST_RELAY_ADDR)
@@ -742,6 +783,9 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         })?;
     let job_id = std::env::var(EnvVars::ATLASBOOST_JOB_ID)
         .map_err(|_| not_by_hand(EnvVars::ATLASBOOST_JOB_ID))?;
+    if name == RELAY_PROGRAM {
+        check_relay_version(std::env::var(EnvVars::ATLASBOOST_RELAY_VERSION).ok())?;
+    }
     // It refuses to run beside another thread: the relay is alone in its process.
     let signals = Signals::block()?;
     // SAFETY: no other thread exists (Signals::block checked), so nothing reads the
@@ -775,6 +819,7 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_SECRET);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_ADDR);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_LOCAL);
+        std::env::remove_var(EnvVars::ATLASBOOST_RELAY_VERSION);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_GRACE_MS);
         std::env::remove_var(EnvVars::ATLASBOOST_RELAY_LOST_AFTER_MS);
     }
@@ -879,6 +924,27 @@ fn relay(command: &[OsString]) -> Result<u8, CliError> {
     Ok(code)
 }
 
+/// The relay program's refusal of a launcher of another build (`launcher`: its
+/// [`relay_version`], `None` from one too old to give it), naming this program.
+fn check_relay_version(launcher: Option<String>) -> Result<(), CliError> {
+    let ours = relay_version();
+    if launcher.as_deref() == Some(ours.as_str()) {
+        return Ok(());
+    }
+    let this =
+        std::env::current_exe().map_or_else(|_| RELAY_PROGRAM.into(), |p| p.display().to_string());
+    let theirs = launcher.map_or_else(
+        || "an atlasboost too old to say its version".into(),
+        |v| format!("atlasboost {v}"),
+    );
+    Err(CliError::Usage(format!(
+        "this relay ({this}) is atlasboost {ours}, and the launcher that started it is \
+         {theirs}: install atlasboost and {RELAY_PROGRAM} from one build \
+         (scripts/build-static-relay.sh after cargo build), or remove {this}: atlasboost then \
+         relays with itself"
+    )))
+}
+
 /// The launcher's process id as this process's pid namespace sees it, from the Unix socket
 /// `connection` (its peer's credentials); `None` over TCP.
 fn launcher_pid(connection: &std::os::fd::OwnedFd) -> Option<i32> {
@@ -916,10 +982,79 @@ fn is_ancestor(pid: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use clap::Parser;
 
     use super::*;
     use crate::cli::{Cli, Command};
+
+    #[test]
+    fn the_relay_program_beside_is_a_file_this_process_may_execute() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(RELAY_PROGRAM);
+        assert_eq!(relay_beside(dir.path()), None, "none there");
+        std::os::unix::fs::symlink(dir.path().join("gone"), &path).unwrap();
+        assert_eq!(relay_beside(dir.path()), None, "a dangling link");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert_eq!(relay_beside(dir.path()), None, "a directory");
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(relay_beside(dir.path()), None, "not executable");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(relay_beside(dir.path()), Some(path));
+    }
+
+    #[test]
+    fn ranks_here_run_the_relay_program_and_others_atlasboost_relay() {
+        let program = std::path::PathBuf::from("/opt/ab/atlasboost-relay");
+        let words = |p: Vec<OsString>| -> Vec<String> {
+            p.iter().map(|w| w.to_string_lossy().into_owned()).collect()
+        };
+        let here = relay_prefix(None, true, Some(program.clone())).unwrap();
+        assert_eq!(words(here), ["/opt/ab/atlasboost-relay", "--"]);
+        // Hosts given: `atlasboost relay` (this executable's path).
+        let hosts = words(relay_prefix(None, false, Some(program.clone())).unwrap());
+        assert_eq!(hosts[1..], ["relay", "--"], "{hosts:?}");
+        assert_ne!(hosts[0], "/opt/ab/atlasboost-relay");
+        // --remote-atlasboost: that atlasboost, even with every rank here.
+        let remote = Path::new("/srv/atlasboost");
+        for every_rank_here in [true, false] {
+            let prefix = relay_prefix(Some(remote), every_rank_here, Some(program.clone()));
+            assert_eq!(words(prefix.unwrap()), ["/srv/atlasboost", "relay", "--"]);
+        }
+        // No relay program beside: `atlasboost relay`.
+        let alone = words(relay_prefix(None, true, None).unwrap());
+        assert_eq!(alone[1..], ["relay", "--"], "{alone:?}");
+    }
+
+    #[test]
+    fn the_relay_program_refuses_a_launcher_of_another_build_naming_both() {
+        assert!(check_relay_version(Some(relay_version())).is_ok());
+        let version = relay_version();
+        // One word (mpirun's -x passes it on), with the protocol of channel::HELLO.
+        assert_eq!(
+            version,
+            format!("{}+atlasboost-agent-8", env!("CARGO_PKG_VERSION"))
+        );
+        let e = check_relay_version(Some("0.0.9+atlasboost-agent-7".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "is atlasboost {version}, and the launcher that started it is atlasboost \
+                 0.0.9+atlasboost-agent-7"
+            )) && e.contains("install atlasboost and atlasboost-relay from one build"),
+            "{e}"
+        );
+        let e = check_relay_version(None).unwrap_err().to_string();
+        assert!(
+            e.contains("an atlasboost too old to say its version"),
+            "{e}"
+        );
+    }
 
     fn run_args(argv: &[&str]) -> RunSettings {
         let mut full = vec!["atlasboost", "run", "--mpi"];

@@ -455,8 +455,8 @@ impl Output {
     ///
     /// # Errors
     ///
-    /// [`CliError::Failure`] naming a log file that cannot be created, or a console that
-    /// cannot be duplicated.
+    /// [`CliError::Failure`] for a console that cannot be duplicated. (A log that cannot be
+    /// created is said on stderr, and the job's logs are given up: the job goes on.)
     pub fn new(options: OutputOptions, ranks: &[u32]) -> Result<Output, CliError> {
         let console = |e| CliError::system("use the console")(e);
         let out = Sink::console(io::stdout().as_fd()).map_err(console)?;
@@ -482,10 +482,13 @@ impl Output {
         err: Sink,
     ) -> Result<Output, CliError> {
         let mut lanes = Vec::with_capacity(ranks.len());
+        // A log that cannot be created (a full disk at a restart) gives the logs up, as one
+        // that cannot be written does: the job goes on.
+        let mut log_failure: Option<CliError> = None;
         for &rank in ranks {
-            let logs = match &options.log_dir {
-                Some(dir) => Some(open_logs(dir, rank)?),
-                None => None,
+            let logs = match (&options.log_dir, &log_failure) {
+                (Some(dir), None) => open_logs(dir, rank).map_err(|e| log_failure = Some(e)).ok(),
+                _ => None,
             };
             lanes.push(Lane {
                 rank,
@@ -524,6 +527,13 @@ impl Output {
             messages_upstream: false,
             reader_paused: false,
         };
+        if let Some(e) = log_failure {
+            output.logs_failed = true;
+            output.message(&format!(
+                "atlasboost: warning: {}; the logs of this job are incomplete from here on",
+                atlasboost_core::exchange::error_chain(&e)
+            ));
+        }
         if output.options.status {
             // Drawn through the terminal's writer, in order with the lines.
             let writer = match output.err_is_out {
@@ -1423,6 +1433,49 @@ mod tests {
             shown.len(),
             expected.len()
         );
+    }
+
+    /// A rank's log that cannot be created (a full disk, here a file in the way of its
+    /// directory) is said once, naming it, and the logs are given up; the output is made.
+    #[test]
+    fn a_log_that_cannot_be_created_gives_the_logs_up_and_the_job_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("rank.1"), "in the way").unwrap();
+        let console = tempfile::tempdir().unwrap();
+        let file = |name: &str| File::create(console.path().join(name)).unwrap();
+        let options = OutputOptions {
+            log_dir: Some(dir.path().to_path_buf()),
+            ..OutputOptions::default()
+        };
+        let mut output = Output::with_sinks(
+            options,
+            &[0, 1, 2],
+            Sink::new(file("out")),
+            Sink::new(file("err")),
+        )
+        .unwrap();
+        output.line(0, Stream::Stdout, b"still shown");
+        output.flush();
+        drop(output);
+        let read = |name: &str| std::fs::read_to_string(console.path().join(name)).unwrap();
+        assert_eq!(
+            read("out"),
+            "still shown\n",
+            "the console still has the line"
+        );
+        let err = read("err");
+        assert_eq!(err.matches("warning").count(), 1, "{err}");
+        assert!(
+            err.contains(&format!(
+                "atlasboost: warning: cannot create log directory {}",
+                dir.path().join("rank.1").display()
+            )) && err.contains("the logs of this job are incomplete from here on"),
+            "{err}"
+        );
+        // Given up: no log after the failure, nothing more written to those before it.
+        assert!(!dir.path().join("rank.2").exists());
+        let log = std::fs::read_to_string(dir.path().join("rank.0/stdout.log")).unwrap();
+        assert_eq!(log, "");
     }
 
     /// A job's log directory that no worker wrote to goes away, and `latest` points back at

@@ -1383,6 +1383,84 @@ fn events_on_the_rank_tables_path_are_refused() {
         fs::read_to_string(dir.path().join("hosts")).unwrap(),
         "127.0.0.1 slots=2\n"
     );
+    // Nor the table's lock file (its record would be lost, and the file removed with the
+    // lock), the hccn.conf the probe reads, or a file the command names.
+    let conf = "address_0=10.1.0.1\nnetmask_0=255.255.255.0\n";
+    fs::write(dir.path().join("hccn.conf"), conf).unwrap();
+    fs::write(dir.path().join("train.sh"), "echo hi\n").unwrap();
+    for (events, discovery, what) in [
+        (
+            "rank_table.json.lock",
+            &["--sim", "2"][..],
+            "the rank table's lock file",
+        ),
+        (
+            "hccn.conf",
+            &["--probe", "hccn", "--hccn-conf", "hccn.conf"][..],
+            "the hccn.conf the probe reads",
+        ),
+        (
+            "train.sh",
+            &["--sim", "2"][..],
+            "a file the command names (train.sh)",
+        ),
+    ] {
+        let mut args = vec!["run", "--events", events];
+        args.extend(discovery);
+        args.extend(["--", "sh", "train.sh"]);
+        run(dir.path(), &args)
+            .expect_code(USAGE)
+            .stderr_has(&[&format!("--events {events} is {what} too")]);
+    }
+    assert_eq!(
+        fs::read_to_string(dir.path().join("hccn.conf")).unwrap(),
+        conf
+    );
+    assert_eq!(
+        fs::read_to_string(dir.path().join("train.sh")).unwrap(),
+        "echo hi\n"
+    );
+}
+
+/// A --log-dir that exists but cannot be written (here read-only for the job, as a read-only
+/// mount would be) is refused before the events file, which still holds the job before's.
+#[test]
+fn a_log_dir_that_cannot_be_written_is_refused_before_the_events_file_is_emptied() {
+    let dir = tempdir();
+    fs::write(dir.path().join("events.jsonl"), "{\"event\":\"summary\"}\n").unwrap();
+    fs::create_dir(dir.path().join("logs")).unwrap();
+    // Root writes where permissions forbid it: the directory is a read-only mount (a tmpfs).
+    let ro = dir.path().join("logs");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+        .arg(&ro)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a read-only tmpfs here (not root?)");
+        return;
+    }
+    let out = run(
+        dir.path(),
+        &[
+            "run",
+            "--sim",
+            "1",
+            "--events",
+            "events.jsonl",
+            "--log-dir",
+            "logs",
+            "--",
+            "true",
+        ],
+    );
+    let _ = std::process::Command::new("umount").arg(&ro).status();
+    out.expect_code(FAILURE)
+        .stderr_has(&["cannot write in log directory logs"]);
+    assert_eq!(
+        fs::read_to_string(dir.path().join("events.jsonl")).unwrap(),
+        "{\"event\":\"summary\"}\n"
+    );
 }
 
 #[test]

@@ -127,6 +127,8 @@ def free_port_pair() -> int:
     test once (CI: "cannot bind ...: Address already in use").
     """
     low = ephemeral_range()[0]
+    if low <= 20002:
+        raise RuntimeError(f"the ephemeral port range starts at {low}: no room below it")
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(20000, low - 1)

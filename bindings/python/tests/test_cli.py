@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ATLASBOOST, PYTHON, clean_env, need_mpirun, run, start
+from helpers import ATLASBOOST, PYTHON, REPO, clean_env, need_mpirun, run, start
 
 COMMANDS = [
     pytest.param([ATLASBOOST], id="console-script"),
@@ -99,26 +99,27 @@ def test_run_mpi_from_the_package_starts_its_static_relay_as_every_rank(tmp_path
     """A wheel without MPI support carries the relay program beside the command, statically
     linked and without debug information, and `run --mpi` with every rank here starts it as
     each rank; one with MPI support (whose MPI library is shared only) relays with the command."""
-    import shutil
     import subprocess
 
     import atlasboost
 
     need_mpirun()
-    readelf = shutil.which("readelf")
-    if readelf is None:
-        pytest.skip("readelf is not installed (Debian: binutils)")
     programs = Path(atlasboost.__file__).resolve().parent / "_bin"
     relay = programs / "atlasboost-relay"
     if atlasboost.build_info()["mpi"]:
         assert not relay.exists(), relay
         expected = programs / "atlasboost"
+    elif not relay.exists() and os.environ.get("ATLASBOOST_PYTHON_REQUIRE_STATIC_RELAY") != "1":
+        # The build backend goes without it where the static link fails (no static C library).
+        pytest.skip(f"the package has no {relay.name} (its static link failed at the build, which said why)")
     else:
         assert relay.is_file(), relay
-        headers = subprocess.run([readelf, "--program-headers", "--sections", "-W", str(relay)],
-                                 capture_output=True, text=True, timeout=30, check=True).stdout
-        assert "LOAD" in headers and "INTERP" not in headers, headers
-        assert ".debug_info" not in headers, headers
+        check = subprocess.run(["bash", str(REPO / "scripts" / "build-static-relay.sh"), "--check", str(relay)],
+                               capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, (check.stdout, check.stderr)
+        sections = subprocess.run(["readelf", "--sections", "-W", str(relay)],
+                                  capture_output=True, text=True, timeout=30, check=True).stdout
+        assert ".text" in sections and ".debug_info" not in sections, sections
         expected = relay
     r = run([ATLASBOOST, "run", "-q", "--mpi", "--sim", "2", "--", "sh", "-c", "readlink /proc/$PPID/exe"],
             cwd=tmp_path, timeout=90)
