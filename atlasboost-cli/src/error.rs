@@ -90,7 +90,10 @@ pub enum CliError {
         from: std::net::IpAddr,
     },
     /// The relays of `run --mpi` have nowhere to connect; exit 125.
-    #[error("cannot listen for the relays on {addr} (pass --rendezvous-addr)")]
+    #[error(
+        "cannot listen for the relays on {addr} (--rendezvous-addr chooses another: an address of \
+         this machine that the ranks' hosts reach)"
+    )]
     RelayDoor {
         /// The address.
         addr: std::net::IpAddr,

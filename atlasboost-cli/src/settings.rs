@@ -288,7 +288,7 @@ impl From<&RunArgs> for RunSettings {
             hang_timeout: a.hang_timeout.filter(|t| !t.is_zero()),
             hang_dump: a.hang_dump,
             ssh_port: a.ssh_port,
-            ssh_identity: a.ssh_identity.clone(),
+            ssh_identity: a.ssh_identity.as_deref().map(ssh_identity_path),
             remote_atlasboost: a.remote_atlasboost.clone(),
             rendezvous_addr: a.rendezvous_addr,
             fanout: a.fanout.map(|k| k as usize),
@@ -330,5 +330,53 @@ pub fn switch(name: &str, what: &str) -> Result<Option<bool>, CliError> {
             "{name}={}: expected 0 or 1 ({what})",
             v.to_string_lossy()
         ))),
+    }
+}
+
+/// `--ssh-identity` as ssh reads it on every host of the launch tree: a leading `~` is the
+/// account's home (ssh's, from the password database, not `$HOME`), and a relative path is the
+/// launcher's working directory's (an agent that passes it down runs ssh elsewhere).
+fn ssh_identity_path(given: &std::path::Path) -> PathBuf {
+    let expanded = match (given.strip_prefix("~"), account_home()) {
+        (Ok(rest), Some(home)) => home.join(rest),
+        // Another account's home (`~name/...`) is ssh's to find.
+        _ if given.as_os_str().as_encoded_bytes().starts_with(b"~") => return given.into(),
+        _ => given.to_path_buf(),
+    };
+    std::path::absolute(&expanded).unwrap_or(expanded)
+}
+
+/// This account's home directory, as ssh finds it (else `$HOME`).
+fn account_home() -> Option<PathBuf> {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|user| user.dir)
+        .or_else(|| std::env::var_os("HOME").map(PathBuf::from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ssh_identity_goes_down_as_ssh_reads_it_here() {
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(
+            ssh_identity_path(std::path::Path::new("keys/id")),
+            here.join("keys/id")
+        );
+        let home = account_home().unwrap();
+        assert_eq!(
+            ssh_identity_path(std::path::Path::new("~/.ssh/id")),
+            home.join(".ssh/id")
+        );
+        // An absolute path as it is; another account's `~name` is ssh's to expand.
+        for given in ["/k/id", "~other/id"] {
+            assert_eq!(
+                ssh_identity_path(std::path::Path::new(given)),
+                std::path::PathBuf::from(given)
+            );
+        }
     }
 }

@@ -500,14 +500,21 @@ fn each_relay_keeps_its_hosts_other_startup_variables_from_its_worker_and_sets_t
 
 #[test]
 fn a_relay_started_by_hand_says_what_it_is_for() {
-    let f = Run::new(["relay", "--", "true"]).run();
-    f.assert_code(2);
-    assert!(
-        f.err()
-            .contains("is started by mpirun for `atlasboost run --mpi`"),
-        "{}",
-        f.describe()
-    );
+    // `atlasboost relay`, and the relay program beside it, which needs the same.
+    let program = atlasboost_e2e::atlasboost_bin().with_file_name("atlasboost-relay");
+    for by_hand in [
+        Run::new(["relay", "--", "true"]),
+        Run::new(["--", "true"]).program(&program),
+    ] {
+        let f = by_hand.run();
+        f.assert_code(2);
+        assert!(
+            f.err()
+                .contains("is started by mpirun for `atlasboost run --mpi`"),
+            "{}",
+            f.describe()
+        );
+    }
 }
 
 /// Each rank's relay's command line, as its worker sees it (`/proc/$PPID/cmdline`), by rank.
@@ -590,17 +597,10 @@ fn the_relay_program_started_by_hand_says_what_it_is_for() {
             f.describe()
         );
     }
-    // With a command, it needs what mpirun and the launcher give it, as `atlasboost relay`.
-    let f = Run::new(["--", "true"]).program(&relay).run();
-    f.assert_code(2);
-    assert!(
-        f.err()
-            .contains("is started by mpirun for `atlasboost run --mpi`"),
-        "{}",
-        f.describe()
-    );
-    // Started by a launcher of another build (a relay program left beside a newer atlasboost):
-    // refused before it connects or starts anything, naming itself and both versions.
+    // (With a command and nothing else, it asks for what mpirun and the launcher give it: the
+    // test above.) Started by a launcher of another build (a relay program left beside a newer
+    // atlasboost): refused before it connects or starts anything, naming itself and both
+    // versions.
     let f = Run::new(["--", "true"])
         .program(&relay)
         .env("ATLASBOOST_RELAY_ADDR", "127.0.0.1:9")

@@ -54,8 +54,8 @@ impl EventLog {
     ///
     /// # Errors
     ///
-    /// [`CliError::File`] naming the path, or the writer thread that cannot start;
-    /// [`CliError::Failure`] for a file another job writes its events to.
+    /// [`CliError::File`] naming the path (one that cannot be emptied), or the writer thread
+    /// that cannot start; [`CliError::Failure`] for a file another job writes its events to.
     pub fn create(path: &Path, job: &str) -> Result<Events, CliError> {
         let file = File::options()
             .append(true)
@@ -65,24 +65,27 @@ impl EventLog {
         let file = match file.metadata().is_ok_and(|m| m.is_file()) {
             // A pipe or a terminal: nothing to lock or empty.
             false => EventsFile::Plain(file),
-            // Locked before it is emptied: a running job's events stay whole.
+            // Locked before it is emptied: a running job's events stay whole. A file system
+            // that cannot lock (ENOLCK) still takes the events, unlocked.
             true => {
-                let locked = nix::fcntl::Flock::lock(
+                let mut file = match nix::fcntl::Flock::lock(
                     file,
                     nix::fcntl::FlockArg::LockExclusiveNonblock,
-                )
-                .map_err(|(_, errno)| match errno {
-                    nix::errno::Errno::EWOULDBLOCK => CliError::Failure(format!(
-                        "the events file {} is another running job's (it holds its lock): give \
-                         this job a file of its own",
-                        path.display()
-                    )),
-                    errno => CliError::file("lock the events file", path)(errno.into()),
-                })?;
-                locked
+                ) {
+                    Ok(locked) => EventsFile::Locked(locked),
+                    Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                        return Err(CliError::Failure(format!(
+                            "the events file {} is another running job's (it holds its lock): \
+                             give this job a file of its own",
+                            path.display()
+                        )));
+                    }
+                    Err((file, _)) => EventsFile::Plain(file),
+                };
+                file.file()
                     .set_len(0)
                     .map_err(CliError::file("empty the events file", path))?;
-                EventsFile::Locked(locked)
+                file
             }
         };
         let (lines, incoming) = mpsc::channel::<Vec<u8>>();

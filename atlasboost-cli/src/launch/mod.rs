@@ -1025,13 +1025,10 @@ fn check_ssh_identity(args: &RunSettings, hosts: &[HostPlan]) -> Result<(), CliE
     if hosts.iter().all(|h| h.local) {
         return Ok(());
     }
-    let path = match (key.strip_prefix("~"), std::env::var_os("HOME")) {
-        (Ok(rest), Some(home)) => std::path::PathBuf::from(home).join(rest),
-        _ => key.clone(),
-    };
+    // (Resolved as ssh reads it: `~` the account's home, relative to this directory.)
     // Looked at before it is opened: opening a FIFO would wait for a writer.
-    let problem = match std::fs::metadata(&path).map(|m| m.is_file()) {
-        Ok(true) => match std::fs::File::open(&path) {
+    let problem = match std::fs::metadata(key).map(|m| m.is_file()) {
+        Ok(true) => match std::fs::File::open(key) {
             Ok(_) => return Ok(()),
             Err(e) => e.to_string(),
         },
@@ -1175,8 +1172,14 @@ fn reachable_by_the_others(
     }
     let toward = match nic {
         Some(choice) => atlasboost::host::find_nic(choice)
-            .map(|n| n.ipv4)
-            .map_err(|error| format!("--nic {choice}: {error}")),
+            .map_err(|error| format!("--nic {choice}: {error}"))
+            .and_then(|n| match n.ipv4.is_loopback() {
+                true => Err(format!(
+                    "--nic {choice} is a loopback interface ({}), which no other host reaches",
+                    n.ipv4
+                )),
+                false => Ok(n.ipv4),
+            }),
         None => route_toward(&other.server_id)
             .map_err(|why| format!("no address toward host {}: {why}", other.describe())),
     }
@@ -1195,10 +1198,13 @@ fn reachable_by_the_others(
             twice.describe()
         )));
     }
+    let chosen = match nic {
+        Some(choice) => format!("its address on --nic {choice}"),
+        None => format!("this machine's address toward host {}", other.describe()),
+    };
     printer.status(&format!(
         "atlasboost: host {here} is this machine by a loopback address, which the other hosts \
-         cannot reach; it is {address} in the table (this machine's address toward host {})",
-        other.describe()
+         cannot reach; it is {address} in the table ({chosen})"
     ));
     hosts[at].server_id = address;
     Ok(())

@@ -67,6 +67,13 @@ fn mpirun_program() -> OsString {
 pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     let started = Instant::now();
     refuse_unsupported(args)?;
+    if let Some(a) = args.rendezvous_addr
+        && (a.is_unspecified() || a.is_multicast() || a == IpAddr::V4(Ipv4Addr::BROADCAST))
+    {
+        return Err(CliError::Usage(format!(
+            "--rendezvous-addr {a} is not one machine's address: the ranks' relays connect to it"
+        )));
+    }
     let signals = Signals::block()?;
     let hosts = match (&args.hosts, &args.hostfile) {
         (Some(list), _) => parse_host_list(list)?,

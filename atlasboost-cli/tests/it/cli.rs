@@ -4211,3 +4211,44 @@ fn a_signal_while_the_hosts_join_still_counts_the_attempt() {
     assert_eq!(summary["event"], "summary", "{text}");
     assert_eq!(summary["attempts"], 1, "{text}");
 }
+
+/// A loopback `--nic` for a job with another machine is named as the culprit (it gave this
+/// machine's loopback name no address the others reach); a `--rendezvous-addr` that is no one
+/// machine's address is refused before mpirun starts.
+#[test]
+fn addresses_no_other_host_reaches_are_refused_naming_the_flag() {
+    let dir = tempdir();
+    let nic = [
+        "run",
+        "--sim",
+        "2",
+        "-H",
+        "127.0.0.1:1,198.51.100.7:1",
+        "--nic",
+        "lo",
+        "--",
+        "true",
+    ];
+    run(dir.path(), &nic).expect_code(USAGE).stderr_has(&[
+        "host 127.0.0.1 is this machine by a loopback address, which host 198.51.100.7 cannot \
+         reach, and --nic lo is a loopback interface (127.0.0.1), which no other host reaches",
+    ]);
+    for address in ["0.0.0.0", "224.0.0.1", "255.255.255.255"] {
+        let args = [
+            "run",
+            "--sim",
+            "2",
+            "--mpi",
+            "--rendezvous-addr",
+            address,
+            "--",
+            "true",
+        ];
+        run(dir.path(), &args)
+            .expect_code(USAGE)
+            .stderr_has(&[&format!(
+                "--rendezvous-addr {address} is not one machine's address"
+            )]);
+    }
+    assert_eq!(entries(dir.path()), Vec::<String>::new(), "nothing written");
+}
