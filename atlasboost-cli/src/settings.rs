@@ -333,26 +333,29 @@ pub fn switch(name: &str, what: &str) -> Result<Option<bool>, CliError> {
     }
 }
 
-/// `--ssh-identity` as ssh reads it on every host of the launch tree: a leading `~` is the
-/// account's home (ssh's, from the password database, not `$HOME`), and a relative path is the
-/// launcher's working directory's (an agent that passes it down runs ssh elsewhere).
+/// `--ssh-identity` as it goes down the launch tree: a relative path made the launcher's
+/// working directory's (an agent that passes it down runs ssh elsewhere); `~...` as given, for
+/// ssh to expand on each host.
 fn ssh_identity_path(given: &std::path::Path) -> PathBuf {
-    let expanded = match (given.strip_prefix("~"), account_home()) {
-        (Ok(rest), Some(home)) => home.join(rest),
-        // Another account's home (`~name/...`) is ssh's to find.
-        _ if given.as_os_str().as_encoded_bytes().starts_with(b"~") => return given.into(),
-        _ => given.to_path_buf(),
-    };
-    std::path::absolute(&expanded).unwrap_or(expanded)
+    if given.as_os_str().as_encoded_bytes().starts_with(b"~") {
+        return given.to_path_buf();
+    }
+    std::path::absolute(given).unwrap_or_else(|_| given.to_path_buf())
 }
 
-/// This account's home directory, as ssh finds it (else `$HOME`).
-fn account_home() -> Option<PathBuf> {
-    nix::unistd::User::from_uid(nix::unistd::getuid())
+/// `path` with a leading `~/` as ssh expands it here: the account's home from the password
+/// database (not `$HOME`, which ssh ignores), else `$HOME`. Other paths as they are.
+#[must_use]
+pub fn as_ssh_expands_it(path: &std::path::Path) -> PathBuf {
+    let home = nix::unistd::User::from_uid(nix::unistd::getuid())
         .ok()
         .flatten()
         .map(|user| user.dir)
-        .or_else(|| std::env::var_os("HOME").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(PathBuf::from));
+    match (path.strip_prefix("~"), home) {
+        (Ok(rest), Some(home)) => home.join(rest),
+        _ => path.to_path_buf(),
+    }
 }
 
 #[cfg(test)]
@@ -360,23 +363,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_ssh_identity_goes_down_as_ssh_reads_it_here() {
+    fn an_ssh_identity_goes_down_the_tree_absolute_or_for_ssh_to_expand() {
         let here = std::env::current_dir().unwrap();
         assert_eq!(
             ssh_identity_path(std::path::Path::new("keys/id")),
             here.join("keys/id")
         );
-        let home = account_home().unwrap();
-        assert_eq!(
-            ssh_identity_path(std::path::Path::new("~/.ssh/id")),
-            home.join(".ssh/id")
-        );
-        // An absolute path as it is; another account's `~name` is ssh's to expand.
-        for given in ["/k/id", "~other/id"] {
+        // Absolute as it is; `~` is each host's ssh's to expand (homes differ).
+        for given in ["/k/id", "~/.ssh/id", "~other/id"] {
             assert_eq!(
                 ssh_identity_path(std::path::Path::new(given)),
                 std::path::PathBuf::from(given)
             );
         }
+        // Checked here where ssh would read it: the account's home, not $HOME.
+        let home = nix::unistd::User::from_uid(nix::unistd::getuid())
+            .unwrap()
+            .unwrap()
+            .dir;
+        assert_eq!(
+            as_ssh_expands_it(std::path::Path::new("~/.ssh/id")),
+            home.join(".ssh/id")
+        );
+        assert_eq!(
+            as_ssh_expands_it(std::path::Path::new("/k/id")),
+            std::path::PathBuf::from("/k/id")
+        );
     }
 }

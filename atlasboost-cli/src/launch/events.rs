@@ -48,14 +48,16 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    /// Creates (or empties) `path` for job `job`. A regular file is locked for the job
-    /// (another job's `--events` there is refused, not mixed in) and written at its end
-    /// (`O_APPEND`: a rotation that empties it under the job leaves no gap of zero bytes).
+    /// Creates (or empties) `path` for job `job`. A regular file is locked for the job where
+    /// its file system can lock (another job's `--events` there is refused, not mixed in), and
+    /// written at its end (`O_APPEND`: a rotation that empties it under the job leaves no gap
+    /// of zero bytes).
     ///
     /// # Errors
     ///
-    /// [`CliError::File`] naming the path (one that cannot be emptied), or the writer thread
-    /// that cannot start; [`CliError::Failure`] for a file another job writes its events to.
+    /// [`CliError::File`] naming the path (one that cannot be opened, locked or emptied),
+    /// [`CliError::System`] for a writer thread that cannot start, [`CliError::Failure`] for a
+    /// file another job writes its events to.
     pub fn create(path: &Path, job: &str) -> Result<Events, CliError> {
         let file = File::options()
             .append(true)
@@ -65,8 +67,7 @@ impl EventLog {
         let file = match file.metadata().is_ok_and(|m| m.is_file()) {
             // A pipe or a terminal: nothing to lock or empty.
             false => EventsFile::Plain(file),
-            // Locked before it is emptied: a running job's events stay whole. A file system
-            // that cannot lock (ENOLCK) still takes the events, unlocked.
+            // Locked before it is emptied: a running job's events stay whole.
             true => {
                 let mut file = match nix::fcntl::Flock::lock(
                     file,
@@ -80,7 +81,17 @@ impl EventLog {
                             path.display()
                         )));
                     }
-                    Err((file, _)) => EventsFile::Plain(file),
+                    // A file system that cannot lock (NFS without its lock service):
+                    // unlocked, as before locks were taken.
+                    Err((
+                        file,
+                        nix::errno::Errno::ENOLCK
+                        | nix::errno::Errno::EOPNOTSUPP
+                        | nix::errno::Errno::EINVAL,
+                    )) => EventsFile::Plain(file),
+                    Err((_, errno)) => {
+                        return Err(CliError::file("lock the events file", path)(errno.into()));
+                    }
                 };
                 file.file()
                     .set_len(0)
@@ -143,10 +154,8 @@ impl EventLog {
     }
 }
 
-/// The writer thread: each line with one `write_all`; after a failed write, the file is cut
-/// back to its last whole line (a reader of JSON Lines would choke on half of one), said once,
-/// and the rest is only counted off.
-/// The events' file: a regular file locked for the job, or a pipe or terminal.
+/// The events' file: a regular file (locked for the job where its file system can lock), or a
+/// pipe or terminal.
 enum EventsFile {
     Plain(File),
     Locked(nix::fcntl::Flock<File>),
@@ -161,6 +170,10 @@ impl EventsFile {
     }
 }
 
+/// The writer thread: each line whole, at the file's end; after a failed write, a regular file
+/// is cut back by what of that line got in (a reader of JSON Lines would choke on half of one;
+/// never grown, should the file have been emptied meanwhile), said once, and the rest is only
+/// counted off.
 fn write_lines(
     mut file: EventsFile,
     incoming: &Receiver<Vec<u8>>,
@@ -168,29 +181,40 @@ fn write_lines(
     path: &Path,
 ) {
     let file = file.file();
-    // Only a regular file is cut back (not a pipe or a terminal).
     let regular = file.metadata().is_ok_and(|m| m.is_file());
     let mut failed = false;
     for line in incoming {
-        if !failed {
-            // Where this line starts: the file may have been emptied under the job meanwhile.
-            let start = regular
-                .then(|| file.metadata().map(|m| m.len()).ok())
-                .flatten();
-            if let Err(e) = file.write_all(&line) {
-                failed = true;
-                if let Some(start) = start {
-                    let _ = file.set_len(start);
-                }
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "atlasboost: warning: cannot write the events file {}: {e}; no more events",
-                    path.display()
-                );
+        if !failed && let Err((e, partial)) = write_whole(file, &line) {
+            failed = true;
+            if regular
+                && partial > 0
+                && let Ok(len) = file.metadata().map(|m| m.len())
+                && len >= partial
+            {
+                let _ = file.set_len(len - partial);
             }
+            let _ = writeln!(
+                std::io::stderr(),
+                "atlasboost: warning: cannot write the events file {}: {e}; no more events",
+                path.display()
+            );
         }
         queued.fetch_sub(line.len(), Ordering::Relaxed);
     }
+}
+
+/// `line` written in full, or the error and how many of its bytes got in before it.
+fn write_whole(file: &mut File, line: &[u8]) -> Result<(), (std::io::Error, u64)> {
+    let mut done = 0;
+    while done < line.len() {
+        match file.write(&line[done..]) {
+            Ok(0) => return Err((std::io::ErrorKind::WriteZero.into(), done as u64)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((e, done as u64)),
+        }
+    }
+    Ok(())
 }
 
 impl Drop for EventLog {

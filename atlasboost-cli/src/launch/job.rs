@@ -65,18 +65,24 @@ fn taken_by_the_job(args: &RunSettings, events: &Path) -> Result<Option<String>,
             atlasboost_core::ranktable::lock_path(&table),
             "the rank table's lock file".into(),
         ),
-        (
+    ];
+    if args.discovery.sim.is_none() {
+        taken.push((
             atlasboost::probe::hccn_conf(&args.discovery),
             "the hccn.conf the probe reads".into(),
-        ),
-    ];
+        ));
+    }
     if let Some(hostfile) = &args.hostfile {
         taken.push((hostfile.clone(), "the --hostfile".into()));
     }
-    // The command's own files (its program, a script it runs), where they exist.
+    // The command's own inputs (its program, a script it runs): files there now, with
+    // something in them that is not a job's events. (`/dev/stdout` and `/proc/self/...` are
+    // the worker's own, not what the launcher resolves them to.)
     for arg in &args.command {
         let path = wdir.join(arg);
-        if path.is_file() {
+        let per_process = path.starts_with("/dev") || path.starts_with("/proc");
+        if !per_process && path.is_file() && same_file(events, &path) && !is_empty_or_events(&path)
+        {
             let shown = Path::new(arg).display().to_string();
             taken.push((path, format!("a file the command names ({shown})")));
         }
@@ -87,9 +93,26 @@ fn taken_by_the_job(args: &RunSettings, events: &Path) -> Result<Option<String>,
         .map(|(_, what)| what))
 }
 
+/// Whether `path` holds nothing, or a job's events (its first line an object with `event` and
+/// `job`): emptying it loses no input of the command.
+fn is_empty_or_events(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    if file.take(64 << 10).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    let first = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    head.is_empty()
+        || serde_json::from_slice::<serde_json::Value>(first)
+            .is_ok_and(|v| v.get("event").is_some() && v.get("job").is_some())
+}
+
 /// What can be refused before any worker starts, with or without `--mpi`: an empty command,
 /// `--ranks` beyond the job's size (when it is known), a `-x` of a variable the table decides,
-/// a log directory that cannot be made.
+/// `--events` on a file of the job's own, a log directory that cannot be made or written.
 pub(crate) fn check_before_start(args: &RunSettings, size: Option<u64>) -> Result<(), CliError> {
     if args.command.first().is_none_or(|c| c.is_empty()) {
         return Err(CliError::Usage("the command to run is empty".into()));
@@ -185,18 +208,29 @@ pub(crate) fn rendezvous_address(
     args: &RunSettings,
     hosts: &[HostPlan],
 ) -> Result<IpAddr, CliError> {
+    let remote = hosts.iter().find(|h| !h.local);
+    // A loopback address, given or from --nic, reaches no relay on another host.
+    let unreachable = |address: IpAddr, from: String| match remote {
+        Some(r) if address.is_loopback() => Err(CliError::Usage(format!(
+            "{from} is a loopback address, which the relays on host {} cannot reach: give \
+             this machine's address on the job's network",
+            r.describe()
+        ))),
+        _ => Ok(address),
+    };
     if let Some(a) = args.rendezvous_addr {
-        return Ok(a);
+        return unreachable(a, format!("--rendezvous-addr {a}"));
     }
     // The job's network, when this machine is on it (a login node may not be).
-    if let Some(nic) = args
-        .nic
-        .as_ref()
-        .and_then(|c| atlasboost::host::find_nic(c).ok())
+    if let Some(choice) = &args.nic
+        && let Ok(nic) = atlasboost::host::find_nic(choice)
     {
-        return Ok(IpAddr::V4(nic.ipv4));
+        return unreachable(
+            IpAddr::V4(nic.ipv4),
+            format!("--nic {choice}'s address {}", nic.ipv4),
+        );
     }
-    let Some(remote) = hosts.iter().find(|h| !h.local) else {
+    let Some(remote) = remote else {
         return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
     };
     let target: IpAddr = remote

@@ -1025,10 +1025,11 @@ fn check_ssh_identity(args: &RunSettings, hosts: &[HostPlan]) -> Result<(), CliE
     if hosts.iter().all(|h| h.local) {
         return Ok(());
     }
-    // (Resolved as ssh reads it: `~` the account's home, relative to this directory.)
-    // Looked at before it is opened: opening a FIFO would wait for a writer.
-    let problem = match std::fs::metadata(key).map(|m| m.is_file()) {
-        Ok(true) => match std::fs::File::open(key) {
+    // Where ssh reads it here (`~` is the account's home); looked at before it is opened:
+    // opening a FIFO would wait for a writer.
+    let path = crate::settings::as_ssh_expands_it(key);
+    let problem = match std::fs::metadata(&path).map(|m| m.is_file()) {
+        Ok(true) => match std::fs::File::open(&path) {
             Ok(_) => return Ok(()),
             Err(e) => e.to_string(),
         },
@@ -1152,6 +1153,19 @@ fn reachable_by_the_others(
     let Some(other) = hosts.iter().find(|h| !h.local && !loopback(h)).cloned() else {
         return Ok(());
     };
+    // Every host's HCCL_IF_IP and this machine's address come from --nic: a loopback one
+    // reaches no other host.
+    if let Some(choice) = nic
+        && let Ok(n) = atlasboost::host::find_nic(choice)
+        && n.ipv4.is_loopback()
+    {
+        return Err(CliError::Usage(format!(
+            "--nic {choice} is a loopback interface ({}), which host {} cannot reach: choose \
+             the interface of the job's network",
+            n.ipv4,
+            other.describe()
+        )));
+    }
     let mut by_loopback = hosts
         .iter()
         .enumerate()

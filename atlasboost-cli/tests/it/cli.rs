@@ -1412,6 +1412,14 @@ fn events_on_the_rank_tables_path_are_refused() {
             .expect_code(USAGE)
             .stderr_has(&[&format!("--events {events} is {what} too")]);
     }
+    // The same command run again with its own events file as an argument (a watcher of the
+    // job's events, say): the file then holds only events, which emptying loses nothing of.
+    let again = [
+        "run", "--sim", "2", "--events", "ev.jsonl", "--", "sh", "-c", "true", "ev.jsonl",
+    ];
+    for _ in 0..2 {
+        run(dir.path(), &again).expect_code(SUCCESS);
+    }
     assert_eq!(
         fs::read_to_string(dir.path().join("hccn.conf")).unwrap(),
         conf
@@ -4218,21 +4226,30 @@ fn a_signal_while_the_hosts_join_still_counts_the_attempt() {
 #[test]
 fn addresses_no_other_host_reaches_are_refused_naming_the_flag() {
     let dir = tempdir();
-    let nic = [
-        "run",
-        "--sim",
-        "2",
-        "-H",
-        "127.0.0.1:1,198.51.100.7:1",
-        "--nic",
-        "lo",
-        "--",
-        "true",
-    ];
-    run(dir.path(), &nic).expect_code(USAGE).stderr_has(&[
-        "host 127.0.0.1 is this machine by a loopback address, which host 198.51.100.7 cannot \
-         reach, and --nic lo is a loopback interface (127.0.0.1), which no other host reaches",
-    ]);
+    // This machine by loopback or not, the other hosts cannot reach a loopback --nic.
+    for (hosts, other) in [
+        ("127.0.0.1:1,198.51.100.7:1", "198.51.100.7"),
+        ("198.51.100.6:1,198.51.100.7:1", "198.51.100.6"),
+    ] {
+        let nic = [
+            "run", "--sim", "2", "-H", hosts, "--nic", "lo", "--", "true",
+        ];
+        run(dir.path(), &nic)
+            .expect_code(USAGE)
+            .stderr_has(&[&format!(
+                "--nic lo is a loopback interface (127.0.0.1), which host {other} cannot reach: \
+             choose the interface of the job's network"
+            )]);
+    }
+    // Under --mpi the relays on other hosts connect to --rendezvous-addr, or --nic's address.
+    for flags in [["--rendezvous-addr", "127.0.0.1"], ["--nic", "lo"]] {
+        let mut args = vec!["run", "--sim", "2", "--mpi", "-H", "198.51.100.7:2"];
+        args.extend(flags);
+        args.extend(["--", "true"]);
+        run(dir.path(), &args).expect_code(USAGE).stderr_has(&[
+            "is a loopback address, which the relays on host 198.51.100.7 cannot reach",
+        ]);
+    }
     for address in ["0.0.0.0", "224.0.0.1", "255.255.255.255"] {
         let args = [
             "run",
