@@ -75,22 +75,18 @@ fn taken_by_the_job(args: &RunSettings, events: &Path) -> Result<Option<String>,
     if let Some(hostfile) = &args.hostfile {
         taken.push((hostfile.clone(), "the --hostfile".into()));
     }
+    if let Some((_, what)) = taken.into_iter().find(|(path, _)| same_file(events, path)) {
+        return Ok(Some(what));
+    }
     // The command's own inputs (its program, a script it runs): files there now, with
     // something in them that is not a job's events. (`/dev/stdout` and `/proc/self/...` are
     // the worker's own, not what the launcher resolves them to.)
-    for arg in &args.command {
+    Ok(args.command.iter().find_map(|arg| {
         let path = wdir.join(arg);
         let per_process = path.starts_with("/dev") || path.starts_with("/proc");
-        if !per_process && path.is_file() && same_file(events, &path) && !is_empty_or_events(&path)
-        {
-            let shown = Path::new(arg).display().to_string();
-            taken.push((path, format!("a file the command names ({shown})")));
-        }
-    }
-    Ok(taken
-        .into_iter()
-        .find(|(path, _)| same_file(events, path))
-        .map(|(_, what)| what))
+        (!per_process && path.is_file() && same_file(events, &path) && !is_empty_or_events(&path))
+            .then(|| format!("a file the command names ({})", Path::new(arg).display()))
+    }))
 }
 
 /// Whether `path` holds nothing, or a job's events (its first line an object with `event` and

@@ -1153,10 +1153,10 @@ fn reachable_by_the_others(
     let Some(other) = hosts.iter().find(|h| !h.local && !loopback(h)).cloned() else {
         return Ok(());
     };
-    // Every host's HCCL_IF_IP and this machine's address come from --nic: a loopback one
-    // reaches no other host.
-    if let Some(choice) = nic
-        && let Ok(n) = atlasboost::host::find_nic(choice)
+    // Looked up once: every host's HCCL_IF_IP and this machine's address come from --nic, and
+    // a loopback one reaches no other host.
+    let from_nic = nic.map(|choice| (choice, atlasboost::host::find_nic(choice)));
+    if let Some((choice, Ok(n))) = &from_nic
         && n.ipv4.is_loopback()
     {
         return Err(CliError::Usage(format!(
@@ -1184,16 +1184,11 @@ fn reachable_by_the_others(
             other.describe()
         )));
     }
-    let toward = match nic {
-        Some(choice) => atlasboost::host::find_nic(choice)
-            .map_err(|error| format!("--nic {choice}: {error}"))
-            .and_then(|n| match n.ipv4.is_loopback() {
-                true => Err(format!(
-                    "--nic {choice} is a loopback interface ({}), which no other host reaches",
-                    n.ipv4
-                )),
-                false => Ok(n.ipv4),
-            }),
+    let toward = match &from_nic {
+        Some((choice, found)) => found
+            .as_ref()
+            .map(|n| n.ipv4)
+            .map_err(|error| format!("--nic {choice}: {error}")),
         None => route_toward(&other.server_id)
             .map_err(|why| format!("no address toward host {}: {why}", other.describe())),
     }

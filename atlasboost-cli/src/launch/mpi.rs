@@ -725,14 +725,34 @@ fn check_simulated_shape(hosts: &[HostSpec], np: u32, sim: u32) -> Result<(), Cl
 /// it, leaves stopping the others to the launcher, which got the exit first). Returns the
 /// exit code.
 pub fn relay_main(command: &[OsString]) -> u8 {
-    relay_as("atlasboost relay", command)
+    relay_as(Relay::Subcommand, command)
 }
 
 /// `atlasboost-relay -- COMMAND` ([`RELAY_PROGRAM`]): [`relay_main`] in a program of its own,
 /// which first checks that the launcher is of its build ([`relay_version`]): a relay program
 /// left beside a newer atlasboost would otherwise speak to it in another version.
 pub fn relay_program_main(command: &[OsString]) -> u8 {
-    relay_as(RELAY_PROGRAM, command)
+    relay_as(Relay::Program, command)
+}
+
+/// Which relay this process is: the two run the same code, and the program checks its
+/// launcher's version first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Relay {
+    /// `atlasboost relay`, the launcher's own executable (or `--remote-atlasboost`).
+    Subcommand,
+    /// [`RELAY_PROGRAM`], from beside the launcher's executable.
+    Program,
+}
+
+impl Relay {
+    /// How its messages name it.
+    fn name(self) -> &'static str {
+        match self {
+            Relay::Subcommand => "atlasboost relay",
+            Relay::Program => RELAY_PROGRAM,
+        }
+    }
 }
 
 /// The name of the relay program that `run --mpi` uses from beside `atlasboost`.
@@ -759,8 +779,9 @@ pub fn relay_version() -> String {
     )
 }
 
-fn relay_as(name: &str, command: &[OsString]) -> u8 {
-    match relay(name, command) {
+fn relay_as(kind: Relay, command: &[OsString]) -> u8 {
+    let name = kind.name();
+    match relay(kind, command) {
         Ok(code) => code,
         Err(e) => {
             to_stderr(&format!("{name}: error: {}\n", error_chain(&e)));
@@ -769,7 +790,8 @@ fn relay_as(name: &str, command: &[OsString]) -> u8 {
     }
 }
 
-fn relay(name: &str, command: &[OsString]) -> Result<u8, CliError> {
+fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
+    let name = kind.name();
     let not_by_hand = |variable: &str| {
         CliError::Usage(format!(
             "{variable} is not set: `{name}` is started by mpirun for `atlasboost run --mpi`, \
@@ -790,7 +812,7 @@ fn relay(name: &str, command: &[OsString]) -> Result<u8, CliError> {
         })?;
     let job_id = std::env::var(EnvVars::ATLASBOOST_JOB_ID)
         .map_err(|_| not_by_hand(EnvVars::ATLASBOOST_JOB_ID))?;
-    if name == RELAY_PROGRAM {
+    if kind == Relay::Program {
         check_relay_version(std::env::var(EnvVars::ATLASBOOST_RELAY_VERSION).ok())?;
     }
     // It refuses to run beside another thread: the relay is alone in its process.
