@@ -207,7 +207,7 @@ fn read_head(stream: &mut Timed) -> io::Result<Option<Vec<u8>>> {
             Err(e) => return Err(e),
         };
         head.extend_from_slice(&buf[..n]);
-        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+        if let Some(end) = head_end(&head) {
             head.truncate(end);
             return Ok(Some(head));
         }
@@ -215,6 +215,18 @@ fn read_head(stream: &mut Timed) -> io::Result<Option<Vec<u8>>> {
             return Ok(None);
         }
     }
+}
+
+/// Where the request head in `bytes` ends: the line break before its empty line. Lines end in
+/// CRLF, or in a bare LF, which RFC 9112 §2.2 lets a server take as a line's end (`printf
+/// 'GET /metrics HTTP/1.1\n\n' | nc`, some scripts' clients).
+fn head_end(bytes: &[u8]) -> Option<usize> {
+    bytes
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .map(|(i, _)| i)
+        .find(|&i| matches!(&bytes[i + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
 }
 
 /// What a request for anything but `/metrics` (`GET` or `HEAD`) is answered: its status and
@@ -380,6 +392,21 @@ mod tests {
         assert!(ask(b"GET /metrics HTTP/2.0\r\n\r\n").starts_with("HTTP/1.1 505 "));
         *page.lock().unwrap() = "y 2\n".into();
         assert!(ask(b"GET /metrics HTTP/1.0\r\n\r\n").ends_with("\r\n\r\ny 2\n"));
+        // Lines that end in a bare LF (RFC 9112 §2.2), alone or mixed with CRLF.
+        assert!(ask(b"GET /metrics HTTP/1.1\n\n").ends_with("\r\n\r\ny 2\n"));
+        assert!(ask(b"GET /metrics HTTP/1.1\r\nHost: x\n\r\n").ends_with("\r\n\r\ny 2\n"));
+        assert!(ask(b"GET /nothing HTTP/1.1\nHost: x\n\n").starts_with("HTTP/1.1 404 "));
+    }
+
+    /// The head ends at its first empty line, whichever line ends it uses.
+    #[test]
+    fn the_head_ends_at_the_first_empty_line() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\n\r\n"), Some(15));
+        assert_eq!(head_end(b"GET / HTTP/1.1\n\n"), Some(14));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nA: b\n\r\nbody"), Some(20));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nA: b\r\n"), None);
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nA: b\r\n\r"), None);
+        assert_eq!(head_end(b""), None);
     }
 
     /// A client that drips its request a byte at a time (each read well within a socket
