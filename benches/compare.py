@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side benchmarks of `atlasboost run` against OpenMPI's `mpirun` (Python 3 stdlib only).
 
-    python3 benches/compare.py launch [--runs 20]
+    python3 benches/compare.py launch [--runs 20] [--cpu RUNS]
     python3 benches/compare.py output [--runs 3] [--lines 250000] [--ranks 8]
     python3 benches/compare.py memory [--ranks 64] [--seconds 5]
     python3 benches/compare.py ssh [--runs 10] [--hosts 3]
@@ -14,7 +14,10 @@
 - launch: wall time of starting 8 ranks of `true` and waiting for them (targets:
   atlasboost/mpirun median <= 1.0; `atlasboost run --mpi`, which starts mpirun, <= 1.1).
   `wrapper`: mpirun starting a static C program per rank that forks `true` and waits for it,
-  the floor of any process between mpirun and each worker (needs a C compiler).
+  the floor of any process between mpirun and each worker (needs a C compiler). `--cpu RUNS`:
+  then the CPU time of each kind of process per launch (launcher, relays, mpirun, workers),
+  from the scheduler's events under `perf record -a` (needs perf, root): where the launch is
+  CPU-bound, a contender's extra wall time is about its extra CPU over the cores.
 - output: 8 ranks each print LINES lines as fast as they can; every launcher's stdout goes to a
   file, and the file must hold every line (targets: atlasboost line rate >= 4x mpirun's with
   --tag-output, with and without --mpi, and atlasboost time <= 3x a raw `sh` pipe with no
@@ -78,6 +81,7 @@ import atexit
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -380,8 +384,6 @@ def cmd_launch(args):
         print(f"relay:      {describe_relay(tools['atlasboost'])}\n")
     print_commands(cmds)
     times = time_alternating(names, cmds, args.runs)
-    if tmp:
-        shutil.rmtree(tmp, ignore_errors=True)
     rows = [[n, ms(statistics.median(t)), ms(min(t)), ms(max(t))] for n, t in times.items()]
     print_table(["launcher", "median ms", "min ms", "max ms"], rows)
     if "mpirun" in names:
@@ -394,6 +396,64 @@ def cmd_launch(args):
             ratio = statistics.median(times["wrapper"]) / statistics.median(times["mpirun"])
             print(f"wrapper/mpirun median: {ratio:.2f} (no target: the floor of a process per rank)")
     print_baseline_ratios(names, {n: statistics.median(t) for n, t in times.items()}, "median time")
+    if args.cpu:
+        cpu_budget(names, cmds, args.cpu)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cpu_budget(names, cmds, runs):
+    """CPU time of each kind of process in a launch, from the scheduler's own events (`perf
+    record -a` of sched_switch, fork, exec, exit; root): each contender runs `runs` times in a
+    loop, and the time every process of its tree spent on a CPU is summed by the name it had
+    when it left the CPU (a child mpirun forked counts as mpirun until it execs). On a machine
+    where the launch is CPU-bound, the wall time a contender adds is about the CPU it adds over
+    the cores it shares."""
+    perf = shutil.which("perf")
+    if not perf:
+        die("--cpu needs perf (Debian: apt-get install linux-perf)")
+    events = "sched:sched_switch,sched:sched_process_fork,sched:sched_process_exec,sched:sched_process_exit"
+    budgets = {}
+    with tempfile.TemporaryDirectory(prefix="atlasboost-cpu-", dir=scratch_dir()) as tmp:
+        for n in names:
+            data = Path(tmp) / f"{n}.data"
+            loop = ["sh", "-c", f'i=0; while [ $i -lt {runs} ]; do "$@" >/dev/null || exit 1; i=$((i+1)); done',
+                    "loop", *cmds[n]]
+            rec = subprocess.run([perf, "record", "-q", "-a", "-e", events, "-o", str(data), "--", *loop],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if rec.returncode != 0:
+                die(f"perf record of {n} failed ({rec.returncode}): {rec.stderr.strip()[-400:]}")
+            script = subprocess.run([perf, "script", "-i", str(data), "-F", "comm,pid,cpu,time,event,trace"],
+                                    capture_output=True, text=True, check=True)
+            budgets[n] = on_cpu_by_name(script.stdout, runs)
+    kinds = sorted({k for b in budgets.values() for k in b}, key=lambda k: -max(b.get(k, 0) for b in budgets.values()))
+    rows = [[k, *(f"{budgets[n].get(k, 0.0):.2f}" for n in names)] for k in kinds]
+    rows.append(["total", *(f"{sum(budgets[n].values()):.2f}" for n in names)])
+    print(f"\n# CPU per launch (ms), by process name, mean of {runs} launches each\n")
+    print_table(["process", *names], rows)
+
+
+def on_cpu_by_name(script, runs):
+    """ms on a CPU per launch, by process name, of the processes descended from the loop shell
+    in `perf script` output (comm,pid,cpu,time,event,trace)."""
+    tree, root, running, spent = set(), None, {}, {}
+    for line in script.splitlines():
+        m = re.match(r"\s*(.+?)\s+(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+sched:(\w+):\s+(.*)", line)
+        if not m:
+            continue
+        comm, pid, cpu, t, event, trace = m.group(1), int(m.group(2)), int(m.group(3)), float(m.group(4)), m.group(5), m.group(6)
+        if event == "sched_process_exec" and root is None and comm == "sh":
+            root = pid
+            tree.add(pid)
+        elif event == "sched_process_fork" and pid in tree:
+            tree.add(int(re.search(r"child_pid=(\d+)", trace).group(1)))
+        elif event == "sched_switch":
+            sw = re.search(r"prev_comm=(.+?) prev_pid=(\d+) .*next_pid=(\d+)", trace)
+            prev, prev_pid, next_pid = sw.group(1), int(sw.group(2)), int(sw.group(3))
+            if cpu in running and running[cpu][0] == prev_pid and prev_pid in tree and prev_pid != root:
+                spent[prev] = spent.get(prev, 0.0) + (t - running[cpu][1]) * 1000
+            running[cpu] = (next_pid, t)
+    return {k: v / runs for k, v in spent.items()}
 
 
 # ---------------------------------------------------------------- init (library mode)
@@ -1304,6 +1364,9 @@ def main():
     s = add("launch", "Time starting 8 ranks of `true`: atlasboost run (and run --mpi) vs mpirun.",
             "atlasboost,atlasboost-mpi,mpirun")
     s.add_argument("--runs", type=int, default=20, help="timed runs of each (default 20)")
+    s.add_argument("--cpu", type=int, metavar="RUNS", default=0,
+                   help="then run each RUNS times more under `perf record -a` and print the CPU time of each "
+                        "kind of process per launch (needs perf and root)")
     s.set_defaults(func=cmd_launch)
 
     s = add("init", "Library mode: 8 init-workers under atlasboost run and under mpirun vs a bare MPI "
