@@ -4,8 +4,9 @@
 //! them every few seconds.
 //!
 //! Every metric is optional: a driver without the call for it (an older driver, another chip)
-//! leaves it absent, and a call that fails leaves it absent for that sample. Sampling never
-//! fails as a whole.
+//! leaves it absent, and a call that fails leaves it absent for that sample, named in the
+//! sample's `failures` (a failing health call reads as the device unreadable, as a probe
+//! reads it). Sampling never fails as a whole.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,11 @@ pub struct DeviceSample {
     pub health: Option<Health>,
     /// The driver's current error codes (empty: none).
     pub error_codes: Option<Vec<u32>>,
+    /// Why values are absent from this sample although the driver has the calls for them: each
+    /// call that failed, named with its code (`dsmi_get_temperature returned 13 (BUSY: ...)`),
+    /// or the driver that could not be reached at all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
 }
 
 impl DeviceSample {

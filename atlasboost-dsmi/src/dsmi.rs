@@ -532,62 +532,140 @@ impl Telemetry for DsmiProbe {
 
 impl Driver {
     /// One call per metric and device, each once (no retry: the next sample comes soon); a
-    /// function the driver lacks, or a call that fails, leaves that metric absent.
+    /// function the driver lacks leaves that metric absent, and a call that fails leaves it
+    /// absent too, named in the sample's `failures` (a failing health call reads as the device
+    /// unreadable, as the probe reads it). The driver is asked for each device by its own
+    /// logical id: the devices' `logical_id` is the runtime's, which `ASCEND_RT_VISIBLE_DEVICES`
+    /// renumbers.
     fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
-        let f = self.functions;
+        let ids = match self.driver_ids() {
+            Ok(ids) => ids,
+            Err(e) => {
+                return devices
+                    .iter()
+                    .map(|d| DeviceSample {
+                        failures: vec![e.to_string()],
+                        ..DeviceSample::of(d.physical_id)
+                    })
+                    .collect();
+            }
+        };
         devices
             .iter()
-            .map(|d| {
-                let id = d.logical_id as c_int;
-                let mut s = DeviceSample::of(d.physical_id);
-                if let Some(get) = f.utilization {
-                    let mut rate: c_uint = 0;
-                    // SAFETY: one unsigned int written through a valid pointer.
-                    let code = unsafe { get(id, raw::UTILIZATION_AI_CORE, &mut rate) };
-                    s.ai_core_percent = (code == 0).then_some(rate);
-                }
-                if let Some(get) = f.temperature {
-                    let mut celsius: c_int = 0;
-                    // SAFETY: one int written through a valid pointer.
-                    let code = unsafe { get(id, &mut celsius) };
-                    s.temperature_c = (code == 0).then_some(celsius);
-                }
-                if let Some(get) = f.power {
-                    let mut info = raw::PowerInfo::default();
-                    // SAFETY: a valid struct to write into.
-                    let code = unsafe { get(id, &mut info) };
-                    s.power_decwatts = (code == 0).then_some(u32::from(info.power));
-                }
-                if let Some(get) = f.hbm {
-                    let mut info = raw::HbmInfo::default();
-                    // SAFETY: a valid struct to write into.
-                    if unsafe { get(id, &mut info) } == 0 {
-                        s.hbm_total_mb = Some(info.memory_size / 1024);
-                        s.hbm_used_mb = Some(info.memory_usage / 1024);
-                    }
-                }
-                if let Some(get) = f.health {
-                    let mut code: c_uint = 0;
-                    // SAFETY: one unsigned int written through a valid pointer.
-                    s.health =
-                        (unsafe { get(id, &mut code) } == 0).then(|| Health::from_code(code));
-                }
-                if let Some(get) = f.errors {
-                    let mut count: c_int = 0;
-                    let mut codes = [0 as c_uint; raw::MAX_ERROR_CODES];
-                    // SAFETY: an int and an array of MAX_ERROR_CODES unsigned ints, as the
-                    // header requires.
-                    if unsafe { get(id, &mut count, codes.as_mut_ptr()) } == 0 {
-                        // A count beyond the array would be the driver's bug: clamped.
-                        let n = usize::try_from(count)
-                            .unwrap_or(0)
-                            .min(raw::MAX_ERROR_CODES);
-                        s.error_codes = Some(codes[..n].to_vec());
-                    }
-                }
-                s
+            .map(|d| match ids.get(&d.physical_id) {
+                Some(&logical) => self.sample_device(d.physical_id, logical),
+                None => DeviceSample {
+                    failures: vec![format!(
+                        "the driver no longer lists physical id {} (dsmi_list_device)",
+                        d.physical_id
+                    )],
+                    ..DeviceSample::of(d.physical_id)
+                },
             })
             .collect()
+    }
+
+    /// The driver's logical id of each physical id (its calls take the former), as it lists
+    /// its devices now.
+    fn driver_ids(&self) -> Result<std::collections::HashMap<u32, u32>, DsmiError> {
+        let f = self.functions;
+        let mut count: c_int = 0;
+        // SAFETY: one int written through a valid pointer.
+        check("dsmi_get_device_count", None, unsafe {
+            (f.count)(&mut count)
+        })?;
+        let count = count.clamp(0, MAX_DEVICES);
+        let mut ids: Vec<c_int> = vec![0; count as usize];
+        if count > 0 {
+            // SAFETY: the buffer holds `count` ints, as the function is told.
+            check("dsmi_list_device", None, unsafe {
+                (f.list)(ids.as_mut_ptr(), count)
+            })?;
+        }
+        let mut physical_of = std::collections::HashMap::with_capacity(ids.len());
+        for logical in ids.into_iter().filter_map(|id| u32::try_from(id).ok()) {
+            let mut physical: c_uint = 0;
+            // SAFETY: one unsigned int written through a valid pointer.
+            check("dsmi_get_phyid_from_logicid", Some(logical), unsafe {
+                (f.phyid)(logical, &mut physical)
+            })?;
+            physical_of.insert(physical, logical);
+        }
+        Ok(physical_of)
+    }
+
+    /// One sample of the device with physical id `physical`, the driver's `logical`.
+    fn sample_device(&self, physical: u32, logical: u32) -> DeviceSample {
+        let f = self.functions;
+        let id = logical as c_int;
+        let mut s = DeviceSample::of(physical);
+        let mut failures = Vec::new();
+        // The call's answer when it succeeded; its failure named otherwise.
+        let mut answered =
+            |function: &'static str, code: c_int| match check(function, Some(logical), code) {
+                Ok(()) => true,
+                Err(e) => {
+                    failures.push(e.to_string());
+                    false
+                }
+            };
+        if let Some(get) = f.utilization {
+            let mut rate: c_uint = 0;
+            // SAFETY: one unsigned int written through a valid pointer.
+            let code = unsafe { get(id, raw::UTILIZATION_AI_CORE, &mut rate) };
+            s.ai_core_percent = answered("dsmi_get_device_utilization_rate", code).then_some(rate);
+        }
+        if let Some(get) = f.temperature {
+            let mut celsius: c_int = 0;
+            // SAFETY: one int written through a valid pointer.
+            let code = unsafe { get(id, &mut celsius) };
+            s.temperature_c = answered("dsmi_get_device_temperature", code).then_some(celsius);
+        }
+        if let Some(get) = f.power {
+            let mut info = raw::PowerInfo::default();
+            // SAFETY: a valid struct to write into.
+            let code = unsafe { get(id, &mut info) };
+            s.power_decwatts =
+                answered("dsmi_get_device_power_info", code).then_some(u32::from(info.power));
+        }
+        if let Some(get) = f.hbm {
+            let mut info = raw::HbmInfo::default();
+            // SAFETY: a valid struct to write into.
+            let code = unsafe { get(id, &mut info) };
+            if answered("dsmi_get_hbm_info", code) {
+                s.hbm_total_mb = Some(info.memory_size / 1024);
+                s.hbm_used_mb = Some(info.memory_usage / 1024);
+            }
+        }
+        if let Some(get) = f.health {
+            let mut health: c_uint = 0;
+            // SAFETY: one unsigned int written through a valid pointer.
+            let code = unsafe { get(id, &mut health) };
+            // A health that cannot be read is no healthy device: unreadable, as a probe says.
+            s.health = Some(match answered("dsmi_get_device_health", code) {
+                true => Health::from_code(health),
+                false => Health::Unreadable {
+                    code,
+                    call: DriverCall::Health,
+                },
+            });
+        }
+        if let Some(get) = f.errors {
+            let mut count: c_int = 0;
+            let mut codes = [0 as c_uint; raw::MAX_ERROR_CODES];
+            // SAFETY: an int and an array of MAX_ERROR_CODES unsigned ints, as the header
+            // requires.
+            let code = unsafe { get(id, &mut count, codes.as_mut_ptr()) };
+            if answered("dsmi_get_device_errorcode", code) {
+                // A count beyond the array would be the driver's bug: clamped.
+                let n = usize::try_from(count)
+                    .unwrap_or(0)
+                    .min(raw::MAX_ERROR_CODES);
+                s.error_codes = Some(codes[..n].to_vec());
+            }
+        }
+        s.failures = failures;
+        s
     }
 }
 

@@ -417,6 +417,7 @@ impl SimProbe {
             power_decwatts: Some(1800 + wave(41, 1650) as u32),
             health: Some(health),
             error_codes: Some(Vec::new()),
+            failures: Vec::new(),
         }
     }
 }

@@ -329,6 +329,23 @@ impl Telemetry for NoTelemetry {
     }
 }
 
+/// The telemetry of a driver that cannot be loaded: every device without values, each naming
+/// why (the library is gone, or cannot be opened).
+#[derive(Debug, Clone)]
+pub struct FailedTelemetry(pub String);
+
+impl Telemetry for FailedTelemetry {
+    fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
+        devices
+            .iter()
+            .map(|d| DeviceSample {
+                failures: vec![self.0.clone()],
+                ..DeviceSample::of(d.physical_id)
+            })
+            .collect()
+    }
+}
+
 /// The telemetry of the devices the probe named `probe` (`sim`, `dsmi`, ...: a
 /// [`DeviceProbe::name`], of the probe [`make_probe`] made from `discovery`) finds: the same
 /// backend's (the driver's, or the simulated devices'), re-read at every sample (the simulated
@@ -336,7 +353,8 @@ impl Telemetry for NoTelemetry {
 ///
 /// # Errors
 ///
-/// The simulated faults, when malformed (the driver's absence is no error: no telemetry).
+/// The simulated faults, when malformed (a driver that cannot be loaded is no error: its
+/// samples name why, [`FailedTelemetry`]).
 pub fn make_telemetry(
     probe: &str,
     discovery: &Discovery,
@@ -346,7 +364,7 @@ pub fn make_telemetry(
         ("sim", Some(n)) => Box::new(sim_probe(discovery, server_id, n)?),
         ("dsmi", _) => match DsmiProbe::load(server_id) {
             Ok(p) => Box::new(p),
-            Err(_) => Box::new(NoTelemetry),
+            Err(e) => Box::new(FailedTelemetry(format!("the driver cannot be loaded: {e}"))),
         },
         _ => Box::new(NoTelemetry),
     })

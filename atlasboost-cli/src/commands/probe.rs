@@ -157,6 +157,8 @@ fn watch(
         .map_err(CliError::system("start the thread reading the devices"))?;
     // When the reading under way was asked for, and whether its lateness was shown.
     let mut asked: Option<(Instant, bool)> = None;
+    // The clock's time of that ask: what a reading's `time` says.
+    let mut asked_at = std::time::SystemTime::now();
     // How long the last reading took.
     let mut took = Duration::ZERO;
     loop {
@@ -164,6 +166,7 @@ fn watch(
             Some(a) => a,
             None => {
                 ask.send(()).map_err(|_| gone())?;
+                asked_at = std::time::SystemTime::now();
                 (Instant::now(), false)
             }
         };
@@ -184,9 +187,13 @@ fn watch(
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(gone()),
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
+        // A reading is of when it was asked for; a late one's absent values are of now.
+        let now = match late {
+            None => asked_at,
+            Some(_) => std::time::SystemTime::now(),
+        }
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
         let text = if args.json {
             let line = Sampled {
                 time: now,
@@ -206,8 +213,10 @@ fn watch(
             }
         };
         printer.out(&text).map_err(CliError::Stdout)?;
+        // The next reading `every` after this one was asked for: a slow driver does not
+        // stretch the interval by its reading's time.
         if late.is_none() {
-            std::thread::sleep(every);
+            std::thread::sleep((since + every).saturating_duration_since(Instant::now()));
         }
     }
 }
@@ -291,6 +300,12 @@ fn render_samples(
     out.push_str(&line(header.to_vec()));
     for r in &rows {
         out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    // Why a value the driver has is absent: its call failed (a busy NPU, the driver gone).
+    for s in samples {
+        for failure in &s.failures {
+            out.push_str(&format!("npu {}: {failure}\n", s.physical_id));
+        }
     }
     out
 }

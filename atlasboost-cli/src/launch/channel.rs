@@ -230,8 +230,8 @@ impl Stream {
 /// lines frames, `O` and `E`; 4: heartbeats, records and stacks; 5: the launch tree, with the
 /// rendezvous on the channel; 6: the host's NPU count in telemetry samples; 7: exit frames
 /// carry any signal number, the real-time ones too; 8: an unreadable device's health names the
-/// driver call that failed).
-pub const HELLO: &[u8] = b"\x00atlasboost-agent-8\n";
+/// driver call that failed; 9: a telemetry sample names the driver calls that failed).
+pub const HELLO: &[u8] = b"\x00atlasboost-agent-9\n";
 
 /// What every version's [`HELLO`] starts with (its version and a newline follow).
 const GREETING_PREFIX: &[u8] = b"\x00atlasboost-agent-";

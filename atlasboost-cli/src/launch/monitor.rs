@@ -4,7 +4,7 @@
 //! `--events`, and serves it, with each rank's state, on `--metrics` in Prometheus's text
 //! format with MindX `npu-exporter`'s metric names, which existing dashboards key on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -169,6 +169,10 @@ pub fn encode(sample: &HostSample) -> Vec<u8> {
                 }
             }
         }
+        w.varint(d.failures.len() as u64);
+        for f in &d.failures {
+            w.str(f);
+        }
     }
     w.varint(sample.workers.len() as u64);
     for s in &sample.workers {
@@ -214,6 +218,11 @@ pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
                 Some(codes)
             }
         };
+        let k = r.varint("the failure count")?;
+        let mut failures = Vec::with_capacity(k.min(r.left() as u64) as usize);
+        for _ in 0..k {
+            failures.push(r.str("a failed call")?);
+        }
         devices.push(DeviceSample {
             physical_id,
             ai_core_percent: small(ai, "the AI core")?,
@@ -226,6 +235,7 @@ pub fn decode(bytes: &[u8]) -> Result<HostSample, CompactError> {
                 .map(|h| Health::from_wire(h).ok_or(CompactError(format!("the health {h:#x}"))))
                 .transpose()?,
             error_codes: codes,
+            failures,
         });
     }
     let n = r.varint("the worker count")?;
@@ -282,11 +292,43 @@ fn groups_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
     by_group
 }
 
-/// Whether the main thread of `pid` has children (`true` when the kernel cannot say:
-/// `/proc/<pid>/task/<pid>/children` needs CONFIG_PROC_CHILDREN).
-fn has_children(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .map_or(true, |list| !list.trim().is_empty())
+/// The children of `pid`, of every thread of it (a child started from a thread is that
+/// thread's); `None` when the kernel cannot say (`/proc/<pid>/task/<tid>/children` needs
+/// CONFIG_PROC_CHILDREN).
+fn children(pid: i32) -> Option<Vec<i32>> {
+    let mut all = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let list = std::fs::read_to_string(task.path().join("children")).ok()?;
+        all.extend(
+            list.split_ascii_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    Some(all)
+}
+
+/// Whether some of the worker groups `groups` (each named by its leader) may hold more than
+/// their leader: a leader with children, or a process of such a group that its parent left to
+/// this process (a subreaper adopts what a worker's child leaves behind). `true` when the
+/// kernel cannot say.
+fn groups_may_have_more(groups: &[i32]) -> bool {
+    if groups
+        .iter()
+        .any(|&pid| children(pid).is_none_or(|c| !c.is_empty()))
+    {
+        return true;
+    }
+    let Some(adopted) = children(std::process::id() as i32) else {
+        return true;
+    };
+    adopted
+        .into_iter()
+        .filter(|pid| !groups.contains(pid))
+        .filter_map(|pid| atlasboost::process::process_stat(u32::try_from(pid).ok()?))
+        .any(|stat| groups.contains(&stat.pgrp))
 }
 
 /// The use of each group leader among `groups` alone.
@@ -317,7 +359,7 @@ impl CpuClock {
         // A pass over every process of the host only when some worker has children (a shell
         // running the real work, a data loader's processes): else, as on the first sample when
         // the workers start, each group is its leader alone.
-        let by_group = match !self.last.is_empty() && groups.iter().any(|&pid| has_children(pid)) {
+        let by_group = match !self.last.is_empty() && groups_may_have_more(&groups) {
             true => groups_use(&groups),
             false => leaders_use(&groups),
         };
@@ -467,6 +509,12 @@ impl DeviceSampler {
                     self.last = Some((Instant::now(), values));
                     self.asked = None;
                     self.said = false;
+                    // A reading slower than the wait came back between two samples: the next
+                    // one is asked for now, so that each sample has a reading of its own (else
+                    // a slow driver is read every other interval).
+                    if asked != now && self.ask.try_send(()).is_ok() {
+                        self.asked = Some(now);
+                    }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) if !self.said => {
                     self.said = true;
@@ -508,6 +556,53 @@ impl DeviceSampler {
         };
         (values, warning)
     }
+}
+
+/// The warning that names the driver calls of `samples` (each host's, `hosts` in order) that
+/// failed and were not said before (`said`: `(host, failure)`, kept across samples), with the
+/// NPUs each failed for; `None` when there is nothing new. A call that keeps failing is said
+/// once: its metrics are absent meanwhile, and a failing health shows as unreadable.
+pub fn failures_to_say(
+    hosts: &[HostMonitor],
+    samples: &[Vec<DeviceSample>],
+    said: &mut HashSet<(String, String)>,
+) -> Option<String> {
+    let mut new: Vec<(String, String, Vec<u32>)> = Vec::new();
+    for (host, devices) in hosts.iter().zip(samples) {
+        for d in devices {
+            for failure in &d.failures {
+                let key = (host.host.clone(), failure.clone());
+                match new.iter_mut().find(|(h, f, _)| (h, f) == (&key.0, &key.1)) {
+                    Some((_, _, npus)) => npus.push(d.physical_id),
+                    None if !said.contains(&key) => {
+                        new.push((key.0, key.1, vec![d.physical_id]));
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+    if new.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = new
+        .into_iter()
+        .map(|(host, failure, npus)| {
+            let npus: Vec<String> = npus.iter().map(u32::to_string).collect();
+            let which = match npus.as_slice() {
+                [one] => format!("npu {one}"),
+                many => format!("npus {}", many.join(",")),
+            };
+            let text = format!("host {host} {which}: {failure}");
+            said.insert((host, failure));
+            text
+        })
+        .collect();
+    Some(format!(
+        "atlasboost: warning: device telemetry: {}; what a failing call reads is left out (a \
+         failing health reads as unreadable) while it fails, said once",
+        named.join("; ")
+    ))
 }
 
 /// The events-file form of a sample.
@@ -654,7 +749,7 @@ pub fn render(
         ),
         (
             "atlasboost_rank_last_output_seconds",
-            "Seconds since the rank's last output line (to the monitor interval).",
+            "Seconds since the rank's last output line (refreshed every second).",
             "gauge",
             |r| r.silent_seconds,
         ),
@@ -855,6 +950,153 @@ mod tests {
         assert!(w.cpu_permille > 0, "{w:?}");
     }
 
+    /// A child started from another thread is that thread's child (the main thread's list
+    /// does not show it); a process of a worker's group that is not the leader's child (its
+    /// parent gone, adopted here) makes the group more than its leader too.
+    #[test]
+    fn a_groups_other_processes_are_found_whoever_their_parent_is() {
+        use std::os::unix::process::CommandExt;
+
+        let spawn = |group: i32| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .process_group(group)
+                .spawn()
+                .unwrap()
+        };
+        let mut leader = spawn(0);
+        let pid = leader.id() as i32;
+        // A leader alone (sleep has no child; this test's other children are in groups of
+        // their own).
+        assert!(!groups_may_have_more(&[pid]));
+        // Started by another thread, which stays until it is looked for.
+        let (started, wait) = std::sync::mpsc::channel();
+        let (done, end) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let child = spawn(0);
+            started.send(child.id() as i32).unwrap();
+            let _ = end.recv();
+            child
+        });
+        let from_thread = wait.recv().unwrap();
+        let mine = children(std::process::id() as i32).unwrap();
+        assert!(mine.contains(&from_thread), "{from_thread} in {mine:?}");
+        assert!(mine.contains(&pid), "{pid} in {mine:?}");
+        done.send(()).unwrap();
+        let mut other = thread.join().unwrap();
+        // In the leader's group, a child of this process: as a worker's child adopted here.
+        let mut adopted = spawn(pid);
+        assert!(groups_may_have_more(&[pid]));
+        for c in [&mut leader, &mut other, &mut adopted] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A driver call that fails is said once per host and failure, with the NPUs it failed
+    /// for; the next sample with the same failure says nothing, a new one is said.
+    #[test]
+    fn failing_driver_calls_are_said_once_with_their_npus() {
+        let host = |name: &str| HostMonitor {
+            host: name.into(),
+            devices: Vec::new(),
+            machine_npus: 8,
+            left_out: 0,
+            telemetry: Arc::new(Fixed(Vec::new())),
+        };
+        let hosts = [host("10.0.0.1"), host("10.0.0.2")];
+        let failing = |p: u32, f: &str| DeviceSample {
+            failures: vec![f.to_string()],
+            ..DeviceSample::of(p)
+        };
+        let busy = "dsmi_get_device_health(device 2) returned 13";
+        let gone = "cannot load the driver";
+        let samples = vec![
+            vec![failing(2, busy), DeviceSample::of(3)],
+            vec![failing(0, gone), failing(1, gone)],
+        ];
+        let mut said = HashSet::new();
+        let w = failures_to_say(&hosts, &samples, &mut said).unwrap();
+        assert!(w.contains(&format!("host 10.0.0.1 npu 2: {busy}")), "{w}");
+        assert!(
+            w.contains(&format!("host 10.0.0.2 npus 0,1: {gone}")),
+            "{w}"
+        );
+        assert_eq!(failures_to_say(&hosts, &samples, &mut said), None);
+        let later = vec![
+            vec![failing(3, "dsmi_get_hbm_info(device 3) returned 8")],
+            vec![],
+        ];
+        let w = failures_to_say(&hosts, &later, &mut said).unwrap();
+        assert!(w.contains("host 10.0.0.1 npu 3: dsmi_get_hbm_info"), "{w}");
+        assert!(!w.contains(busy), "{w}");
+    }
+
+    /// Telemetry that answers a fixed sample, after a while.
+    pub(crate) struct Fixed(pub Vec<DeviceSample>);
+
+    impl Telemetry for Fixed {
+        fn sample(&self, _: &[Device]) -> Vec<DeviceSample> {
+            self.0.clone()
+        }
+    }
+
+    /// Telemetry whose every reading takes `0`, and says which reading it is.
+    struct Slow(Duration, std::sync::atomic::AtomicU32);
+
+    impl Telemetry for Slow {
+        fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
+            std::thread::sleep(self.0);
+            let n = self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            devices
+                .iter()
+                .map(|d| DeviceSample {
+                    ai_core_percent: Some(n),
+                    ..DeviceSample::of(d.physical_id)
+                })
+                .collect()
+        }
+    }
+
+    /// A driver slower than the sampler's wait is still read once per interval: each sample
+    /// after the first gets a reading it has not shown before (else every other one repeats).
+    #[test]
+    fn a_slow_driver_is_read_every_interval_not_every_other() {
+        let device = Device {
+            server_id: "h".into(),
+            logical_id: 0,
+            physical_id: 0,
+            ip: None,
+            chip: "910".into(),
+            health: Health::Healthy,
+            super_device_id: None,
+            super_pod_id: None,
+        };
+        let hosts = [HostMonitor {
+            host: "h".into(),
+            devices: vec![device],
+            machine_npus: 1,
+            left_out: 0,
+            telemetry: Arc::new(Slow(
+                TELEMETRY_WAIT * 3,
+                std::sync::atomic::AtomicU32::new(0),
+            )),
+        }];
+        let mut sampler = DeviceSampler::start(&hosts).unwrap();
+        let interval = TELEMETRY_WAIT * 6;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            let (values, _) = sampler.sample(&hosts, interval * 10);
+            seen.push(values[0][0].ai_core_percent);
+            std::thread::sleep(interval);
+        }
+        // The first sample may come before the first reading; from the second on, each is new.
+        let readings: Vec<u32> = seen[1..].iter().map(|r| r.expect("a reading")).collect();
+        let mut distinct = readings.clone();
+        distinct.dedup();
+        assert_eq!(distinct, readings, "a reading shown twice: {seen:?}");
+    }
+
     #[test]
     fn a_sample_round_trips_compact_and_absent_stays_absent() {
         let sample = HostSample {
@@ -871,8 +1113,18 @@ mod tests {
                     power_decwatts: Some(2150),
                     health: Some(Health::Unhealthy { code: 3 }),
                     error_codes: Some(vec![0x80E0_1801]),
+                    failures: Vec::new(),
                 },
                 DeviceSample::of(4),
+                // A device whose health and temperature calls failed: named, and unreadable.
+                DeviceSample {
+                    health: Some(Health::Unreadable {
+                        code: 13,
+                        call: atlasboost_core::DriverCall::Health,
+                    }),
+                    failures: vec!["dsmi_get_device_temperature(device 6) returned 13".into()],
+                    ..DeviceSample::of(6)
+                },
             ],
             workers: vec![WorkerStat {
                 rank: 7,
@@ -881,7 +1133,7 @@ mod tests {
             }],
         };
         let bytes = encode(&sample);
-        assert!(bytes.len() < 60, "{} bytes", bytes.len());
+        assert!(bytes.len() < 120, "{} bytes", bytes.len());
         assert_eq!(decode(&bytes).unwrap(), sample);
         assert!(decode(&bytes[..bytes.len() - 1]).is_err());
     }

@@ -969,6 +969,8 @@ struct Supervisor<'a> {
     /// The monitored hosts' device telemetry, read on a thread of its own (`Some(None)`: none
     /// could be started), made at the first sample.
     sampler: Option<Option<monitor::DeviceSampler>>,
+    /// The driver calls whose failure telemetry has said: `(host, failure)`.
+    failures_said: HashSet<(String, String)>,
     /// The latest sample of every host (the launcher's).
     samples: std::collections::BTreeMap<String, HostSample>,
     /// Each lane's line count at the last publication, and when it last changed.
@@ -1056,6 +1058,7 @@ impl<'a> Supervisor<'a> {
             next_sample: Instant::now(),
             cpu: CpuClock::default(),
             sampler: None,
+            failures_said: HashSet::new(),
             samples: std::collections::BTreeMap::new(),
             printed: vec![(0, Instant::now()); workers.len()],
             next_publish: Instant::now(),
@@ -1129,6 +1132,9 @@ impl<'a> Supervisor<'a> {
                 .map(|h| h.telemetry.sample(&h.devices))
                 .collect(),
         };
+        if let Some(w) = monitor::failures_to_say(&plan.hosts, &devices, &mut self.failures_said) {
+            output.message(&w);
+        }
         for (host, devices) in plan.hosts.iter().zip(devices) {
             let workers: Vec<(u32, i32)> = self
                 .workers

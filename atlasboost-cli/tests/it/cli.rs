@@ -3020,6 +3020,80 @@ fn probe_watch_shows_a_driver_call_that_hangs_and_goes_on() {
     assert_eq!(back["devices"][0]["temperature_c"], 40);
 }
 
+/// A telemetry call that fails is named in the sample (`failures`, with the driver's id and
+/// code), and a failing health reads as unreadable, as the probe reads it, not as absent.
+#[test]
+fn probe_watch_names_a_failing_call_and_a_failing_health_is_unreadable() {
+    let (dir, mut child, next) = watch_json();
+    fs::write(
+        dir.path().join("faults"),
+        "fail:dsmi_get_device_health@1=13\n",
+    )
+    .unwrap();
+    let mut seen = None;
+    for _ in 0..50 {
+        let sample = next();
+        if sample["devices"][1]["health"] != "healthy" {
+            seen = Some(sample);
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let sample = seen.expect("the failing health within 50 samples");
+    let device = &sample["devices"][1];
+    assert_eq!(device["health"]["unreadable"]["code"], 13, "{sample}");
+    assert_eq!(
+        device["health"]["unreadable"]["call"], "dsmi_get_device_health",
+        "{sample}"
+    );
+    let failure = device["failures"][0].as_str().unwrap_or_default();
+    assert!(
+        failure.starts_with("dsmi_get_device_health(device 1) returned 13"),
+        "{sample}"
+    );
+    assert_eq!(
+        device["temperature_c"], 41,
+        "the other calls answer: {sample}"
+    );
+    assert!(sample["devices"][0].get("failures").is_none(), "{sample}");
+}
+
+/// `--watch 2` of a driver whose reading takes 1.5 s: a reading every 2 s (each stamped with
+/// when it was asked for), not every 2 s after the last one came back (3.5 s).
+#[test]
+fn probe_watch_of_a_slow_driver_keeps_its_interval() {
+    use std::io::BufRead;
+
+    let dir = TempDir::new().unwrap();
+    let faults = dir.path().join("faults");
+    fs::write(&faults, "hang:dsmi_get_device_temperature@1=1500\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_atlasboost"))
+        .args(["probe", "--probe", "dsmi", "--server-id", "10.0.0.1"])
+        .args(["--watch", "2", "--json"])
+        .env("ATLASBOOST_DSMI_LIB", fake_driver())
+        .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
+        .env("ATLASBOOST_FAKE_DSMI_FAULTS_FILE", &faults)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut times = Vec::new();
+    while times.len() < 4 {
+        let Some(Ok(line)) = lines.next() else { break };
+        let sample: Value = serde_json::from_str(&line).unwrap();
+        assert!(sample.get("no_answer_for_s").is_none(), "{sample}");
+        times.push(sample["time"].as_f64().unwrap());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(times.len(), 4, "4 samples");
+    for gap in times.windows(2).map(|w| w[1] - w[0]) {
+        assert!((1.9..2.9).contains(&gap), "gaps of {times:?}");
+    }
+}
+
 /// A driver that is slow but answers (each reading takes 2.3 s, more than the 2 s after which
 /// a reading is taken for stuck) is shown as stuck only until its first slow reading has come:
 /// then twice the last reading's time is waited for (it flapped between values and none).

@@ -565,6 +565,72 @@ fn an_injected_fault_shows_in_the_next_sample() {
     assert_eq!(next[4].temperature_c, Some(44));
 }
 
+/// `ASCEND_RT_VISIBLE_DEVICES` renumbers the devices the runtime sees (physical 5 and 7 become
+/// logical 0 and 1); the driver still numbers them as it lists them, and each device's values
+/// are read from that device, not from the driver's devices 0 and 1 (one of them broken).
+#[test]
+fn telemetry_asks_the_driver_by_its_own_ids_under_ascend_rt_visible_devices() {
+    use atlasboost_core::Telemetry;
+
+    let _env = Env::set(&[
+        (EnvVars::ASCEND_RT_VISIBLE_DEVICES, "5,7"),
+        (EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS, "unhealthy:0"),
+    ]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    let devices = probe.probe().unwrap();
+    let ids: Vec<(u32, u32)> = devices
+        .iter()
+        .map(|d| (d.logical_id, d.physical_id))
+        .collect();
+    assert_eq!(ids, [(0, 5), (1, 7)]);
+    let samples = probe.sample(&devices);
+    for (s, p) in samples.iter().zip([5, 7]) {
+        assert_eq!(s.physical_id, p);
+        assert_eq!(s.temperature_c, Some(40 + p as i32), "{s:?}");
+        assert_eq!(s.ai_core_percent, Some((10 + 7 * p) % 100), "{s:?}");
+        assert_eq!(s.health, Some(Health::Healthy), "{s:?}");
+        assert!(s.failures.is_empty(), "{s:?}");
+    }
+}
+
+/// A call that fails is named in the sample, with the driver's id and code; a failing health
+/// call reads as the device unreadable (an alert on health sees it), not as no health at all.
+#[test]
+fn a_failing_telemetry_call_is_named_and_a_failing_health_reads_unreadable() {
+    use atlasboost_core::{DriverCall, Telemetry};
+
+    let _env = Env::set(&[(
+        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS,
+        "fail:dsmi_get_device_health@2=13;fail:dsmi_get_device_temperature@2=13",
+    )]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    // The probe reports device 2 unreadable and the others as they are.
+    let devices = probe.probe().unwrap();
+    let samples = probe.sample(&devices);
+    let broken = &samples[2];
+    assert_eq!(
+        broken.health,
+        Some(Health::Unreadable {
+            code: 13,
+            call: DriverCall::Health
+        })
+    );
+    assert_eq!(broken.temperature_c, None);
+    assert_eq!(broken.ai_core_percent, Some(24), "the other calls answer");
+    assert_eq!(broken.failures.len(), 2, "{:?}", broken.failures);
+    assert!(
+        broken.failures[0].starts_with("dsmi_get_device_temperature(device 2) returned 13"),
+        "{:?}",
+        broken.failures
+    );
+    assert!(
+        broken.failures[1].starts_with("dsmi_get_device_health(device 2) returned 13"),
+        "{:?}",
+        broken.failures
+    );
+    assert!(samples[1].failures.is_empty() && samples[1].health == Some(Health::Healthy));
+}
+
 /// The old driver has none of the telemetry calls (nor health): every metric is absent, and
 /// sampling does not fail.
 #[test]

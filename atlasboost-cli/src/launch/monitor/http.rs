@@ -232,7 +232,15 @@ fn head_end(bytes: &[u8]) -> Option<usize> {
 /// What a request for anything but `/metrics` (`GET` or `HEAD`) is answered: its status and
 /// why, or `None` for a request for the metrics.
 fn refusal(method: &str, target: &str) -> Option<(u16, &'static str)> {
-    let path = target.split(['?', '#']).next().unwrap_or(target);
+    // The absolute form (`http://host:9400/metrics`, what a request through a proxy names),
+    // which a server must accept (RFC 9112 §3.2.2): its path.
+    let origin = match target.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => {
+            rest.find('/').map_or("/", |at| &rest[at..])
+        }
+        _ => target,
+    };
+    let path = origin.split(['?', '#']).next().unwrap_or(origin);
     match (method, path) {
         ("GET" | "HEAD", "/metrics") => None,
         (_, "/metrics") => Some((405, "405 method not allowed: GET /metrics\n")),
@@ -396,6 +404,12 @@ mod tests {
         assert!(ask(b"GET /metrics HTTP/1.1\n\n").ends_with("\r\n\r\ny 2\n"));
         assert!(ask(b"GET /metrics HTTP/1.1\r\nHost: x\n\r\n").ends_with("\r\n\r\ny 2\n"));
         assert!(ask(b"GET /nothing HTTP/1.1\nHost: x\n\n").starts_with("HTTP/1.1 404 "));
+        // The absolute form (RFC 9112 §3.2.2), as through a proxy.
+        let absolute = ask(b"GET http://127.0.0.1:9400/metrics?x=1 HTTP/1.1\r\n\r\n");
+        assert!(absolute.ends_with("\r\n\r\ny 2\n"), "{absolute}");
+        assert!(ask(b"GET HTTP://h/metrics HTTP/1.1\r\n\r\n").ends_with("\r\n\r\ny 2\n"));
+        assert!(ask(b"GET http://h/other HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
+        assert!(ask(b"GET http://h HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
     }
 
     /// The head ends at its first empty line, whichever line ends it uses.
