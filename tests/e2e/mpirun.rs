@@ -580,6 +580,21 @@ fn ranks_here_run_the_relay_program_beside_atlasboost_and_others_atlasboost_rela
             "{line}"
         );
     }
+    // --remote-atlasboost is for other hosts: with every rank here it is unused and said (it
+    // made mpirun start a path that is not there, and the job fail).
+    let f = run_mpi(2)
+        .args([
+            "--remote-atlasboost",
+            "/nonexistent/atlasboost",
+            "--",
+            "true",
+        ])
+        .run();
+    f.assert_code(0);
+    f.assert_err(
+        &["--remote-atlasboost unused: every rank is on this machine"],
+        &[],
+    );
 }
 
 #[test]
