@@ -444,11 +444,14 @@ pub mod session {
     /// `MPI_Abort`'s kill would), and mpirun (`orte_abort_on_non_zero_status 0`) lets it.
     ///
     /// Not in a child forked after [`start`]: MPI there is the parent's, and an abort would end
-    /// the parent's job.
-    pub fn abort_mpi(code: i32) {
+    /// the parent's job. Returns `false` there, `true` when it returns for lack of MPI: a
+    /// program that initialised MPI itself (mpi4py, in a build without MPI support) may then
+    /// end the job through its own.
+    #[must_use]
+    pub fn abort_mpi(code: i32) -> bool {
         let owner = OWNER.load(Ordering::Relaxed);
         if owner != 0 && owner != std::process::id() {
-            return;
+            return false;
         }
         #[cfg(feature = "mpi")]
         {
@@ -465,6 +468,7 @@ pub mod session {
             atlasboost_mpi::abort_if_initialized(code);
         }
         let _ = code;
+        true
     }
 
     /// Ends the job: MPI is finalised if atlasboost initialised it. Later calls need
@@ -1858,12 +1862,50 @@ fn local_endpoint(c: &LaunchContext) -> Result<Option<String>, InitError> {
         return Ok(None);
     };
     let dir = private_dir()?;
+    if c.rank == 0 {
+        sweep_stale_sockets(&dir, STALE_SOCKET_AGE);
+    }
     let name = atlasboost_tcp::Secret::derive(&job).to_hex();
     Ok(Some(format!(
         "ipc://{}/{}.sock",
         dir.display(),
         &name[..24]
     )))
+}
+
+/// How old a socket file of the private directory must be for a rank 0 to take it for one that
+/// a killed rank 0 left (nothing listens on it): a live one listens from the moment it is made.
+const STALE_SOCKET_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes the rendezvous sockets in `dir` that nothing listens on and that are older than
+/// `age`: a rank 0 killed during its rendezvous (mpirun's SIGTERM after another rank failed)
+/// removes nothing, and the files would pile up.
+fn sweep_stale_sockets(dir: &Path, age: std::time::Duration) {
+    use std::os::unix::fs::FileTypeExt;
+
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|a| a >= age);
+        let is_sock = path.extension().is_some_and(|e| e == "sock");
+        if !(meta.file_type().is_socket() && is_sock && old) {
+            continue;
+        }
+        if let Err(e) = std::os::unix::net::UnixStream::connect(&path)
+            && e.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// What names this MPI job on this host (see [`local_endpoint`]), from the variables `get`
@@ -1983,6 +2025,26 @@ mod tests {
     use atlasboost_core::Health;
 
     use super::*;
+
+    /// A socket file nothing listens on, older than the age given, is removed (a rank 0 killed
+    /// during its rendezvous left it); a live one, a young one, and what is no socket stay.
+    #[test]
+    fn stale_rendezvous_sockets_are_swept_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let live_path = dir.path().join("live.sock");
+        let _live = std::os::unix::net::UnixListener::bind(&live_path).unwrap();
+        let dead = dir.path().join("dead.sock");
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        let other = dir.path().join("other");
+        drop(std::os::unix::net::UnixListener::bind(&other).unwrap());
+        let file = dir.path().join("file.sock");
+        std::fs::write(&file, "").unwrap();
+        sweep_stale_sockets(dir.path(), std::time::Duration::from_secs(3600));
+        assert!(dead.exists(), "a young one stays");
+        sweep_stale_sockets(dir.path(), std::time::Duration::ZERO);
+        assert!(!dead.exists(), "nothing listens on it");
+        assert!(live_path.exists() && other.exists() && file.exists());
+    }
 
     /// Rank 0 whose MASTER_ADDR port refuses a connection (another host, where nobody runs
     /// the coordinator) is told why; one where the coordinator listens is not.

@@ -338,10 +338,12 @@ fn shutdown(py: Python<'_>) -> PyResult<()> {
 }
 
 /// `abort_mpi(code)`: ends the whole MPI job (`MPI_Abort`) if MPI is initialised in this
-/// process; returns otherwise. For a process dying of an uncaught exception.
+/// process; returns otherwise: `False` in a child forked after `init()` (the job is the
+/// parent's), `True` for lack of MPI (then the program's own MPI, mpi4py's, may end it). For a
+/// process dying of an uncaught exception.
 #[pyfunction]
-fn abort_mpi(code: i32) {
-    session::abort_mpi(code);
+fn abort_mpi(code: i32) -> bool {
+    session::abort_mpi(code)
 }
 
 /// Whether this build does library mode's rendezvous over MPI under `mpirun`.

@@ -197,6 +197,52 @@ def test_an_mpi4py_program_that_initialised_mpi_first(tmp_path: Path) -> None:
     assert "exiting improperly" not in r.stderr, r.describe()
 
 
+MPI4PY_FAILING_WORKER = """\
+from mpi4py import MPI                      # the program initialises MPI itself
+import atlasboost
+
+atlasboost.init()
+if atlasboost.rank() == 1:
+    raise RuntimeError("boom on rank 1")
+print("rank", atlasboost.rank(), MPI.COMM_WORLD.allreduce(1), flush=True)
+"""
+
+
+def need_mpi4py() -> None:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        if os.environ.get("ATLASBOOST_PYTHON_REQUIRE_MPI4PY") == "1":
+            pytest.fail("mpi4py is not importable, but scripts/test-python.sh installed it")
+        pytest.skip("mpi4py is not installed (pip install mpi4py)")
+
+
+def test_an_mpi4py_program_that_fails_after_init_ends_the_job(tmp_path: Path) -> None:
+    """An mpi4py program whose rank raises after init() ends the whole mpirun job at once, in
+    either build: with MPI support through atlasboost's own MPI_Abort, without it through
+    mpi4py's (the build has no MPI to call). It hung before: the failing rank waited in
+    mpi4py's MPI_Finalize at exit, the others in the allreduce. Under `atlasboost run --mpi`
+    the rank ends only itself, named as the first to fail."""
+    mpirun = need_mpirun()
+    need_mpi4py()
+    script = tmp_path / "mpi4py_fails.py"
+    script.write_text(MPI4PY_FAILING_WORKER)
+    r = run(
+        [mpirun, *MPIRUN_OPTIONS, "-np", "4", "-x", "ATLASBOOST_SIM=4", PYTHON, str(script)],
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert r.returncode != 0, r.describe()
+    assert "RuntimeError: boom on rank 1" in r.stderr, r.describe()
+    r = run(
+        [ATLASBOOST, "run", "--mpi", "--sim", "4", "--", PYTHON, str(script)],
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert r.returncode == 1, r.describe()
+    assert "rank 1 (host" in r.stderr and "failed first: exit 1" in r.stderr, r.describe()
+
+
 def torchrun_env(rank: int, world: int, port: int, table: Path, **extra: str) -> dict[str, str]:
     """The variables torchrun gives process `rank` of `world` on one host."""
     env = {

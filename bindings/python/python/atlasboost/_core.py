@@ -135,9 +135,30 @@ def _end_the_job_on_failure() -> None:
                     stream.flush()
                 except Exception:  # noqa: BLE001 (a closed or broken stream: nothing to save)
                     pass
-            _native.abort_mpi(130 if interrupted else 1)
+            code = 130 if interrupted else 1
+            if _native.abort_mpi(code):
+                _abort_through_mpi4py(code)
 
     sys.excepthook = record_report_and_abort
+
+
+def _abort_through_mpi4py(code: int) -> None:
+    """The same ending through mpi4py, for a build without MPI support (whose abort_mpi cannot
+    call MPI) in a program that initialised MPI through mpi4py: else its MPI_Finalize at exit
+    waits for the other ranks, which wait in a collective for this one, and the job hangs.
+    Under `atlasboost run --mpi` (ATLASBOOST_RELAYED=1) only this process ends, without
+    MPI_Finalize, as the build with MPI support does."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return
+    try:
+        if not mpi.Is_initialized() or mpi.Is_finalized():
+            return
+        if os.environ.get("ATLASBOOST_RELAYED") == "1":
+            os._exit(code)
+        mpi.COMM_WORLD.Abort(code)
+    except Exception:  # noqa: BLE001 (an mpi4py that cannot abort: the exit goes on as before)
+        pass
 
 
 def _watch_failures() -> None:
