@@ -2910,14 +2910,22 @@ fn every_framework_selects_the_tables_device_with_subsets_and_container_views() 
 /// `faults` in the returned directory (empty at first): the directory, the watch (to kill),
 /// and its next sample (each within 10 s).
 fn watch_json() -> (TempDir, std::process::Child, impl Fn() -> Value) {
+    watch_json_every("0.1", "")
+}
+
+/// [`watch_json`] every `seconds`, with the faults `initial` from the start.
+fn watch_json_every(
+    seconds: &str,
+    initial: &str,
+) -> (TempDir, std::process::Child, impl Fn() -> Value) {
     use std::io::BufRead;
 
     let dir = TempDir::new().unwrap();
     let faults = dir.path().join("faults");
-    fs::write(&faults, "").unwrap();
+    fs::write(&faults, initial).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_atlasboost"))
         .args(["probe", "--probe", "dsmi", "--server-id", "10.0.0.1"])
-        .args(["--watch", "0.1", "--json"])
+        .args(["--watch", seconds, "--json"])
         .env("ATLASBOOST_DSMI_LIB", fake_driver())
         .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
         .env("ATLASBOOST_FAKE_DSMI_FAULTS_FILE", &faults)
@@ -3063,26 +3071,11 @@ fn probe_watch_names_a_failing_call_and_a_failing_health_is_unreadable() {
 /// when it was asked for), not every 2 s after the last one came back (3.5 s).
 #[test]
 fn probe_watch_of_a_slow_driver_keeps_its_interval() {
-    use std::io::BufRead;
-
-    let dir = TempDir::new().unwrap();
-    let faults = dir.path().join("faults");
-    fs::write(&faults, "hang:dsmi_get_device_temperature@1=1500\n").unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_atlasboost"))
-        .args(["probe", "--probe", "dsmi", "--server-id", "10.0.0.1"])
-        .args(["--watch", "2", "--json"])
-        .env("ATLASBOOST_DSMI_LIB", fake_driver())
-        .env("ATLASBOOST_FAKE_DSMI_DEVICES", "2")
-        .env("ATLASBOOST_FAKE_DSMI_FAULTS_FILE", &faults)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (_dir, mut child, next) =
+        watch_json_every("2", "hang:dsmi_get_device_temperature@1=1500\n");
     let mut times = Vec::new();
     while times.len() < 4 {
-        let Some(Ok(line)) = lines.next() else { break };
-        let sample: Value = serde_json::from_str(&line).unwrap();
+        let sample = next();
         assert!(sample.get("no_answer_for_s").is_none(), "{sample}");
         times.push(sample["time"].as_f64().unwrap());
     }
