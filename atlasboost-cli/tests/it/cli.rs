@@ -2951,12 +2951,22 @@ fn watch_json_every(
     (dir, child, next)
 }
 
+/// The first of the watch's next 50 samples whose device 1 is not healthy; the watch is ended.
+fn device_1_not_healthy(next: &impl Fn() -> Value, mut watch: std::process::Child) -> Value {
+    let seen = (0..50)
+        .map(|_| next())
+        .find(|sample| sample["devices"][1]["health"] != "healthy");
+    let _ = watch.kill();
+    let _ = watch.wait();
+    seen.expect("device 1 not healthy within 50 samples")
+}
+
 /// `probe --watch --json` through the fake driver (`dlopen`): one JSON line per sample with the
 /// driver's telemetry, and a device made unhealthy (with an error code) between samples shows
 /// in a later one. The watch runs until it is killed; the test reads at most 10 s.
 #[test]
 fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
-    let (dir, mut child, next) = watch_json();
+    let (dir, child, next) = watch_json();
     let faults = dir.path().join("faults");
     let first = next();
     assert_eq!(first["server_id"], "10.0.0.1");
@@ -2970,17 +2980,7 @@ fn probe_watch_samples_the_drivers_telemetry_and_shows_a_fault() {
     assert_eq!(devices[1]["hbm_total_mb"], 65536);
     assert_eq!(devices[1]["health"], "healthy");
     fs::write(&faults, "unhealthy:1=2\nerrorcode:1=0x80E01801\n").unwrap();
-    let mut seen = None;
-    for _ in 0..50 {
-        let sample = next();
-        if sample["devices"][1]["health"] != "healthy" {
-            seen = Some(sample);
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let sample = seen.expect("the fault within 50 samples");
+    let sample = device_1_not_healthy(&next, child);
     assert_eq!(sample["devices"][1]["health"]["unhealthy"]["code"], 2);
     assert_eq!(sample["devices"][1]["error_codes"][0], 0x80E0_1801u32);
     assert_eq!(sample["devices"][0]["health"], "healthy");
@@ -3032,23 +3032,8 @@ fn probe_watch_shows_a_driver_call_that_hangs_and_goes_on() {
 /// code), and a failing health reads as unreadable, as the probe reads it, not as absent.
 #[test]
 fn probe_watch_names_a_failing_call_and_a_failing_health_is_unreadable() {
-    let (dir, mut child, next) = watch_json();
-    fs::write(
-        dir.path().join("faults"),
-        "fail:dsmi_get_device_health@1=13\n",
-    )
-    .unwrap();
-    let mut seen = None;
-    for _ in 0..50 {
-        let sample = next();
-        if sample["devices"][1]["health"] != "healthy" {
-            seen = Some(sample);
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let sample = seen.expect("the failing health within 50 samples");
+    let (_dir, child, next) = watch_json_every("0.1", "fail:dsmi_get_device_health@1=13\n");
+    let sample = device_1_not_healthy(&next, child);
     let device = &sample["devices"][1];
     assert_eq!(device["health"]["unreadable"]["code"], 13, "{sample}");
     assert_eq!(
