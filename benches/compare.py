@@ -354,6 +354,8 @@ def describe_relay(atlasboost):
 def cmd_launch(args):
     if args.runs < 1:
         die("--runs must be at least 1")
+    if args.cpu < 0:
+        die("--cpu must be at least 1 (or 0: off)")
     names = selected(args.only, ["atlasboost", "atlasboost-mpi", "mpirun", "wrapper"])
     tools, cmds = {}, {}
     if "atlasboost" in names or "atlasboost-mpi" in names:
@@ -405,56 +407,79 @@ def cmd_launch(args):
 def cpu_budget(names, cmds, runs):
     """CPU time of each kind of process in a launch, from the scheduler's own events (`perf
     record -a` of sched_switch, fork, exec, exit; root): each contender runs `runs` times in a
-    loop, and the time every process of its tree spent on a CPU is summed by the name it had
-    when it left the CPU (a child mpirun forked counts as mpirun until it execs). On a machine
-    where the launch is CPU-bound, the wall time a contender adds is about the CPU it adds over
-    the cores it shares."""
+    loop, and the time every thread of the loop's process tree spent on a CPU is summed by the
+    name of its process (the program it last exec'd; a child mpirun forked counts as mpirun
+    until it execs; a thread counts as its process). On a machine where the launch is
+    CPU-bound, the wall time a contender adds is about the CPU it adds over the cores it
+    shares."""
     perf = shutil.which("perf")
     if not perf:
         die("--cpu needs perf (Debian: apt-get install linux-perf)")
+    if runs < 1:
+        die("--cpu must be at least 1")
     events = "sched:sched_switch,sched:sched_process_fork,sched:sched_process_exec,sched:sched_process_exit"
     budgets = {}
     with tempfile.TemporaryDirectory(prefix="atlasboost-cpu-", dir=scratch_dir()) as tmp:
         for n in names:
             data = Path(tmp) / f"{n}.data"
-            loop = ["sh", "-c", f'i=0; while [ $i -lt {runs} ]; do "$@" >/dev/null || exit 1; i=$((i+1)); done',
-                    "loop", *cmds[n]]
-            rec = subprocess.run([perf, "record", "-q", "-a", "-e", events, "-o", str(data), "--", *loop],
+            pidfile = Path(tmp) / f"{n}.pid"
+            loop = ["sh", "-c", f'echo $$ > "{pidfile}"; i=0; while [ $i -lt {runs} ]; do "$@" >/dev/null || exit 1; '
+                    'i=$((i+1)); done', "loop", *cmds[n]]
+            rec = subprocess.run([perf, "record", "-a", "-e", events, "-o", str(data), "--", *loop],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if rec.returncode != 0:
                 die(f"perf record of {n} failed ({rec.returncode}): {rec.stderr.strip()[-400:]}")
-            script = subprocess.run([perf, "script", "-i", str(data), "-F", "comm,pid,cpu,time,event,trace"],
+            if re.search(r"lost \d+ chunks|lost \d+ events", rec.stderr, re.IGNORECASE):
+                die(f"perf record of {n} lost events (the sums would be wrong): {rec.stderr.strip()[-400:]}")
+            script = subprocess.run([perf, "script", "-i", str(data), "-F", "comm,pid,tid,cpu,time,event,trace"],
                                     capture_output=True, text=True, check=True)
-            budgets[n] = on_cpu_by_name(script.stdout, runs)
+            budgets[n] = on_cpu_by_name(script.stdout, int(pidfile.read_text()), runs)
+            if not budgets[n]:
+                die(f"no CPU time found for {n}'s processes in perf's events")
     kinds = sorted({k for b in budgets.values() for k in b}, key=lambda k: -max(b.get(k, 0) for b in budgets.values()))
     rows = [[k, *(f"{budgets[n].get(k, 0.0):.2f}" for n in names)] for k in kinds]
     rows.append(["total", *(f"{sum(budgets[n].values()):.2f}" for n in names)])
-    print(f"\n# CPU per launch (ms), by process name, mean of {runs} launches each\n")
+    print(f"\n# CPU per launch (ms), by process, mean of {runs} launches each\n")
     print_table(["process", *names], rows)
 
 
-def on_cpu_by_name(script, runs):
-    """ms on a CPU per launch, by process name, of the processes descended from the loop shell
-    in `perf script` output (comm,pid,cpu,time,event,trace)."""
-    tree, root, running, spent = set(), None, {}, {}
+SCHED_LINE = re.compile(r"\s*(.+?)\s+(\d+)/(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+sched:(\w+):\s+(.*)")
+
+
+def on_cpu_by_name(script, root, runs):
+    """ms on a CPU per launch, by process name, of the threads descended from the process
+    `root` in `perf script` output (comm,pid,tid,cpu,time,event,trace): a process is named by
+    the program it exec'd last (its parent's name until then); a task leaves the tree at its
+    last switch after its exit, so a reused pid is not counted."""
+    tree, dying, names, running, spent = {root}, set(), {}, {}, {}
     for line in script.splitlines():
-        m = re.match(r"\s*(.+?)\s+(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+sched:(\w+):\s+(.*)", line)
+        m = SCHED_LINE.match(line)
         if not m:
             continue
-        comm, pid, cpu, t, event, trace = m.group(1), int(m.group(2)), int(m.group(3)), float(m.group(4)), m.group(5), m.group(6)
-        if event == "sched_process_exec" and root is None and comm == "sh":
-            root = pid
-            tree.add(pid)
-        elif event == "sched_process_fork" and pid in tree:
-            tree.add(int(re.search(r"child_pid=(\d+)", trace).group(1)))
+        comm, tgid, tid, cpu, t, event, trace = (m.group(1), int(m.group(2)), int(m.group(3)),
+                                                  int(m.group(4)), float(m.group(5)), m.group(6), m.group(7))
+        if event == "sched_process_fork" and tid in tree:
+            child = re.search(r"child_pid=(\d+)", trace)
+            if child:
+                tree.add(int(child.group(1)))
+                names[int(child.group(1))] = names.get(tgid, comm)
+        elif event == "sched_process_exec" and tid in tree:
+            names[tgid] = Path(trace.split("filename=", 1)[-1].split()[0]).name or comm
+        elif event == "sched_process_exit" and tid in tree:
+            dying.add(tid)
         elif event == "sched_switch":
-            sw = re.search(r"prev_comm=(.+?) prev_pid=(\d+) .*next_pid=(\d+)", trace)
-            prev, prev_pid, next_pid = sw.group(1), int(sw.group(2)), int(sw.group(3))
-            if cpu in running and running[cpu][0] == prev_pid and prev_pid in tree and prev_pid != root:
-                spent[prev] = spent.get(prev, 0.0) + (t - running[cpu][1]) * 1000
-            running[cpu] = (next_pid, t)
+            sw = re.search(r"prev_pid=(\d+) .*next_pid=(\d+)", trace)
+            if not sw:
+                continue
+            prev, following = int(sw.group(1)), int(sw.group(2))
+            if cpu in running and running[cpu][0] == prev and prev in tree and prev != root:
+                name = names.get(tgid, comm)
+                spent[name] = spent.get(name, 0.0) + (t - running[cpu][1]) * 1000
+            if prev in dying:
+                dying.discard(prev)
+                tree.discard(prev)
+            running[cpu] = (following, t)
     return {k: v / runs for k, v in spent.items()}
-
 
 # ---------------------------------------------------------------- init (library mode)
 

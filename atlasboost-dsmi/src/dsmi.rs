@@ -538,7 +538,7 @@ impl Driver {
     /// logical id: the devices' `logical_id` is the runtime's, which `ASCEND_RT_VISIBLE_DEVICES`
     /// renumbers.
     fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
-        let ids = match self.driver_ids() {
+        let (ids, unmapped) = match self.driver_ids() {
             Ok(ids) => ids,
             Err(e) => {
                 return devices
@@ -554,20 +554,34 @@ impl Driver {
             .iter()
             .map(|d| match ids.get(&d.physical_id) {
                 Some(&logical) => self.sample_device(d.physical_id, logical),
-                None => DeviceSample {
-                    failures: vec![format!(
-                        "the driver no longer lists physical id {} (dsmi_list_device)",
-                        d.physical_id
-                    )],
-                    ..DeviceSample::of(d.physical_id)
+                // Not found: one of the devices whose physical id the driver would not tell
+                // (which one cannot be known), unreadable as a probe says, so that an alert on
+                // its health fires; else the driver no longer lists it.
+                None => match unmapped.first() {
+                    Some(&(code, _)) => DeviceSample {
+                        health: Some(Health::Unreadable {
+                            code,
+                            call: DriverCall::PhysicalId,
+                        }),
+                        failures: unmapped.iter().map(|(_, e)| e.clone()).collect(),
+                        ..DeviceSample::of(d.physical_id)
+                    },
+                    None => DeviceSample {
+                        failures: vec![format!(
+                            "the driver does not list physical id {} (dsmi_list_device)",
+                            d.physical_id
+                        )],
+                        ..DeviceSample::of(d.physical_id)
+                    },
                 },
             })
             .collect()
     }
 
     /// The driver's logical id of each physical id (its calls take the former), as it lists
-    /// its devices now.
-    fn driver_ids(&self) -> Result<std::collections::HashMap<u32, u32>, DsmiError> {
+    /// its devices now, and the failures of the calls that would not tell a logical id's
+    /// physical id (their code and error): one broken NPU does not hide the others.
+    fn driver_ids(&self) -> Result<(PhysicalToLogical, Vec<(c_int, String)>), DsmiError> {
         let f = self.functions;
         let mut count: c_int = 0;
         // SAFETY: one int written through a valid pointer.
@@ -583,15 +597,19 @@ impl Driver {
             })?;
         }
         let mut physical_of = std::collections::HashMap::with_capacity(ids.len());
+        let mut unmapped = Vec::new();
         for logical in ids.into_iter().filter_map(|id| u32::try_from(id).ok()) {
             let mut physical: c_uint = 0;
             // SAFETY: one unsigned int written through a valid pointer.
-            check("dsmi_get_phyid_from_logicid", Some(logical), unsafe {
-                (f.phyid)(logical, &mut physical)
-            })?;
-            physical_of.insert(physical, logical);
+            let code = unsafe { (f.phyid)(logical, &mut physical) };
+            match check("dsmi_get_phyid_from_logicid", Some(logical), code) {
+                Ok(()) => {
+                    physical_of.insert(physical, logical);
+                }
+                Err(e) => unmapped.push((code, e.to_string())),
+            }
         }
-        Ok(physical_of)
+        Ok((physical_of, unmapped))
     }
 
     /// One sample of the device with physical id `physical`, the driver's `logical`.
@@ -668,6 +686,9 @@ impl Driver {
         s
     }
 }
+
+/// Each device's logical id in the driver's own numbering, by its physical id.
+type PhysicalToLogical = std::collections::HashMap<u32, u32>;
 
 /// `DRV_ERROR_NO_DEVICE`: from the address call, no address of the family asked for.
 const NO_DEVICE: c_int = 1;

@@ -582,19 +582,21 @@ fn ranks_here_run_the_relay_program_beside_atlasboost_and_others_atlasboost_rela
     }
     // --remote-atlasboost is for other hosts: with every rank here it is unused and said (it
     // made mpirun start a path that is not there, and the job fail).
-    let f = run_mpi(2)
-        .args([
-            "--remote-atlasboost",
-            "/nonexistent/atlasboost",
-            "--",
-            "true",
-        ])
-        .run();
-    f.assert_code(0);
-    f.assert_err(
-        &["--remote-atlasboost unused: every rank is on this machine"],
-        &[],
-    );
+    // Also with -H naming only this machine.
+    for hosts in [&[][..], &["-H", "localhost:2"][..]] {
+        let f = run_mpi(2)
+            .args(hosts)
+            .args([
+                "--remote-atlasboost",
+                "/nonexistent/atlasboost",
+                "--",
+                "true",
+            ])
+            .run();
+        f.assert_code(0);
+        let said = "--remote-atlasboost unused: every rank is on this machine";
+        f.assert_err(&[said], &[]);
+    }
 }
 
 #[test]

@@ -179,6 +179,11 @@ fn watch(
             Ok(samples) => {
                 asked = None;
                 took = since.elapsed();
+                // One shown late already (lines without values, stamped when shown) is
+                // stamped now too: a line's time never goes back.
+                if shown {
+                    asked_at = std::time::SystemTime::now();
+                }
                 (samples?, None)
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {

@@ -294,18 +294,23 @@ fn groups_use(groups: &[i32]) -> HashMap<i32, GroupUse> {
 
 /// The children of `pid`, of every thread of it (a child started from a thread is that
 /// thread's); `None` when the kernel cannot say (`/proc/<pid>/task/<tid>/children` needs
-/// CONFIG_PROC_CHILDREN).
+/// CONFIG_PROC_CHILDREN: the main thread's is missing too) or `pid` is gone. A thread that
+/// ends while it is read is skipped: its children went to another thread.
 fn children(pid: i32) -> Option<Vec<i32>> {
     let mut all = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
         .flatten()
     {
-        let list = std::fs::read_to_string(task.path().join("children")).ok()?;
-        all.extend(
-            list.split_ascii_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok()),
-        );
+        let main = task.file_name().to_str() == Some(pid.to_string().as_str());
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(list) => all.extend(
+                list.split_ascii_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            ),
+            Err(_) if !main => {}
+            Err(_) => return None,
+        }
     }
     Some(all)
 }
@@ -511,9 +516,14 @@ impl DeviceSampler {
                     self.said = false;
                     // A reading slower than the wait came back between two samples: the next
                     // one is asked for now, so that each sample has a reading of its own (else
-                    // a slow driver is read every other interval).
+                    // a slow driver is read every other interval), and waited for as a reading
+                    // asked at a sample is: a driver fast again is read fresh again.
                     if asked != now && self.ask.try_send(()).is_ok() {
                         self.asked = Some(now);
+                        if let Ok(fresh) = self.answers.recv_timeout(TELEMETRY_WAIT) {
+                            self.last = Some((Instant::now(), fresh));
+                            self.asked = None;
+                        }
                     }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) if !self.said => {
@@ -1095,6 +1105,69 @@ mod tests {
         let mut distinct = readings.clone();
         distinct.dedup();
         assert_eq!(distinct, readings, "a reading shown twice: {seen:?}");
+    }
+
+    /// Telemetry whose first reading takes `0`, the others none; when each reading was
+    /// taken, by its number (in `ai_core_percent`).
+    struct SlowOnce(Duration, Mutex<Vec<Instant>>);
+
+    impl Telemetry for SlowOnce {
+        fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
+            let n = {
+                let taken = self.1.lock().unwrap();
+                taken.len()
+            };
+            if n == 0 {
+                std::thread::sleep(self.0);
+            }
+            self.1.lock().unwrap().push(Instant::now());
+            devices
+                .iter()
+                .map(|d| DeviceSample {
+                    ai_core_percent: Some(n as u32),
+                    ..DeviceSample::of(d.physical_id)
+                })
+                .collect()
+        }
+    }
+
+    /// After one slow reading, a driver that is fast again is read fresh again: each sample
+    /// shows a reading taken at it, not one an interval old.
+    #[test]
+    fn after_a_slow_reading_samples_are_fresh_again() {
+        let telemetry = Arc::new(SlowOnce(TELEMETRY_WAIT * 3, Mutex::new(Vec::new())));
+        let hosts = [HostMonitor {
+            host: "h".into(),
+            devices: vec![Device {
+                server_id: "h".into(),
+                logical_id: 0,
+                physical_id: 0,
+                ip: None,
+                chip: "910".into(),
+                health: Health::Healthy,
+                super_device_id: None,
+                super_pod_id: None,
+            }],
+            machine_npus: 1,
+            left_out: 0,
+            telemetry: telemetry.clone(),
+        }];
+        let mut sampler = DeviceSampler::start(&hosts).unwrap();
+        let interval = TELEMETRY_WAIT * 6;
+        let mut ages = Vec::new();
+        for _ in 0..5 {
+            let (values, _) = sampler.sample(&hosts, interval * 10);
+            if let Some(n) = values[0][0].ai_core_percent {
+                let taken = telemetry.1.lock().unwrap()[n as usize];
+                ages.push(taken.elapsed());
+            }
+            std::thread::sleep(interval);
+        }
+        // The first sample has no reading yet; the second takes the slow one and a fresh one.
+        assert!(ages.len() >= 4, "{ages:?}");
+        for age in &ages {
+            assert!(*age < interval / 2, "a reading an interval old: {ages:?}");
+        }
     }
 
     #[test]

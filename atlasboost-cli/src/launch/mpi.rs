@@ -126,14 +126,17 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
     })?;
     let relay_address = door.address();
     let master_addr = master_address(&resolved, relay_ip);
-    if hosts.is_empty() && args.remote_atlasboost.is_some() {
+    // --remote-atlasboost is the other hosts' path: unused (and said) when every host is this
+    // machine, as in atlasboost's own launch.
+    let other_machines = resolved.iter().any(|h| !h.local);
+    if !other_machines && args.remote_atlasboost.is_some() {
         printer.status(
             "atlasboost: --remote-atlasboost unused: every rank is on this machine, relayed by \
              this atlasboost",
         );
     }
     let relay = relay_prefix(
-        args.remote_atlasboost.as_deref(),
+        args.remote_atlasboost.as_deref().filter(|_| other_machines),
         hosts.is_empty(),
         crate::relay_program(),
     )?;
@@ -487,22 +490,21 @@ fn rank_command(relay: &[OsString], command: &[OsString]) -> Vec<OsString> {
     rank
 }
 
-/// The relay's part of each rank's command: when every rank is on this machine,
-/// `atlasboost-relay --` (`beside`: the relay program beside this executable,
-/// [`crate::relay_program`]; statically linked, it saves a launch of 8 ranks about 3 ms:
-/// docs/PERFORMANCE.md), else `atlasboost relay --` of this executable; with hosts, `atlasboost
-/// relay --` of `remote_atlasboost` (the other hosts' path), or of this executable's path,
-/// which every host that has atlasboost there has. `--remote-atlasboost` is for other hosts:
-/// with every rank here it is unused, as in atlasboost's own launch (said by the caller).
+/// The relay's part of each rank's command: `atlasboost-relay --` (`beside`: the relay program
+/// beside this executable, [`crate::relay_program`]) when every rank is on this machine
+/// (statically linked, it saves a launch of 8 ranks about 3 ms: docs/PERFORMANCE.md), else
+/// `atlasboost relay --` (`remote_atlasboost`, or this executable), which every host that has
+/// atlasboost has. The caller passes `remote_atlasboost` only when some host is another
+/// machine: it is for other hosts.
 fn relay_prefix(
     remote_atlasboost: Option<&Path>,
     every_rank_here: bool,
     beside: Option<std::path::PathBuf>,
 ) -> Result<Vec<OsString>, CliError> {
-    if let Some(program) = beside.filter(|_| every_rank_here) {
+    if let Some(program) = beside.filter(|_| every_rank_here && remote_atlasboost.is_none()) {
         return Ok(vec![program.into_os_string(), "--".into()]);
     }
-    let mut prefix = match remote_atlasboost.filter(|_| !every_rank_here) {
+    let mut prefix = match remote_atlasboost {
         Some(p) => vec![p.as_os_str().to_owned()],
         None => crate::self_command()?,
     };
@@ -1056,16 +1058,12 @@ mod tests {
         let hosts = words(relay_prefix(None, false, Some(program.clone())).unwrap());
         assert_eq!(hosts[1..], ["relay", "--"], "{hosts:?}");
         assert_ne!(hosts[0], "/opt/ab/atlasboost-relay");
-        // --remote-atlasboost: that atlasboost with hosts; unused with every rank here (the
-        // relay program beside, else this executable), as in atlasboost's own launch.
+        // --remote-atlasboost (passed when some host is another machine): that atlasboost.
         let remote = Path::new("/srv/atlasboost");
-        let prefix = relay_prefix(Some(remote), false, Some(program.clone()));
-        assert_eq!(words(prefix.unwrap()), ["/srv/atlasboost", "relay", "--"]);
-        let here = relay_prefix(Some(remote), true, Some(program.clone()));
-        assert_eq!(words(here.unwrap()), ["/opt/ab/atlasboost-relay", "--"]);
-        let alone = words(relay_prefix(Some(remote), true, None).unwrap());
-        assert_eq!(alone[1..], ["relay", "--"], "{alone:?}");
-        assert_ne!(alone[0], "/srv/atlasboost");
+        for every_rank_here in [true, false] {
+            let prefix = relay_prefix(Some(remote), every_rank_here, Some(program.clone()));
+            assert_eq!(words(prefix.unwrap()), ["/srv/atlasboost", "relay", "--"]);
+        }
         // No relay program beside: `atlasboost relay`.
         let alone = words(relay_prefix(None, true, None).unwrap());
         assert_eq!(alone[1..], ["relay", "--"], "{alone:?}");

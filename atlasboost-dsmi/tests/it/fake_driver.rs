@@ -631,6 +631,41 @@ fn a_failing_telemetry_call_is_named_and_a_failing_health_reads_unreadable() {
     assert!(samples[1].failures.is_empty() && samples[1].health == Some(Health::Healthy));
 }
 
+/// A device whose physical id the driver stops telling (it broke after the probe) reads as
+/// unreadable, named; the others are sampled as before (they were all left empty).
+#[test]
+fn one_device_the_driver_cannot_map_does_not_blank_the_others() {
+    use atlasboost_core::{DriverCall, Telemetry};
+
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults");
+    std::fs::write(&faults, "").unwrap();
+    let _env = Env::set(&[(
+        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE,
+        faults.to_str().unwrap(),
+    )]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    let devices = probe.probe().unwrap();
+    std::fs::write(&faults, "fail:dsmi_get_phyid_from_logicid@2=8\n").unwrap();
+    let samples = probe.sample(&devices);
+    assert_eq!(
+        samples[2].health,
+        Some(Health::Unreadable {
+            code: 8,
+            call: DriverCall::PhysicalId
+        })
+    );
+    assert!(
+        samples[2].failures[0].starts_with("dsmi_get_phyid_from_logicid(device 2) returned 8"),
+        "{:?}",
+        samples[2]
+    );
+    for (p, s) in samples.iter().enumerate().filter(|(p, _)| *p != 2) {
+        assert_eq!(s.temperature_c, Some(40 + p as i32), "{s:?}");
+        assert_eq!(s.health, Some(Health::Healthy), "{s:?}");
+    }
+}
+
 /// The old driver has none of the telemetry calls (nor health): every metric is absent, and
 /// sampling does not fail.
 #[test]

@@ -236,7 +236,11 @@ fn refusal(method: &str, target: &str) -> Option<(u16, &'static str)> {
     // which a server must accept (RFC 9112 §3.2.2): its path.
     let origin = match target.split_once("://") {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => {
-            rest.find('/').map_or("/", |at| &rest[at..])
+            // The host ends at the path, a query or a fragment; no path is "/".
+            match rest.find(['/', '?', '#']) {
+                Some(at) if rest[at..].starts_with('/') => &rest[at..],
+                _ => "/",
+            }
         }
         _ => target,
     };
@@ -410,6 +414,7 @@ mod tests {
         assert!(ask(b"GET HTTP://h/metrics HTTP/1.1\r\n\r\n").ends_with("\r\n\r\ny 2\n"));
         assert!(ask(b"GET http://h/other HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
         assert!(ask(b"GET http://h HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
+        assert!(ask(b"GET http://h?x=/metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
     }
 
     /// The head ends at its first empty line, whichever line ends it uses.
