@@ -377,6 +377,53 @@ fn kill_9_of_mpirun_ends_the_job_naming_it() {
     );
 }
 
+/// SIGTERM to mpirun itself (an admin, a batch system): mpirun stops its ranks with SIGTERM
+/// and exits 1 a moment later. The relay of each host's first rank says that mpirun's side
+/// signalled it, so that the job's end is not taken for its worker's own (it was blamed on a
+/// rank, or on a relay's closed connection, with nothing said of mpirun).
+#[test]
+fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mark = unique("mpirun-term");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = run_mpi(2)
+        .args(["--grace", "1", "-x", &format!("{MARK}={mark}"), "--"])
+        .args(["sh", "-c", "echo ready; sleep 60"])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
+    let mpirun = descendants(launch.pid())
+        .into_iter()
+        .find(|p| p.comm == "mpirun")
+        .unwrap_or_else(|| panic!("no mpirun below the launcher {}", launch.pid()));
+    kill(Pid::from_raw(mpirun.pid), Signal::SIGTERM).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    assert_ne!(r.code(), Some(0), "{}", r.describe());
+    let said = format!(
+        "got SIGTERM from mpirun's side (its parent, pid {})",
+        mpirun.pid
+    );
+    let lines: Vec<String> = r
+        .err()
+        .lines()
+        .filter(|l| l.contains(&said))
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 1, "once, by rank 0's relay\n{}", r.describe());
+    assert!(
+        lines[0].starts_with("atlasboost: rank 0 (host "),
+        "the launcher names the relay's rank\n{}",
+        r.describe()
+    );
+    assert_no_process_with_env(
+        MARK,
+        &mark,
+        Duration::from_secs(5),
+        "after mpirun's SIGTERM",
+    );
+}
+
 /// The same with ranks on hosts mpirun reaches over ssh: its daemons there stop their relays
 /// (SIGTERM) as mpirun dies, and those relays' reports can come before mpirun's end is seen;
 /// mpirun is still the one named, not a rank that its daemon stopped.

@@ -121,6 +121,9 @@ pub struct Signals {
     stop_asked: std::cell::Cell<bool>,
     /// The supervisor runs: it acts on a SIGTSTP itself.
     supervising: std::cell::Cell<bool>,
+    /// Who sent each signal of the last [`Signals::pending`] (SIGCHLD aside), in its order:
+    /// the process id the kernel gives (0 from the kernel itself).
+    senders: std::cell::RefCell<Vec<(Signal, u32)>>,
 }
 
 impl Signals {
@@ -162,6 +165,7 @@ impl Signals {
             fd,
             stop_asked: std::cell::Cell::new(false),
             supervising: std::cell::Cell::new(false),
+            senders: std::cell::RefCell::new(Vec::new()),
         })
     }
 
@@ -253,6 +257,8 @@ impl Signals {
     /// [`Signals::take_stop`] instead.
     pub fn pending(&self) -> Vec<Signal> {
         let mut got = Vec::new();
+        let mut senders = self.senders.borrow_mut();
+        senders.clear();
         while let Ok(Some(info)) = self.fd.read_signal() {
             match Signal::try_from(info.ssi_signo as i32) {
                 Ok(Signal::SIGTSTP) if self.supervising.get() => self.stop_asked.set(true),
@@ -260,11 +266,24 @@ impl Signals {
                 Ok(Signal::SIGTSTP) => {
                     let _ = nix::sys::signal::raise(Signal::SIGSTOP);
                 }
-                Ok(s) => got.push(s),
+                Ok(Signal::SIGCHLD) => got.push(Signal::SIGCHLD),
+                Ok(s) => {
+                    senders.push((s, info.ssi_pid));
+                    got.push(s);
+                }
                 Err(_) => {}
             }
         }
         got
+    }
+
+    /// Who sent `signal`, as the last [`Signals::pending`] read it (the first such one).
+    pub fn sender_of(&self, signal: Signal) -> Option<u32> {
+        self.senders
+            .borrow()
+            .iter()
+            .find(|(s, _)| *s == signal)
+            .map(|(_, pid)| *pid)
     }
 
     /// Whether a SIGTSTP (Ctrl-Z) came since the last call.
@@ -275,6 +294,22 @@ impl Signals {
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// What a relay says when `signal` reaches it from `from` (its parent is mpirun, or Open MPI's
+/// daemon on another host): mpirun is stopping the ranks. The launcher names the rank.
+fn relay_signalled(signal: Signal, from: Option<u32>) -> String {
+    let parent = nix::unistd::getppid().as_raw();
+    let who = match from.and_then(|pid| i32::try_from(pid).ok()) {
+        Some(pid) if pid == parent => format!("from mpirun's side (its parent, pid {pid})"),
+        Some(0) | None => "from the kernel or another pid namespace".to_string(),
+        Some(pid) => format!("from pid {pid}, not mpirun"),
+    };
+    format!(
+        "atlasboost: its relay, and so the other ranks' of this host, got {} {who}: mpirun is \
+         stopping its ranks, as it does when it is signalled itself or ends the job on its own",
+        signal.as_str()
+    )
 }
 
 /// Whether `signal` is ignored in this process (`nohup`'s SIGHUP, a shell's background job's
@@ -1983,7 +2018,7 @@ impl<'a> Supervisor<'a> {
                 }
                 Source::Signals => {
                     for s in self.signals_in_order(signals) {
-                        self.on_signal(s, output);
+                        self.on_signal(s, signals.sender_of(s), output);
                     }
                 }
                 Source::Upstream => self.read_upstream(output),
@@ -2715,7 +2750,8 @@ impl<'a> Supervisor<'a> {
         got
     }
 
-    fn on_signal(&mut self, s: Signal, output: &mut Output) {
+    /// `from`: who sent it, if the kernel said.
+    fn on_signal(&mut self, s: Signal, from: Option<u32>, output: &mut Output) {
         if s == Signal::SIGCHLD {
             self.reap(output);
             return;
@@ -2746,7 +2782,17 @@ impl<'a> Supervisor<'a> {
         match policy::on_signal(state) {
             // A relay's parent is mpirun, which stops the job with signals: pass them on, as
             // the launcher's `sig` commands.
-            SignalAction::PassOn => self.stop(s),
+            SignalAction::PassOn => {
+                // The launcher never signals a relay (it sends `sig` over the channel): mpirun
+                // (or its daemon) is stopping the job, because it was itself signalled or ended
+                // on its own. Said, so that what ends the job is not taken for the worker's;
+                // by the relay of each host's first rank (mpirun signals them all).
+                let first_here = self.workers.iter().any(|w| w.device == 0);
+                if first_here && !self.failed_or_interrupted() && self.stopping.is_none() {
+                    output.message(&relay_signalled(s, from));
+                }
+                self.stop(s);
+            }
             SignalAction::KillNow if !state.agent => {
                 // Ending what the workers of an ended job left is an interruption too (SPEC
                 // §8: 128+N), as a signal in the wait for the console after them is.
