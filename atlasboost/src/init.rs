@@ -949,7 +949,17 @@ fn rendezvous(c: &LaunchContext, framework: Framework) -> Result<Job, InitError>
         }
         (None, Some(local)) => (local.clone(), local),
         (None, None) => {
-            let hint = if c.launcher.is_mpi() {
+            let hint = if c.launcher.is_mpi() && c.local_size == Some(c.size) {
+                // Every rank here would meet over a socket named after the MPI job, but
+                // nothing names it: variables set by hand, or a launcher not recognised.
+                format!(
+                    " (every rank is on this host, but nothing names the MPI job, which the \
+                     ranks of one host meet under: Open MPI's {} or {}, or MPICH's \
+                     hydra_pmi_proxy above this process; started by hand?)",
+                    EnvVars::OMPI_MCA_ORTE_HNP_URI,
+                    EnvVars::PMIX_NAMESPACE
+                )
+            } else if c.launcher.is_mpi() {
                 format!(
                     " (mpirun does not say which host runs rank 0: `mpirun -x {}=<that host>`; \
                      or use a build with MPI support, which meets over MPI: \
@@ -2025,6 +2035,31 @@ mod tests {
     use atlasboost_core::Health;
 
     use super::*;
+
+    /// Every rank on this host under Open MPI's variables, but nothing naming the MPI job (set
+    /// by hand): the error says that, not only that MASTER_ADDR is missing.
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn ranks_of_one_host_with_no_mpi_job_name_are_told_why() {
+        let c = LaunchContext {
+            launcher: Launcher::OpenMpi,
+            rank: 0,
+            size: 2,
+            local_rank: 0,
+            local_size: Some(2),
+            node_rank: None,
+            master_addr: None,
+            master_port: None,
+        };
+        let e = rendezvous(&c, Framework::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("MASTER_ADDR is not set"), "{e}");
+        assert!(
+            e.contains("every rank is on this host, but nothing names the MPI job"),
+            "{e}"
+        );
+    }
 
     /// A socket file nothing listens on, older than the age given, is removed (a rank 0 killed
     /// during its rendezvous left it); a live one, a young one, and what is no socket stay.
