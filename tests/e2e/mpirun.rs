@@ -401,7 +401,7 @@ fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
     let r = launch.wait_at_most(Duration::from_secs(20));
     assert_ne!(r.code(), Some(0), "{}", r.describe());
     let said = format!(
-        "got SIGTERM from mpirun's side (its parent, pid {})",
+        "its relay got SIGTERM from mpirun's side (its parent, pid {})",
         mpirun.pid
     );
     let lines: Vec<String> = r

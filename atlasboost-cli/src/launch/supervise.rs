@@ -300,16 +300,23 @@ impl Signals {
 /// daemon on another host): mpirun is stopping the ranks. The launcher names the rank.
 fn relay_signalled(signal: Signal, from: Option<u32>) -> String {
     let parent = nix::unistd::getppid().as_raw();
-    let who = match from.and_then(|pid| i32::try_from(pid).ok()) {
-        Some(pid) if pid == parent => format!("from mpirun's side (its parent, pid {pid})"),
-        Some(0) | None => "from the kernel or another pid namespace".to_string(),
-        Some(pid) => format!("from pid {pid}, not mpirun"),
-    };
-    format!(
-        "atlasboost: its relay, and so the other ranks' of this host, got {} {who}: mpirun is \
-         stopping its ranks, as it does when it is signalled itself or ends the job on its own",
-        signal.as_str()
-    )
+    let signal = signal.as_str();
+    match from.and_then(|pid| i32::try_from(pid).ok()) {
+        Some(pid) if pid == parent => format!(
+            "atlasboost: its relay got {signal} from mpirun's side (its parent, pid {pid}), as \
+             the other ranks' of this host did: mpirun is stopping its ranks, as it does when \
+             it is signalled itself or ends the job on its own"
+        ),
+        // Not mpirun: a batch system signalling every process of the job, a user's kill.
+        who => format!(
+            "atlasboost: its relay got {signal} from {}, not from mpirun (nor from atlasboost, \
+             which asks over its connection): stopping its worker",
+            match who {
+                Some(pid) if pid > 0 => format!("pid {pid}"),
+                _ => "the kernel or another pid namespace".to_string(),
+            }
+        ),
+    }
 }
 
 /// Whether `signal` is ignored in this process (`nohup`'s SIGHUP, a shell's background job's
