@@ -336,15 +336,9 @@ except KeyboardInterrupt:
     assert_no_process_with_env(MARK, &mark, Duration::from_secs(5), "after Ctrl-C");
 }
 
-/// mpirun killed from outside while its ranks run: nothing would end them (their relays are
-/// re-parented to the launcher), so the launcher fails the job naming mpirun, and stops them.
-#[test]
-fn kill_9_of_mpirun_ends_the_job_naming_it() {
-    if mpirun_or_skip().is_none() {
-        return;
-    }
-    let mark = unique("mpirun-kill9");
-    let _cleanup = Cleanup(mark.clone());
+/// `run --mpi` of two ranks, marked `mark`, that print `ready` and sleep 60 s (`--grace 1`),
+/// once both are ready, and the mpirun below it.
+fn two_ranks_sleeping_and_their_mpirun(mark: &str) -> (atlasboost_e2e::Launch, i32) {
     let mut launch = run_mpi(2)
         .args(["--grace", "1", "-x", &format!("{MARK}={mark}"), "--"])
         .args(["sh", "-c", "echo ready; sleep 60"])
@@ -354,7 +348,20 @@ fn kill_9_of_mpirun_ends_the_job_naming_it() {
         .into_iter()
         .find(|p| p.comm == "mpirun")
         .unwrap_or_else(|| panic!("no mpirun below the launcher {}", launch.pid()));
-    kill(Pid::from_raw(mpirun.pid), Signal::SIGKILL).unwrap();
+    (launch, mpirun.pid)
+}
+
+/// mpirun killed from outside while its ranks run: nothing would end them (their relays are
+/// re-parented to the launcher), so the launcher fails the job naming mpirun, and stops them.
+#[test]
+fn kill_9_of_mpirun_ends_the_job_naming_it() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mark = unique("mpirun-kill9");
+    let _cleanup = Cleanup(mark.clone());
+    let (launch, mpirun) = two_ranks_sleeping_and_their_mpirun(&mark);
+    kill(Pid::from_raw(mpirun), Signal::SIGKILL).unwrap();
     let r = launch.wait_at_most(Duration::from_secs(20));
     r.assert_code(128 + 9);
     assert_eq!(
@@ -388,22 +395,11 @@ fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
     }
     let mark = unique("mpirun-term");
     let _cleanup = Cleanup(mark.clone());
-    let mut launch = run_mpi(2)
-        .args(["--grace", "1", "-x", &format!("{MARK}={mark}"), "--"])
-        .args(["sh", "-c", "echo ready; sleep 60"])
-        .spawn();
-    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
-    let mpirun = descendants(launch.pid())
-        .into_iter()
-        .find(|p| p.comm == "mpirun")
-        .unwrap_or_else(|| panic!("no mpirun below the launcher {}", launch.pid()));
-    kill(Pid::from_raw(mpirun.pid), Signal::SIGTERM).unwrap();
+    let (launch, mpirun) = two_ranks_sleeping_and_their_mpirun(&mark);
+    kill(Pid::from_raw(mpirun), Signal::SIGTERM).unwrap();
     let r = launch.wait_at_most(Duration::from_secs(20));
     assert_ne!(r.code(), Some(0), "{}", r.describe());
-    let said = format!(
-        "its relay got SIGTERM from mpirun's side (its parent, pid {})",
-        mpirun.pid
-    );
+    let said = format!("its relay got SIGTERM from mpirun's side (its parent, pid {mpirun})");
     let lines: Vec<String> = r
         .err()
         .lines()

@@ -1068,30 +1068,34 @@ mod tests {
         }
     }
 
+    /// One host `h` of one device, read from `telemetry`.
+    fn one_device_host(telemetry: Arc<dyn Telemetry>) -> [HostMonitor; 1] {
+        [HostMonitor {
+            host: "h".into(),
+            devices: vec![Device {
+                server_id: "h".into(),
+                logical_id: 0,
+                physical_id: 0,
+                ip: None,
+                chip: "910".into(),
+                health: Health::Healthy,
+                super_device_id: None,
+                super_pod_id: None,
+            }],
+            machine_npus: 1,
+            left_out: 0,
+            telemetry,
+        }]
+    }
+
     /// A driver slower than the sampler's wait is still read once per interval: each sample
     /// after the first gets a reading it has not shown before (else every other one repeats).
     #[test]
     fn a_slow_driver_is_read_every_interval_not_every_other() {
-        let device = Device {
-            server_id: "h".into(),
-            logical_id: 0,
-            physical_id: 0,
-            ip: None,
-            chip: "910".into(),
-            health: Health::Healthy,
-            super_device_id: None,
-            super_pod_id: None,
-        };
-        let hosts = [HostMonitor {
-            host: "h".into(),
-            devices: vec![device],
-            machine_npus: 1,
-            left_out: 0,
-            telemetry: Arc::new(Slow(
-                TELEMETRY_WAIT * 3,
-                std::sync::atomic::AtomicU32::new(0),
-            )),
-        }];
+        let hosts = one_device_host(Arc::new(Slow(
+            TELEMETRY_WAIT * 3,
+            std::sync::atomic::AtomicU32::new(0),
+        )));
         let mut sampler = DeviceSampler::start(&hosts).unwrap();
         let interval = TELEMETRY_WAIT * 6;
         let mut seen = Vec::new();
@@ -1136,22 +1140,7 @@ mod tests {
     #[test]
     fn after_a_slow_reading_samples_are_fresh_again() {
         let telemetry = Arc::new(SlowOnce(TELEMETRY_WAIT * 3, Mutex::new(Vec::new())));
-        let hosts = [HostMonitor {
-            host: "h".into(),
-            devices: vec![Device {
-                server_id: "h".into(),
-                logical_id: 0,
-                physical_id: 0,
-                ip: None,
-                chip: "910".into(),
-                health: Health::Healthy,
-                super_device_id: None,
-                super_pod_id: None,
-            }],
-            machine_npus: 1,
-            left_out: 0,
-            telemetry: telemetry.clone(),
-        }];
+        let hosts = one_device_host(telemetry.clone());
         let mut sampler = DeviceSampler::start(&hosts).unwrap();
         let interval = TELEMETRY_WAIT * 6;
         let mut ages = Vec::new();

@@ -526,21 +526,34 @@ fn every_telemetry_call_comes_through_the_real_loading_path() {
     }
 }
 
+/// The fake driver probed with an empty faults file, which the test may then fill: the
+/// file's directory (kept while it lives), its path, the environment, the probe, the devices.
+fn probed_with_a_faults_file() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Env,
+    DsmiProbe,
+    Vec<Device>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults");
+    std::fs::write(&faults, "").unwrap();
+    let env = Env::set(&[(
+        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE,
+        faults.to_str().unwrap(),
+    )]);
+    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
+    let devices = probe.probe().unwrap();
+    (dir, faults, env, probe, devices)
+}
+
 /// An unhealthy device and an error code injected while sampling show in the next sample; a
 /// failing call leaves only its metric absent.
 #[test]
 fn an_injected_fault_shows_in_the_next_sample() {
     use atlasboost_core::Telemetry;
 
-    let dir = tempfile::tempdir().unwrap();
-    let faults = dir.path().join("faults");
-    std::fs::write(&faults, "").unwrap();
-    let _env = Env::set(&[(
-        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE,
-        faults.to_str().unwrap(),
-    )]);
-    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
-    let devices = probe.probe().unwrap();
+    let (_dir, faults, _env, probe, devices) = probed_with_a_faults_file();
     assert!(
         probe
             .sample(&devices)
@@ -637,15 +650,7 @@ fn a_failing_telemetry_call_is_named_and_a_failing_health_reads_unreadable() {
 fn one_device_the_driver_cannot_map_does_not_blank_the_others() {
     use atlasboost_core::{DriverCall, Telemetry};
 
-    let dir = tempfile::tempdir().unwrap();
-    let faults = dir.path().join("faults");
-    std::fs::write(&faults, "").unwrap();
-    let _env = Env::set(&[(
-        EnvVars::ATLASBOOST_FAKE_DSMI_FAULTS_FILE,
-        faults.to_str().unwrap(),
-    )]);
-    let probe = DsmiProbe::load_from("10.0.0.1", &fake()).unwrap();
-    let devices = probe.probe().unwrap();
+    let (_dir, faults, _env, probe, devices) = probed_with_a_faults_file();
     std::fs::write(&faults, "fail:dsmi_get_phyid_from_logicid@2=8\n").unwrap();
     let samples = probe.sample(&devices);
     assert_eq!(
