@@ -32,8 +32,8 @@ pub struct DeviceSample {
     /// The driver's current error codes (empty: none).
     pub error_codes: Option<Vec<u32>>,
     /// Why values are absent from this sample although the driver has the calls for them: each
-    /// call that failed, named with its code (`dsmi_get_temperature returned 13 (BUSY: ...)`),
-    /// or the driver that could not be reached at all.
+    /// call that failed, named with its code (`dsmi_get_device_temperature(device 2) returned
+    /// 13 (BUSY: the device is busy)`), or why the driver could not be read at all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<String>,
 }
@@ -45,6 +45,23 @@ impl DeviceSample {
             physical_id,
             ..DeviceSample::default()
         }
+    }
+
+    /// A sample of device `physical_id` without values, for the reasons `failures`.
+    pub fn failed(physical_id: u32, failures: Vec<String>) -> DeviceSample {
+        DeviceSample {
+            failures,
+            ..DeviceSample::of(physical_id)
+        }
+    }
+
+    /// A sample of each of `devices` without values, each for the reason `why` (a driver that
+    /// cannot be read at all).
+    pub fn all_failed(devices: &[crate::Device], why: &str) -> Vec<DeviceSample> {
+        devices
+            .iter()
+            .map(|d| DeviceSample::failed(d.physical_id, vec![why.to_string()]))
+            .collect()
     }
 
     /// An empty sample of each of `devices`: what is shown when nothing could be read.

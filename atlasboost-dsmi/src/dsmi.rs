@@ -540,15 +540,7 @@ impl Driver {
     fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
         let (ids, unmapped) = match self.driver_ids() {
             Ok(ids) => ids,
-            Err(e) => {
-                return devices
-                    .iter()
-                    .map(|d| DeviceSample {
-                        failures: vec![e.to_string()],
-                        ..DeviceSample::of(d.physical_id)
-                    })
-                    .collect();
-            }
+            Err(e) => return DeviceSample::all_failed(devices, &e.to_string()),
         };
         devices
             .iter()
@@ -563,16 +555,18 @@ impl Driver {
                             code,
                             call: DriverCall::PhysicalId,
                         }),
-                        failures: unmapped.iter().map(|(_, e)| e.clone()).collect(),
-                        ..DeviceSample::of(d.physical_id)
+                        ..DeviceSample::failed(
+                            d.physical_id,
+                            unmapped.iter().map(|(_, e)| e.clone()).collect(),
+                        )
                     },
-                    None => DeviceSample {
-                        failures: vec![format!(
+                    None => DeviceSample::failed(
+                        d.physical_id,
+                        vec![format!(
                             "the driver does not list physical id {} (dsmi_list_device)",
                             d.physical_id
                         )],
-                        ..DeviceSample::of(d.physical_id)
-                    },
+                    ),
                 },
             })
             .collect()

@@ -1898,6 +1898,9 @@ fn sweep_stale_sockets(dir: &Path, age: std::time::Duration) {
     };
     for entry in entries.flatten() {
         let path = entry.path();
+        if path.extension().is_none_or(|e| e != "sock") {
+            continue;
+        }
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
@@ -1906,8 +1909,7 @@ fn sweep_stale_sockets(dir: &Path, age: std::time::Duration) {
             .ok()
             .and_then(|m| m.elapsed().ok())
             .is_some_and(|a| a >= age);
-        let is_sock = path.extension().is_some_and(|e| e == "sock");
-        if !(meta.file_type().is_socket() && is_sock && old) {
+        if !(meta.file_type().is_socket() && old) {
             continue;
         }
         if let Err(e) = std::os::unix::net::UnixStream::connect(&path)

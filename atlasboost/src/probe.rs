@@ -336,13 +336,7 @@ pub struct FailedTelemetry(pub String);
 
 impl Telemetry for FailedTelemetry {
     fn sample(&self, devices: &[Device]) -> Vec<DeviceSample> {
-        devices
-            .iter()
-            .map(|d| DeviceSample {
-                failures: vec![self.0.clone()],
-                ..DeviceSample::of(d.physical_id)
-            })
-            .collect()
+        DeviceSample::all_failed(devices, &self.0)
     }
 }
 

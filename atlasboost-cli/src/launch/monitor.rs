@@ -577,17 +577,14 @@ pub fn failures_to_say(
     samples: &[Vec<DeviceSample>],
     said: &mut HashSet<(String, String)>,
 ) -> Option<String> {
-    let mut new: Vec<(String, String, Vec<u32>)> = Vec::new();
+    // Each new (host, failure), with the NPUs it failed for.
+    let mut new: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for (host, devices) in hosts.iter().zip(samples) {
         for d in devices {
             for failure in &d.failures {
                 let key = (host.host.clone(), failure.clone());
-                match new.iter_mut().find(|(h, f, _)| (h, f) == (&key.0, &key.1)) {
-                    Some((_, _, npus)) => npus.push(d.physical_id),
-                    None if !said.contains(&key) => {
-                        new.push((key.0, key.1, vec![d.physical_id]));
-                    }
-                    None => {}
+                if !said.contains(&key) {
+                    new.entry(key).or_default().push(d.physical_id.to_string());
                 }
             }
         }
@@ -597,8 +594,7 @@ pub fn failures_to_say(
     }
     let named: Vec<String> = new
         .into_iter()
-        .map(|(host, failure, npus)| {
-            let npus: Vec<String> = npus.iter().map(u32::to_string).collect();
+        .map(|((host, failure), npus)| {
             let which = match npus.as_slice() {
                 [one] => format!("npu {one}"),
                 many => format!("npus {}", many.join(",")),
@@ -1012,13 +1008,10 @@ mod tests {
             devices: Vec::new(),
             machine_npus: 8,
             left_out: 0,
-            telemetry: Arc::new(Fixed(Vec::new())),
+            telemetry: Arc::new(atlasboost::probe::NoTelemetry),
         };
         let hosts = [host("10.0.0.1"), host("10.0.0.2")];
-        let failing = |p: u32, f: &str| DeviceSample {
-            failures: vec![f.to_string()],
-            ..DeviceSample::of(p)
-        };
+        let failing = |p: u32, f: &str| DeviceSample::failed(p, vec![f.to_string()]);
         let busy = "dsmi_get_device_health(device 2) returned 13";
         let gone = "cannot load the driver";
         let samples = vec![
@@ -1040,15 +1033,6 @@ mod tests {
         let w = failures_to_say(&hosts, &later, &mut said).unwrap();
         assert!(w.contains("host 10.0.0.1 npu 3: dsmi_get_hbm_info"), "{w}");
         assert!(!w.contains(busy), "{w}");
-    }
-
-    /// Telemetry that answers a fixed sample, after a while.
-    pub(crate) struct Fixed(pub Vec<DeviceSample>);
-
-    impl Telemetry for Fixed {
-        fn sample(&self, _: &[Device]) -> Vec<DeviceSample> {
-            self.0.clone()
-        }
     }
 
     /// Telemetry whose every reading takes `0`, and says which reading it is.
