@@ -1,5 +1,5 @@
 //! Facts about this host: its `server_id` (one rule for the launcher and library mode), its
-//! primary IPv4 address, its network interfaces (`--nic`), and a port free on it.
+//! primary IPv4 address, its network interfaces (`--nic`), and a `MASTER_PORT` free on it.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, TcpListener, ToSocketAddrs};
@@ -304,14 +304,62 @@ pub fn address_toward(target: IpAddr) -> std::io::Result<IpAddr> {
     Ok(socket.local_addr()?.ip())
 }
 
-/// A port nobody listens on right now on `addr` (the kernel's pick), for `MASTER_PORT`; 0 if
-/// none.
+/// A port for `MASTER_PORT` on `addr`: one nobody listens on right now, with the next one free
+/// too (`init()`'s rendezvous listens at `MASTER_PORT` + 1); 0 if none is found.
+///
+/// It is chosen at random below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`) and below Kubernetes' node ports (30000 and up):
+/// the port the kernel picks for a listener on port 0 comes from the ephemeral range, where
+/// any connection this host opens before the job binds it may take it (the job's rank 0 then
+/// fails with "Address already in use"). Only when no pair is free there is the kernel's pick
+/// taken.
 #[must_use]
-pub fn free_port(addr: &str) -> u16 {
-    TcpListener::bind((addr, 0))
-        .or_else(|_| TcpListener::bind(("0.0.0.0", 0)))
-        .and_then(|l| l.local_addr())
-        .map_or(0, |a| a.port())
+pub fn free_master_port(addr: &str) -> u16 {
+    let addr = if TcpListener::bind((addr, 0)).is_ok() {
+        addr
+    } else {
+        "0.0.0.0"
+    };
+    let (first, end) = quiet_ports();
+    let mut seed = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), addr) | 1;
+    let candidates = (0..64).filter(|_| end > first).map(|_| {
+        // xorshift: a different pick each try, from a seed different in every call.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        first + u16::try_from(seed % u64::from(end - first)).unwrap_or(0)
+    });
+    first_free_pair(addr, candidates)
+        .or_else(|| {
+            let kernels = (0..16).filter_map(|_| {
+                TcpListener::bind((addr, 0))
+                    .and_then(|l| l.local_addr())
+                    .ok()
+                    .map(|a| a.port())
+            });
+            first_free_pair(addr, kernels)
+        })
+        .unwrap_or(0)
+}
+
+/// The ports [`free_master_port`] picks from, `first..end`: from 20000 up to the lower of the
+/// ephemeral range's start and 30000 (empty when the range starts lower).
+fn quiet_ports() -> (u16, u16) {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    (20000, ephemeral_start.min(30000))
+}
+
+/// The first of `candidates` that is free on `addr` with the port after it.
+fn first_free_pair(addr: &str, candidates: impl IntoIterator<Item = u16>) -> Option<u16> {
+    candidates.into_iter().find(|&port| {
+        port > 0
+            && port < u16::MAX
+            && TcpListener::bind((addr, port)).is_ok()
+            && TcpListener::bind((addr, port + 1)).is_ok()
+    })
 }
 
 #[cfg(test)]
@@ -382,5 +430,28 @@ mod nic_tests {
             e.contains("\"no-such-nic0\"") && e.contains("127.0.0.1/8"),
             "{e}"
         );
+    }
+
+    /// CI failed when rank 0's rendezvous found `MASTER_PORT` + 1 taken: a port is chosen only
+    /// with the next one free, and away from the ports connections are given.
+    #[test]
+    fn a_master_port_has_the_next_port_free_and_is_not_an_ephemeral_one() {
+        // A port whose successor is held, and the one before a held port, are passed over.
+        let held = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let held_port = held.local_addr().unwrap().port();
+        let before_held = held_port - 1;
+        let free_pair = (20000..30000)
+            .find(|&p| first_free_pair("127.0.0.1", [p]).is_some())
+            .unwrap();
+        assert_eq!(
+            first_free_pair("127.0.0.1", [held_port, before_held, free_pair]),
+            Some(free_pair)
+        );
+        assert_eq!(first_free_pair("127.0.0.1", [0, u16::MAX]), None);
+        let (first, end) = quiet_ports();
+        for _ in 0..20 {
+            let port = free_master_port("127.0.0.1");
+            assert!((first..end).contains(&port), "{port} not in {first}..{end}");
+        }
     }
 }

@@ -304,45 +304,14 @@ pub(crate) fn keygen(path: &Path) {
 }
 
 /// A port `P` free right now with `P + 1` free too: a job's `MASTER_PORT`, whose `+ 1` library
-/// mode's rendezvous takes (on every address).
-///
-/// Picked below the kernel's ephemeral range: a port the kernel hands out on its own (a bind to
-/// 0) is one it may give the next outgoing connection too, which took `P + 1` from under a
-/// Python test once ("cannot bind ...: Address already in use").
+/// mode's rendezvous takes (on every address). The launcher's own pick, below the kernel's
+/// ephemeral range: a port the kernel hands out on its own (a bind to 0) is one it may give the
+/// next outgoing connection too, which took `P + 1` from under a Python test once ("cannot bind
+/// ...: Address already in use").
 pub fn free_port_pair() -> u16 {
-    let low = ephemeral_low();
-    assert!(
-        low > 20_002,
-        "the ephemeral port range starts at {low}: no room below it"
-    );
-    // A seed of its own per call: `RandomState` is keyed at random per process and per call.
-    let mut seed = std::hash::BuildHasher::hash_one(
-        &std::collections::hash_map::RandomState::new(),
-        std::process::id(),
-    );
-    for _ in 0..200 {
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        let span = u64::from(low - 1 - 20_000);
-        let Ok(offset) = u16::try_from((seed >> 33) % span) else {
-            continue;
-        };
-        let port = 20_000 + offset;
-        let a = std::net::TcpListener::bind(("0.0.0.0", port));
-        let b = std::net::TcpListener::bind(("0.0.0.0", port + 1));
-        if a.is_ok() && b.is_ok() {
-            return port;
-        }
-    }
-    panic!("no two free ports in a row in 20000..{low}");
-}
-
-/// The first port of the kernel's ephemeral range (`ip_local_port_range`), Linux's default if
-/// unreadable.
-fn ephemeral_low() -> u16 {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|text| text.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768)
+    let port = atlasboost::host::free_master_port("0.0.0.0");
+    assert!(port != 0, "no two free ports in a row here");
+    port
 }
 
 /// A port free on every address of [`SSHD_ADDRESSES`] right now (the kernel's pick, which is

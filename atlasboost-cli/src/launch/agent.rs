@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atlasboost::host::free_port;
+use atlasboost::host::free_master_port;
 use atlasboost::probe::{ProbeError, local_devices, make_probe};
 use atlasboost::settings::Discovery;
 use atlasboost_core::compact;
@@ -662,7 +662,7 @@ pub fn host_report(
     };
     let report = AgentReport {
         host,
-        free_port: free_port(server_id),
+        free_port: free_master_port(server_id),
         nic_addr,
     };
     Ok((report, devices))
