@@ -339,9 +339,14 @@ except KeyboardInterrupt:
 /// `run --mpi` of two ranks, marked `mark`, that print `ready` and sleep 60 s (`--grace 1`),
 /// once both are ready, and the mpirun below it.
 fn two_ranks_sleeping_and_their_mpirun(mark: &str) -> (atlasboost_e2e::Launch, i32) {
+    two_ranks_and_their_mpirun(mark, "echo ready; sleep 60")
+}
+
+/// [`two_ranks_sleeping_and_their_mpirun`] with each rank running `script` (which says `ready`).
+fn two_ranks_and_their_mpirun(mark: &str, script: &str) -> (atlasboost_e2e::Launch, i32) {
     let mut launch = run_mpi(2)
         .args(["--grace", "1", "-x", &format!("{MARK}={mark}"), "--"])
-        .args(["sh", "-c", "echo ready; sleep 60"])
+        .args(["sh", "-c", script])
         .spawn();
     launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
     let mpirun = descendants(launch.pid())
@@ -386,8 +391,9 @@ fn kill_9_of_mpirun_ends_the_job_naming_it() {
 
 /// SIGTERM to mpirun itself (an admin, a batch system): mpirun stops its ranks with SIGTERM
 /// and exits 1 a moment later. The relay of each host's first rank says that mpirun's side
-/// signalled it, so that the job's end is not taken for its worker's own (it was blamed on a
-/// rank, or on a relay's closed connection, with nothing said of mpirun).
+/// signalled it, and the job fails as mpirun's stop, 128 + SIGTERM, whatever the workers make
+/// of the signal (rank 0 exits 0, rank 1 dies of it): it was blamed on a rank that ended of the
+/// SIGTERM, or on a relay's closed connection, with nothing said of mpirun.
 #[test]
 fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
     if mpirun_or_skip().is_none() {
@@ -395,10 +401,22 @@ fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
     }
     let mark = unique("mpirun-term");
     let _cleanup = Cleanup(mark.clone());
-    let (launch, mpirun) = two_ranks_sleeping_and_their_mpirun(&mark);
+    let (launch, mpirun) = two_ranks_and_their_mpirun(
+        &mark,
+        "[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && trap 'exit 0' TERM; echo ready; sleep 60 & wait",
+    );
     kill(Pid::from_raw(mpirun), Signal::SIGTERM).unwrap();
     let r = launch.wait_at_most(Duration::from_secs(20));
-    assert_ne!(r.code(), Some(0), "{}", r.describe());
+    r.assert_code(128 + 15);
+    let error = r.the_error_line("mpirun's stop");
+    assert!(
+        error.starts_with(
+            "error: mpirun failed first: mpirun stopped its ranks: their relays got SIGTERM \
+             from mpirun's side"
+        ),
+        "{error}\n{}",
+        r.describe()
+    );
     let said = format!("its relay got SIGTERM from mpirun's side (its parent, pid {mpirun})");
     let lines: Vec<String> = r
         .err()

@@ -230,8 +230,9 @@ impl Stream {
 /// lines frames, `O` and `E`; 4: heartbeats, records and stacks; 5: the launch tree, with the
 /// rendezvous on the channel; 6: the host's NPU count in telemetry samples; 7: exit frames
 /// carry any signal number, the real-time ones too; 8: an unreadable device's health names the
-/// driver call that failed; 9: a telemetry sample names the driver calls that failed).
-pub const HELLO: &[u8] = b"\x00atlasboost-agent-9\n";
+/// driver call that failed; 9: a telemetry sample names the driver calls that failed; 10: a
+/// relay says that mpirun's side signalled it).
+pub const HELLO: &[u8] = b"\x00atlasboost-agent-10\n";
 
 /// What every version's [`HELLO`] starts with (its version and a newline follow).
 const GREETING_PREFIX: &[u8] = b"\x00atlasboost-agent-";
@@ -436,6 +437,14 @@ pub enum Up {
         /// The sample.
         bytes: Vec<u8>,
     },
+    /// A relay's: mpirun's side (its parent: mpirun, or Open MPI's daemon on another host)
+    /// sent it `signal`, which it passes on to its worker. mpirun stops its ranks so when it
+    /// is signalled itself or ends the job on its own: what the worker does next is mpirun's
+    /// doing, not a failure of the rank's.
+    MpirunStops {
+        /// The signal.
+        signal: WorkerSignal,
+    },
 }
 
 const HEARTBEAT_KIND: u8 = b'h';
@@ -456,6 +465,7 @@ const VIA: u8 = b'V';
 const LOST: u8 = b'L';
 const SAID: u8 = b'S';
 const TELEMETRY: u8 = b'T';
+const MPIRUN_STOPS: u8 = b'm';
 /// The step of a beat frame that gave none.
 const NO_STEP: i64 = i64::MIN;
 
@@ -517,6 +527,9 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
         Up::Lost { host, said } => (LOST, *host, said.as_bytes()),
         Up::Said { line } => (SAID, 0, line),
         Up::Telemetry { bytes } => (TELEMETRY, 0, bytes),
+        Up::MpirunStops { signal } => {
+            return frame(MPIRUN_STOPS, 0, &signal.number().to_be_bytes(), out);
+        }
     };
     frame(kind, rank, payload, out);
 }
@@ -775,6 +788,10 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
         TELEMETRY => Up::Telemetry {
             bytes: payload.to_vec(),
         },
+        MPIRUN_STOPS => Up::MpirunStops {
+            signal: WorkerSignal::from_number(value()?)
+                .ok_or_else(|| "a frame of mpirun's signal with an unknown signal".to_string())?,
+        },
         other => return Err(format!("a frame of unknown kind {other:#04x}")),
     })
 }
@@ -962,6 +979,9 @@ mod tests {
             },
             Up::Telemetry {
                 bytes: vec![9, 8, 7],
+            },
+            Up::MpirunStops {
+                signal: Signal::SIGTERM.into(),
             },
         ]
     }

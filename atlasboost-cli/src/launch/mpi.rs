@@ -778,7 +778,7 @@ pub fn relay_beside(dir: &Path) -> Option<std::path::PathBuf> {
 }
 
 /// What a launcher and the relay program beside it must share: atlasboost's version and its
-/// channel's protocol (`0.1.0+atlasboost-agent-9`: one word, as mpirun's `-x` passes it on).
+/// channel's protocol (`0.1.0+atlasboost-agent-10`: one word, as mpirun's `-x` passes it on).
 #[must_use]
 pub fn relay_version() -> String {
     let protocol = String::from_utf8_lossy(channel::HELLO);
@@ -1076,7 +1076,7 @@ mod tests {
         // One word (mpirun's -x passes it on), with the protocol of channel::HELLO.
         assert_eq!(
             version,
-            format!("{}+atlasboost-agent-9", env!("CARGO_PKG_VERSION"))
+            format!("{}+atlasboost-agent-10", env!("CARGO_PKG_VERSION"))
         );
         let e = check_relay_version(Some("0.0.9+atlasboost-agent-7".into()))
             .unwrap_err()

@@ -299,10 +299,9 @@ impl Signals {
 /// What a relay says when `signal` reaches it from `from` (its parent is mpirun, or Open MPI's
 /// daemon on another host): mpirun is stopping the ranks. The launcher names the rank.
 fn relay_signalled(signal: Signal, from: Option<u32>) -> String {
-    let parent = nix::unistd::getppid().as_raw();
     let signal = signal.as_str();
     match from.and_then(|pid| i32::try_from(pid).ok()) {
-        Some(pid) if pid == parent => format!(
+        Some(pid) if from_parent(from) => format!(
             "atlasboost: its relay got {signal} from mpirun's side (its parent, pid {pid}), as \
              the other ranks' of this host did: mpirun is stopping its ranks, as it does when \
              it is signalled itself or ends the job on its own"
@@ -317,6 +316,11 @@ fn relay_signalled(signal: Signal, from: Option<u32>) -> String {
             }
         ),
     }
+}
+
+/// Whether a signal sent by `from` came from this process's parent (a relay's: mpirun's side).
+fn from_parent(from: Option<u32>) -> bool {
+    from.and_then(|pid| i32::try_from(pid).ok()) == Some(nix::unistd::getppid().as_raw())
 }
 
 /// Whether `signal` is ignored in this process (`nohup`'s SIGHUP, a shell's background job's
@@ -2357,6 +2361,14 @@ impl<'a> Supervisor<'a> {
             // The first host lost is the job's failure, named with how its ssh ended: a
             // killed ssh's output ends a moment before its exit can be collected, a moment
             // seen past 5 ms on a loaded machine. The others are told as they come.
+            // A relay that mpirun killed as it stopped its ranks: mpirun's doing.
+            if r.relay_rank().is_some() {
+                self.mpirun_stopped_first(None, output);
+            }
+            let Role::Launcher(remotes) = &self.role else {
+                return;
+            };
+            let r = &remotes[h];
             let first = !self.failed_or_interrupted();
             let why = r.ended_early(if first { 100 } else { 5 });
             // `scancel` of the agents' step kills them at once (SIGKILL): only srun's lines say
@@ -2422,6 +2434,13 @@ impl<'a> Supervisor<'a> {
                     }
                 }
             }
+            Up::MpirunStops { signal } => {
+                let rank = self.relay_rank(h);
+                if let (Some(m), Some(rank)) = (&mut self.mpirun, rank) {
+                    m.stops.get_or_insert(signal);
+                    m.stopped_ranks.insert(rank);
+                }
+            }
             Up::Exited { rank, ending } => {
                 // A worker of the Slurm step killed before the job failed: `scancel` of the
                 // step, whose SIGKILL may reach it before its agent, or an OOM kill. srun
@@ -2434,9 +2453,11 @@ impl<'a> Supervisor<'a> {
                 {
                     self.step_cancelled(h, SLURM_KILLED_WORKER_WAIT, output);
                 }
-                // Under --mpi, a rank stopped by mpirun's side as mpirun died (its daemons on
-                // other hosts stop their ranks then) is no failure of its own.
+                // Under --mpi, a rank stopped by mpirun's side (as mpirun stops its ranks, or
+                // as it died: its daemons on other hosts stop their ranks then) is no failure
+                // of its own.
                 self.mpirun_died_first(ending, output);
+                self.mpirun_stopped_first(Some((rank, ending)), output);
                 if let Some(lane) = self.lane_of(h, rank) {
                     self.worker_ended(lane, ending, output);
                 }
@@ -2583,6 +2604,14 @@ impl<'a> Supervisor<'a> {
 
     /// The lane of a rank that remote `h` reports on: a rank of its host (a relay: its own
     /// rank), never another's.
+    /// The rank of remote `h` when it is a relay of `run --mpi`.
+    fn relay_rank(&self, h: usize) -> Option<u32> {
+        match &self.role {
+            Role::Launcher(remotes) => remotes.get(h)?.relay_rank(),
+            Role::Agent(_) => None,
+        }
+    }
+
     fn lane_of(&self, h: usize, rank: u32) -> Option<usize> {
         let lane = self.workers.binary_search_by_key(&rank, |w| w.rank).ok()?;
         self.reports_on(h, lane).then_some(lane)
@@ -2795,8 +2824,14 @@ impl<'a> Supervisor<'a> {
                 // on its own. Said, so that what ends the job is not taken for the worker's;
                 // by the relay of each host's first rank (mpirun signals them all).
                 let first_here = self.workers.iter().any(|w| w.device == 0);
-                if first_here && !self.failed_or_interrupted() && self.stopping.is_none() {
-                    output.message(&relay_signalled(s, from));
+                if !self.failed_or_interrupted() && self.stopping.is_none() {
+                    if first_here {
+                        output.message(&relay_signalled(s, from));
+                    }
+                    // The launcher then takes its worker's end for mpirun's doing.
+                    if from_parent(from) {
+                        output.send(&Up::MpirunStops { signal: s.into() });
+                    }
                 }
                 self.stop(s);
             }

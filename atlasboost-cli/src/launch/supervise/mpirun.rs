@@ -8,6 +8,7 @@
 //! sent has been read, or 2 s after mpirun's exit at most: a relay's last frames (a quick
 //! worker's whole life) may still be on their way when the kernel reports mpirun gone.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
@@ -130,6 +131,8 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         ranks_over: None,
         signalled: false,
         settled: false,
+        stops: None,
+        stopped_ranks: BTreeSet::new(),
     })
 }
 
@@ -323,6 +326,9 @@ impl Supervisor<'_> {
     /// never started, and mpirun failing on its own (a host it cannot reach, too few slots)
     /// fails the job with its own words.
     fn settle(&mut self, ending: Ending, output: &mut Output) {
+        // Its relays said it stopped its ranks: that, ahead of its exit code (1 when it was
+        // signalled itself), whatever its workers made of the signal.
+        self.mpirun_stopped_first(None, output);
         let Some(m) = &mut self.mpirun else { return };
         m.settled = true;
         let said = m.said();
@@ -362,6 +368,40 @@ impl Supervisor<'_> {
         }
     }
 
+    /// A relay said that mpirun's side signalled it (mpirun stops its ranks so when it is
+    /// signalled itself, or ends the job on its own): a rank that then ends, of that kind of
+    /// signal or after its relay said so (`ended`), or a relay whose connection closes or
+    /// mpirun's exit (`None`), is mpirun's doing. The job fails as mpirun's stop, with 128 +
+    /// the signal, ahead of that rank: it was blamed on the first rank to end, or on a relay
+    /// that mpirun killed, with nothing said of mpirun but the relays' own message.
+    pub(super) fn mpirun_stopped_first(
+        &mut self,
+        ended: Option<(u32, Ending)>,
+        output: &mut Output,
+    ) {
+        let Some(m) = &self.mpirun else { return };
+        let Some(signal) = m.stops else { return };
+        // Killed itself, mpirun is named for that ([`Self::mpirun_died_first`], `settle`).
+        let killed = matches!(m.ended, Some((_, Ending::Signaled(_))));
+        if killed || m.signalled || self.failed_or_interrupted() {
+            return;
+        }
+        let casualty = match ended {
+            None => true,
+            Some((rank, ending)) => m.stopped_ranks.contains(&rank) || stopping_signal(ending),
+        };
+        if !casualty {
+            return;
+        }
+        let why = format!(
+            "mpirun stopped its ranks: their relays got {} from mpirun's side, as mpirun does \
+             when it is signalled itself or ends the job on its own; {}",
+            signal.name(),
+            m.said()
+        );
+        self.fail_job(MPIRUN, why, Ending::Signaled(signal).code(), output);
+    }
+
     /// A relay reports its worker ended by a signal that mpirun's side sends when mpirun goes
     /// (its daemons on other hosts stop their ranks, SIGTERM, as they lose it). If mpirun has
     /// died of a signal the launcher did not send, that is the job's failure, named as when
@@ -370,10 +410,7 @@ impl Supervisor<'_> {
     /// it die a moment before the kernel reports it.
     pub(super) fn mpirun_died_first(&mut self, ending: Ending, output: &mut Output) {
         let Some(m) = &self.mpirun else { return };
-        let from_mpirun = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP]
-            .map(|s| Ending::Signaled(s.into()))
-            .contains(&ending);
-        if !from_mpirun || m.signalled || self.failed_or_interrupted() {
+        if !stopping_signal(ending) || m.signalled || self.failed_or_interrupted() {
             return;
         }
         let until = Instant::now() + MPIRUN_END_WAIT;
@@ -478,4 +515,12 @@ impl Supervisor<'_> {
             Role::Agent(_) => true,
         }
     }
+}
+
+/// Whether a worker ended of a signal mpirun's side stops ranks with (SIGTERM; SIGINT and
+/// SIGHUP, which mpirun passes on when it gets them).
+fn stopping_signal(ending: Ending) -> bool {
+    [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP]
+        .map(|s| Ending::Signaled(s.into()))
+        .contains(&ending)
 }

@@ -1,6 +1,7 @@
 //! mpirun as the supervisor of `run --mpi` holds it (its state; what the supervisor does with
 //! it is [`super::mpirun`]'s).
 
+use std::collections::BTreeSet;
 use std::os::fd::OwnedFd;
 use std::time::Instant;
 
@@ -8,7 +9,7 @@ use nix::errno::Errno;
 use nix::sys::signal::killpg;
 use nix::unistd::Pid;
 
-use super::super::channel::Ending;
+use super::super::channel::{Ending, WorkerSignal};
 use super::super::output::LineSplitter;
 use super::super::relay::RelayDoor;
 
@@ -36,6 +37,12 @@ pub(super) struct Mpirun {
     pub(super) signalled: bool,
     /// The end is settled: ranks that never came are named, mpirun's own failure judged.
     pub(super) settled: bool,
+    /// The signal mpirun's side sent the relays, as the first relay to say so said
+    /// ([`Up::MpirunStops`](super::super::channel::Up::MpirunStops)): mpirun is stopping its
+    /// ranks.
+    pub(super) stops: Option<WorkerSignal>,
+    /// The ranks whose relay said so: how their workers end from then on is mpirun's doing.
+    pub(super) stopped_ranks: BTreeSet<u32>,
 }
 
 impl Mpirun {
