@@ -91,6 +91,15 @@ step "docs (no broken links, every public item documented)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 step "tests"
+# The ports the tests give jobs (and the launcher's own MASTER_PORT) are picked from 20000 up,
+# below the kernel's ephemeral range, where no outgoing connection takes them meanwhile: a
+# range that leaves no room there would make those tests flaky, so it is refused here, by name.
+read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range
+if (( ephemeral_low <= 20002 )); then
+    echo "scripts/test.sh: net.ipv4.ip_local_port_range starts at $ephemeral_low; the tests need it" \
+        "above 20002 (Linux's default is 32768): sysctl -w net.ipv4.ip_local_port_range='32768 60999'" >&2
+    exit 1
+fi
 # The binaries and the fake driver libraries the tests load (cdylibs) are built first: cargo
 # test builds only what test targets link to.
 cargo build --workspace --quiet

@@ -533,16 +533,18 @@ interior=$(agent_in 1) || die "no atlasboost agent in ${namespaces[0]}"
 ssh_children=$(pgrep -P "$interior" -x ssh | wc -l)
 [[ $ssh_children == 2 ]] ||
     die "server 1's agent has $ssh_children ssh sessions, want 2 (servers 3 and 4 below it)"
-killed_at=$SECONDS
+killed_at=${EPOCHREALTIME/./}
 kill -KILL "$interior"
 rc=0
 for _ in $(seq 150); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$run_pid" 2>/dev/null && { kill -KILL "$run_pid"; die "the job outlived its interior agent by 15 s"; }
 wait "$run_pid" || rc=$?
 run_pid=
-took=$((SECONDS - killed_at))
+# In milliseconds (bash's SECONDS counts whole seconds): within SPEC's 5 s, and 1 s more for
+# a busy 2-core machine.
+took=$(( (${EPOCHREALTIME/./} - killed_at) / 1000 ))
 [[ $rc == 125 ]] || { show "$tmp/interior.err"; die "the job whose interior agent died exited $rc, want 125"; }
-[[ $took -le 5 ]] || { show "$tmp/interior.err"; die "the job ended $took s after its interior agent died, want <= 5"; }
+[[ $took -le 6000 ]] || { show "$tmp/interior.err"; die "the job ended $took ms after its interior agent died, want <= 6000"; }
 grep -q "^error: host ${ips[0]} failed first: .*below it in the launch tree: ${ips[2]}, ${ips[3]}" \
     "$tmp/interior.err" ||
     { show "$tmp/interior.err"; die "the error does not name ${ips[0]} and its subtree ${ips[2]}, ${ips[3]}"; }
@@ -616,5 +618,5 @@ say "ok: 12 ranks on 3 namespaced servers (${ips[*]:0:3}) over ssh;" \
     "${ips[1]} refused naming that host; a job that lost ${ips[2]}'s link went on with" \
     "8 ranks on the other two; --nic $net2.0/24 exported there; a launch tree of 6 servers" \
     "(fanout 2, depth 2) with one table everywhere and whole ordered lines, its interior agent's" \
-    "death named with its subtree in ${took} s, nothing left after kill -9; this machine by" \
+    "death named with its subtree in ${took} ms, nothing left after kill -9; this machine by" \
     "localhost beside another host, reached at $net.1; $((SECONDS - started)) s"

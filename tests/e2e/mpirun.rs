@@ -266,8 +266,10 @@ fn the_others_of_a_failed_rank_get_their_grace() {
     let f = run_mpi(2)
         .args(["--grace", "10", "--", "sh", "-c"])
         .args([
-            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 0.5; exit 3; fi; \
-             trap 'echo saving; sleep 2; echo saved; exit 0' TERM; echo working; \
+            // Rank 1 fails once rank 0's trap is set (the ranks start unsynchronised).
+            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then i=0; \
+             while [ ! -e trapped ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; exit 3; fi; \
+             trap 'echo saving; sleep 2; echo saved; exit 0' TERM; touch trapped; echo working; \
              sleep 30 & wait",
         ])
         .run();

@@ -418,7 +418,8 @@ fn a_full_non_blocking_stdout_loses_no_line() {
 #[test]
 fn both_streams_into_one_slow_pipe_stay_whole_and_ordered() {
     use std::io::Read;
-    let (read, write) = nix::unistd::pipe().unwrap();
+    // Close-on-exec: a job that the other test thread starts meanwhile must not hold it too.
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let write2 = write.try_clone().unwrap();
     let wdir = tempfile::tempdir().unwrap();
     let mut launcher = std::process::Command::new(atlasboost_e2e::atlasboost_bin())

@@ -582,7 +582,8 @@ fn ranks_that_went_on_after_the_silent_one_stopped_are_not_stuck_with_it() {
 fn a_rank_printing_part_of_a_line_is_not_hung() {
     let worker = "echo start; i=0; while [ $i -lt 12 ]; do printf .; i=$((i+1)); sleep 0.3; \
          done; echo ' done'";
-    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "1", "--grace", "0.5"])
+    // 3.6 s of dots against a 2 s timeout: a stall of 1.7 s on a busy machine is no hang.
+    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "2", "--grace", "0.5"])
         .args(["--", "sh", "-c", worker])
         .run();
     r.assert_code(0);
@@ -595,7 +596,9 @@ fn a_rank_printing_part_of_a_line_is_not_hung() {
 
 #[test]
 fn ranks_that_all_stop_together_are_reported_as_such() {
-    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "1", "--grace", "0.5"])
+    // Ranks stopped within a quarter of the timeout of each other are stopped together: with
+    // 4 s, the two ranks' `ready` may be seen 1 s apart on a busy machine.
+    let r = Run::new(["run", "--sim", "2", "--hang-timeout", "4", "--grace", "0.5"])
         .args(["--", "sh", "-c", "echo ready; sleep 60"])
         .run();
     r.assert_code(124);
@@ -1033,12 +1036,14 @@ fn a_rank_the_stop_ended_is_not_the_root_cause_whatever_it_recorded() {
 fn the_root_cause_and_the_first_failure_are_named_apart() {
     let r = Run::new(["run", "--sim", "2", "-H", "127.0.0.1", "--", "bash", "-c"])
         .args([
+            // Rank 1 gives up once rank 0 has recorded its error and set its trap.
             "trap 'exit 2' TERM; \
              if [ \"$RANK\" = 0 ]; then \
                  printf '{\"message\": {\"message\": \"ValueError: loss is NaN\", \
                  \"extraInfo\": {\"timestamp\": \"%s\"}}}' $(date +%s) > \"$ATLASBOOST_ERROR_FILE\"; \
-                 sleep 30 & wait; fi; \
-             sleep 0.5; echo 'rank 1 gives up' >&2; exit 1",
+                 touch recorded; sleep 30 & wait; fi; \
+             i=0; while [ ! -e recorded ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; \
+             echo 'rank 1 gives up' >&2; exit 1",
         ])
         .timeout(Duration::from_secs(60))
         .run();

@@ -76,9 +76,11 @@ fn sigint_is_passed_to_the_workers_and_exits_130() {
 /// batch, SIGINT first), succeeded: it is not counted as stopped.
 #[test]
 fn a_worker_that_finished_before_ctrl_c_succeeded() {
-    // Rank 0 ends a second after it said `up`, in a process named by this launch's mark.
-    let worker = "echo up; if [ \"$RANK_ID\" = 0 ]; then \
-                  exec env FINISHED_FIRST=\"$ATLASBOOST_E2E_LAUNCH\" sleep 1; fi; exec sleep 30";
+    // Rank 0 ends a second after it said `up`, in processes named by this launch's mark from
+    // before it says so (so that none of them is gone yet when the test sees the line).
+    let worker = "if [ \"$RANK_ID\" = 0 ]; then \
+                  exec env FINISHED_FIRST=\"$ATLASBOOST_E2E_LAUNCH\" sh -c 'echo up; sleep 1'; fi; \
+                  echo up; exec sleep 30";
     let mut launch = start("2", "30", &["sh", "-c", worker]);
     launch.wait_for_lines("]<stdout>:up", 2, Duration::from_secs(20));
     let mark = launch.mark().to_string();
@@ -205,7 +207,8 @@ fn a_signal_delivered_twice_at_once_is_one() {
     launch.wait_for("the first SIGTERM", Duration::from_secs(10), |_, err| {
         err.contains("got SIGTERM; passing it on")
     });
-    let echo = sent.elapsed() < Duration::from_millis(80);
+    // Within half the window: the launcher then has the other half to read the second.
+    let echo = sent.elapsed() < Duration::from_millis(50);
     if echo {
         launch.signal(Signal::SIGTERM);
     } else {
@@ -301,8 +304,16 @@ fn a_stop_that_waits_for_a_leftover_says_so() {
     );
     launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(20));
     let mark = launch.mark().to_string();
-    // The setsid children are running (they start a moment after "ready").
-    std::thread::sleep(Duration::from_millis(300));
+    // The setsid children are running (they start a moment after "ready"): 4 `sleep`s that
+    // lead their own group, the workers' and theirs (each after its trap).
+    let all_up = atlasboost_e2e::wait_until(Duration::from_secs(10), || {
+        atlasboost_e2e::pids_with_env(LAUNCH_MARK, &mark)
+            .iter()
+            .filter(|p| p.comm == "sleep" && p.pgrp == p.pid)
+            .count()
+            == 4
+    });
+    assert!(all_up, "the workers' setsid children did not start");
     launch.signal(Signal::SIGINT);
     let r = launch.wait_at_most(Duration::from_secs(30));
     r.assert_code(130).assert_err(
@@ -317,16 +328,17 @@ fn a_stop_that_waits_for_a_leftover_says_so() {
 }
 
 /// Runs `worker` on 2 ranks with the launcher's stdout a pipe nobody reads; once `ready`
-/// (given the job's mark) says so, sends `signal`; returns the exit status (`None`: still
-/// running 20 s later, then killed) and stderr.
+/// (given the job's mark and the workers' directory) says so, sends `signal`; returns the exit
+/// status (`None`: still running 20 s later, then killed) and stderr.
 fn with_a_console_nobody_reads(
     worker: &str,
-    ready: impl FnOnce(&str),
+    ready: impl FnOnce(&str, &std::path::Path),
     signal: Signal,
 ) -> (Option<std::process::ExitStatus>, String) {
     let mark = atlasboost_e2e::unique("stuck-console");
-    // stdout is a pipe that this test holds open and never reads.
-    let (unread, write) = nix::unistd::pipe().unwrap();
+    // stdout is a pipe that this test holds open and never reads (close-on-exec: a job that
+    // the other test thread starts meanwhile must not hold it too).
+    let (unread, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     // A directory of its own: its rank table is this job's alone.
     let wdir = tempfile::tempdir().unwrap();
     let mut launcher = std::process::Command::new(atlasboost_e2e::atlasboost_bin())
@@ -346,7 +358,7 @@ fn with_a_console_nobody_reads(
         let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
         text
     });
-    ready(&mark);
+    ready(&mark, wdir.path());
     let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
     nix::sys::signal::kill(pid, signal).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -380,7 +392,7 @@ fn sigterm_is_heard_while_nobody_reads_the_console() {
     // Both workers run, and the pipe (64 KiB) is long full.
     let (status, err) = with_a_console_nobody_reads(
         "exec yes stuck-console-line",
-        |_| std::thread::sleep(Duration::from_secs(2)),
+        |_, _| std::thread::sleep(Duration::from_secs(2)),
         Signal::SIGTERM,
     );
     let status =
@@ -401,11 +413,14 @@ fn sigterm_is_heard_while_nobody_reads_the_console() {
 fn ctrl_c_ends_the_wait_for_a_console_nobody_reads() {
     let (status, err) = with_a_console_nobody_reads(
         // About 350 KB per rank, tagged: all read (under the 1 MiB held back), more than the
-        // pipe takes.
-        "seq 1 20000",
-        |mark| {
+        // pipe takes. Each says it is done in a file (a worker not yet started is not one
+        // that has ended).
+        "seq 1 20000; touch done.$RANK_ID",
+        |mark, wdir| {
             let ended = atlasboost_e2e::wait_until(Duration::from_secs(20), || {
-                atlasboost_e2e::pids_with_env("ATLASBOOST_E2E_MARK", mark).is_empty()
+                wdir.join("done.0").exists()
+                    && wdir.join("done.1").exists()
+                    && atlasboost_e2e::pids_with_env("ATLASBOOST_E2E_MARK", mark).is_empty()
             });
             assert!(ended, "the workers did not end");
             std::thread::sleep(Duration::from_millis(300));
@@ -425,8 +440,17 @@ fn ctrl_c_ends_the_wait_for_a_console_nobody_reads() {
 #[test]
 fn a_signal_ends_a_failed_jobs_wait_for_a_console_nobody_reads() {
     let (status, err) = with_a_console_nobody_reads(
-        "if [ $RANK_ID = 0 ]; then exec yes stuck-console-line; fi; sleep 1; exit 3",
-        |_| std::thread::sleep(Duration::from_millis(2500)),
+        "if [ $RANK_ID = 0 ]; then exec yes stuck-console-line; fi; sleep 1; touch failing; \
+         exit 3",
+        |mark, wdir| {
+            // Rank 1 has failed: at most rank 0's `yes` is left (the stop may have ended it).
+            let failed = atlasboost_e2e::wait_until(Duration::from_secs(20), || {
+                wdir.join("failing").exists()
+                    && atlasboost_e2e::pids_with_env("ATLASBOOST_E2E_MARK", mark).len() <= 1
+            });
+            assert!(failed, "rank 1 did not fail");
+            std::thread::sleep(Duration::from_millis(500));
+        },
         Signal::SIGTERM,
     );
     assert!(status.is_some(), "still running 20 s after SIGTERM\n{err}");

@@ -10,25 +10,31 @@ use atlasboost_e2e::{atlasboost_bin, unique};
 /// missing tmux into a failure instead of a skip.
 const REQUIRE_TMUX: &str = "ATLASBOOST_E2E_REQUIRE_TMUX";
 
-fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux").args(args).output().unwrap();
+/// `tmux -L session ARGS`: each session on a server of its own (the two tests run at once,
+/// and one's server exiting must not take the other's command with it).
+fn tmux(session: &str, args: &[&str]) -> String {
+    let out = Command::new("tmux")
+        .args(["-L", session])
+        .args(args)
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A tmux session, killed on drop.
+/// A tmux session on a server of its own, both killed on drop.
 struct Session(String);
 
 impl Drop for Session {
     fn drop(&mut self) {
         let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.0])
+            .args(["-L", &self.0, "kill-server"])
             .output();
     }
 }
 
 /// The screen's non-empty lines.
 fn screen(session: &str) -> Vec<String> {
-    tmux(&["capture-pane", "-p", "-t", session])
+    tmux(session, &["capture-pane", "-p", "-t", session])
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(str::to_string)
@@ -59,17 +65,20 @@ fn start_in_tmux(name: &str, dir: &std::path::Path, args: &str) -> Session {
         dir.display(),
         atlasboost_bin().display()
     );
-    let started = tmux(&[
-        "new-session",
-        "-d",
-        "-s",
+    let started = tmux(
         &session.0,
-        "-x",
-        "132",
-        "-y",
-        "24",
-        &job,
-    ]);
+        &[
+            "new-session",
+            "-d",
+            "-s",
+            &session.0,
+            "-x",
+            "132",
+            "-y",
+            "24",
+            &job,
+        ],
+    );
     assert!(started.is_empty(), "{started}");
     session
 }
@@ -112,27 +121,35 @@ fn the_status_block_stays_at_the_bottom_updates_and_lines_scroll_above_it() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // The workers print until the test has seen what it needs (a `go` file; 30 s at most).
     let session = start_in_tmux(
         "status",
         dir.path(),
         "run --sim 2 -H 127.0.0.1,127.0.0.2 --monitor-interval 1 -- sh -c \
-         'i=0; while [ $i -lt 60 ]; do i=$((i + 1)); echo line $i; sleep 0.1; done'",
+         'i=0; while [ ! -e go ] && [ $i -lt 300 ]; do i=$((i + 1)); echo line $i; sleep 0.1; \
+         done'",
     );
     // Two captures a second apart, once lines flow and both hosts have sent a sample (on a
     // busy machine the second host's first one may come later than line 15).
-    let first = screen_when(&session, Duration::from_secs(20), |s| {
+    let ready = |s: &[String]| {
         s.iter().any(|l| l.contains("]<stdout>:line 15"))
             && s.last().is_some_and(|l| l.starts_with("  127.0.0.2: "))
-    });
+    };
+    let first = screen_when(&session, Duration::from_secs(20), ready);
+    assert!(
+        ready(&first),
+        "no lines and samples of both hosts: {first:#?}"
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let second = screen(&session.0);
+    std::fs::write(dir.path().join("go"), "").unwrap();
     for capture in [&first, &second] {
         let n = capture.len();
         assert!(n >= 4, "{capture:#?}");
         // The bottom three lines are the block: the job, then each host with its samples.
         let block = &capture[n - 3..];
         assert!(
-            block[0].starts_with("atlasboost: 4/4 ranks running on 2 hosts, 0:0"),
+            block[0].starts_with("atlasboost: 4/4 ranks running on 2 hosts, 0:"),
             "the block's first line: {capture:#?}"
         );
         for (line, host) in block[1..].iter().zip(["127.0.0.1", "127.0.0.2"]) {
@@ -216,7 +233,10 @@ fn keys_typed_under_the_status_block_leave_no_stale_line() {
             .is_some_and(|l| l.starts_with("  192.0.2.2: 1/1 ranks")),
         "{drawn:#?}"
     );
-    tmux(&["send-keys", "-t", &session.0, "Enter", "x", "Enter"]);
+    tmux(
+        &session.0,
+        &["send-keys", "-t", &session.0, "Enter", "x", "Enter"],
+    );
     // The job goes on until the block has been redrawn (every second) after the keys.
     std::thread::sleep(Duration::from_millis(2500));
     std::fs::write(dir.path().join("go"), "").unwrap();

@@ -253,8 +253,9 @@ fn a_call_that_hangs_fails_the_probe_naming_it() {
         "{again}"
     );
     // The probe's thread, left to its call, reads the environment until it ends: the lock
-    // is held until then.
-    std::thread::sleep(std::time::Duration::from_millis(1700));
+    // is held until then (1.5 s from the call's start, about 0.6 s ago; with room for a busy
+    // machine).
+    std::thread::sleep(std::time::Duration::from_millis(2500));
     drop(env);
     // Once the call has returned, the same probe reads the driver again.
     {

@@ -4,22 +4,21 @@ Prometheus's own text parser (`prometheus_client`), against the fake driver's kn
 from __future__ import annotations
 
 import signal
-import socket
 import time
 import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import ATLASBOOST, PYTHON, REPO, clean_env, finish, start
+from helpers import ATLASBOOST, PYTHON, REPO, clean_env, finish, free_port_pair, start
 
 FAKE_DRIVER = REPO / "target" / "debug" / "libdrvdsmi_host.so"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range (where no outgoing connection takes
+    it before the launcher binds it)."""
+    return free_port_pair()
 
 
 def test_metrics_have_npu_exporters_names_labels_and_the_drivers_values(tmp_path: Path) -> None:
