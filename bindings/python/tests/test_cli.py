@@ -286,3 +286,71 @@ def test_the_native_module_has_no_command_line() -> None:
 
     assert not hasattr(_atlasboost, "main")
     assert os.access(_cli.command(), os.X_OK)
+
+
+def _with_library_hidden(library: Path, script: str) -> str:
+    """`script` (sh) run in a mount namespace of its own where `library` is an empty file (a
+    library that cannot be loaded), through unshare(1); its stdout and stderr."""
+    import shutil
+    import subprocess
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("unshare is not installed (Debian: util-linux)")
+    probe = subprocess.run([unshare, "-m", "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace for this test (needs root): {probe.stderr.strip()}")
+    r = subprocess.run(
+        [unshare, "-m", "sh", "-c",
+         f'empty=$(mktemp) && mount --bind "$empty" "$0" && rm "$empty" && {{ {script}; }}',
+         str(library)],
+        capture_output=True, text=True, timeout=60, env=clean_env(),
+    )
+    return r.stdout + r.stderr
+
+
+def _api_and_command_without(library: Path) -> str:
+    """What `from atlasboost import init`, `import atlasboost` and the `atlasboost` command
+    print where `library` cannot be loaded."""
+    return _with_library_hidden(
+        library,
+        f'"{PYTHON}" -c "from atlasboost import init"; '
+        f'"{PYTHON}" -c "import atlasboost; print(\'imported\')"; '
+        f'"{ATLASBOOST}" --version; echo "command: $?"',
+    )
+
+
+def test_a_native_module_that_cannot_load_leaves_the_command_working() -> None:
+    """A native module the system cannot load (here: made unreadable) fails the import of the
+    API saying so, but neither `import atlasboost` nor the `atlasboost` command, which is a
+    program of its own."""
+    import atlasboost
+
+    native = next(Path(atlasboost.__file__).parent.glob("_atlasboost*.so"))
+    said = _api_and_command_without(native)
+    assert "ImportError: atlasboost's native module cannot be loaded: " in said, said
+    assert "reinstall the package" in said, said
+    assert "imported" in said.splitlines(), said
+    assert f"atlasboost {atlasboost.__version__}" in said and "command: 0" in said, said
+
+
+def test_an_mpi_build_whose_mpi_cannot_load_says_what_to_do() -> None:
+    """A package built with MPI support, used where its MPI library cannot be loaded (an HPC
+    module not loaded): the import of the API names the library and both ways out; the command
+    still runs (it used to fail too, as `import atlasboost` did)."""
+    import subprocess
+
+    import atlasboost
+
+    if not atlasboost.mpi_built():
+        pytest.skip("this package was built without MPI support")
+    native = next(Path(atlasboost.__file__).parent.glob("_atlasboost*.so"))
+    ldd = subprocess.run(["ldd", str(native)], capture_output=True, text=True, timeout=30).stdout
+    linked = [line.split("=>")[1].split()[0] for line in ldd.splitlines()
+              if "libmpi" in line and "=>" in line]
+    assert linked, f"an MPI build whose native module links no libmpi:\n{ldd}"
+    said = _api_and_command_without(Path(linked[0]))
+    assert "This package was built with MPI support" in said, said
+    assert "module load" in said and "ATLASBOOST_WITH_MPI=0" in said, said
+    assert "imported" in said.splitlines(), said
+    assert "command: 0" in said, said
