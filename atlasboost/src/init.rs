@@ -1363,13 +1363,13 @@ fn make_claim(rank: u32, local_rank: u32, shared: &Shared) -> (Claim, Result<Dev
         let addr = env(EnvVars::MASTER_ADDR).unwrap_or_else(|| shared.server_id.clone());
         let port = env(EnvVars::MASTER_PORT)
             .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| free_master_port("0.0.0.0"));
+            .unwrap_or_else(free_master_port);
         Some((addr, port))
     } else if env(EnvVars::TORCHELASTIC_RUN_ID).is_none() {
         // A MASTER_PORT the launcher gave (one port open in a firewall) is kept.
         let port = env(EnvVars::MASTER_PORT)
             .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| free_master_port("0.0.0.0"));
+            .unwrap_or_else(free_master_port);
         Some((shared.server_id.clone(), port))
     } else {
         None

@@ -958,6 +958,7 @@ fn one_host_without_slots_takes_the_ranks_asked_for() {
 /// pass between two ranks' starts (so that they reach the launcher in rank order).
 /// `E2E_ABORT=1`: mpirun's abort at its harshest, without its SIGTERM first: when the last
 /// rank fails, every other rank is killed with SIGKILL and mpirun exits with that rank's code.
+/// `E2E_ABORT=term`: Open MPI's way, SIGTERM to the others (their relays), then that code.
 const FAKE_MPIRUN: &str = r#"#!/bin/sh
 np=; wdir=.
 while [ $# -gt 0 ]; do
@@ -983,7 +984,7 @@ done
 if [ -n "$E2E_ABORT" ]; then
   wait "$last"; code=$?
   if [ "$code" != 0 ]; then
-    kill -KILL $pids
+    if [ "$E2E_ABORT" = term ]; then kill -TERM $pids; else kill -KILL $pids; fi
     wait
     echo "fake mpirun: rank $((np - 1)) failed; killed the others"
     exit "$code"
@@ -1164,6 +1165,31 @@ fn a_rank_failing_while_the_console_is_held_is_still_named_first() {
         "rank 0: {} lines, whole and in order from 1\n{}",
         rank_0.len(),
         f.describe()
+    );
+}
+
+/// The same with mpirun's SIGTERM to the other rank, as Open MPI does: its relay says that
+/// mpirun's side stopped it, and that news (read first: its relay was admitted first) does not
+/// take the job's failure from the rank that failed.
+#[test]
+fn a_rank_failing_first_is_named_though_mpiruns_stop_is_read_before_it() {
+    let run = two_ranks_sh(
+        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 2; exit 3; fi; seq 1 80000; sleep 30",
+    );
+    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let f = run
+        .env("ATLASBOOST_MPIRUN", &fake)
+        .env("E2E_STAGGER", "0.5")
+        .env("E2E_ABORT", "term")
+        .nonblocking_stdout(Duration::from_secs(7))
+        .run();
+    f.assert_code(3);
+    let err = f.err();
+    assert!(
+        err.contains("error: rank 1 (host")
+            && err.contains("failed first: exit 3")
+            && !err.contains("mpirun stopped its ranks"),
+        "rank 1's failure is the job's:\n{err}"
     );
 }
 

@@ -305,11 +305,12 @@ pub(crate) fn keygen(path: &Path) {
 
 /// A port `P` free right now with `P + 1` free too: a job's `MASTER_PORT`, whose `+ 1` library
 /// mode's rendezvous takes (on every address). The launcher's own pick, below the kernel's
-/// ephemeral range: a port the kernel hands out on its own (a bind to 0) is one it may give the
-/// next outgoing connection too, which took `P + 1` from under a Python test once ("cannot bind
-/// ...: Address already in use").
+/// ephemeral range (scripts/test.sh refuses a range that leaves no room there): a port the
+/// kernel hands out on its own (a bind to 0) is one it may give the next outgoing connection
+/// too, which took `P + 1` from under a Python test once ("cannot bind ...: Address already in
+/// use").
 pub fn free_port_pair() -> u16 {
-    let port = atlasboost::host::free_master_port("0.0.0.0");
+    let port = atlasboost::host::free_master_port();
     assert!(port != 0, "no two free ports in a row here");
     port
 }

@@ -662,7 +662,7 @@ pub fn host_report(
     };
     let report = AgentReport {
         host,
-        free_port: free_master_port(server_id),
+        free_port: free_master_port(),
         nic_addr,
     };
     Ok((report, devices))

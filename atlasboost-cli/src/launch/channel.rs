@@ -696,7 +696,14 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
     let value = || {
         <[u8; 4]>::try_from(payload)
             .map(i32::from_be_bytes)
-            .map_err(|_| format!("an exit frame with {} bytes", payload.len()))
+            .map_err(|_| {
+                let what = if kind == MPIRUN_STOPS {
+                    "mpirun's signal"
+                } else {
+                    "an exit"
+                };
+                format!("a frame of {what} with {} bytes", payload.len())
+            })
     };
     Ok(match kind {
         HEARTBEAT_KIND => Up::Heartbeat,

@@ -151,7 +151,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         job_id: &job_id,
         exports: &exports,
         as_root: nix::unistd::geteuid().is_root(),
-        master_port: Some(atlasboost::host::free_master_port("0.0.0.0")).filter(|p| *p != 0),
+        master_port: Some(atlasboost::host::free_master_port()).filter(|p| *p != 0),
         relay: &relay,
         relay_address: &relay_address.to_string(),
         relay_local: door.local_name(),
@@ -801,6 +801,7 @@ fn relay_as(kind: Relay, command: &[OsString]) -> u8 {
 }
 
 fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
+    super::supervise::note_relay_parent();
     let name = kind.name();
     let not_by_hand = |variable: &str| {
         CliError::Usage(format!(

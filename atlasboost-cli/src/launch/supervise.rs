@@ -318,9 +318,22 @@ fn relay_signalled(signal: Signal, from: Option<u32>) -> String {
     }
 }
 
-/// Whether a signal sent by `from` came from this process's parent (a relay's: mpirun's side).
+/// A relay's parent when it started: mpirun, or Open MPI's daemon on another host
+/// ([`note_relay_parent`]).
+static RELAY_PARENT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+
+/// Notes this process's parent as mpirun's side, first thing in a relay: a relay whose parent
+/// died is re-parented (to the launcher, a subreaper, or to init), and their signals are not
+/// mpirun's.
+pub fn note_relay_parent() {
+    let _ = RELAY_PARENT.set(nix::unistd::getppid().as_raw());
+}
+
+/// Whether a signal sent by `from` came from mpirun's side: the relay's parent when it started.
+/// (A sender in another pid namespace shows as pid 0.)
 fn from_parent(from: Option<u32>) -> bool {
-    from.and_then(|pid| i32::try_from(pid).ok()) == Some(nix::unistd::getppid().as_raw())
+    let sender = from.and_then(|pid| i32::try_from(pid).ok());
+    sender.is_some_and(|pid| pid > 0 && Some(&pid) == RELAY_PARENT.get())
 }
 
 /// Whether `signal` is ignored in this process (`nohup`'s SIGHUP, a shell's background job's
@@ -2358,17 +2371,22 @@ impl<'a> Supervisor<'a> {
         };
         let r = &remotes[h];
         if r.out.is_none() && r.parent.is_none() && !r.done && r.lost.is_none() {
-            // The first host lost is the job's failure, named with how its ssh ended: a
-            // killed ssh's output ends a moment before its exit can be collected, a moment
-            // seen past 5 ms on a loaded machine. The others are told as they come.
-            // A relay that mpirun killed as it stopped its ranks: mpirun's doing.
-            if r.relay_rank().is_some() {
-                self.mpirun_stopped_first(None, output);
+            // A relay that said mpirun was stopping it, gone before it said how its worker
+            // ended (mpirun kills what its SIGTERM has not ended): mpirun's doing, judged once
+            // mpirun has exited.
+            if r.relay_rank()
+                .is_some_and(|rank| self.mpirun_casualty(rank))
+            {
+                self.relay_gone_with_mpirun(h, output);
+                return;
             }
             let Role::Launcher(remotes) = &self.role else {
                 return;
             };
             let r = &remotes[h];
+            // The first host lost is the job's failure, named with how its ssh ended: a
+            // killed ssh's output ends a moment before its exit can be collected, a moment
+            // seen past 5 ms on a loaded machine. The others are told as they come.
             let first = !self.failed_or_interrupted();
             let why = r.ended_early(if first { 100 } else { 5 });
             // `scancel` of the agents' step kills them at once (SIGKILL): only srun's lines say
@@ -2435,8 +2453,11 @@ impl<'a> Supervisor<'a> {
                 }
             }
             Up::MpirunStops { signal } => {
+                // (Not when the launcher signalled mpirun: then mpirun passes on its stop.)
                 let rank = self.relay_rank(h);
-                if let (Some(m), Some(rank)) = (&mut self.mpirun, rank) {
+                if let (Some(m), Some(rank)) = (&mut self.mpirun, rank)
+                    && !m.signalled
+                {
                     m.stops.get_or_insert(signal);
                     m.stopped_ranks.insert(rank);
                 }
@@ -2453,11 +2474,10 @@ impl<'a> Supervisor<'a> {
                 {
                     self.step_cancelled(h, SLURM_KILLED_WORKER_WAIT, output);
                 }
-                // Under --mpi, a rank stopped by mpirun's side (as mpirun stops its ranks, or
-                // as it died: its daemons on other hosts stop their ranks then) is no failure
-                // of its own.
+                // Under --mpi, a rank stopped by mpirun's side as mpirun died (its daemons on
+                // other hosts stop their ranks then) is no failure of its own; nor is one whose
+                // relay said mpirun stopped it (see `after_worker_ended`).
                 self.mpirun_died_first(ending, output);
-                self.mpirun_stopped_first(Some((rank, ending)), output);
                 if let Some(lane) = self.lane_of(h, rank) {
                     self.worker_ended(lane, ending, output);
                 }
@@ -2602,8 +2622,6 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// The lane of a rank that remote `h` reports on: a rank of its host (a relay: its own
-    /// rank), never another's.
     /// The rank of remote `h` when it is a relay of `run --mpi`.
     fn relay_rank(&self, h: usize) -> Option<u32> {
         match &self.role {
@@ -2612,6 +2630,8 @@ impl<'a> Supervisor<'a> {
         }
     }
 
+    /// The lane of a rank that remote `h` reports on: a rank of its host (a relay: its own
+    /// rank), never another's.
     fn lane_of(&self, h: usize, rank: u32) -> Option<usize> {
         let lane = self.workers.binary_search_by_key(&rank, |w| w.rank).ok()?;
         self.reports_on(h, lane).then_some(lane)
@@ -2819,10 +2839,12 @@ impl<'a> Supervisor<'a> {
             // A relay's parent is mpirun, which stops the job with signals: pass them on, as
             // the launcher's `sig` commands.
             SignalAction::PassOn => {
-                // The launcher never signals a relay (it sends `sig` over the channel): mpirun
-                // (or its daemon) is stopping the job, because it was itself signalled or ended
-                // on its own. Said, so that what ends the job is not taken for the worker's;
-                // by the relay of each host's first rank (mpirun signals them all).
+                // The launcher stops a relay's worker with `sig` over the channel, not with a
+                // signal (it signals only relays re-parented to it, whose mpirun is gone): a
+                // signal from mpirun's side means mpirun (or its daemon) is stopping the job,
+                // because it was itself signalled or ended on its own. Said, so that what ends
+                // the job is not taken for the worker's; by the relay of each host's first rank
+                // (mpirun signals them all).
                 let first_here = self.workers.iter().any(|w| w.device == 0);
                 if !self.failed_or_interrupted() && self.stopping.is_none() {
                     if first_here {
@@ -3016,7 +3038,12 @@ impl<'a> Supervisor<'a> {
         self.exit_event(i, ending, output);
         // A rank that ended is not up: said at the next scrape, not the next sample's.
         self.next_publish = Instant::now();
-        if ending.failed() && !self.failed_or_interrupted() {
+        // A rank that mpirun stopped (its relay said so) is not the failure: mpirun's stop is,
+        // judged once mpirun has exited (`settle`), when what it said is all in.
+        if ending.failed()
+            && !self.failed_or_interrupted()
+            && !self.mpirun_casualty(self.workers[i].rank)
+        {
             self.first_failure = Some(i);
             let w = &self.workers[i];
             let live = self.running.iter().filter(|r| r.ended.is_none()).count();
@@ -3201,7 +3228,8 @@ impl<'a> Supervisor<'a> {
                 // A worker that could not start failed by itself, whenever that was said.
                 stopped: Some(lane) != self.first_failure
                     && self.not_run[lane].is_none()
-                    && matches!((r.ended, self.stopping), (Some((t, _)), Some((since, _))) if t >= since),
+                    && (matches!((r.ended, self.stopping), (Some((t, _)), Some((since, _))) if t >= since)
+                        || self.mpirun_casualty(w.rank)),
                 tail: output.tail(lane),
                 recorded: self.recorded[lane].clone(),
                 not_run: self.not_run[lane].clone(),

@@ -327,8 +327,13 @@ impl Supervisor<'_> {
     /// fails the job with its own words.
     fn settle(&mut self, ending: Ending, output: &mut Output) {
         // Its relays said it stopped its ranks: that, ahead of its exit code (1 when it was
-        // signalled itself), whatever its workers made of the signal.
-        self.mpirun_stopped_first(None, output);
+        // signalled itself), whatever its workers made of the signal; but mpirun killed
+        // outright, not by the launcher, is named as such (below).
+        let killed = matches!(ending, Ending::Signaled(_))
+            && self.mpirun.as_ref().is_some_and(|m| !m.signalled);
+        if !killed {
+            self.mpirun_stopped_the_ranks(output);
+        }
         let Some(m) = &mut self.mpirun else { return };
         m.settled = true;
         let said = m.said();
@@ -368,29 +373,43 @@ impl Supervisor<'_> {
         }
     }
 
-    /// A relay said that mpirun's side signalled it (mpirun stops its ranks so when it is
-    /// signalled itself, or ends the job on its own): a rank that then ends, of that kind of
-    /// signal or after its relay said so (`ended`), or a relay whose connection closes or
-    /// mpirun's exit (`None`), is mpirun's doing. The job fails as mpirun's stop, with 128 +
-    /// the signal, ahead of that rank: it was blamed on the first rank to end, or on a relay
-    /// that mpirun killed, with nothing said of mpirun but the relays' own message.
-    pub(super) fn mpirun_stopped_first(
-        &mut self,
-        ended: Option<(u32, Ending)>,
-        output: &mut Output,
-    ) {
+    /// Whether `rank`'s relay said that mpirun's side signalled it ([`Up::MpirunStops`]):
+    /// mpirun stops its ranks so when it is signalled itself, or ends the job on its own. How
+    /// its worker ends from then on, or its relay's connection, is mpirun's doing, not a
+    /// failure of the rank's.
+    ///
+    /// [`Up::MpirunStops`]: super::super::channel::Up::MpirunStops
+    pub(super) fn mpirun_casualty(&self, rank: u32) -> bool {
+        self.mpirun
+            .as_ref()
+            .is_some_and(|m| m.stopped_ranks.contains(&rank))
+    }
+
+    /// The connection of relay `h`, a casualty of mpirun's stop, closed before it said how its
+    /// worker ended: its rank ended, how is unknown; no failure of its own.
+    pub(super) fn relay_gone_with_mpirun(&mut self, h: usize, output: &mut Output) {
+        if let Role::Launcher(remotes) = &mut self.role {
+            remotes[h].lost = Some("mpirun stopped its relay".into());
+            remotes[h].hang_up();
+        }
+        let now = Instant::now();
+        for lane in self.lanes_of(h) {
+            if self.running[lane].ended.is_none() {
+                self.running[lane].ended = Some((now, Ending::Unknown));
+                self.exit_event(lane, Ending::Unknown, output);
+            }
+        }
+    }
+
+    /// mpirun has exited after its relays said it stopped them ([`Self::mpirun_casualty`]):
+    /// unless something failed first, the job fails as mpirun's stop, with 128 + the signal
+    /// (it was blamed on the first rank to end, or on a relay that mpirun killed, with
+    /// nothing said of mpirun but the relays' own message). Judged at mpirun's exit, so that
+    /// a rank that really failed, whatever order its news came in, is named instead.
+    fn mpirun_stopped_the_ranks(&mut self, output: &mut Output) {
         let Some(m) = &self.mpirun else { return };
         let Some(signal) = m.stops else { return };
-        // Killed itself, mpirun is named for that ([`Self::mpirun_died_first`], `settle`).
-        let killed = matches!(m.ended, Some((_, Ending::Signaled(_))));
-        if killed || m.signalled || self.failed_or_interrupted() {
-            return;
-        }
-        let casualty = match ended {
-            None => true,
-            Some((rank, ending)) => m.stopped_ranks.contains(&rank) || stopping_signal(ending),
-        };
-        if !casualty {
+        if self.failed_or_interrupted() {
             return;
         }
         let why = format!(
