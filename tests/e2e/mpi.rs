@@ -40,7 +40,8 @@ fn atlasboost_run_mpi_runs_mpirun_and_tags_lines_as_its_own_launches() {
     assert!(
         err.contains(
             "mpirun -np 4 -H localhost:4 -bind-to none -map-by slot --tag-output \
-             --mca orte_abort_on_non_zero_status 0 --mca btl_tcp_if_exclude lo,docker0"
+             --mca orte_abort_on_non_zero_status 0 --mca odls_base_sigkill_timeout 5 \
+             --mca btl_tcp_if_exclude lo,docker0"
         ),
         "-v prints the mpirun command: {}",
         f.describe()

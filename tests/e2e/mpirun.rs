@@ -405,11 +405,24 @@ fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
     let _cleanup = Cleanup(mark.clone());
     let (launch, mpirun) = two_ranks_and_their_mpirun(
         &mark,
-        "[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && trap 'exit 0' TERM; echo ready; sleep 60 & wait",
+        "[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && trap 'echo got SIGTERM; exit 0' TERM; \
+         echo ready; sleep 60 & wait",
     );
     kill(Pid::from_raw(mpirun), Signal::SIGTERM).unwrap();
     let r = launch.wait_at_most(Duration::from_secs(20));
     r.assert_code(128 + 15);
+    // Rank 0 exited 0 of mpirun's SIGTERM, which it got once: stopped, not a success.
+    assert_eq!(
+        r.out().matches("[0]<stdout>:got SIGTERM").count(),
+        1,
+        "{}",
+        r.describe()
+    );
+    assert!(
+        r.err().contains(": 0 succeeded, 0 failed, 2 stopped"),
+        "{}",
+        r.describe()
+    );
     let error = r.the_error_line("mpirun's stop");
     assert!(
         error.starts_with(
@@ -438,6 +451,82 @@ fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
         Duration::from_secs(5),
         "after mpirun's SIGTERM",
     );
+}
+
+/// A relay killed outright (`kill -9`): its rank's end is unknown, the relay is named (not its
+/// host, which is fine), the others are stopped, and mpirun, which Open MPI leaves waiting for
+/// nothing then, is ended at once: not `--grace` later.
+#[test]
+fn a_relay_killed_outright_is_named_and_the_job_ends_without_waiting_the_grace() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mark = unique("relay-kill9");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = run_mpi(2)
+        .args(["--grace", "30", "-x", &format!("{MARK}={mark}"), "--"])
+        .args(["sh", "-c", "echo ready; exec sleep 60"])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
+    let relay_of_1 = descendants(launch.pid())
+        .into_iter()
+        .find(|p| {
+            is_relay(p.pid)
+                && std::fs::read(format!("/proc/{}/environ", p.pid))
+                    .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == b"OMPI_COMM_WORLD_RANK=1"))
+        })
+        .unwrap_or_else(|| panic!("no relay of rank 1 below {}", launch.pid()));
+    let killed = Instant::now();
+    kill(Pid::from_raw(relay_of_1.pid), Signal::SIGKILL).unwrap();
+    let r = launch.wait_at_most(Duration::from_secs(40));
+    r.assert_code(125);
+    assert!(
+        killed.elapsed() < Duration::from_secs(15),
+        "ended {:?} after the kill (--grace 30)\n{}",
+        killed.elapsed(),
+        r.describe()
+    );
+    let error = r.the_error_line("a relay killed");
+    assert!(
+        error.starts_with("error: the relay of rank 1 (host ")
+            && error.ends_with(
+                "failed first: it closed its connection before its worker ended (killed?)"
+            ),
+        "{error}\n{}",
+        r.describe()
+    );
+    assert_no_process_with_env(
+        MARK,
+        &mark,
+        Duration::from_secs(5),
+        "after the relay's kill",
+    );
+}
+
+/// A rank fails while mpirun, as Open MPI does when it ends a job, also sends SIGTERM to the
+/// other relay (which the launcher's own stop reaches too): that worker gets one SIGTERM, not
+/// two (a second is "abort now" to many programs), and keeps its grace.
+#[test]
+fn a_worker_stopped_by_both_the_launcher_and_mpirun_gets_one_sigterm() {
+    let run = two_ranks_sh(
+        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then i=0; \
+         while [ ! -e trapped ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; exit 3; fi; \
+         trap 'echo got SIGTERM; sleep 0.5; echo saved; exit 0' TERM; touch trapped; \
+         sleep 30 & wait",
+    );
+    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let f = run
+        .env("ATLASBOOST_MPIRUN", &fake)
+        .env("E2E_ABORT", "term")
+        .run();
+    f.assert_code(3);
+    assert_eq!(
+        f.out().matches("[0]<stdout>:got SIGTERM").count(),
+        1,
+        "{}",
+        f.describe()
+    );
+    assert!(f.out().contains("[0]<stdout>:saved"), "{}", f.describe());
 }
 
 /// The same with ranks on hosts mpirun reaches over ssh: its daemons there stop their relays
@@ -959,7 +1048,9 @@ fn one_host_without_slots_takes_the_ranks_asked_for() {
 /// `E2E_ABORT=1`: mpirun's abort at its harshest, without its SIGTERM first: when the last
 /// rank fails, every other rank is killed with SIGKILL and mpirun exits with that rank's code.
 /// `E2E_ABORT=term`: Open MPI's way, SIGTERM to the others (their relays), then that code.
+/// `E2E_IGNORE_TERM=1`: it ignores SIGTERM (and so do the ranks it starts).
 const FAKE_MPIRUN: &str = r#"#!/bin/sh
+[ -n "$E2E_IGNORE_TERM" ] && trap '' TERM
 np=; wdir=.
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -996,14 +1087,40 @@ echo "fake mpirun: done"
 exit "${E2E_EXIT:-0}"
 "#;
 
+/// mpirun that goes on after its ranks have all ended and their relays are done (it sleeps
+/// out its SIGKILL timeout after its own stop; a lost daemon): SIGTERM 1 s later, quietly,
+/// and the job ends then, not `--grace` or more later.
 #[test]
-fn an_mpirun_that_lingers_after_its_ranks_is_killed_after_the_grace_time() {
+fn an_mpirun_that_lingers_after_its_ranks_gets_sigterm() {
+    let run = run_mpi(2)
+        .args(["--grace", "20", "--", "sh", "-c"])
+        .args(["echo hello"]);
+    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
+    let f = run
+        .env("ATLASBOOST_MPIRUN", &fake)
+        .env("E2E_LINGER", "60")
+        .run();
+    f.assert_code(0);
+    assert!(f.elapsed < Duration::from_secs(15), "{}", f.describe());
+    assert!(!f.err().contains("killing it"), "{}", f.describe());
+    assert_eq!(
+        lines_by_rank(&f.out(), "stdout").len(),
+        2,
+        "{}",
+        f.describe()
+    );
+}
+
+/// One that ignores SIGTERM too gets SIGKILL `--grace` later, said.
+#[test]
+fn an_mpirun_that_lingers_and_ignores_sigterm_is_killed_after_the_grace_time() {
     let run = two_ranks_sh("echo hello $OMPI_COMM_WORLD_RANK");
     let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
     let started = Instant::now();
     let f = run
         .env("ATLASBOOST_MPIRUN", &fake)
         .env("E2E_LINGER", "60")
+        .env("E2E_IGNORE_TERM", "1")
         .run();
     // The ranks succeeded: the job did, although mpirun had to be killed.
     f.assert_code(0);
@@ -1013,8 +1130,10 @@ fn an_mpirun_that_lingers_after_its_ranks_is_killed_after_the_grace_time() {
         f.describe()
     );
     assert!(
-        f.err()
-            .contains("mpirun had not exited 1s after its last rank ended; killing it"),
+        f.err().contains(
+            "mpirun had not exited 1s after its SIGTERM (sent 1s after its last rank ended); \
+             killing it"
+        ),
         "{}",
         f.describe()
     );

@@ -540,8 +540,9 @@ enum Fate {
     /// It failed of its own accord, its host was lost, or it never ran.
     Failed,
     /// It ended once the attempt's end had begun: SIGTERM, SIGKILL, or its own handler of
-    /// them; one that exits 0 only when a signal to the launcher stopped the job (after a
-    /// failure, a remote worker that finished by itself may be heard of after the stop began).
+    /// them; one that exits 0 only when a signal to the launcher, or mpirun's own stop, stopped
+    /// the job (after a failure, a remote worker that finished by itself may be heard of after
+    /// the stop began).
     Stopped,
     /// Under `--mpi`: mpirun never started it.
     NotStarted,
@@ -550,7 +551,9 @@ enum Fate {
 fn fate(w: &WorkerResult, interrupted: bool) -> Fate {
     match w.ending {
         Some(Ending::NotStarted) => Fate::NotStarted,
-        Some(e) if e.code() == 0 && !(w.stopped && interrupted) => Fate::Succeeded,
+        Some(e) if e.code() == 0 && !(w.stopped && (interrupted || w.stopped_by_mpirun)) => {
+            Fate::Succeeded
+        }
         Some(_) if w.stopped => Fate::Stopped,
         _ => Fate::Failed,
     }

@@ -355,14 +355,21 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     for a in ["-bind-to", "none", "-map-by", "slot", "--tag-output"] {
         push(a);
     }
-    // A rank that fails does not make mpirun end the others itself: it would SIGKILL them
-    // 1 s after its SIGTERM (odls_base_sigkill_timeout), whatever --grace says. The launcher,
-    // told of the failure by the rank's relay, stops them as it does without --mpi (SIGTERM,
-    // then SIGKILL after --grace). A relay killed outright, or MPI_Abort, still ends the job
-    // by mpirun's own means.
+    // A rank that fails does not make mpirun end the others itself (SIGTERM, then SIGKILL
+    // odls_base_sigkill_timeout later, whatever --grace says). The launcher, told of the
+    // failure by the rank's relay, stops them as it does without --mpi (SIGTERM, then SIGKILL
+    // after --grace). MPI_Abort still ends the job by mpirun's own means.
     push("--mca");
     push("orte_abort_on_non_zero_status");
     push("0");
+    // When mpirun stops the ranks itself (it was signalled, MPI_Abort), it sends SIGCONT, then
+    // this many seconds later SIGTERM, and as long again later SIGKILL (1 by default): half of
+    // --grace, so that its stop ends within --grace, as the launcher's does, and a worker
+    // saving a checkpoint on SIGTERM has half of it (after MPI_Abort, which the launcher hears
+    // of from the rank's relay and stops the others at once, all of it).
+    push("--mca");
+    push("odls_base_sigkill_timeout");
+    push(&(args.grace.as_secs_f64() / 2.0).ceil().max(1.0).to_string());
     match &args.nic {
         // Open MPI takes a name or a CIDR network for both its byte and its control traffic.
         Some(nic) => {
@@ -1152,7 +1159,8 @@ mod tests {
         assert!(
             text.starts_with(
                 "mpirun -np 12 -H node1:8,node2:4 -bind-to none -map-by slot --tag-output \
-                 --mca orte_abort_on_non_zero_status 0 --mca btl_tcp_if_exclude lo,docker0 -x "
+                 --mca orte_abort_on_non_zero_status 0 --mca odls_base_sigkill_timeout 5 \
+                 --mca btl_tcp_if_exclude lo,docker0 -x "
             ),
             "{text}"
         );

@@ -380,9 +380,9 @@ impl Remote {
     /// to `ssh_wait_ms` for how its ssh ended.
     pub fn ended_early(&self, ssh_wait_ms: u32) -> String {
         match &self.link {
-            Link::Relay { rank } => format!(
-                "the relay of rank {rank} closed its connection before its worker ended (killed?)"
-            ),
+            Link::Relay { .. } => {
+                "it closed its connection before its worker ended (killed?)".to_string()
+            }
             Link::Step { .. } => format!(
                 "its agent's connection ended before its workers did (the node, or Slurm's step, \
                  ended){}",

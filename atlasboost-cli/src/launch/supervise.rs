@@ -61,6 +61,10 @@ const HANDLED: [Signal; 5] = [
 /// their groups may hold their pipes open).
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 
+/// How long what the workers left must outlast them, during a stop, before the wait for it is
+/// said: what the stop's SIGTERM ends at once is not worth a line.
+const LEFTOVER_NOTE_AFTER: Duration = Duration::from_millis(500);
+
 /// Bytes waiting for the console beyond which the workers' output is no longer read until it
 /// takes some.
 const HOLD_BACK: usize = 1 << 20;
@@ -458,6 +462,9 @@ pub struct WorkerResult {
     pub run_time: Duration,
     /// It ended after atlasboost began stopping the job (a failure elsewhere, or a signal).
     pub stopped: bool,
+    /// Under `--mpi`, mpirun stopped it (its relay said mpirun's side signalled it): even an
+    /// exit 0 after that is no success of its own.
+    pub stopped_by_mpirun: bool,
     /// Its last stderr lines.
     pub tail: Vec<String>,
     /// What it recorded about its failure (`ATLASBOOST_ERROR_FILE`), as written.
@@ -478,6 +485,8 @@ pub struct HostFailure {
     /// The host itself is gone (its session ended, its heartbeats stopped): a restart leaves
     /// it out.
     pub lost: bool,
+    /// Under `--mpi`, the rank whose relay failed (the host is only where it ran).
+    pub relay_rank: Option<u32>,
 }
 
 /// The "host" of a [`HostFailure`] that is `run --mpi`'s mpirun itself (no host's name has
@@ -487,14 +496,15 @@ pub const MPIRUN: &str = "(mpirun)";
 impl HostFailure {
     /// Who failed, for messages: `host 10.0.0.2`, or `mpirun`.
     pub fn who(&self) -> String {
-        who_failed(&self.host)
+        who_failed(&self.host, self.relay_rank)
     }
 }
 
-fn who_failed(host: &str) -> String {
-    match host {
-        MPIRUN => "mpirun".to_string(),
-        host => format!("host {host}"),
+fn who_failed(host: &str, relay_rank: Option<u32>) -> String {
+    match (host, relay_rank) {
+        (MPIRUN, _) => "mpirun".to_string(),
+        (host, Some(rank)) => format!("the relay of rank {rank} (host {host})"),
+        (host, None) => format!("host {host}"),
     }
 }
 
@@ -996,6 +1006,8 @@ struct Supervisor<'a> {
     last_signal: Option<(Instant, Signal)>,
     /// What the workers left behind has been sent SIGTERM.
     leftovers_stopped: bool,
+    /// The wait for what the workers left, to be said if it lasts [`LEFTOVER_NOTE_AFTER`].
+    leftover_note: Option<(Instant, String)>,
     /// The orphans sent SIGTERM so far (an orphan is the launcher's child, so its pid is not
     /// reused before the launcher reaps it).
     orphans_termed: HashSet<Pid>,
@@ -1091,6 +1103,7 @@ impl<'a> Supervisor<'a> {
             signalled: None,
             last_signal: None,
             leftovers_stopped: false,
+            leftover_note: None,
             orphans_termed: HashSet::new(),
             drain_until: None,
             next_heartbeat: Instant::now(),
@@ -1479,19 +1492,33 @@ impl<'a> Supervisor<'a> {
                     self.begin_stop();
                 }
                 // While the workers are being stopped anyway, what they left is part of that
-                // stop; but the wait for it is said (it may last the whole grace), with when
-                // it ends, unless it is being killed already.
-                Some((began, false)) => {
-                    let left = self.grace.saturating_sub(began.elapsed());
-                    output.message(&format!(
-                        "atlasboost: {exited}; waiting for what {they} left running{what} \
-                         (SIGKILL in {:.0?}; Ctrl-C to kill it now)",
-                        Duration::from_secs(left.as_secs_f64().ceil() as u64)
+                // stop; but a wait for it is said (it may last the whole grace), with when it
+                // ends, unless it is being killed already. Said once it has lasted a moment:
+                // what the SIGTERM ends at once (a shell's child, a relay's lifeline) is not.
+                Some((_, false)) => {
+                    self.leftover_note = Some((
+                        Instant::now(),
+                        format!("atlasboost: {exited}; waiting for what {they} left running{what}"),
                     ));
                 }
                 Some((_, true)) => {}
             }
             self.signal_groups(Signal::SIGTERM);
+        }
+        if let Some((since, note)) = &self.leftover_note {
+            match self.stopping {
+                _ if groups_gone => self.leftover_note = None,
+                Some((began, false)) if since.elapsed() >= LEFTOVER_NOTE_AFTER => {
+                    let left = self.grace.saturating_sub(began.elapsed());
+                    output.message(&format!(
+                        "{note} (SIGKILL in {:.0?}; Ctrl-C to kill it now)",
+                        Duration::from_secs(left.as_secs_f64().ceil() as u64)
+                    ));
+                    self.leftover_note = None;
+                }
+                Some((_, false)) => {}
+                _ => self.leftover_note = None,
+            }
         }
         // Orphans keep coming as their parents die (a daemon's children are re-parented to the
         // launcher when it exits): each is stopped as it comes, as the first ones were.
@@ -2228,9 +2255,12 @@ impl<'a> Supervisor<'a> {
                 Ok(Down::Signal(s)) => {
                     if s == Signal::SIGKILL {
                         self.kill_now();
-                    } else {
+                    } else if self.stopping.is_none() {
                         self.stop(s);
                     }
+                    // (Else a stop is under way: a relay's, on mpirun's signal, which the
+                    // launcher's stop follows. A worker takes a second SIGTERM for "abort
+                    // now".)
                 }
                 Err(why) => output.message(&format!("atlasboost agent: ignoring {why}")),
             }
@@ -2741,11 +2771,24 @@ impl<'a> Supervisor<'a> {
                 self.exit_event(lane, ending, output);
             }
         }
-        self.fail_job(&host, why, code, output);
+        let relay_rank = remotes[h].relay_rank();
+        self.fail_job_of(&host, relay_rank, why, code, output);
     }
 
     /// The job fails because of `host` (a host, or mpirun), unless something failed first.
     fn fail_job(&mut self, host: &str, why: String, code: u8, output: &mut Output) {
+        self.fail_job_of(host, None, why, code, output);
+    }
+
+    /// [`Self::fail_job`], for the relay of `relay_rank` on `host` when it is `Some`.
+    fn fail_job_of(
+        &mut self,
+        host: &str,
+        relay_rank: Option<u32>,
+        why: String,
+        code: u8,
+        output: &mut Output,
+    ) {
         if self.failed_or_interrupted() {
             return;
         }
@@ -2763,7 +2806,7 @@ impl<'a> Supervisor<'a> {
         if live > 0 {
             output.message(&format!(
                 "atlasboost: {} failed: {why}; stopping the other {live} worker{}",
-                who_failed(&host),
+                who_failed(&host, relay_rank),
                 if live == 1 { "" } else { "s" }
             ));
         }
@@ -2772,6 +2815,7 @@ impl<'a> Supervisor<'a> {
             message: why,
             code,
             lost: false,
+            relay_rank,
         });
         self.stop(Signal::SIGTERM);
     }
@@ -2834,6 +2878,7 @@ impl<'a> Supervisor<'a> {
             ending: self.failed_or_interrupted() || leftovers,
             stopping: self.stopping.map(|(_, killed)| killed),
             echo,
+            from_mpirun: from_parent(from),
         };
         match policy::on_signal(state) {
             // A relay's parent is mpirun, which stops the job with signals: pass them on, as
@@ -3230,6 +3275,7 @@ impl<'a> Supervisor<'a> {
                     && self.not_run[lane].is_none()
                     && (matches!((r.ended, self.stopping), (Some((t, _)), Some((since, _))) if t >= since)
                         || self.mpirun_casualty(w.rank)),
+                stopped_by_mpirun: self.mpirun_casualty(w.rank),
                 tail: output.tail(lane),
                 recorded: self.recorded[lane].clone(),
                 not_run: self.not_run[lane].clone(),

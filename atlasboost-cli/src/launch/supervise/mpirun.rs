@@ -27,6 +27,14 @@ use super::{
 use crate::error::CliError;
 use crate::exit::ExitCodes;
 
+/// How long mpirun may go on once every rank has ended and every relay is done, before the
+/// launcher sends it SIGTERM (`--grace` later, SIGKILL).
+const MPIRUN_LINGER: Duration = Duration::from_secs(1);
+
+/// How long after that SIGTERM the launcher sends another (Open MPI's mpirun exits at once on
+/// a second).
+const MPIRUN_SECOND_TERM: Duration = Duration::from_millis(100);
+
 /// How long a rank's end by SIGTERM (SIGINT, SIGHUP) waits for mpirun's, to tell a rank that
 /// mpirun's daemons stopped as mpirun died from one that failed ([`Supervisor::mpirun_died_first`]).
 const MPIRUN_END_WAIT: Duration = Duration::from_millis(100);
@@ -133,6 +141,7 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         settled: false,
         stops: None,
         stopped_ranks: BTreeSet::new(),
+        termed: None,
     })
 }
 
@@ -348,7 +357,7 @@ impl Supervisor<'_> {
             Role::Agent(_) => 0,
         };
         for h in 0..remotes {
-            let why = "its relay had said nothing of its worker's end 2 s after mpirun exited";
+            let why = "it had said nothing of its worker's end 2 s after mpirun exited";
             self.host_lost(h, why.into(), output);
         }
         let now = Instant::now();
@@ -500,22 +509,41 @@ impl Supervisor<'_> {
         self.signal_mpirun(Signal::SIGTERM);
     }
 
-    /// Every rank has ended and every relay is done, yet mpirun goes on (a lost daemon, a
-    /// stuck ssh): it gets `--grace`, then SIGKILL.
+    /// Every rank has ended and every relay is done, yet mpirun goes on: after
+    /// [`MPIRUN_LINGER`] it gets SIGTERM, a moment later SIGTERM again (which ends mpirun's own
+    /// stop at once: it sleeps out its SIGKILL timeout, `--grace`, though no rank is left), and
+    /// `--grace` later SIGKILL, said. Otherwise mpirun lingers after a rank it lost (a relay
+    /// killed outright), after its own stop (signalled, `MPI_Abort`), or for a lost daemon or
+    /// a stuck ssh.
     fn mpirun_lingers(&mut self, output: &mut Output) {
         let ranks_over = self.running.iter().all(|r| r.ended.is_some()) && self.remotes_done();
         let grace = self.plan.grace;
         let Some(m) = &mut self.mpirun else { return };
-        if !ranks_over || m.signalled {
+        if !ranks_over {
             return;
         }
         let since = *m.ranks_over.get_or_insert_with(Instant::now);
-        if since.elapsed() >= grace {
-            output.message(&format!(
-                "atlasboost: mpirun had not exited {grace:.0?} after its last rank ended; \
-                 killing it"
-            ));
-            self.signal_mpirun(Signal::SIGKILL);
+        let first = MPIRUN_LINGER.min(grace);
+        match m.termed {
+            // Signalled by the launcher for another reason: that stop has its own course.
+            None if m.signalled => {}
+            None if since.elapsed() >= first => {
+                m.termed = Some((Instant::now(), 1));
+                self.signal_mpirun(Signal::SIGTERM);
+            }
+            Some((at, 1)) if at.elapsed() >= MPIRUN_SECOND_TERM => {
+                m.termed = Some((at, 2));
+                let _ = killpg(m.pid, Signal::SIGTERM);
+            }
+            Some((at, 2)) if at.elapsed() >= grace => {
+                m.termed = Some((at, 3));
+                output.message(&format!(
+                    "atlasboost: mpirun had not exited {grace:.0?} after its SIGTERM (sent \
+                     {first:.0?} after its last rank ended); killing it"
+                ));
+                self.signal_mpirun(Signal::SIGKILL);
+            }
+            _ => {}
         }
     }
 

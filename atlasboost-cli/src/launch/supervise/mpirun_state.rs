@@ -43,6 +43,9 @@ pub(super) struct Mpirun {
     pub(super) stops: Option<WorkerSignal>,
     /// The ranks whose relay said so: how their workers end from then on is mpirun's doing.
     pub(super) stopped_ranks: BTreeSet<u32>,
+    /// When the launcher sent SIGTERM to mpirun lingering after its ranks, and how many
+    /// signals it has sent since (SIGTERM, SIGTERM again, SIGKILL `--grace` later).
+    pub(super) termed: Option<(Instant, u8)>,
 }
 
 impl Mpirun {

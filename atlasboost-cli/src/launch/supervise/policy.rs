@@ -19,6 +19,10 @@ pub struct SignalState {
     /// The same signal as the one before it, within [`ECHO`] of it: one event delivered
     /// twice, not a second one.
     pub echo: bool,
+    /// A relay's signal from mpirun's side (its parent). mpirun sends one catchable signal to
+    /// stop its ranks (its SIGKILL follows `--grace` later): during a stop it is that stop
+    /// again, not a second request.
+    pub from_mpirun: bool,
 }
 
 /// How close together two deliveries of one signal are the same event: a wrapper such as
@@ -49,8 +53,10 @@ pub fn on_signal(state: SignalState) -> SignalAction {
             agent: true,
             obeys_signals: true,
             stopping,
+            from_mpirun,
             ..
         } => match stopping {
+            Some(false) if from_mpirun => SignalAction::Nothing,
             Some(_) => SignalAction::KillNow,
             None => SignalAction::PassOn,
         },
@@ -82,6 +88,7 @@ mod tests {
             ending,
             stopping,
             echo: false,
+            from_mpirun: false,
         }
     }
 
@@ -154,6 +161,19 @@ mod tests {
             on_signal(state(true, true, true, Some(true))),
             SignalAction::KillNow
         );
+    }
+
+    /// mpirun's stop reaching a relay that the launcher's stop reached first is that stop: the
+    /// worker keeps its grace (mpirun's SIGKILL comes `--grace` after its SIGTERM).
+    #[test]
+    fn a_relay_already_stopping_takes_mpiruns_signal_for_the_same_stop() {
+        let from_mpirun = |stopping| SignalState {
+            from_mpirun: true,
+            ..state(true, true, false, stopping)
+        };
+        assert_eq!(on_signal(from_mpirun(None)), SignalAction::PassOn);
+        assert_eq!(on_signal(from_mpirun(Some(false))), SignalAction::Nothing);
+        assert_eq!(on_signal(from_mpirun(Some(true))), SignalAction::KillNow);
     }
 
     #[test]
