@@ -505,20 +505,41 @@ fn a_relay_killed_outright_is_named_and_the_job_ends_without_waiting_the_grace()
 
 /// A rank fails while mpirun, as Open MPI does when it ends a job, also sends SIGTERM to the
 /// other relay (which the launcher's own stop reaches too): that worker gets one SIGTERM, not
-/// two (a second is "abort now" to many programs), and keeps its grace.
+/// two (a second is "abort now" to many programs), and keeps its grace; whichever comes first.
 #[test]
 fn a_worker_stopped_by_both_the_launcher_and_mpirun_gets_one_sigterm() {
-    let run = two_ranks_sh(
-        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then i=0; \
-         while [ ! -e trapped ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; exit 3; fi; \
-         trap 'echo got SIGTERM; sleep 0.5; echo saved; exit 0' TERM; touch trapped; \
-         sleep 30 & wait",
+    // The launcher's stop first (the stand-in signals rank 0 once rank 1 has exited).
+    let f = rank_0_stopped_twice(&[("E2E_ABORT", "term")], "");
+    assert!(f.err().contains("error: rank 1 (host"), "{}", f.describe());
+    // mpirun's first: it signals rank 0 once rank 1 asks, and rank 1 fails once rank 0 has
+    // its SIGTERM.
+    let f = rank_0_stopped_twice(
+        &[("E2E_TERM_ON", "stop-now")],
+        "touch stop-now; i=0; while [ ! -e got ] && [ $i -lt 300 ]; do sleep 0.1; \
+         i=$((i+1)); done;",
     );
+    assert!(f.err().contains("error: rank 1 (host"), "{}", f.describe());
+}
+
+/// Rank 1 runs `then` once rank 0 has set its trap and exits 3; rank 0 saves on SIGTERM for a
+/// second and exits 0; under the stand-in mpirun with `env`. Checks that rank 0 got one SIGTERM
+/// and saved.
+fn rank_0_stopped_twice(env: &[(&str, &str)], then: &str) -> atlasboost_e2e::Finished {
+    let mut run = run_mpi(2)
+        .args(["--grace", "5", "--", "sh", "-c"])
+        .args([format!(
+            "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then i=0; \
+         while [ ! -e trapped ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; {then} \
+         exit 3; fi; \
+         trap 'echo got SIGTERM; touch got; sleep 1; echo saved; exit 0' TERM; touch trapped; \
+         sleep 30 & wait"
+        )]);
     let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
-    let f = run
-        .env("ATLASBOOST_MPIRUN", &fake)
-        .env("E2E_ABORT", "term")
-        .run();
+    run = run.env("ATLASBOOST_MPIRUN", &fake);
+    for (k, v) in env {
+        run = run.env(k, v);
+    }
+    let f = run.run();
     f.assert_code(3);
     assert_eq!(
         f.out().matches("[0]<stdout>:got SIGTERM").count(),
@@ -527,6 +548,7 @@ fn a_worker_stopped_by_both_the_launcher_and_mpirun_gets_one_sigterm() {
         f.describe()
     );
     assert!(f.out().contains("[0]<stdout>:saved"), "{}", f.describe());
+    f
 }
 
 /// The same with ranks on hosts mpirun reaches over ssh: its daemons there stop their relays
@@ -1048,7 +1070,9 @@ fn one_host_without_slots_takes_the_ranks_asked_for() {
 /// `E2E_ABORT=1`: mpirun's abort at its harshest, without its SIGTERM first: when the last
 /// rank fails, every other rank is killed with SIGKILL and mpirun exits with that rank's code.
 /// `E2E_ABORT=term`: Open MPI's way, SIGTERM to the others (their relays), then that code.
-/// `E2E_IGNORE_TERM=1`: it ignores SIGTERM (and so do the ranks it starts).
+/// `E2E_IGNORE_TERM=1`: it ignores SIGTERM (and so do the ranks it starts). `E2E_TERM_ON=FILE`:
+/// once FILE exists (30 s at most), SIGTERM to every rank but the last, as when mpirun is
+/// signalled.
 const FAKE_MPIRUN: &str = r#"#!/bin/sh
 [ -n "$E2E_IGNORE_TERM" ] && trap '' TERM
 np=; wdir=.
@@ -1072,6 +1096,10 @@ while [ "$i" -lt "$np" ]; do
   fi
   i=$((i + 1))
 done
+if [ -n "$E2E_TERM_ON" ]; then
+  i=0; while [ ! -e "$E2E_TERM_ON" ] && [ "$i" -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+  kill -TERM $pids
+fi
 if [ -n "$E2E_ABORT" ]; then
   wait "$last"; code=$?
   if [ "$code" != 0 ]; then
@@ -1087,13 +1115,13 @@ echo "fake mpirun: done"
 exit "${E2E_EXIT:-0}"
 "#;
 
-/// mpirun that goes on after its ranks have all ended and their relays are done (it sleeps
-/// out its SIGKILL timeout after its own stop; a lost daemon): SIGTERM 1 s later, quietly,
-/// and the job ends then, not `--grace` or more later.
+/// mpirun that goes on after its ranks have all ended well and their relays are done (its
+/// daemons on other hosts slow to go, a lost one): SIGTERM `--grace` later, quietly, and the
+/// job ends then (it was SIGKILL, said).
 #[test]
 fn an_mpirun_that_lingers_after_its_ranks_gets_sigterm() {
     let run = run_mpi(2)
-        .args(["--grace", "20", "--", "sh", "-c"])
+        .args(["--grace", "3", "--", "sh", "-c"])
         .args(["echo hello"]);
     let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
     let f = run
@@ -1101,7 +1129,7 @@ fn an_mpirun_that_lingers_after_its_ranks_gets_sigterm() {
         .env("E2E_LINGER", "60")
         .run();
     f.assert_code(0);
-    assert!(f.elapsed < Duration::from_secs(15), "{}", f.describe());
+    assert!(f.elapsed < Duration::from_secs(20), "{}", f.describe());
     assert!(!f.err().contains("killing it"), "{}", f.describe());
     assert_eq!(
         lines_by_rank(&f.out(), "stdout").len(),
@@ -1131,8 +1159,7 @@ fn an_mpirun_that_lingers_and_ignores_sigterm_is_killed_after_the_grace_time() {
     );
     assert!(
         f.err().contains(
-            "mpirun had not exited 1s after its SIGTERM (sent 1s after its last rank ended); \
-             killing it"
+            "mpirun had not exited 1s after its SIGTERM, every rank having ended; killing it"
         ),
         "{}",
         f.describe()
@@ -1249,22 +1276,8 @@ fn relays_wait_for_a_console_read_late() {
 /// SIGKILL (its connection ends with its last data) when rank 1 fails.
 #[test]
 fn a_rank_failing_while_the_console_is_held_is_still_named_first() {
-    let run = two_ranks_sh(
-        "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 2; exit 3; fi; seq 1 80000; sleep 30",
-    );
-    let fake = run.file("fake-mpirun", FAKE_MPIRUN, true);
-    let f = run
-        .env("ATLASBOOST_MPIRUN", &fake)
-        .env("E2E_STAGGER", "0.5")
-        .env("E2E_ABORT", "1")
-        .nonblocking_stdout(Duration::from_secs(7))
-        .run();
-    f.assert_code(3);
+    let f = rank_1_fails_while_the_console_is_held("1");
     let err = f.err();
-    assert!(
-        err.contains("error: rank 1 (host") && err.contains("failed first: exit 3"),
-        "rank 1's failure is the job's:\n{err}"
-    );
     assert!(!err.contains("protocol"), "no stream was cut:\n{err}");
     // Rank 0's relay was killed before it could say how its worker ended: not a lost host.
     let row = err
@@ -1292,6 +1305,18 @@ fn a_rank_failing_while_the_console_is_held_is_still_named_first() {
 /// take the job's failure from the rank that failed.
 #[test]
 fn a_rank_failing_first_is_named_though_mpiruns_stop_is_read_before_it() {
+    let f = rank_1_fails_while_the_console_is_held("term");
+    assert!(
+        !f.err().contains("mpirun stopped its ranks"),
+        "{}",
+        f.describe()
+    );
+}
+
+/// Rank 1 fails 2 s in while rank 0 prints enough to hold a console that takes nothing for 7 s,
+/// under the stand-in mpirun whose abort (`E2E_ABORT`) then ends rank 0; rank 0 reaches the
+/// launcher first (and is read first in a pass). Checks that rank 1's failure is the job's.
+fn rank_1_fails_while_the_console_is_held(abort: &str) -> atlasboost_e2e::Finished {
     let run = two_ranks_sh(
         "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then sleep 2; exit 3; fi; seq 1 80000; sleep 30",
     );
@@ -1299,17 +1324,16 @@ fn a_rank_failing_first_is_named_though_mpiruns_stop_is_read_before_it() {
     let f = run
         .env("ATLASBOOST_MPIRUN", &fake)
         .env("E2E_STAGGER", "0.5")
-        .env("E2E_ABORT", "term")
+        .env("E2E_ABORT", abort)
         .nonblocking_stdout(Duration::from_secs(7))
         .run();
     f.assert_code(3);
     let err = f.err();
     assert!(
-        err.contains("error: rank 1 (host")
-            && err.contains("failed first: exit 3")
-            && !err.contains("mpirun stopped its ranks"),
+        err.contains("error: rank 1 (host") && err.contains("failed first: exit 3"),
         "rank 1's failure is the job's:\n{err}"
     );
+    f
 }
 
 /// A relay stopped by a signal of its own (mpirun's stop reaches each relay) while the console

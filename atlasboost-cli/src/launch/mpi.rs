@@ -364,12 +364,18 @@ pub fn mpirun_command(job: &MpirunJob<'_>) -> Vec<OsString> {
     push("0");
     // When mpirun stops the ranks itself (it was signalled, MPI_Abort), it sends SIGCONT, then
     // this many seconds later SIGTERM, and as long again later SIGKILL (1 by default): half of
-    // --grace, so that its stop ends within --grace, as the launcher's does, and a worker
+    // --grace (whole seconds, at least 1), so that its stop ends within about --grace, as the
+    // launcher's does, and a worker
     // saving a checkpoint on SIGTERM has half of it (after MPI_Abort, which the launcher hears
     // of from the rank's relay and stops the others at once, all of it).
     push("--mca");
     push("odls_base_sigkill_timeout");
-    push(&(args.grace.as_secs_f64() / 2.0).ceil().max(1.0).to_string());
+    push(
+        &(args.grace.as_secs_f64() / 2.0)
+            .floor()
+            .max(1.0)
+            .to_string(),
+    );
     match &args.nic {
         // Open MPI takes a name or a CIDR network for both its byte and its control traffic.
         Some(nic) => {

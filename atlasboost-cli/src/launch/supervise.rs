@@ -2713,9 +2713,11 @@ impl<'a> Supervisor<'a> {
             remotes[h].orphaned = true;
         }
         self.fail_host(h, why, ExitCodes::FAILURE, output);
+        // (A relay is one rank, not its host: its host is not lost.)
         if let Some(f) = &mut self.host_failure
             && let Role::Launcher(remotes) = &self.role
             && f.host == remotes[h].host
+            && f.relay_rank.is_none()
         {
             f.lost = true;
         }
@@ -2804,8 +2806,10 @@ impl<'a> Supervisor<'a> {
             })
             .count();
         if live > 0 {
+            // mpirun has no workers of its own: the ones still running are all there are.
+            let which = if host == MPIRUN { "the" } else { "the other" };
             output.message(&format!(
-                "atlasboost: {} failed: {why}; stopping the other {live} worker{}",
+                "atlasboost: {} failed: {why}; stopping {which} {live} worker{}",
                 who_failed(&host, relay_rank),
                 if live == 1 { "" } else { "s" }
             ));

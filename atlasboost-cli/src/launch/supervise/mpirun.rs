@@ -509,26 +509,30 @@ impl Supervisor<'_> {
         self.signal_mpirun(Signal::SIGTERM);
     }
 
-    /// Every rank has ended and every relay is done, yet mpirun goes on: after
-    /// [`MPIRUN_LINGER`] it gets SIGTERM, a moment later SIGTERM again (which ends mpirun's own
-    /// stop at once: it sleeps out its SIGKILL timeout, `--grace`, though no rank is left), and
-    /// `--grace` later SIGKILL, said. Otherwise mpirun lingers after a rank it lost (a relay
-    /// killed outright), after its own stop (signalled, `MPI_Abort`), or for a lost daemon or
-    /// a stuck ssh.
+    /// Every rank has ended and every relay is done, yet mpirun goes on: after a wait it gets
+    /// SIGTERM, a moment later SIGTERM again (which ends mpirun's own stop at once: it sleeps
+    /// out its SIGKILL timeout though no rank is left), and `--grace` later SIGKILL, said. The
+    /// wait is [`MPIRUN_LINGER`] when mpirun is known to be stopping (its relays said so, the
+    /// job failed: mpirun lost a rank, or was signalled, or a rank called `MPI_Abort`), or when
+    /// the launcher sent it SIGTERM already; else `--grace` (a clean end whose daemons on
+    /// other hosts take a while to go).
     fn mpirun_lingers(&mut self, output: &mut Output) {
         let ranks_over = self.running.iter().all(|r| r.ended.is_some()) && self.remotes_done();
         let grace = self.plan.grace;
+        let stopping = self.failed_or_interrupted();
         let Some(m) = &mut self.mpirun else { return };
         if !ranks_over {
             return;
         }
         let since = *m.ranks_over.get_or_insert_with(Instant::now);
-        let first = MPIRUN_LINGER.min(grace);
+        let wait = match stopping || m.stops.is_some() {
+            true => MPIRUN_LINGER.min(grace),
+            false => grace,
+        };
         match m.termed {
-            // Signalled by the launcher for another reason: that stop has its own course.
+            // Killed by the launcher (SIGKILL): nothing more to send.
             None if m.signalled => {}
-            None if since.elapsed() >= first => {
-                m.termed = Some((Instant::now(), 1));
+            None if since.elapsed() >= wait => {
                 self.signal_mpirun(Signal::SIGTERM);
             }
             Some((at, 1)) if at.elapsed() >= MPIRUN_SECOND_TERM => {
@@ -538,8 +542,8 @@ impl Supervisor<'_> {
             Some((at, 2)) if at.elapsed() >= grace => {
                 m.termed = Some((at, 3));
                 output.message(&format!(
-                    "atlasboost: mpirun had not exited {grace:.0?} after its SIGTERM (sent \
-                     {first:.0?} after its last rank ended); killing it"
+                    "atlasboost: mpirun had not exited {grace:.0?} after its SIGTERM, every rank \
+                     having ended; killing it"
                 ));
                 self.signal_mpirun(Signal::SIGKILL);
             }
@@ -551,6 +555,10 @@ impl Supervisor<'_> {
     pub(super) fn signal_mpirun(&mut self, signal: Signal) {
         if let Some(m) = self.mpirun.as_mut().filter(|m| m.ended.is_none()) {
             m.signalled = true;
+            // A SIGTERM is followed, once every rank has ended, by another (`mpirun_lingers`).
+            if signal == Signal::SIGTERM && m.termed.is_none() {
+                m.termed = Some((Instant::now(), 1));
+            }
             let _ = killpg(m.pid, signal);
         }
     }
