@@ -341,13 +341,18 @@ except KeyboardInterrupt:
 /// `run --mpi` of two ranks, marked `mark`, that print `ready` and sleep 60 s (`--grace 1`),
 /// once both are ready, and the mpirun below it.
 fn two_ranks_sleeping_and_their_mpirun(mark: &str) -> (atlasboost_e2e::Launch, i32) {
-    two_ranks_and_their_mpirun(mark, "echo ready; sleep 60")
+    two_ranks_and_their_mpirun(mark, "1", "echo ready; sleep 60")
 }
 
-/// [`two_ranks_sleeping_and_their_mpirun`] with each rank running `script` (which says `ready`).
-fn two_ranks_and_their_mpirun(mark: &str, script: &str) -> (atlasboost_e2e::Launch, i32) {
+/// [`two_ranks_sleeping_and_their_mpirun`] with `--grace` of `grace` and each rank running
+/// `script` (which says `ready`).
+fn two_ranks_and_their_mpirun(
+    mark: &str,
+    grace: &str,
+    script: &str,
+) -> (atlasboost_e2e::Launch, i32) {
     let mut launch = run_mpi(2)
-        .args(["--grace", "1", "-x", &format!("{MARK}={mark}"), "--"])
+        .args(["--grace", grace, "-x", &format!("{MARK}={mark}"), "--"])
         .args(["sh", "-c", script])
         .spawn();
     launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
@@ -405,6 +410,7 @@ fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
     let _cleanup = Cleanup(mark.clone());
     let (launch, mpirun) = two_ranks_and_their_mpirun(
         &mark,
+        "1",
         "[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && trap 'echo got SIGTERM; exit 0' TERM; \
          echo ready; sleep 60 & wait",
     );
@@ -463,11 +469,7 @@ fn a_relay_killed_outright_is_named_and_the_job_ends_without_waiting_the_grace()
     }
     let mark = unique("relay-kill9");
     let _cleanup = Cleanup(mark.clone());
-    let mut launch = run_mpi(2)
-        .args(["--grace", "30", "-x", &format!("{MARK}={mark}"), "--"])
-        .args(["sh", "-c", "echo ready; exec sleep 60"])
-        .spawn();
-    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
+    let (launch, _) = two_ranks_and_their_mpirun(&mark, "30", "echo ready; exec sleep 60");
     let relay_of_1 = descendants(launch.pid())
         .into_iter()
         .find(|p| {

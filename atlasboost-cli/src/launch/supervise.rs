@@ -2410,10 +2410,6 @@ impl<'a> Supervisor<'a> {
                 self.relay_gone_with_mpirun(h, output);
                 return;
             }
-            let Role::Launcher(remotes) = &self.role else {
-                return;
-            };
-            let r = &remotes[h];
             // The first host lost is the job's failure, named with how its ssh ended: a
             // killed ssh's output ends a moment before its exit can be collected, a moment
             // seen past 5 ms on a loaded machine. The others are told as they come.
@@ -2488,8 +2484,7 @@ impl<'a> Supervisor<'a> {
                 if let (Some(m), Some(rank)) = (&mut self.mpirun, rank)
                     && !m.signalled
                 {
-                    m.stops.get_or_insert(signal);
-                    m.stopped_ranks.insert(rank);
+                    m.stopped.insert(rank, signal);
                 }
             }
             Up::Exited { rank, ending } => {
@@ -2743,16 +2738,22 @@ impl<'a> Supervisor<'a> {
             remotes[v].orphaned = true;
             names.push(remotes[v].host.clone());
         }
-        let now = Instant::now();
         for v in below {
-            for lane in self.lanes_of(v) {
-                if self.running[lane].ended.is_none() {
-                    self.running[lane].ended = Some((now, Ending::Lost));
-                    self.exit_event(lane, Ending::Lost, output);
-                }
-            }
+            self.end_workers_of(v, Ending::Lost, output);
         }
         names
+    }
+
+    /// The workers of remote `h` still running as far as the launcher knows have ended so
+    /// (their host lost, their relay gone): recorded now, with their events.
+    pub(super) fn end_workers_of(&mut self, h: usize, ending: Ending, output: &mut Output) {
+        let now = Instant::now();
+        for lane in self.lanes_of(h) {
+            if self.running[lane].ended.is_none() {
+                self.running[lane].ended = Some((now, ending));
+                self.exit_event(lane, ending, output);
+            }
+        }
     }
 
     fn fail_host(&mut self, h: usize, why: String, code: u8, output: &mut Output) {
@@ -2766,14 +2767,8 @@ impl<'a> Supervisor<'a> {
             Some(_) => Ending::Unknown,
             None => Ending::Lost,
         };
-        let now = Instant::now();
-        for lane in self.lanes_of(h) {
-            if self.running[lane].ended.is_none() {
-                self.running[lane].ended = Some((now, ending));
-                self.exit_event(lane, ending, output);
-            }
-        }
         let relay_rank = remotes[h].relay_rank();
+        self.end_workers_of(h, ending, output);
         self.fail_job_of(&host, relay_rank, why, code, output);
     }
 

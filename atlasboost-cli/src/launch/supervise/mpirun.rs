@@ -8,7 +8,7 @@
 //! sent has been read, or 2 s after mpirun's exit at most: a relay's last frames (a quick
 //! worker's whole life) may still be on their way when the kernel reports mpirun gone.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use super::super::channel::Down;
 use super::super::output::{LineSplitter, Output};
 use super::super::plan::ranks_named;
 use super::super::relay::{DoorEvent, RelayDoor};
-use super::mpirun_state::{Headlines, Mpirun};
+use super::mpirun_state::{Headlines, Linger, Mpirun};
 use super::{
     DRAIN_AFTER_KILL, Ending, JobResult, Lifeline, MPIRUN, Role, RunPlan, Running, Signals,
     Supervisor, WorkerPlan, peek_ending, spawn,
@@ -139,9 +139,8 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         ranks_over: None,
         signalled: false,
         settled: false,
-        stops: None,
-        stopped_ranks: BTreeSet::new(),
-        termed: None,
+        stopped: BTreeMap::new(),
+        linger: Linger::NotYet,
     })
 }
 
@@ -391,7 +390,7 @@ impl Supervisor<'_> {
     pub(super) fn mpirun_casualty(&self, rank: u32) -> bool {
         self.mpirun
             .as_ref()
-            .is_some_and(|m| m.stopped_ranks.contains(&rank))
+            .is_some_and(|m| m.stopped.contains_key(&rank))
     }
 
     /// The connection of relay `h`, a casualty of mpirun's stop, closed before it said how its
@@ -401,13 +400,7 @@ impl Supervisor<'_> {
             remotes[h].lost = Some("mpirun stopped its relay".into());
             remotes[h].hang_up();
         }
-        let now = Instant::now();
-        for lane in self.lanes_of(h) {
-            if self.running[lane].ended.is_none() {
-                self.running[lane].ended = Some((now, Ending::Unknown));
-                self.exit_event(lane, Ending::Unknown, output);
-            }
-        }
+        self.end_workers_of(h, Ending::Unknown, output);
     }
 
     /// mpirun has exited after its relays said it stopped them ([`Self::mpirun_casualty`]):
@@ -417,7 +410,9 @@ impl Supervisor<'_> {
     /// a rank that really failed, whatever order its news came in, is named instead.
     fn mpirun_stopped_the_ranks(&mut self, output: &mut Output) {
         let Some(m) = &self.mpirun else { return };
-        let Some(signal) = m.stops else { return };
+        let Some(&signal) = m.stopped.values().next() else {
+            return;
+        };
         if self.failed_or_interrupted() {
             return;
         }
@@ -519,28 +514,28 @@ impl Supervisor<'_> {
     fn mpirun_lingers(&mut self, output: &mut Output) {
         let ranks_over = self.running.iter().all(|r| r.ended.is_some()) && self.remotes_done();
         let grace = self.plan.grace;
-        let stopping = self.failed_or_interrupted();
+        let job_failed = self.failed_or_interrupted();
         let Some(m) = &mut self.mpirun else { return };
         if !ranks_over {
             return;
         }
         let since = *m.ranks_over.get_or_insert_with(Instant::now);
-        let wait = match stopping || m.stops.is_some() {
+        let wait = match job_failed || !m.stopped.is_empty() {
             true => MPIRUN_LINGER.min(grace),
             false => grace,
         };
-        match m.termed {
+        match m.linger {
             // Killed by the launcher (SIGKILL): nothing more to send.
-            None if m.signalled => {}
-            None if since.elapsed() >= wait => {
+            Linger::NotYet if m.signalled => {}
+            Linger::NotYet if since.elapsed() >= wait => {
                 self.signal_mpirun(Signal::SIGTERM);
             }
-            Some((at, 1)) if at.elapsed() >= MPIRUN_SECOND_TERM => {
-                m.termed = Some((at, 2));
+            Linger::Termed(at) if at.elapsed() >= MPIRUN_SECOND_TERM => {
+                m.linger = Linger::TermedTwice(at);
                 let _ = killpg(m.pid, Signal::SIGTERM);
             }
-            Some((at, 2)) if at.elapsed() >= grace => {
-                m.termed = Some((at, 3));
+            Linger::TermedTwice(at) if at.elapsed() >= grace => {
+                m.linger = Linger::Killed;
                 output.message(&format!(
                     "atlasboost: mpirun had not exited {grace:.0?} after its SIGTERM, every rank \
                      having ended; killing it"
@@ -556,8 +551,8 @@ impl Supervisor<'_> {
         if let Some(m) = self.mpirun.as_mut().filter(|m| m.ended.is_none()) {
             m.signalled = true;
             // A SIGTERM is followed, once every rank has ended, by another (`mpirun_lingers`).
-            if signal == Signal::SIGTERM && m.termed.is_none() {
-                m.termed = Some((Instant::now(), 1));
+            if signal == Signal::SIGTERM && m.linger == Linger::NotYet {
+                m.linger = Linger::Termed(Instant::now());
             }
             let _ = killpg(m.pid, signal);
         }

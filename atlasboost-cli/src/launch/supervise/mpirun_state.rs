@@ -1,7 +1,7 @@
 //! mpirun as the supervisor of `run --mpi` holds it (its state; what the supervisor does with
 //! it is [`super::mpirun`]'s).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::time::Instant;
 
@@ -37,15 +37,26 @@ pub(super) struct Mpirun {
     pub(super) signalled: bool,
     /// The end is settled: ranks that never came are named, mpirun's own failure judged.
     pub(super) settled: bool,
-    /// The signal mpirun's side sent the relays, as the first relay to say so said
+    /// The ranks whose relay said that mpirun's side signalled it, and with what
     /// ([`Up::MpirunStops`](super::super::channel::Up::MpirunStops)): mpirun is stopping its
-    /// ranks.
-    pub(super) stops: Option<WorkerSignal>,
-    /// The ranks whose relay said so: how their workers end from then on is mpirun's doing.
-    pub(super) stopped_ranks: BTreeSet<u32>,
-    /// When the launcher sent SIGTERM to mpirun lingering after its ranks, and how many
-    /// signals it has sent since (SIGTERM, SIGTERM again, SIGKILL `--grace` later).
-    pub(super) termed: Option<(Instant, u8)>,
+    /// ranks, and how their workers end from then on is its doing.
+    pub(super) stopped: BTreeMap<u32, WorkerSignal>,
+    /// How far the launcher has gone in ending mpirun after its ranks (`mpirun_lingers`).
+    pub(super) linger: Linger,
+}
+
+/// The launcher's signals to an mpirun that goes on after its ranks: SIGTERM, SIGTERM again
+/// a moment later, SIGKILL `--grace` after the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Linger {
+    /// None sent.
+    NotYet,
+    /// SIGTERM, at that time.
+    Termed(Instant),
+    /// SIGTERM twice, the first at that time.
+    TermedTwice(Instant),
+    /// SIGKILL.
+    Killed,
 }
 
 impl Mpirun {
