@@ -505,12 +505,13 @@ fn text_parser<T: Clone + Send + Sync + 'static>(
     })
 }
 
-/// A rank table's path: HCCL loads only names that end in `.json`.
+/// A rank table's path: one HCCL loads (a name that ends in `.json`, see
+/// [`atlasboost_core::ranktable::hccl_name_problem`]).
 fn parse_table_path(s: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(s);
-    match atlasboost_core::ranktable::has_json_name(&path) {
-        true => Ok(path),
-        false => Err("HCCL only loads rank tables whose name ends in .json".into()),
+    match atlasboost_core::ranktable::hccl_name_problem(&path) {
+        None => Ok(path),
+        Some(why) => Err(why),
     }
 }
 

@@ -185,8 +185,27 @@ fn real_path(path: &Path) -> PathBuf {
 /// # Errors
 ///
 /// [`Error::BadPath`] for a path that is not UTF-8: refused by name rather than passed on with
-/// its bad bytes replaced (the path of a file that does not exist).
+/// its bad bytes replaced (the path of a file that does not exist); and for one HCCL would not
+/// load as `RANK_TABLE_FILE` gives it, without symbolic links
+/// ([`crate::ranktable::hccl_name_problem`]: `/jobs/a.json.d/rank_table.json`).
 pub fn table_path_text(path: &Path) -> Result<String> {
+    let text = path_text(path)?;
+    let real = real_path(path);
+    if let Some(reason) = crate::ranktable::hccl_name_problem(&real) {
+        let reason = match real == path {
+            true => reason,
+            false => format!("is {} without symbolic links: {reason}", real.display()),
+        };
+        return Err(Error::BadPath {
+            path: path.to_path_buf(),
+            reason,
+        });
+    }
+    Ok(text)
+}
+
+/// `path` as text, refusing one that is not UTF-8 (see [`table_path_text`]).
+fn path_text(path: &Path) -> Result<String> {
     path.to_str()
         .map(str::to_string)
         .ok_or_else(|| Error::BadPath {
@@ -216,7 +235,7 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     let path = table_path_text(spec.table_path)?;
     // What the frameworks read has no symbolic link: torch_npu refuses a RANK_TABLE_FILE
     // that is one. atlasboost's own variable keeps the path given (its lock is beside it).
-    let real = table_path_text(&real_path(spec.table_path))?;
+    let real = path_text(&real_path(spec.table_path))?;
     let logical = spec.logical_id.to_string();
     let mut set = vec![
         (EnvVars::RANK_TABLE_FILE, real.clone()),

@@ -134,6 +134,22 @@ pub struct HccnProbe {
     visible: VisibleDevices,
 }
 
+/// Opens `path` for reading without waiting for a writer: a FIFO nobody writes to reads as
+/// empty (a plain open would wait for ever), while a pipe with a writer (`<(ssh node cat
+/// /etc/hccn.conf)`) is read to its end as usual.
+fn open_without_waiting(path: &Path) -> std::io::Result<std::fs::File> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
+        .open(path)?;
+    // Blocking again, so that a pipe's reads wait for its writer's next bytes.
+    let flags = OFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFL)?);
+    fcntl(&file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+    Ok(file)
+}
+
 impl HccnProbe {
     /// A probe reading `path`.
     ///
@@ -160,7 +176,7 @@ impl HccnProbe {
         };
         // Read with a cap: the path may name anything (`/dev/zero`, a log file).
         let mut bytes = Vec::new();
-        std::fs::File::open(&self.path)
+        open_without_waiting(&self.path)
             .and_then(|f| f.take(MAX_HCCN_CONF + 1).read_to_end(&mut bytes))
             .map_err(read_error)?;
         if bytes.len() as u64 > MAX_HCCN_CONF {

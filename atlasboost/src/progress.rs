@@ -8,6 +8,9 @@
 //!   numbers there, which the launcher's next read of the file sees, at the cost of a lock and
 //!   two stores, not a system call (cheap enough for every training step), and a hung worker's
 //!   last beat is never held back. Where the file cannot be mapped, each call writes it.
+//!   The file must keep its length while the worker runs (a store past the end of a shared
+//!   mapping is SIGBUS): it lives in the launcher's directory of rank files, mode 0700, which
+//!   only the launcher's user can reach.
 //! - **Errors**: a worker that fails records why in `ATLASBOOST_ERROR_FILE`, as JSON in the
 //!   form torch's `@record` writes to `TORCHELASTIC_ERROR_FILE`, so both are read the same way:
 //!   `{"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack": "...",

@@ -27,6 +27,10 @@ pub fn run(args: &MergeSettings, printer: &Printer) -> Result<(), CliError> {
             "`-` (standard input) is given twice; it can be read once".into(),
         ));
     }
+    // The first input's name and version: a table of another version is named as such before
+    // it is checked by rules of the first's (a valid 1.2 table read by 1.0's rules would be
+    // called invalid, with problems that are not its own).
+    let mut first: Option<(String, serde_json::Value)> = None;
     for path in &args.inputs {
         let (value, name) = match path.as_os_str() == "-" {
             true => {
@@ -36,6 +40,20 @@ pub fn run(args: &MergeSettings, printer: &Printer) -> Result<(), CliError> {
             }
             false => (read_json(path)?, path.display().to_string()),
         };
+        let version = value.get("version").cloned().unwrap_or_default();
+        match &first {
+            None => first = Some((name.clone(), version)),
+            // (A legacy table, which has none, is named as such by the merge itself.)
+            Some((first_name, first_version))
+                if *first_version != version && !first_version.is_null() && !version.is_null() =>
+            {
+                return Err(atlasboost_core::Error::Merge(format!(
+                    "{first_name} has version {first_version} but {name} has version {version}"
+                ))
+                .into());
+            }
+            Some(_) => {}
+        }
         // Without --chip, the first input's version decides the rules for all.
         let rules = *chip.get_or_insert_with(|| default_chip(&value));
         inputs.push(MergeInput {

@@ -129,11 +129,8 @@ pub fn run(args: &ValidateSettings, printer: &Printer) -> Result<u8, CliError> {
             s.push_str(&format!("  {v}\n"));
         }
         // HCCL's own check, of the file's name rather than its contents.
-        if !stdin && !atlasboost_core::ranktable::has_json_name(&args.file) {
-            s.push_str(&format!(
-                "note: HCCL reads a rank table only from a file whose name ends in .json, \
-                 which {file} does not\n"
-            ));
+        if !stdin && let Some(why) = atlasboost_core::ranktable::hccl_name_problem(&args.file) {
+            s.push_str(&format!("note: {file}: {why}\n"));
         }
         // The table does not say its chip: a 910B or A3 table breaks the 910's topology
         // rules, which apply when none is named.

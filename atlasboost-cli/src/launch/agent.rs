@@ -567,8 +567,14 @@ fn left_out_of(
     let mut said = Vec::new();
     for h in hosts {
         for d in h.devices.iter().filter(|d| !d.health.is_healthy()) {
+            // Physical ids, as in the table; a failed rank's line names its device by the
+            // logical id (the worker's DEVICE_ID), so a device with another one says both.
+            let logical = match d.logical_id == d.physical_id {
+                true => String::new(),
+                false => format!(" (logical {})", d.logical_id),
+            };
             said.push(format!(
-                "device {} of host {} ({})",
+                "device {}{logical} of host {} ({})",
                 d.physical_id, h.server_id, d.health
             ));
         }
@@ -1374,6 +1380,19 @@ mod tests {
         let d = decide(&p, reports).unwrap();
         assert_eq!(d.devices.len(), 8);
         assert_eq!(d.left_out, ["device 6 of host 127.0.0.2 (critical (3))"]);
+        // In a container that sees NPUs 4-7 as 0-3, the dead one is named by both ids (a
+        // failed rank's line names its logical one).
+        let mut reports = healthy();
+        if let HostReport::Devices(devices) = &mut reports[1].host {
+            devices.retain(|d| d.physical_id >= 4);
+            for (logical, d) in devices.iter_mut().enumerate() {
+                d.logical_id = logical as u32;
+            }
+            devices[1].health = Health::Unhealthy { code: 3 };
+        }
+        let d = decide(&p, reports).unwrap();
+        let named = "device 5 (logical 1) of host 127.0.0.2 (critical (3))";
+        assert!(d.left_out.iter().any(|l| l == named), "{:?}", d.left_out);
         // No world at all is left: --min-np, given or not, could not help, and is not named.
         for min_given in [false, true] {
             let mut p = policy(vec![host("127.0.0.1", None)], Some(8), RankOrder::ServerId);

@@ -1697,6 +1697,20 @@ fn join(
                     Some(format!("{} said: {}", hosts[i].describe(), r.err_said()?))
                 })
                 .collect();
+            // Hosts whose own ssh never started the agent (connecting, logging in): "no
+            // report from its agent" would suggest an agent that started and went quiet.
+            let not_started: Vec<String> = remote_index
+                .iter()
+                .zip(&remotes)
+                .filter(|&(&i, r)| reports[i].is_none() && r.pid().is_some() && !r.greeted())
+                .map(|(&i, _)| {
+                    format!(
+                        "{}: ssh had not started atlasboost's agent there yet (still connecting \
+                         or logging in)",
+                        hosts[i].describe()
+                    )
+                })
+                .collect();
             let unconnected = remotes.iter().filter(|r| r.is_awaited()).count();
             // The silent hosts whose parent in the launch tree reported (indices into
             // `remotes`): the others were reached through one of them.
@@ -1754,6 +1768,7 @@ fn join(
                     }
                 ) + &through
                     .iter()
+                    .chain(&not_started)
                     .chain(&said)
                     .map(|s| format!("\n  {s}"))
                     .collect::<String>(),

@@ -594,9 +594,7 @@ impl Remote {
     /// session counts as finished), and the host is lost for `why`.
     pub fn end_session(&mut self, why: String) {
         self.hang_up();
-        if let Link::Ssh(child) = &mut self.link {
-            let _ = child.kill();
-        }
+        self.kill_ssh();
         self.out = None;
         self.err = None;
         self.lost = Some(why);
@@ -717,11 +715,27 @@ impl Drop for Remote {
     fn drop(&mut self) {
         // The agent stops its workers when its input closes; ssh itself is ours to end.
         self.hang_up();
+        self.kill_ssh();
         if let Link::Ssh(child) = &mut self.link
             && !self.reaped
         {
-            let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+}
+
+impl Remote {
+    /// Kills ssh and what it started in its process group (its `ProxyCommand`, `atlasboost
+    /// ssh-connect`, which ssh killed with SIGKILL cannot end): the group is ssh's own, made at
+    /// its start, and its id cannot be another's while ssh is not reaped.
+    fn kill_ssh(&mut self) {
+        if let Link::Ssh(child) = &mut self.link
+            && !self.reaped
+        {
+            let group = nix::unistd::Pid::from_raw(child.id() as i32);
+            if nix::sys::signal::killpg(group, Signal::SIGKILL).is_err() {
+                let _ = child.kill();
+            }
         }
     }
 }

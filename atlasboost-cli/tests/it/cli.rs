@@ -10,6 +10,7 @@
 //! - (none at present)
 
 use std::collections::BTreeSet;
+use std::ffi::OsStr;
 use std::fs;
 use std::io::Read;
 use std::net::Ipv4Addr;
@@ -1054,12 +1055,15 @@ fn validate_a_file_that_is_not_json_is_invalid_with_line_and_column() {
 
 /// `merge a.json -` reads one input from standard input (`ranktable -o - | atlasboost merge
 /// a.json -`; it said "cannot read -"); `-` twice is refused, as standard input is read once.
-/// A table named `.json` (a dot-file, whose name ends in .json as HCCL checks) is written.
+/// A name HCCL refuses is refused, saying why: `.json` alone (HCCL takes the name before
+/// `.json`, and refuses an empty one), or a path with an earlier `.json` (HCCL takes the first
+/// as the name's end).
 #[test]
-fn merge_dash_reads_standard_input_and_dot_json_is_a_json_name() {
+fn merge_dash_reads_standard_input_and_names_hccl_refuses_are_refused() {
     let dir = tempdir();
     sim_table(dir.path(), "10.0.0.1", "8", "a.json", &[]);
-    sim_table(dir.path(), "10.0.0.2", "8", ".json", &[]);
+    sim_table(dir.path(), "10.0.0.2", "8", "b.json", &[]);
+    fs::rename(dir.path().join("b.json"), dir.path().join(".json")).unwrap();
     let mut child = command(dir.path(), &["merge", "a.json", "-", "-o", "m.json"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -1084,7 +1088,30 @@ fn merge_dash_reads_standard_input_and_dot_json_is_a_json_name() {
         .stderr_has(&["`-` (standard input) is given twice"]);
     let out = run(dir.path(), &["validate", ".json"]);
     out.expect_code(SUCCESS);
-    assert!(!out.stdout.contains("note: HCCL reads"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("note: .json: its name is \".json\" alone: HCCL refuses"),
+        "{}",
+        out.stdout
+    );
+    for (to, says) in [
+        (".json", "its name is \".json\" alone"),
+        ("w/.json", "its name is \".json\" alone"),
+        ("a.json.json", "has one earlier (a.json)"),
+        ("d.json/m.json", "has one earlier (d.json)"),
+    ] {
+        fs::create_dir_all(dir.path().join("d.json")).unwrap();
+        run(dir.path(), &["merge", "a.json", ".json", "-o", to])
+            .expect_code(USAGE)
+            .stderr_has(&[says]);
+    }
+    // A job's table in a directory named so, as RANK_TABLE_FILE would give it HCCL.
+    let wdir = dir.path().join("job.json");
+    fs::create_dir(&wdir).unwrap();
+    run(&wdir, &["run", "--sim", "2", "--", "true"])
+        .expect_code(FAILURE)
+        .stderr_has(&["job.json/rank_table.json", "has one earlier"]);
+    assert_eq!(entries(&wdir), Vec::<String>::new());
 }
 
 /// `validate -` reads standard input (as `ranktable -o -` writes standard output): a table
@@ -1149,7 +1176,8 @@ fn validate_says_which_chips_rules_it_took_when_none_was_named() {
     let out = run(dir.path(), &["validate", "--chip", "910b", "b.txt"]);
     out.expect_code(SUCCESS);
     assert!(
-        out.stdout.contains("note: HCCL reads a rank table only from a file whose name ends in .json, which b.txt does not"),
+        out.stdout
+            .contains("note: b.txt: HCCL only loads rank tables whose name ends in .json"),
         "{}",
         out.stdout
     );
@@ -1769,6 +1797,27 @@ fn validate_and_merge_apply_a3_rules_to_version_1_2_by_default() {
     let merged = read_json(&dir.path().join("ab.json"));
     assert_eq!(str_at(&merged, "/server_count"), "2");
     assert_eq!(merged["super_pod_list"].as_array().unwrap().len(), 2);
+    // A 1.0 table first: the 1.2 one is named for its version, in either order, not called
+    // invalid by the 1.0 table's rules.
+    sim_table(dir.path(), "10.0.0.3", "8", "c.json", &[]);
+    for (inputs, says) in [
+        (
+            ["c.json", "a.json"],
+            "c.json has version \"1.0\" but a.json has version \"1.2\"",
+        ),
+        (
+            ["a.json", "c.json"],
+            "a.json has version \"1.2\" but c.json has version \"1.0\"",
+        ),
+    ] {
+        let out = run(dir.path(), &["merge", inputs[0], inputs[1], "-o", "x.json"]);
+        out.expect_code(FAILURE).stderr_has(&[says]);
+        assert!(
+            !out.stderr.contains("not a valid rank table"),
+            "{}",
+            out.stderr
+        );
+    }
 }
 
 #[test]
@@ -3844,17 +3893,11 @@ fn run_mpi_refuses_a_size_it_cannot_run() {
     }
 }
 
-/// A full disk under `--events` and `--log-dir` (a tmpfs of 8 KiB in a mount namespace of its
-/// own): the job goes on and succeeds, each file's failure is said once, naming it, and the
-/// events file is cut back to its last whole line (every line still parses).
-#[test]
-fn a_full_disk_is_said_and_leaves_no_half_event() {
-    let dir = TempDir::new().unwrap();
-    let script = "mount -t tmpfs -o size=8k tmpfs \"$1\" || exit 99; \
-                  \"$0\" run -q --sim 8 -H 127.0.0.1:8,127.0.0.2:8 --events \"$1/ev.jsonl\" \
-                  --log-dir \"$1/logs\" -- sh -c 'seq 1 2000' > /dev/null; echo \"code $?\"; \
-                  cp \"$1/ev.jsonl\" \"$2\"";
-    let small = dir.path().join("small");
+/// Runs `sh -c script` in a mount namespace of its own where `$1` is an empty tmpfs of 8 KiB
+/// and `$0` is atlasboost, with `args` after `$1`, in `dir`; `None` (said) where no such
+/// namespace can be made.
+fn in_small_tmpfs(dir: &Path, script: &str, args: &[&OsStr]) -> Option<std::process::Output> {
+    let small = dir.join("small");
     fs::create_dir_all(&small).unwrap();
     let can = std::process::Command::new("unshare")
         .args(["-m", "mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs"])
@@ -3862,15 +3905,32 @@ fn a_full_disk_is_said_and_leaves_no_half_event() {
         .output();
     if !can.as_ref().is_ok_and(|o| o.status.success()) {
         eprintln!("skipped: no mount namespace with a small tmpfs can be made here: {can:?}");
-        return;
+        return None;
     }
+    let script = format!("mount -t tmpfs -o size=8k tmpfs \"$1\" || exit 99; {script}");
     let out = std::process::Command::new("unshare")
-        .args(["-m", "sh", "-c", script, env!("CARGO_BIN_EXE_atlasboost")])
+        .args(["-m", "sh", "-c", &script, env!("CARGO_BIN_EXE_atlasboost")])
         .arg(&small)
-        .arg(dir.path().join("events.jsonl"))
-        .current_dir(dir.path())
+        .args(args)
+        .current_dir(dir)
         .output()
         .unwrap();
+    Some(out)
+}
+
+/// A full disk under `--events` and `--log-dir` (a tmpfs of 8 KiB in a mount namespace of its
+/// own): the job goes on and succeeds, each file's failure is said once, naming it, and the
+/// events file is cut back to its last whole line (every line still parses).
+#[test]
+fn a_full_disk_is_said_and_leaves_no_half_event() {
+    let dir = TempDir::new().unwrap();
+    let script = "\"$0\" run -q --sim 8 -H 127.0.0.1:8,127.0.0.2:8 --events \"$1/ev.jsonl\" \
+                  --log-dir \"$1/logs\" -- sh -c 'seq 1 2000' > /dev/null; echo \"code $?\"; \
+                  cp \"$1/ev.jsonl\" \"$2\"";
+    let events_copy = dir.path().join("events.jsonl");
+    let Some(out) = in_small_tmpfs(dir.path(), script, &[events_copy.as_os_str()]) else {
+        return;
+    };
     assert!(out.status.success(), "{out:?}");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -3899,6 +3959,37 @@ fn a_full_disk_is_said_and_leaves_no_half_event() {
     for line in events.lines() {
         serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
     }
+}
+
+/// A full disk under a table: a launch fails naming the lock file and leaves no empty lock
+/// file behind (the next job would find it); a table that cannot be written is named by its
+/// own path (not the temporary file's) and leaves nothing either.
+#[test]
+fn a_full_disk_leaves_no_lock_file_and_no_half_table() {
+    let dir = TempDir::new().unwrap();
+    let script = "head -c 100000 /dev/zero > \"$1/filler\" 2>/dev/null; \
+                  \"$0\" run -q --sim 2 --rank-table \"$1/r.json\" -- true; echo \"code $?\"; \
+                  \"$0\" ranktable -q --sim 8 --server-id 10.0.0.1 -o \"$1/t.json\"; \
+                  echo \"code $?\"; ls -A \"$1\"";
+    let Some(out) = in_small_tmpfs(dir.path(), script, &[]) else {
+        return;
+    };
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines, ["code 125", "code 125", "filler"], "{stderr}");
+    assert!(
+        stderr.contains("r.json.lock") && stderr.contains("No space left"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("cannot write ")
+            && stderr.contains("small/t.json\n  caused by: No space left"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(".json.tmp"), "{stderr}");
 }
 
 /// Above 64 ranks the summary lists only the failures: not the ranks the stop ended, which it
@@ -3940,14 +4031,33 @@ fn a_large_jobs_summary_lists_only_its_failures() {
     assert!(rows[0].trim_start().starts_with("70 "), "{}", out.stderr);
 }
 
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet) within `limit`.
+fn ended_within(pid: &str, limit: std::time::Duration) -> bool {
+    let until = std::time::Instant::now() + limit;
+    loop {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // `pid (comm) state ...`
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        if state.is_none_or(|s| s.starts_with('Z')) {
+            return true;
+        }
+        if std::time::Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A host that never reports within `--rendezvous-timeout` is named with what its session
 /// said on stderr (here a stand-in `ssh` that complains and hangs), not only "no report".
 #[test]
 fn a_rendezvous_timeout_says_what_the_silent_host_said() {
     let dir = TempDir::new().unwrap();
+    // Beside it, a process of ssh's (as its `ProxyCommand` is) that outlives a killed ssh.
     let path = path_with_fake_ssh(
         dir.path(),
-        "echo 'remote: cannot mount /shared: Stale file handle' >&2\nexec sleep 30",
+        "sleep 30 & echo $! > proxy.pid\n\
+         echo 'remote: cannot mount /shared: Stale file handle' >&2\nexec sleep 30",
     );
     let started = std::time::Instant::now();
     let out = run_env(
@@ -3971,11 +4081,18 @@ fn a_rendezvous_timeout_says_what_the_silent_host_said() {
     );
     out.expect_code(125).stderr_has(&[
         "host 127.0.0.8 did not join within --rendezvous-timeout 2s",
+        "127.0.0.8: ssh had not started atlasboost's agent there yet (still connecting or \
+         logging in)",
         "127.0.0.8 said: remote: cannot mount /shared: Stale file handle",
     ]);
     assert!(
         started.elapsed() < std::time::Duration::from_secs(20),
         "the hung session was not waited for"
+    );
+    let proxy = fs::read_to_string(dir.path().join("proxy.pid")).unwrap();
+    assert!(
+        ended_within(proxy.trim(), std::time::Duration::from_secs(5)),
+        "ssh's process {proxy} outlived the launcher"
     );
     // In a chain, the hosts below the silent one are named as reached through it.
     let out = over_fake_ssh(
@@ -3988,6 +4105,24 @@ fn a_rendezvous_timeout_says_what_the_silent_host_said() {
         "127.0.0.9, 127.0.0.10 are reached through 127.0.0.8 in the launch tree (--fanout): \
          look at 127.0.0.8 first",
     ]);
+    // An agent that started (it greeted) and then said nothing is not called unstarted.
+    let greeting = String::from_utf8_lossy(&atlasboost_cli::launch::channel::HELLO[1..]);
+    let path = path_with_fake_ssh(
+        dir.path(),
+        // (`ssh -G`, which atlasboost asks for ssh's settings, answers at once.)
+        &format!(
+            "case \" $* \" in *\" -G \"*) exit 0;; esac\nprintf '\\000{}\\n'\nexec sleep 30",
+            greeting.trim_end()
+        ),
+    );
+    let out = over_fake_ssh(
+        dir.path(),
+        &path,
+        "run --sim 2 -H 127.0.0.8 --rendezvous-timeout 2 -- true",
+    );
+    out.expect_code(125)
+        .stderr_has(&["host 127.0.0.8 did not join within --rendezvous-timeout 2s (no report"]);
+    assert!(!out.stderr.contains("had not started"), "{}", out.stderr);
 }
 
 /// An atlasboost of another version on a host (its greeting names another protocol) is

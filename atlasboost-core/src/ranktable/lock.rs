@@ -164,10 +164,20 @@ impl TableLock {
                     if !names(&lock, &path) {
                         continue;
                     }
-                    lock.set_len(0).map_err(io("cannot truncate"))?;
-                    lock.write_all(record.as_bytes())
-                        .and_then(|()| lock.flush())
-                        .map_err(io("cannot write"))?;
+                    let written = lock
+                        .set_len(0)
+                        .map_err(io("cannot truncate"))
+                        .and_then(|()| {
+                            lock.write_all(record.as_bytes())
+                                .and_then(|()| lock.flush())
+                                .map_err(io("cannot write"))
+                        });
+                    if let Err(e) = written {
+                        // Held exclusively, without a record (a full disk): removed, so that
+                        // no empty lock file is left beside the table.
+                        let _ = std::fs::remove_file(&path);
+                        return Err(e);
+                    }
                     lock.relock(FlockArg::LockSharedNonblock)
                         .map_err(|e| io("cannot share")(e.into()))?;
                     return Ok(TableLock {

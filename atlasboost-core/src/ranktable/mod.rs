@@ -28,7 +28,7 @@ pub use validate::{
     validate_table, validate_value,
 };
 pub use write::{
-    TABLE_SIZE_LIMIT, has_json_name, read_json, read_json_bytes, read_json_from, read_table,
+    TABLE_SIZE_LIMIT, hccl_name_problem, read_json, read_json_bytes, read_json_from, read_table,
     write_atomically, write_table,
 };
 

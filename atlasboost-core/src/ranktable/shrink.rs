@@ -26,7 +26,8 @@ pub struct HostDevices {
 /// Unhealthy devices are left out, and ids above the chip's highest. On 910 every server runs
 /// the same count, 1, 2, 4 or 8, and a server of 2 or 4 uses one group (0-3 or 4-7): 16
 /// servers of 8 with one dead device become 15 × 8, not 16 × 4. On 910B each server runs what
-/// it has. On other chips every server runs the same count. Ties go to more devices per server
+/// it has. On other chips every server runs the same count, and servers that name super pods
+/// keep as many in every pod (HCCL's rule for 1.2 tables). Ties go to more devices per server
 /// (fewer servers; hosts earlier in `hosts` first); within a server the lowest usable physical
 /// ids are taken. Empty when nothing is usable.
 ///
@@ -52,8 +53,55 @@ pub fn largest_world(chip: Chip, hosts: &[HostDevices], max: Option<u64>) -> Vec
         });
     match alone.len() > several.len() {
         true => alone,
-        false => several,
+        false => balanced_super_pods(several),
     }
+}
+
+/// `world` with as many servers in every super pod, as HCCL requires of a 1.2 table
+/// (`CheckSuperPodInfo`): the `k` first servers of each pod that has `k`, for the `k` that keeps
+/// the most devices (a larger `k` on a tie). Unchanged when not every device names its super
+/// pod (no super pods, then: nothing to balance).
+fn balanced_super_pods(world: Vec<Device>) -> Vec<Device> {
+    let mut pods: Vec<(&str, Vec<(&str, usize)>)> = Vec::new();
+    for d in &world {
+        let Some(pod) = d.super_pod_id.as_deref() else {
+            return world;
+        };
+        let at = match pods.iter().position(|(p, _)| *p == pod) {
+            Some(at) => at,
+            None => {
+                pods.push((pod, Vec::new()));
+                pods.len() - 1
+            }
+        };
+        let servers = &mut pods[at].1;
+        match servers.iter_mut().find(|(s, _)| *s == d.server_id) {
+            Some((_, n)) => *n += 1,
+            None => servers.push((&d.server_id, 1)),
+        }
+    }
+    let most = pods.iter().map(|(_, s)| s.len()).max().unwrap_or(0);
+    let kept = |k: usize| -> usize {
+        pods.iter()
+            .filter(|(_, s)| s.len() >= k)
+            .map(|(_, s)| s[..k].iter().map(|(_, n)| n).sum::<usize>())
+            .sum()
+    };
+    let Some(k) = (1..=most).rev().max_by_key(|&k| (kept(k), k)) else {
+        return world;
+    };
+    if pods.iter().all(|(_, s)| s.len() == k) {
+        return world;
+    }
+    let servers: HashSet<String> = pods
+        .iter()
+        .filter(|(_, s)| s.len() >= k)
+        .flat_map(|(_, s)| s[..k].iter().map(|(id, _)| (*id).to_string()))
+        .collect();
+    world
+        .into_iter()
+        .filter(|d| servers.contains(&d.server_id))
+        .collect()
 }
 
 /// Whether a world may take `d`: healthy, and within the chip's ids.
@@ -230,6 +278,44 @@ mod tests {
         let world = largest_world(Chip::Ascend910, &hosts, None);
         assert_eq!(world.len(), 120);
         assert!(world.iter().all(|d| d.server_id != "10.0.0.3"));
+    }
+
+    /// Super pods of 2, 2 and 1 servers after a loss: the lone server's pod goes (4 servers
+    /// of 16 kept), not one server of each (3).
+    #[test]
+    fn super_pods_keep_as_many_servers_each() {
+        let mut hosts: Vec<HostDevices> = (1..=5).map(|i| host(i, "910_9391", 16, &[])).collect();
+        for (i, (h, pod)) in hosts
+            .iter_mut()
+            .zip(["p0", "p0", "p1", "p1", "p2"])
+            .enumerate()
+        {
+            for (k, d) in h.devices.iter_mut().enumerate() {
+                d.super_pod_id = Some(pod.into());
+                // Unique within a pod: the server's place, then the device's.
+                d.super_device_id = Some((i % 2 * 16 + k) as u32);
+            }
+        }
+        let world = largest_world(Chip::Ascend910_93, &hosts, None);
+        let servers: Vec<String> = shape(&world).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(servers.len(), 4, "{servers:?}");
+        assert!(!servers.contains(&hosts[4].server_id), "{servers:?}");
+        let table = build_table(
+            &world,
+            &BuildOptions {
+                format: Format::V1_2,
+                ..BuildOptions::default()
+            },
+        );
+        assert!(table.is_ok(), "{table:?}");
+        // Pods of 2 and 1: two of one pod and one of each keep as many devices; the tie goes
+        // to more servers per pod.
+        let world = largest_world(Chip::Ascend910_93, &hosts[2..], None);
+        let servers: Vec<String> = shape(&world).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(
+            servers,
+            [hosts[2].server_id.clone(), hosts[3].server_id.clone()]
+        );
     }
 
     #[test]

@@ -220,7 +220,12 @@ fn one_server_lists_device_ips_on_every_device_or_none() {
 #[test]
 fn format_1_2_groups_super_pods_and_needs_their_ids() {
     let mut devices = Vec::new();
-    for (server, pod, third) in [("a", "p2", 1), ("b", "p1", 2), ("c", "p2", 3)] {
+    for (server, pod, third) in [
+        ("a", "p2", 1),
+        ("b", "p1", 2),
+        ("c", "p2", 3),
+        ("d", "p1", 4),
+    ] {
         for mut d in host(server, third, &[0, 1]) {
             d.chip = "910_9391".into();
             d.super_device_id = Some(d.physical_id + 10 * u32::from(third));
@@ -235,10 +240,25 @@ fn format_1_2_groups_super_pods_and_needs_their_ids() {
     let t = build_table(&devices, &opts).unwrap();
     let RankTable::Cluster(c) = &t else { panic!() };
     let order: Vec<&str> = c.server_list.iter().map(|s| s.server_id.as_str()).collect();
-    assert_eq!(order, ["b", "a", "c"], "pods contiguous, then server_id");
+    assert_eq!(
+        order,
+        ["b", "d", "a", "c"],
+        "pods contiguous, then server_id"
+    );
     let pods = c.super_pod_list.as_ref().unwrap();
     assert_eq!(pods.len(), 2);
     assert_eq!(pods[1].server_list.len(), 2);
+    // Super pods of unequal sizes: HCCL refuses the table, and so does the build.
+    let unequal: Vec<_> = devices
+        .iter()
+        .filter(|d| d.server_id != "d")
+        .cloned()
+        .collect();
+    let err = build_table(&unequal, &opts).unwrap_err().to_string();
+    assert!(
+        err.contains("HCCL requires as many servers in every super pod"),
+        "{err}"
+    );
 
     devices[0].super_device_id = None;
     let err = build_table(&devices, &opts).unwrap_err().to_string();
@@ -724,22 +744,29 @@ fn a_file_larger_than_any_rank_table_is_refused() {
     assert_eq!(bytes.len(), 8);
 }
 
-/// A table's name must end in `.json`, as HCCL's `CheckFilePath` checks: `.json` alone does
-/// (a dot-file, where `Path::extension` sees none, and it was refused).
+/// A table's path is one HCCL loads: its first `.json` ends it (`CheckFilePath`), and the
+/// name before it is not empty (`GetFileName`).
 #[test]
-fn a_table_name_ends_in_json() {
+fn a_table_path_is_one_hccl_loads() {
     use std::path::Path;
     for (name, ok) in [
         ("t.json", true),
-        ("dir/.json", true),
-        (".json", true),
+        ("/jobs/run-3/rank_table.json", true),
         ("a.b.json", true),
+        ("dir.d/t.json", true),
+        ("dir/.json", false),
+        (".json", false),
+        ("a.json.json", false),
+        ("/jobs/a.json.d/t.json", false),
         ("t.txt", false),
         ("json", false),
-        ("t.json/", true),
+        ("t.json/", false),
         ("t.JSON", false),
         ("", false),
     ] {
-        assert_eq!(super::has_json_name(Path::new(name)), ok, "{name:?}");
+        let problem = super::hccl_name_problem(Path::new(name));
+        assert_eq!(problem.is_none(), ok, "{name:?}: {problem:?}");
     }
+    let why = super::hccl_name_problem(Path::new("/jobs/a.json.d/t.json")).unwrap();
+    assert!(why.contains("(/jobs/a.json)"), "{why}");
 }

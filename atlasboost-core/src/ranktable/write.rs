@@ -10,27 +10,49 @@ use super::validate::{Violation, errors_fail, validate_table};
 use crate::device::Chip;
 use crate::error::{Error, Result};
 
-/// Whether `path`'s name ends in `.json`, which is all HCCL checks of a table's name
-/// (`CheckFilePath`): `.json` itself does (where `Path::extension` sees none).
+/// Why HCCL would refuse to load a rank table from `path`, if it would. HCCL takes the first
+/// `.json` in the path as the end of the table's name (`CheckFilePath`: it must end the path,
+/// so `/jobs/a.json.d/t.json` is refused), and refuses an empty name before it (`GetFileName`:
+/// `dir/.json`).
 #[must_use]
-pub fn has_json_name(path: &Path) -> bool {
+pub fn hccl_name_problem(path: &Path) -> Option<String> {
     use std::os::unix::ffi::OsStrExt;
-    path.file_name()
-        .is_some_and(|name| name.as_bytes().ends_with(b".json"))
+    const SUFFIX: &[u8] = b".json";
+    let bytes = path.as_os_str().as_bytes();
+    if !bytes.ends_with(SUFFIX) {
+        return Some("HCCL only loads rank tables whose name ends in .json".into());
+    }
+    let first = bytes.windows(SUFFIX.len()).position(|w| w == SUFFIX);
+    if let Some(at) = first.filter(|&at| at + SUFFIX.len() != bytes.len()) {
+        return Some(format!(
+            "HCCL takes the first \".json\" in a rank table's path as the end of its name, and \
+             this path has one earlier ({}): HCCL refuses it; choose a directory whose name has no \
+             \".json\"",
+            String::from_utf8_lossy(&bytes[..at + SUFFIX.len()])
+        ));
+    }
+    if path.file_name().is_some_and(|n| n.as_bytes() == SUFFIX) {
+        return Some(
+            "its name is \".json\" alone: HCCL refuses a rank table whose name before .json is \
+             empty"
+                .into(),
+        );
+    }
+    None
 }
 
 /// Validates `table` for `chip` and writes it to `path` atomically (see [`write_atomically`]).
 ///
 /// # Errors
 ///
-/// [`Error::BadPath`] if `path` does not end in `.json` (HCCL refuses it), [`Error::Invalid`] if
+/// [`Error::BadPath`] if HCCL would refuse the path ([`hccl_name_problem`]), [`Error::Invalid`] if
 /// the table breaks a rule (nothing is written), [`Error::Io`] if the file cannot be written.
 /// Returns the table's warnings (what HCCL only recommends), for the caller to show.
 pub fn write_table(path: &Path, table: &RankTable, chip: Chip) -> Result<Vec<Violation>> {
-    if !has_json_name(path) {
+    if let Some(reason) = hccl_name_problem(path) {
         return Err(Error::BadPath {
             path: path.to_path_buf(),
-            reason: "HCCL only loads rank tables whose name ends in .json".into(),
+            reason,
         });
     }
     let warnings = errors_fail(validate_table(table, chip), || {
@@ -67,14 +89,17 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
         .suffix(".json.tmp")
         .tempfile_in(dir)
         .map_err(io("cannot create a temporary file in", dir))?;
-    tmp.write_all(contents)
-        .map_err(io("cannot write", tmp.path()))?;
+    // Named by the file the user asked for: the temporary one goes with the error.
+    // The file itself: the temporary file's own writer adds its path to the error.
+    tmp.as_file_mut()
+        .write_all(contents)
+        .map_err(io("cannot write", path))?;
     tmp.as_file()
         .set_permissions(Permissions::from_mode(0o644))
-        .map_err(io("cannot set the mode of", tmp.path()))?;
+        .map_err(io("cannot set the mode of the new", path))?;
     tmp.as_file()
         .sync_all()
-        .map_err(io("cannot flush", tmp.path()))?;
+        .map_err(io("cannot flush the new", path))?;
     tmp.persist(path)
         .map_err(|e| io("cannot rename a temporary file to", path)(e.error))?;
     // The rename is durable only once the directory entry is.

@@ -68,6 +68,8 @@ const REQUIRED_RULES: &[Rule] = &[
     Rule::Port,
     Rule::SuperPod,
     Rule::DuplicatePodName,
+    Rule::DuplicateGroupName,
+    Rule::NameLength,
     Rule::DeviceIpCount,
     Rule::HostIp,
 ];

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::net::IpAddr;
+use std::os::fd::AsRawFd;
 
 use atlasboost_core::DeviceProbe;
 use atlasboost_core::EnvVars;
@@ -60,6 +61,52 @@ fn a_path_to_something_endless_is_refused_after_a_megabyte() {
         assert!(text.contains("more than 1 MiB"), "{text}");
         assert!(text.contains(&path.display().to_string()), "{text}");
     }
+}
+
+/// The probe of `path` on a thread of its own: its error, or a failed test (not a hung one)
+/// if it has not answered within 20 s.
+fn probe_error_within(path: &std::path::Path) -> String {
+    let path = path.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(probe_error(&path)));
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the probe of a FIFO has not returned after 20 s: it waits for a writer")
+}
+
+#[test]
+fn a_fifo_nobody_writes_to_reads_as_empty_instead_of_waiting_for_a_writer() {
+    let _env = Env::set(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("hccn.conf");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let text = probe_error_within(&fifo);
+    assert!(text.contains(&fifo.display().to_string()), "{text}");
+    assert!(text.contains("no address_"), "{text}");
+}
+
+#[test]
+fn a_pipe_with_a_writer_is_read_to_its_end() {
+    // What `--hccn-conf <(ssh node cat /etc/hccn.conf)` hands the probe: a pipe's path.
+    let _env = Env::set(&[]);
+    let (read, write) = nix::unistd::pipe().unwrap();
+    let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", read.as_raw_fd()));
+    let writer = std::thread::spawn(move || {
+        let mut w = std::fs::File::from(write);
+        w.write_all(b"address_0=10.1.0.1\n").unwrap();
+        // The rest comes later: the probe waits for it, up to the writer's end.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        w.write_all(b"address_1=10.1.0.2\n").unwrap();
+    });
+    let devices = HccnProbe::new("10.0.0.1", &path).unwrap().probe().unwrap();
+    writer.join().unwrap();
+    let ips: Vec<_> = devices.iter().map(|d| d.ip).collect();
+    assert_eq!(
+        ips,
+        [
+            Some(IpAddr::from([10, 1, 0, 1])),
+            Some(IpAddr::from([10, 1, 0, 2]))
+        ]
+    );
 }
 
 #[test]

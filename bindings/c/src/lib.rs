@@ -431,6 +431,10 @@ pub extern "C" fn atlasboost_finalize() -> c_int {
 ///
 /// Returns 1 when a launcher listens (`ATLASBOOST_HEARTBEAT_FILE` names a file this process can
 /// open), 0 when nobody does (a file that cannot be opened is said once on stderr).
+///
+/// The file is the launcher's (in its own directory, mode 0700): a process that truncates it
+/// while the worker runs makes the next call fault with SIGBUS, as any store into a shared
+/// mapping past the end of its file does.
 #[unsafe(no_mangle)]
 pub extern "C" fn atlasboost_heartbeat() -> c_int {
     call_int(|| Ok(c_int::from(atlasboost_lib::progress::heartbeat(None))))

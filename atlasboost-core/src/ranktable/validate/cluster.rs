@@ -101,6 +101,13 @@ impl Validator {
         // How many addresses the first device lists in device_ip, and where.
         let mut ip_counts: Option<(usize, Loc)> = None;
         let has_pods = top.get("super_pod_list").is_some();
+        // Version 1.2 needs device IPs only across super pods: inside one, HCCS connects them.
+        let single_pod = format == Format::V1_2
+            && top
+                .get("super_pod_list")
+                .and_then(|p| p.len())
+                .is_some_and(|n| n == 1);
+        let needs_ips = server_total > 1 && !single_pod;
         // (server index, super_device_id, where) of every device, for the 1.2 rules.
         let mut super_devices: Vec<(usize, Option<u32>, Loc)> = Vec::new();
 
@@ -136,7 +143,7 @@ impl Validator {
                         Rule::HostIp,
                         format!("{h} is IPv6; HCCL's host NIC (host_ip) is IPv4 only"),
                     ),
-                    Ok(ip) => host_families.note(ip.is_ipv6(), || format!("{}.host_ip", spath())),
+                    Ok(ip) => host_families.note(ip, || format!("{}.host_ip", spath())),
                     Err(_) => self.push(
                         format!("{}.host_ip", spath()),
                         Rule::InvalidIp,
@@ -168,8 +175,8 @@ impl Validator {
                 seen_devices.push(SeenDevice { id, loc });
                 match self.string(dobj, "device_ip", &dpath, false) {
                     Some(ip) => {
-                        self.device_ip(ip, loc, &mut ips, &mut device_families);
-                        let n = ip.split(',').count();
+                        self.device_ip(ip, loc, &mut ips, &mut device_families, needs_ips);
+                        let n = super::devices::hccl_addresses(ip).len();
                         match ip_counts {
                             None => ip_counts = Some((n, loc)),
                             Some((first, floc)) if first != n => self.push(
@@ -218,13 +225,6 @@ impl Validator {
             self.server_topology(&seen_devices, &list_path, &sid);
         }
 
-        // Version 1.2 needs device IPs only across super pods: inside one, HCCS connects them.
-        let single_pod = format == Format::V1_2
-            && top
-                .get("super_pod_list")
-                .and_then(|p| p.len())
-                .is_some_and(|n| n == 1);
-        let needs_ips = server_total > 1 && !single_pod;
         if needs_ips {
             for loc in missing_ip.iter() {
                 self.push(

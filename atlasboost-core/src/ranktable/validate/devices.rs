@@ -7,26 +7,44 @@ use serde_json::{Map, Value};
 use super::{Families, Loc, Rule, Validator, parse_decimal};
 
 impl Validator {
-    /// Checks one `device_ip` value (possibly several comma-separated addresses).
+    /// Checks one `device_ip` value (possibly several comma-separated addresses). `needs_ips`:
+    /// whether the table needs the devices' addresses (more than one server, outside one super
+    /// pod): where it does not, HCCL only warns of an empty value.
     pub(super) fn device_ip(
         &mut self,
         s: &str,
         loc: Loc,
         ips: &mut Vec<(IpAddr, Loc)>,
         families: &mut Families,
+        needs_ips: bool,
     ) {
-        let parts = s.split(',').count();
+        if s.is_empty() && !needs_ips {
+            self.warn(
+                loc.key("device_ip"),
+                Rule::InvalidIp,
+                "is empty: HCCL warns and reads no address (a table of one server needs none)"
+                    .into(),
+            );
+            return;
+        }
+        let parts = hccl_addresses(s);
+        if s.len() > 1 && s.ends_with(',') && !s.ends_with(",,") {
+            self.warn(
+                loc.key("device_ip"),
+                Rule::InvalidIp,
+                format!("{s:?} has a trailing comma: HCCL drops the empty address after it"),
+            );
+        }
         let mut comma_said = false;
-        for (i, part) in s.split(',').enumerate() {
+        for (i, &part) in parts.iter().enumerate() {
             // A comma with nothing after it (or before it, or another comma) is an empty
             // address: said as the comma it is, once per value.
-            if part.is_empty() && parts > 1 {
+            if part.is_empty() && s.contains(',') {
                 if std::mem::replace(&mut comma_said, true) {
                     continue;
                 }
                 let place = match i {
                     0 => "a leading comma".to_string(),
-                    _ if i + 1 == parts => "a trailing comma".to_string(),
                     _ => "two commas in a row".to_string(),
                 };
                 self.push(
@@ -54,7 +72,7 @@ impl Validator {
                     ),
                     None => {
                         ips.push((ip, loc));
-                        families.note(ip.is_ipv6(), || loc.key("device_ip"));
+                        families.note(ip, || loc.key("device_ip"));
                     }
                 },
                 Err(_) => self.push(
@@ -92,17 +110,18 @@ impl Validator {
         if servers < 2 {
             return;
         }
-        if let (Some((first, first_v6)), Some((other, other_v6))) = (families.first, families.other)
+        if let (Some((first, first_ip)), Some((other, other_ip))) = (families.first, families.other)
         {
-            let fam = |v6: bool| if v6 { "IPv6" } else { "IPv4" };
+            let fam = |ip: IpAddr| if ip.is_ipv6() { "IPv6" } else { "IPv4" };
+            // Named by address too: both may be in one value (`"10.0.0.1,fd00::1"`).
             self.push(
                 other,
                 Rule::MixedIpFamilies,
                 format!(
-                    "is {} but {first} is {}; with more than one server all such addresses \
-                     must be one family",
-                    fam(other_v6),
-                    fam(first_v6)
+                    "{other_ip} is {} but {first_ip} (at {first}) is {}; with more than one \
+                     server all such addresses must be one family",
+                    fam(other_ip),
+                    fam(first_ip)
                 ),
             );
         }
@@ -141,6 +160,17 @@ impl Validator {
     }
 }
 
+/// The addresses of a `device_ip` value as HCCL splits it (`SplitString`): at each comma, an
+/// empty piece after a last comma dropped (`"a,"` is one address, `"a,,"` two, the second
+/// empty).
+pub(super) fn hccl_addresses(s: &str) -> Vec<&str> {
+    let mut parts: Vec<&str> = s.split(',').collect();
+    if parts.len() > 1 && parts.last() == Some(&"") {
+        parts.pop();
+    }
+    parts
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -160,12 +190,36 @@ mod tests {
             .collect()
     }
 
+    /// Two families in one value: named by address, not by one path against itself.
+    #[test]
+    fn mixed_families_in_one_value_are_named_by_address() {
+        let table = json!({"version": "1.0", "server_count": "2", "status": "completed",
+            "server_list": [
+                {"server_id": "10.0.0.1", "device": [
+                    {"device_id": "0", "device_ip": "192.168.0.1,fd00::1", "rank_id": "0"}]},
+                {"server_id": "10.0.0.2", "device": [
+                    {"device_id": "0", "device_ip": "192.168.0.2,fd00::2", "rank_id": "1"}]}]});
+        let mixed: Vec<String> = validate_value(&table, Chip::Ascend910)
+            .into_iter()
+            .filter(|v| v.rule == super::Rule::MixedIpFamilies)
+            .map(|v| format!("{}: {}", v.path, v.message))
+            .collect();
+        assert_eq!(
+            mixed,
+            [
+                "$.server_list[0].device[0].device_ip: fd00::1 is IPv6 but 192.168.0.1 (at \
+              $.server_list[0].device[0].device_ip) is IPv4; with more than one server all such \
+              addresses must be one family"
+            ]
+        );
+    }
+
     #[test]
     fn an_empty_address_between_commas_is_named_as_the_comma() {
         for (value, place) in [
-            ("192.168.100.101,", "a trailing comma"),
             (",192.168.100.101", "a leading comma"),
             ("192.168.100.101,,192.168.100.102", "two commas in a row"),
+            ("192.168.100.101,,", "two commas in a row"),
         ] {
             assert_eq!(
                 said_of(value),
@@ -177,8 +231,13 @@ mod tests {
         }
         assert_eq!(
             said_of(""),
-            ["\"\" is not a valid IPv4 or IPv6 address"],
-            "no comma: the empty value as it is"
+            ["is empty: HCCL warns and reads no address (a table of one server needs none)"],
+            "no comma, one server: a warning, as HCCL's"
+        );
+        assert_eq!(
+            said_of("192.168.100.101,"),
+            ["\"192.168.100.101,\" has a trailing comma: HCCL drops the empty address after it"],
+            "one trailing comma: HCCL reads one address"
         );
         for value in [",", ",,"] {
             assert_eq!(

@@ -29,6 +29,7 @@ impl Validator {
             .filter_map(|(_, g)| g.get("instance_list").and_then(|l| l.len()))
             .sum();
         let mut pods: HashMap<String, String> = HashMap::new();
+        let mut group_names: HashMap<String, String> = HashMap::new();
         let mut ips: Vec<(IpAddr, Loc)> = Vec::new();
         let mut families = Families::default();
         // Per server (in order of first appearance): its id, the devices list of its first
@@ -40,7 +41,20 @@ impl Validator {
             let Some(gobj) = self.object(group, &gpath) else {
                 continue;
             };
-            self.string(gobj, "group_name", &gpath, false);
+            // Required, and unique (HCCL's pool of group names); empty is allowed.
+            if let Some(name) = self.string(gobj, "group_name", &gpath, true) {
+                let at = format!("{}.group_name", gpath());
+                self.name_length(name, || at.clone());
+                if let Some(first) = group_names.get(name) {
+                    self.push(
+                        at,
+                        Rule::DuplicateGroupName,
+                        format!("group_name {name:?} is already used at {first}"),
+                    );
+                } else {
+                    group_names.insert(name.to_string(), at);
+                }
+            }
             let Some(instances) = self.array(gobj, "instance_list", &gpath) else {
                 continue;
             };
@@ -61,6 +75,7 @@ impl Validator {
                     continue;
                 };
                 if let Some(pod) = self.string(iobj, "pod_name", &ipath, true) {
+                    self.name_length(pod, || format!("{}.pod_name", ipath()));
                     if let Some(first) = pods.get(pod) {
                         self.push(
                             format!("{}.pod_name", ipath()),
@@ -95,7 +110,9 @@ impl Validator {
                     let id = self.decimal(dobj, "device_id", &dpath, true);
                     per_server[slot].2.push(SeenDevice { id, loc });
                     match self.string(dobj, "device_ip", &dpath, false) {
-                        Some(ip) => self.device_ip(ip, loc, &mut ips, &mut families),
+                        Some(ip) => {
+                            self.device_ip(ip, loc, &mut ips, &mut families, total_instances > 1);
+                        }
                         None if dobj.get("device_ip").is_none() && total_instances > 1 => self
                             .push(
                                 dpath(),

@@ -4,6 +4,7 @@
 //! where a string belongs is reported like any other problem, together with the rest.
 
 use std::fmt;
+use std::net::IpAddr;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -24,6 +25,10 @@ pub use keys::duplicate_keys;
 
 /// The longest `server_id` HCCL accepts.
 pub const MAX_SERVER_ID_LEN: usize = 64;
+
+/// The most bytes HCCL takes in a `group_name`, `pod_name` or `super_pod_id`
+/// (`GROUP_NAME_MAX_LEN`, checked as each enters its pool of unique values).
+pub const MAX_NAME_LEN: usize = 127;
 
 /// Whether HCCL refuses a table for it, or only warns (`reference/production.md` §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -189,6 +194,10 @@ pub enum Rule {
     SuperPod,
     /// A `pod_name` appears twice (legacy format).
     DuplicatePodName,
+    /// A `group_name` appears twice (legacy format).
+    DuplicateGroupName,
+    /// A `group_name`, `pod_name` or `super_pod_id` is longer than HCCL takes.
+    NameLength,
     /// Devices list different numbers of `device_ip` addresses.
     DeviceIpCount,
     /// `host_ip` is not IPv4.
@@ -224,6 +233,8 @@ impl Rule {
             Rule::Port => "port",
             Rule::SuperPod => "super-pod",
             Rule::DuplicatePodName => "duplicate-pod-name",
+            Rule::DuplicateGroupName => "duplicate-group-name",
+            Rule::NameLength => "name-length",
             Rule::DeviceIpCount => "device-ip-count",
             Rule::HostIp => "host-ip",
             Rule::DuplicateKey => "duplicate-key",
@@ -330,18 +341,20 @@ impl Loc {
     }
 }
 
-/// The IP family of the first address seen, and the first address of the other family.
+/// The first address seen, and the first address of the other family: each with where it is.
 #[derive(Default)]
 struct Families {
-    first: Option<(String, bool)>,
-    other: Option<(String, bool)>,
+    first: Option<(String, IpAddr)>,
+    other: Option<(String, IpAddr)>,
 }
 
 impl Families {
-    fn note(&mut self, v6: bool, path: impl FnOnce() -> String) {
+    fn note(&mut self, ip: IpAddr, path: impl FnOnce() -> String) {
         match &self.first {
-            None => self.first = Some((path(), v6)),
-            Some((_, f)) if *f != v6 && self.other.is_none() => self.other = Some((path(), v6)),
+            None => self.first = Some((path(), ip)),
+            Some((_, f)) if f.is_ipv6() != ip.is_ipv6() && self.other.is_none() => {
+                self.other = Some((path(), ip));
+            }
             Some(_) => {}
         }
     }
@@ -365,6 +378,21 @@ impl Validator {
 
     fn warn(&mut self, path: String, rule: Rule, message: String) {
         self.out.push(Violation::warning(path, rule, message));
+    }
+
+    /// Reports `name` (a `group_name`, `pod_name` or `super_pod_id` at `path`) if it is longer
+    /// than HCCL takes.
+    fn name_length(&mut self, name: &str, path: impl FnOnce() -> String) {
+        if name.len() > MAX_NAME_LEN {
+            self.push(
+                path(),
+                Rule::NameLength,
+                format!(
+                    "has {} bytes; HCCL takes at most {MAX_NAME_LEN}",
+                    name.len()
+                ),
+            );
+        }
     }
 
     /// A string field: reports a missing key (if required) or a non-string value.

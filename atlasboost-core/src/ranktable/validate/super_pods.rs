@@ -31,6 +31,15 @@ impl Validator {
                 continue;
             };
             if let Some(id) = self.string(pobj, "super_pod_id", &ppath, true) {
+                // HCCL: "super_pod_id is invalid or empty".
+                if id.is_empty() {
+                    self.push(
+                        format!("{}.super_pod_id", ppath()),
+                        Rule::SuperPod,
+                        "super_pod_id is empty".into(),
+                    );
+                }
+                self.name_length(id, || format!("{}.super_pod_id", ppath()));
                 if let Some(first) = pod_ids.get(id) {
                     self.push(
                         format!("{}.super_pod_id", ppath()),
@@ -70,6 +79,25 @@ impl Validator {
                         }
                     }
                 }
+            }
+        }
+        // Every super pod has as many servers (HCCL's `CheckSuperPodInfo`).
+        let mut per_pod: std::collections::BTreeMap<usize, usize> = Default::default();
+        for (pod, _) in pod_of_server.values() {
+            *per_pod.entry(*pod).or_default() += 1;
+        }
+        let mut pods_counted = per_pod.iter();
+        if let Some((&first_pod, &first_n)) = pods_counted.next() {
+            for (&pod, &n) in pods_counted.filter(|&(_, &n)| n != first_n) {
+                self.push(
+                    format!("$.super_pod_list[{pod}].server_list"),
+                    Rule::SuperPod,
+                    format!(
+                        "has {n} server{} but $.super_pod_list[{first_pod}] has {first_n}: HCCL \
+                         requires as many servers in every super pod",
+                        if n == 1 { "" } else { "s" }
+                    ),
+                );
             }
         }
         let mut unlisted: Vec<(usize, &str)> = server_ids
