@@ -176,9 +176,24 @@ impl HccnProbe {
         };
         // Read with a cap: the path may name anything (`/dev/zero`, a log file).
         let mut bytes = Vec::new();
-        open_without_waiting(&self.path)
-            .and_then(|f| f.take(MAX_HCCN_CONF + 1).read_to_end(&mut bytes))
+        let file = open_without_waiting(&self.path).map_err(read_error)?;
+        let fifo = {
+            use std::os::unix::fs::FileTypeExt;
+            file.metadata().is_ok_and(|m| m.file_type().is_fifo())
+        };
+        file.take(MAX_HCCN_CONF + 1)
+            .read_to_end(&mut bytes)
             .map_err(read_error)?;
+        if fifo && bytes.is_empty() {
+            return Err(DsmiError::BadHccnConf {
+                path: self.path.clone(),
+                problems: vec![
+                    "it is a FIFO (a named pipe) that no process was writing to when it was read: \
+                     nothing came"
+                        .into(),
+                ],
+            });
+        }
         if bytes.len() as u64 > MAX_HCCN_CONF {
             return Err(DsmiError::BadHccnConf {
                 path: self.path.clone(),

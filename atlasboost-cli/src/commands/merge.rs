@@ -27,9 +27,9 @@ pub fn run(args: &MergeSettings, printer: &Printer) -> Result<(), CliError> {
             "`-` (standard input) is given twice; it can be read once".into(),
         ));
     }
-    // The first input's name and version: a table of another version is named as such before
-    // it is checked by rules of the first's (a valid 1.2 table read by 1.0's rules would be
-    // called invalid, with problems that are not its own).
+    // The first versioned input's name and version: a table of another version is named as
+    // such before it is checked by rules of the first's (a valid 1.2 table read by 1.0's rules
+    // would be called invalid, with problems that are not its own).
     let mut first: Option<(String, serde_json::Value)> = None;
     for path in &args.inputs {
         let (value, name) = match path.as_os_str() == "-" {
@@ -42,10 +42,12 @@ pub fn run(args: &MergeSettings, printer: &Printer) -> Result<(), CliError> {
         };
         let version = value.get("version").cloned().unwrap_or_default();
         match &first {
-            None => first = Some((name.clone(), version)),
-            // (A legacy table, which has none, is named as such by the merge itself.)
+            // The first that has a version (a legacy table, which has none, is named as such
+            // by the merge itself).
+            None if !version.is_null() => first = Some((name.clone(), version)),
+            None => {}
             Some((first_name, first_version))
-                if *first_version != version && !first_version.is_null() && !version.is_null() =>
+                if *first_version != version && !version.is_null() =>
             {
                 return Err(atlasboost_core::Error::Merge(format!(
                     "{first_name} has version {first_version} but {name} has version {version}"

@@ -568,7 +568,7 @@ fn left_out_of(
     for h in hosts {
         for d in h.devices.iter().filter(|d| !d.health.is_healthy()) {
             // Physical ids, as in the table; a failed rank's line names its device by the
-            // logical id (the worker's DEVICE_ID), so a device with another one says both.
+            // driver's logical id, so a device whose logical id differs says both.
             let logical = match d.logical_id == d.physical_id {
                 true => String::new(),
                 false => format!(" (logical {})", d.logical_id),

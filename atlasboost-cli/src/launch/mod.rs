@@ -1705,8 +1705,8 @@ fn join(
                 .filter(|&(&i, r)| reports[i].is_none() && r.pid().is_some() && !r.greeted())
                 .map(|(&i, _)| {
                     format!(
-                        "{}: ssh had not started atlasboost's agent there yet (still connecting \
-                         or logging in)",
+                        "{}: atlasboost's agent there never greeted (ssh still connecting or \
+                         logging in, or the remote command stuck before starting it)",
                         hosts[i].describe()
                     )
                 })

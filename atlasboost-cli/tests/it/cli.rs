@@ -4081,8 +4081,8 @@ fn a_rendezvous_timeout_says_what_the_silent_host_said() {
     );
     out.expect_code(125).stderr_has(&[
         "host 127.0.0.8 did not join within --rendezvous-timeout 2s",
-        "127.0.0.8: ssh had not started atlasboost's agent there yet (still connecting or \
-         logging in)",
+        "127.0.0.8: atlasboost's agent there never greeted (ssh still connecting or logging \
+         in, or the remote command stuck before starting it)",
         "127.0.0.8 said: remote: cannot mount /shared: Stale file handle",
     ]);
     assert!(
@@ -4122,7 +4122,7 @@ fn a_rendezvous_timeout_says_what_the_silent_host_said() {
     );
     out.expect_code(125)
         .stderr_has(&["host 127.0.0.8 did not join within --rendezvous-timeout 2s (no report"]);
-    assert!(!out.stderr.contains("had not started"), "{}", out.stderr);
+    assert!(!out.stderr.contains("never greeted"), "{}", out.stderr);
 }
 
 /// An atlasboost of another version on a host (its greeting names another protocol) is

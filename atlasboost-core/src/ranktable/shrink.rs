@@ -53,7 +53,7 @@ pub fn largest_world(chip: Chip, hosts: &[HostDevices], max: Option<u64>) -> Vec
         });
     match alone.len() > several.len() {
         true => alone,
-        false => balanced_super_pods(several),
+        false => several,
     }
 }
 
@@ -166,7 +166,7 @@ fn plan(
             chosen.extend(healthy[..take].iter().map(|d| (*d).clone()));
             left -= take;
         }
-        return chosen;
+        return balanced_super_pods(chosen);
     }
     let counts: Vec<usize> = match chip {
         Chip::Ascend910 => vec![8, 4, 2, 1],
@@ -175,9 +175,10 @@ fn plan(
             (1..=most.unwrap_or(0)).rev().collect()
         }
     };
-    // (world size, per-server count): the best so far; a larger count wins a tie because it
-    // comes first.
-    let mut best: Option<(usize, usize)> = None;
+    // The best world so far; a larger count wins a tie because it comes first. Each count's
+    // world is balanced across super pods before it is compared (which only shrinks it: a
+    // count whose whole world is no larger than the best is not built).
+    let mut best: Vec<Device> = Vec::new();
     for &per_server in &counts {
         if per_server > max {
             continue;
@@ -187,22 +188,23 @@ fn plan(
             .filter(|(h, cap)| per_server <= *cap && pick(chip, h, per_server).is_some())
             .count()
             .min(max / per_server);
-        let world = servers * per_server;
-        if world > 0 && best.is_none_or(|(w, _)| world > w) {
-            best = Some((world, per_server));
+        if servers * per_server <= best.len() {
+            continue;
+        }
+        let world: Vec<Device> = usable
+            .iter()
+            .filter(|(_, cap)| per_server <= *cap)
+            .filter_map(|(h, _)| pick(chip, h, per_server))
+            .take(servers)
+            .flatten()
+            .cloned()
+            .collect();
+        let world = balanced_super_pods(world);
+        if world.len() > best.len() {
+            best = world;
         }
     }
-    let Some((world, per_server)) = best else {
-        return Vec::new();
-    };
-    usable
-        .iter()
-        .filter(|(_, cap)| per_server <= *cap)
-        .filter_map(|(h, _)| pick(chip, h, per_server))
-        .take(world / per_server)
-        .flatten()
-        .cloned()
-        .collect()
+    best
 }
 
 /// `n` devices of one server that the chip allows together, from its healthy ones (sorted by
@@ -316,6 +318,24 @@ mod tests {
             servers,
             [hosts[2].server_id.clone(), hosts[3].server_id.clone()]
         );
+    }
+
+    /// Pods of A, B (16 each) and C (16), D (12): 16 per server balances to 32, 12 per server
+    /// on all four is 48, and balanced already.
+    #[test]
+    fn super_pods_are_balanced_before_counts_are_compared() {
+        let mut hosts: Vec<HostDevices> = (1..=4).map(|i| host(i, "910_9391", 16, &[])).collect();
+        hosts[3].devices.truncate(12);
+        for (i, (h, pod)) in hosts.iter_mut().zip(["p0", "p0", "p1", "p1"]).enumerate() {
+            for (k, d) in h.devices.iter_mut().enumerate() {
+                d.super_pod_id = Some(pod.into());
+                d.super_device_id = Some((i % 2 * 16 + k) as u32);
+            }
+        }
+        let world = largest_world(Chip::Ascend910_93, &hosts, None);
+        assert_eq!(world.len(), 48, "{:?}", shape(&world));
+        let world = largest_world(Chip::Ascend910_93, &hosts, Some(48));
+        assert_eq!(world.len(), 48, "{:?}", shape(&world));
     }
 
     #[test]

@@ -768,5 +768,13 @@ fn a_table_path_is_one_hccl_loads() {
         assert_eq!(problem.is_none(), ok, "{name:?}: {problem:?}");
     }
     let why = super::hccl_name_problem(Path::new("/jobs/a.json.d/t.json")).unwrap();
-    assert!(why.contains("(/jobs/a.json)"), "{why}");
+    assert!(
+        why.contains("(/jobs/a.json)") && why.contains("choose a directory"),
+        "{why}"
+    );
+    let why = super::hccl_name_problem(Path::new("/jobs/a.json.json")).unwrap();
+    assert!(
+        why.contains("(/jobs/a.json)") && why.contains("name the file"),
+        "{why}"
+    );
 }

@@ -24,10 +24,14 @@ pub fn hccl_name_problem(path: &Path) -> Option<String> {
     }
     let first = bytes.windows(SUFFIX.len()).position(|w| w == SUFFIX);
     if let Some(at) = first.filter(|&at| at + SUFFIX.len() != bytes.len()) {
+        let name_len = path.file_name().map_or(0, |n| n.as_bytes().len());
+        let remedy = match at >= bytes.len() - name_len {
+            true => "name the file with \".json\" only at its end",
+            false => "choose a directory whose name has no \".json\"",
+        };
         return Some(format!(
             "HCCL takes the first \".json\" in a rank table's path as the end of its name, and \
-             this path has one earlier ({}): HCCL refuses it; choose a directory whose name has no \
-             \".json\"",
+             this path has one earlier ({}): HCCL refuses it; {remedy}",
             String::from_utf8_lossy(&bytes[..at + SUFFIX.len()])
         ));
     }
@@ -49,6 +53,9 @@ pub fn hccl_name_problem(path: &Path) -> Option<String> {
 /// the table breaks a rule (nothing is written), [`Error::Io`] if the file cannot be written.
 /// Returns the table's warnings (what HCCL only recommends), for the caller to show.
 pub fn write_table(path: &Path, table: &RankTable, chip: Chip) -> Result<Vec<Violation>> {
+    // As given: HCCL checks the path it is given (`t.json` in a directory named `x.json` is
+    // loaded as `t.json`, not from the root; `run` gives its workers the path from the root,
+    // and checks that one).
     if let Some(reason) = hccl_name_problem(path) {
         return Err(Error::BadPath {
             path: path.to_path_buf(),
@@ -89,8 +96,9 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
         .suffix(".json.tmp")
         .tempfile_in(dir)
         .map_err(io("cannot create a temporary file in", dir))?;
-    // Named by the file the user asked for: the temporary one goes with the error.
-    // The file itself: the temporary file's own writer adds its path to the error.
+    // Errors name the file the user asked for, not the temporary one (which goes with the
+    // error); written through the file itself, as the temporary file's own writer adds its
+    // path to the error.
     tmp.as_file_mut()
         .write_all(contents)
         .map_err(io("cannot write", path))?;

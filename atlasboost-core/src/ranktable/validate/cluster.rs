@@ -175,7 +175,9 @@ impl Validator {
                 seen_devices.push(SeenDevice { id, loc });
                 match self.string(dobj, "device_ip", &dpath, false) {
                     Some(ip) => {
-                        self.device_ip(ip, loc, &mut ips, &mut device_families, needs_ips);
+                        // A server with a host NIC (host_ip) does without device addresses.
+                        let needs = needs_ips && host_ip.is_none();
+                        self.device_ip(ip, loc, &mut ips, &mut device_families, needs, true);
                         let n = super::devices::hccl_addresses(ip).len();
                         match ip_counts {
                             None => ip_counts = Some((n, loc)),

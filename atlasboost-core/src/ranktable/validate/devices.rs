@@ -7,9 +7,10 @@ use serde_json::{Map, Value};
 use super::{Families, Loc, Rule, Validator, parse_decimal};
 
 impl Validator {
-    /// Checks one `device_ip` value (possibly several comma-separated addresses). `needs_ips`:
-    /// whether the table needs the devices' addresses (more than one server, outside one super
-    /// pod): where it does not, HCCL only warns of an empty value.
+    /// Checks one `device_ip` value (in formats 1.0 and 1.2, possibly several comma-separated
+    /// addresses; `list`). `needs_ips`: whether the device needs its address (a table of
+    /// several servers, outside one super pod, on a server without a host NIC): where it does
+    /// not, HCCL only warns of an empty value.
     pub(super) fn device_ip(
         &mut self,
         s: &str,
@@ -17,13 +18,25 @@ impl Validator {
         ips: &mut Vec<(IpAddr, Loc)>,
         families: &mut Families,
         needs_ips: bool,
+        list: bool,
     ) {
         if s.is_empty() && !needs_ips {
             self.warn(
                 loc.key("device_ip"),
                 Rule::InvalidIp,
-                "is empty: HCCL warns and reads no address (a table of one server needs none)"
-                    .into(),
+                "is empty: HCCL warns and reads no address (this device needs none here)".into(),
+            );
+            return;
+        }
+        // The legacy parser hands the whole value to its address parser: no list.
+        if !list && s.contains(',') {
+            self.push(
+                loc.key("device_ip"),
+                Rule::InvalidIp,
+                format!(
+                    "{s:?} is not one address: HCCL reads a legacy table's device_ip whole (a \
+                     comma-separated list is for formats 1.0 and 1.2)"
+                ),
             );
             return;
         }
@@ -231,7 +244,7 @@ mod tests {
         }
         assert_eq!(
             said_of(""),
-            ["is empty: HCCL warns and reads no address (a table of one server needs none)"],
+            ["is empty: HCCL warns and reads no address (this device needs none here)"],
             "no comma, one server: a warning, as HCCL's"
         );
         assert_eq!(

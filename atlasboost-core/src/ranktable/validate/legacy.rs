@@ -111,7 +111,8 @@ impl Validator {
                     per_server[slot].2.push(SeenDevice { id, loc });
                     match self.string(dobj, "device_ip", &dpath, false) {
                         Some(ip) => {
-                            self.device_ip(ip, loc, &mut ips, &mut families, total_instances > 1);
+                            let needs_ips = total_instances > 1;
+                            self.device_ip(ip, loc, &mut ips, &mut families, needs_ips, false);
                         }
                         None if dobj.get("device_ip").is_none() && total_instances > 1 => self
                             .push(
