@@ -61,11 +61,34 @@ impl Printer {
     /// # Errors
     ///
     /// The write error; a closed pipe (`| head`) is `BrokenPipe`, which `main` treats as success.
+    /// A standard output that was closed when atlasboost started ([`note_closed_stdout`]) is an
+    /// error too: the result would be lost.
     pub fn out(&self, text: &str) -> io::Result<()> {
+        if STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(io::Error::other(
+                "it was closed when atlasboost started (>&-), and the result would be lost: \
+                 redirect it to a file, or to /dev/null to discard it",
+            ));
+        }
         let mut out = io::stdout().lock();
         out.write_all(text.as_bytes())?;
         out.flush()
     }
+}
+
+/// Whether standard output was closed when atlasboost started.
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes whether file descriptor 1 is closed, for [`Printer::out`]. The `atlasboost` program
+/// calls it before Rust's runtime starts (which opens `/dev/null` on a closed descriptor 0-2,
+/// hiding it). Calls only `fcntl` and an atomic store, as code that runs before `main` may.
+pub fn note_closed_stdout() -> bool {
+    // SAFETY: F_GETFD reads the descriptor's flags and touches no memory.
+    let closed = unsafe { nix::libc::fcntl(1, nix::libc::F_GETFD) } == -1;
+    if closed {
+        STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    closed
 }
 
 /// A line on stderr.

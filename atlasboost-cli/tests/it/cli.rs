@@ -3961,6 +3961,28 @@ fn a_full_disk_is_said_and_leaves_no_half_event() {
     }
 }
 
+/// A result for a standard output closed at the start (`>&-`) is an error (125), not lost
+/// with exit 0; `>/dev/null` discards it, as asked.
+#[test]
+fn a_result_for_a_closed_stdout_is_an_error_not_lost() {
+    let dir = TempDir::new().unwrap();
+    for (redirect, code) in [(">&-", FAILURE), (">/dev/null", SUCCESS)] {
+        let script = format!("\"$0\" probe --sim 2 --json {redirect}");
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script, env!("CARGO_BIN_EXE_atlasboost")])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{redirect}: {stderr}");
+        assert_eq!(
+            stderr.contains("it was closed when atlasboost started (>&-)"),
+            code == FAILURE,
+            "{redirect}: {stderr}"
+        );
+    }
+}
+
 /// A full disk under a table: a launch fails naming the lock file and leaves no empty lock
 /// file behind (the next job would find it); a table that cannot be written is named by its
 /// own path (not the temporary file's) and leaves nothing either.

@@ -165,6 +165,15 @@ def test_other_commands_work_too(tmp_path: Path) -> None:
     assert r.returncode == 1, r.describe()
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_result_for_a_closed_stdout_is_an_error_not_lost(command: list[str]) -> None:
+    # `>&-`: descriptor 1 closed, which the program must see before anything reopens it.
+    script = '"$@" ranktable --sim 2 --server-id 10.1.0.1 -o - >&-'
+    r = run(["sh", "-c", script, "sh", *command], timeout=30)
+    assert r.returncode == 125, r.describe()
+    assert "it was closed when atlasboost started (>&-)" in r.stderr, r.describe()
+
+
 class Lines:
     """Reads a process's stdout lines in the background."""
 

@@ -33,7 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     exe = command()
     if argv is None:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # None where the descriptor was closed (`>&-`): the command says so itself.
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
         os.execv(exe, ["atlasboost", *sys.argv[1:]])
     return subprocess.call([exe, *argv])
