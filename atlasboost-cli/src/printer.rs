@@ -82,13 +82,11 @@ static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// Notes whether file descriptor 1 is closed, for [`Printer::out`]. The `atlasboost` program
 /// calls it before Rust's runtime starts (which opens `/dev/null` on a closed descriptor 0-2,
 /// hiding it). Calls only `fcntl` and an atomic store, as code that runs before `main` may.
-pub fn note_closed_stdout() -> bool {
+pub fn note_closed_stdout() {
     // SAFETY: F_GETFD reads the descriptor's flags and touches no memory.
-    let closed = unsafe { nix::libc::fcntl(1, nix::libc::F_GETFD) } == -1;
-    if closed {
+    if unsafe { nix::libc::fcntl(1, nix::libc::F_GETFD) } == -1 {
         STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    closed
 }
 
 /// A line on stderr.

@@ -190,18 +190,24 @@ fn real_path(path: &Path) -> PathBuf {
 /// ([`crate::ranktable::hccl_name_problem`]: `/jobs/a.json.d/rank_table.json`).
 pub fn table_path_text(path: &Path) -> Result<String> {
     let text = path_text(path)?;
-    let real = real_path(path);
-    if let Some(reason) = crate::ranktable::hccl_name_problem(&real) {
-        let reason = match real == path {
-            true => reason,
-            false => format!("is {} without symbolic links: {reason}", real.display()),
-        };
-        return Err(Error::BadPath {
-            path: path.to_path_buf(),
-            reason,
-        });
-    }
+    hccl_real_path(path)?;
     Ok(text)
+}
+
+/// `path` without symbolic links, as `RANK_TABLE_FILE` gives it, if HCCL loads it there
+/// (see [`table_path_text`]).
+fn hccl_real_path(path: &Path) -> Result<PathBuf> {
+    let real = real_path(path);
+    match crate::ranktable::hccl_name_problem(&real) {
+        None => Ok(real),
+        Some(reason) => Err(Error::BadPath {
+            path: path.to_path_buf(),
+            reason: match real == path {
+                true => reason,
+                false => format!("is {} without symbolic links: {reason}", real.display()),
+            },
+        }),
+    }
 }
 
 /// `path` as text, refusing one that is not UTF-8 (see [`table_path_text`]).
@@ -232,10 +238,10 @@ pub fn worker_env(spec: &WorkerSpec<'_>) -> Result<WorkerEnv> {
     check_job_id(spec.job_id)?;
     let seat = spec.seat;
     let world = seat.world;
-    let path = table_path_text(spec.table_path)?;
+    let path = path_text(spec.table_path)?;
     // What the frameworks read has no symbolic link: torch_npu refuses a RANK_TABLE_FILE
     // that is one. atlasboost's own variable keeps the path given (its lock is beside it).
-    let real = path_text(&real_path(spec.table_path))?;
+    let real = path_text(&hccl_real_path(spec.table_path)?)?;
     let logical = spec.logical_id.to_string();
     let mut set = vec![
         (EnvVars::RANK_TABLE_FILE, real.clone()),

@@ -27,10 +27,6 @@ pub fn run(args: &MergeSettings, printer: &Printer) -> Result<(), CliError> {
             "`-` (standard input) is given twice; it can be read once".into(),
         ));
     }
-    // The first versioned input's name and version: a table of another version is named as
-    // such before it is checked by rules of the first's (a valid 1.2 table read by 1.0's rules
-    // would be called invalid, with problems that are not its own).
-    let mut first: Option<(String, serde_json::Value)> = None;
     for path in &args.inputs {
         let (value, name) = match path.as_os_str() == "-" {
             true => {
@@ -40,24 +36,11 @@ pub fn run(args: &MergeSettings, printer: &Printer) -> Result<(), CliError> {
             }
             false => (read_json(path)?, path.display().to_string()),
         };
-        let version = value.get("version").cloned().unwrap_or_default();
-        match &first {
-            // The first that has a version (a legacy table, which has none, is named as such
-            // by the merge itself).
-            None if !version.is_null() => first = Some((name.clone(), version)),
-            None => {}
-            Some((first_name, first_version))
-                if *first_version != version && !version.is_null() =>
-            {
-                return Err(atlasboost_core::Error::Merge(format!(
-                    "{first_name} has version {first_version} but {name} has version {version}"
-                ))
-                .into());
-            }
-            Some(_) => {}
-        }
-        // Without --chip, the first input's version decides the rules for all.
-        let rules = *chip.get_or_insert_with(|| default_chip(&value));
+        // Each input by the rules of its own version (unless --chip): a valid 1.2 table read
+        // by a 1.0 table's rules would be called invalid, when what is wrong is the pair (the
+        // merge names their versions). The merged table: the first input's rules.
+        let rules = args.chip.unwrap_or_else(|| default_chip(&value));
+        chip.get_or_insert(rules);
         inputs.push(MergeInput {
             table: RankTable::from_value(value, &name, rules)?,
             name,

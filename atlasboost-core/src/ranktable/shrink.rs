@@ -87,7 +87,7 @@ fn balanced_super_pods(world: Vec<Device>) -> Vec<Device> {
             .map(|(_, s)| s[..k].iter().map(|(_, n)| n).sum::<usize>())
             .sum()
     };
-    let Some(k) = (1..=most).rev().max_by_key(|&k| (kept(k), k)) else {
+    let Some(k) = (1..=most).max_by_key(|&k| (kept(k), k)) else {
         return world;
     };
     if pods.iter().all(|(_, s)| s.len() == k) {
