@@ -338,6 +338,52 @@ except KeyboardInterrupt:
     assert_no_process_with_env(MARK, &mark, Duration::from_secs(5), "after Ctrl-C");
 }
 
+/// The relays below the launcher have no guard of their own (a fork per rank on the launch's
+/// path): each tells the launcher its worker's process group, which the launcher's guard
+/// stops. A `kill -9` of the launcher and every relay at once (`pkill -9 atlasboost`) ends
+/// the workers (PR_SET_PDEATHSIG) and, through the launcher's guard, what they started.
+#[test]
+fn kill_9_of_the_launcher_and_its_relays_at_once_leaves_no_workers_child() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mark = unique("mpi-kill9-all");
+    let _cleanup = Cleanup(mark.clone());
+    let script = "sleep 300 & echo \"forked $!\"; sleep 300";
+    let mut launch = run_mpi(2)
+        .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c", script])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:forked ", 2, Duration::from_secs(30));
+    let below = descendants(launch.pid());
+    let relays: Vec<i32> = below
+        .iter()
+        .filter(|p| is_relay(p.pid))
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(relays.len(), 2, "two relays below the launcher: {below:#?}");
+    let guards_of_relays: Vec<_> = below
+        .iter()
+        .filter(|p| relays.contains(&p.ppid) && p.comm == "ab-guard")
+        .collect();
+    assert!(
+        guards_of_relays.is_empty(),
+        "relays below the launcher start no guard: {guards_of_relays:#?}"
+    );
+    let killed = Instant::now();
+    launch.signal(Signal::SIGKILL);
+    for relay in relays {
+        let _ = kill(Pid::from_raw(relay), Signal::SIGKILL);
+    }
+    let r = launch.wait_at_most(Duration::from_secs(5));
+    assert_eq!(r.status.code(), None, "{}", r.describe());
+    assert_no_process_with_env(
+        MARK,
+        &mark,
+        Duration::from_secs(5).saturating_sub(killed.elapsed()),
+        "workers and the sleeps they started after kill -9 of the launcher and its relays",
+    );
+}
+
 /// `run --mpi` of two ranks, marked `mark`, that print `ready` and sleep 60 s (`--grace 1`),
 /// once both are ready, and the mpirun below it.
 fn two_ranks_sleeping_and_their_mpirun(mark: &str) -> (atlasboost_e2e::Launch, i32) {

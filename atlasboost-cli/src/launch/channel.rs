@@ -437,6 +437,15 @@ pub enum Up {
         /// The sample.
         bytes: Vec<u8>,
     },
+    /// A relay's below the launcher, which has no guard of its own: its worker started, as
+    /// the leader of this process group, which the launcher's guard is to stop if the
+    /// launcher and the relay die (see `lifeline::prepare_below_launcher`).
+    Group {
+        /// The worker's rank.
+        rank: u32,
+        /// Its process group (its pid).
+        group: i32,
+    },
     /// A relay's: mpirun's side (its parent: mpirun, or Open MPI's daemon on another host)
     /// sent it `signal`, which it passes on to its worker. mpirun stops its ranks so when it
     /// is signalled itself or ends the job on its own: what the worker does next is mpirun's
@@ -466,6 +475,7 @@ const LOST: u8 = b'L';
 const SAID: u8 = b'S';
 const TELEMETRY: u8 = b'T';
 const MPIRUN_STOPS: u8 = b'm';
+const GROUP: u8 = b'g';
 /// The step of a beat frame that gave none.
 const NO_STEP: i64 = i64::MIN;
 
@@ -530,6 +540,7 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
         Up::MpirunStops { signal } => {
             return frame(MPIRUN_STOPS, 0, &signal.number().to_be_bytes(), out);
         }
+        Up::Group { rank, group } => return frame(GROUP, *rank, &group.to_be_bytes(), out),
     };
     frame(kind, rank, payload, out);
 }
@@ -697,10 +708,10 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
         <[u8; 4]>::try_from(payload)
             .map(i32::from_be_bytes)
             .map_err(|_| {
-                let what = if kind == MPIRUN_STOPS {
-                    "mpirun's signal"
-                } else {
-                    "an exit"
+                let what = match kind {
+                    MPIRUN_STOPS => "mpirun's signal",
+                    GROUP => "a process group",
+                    _ => "an exit",
                 };
                 format!("a frame of {what} with {} bytes", payload.len())
             })
@@ -798,6 +809,11 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
         MPIRUN_STOPS => Up::MpirunStops {
             signal: WorkerSignal::from_number(value()?)
                 .ok_or_else(|| "a frame of mpirun's signal with an unknown signal".to_string())?,
+        },
+        GROUP => match value()? {
+            // A worker's group is its pid: never 0 (one's own), 1 (init's) or negative.
+            group if group > 1 => Up::Group { rank, group },
+            group => return Err(format!("a frame of a process group naming group {group}")),
         },
         other => return Err(format!("a frame of unknown kind {other:#04x}")),
     })
@@ -990,6 +1006,10 @@ mod tests {
             Up::MpirunStops {
                 signal: Signal::SIGTERM.into(),
             },
+            Up::Group {
+                rank: 3,
+                group: 4_194_303,
+            },
         ]
     }
 
@@ -1111,6 +1131,18 @@ mod tests {
         );
         frame(VIA, 2, &inner, &mut bytes);
         assert!(d.feed(&bytes).unwrap_err().contains("exactly one frame"));
+        // A group the launcher's guard would be told to kill: never init's, one's own, or
+        // every process (a killpg of 1, 0 or a negative number).
+        for group in [1i32, 0, -1] {
+            let mut d = Decoder::default();
+            let mut bytes = HELLO.to_vec();
+            frame(GROUP, 0, &group.to_be_bytes(), &mut bytes);
+            let why = d.feed(&bytes).unwrap_err();
+            assert!(
+                why.contains(&format!("a process group naming group {group}")),
+                "{why}"
+            );
+        }
     }
 
     #[test]

@@ -82,17 +82,65 @@ pub fn prepare(
     upstream: Option<BorrowedFd<'_>>,
     scratch: Option<&Path>,
 ) -> Result<Lifeline, CliError> {
+    let cgroup = prepare_process(cgroup)?;
+    Lifeline::start(cgroup, upstream, scratch)
+}
+
+/// [`prepare`] for a relay of `run --mpi` below the launcher (mpirun, the launcher's child,
+/// started it on the launcher's own host): no guard of its own, unless `ATLASBOOST_CGROUP=1`
+/// made it a cgroup, which only a guard can end. Its worker dies with it (`PR_SET_PDEATHSIG`);
+/// what the worker started in its group is re-parented to the launcher, a subreaper, which
+/// stops it; and if the launcher dies too, the launcher's guard stops that group, which the
+/// relay reports ([`Lifeline::guarded_above`]). A guard is a fork per rank on the launch's
+/// path, which this spares.
+///
+/// # Errors
+///
+/// As [`prepare`].
+pub fn prepare_below_launcher() -> Result<Lifeline, CliError> {
+    match prepare_process(CgroupWanted::ByDefault(false))? {
+        Ok(cgroup) => Lifeline::start(Ok(cgroup), None, None),
+        Err(why) => Ok(Lifeline {
+            guard: None,
+            pipe: None,
+            reaped: false,
+            cgroup: Err(why),
+            above: true,
+        }),
+    }
+}
+
+/// [`prepare`] for the launcher of `run --mpi`, whose guard [`Lifeline::start_guard`] starts
+/// once mpirun has been: the fork then runs beside mpirun's start instead of before it. Until
+/// then mpirun is watched by its `PR_SET_PDEATHSIG` alone, which suffices: it has started
+/// nothing yet.
+///
+/// # Errors
+///
+/// As [`prepare`].
+pub fn prepare_guard_later() -> Result<Lifeline, CliError> {
+    Ok(Lifeline {
+        guard: None,
+        pipe: None,
+        reaped: false,
+        cgroup: prepare_process(CgroupWanted::NoWorkers)?,
+        above: false,
+    })
+}
+
+/// [`prepare`]'s steps before the guard: the limit of open files, the subreaper, the cgroup
+/// (or why there is none).
+fn prepare_process(cgroup: CgroupWanted) -> Result<Result<WorkerCgroup, String>, CliError> {
     raise_fd_limit();
     let _ = nix::sys::prctl::set_child_subreaper(true);
-    let cgroup = match cgroup {
+    Ok(match cgroup {
         CgroupWanted::NoWorkers => {
             // Still read: the relays get it, and a bad value is named once, here.
             WorkerCgroup::asked()?;
             Err("mpirun starts the workers".into())
         }
         CgroupWanted::ByDefault(default) => WorkerCgroup::for_workers(default)?,
-    };
-    Lifeline::start(cgroup, upstream, scratch)
+    })
 }
 
 /// Whether [`prepare`] makes the workers' cgroup.
@@ -118,11 +166,15 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// The launcher's end of the lifeline.
 #[derive(Debug)]
 pub struct Lifeline {
-    guard: Pid,
+    /// `None` below the launcher ([`prepare_below_launcher`]), or not yet started
+    /// ([`prepare_guard_later`]).
+    guard: Option<Pid>,
     pipe: Option<File>,
     reaped: bool,
     /// The workers' cgroup, or why there is none.
     cgroup: Result<WorkerCgroup, String>,
+    /// A relay's below the launcher, whose guard is the launcher's ([`prepare_below_launcher`]).
+    above: bool,
 }
 
 impl Lifeline {
@@ -138,53 +190,40 @@ impl Lifeline {
         upstream: Option<BorrowedFd<'_>>,
         scratch: Option<&Path>,
     ) -> Result<Lifeline, CliError> {
-        let failed = |step: &'static str, e: Errno| CliError::Lifeline {
-            step,
-            source: e.into(),
-        };
-        let (read, write) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| failed("no pipe", e))?;
-        let null = nix::fcntl::open(
-            "/dev/null",
-            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(|e| failed("cannot open /dev/null", e))?;
-        let mut groups: Vec<i32> = Vec::with_capacity(MAX_GROUPS);
-        // Made before the fork, since the guard may not allocate. A path from the environment
-        // holds no NUL byte, so `None` here only ever means no directory was given.
-        let scratch = scratch.and_then(|p| CString::new(p.as_os_str().as_bytes()).ok());
-        // The descriptors open now, listed before the fork, since the guard may not read a
-        // directory: it closes them all but its pipe (see `guard`).
-        let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-            .map(|dir| {
-                dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        // SAFETY: the child runs only `guard`, which calls async-signal-safe functions and
-        // never returns (it ends in `_exit`), so it is sound in a process with other threads.
-        match unsafe { fork() }.map_err(|e| failed("fork", e))? {
-            ForkResult::Child => {
-                let cgroup = cgroup
-                    .as_ref()
-                    .ok()
-                    .map(|c| (c.kill_file(), c.dir(), c.own_procs()));
-                let scratch = scratch.as_deref();
-                guard(&read, &null, &open, &mut groups, cgroup, upstream, scratch)
-            }
-            ForkResult::Parent { child } => Ok(Lifeline {
-                guard: child,
-                pipe: Some(File::from(write)),
-                reaped: false,
-                cgroup,
-            }),
-        }
+        let (guard, pipe) = fork_guard(&cgroup, upstream, scratch)?;
+        Ok(Lifeline {
+            guard: Some(guard),
+            pipe: Some(pipe),
+            reaped: false,
+            cgroup,
+            above: false,
+        })
     }
 
-    /// The guard's pid (the supervisor reaps it like any child).
-    pub fn pid(&self) -> u32 {
-        self.guard.as_raw() as u32
+    /// Starts the guard of a lifeline made by [`prepare_guard_later`] (once; later calls do
+    /// nothing).
+    ///
+    /// # Errors
+    ///
+    /// As [`Lifeline::start`].
+    pub fn start_guard(&mut self) -> Result<(), CliError> {
+        if self.guard.is_none() && !self.above {
+            let (guard, pipe) = fork_guard(&self.cgroup, None, None)?;
+            self.guard = Some(guard);
+            self.pipe = Some(pipe);
+        }
+        Ok(())
+    }
+
+    /// The guard's pid (the supervisor reaps it like any child), if there is one.
+    pub fn pid(&self) -> Option<u32> {
+        self.guard.map(|g| g.as_raw() as u32)
+    }
+
+    /// Whether the launcher's guard, not one of this process's, is to stop the workers' groups
+    /// if this process dies: they are to be told to it ([`prepare_below_launcher`]).
+    pub fn guarded_above(&self) -> bool {
+        self.above
     }
 
     /// The workers' cgroup's `cgroup.procs`, which each worker writes between its fork and its
@@ -232,14 +271,14 @@ impl Lifeline {
     /// Closes the lifeline after a clean end (every group forgotten); the guard exits.
     pub fn close(mut self) {
         self.pipe = None;
-        if self.reaped {
+        let Some(guard) = self.guard.filter(|_| !self.reaped) else {
             return;
-        }
+        };
         // The guard exits as soon as it reads the end of the pipe. Bounded all the same: a
         // guard that somehow still holds the pipe's other end would never see it.
         let until = Instant::now() + CLOSE_WAIT;
         loop {
-            match waitpid(self.guard, Some(WaitPidFlag::WNOHANG)) {
+            match waitpid(guard, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => break,
                 Err(Errno::EINTR) => {}
                 // Exited, or already reaped by the supervisor (ECHILD).
@@ -248,22 +287,22 @@ impl Lifeline {
         }
         // It is alive, and only this thread reaps it: its pid cannot be taken by another
         // process while its pidfd is opened.
-        if let Some(exited) = exit_within(self.guard, CLOSE_WAIT) {
+        if let Some(exited) = exit_within(guard, CLOSE_WAIT) {
             if !exited {
-                let _ = nix::sys::signal::kill(self.guard, Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(guard, Signal::SIGKILL);
             }
-            let _ = waitpid(self.guard, None);
+            let _ = waitpid(guard, None);
             return;
         }
         // No pidfd (a kernel before 5.3): look again and again, briefly.
         loop {
-            match waitpid(self.guard, Some(WaitPidFlag::WNOHANG)) {
+            match waitpid(guard, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) if Instant::now() < until => {
                     std::thread::sleep(Duration::from_micros(200));
                 }
                 Ok(WaitStatus::StillAlive) => {
-                    let _ = nix::sys::signal::kill(self.guard, Signal::SIGKILL);
-                    let _ = waitpid(self.guard, None);
+                    let _ = nix::sys::signal::kill(guard, Signal::SIGKILL);
+                    let _ = waitpid(guard, None);
                     return;
                 }
                 Err(Errno::EINTR) => {}
@@ -271,6 +310,51 @@ impl Lifeline {
                 _ => return,
             }
         }
+    }
+}
+
+/// Forks the guard (see [`Lifeline::start`]): its pid and the lifeline's write end.
+fn fork_guard(
+    cgroup: &Result<WorkerCgroup, String>,
+    upstream: Option<BorrowedFd<'_>>,
+    scratch: Option<&Path>,
+) -> Result<(Pid, File), CliError> {
+    let failed = |step: &'static str, e: Errno| CliError::Lifeline {
+        step,
+        source: e.into(),
+    };
+    let (read, write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| failed("no pipe", e))?;
+    let null = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| failed("cannot open /dev/null", e))?;
+    let mut groups: Vec<i32> = Vec::with_capacity(MAX_GROUPS);
+    // Made before the fork, since the guard may not allocate. A path from the environment
+    // holds no NUL byte, so `None` here only ever means no directory was given.
+    let scratch = scratch.and_then(|p| CString::new(p.as_os_str().as_bytes()).ok());
+    // The descriptors open now, listed before the fork, since the guard may not read a
+    // directory: it closes them all but its pipe (see `guard`).
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    // SAFETY: the child runs only `guard`, which calls async-signal-safe functions and
+    // never returns (it ends in `_exit`), so it is sound in a process with other threads.
+    match unsafe { fork() }.map_err(|e| failed("fork", e))? {
+        ForkResult::Child => {
+            let cgroup = cgroup
+                .as_ref()
+                .ok()
+                .map(|c| (c.kill_file(), c.dir(), c.own_procs()));
+            let scratch = scratch.as_deref();
+            guard(&read, &null, &open, &mut groups, cgroup, upstream, scratch)
+        }
+        ForkResult::Parent { child } => Ok((child, File::from(write))),
     }
 }
 

@@ -174,7 +174,7 @@ pub fn run_mpi(args: &RunSettings, printer: &Printer) -> Result<u8, CliError> {
         false => resolved.iter().map(host_json).collect(),
     };
     job_start_event(events.as_ref(), args, Some(np), given, &table_path, None);
-    let mut lifeline = lifeline::prepare(CgroupWanted::NoWorkers, None, None)?;
+    let mut lifeline = lifeline::prepare_guard_later()?;
     let ranks: Vec<u32> = (0..np).collect();
     let logs = job_logs(args, &job_id, printer)?;
     let mut output = Output::new(
@@ -894,27 +894,36 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
         local_rank: context.local_rank,
         host: &host,
     };
-    let connection =
-        introduce(&address, local.as_deref(), &who, RELAY_CONNECT_TIMEOUT).map_err(|why| {
-            CliError::Introduction {
-                rank: context.rank,
-                why,
-            }
-        })?;
+    let connection = introduce(
+        &address,
+        local.as_deref(),
+        &who,
+        RELAY_CONNECT_TIMEOUT,
+        channel::HELLO,
+    )
+    .map_err(|why| CliError::Introduction {
+        rank: context.rank,
+        why,
+    })?;
     // Below the launcher (its mpirun started this relay), what a worker leaves behind in a
     // session of its own is re-parented to the launcher, a subreaper, which stops it. Anywhere
     // else (another host, or this one through ssh) nothing above the relay would: there the
     // workers' cgroup is the default, so that even a relay killed with SIGKILL leaves nothing
     // running (it costs those relays the kernel's migration lock once, a few milliseconds).
     let below_launcher = launcher_pid(&connection).is_some_and(is_ancestor);
-    let mut lifeline = lifeline::prepare(CgroupWanted::ByDefault(!below_launcher), None, None)?;
+    // Below the launcher, the launcher's guard is this relay's too (a guard of its own would
+    // cost every rank a fork on the launch's path).
+    let mut lifeline = if below_launcher {
+        lifeline::prepare_below_launcher()?
+    } else {
+        lifeline::prepare(CgroupWanted::ByDefault(true), None, None)?
+    };
     // Commands go to the supervisor; the launcher is heard on `launcher` after it.
     let [commands, launcher] = [connection.try_clone(), connection.try_clone()]
         .map(|c| c.map_err(CliError::system("duplicate the connection")));
     let (commands, launcher) = (commands?, launcher?);
     let mut output = Output::upstream_to(connection, &[context.rank])?;
     output.send_messages_upstream();
-    output.send_raw(channel::HELLO);
     let worker = WorkerPlan {
         rank: context.rank,
         host: host.clone(),

@@ -652,13 +652,12 @@ impl Output {
         code
     }
 
-    /// Sends bytes to the launcher as they are (an agent's output only): the greeting that
-    /// comes before the frames.
-    pub fn send_raw(&mut self, bytes: &[u8]) {
+    /// Puts `message` before what is sent next, without sending it now (an agent's or relay's
+    /// output only): a frame that may wait for the next, so that both wake the launcher once.
+    pub fn queue(&mut self, message: &super::channel::Up) {
         if self.upstream {
             self.close_batch();
-            self.out.buf.extend_from_slice(bytes);
-            self.out.flush();
+            super::channel::encode(message, &mut self.out.buf);
         }
     }
 

@@ -15,12 +15,19 @@
 //! Unix socket (another host, a container) uses TCP.
 //!
 //! A relay proves it belongs to the job before the launcher believes a byte of it: the
-//! launcher sends each new connection a random challenge, and the relay answers with one frame of
-//! the rendezvous wire protocol ([`atlasboost_tcp::wire`]), signed with the job's secret: index
-//! = its rank, world = the job's size, payload = the 32 bytes, its local rank (4 bytes,
-//! big-endian) and its host's name. The secret
-//! reaches the relays through mpirun's environment (`-x NAME`), never on a command line. A
-//! connection that does not prove itself within [`KNOCK_TIMEOUT`] is dropped and named.
+//! launcher sends each new TCP connection a random challenge, and the relay answers with one
+//! frame of the rendezvous wire protocol ([`atlasboost_tcp::wire`]), signed with the job's
+//! secret: index = its rank, world = the job's size, payload = the 32 bytes, its local rank (4
+//! bytes, big-endian) and its host's name. The secret reaches the relays through mpirun's
+//! environment (`-x NAME`), never on a command line. A connection that does not prove itself
+//! within [`KNOCK_TIMEOUT`] is dropped and named.
+//!
+//! On the Unix socket the relay answers [`LOCAL_CHALLENGE`] at once, without waiting for one:
+//! the challenge stops the replay of an introduction seen on the network, and the bytes of a
+//! Unix socket cannot be seen but by a process that could read the secret itself (root, or a
+//! debugger of the relay's user, which also reads its environment); a replay is refused
+//! anyway once its rank is in. Waiting for the launcher to be scheduled to send a challenge
+//! cost every rank's start a round trip (docs/PERFORMANCE.md).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -40,6 +47,10 @@ pub const KNOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The challenge's length.
 const CHALLENGE_LEN: usize = 32;
+
+/// What a relay on the abstract Unix socket answers instead of a challenge (see the module's
+/// docs).
+const LOCAL_CHALLENGE: [u8; CHALLENGE_LEN] = *b"atlasboost-relay-on-unix-socket.";
 
 /// The longest introduction: a frame with a host name.
 const MAX_INTRODUCTION: usize = 4096;
@@ -242,11 +253,12 @@ impl RelayDoor {
         kept
     }
 
-    /// The next waiting connection, from this host's relays first: the socket, who it is.
-    fn next_connection(&self) -> io::Result<(OwnedFd, String)> {
+    /// The next waiting connection, from this host's relays first: the socket, who it is, and
+    /// whether it came through the Unix socket.
+    fn next_connection(&self) -> io::Result<(OwnedFd, String, bool)> {
         if let Some(local) = &self.local {
             match local.accept() {
-                Ok((s, _)) => return Ok((s.into(), "a process of this host".into())),
+                Ok((s, _)) => return Ok((s.into(), "a process of this host".into(), true)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
@@ -254,7 +266,7 @@ impl RelayDoor {
         match &self.listener {
             Some(tcp) => tcp.accept().map(|(s, peer)| {
                 let _ = s.set_nodelay(true);
-                (s.into(), peer.to_string())
+                (s.into(), peer.to_string(), false)
             }),
             None => Err(io::ErrorKind::WouldBlock.into()),
         }
@@ -262,7 +274,7 @@ impl RelayDoor {
 
     fn accept(&mut self, events: &mut Vec<DoorEvent>) {
         while self.knocks.len() < self.size as usize + EXTRA_KNOCKS {
-            let (socket, peer) = match self.next_connection() {
+            let (socket, peer, local) = match self.next_connection() {
                 Ok(c) => c,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // Nobody else is waiting.
@@ -277,14 +289,19 @@ impl RelayDoor {
                     return;
                 }
             };
-            // 128 random bits, as text.
-            let challenge = match Secret::random() {
-                Ok(s) => {
+            // 128 random bits, as text (none on the Unix socket: see the module's docs).
+            let random = match local {
+                true => None,
+                false => Some(Secret::random()),
+            };
+            let challenge = match random {
+                None => LOCAL_CHALLENGE,
+                Some(Ok(s)) => {
                     let mut c = [0u8; CHALLENGE_LEN];
                     c.copy_from_slice(&s.to_hex().as_bytes()[..CHALLENGE_LEN]);
                     c
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     events.push(DoorEvent::Refused(format!(
                         "cannot read random bytes for {peer}'s challenge: {e}"
                     )));
@@ -298,7 +315,10 @@ impl RelayDoor {
                 nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
             )
             .map_err(io::Error::from)
-            .and_then(|_| stream.write(&challenge));
+            .and_then(|_| match local {
+                true => Ok(CHALLENGE_LEN),
+                false => stream.write(&challenge),
+            });
             if !matches!(sent, Ok(CHALLENGE_LEN)) {
                 events.push(DoorEvent::Refused(format!(
                     "cannot send {peer} its challenge"
@@ -462,7 +482,8 @@ pub struct Introduction<'a> {
 
 /// The relay's side: connects to the launcher, on the abstract Unix socket `local` when it is
 /// given and this host has it, else at `address` (`host:port`) over TCP, and proves it belongs
-/// to the job, waiting at most `timeout` for each step. Returns the connection.
+/// to the job, waiting at most `timeout` for each step; `then` (the channel's greeting) goes in
+/// the same write, which wakes the launcher once. Returns the connection.
 ///
 /// # Errors
 ///
@@ -472,12 +493,14 @@ pub fn introduce(
     local: Option<&str>,
     who: &Introduction<'_>,
     timeout: Duration,
+    then: &[u8],
 ) -> Result<OwnedFd, String> {
     let fail = |what: &str, e: io::Error| format!("{what} the launcher at {address}: {e}");
     let near = local.and_then(|name| {
         let a = std::os::unix::net::SocketAddr::from_abstract_name(name).ok()?;
         UnixStream::connect_addr(&a).ok()
     });
+    let local = near.is_some();
     let connection: OwnedFd = match near {
         Some(s) => s.into(),
         None => {
@@ -494,12 +517,16 @@ pub fn introduce(
     };
     let mut stream = File::from(connection);
     set_timeouts(&stream, timeout).map_err(|e| fail("cannot set timeouts for", e))?;
-    let mut challenge = [0u8; CHALLENGE_LEN];
+    let mut challenge = LOCAL_CHALLENGE;
+    if !local {
+        stream
+            .read_exact(&mut challenge)
+            .map_err(|e| fail("no challenge from", e))?;
+    }
+    let mut bytes = introduction(&challenge, who);
+    bytes.extend_from_slice(then);
     stream
-        .read_exact(&mut challenge)
-        .map_err(|e| fail("no challenge from", e))?;
-    stream
-        .write_all(&introduction(&challenge, who))
+        .write_all(&bytes)
         .map_err(|e| fail("cannot introduce itself to", e))?;
     // Zero: no timeout, from now on.
     set_timeouts(&stream, Duration::ZERO).map_err(|e| fail("cannot clear the timeouts of", e))?;
@@ -592,6 +619,7 @@ mod tests {
                 None,
                 &rank_of(&secret, rank, size, job_id),
                 Duration::from_secs(5),
+                &[],
             )
         })
     }
@@ -673,6 +701,7 @@ mod tests {
                 local.as_deref(),
                 &who,
                 Duration::from_secs(5),
+                &[],
             )
         });
         let got = events(&mut door, 1);
@@ -681,6 +710,46 @@ mod tests {
             matches!(&got[..], [DoorEvent::Admitted { rank: 0, .. }]),
             "{got:?}"
         );
+    }
+
+    /// On the Unix socket the relay does not wait for a challenge (none is sent), and an
+    /// introduction answering a TCP connection's challenge is refused there.
+    #[test]
+    fn the_unix_socket_sends_no_challenge_and_takes_only_the_local_answer() {
+        use std::os::unix::net::SocketAddr as UnixAddr;
+
+        let (mut door, secret) = door(2);
+        let name = door.local_name().unwrap().to_string();
+        let connect =
+            || UnixStream::connect_addr(&UnixAddr::from_abstract_name(&name).unwrap()).unwrap();
+        let mut quiet = connect();
+        door.serve(true, &[]);
+        assert_eq!(door.knocking(), 1);
+        quiet
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        let heard = quiet.read(&mut byte);
+        assert!(
+            heard.as_ref().is_err_and(|e| matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            )),
+            "the launcher sent something on the Unix socket: {heard:?}"
+        );
+        // A TCP challenge's answer, sent on the Unix socket: refused as a replay.
+        let mut replayed = connect();
+        let who = rank_of(&secret, 1, 2, "ab-test");
+        replayed
+            .write_all(&introduction(&[b'0'; CHALLENGE_LEN], &who))
+            .unwrap();
+        let got = events(&mut door, 1);
+        match &got[..] {
+            [DoorEvent::Refused(why)] => assert!(why.contains("another challenge"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(door.admitted(), 0);
+        drop(quiet);
     }
 
     #[test]

@@ -839,6 +839,7 @@ pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
             host: &node,
         },
         CONNECT_TIMEOUT,
+        &[],
     )?;
     nix::unistd::dup2_stdin(&connection)
         .and_then(|()| nix::unistd::dup2_stdout(&connection))

@@ -10,15 +10,12 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{SigSet, Signal, killpg};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
@@ -27,6 +24,7 @@ mod keeper;
 mod mpirun;
 mod mpirun_state;
 pub mod policy;
+mod vfork;
 
 pub use self::keeper::Keeper;
 pub use self::mpirun::{MpirunPlan, run_mpirun};
@@ -35,7 +33,7 @@ use self::policy::{SignalAction, SignalState};
 pub use super::channel::Ending;
 use super::channel::Stream;
 use super::channel::{Down, HEARTBEAT, Tree, Up, WorkerSignal};
-use super::lifeline::{self, Lifeline, ORIGINAL_FD_LIMIT};
+use super::lifeline::{Lifeline, ORIGINAL_FD_LIMIT};
 use super::monitor::{self, CpuClock, HostSample, Metrics, MonitorPlan, RankState};
 use super::output::{DrainFor, LineSplitter, Output, TAIL_LINE_BYTES};
 use super::plan::ranks_named;
@@ -757,6 +755,14 @@ pub fn run_workers(
         match spawn(plan, w, lifeline.cgroup_procs()) {
             Ok((pid, out, err)) => {
                 lifeline.watch(pid.as_raw());
+                if lifeline.guarded_above() {
+                    // With the first heartbeat, which the supervisor sends before it first
+                    // waits (or the worker's exit, if that comes first).
+                    output.queue(&Up::Group {
+                        rank: w.rank,
+                        group: pid.as_raw(),
+                    });
+                }
                 running.push(Running {
                     pid: Some(pid),
                     started: Instant::now(),
@@ -832,7 +838,8 @@ pub fn send_the_rest(
 }
 
 /// Starts one worker in a process group of its own (and in the workers' cgroup, whose
-/// `cgroup.procs` is `cgroup`, if there is one), stdin closed, output on pipes.
+/// `cgroup.procs` is `cgroup`, if there is one), stdin closed, output on pipes, dying with
+/// this process (`PR_SET_PDEATHSIG`).
 fn spawn(
     plan: &RunPlan,
     w: &WorkerPlan,
@@ -842,7 +849,6 @@ fn spawn(
         .command
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
-    let launcher = nix::unistd::getpid();
     let cpus = match &w.cpus {
         Some(list) => {
             let mut set = nix::sched::CpuSet::new();
@@ -853,46 +859,23 @@ fn spawn(
         }
         None => None,
     };
-    let mut cmd = Command::new(program);
-    for name in &plan.unset_env {
-        cmd.env_remove(name);
-    }
-    if let Some(files) = &plan.files {
-        cmd.envs(files.env(w.rank, plan.pytorch));
-    }
-    cmd.args(args)
-        .current_dir(&plan.wdir)
-        .envs(w.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    // SAFETY: between fork and exec only async-signal-safe calls: write, prctl, getppid,
-    // sigprocmask, setrlimit, sched_setaffinity. No allocation, no locks.
-    unsafe {
-        cmd.pre_exec(move || {
-            // First, so that nothing the worker starts is outside.
-            if let Some(procs) = cgroup {
-                lifeline::enter_cgroup(procs);
-            }
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            // The launcher may have died between fork and prctl: then nobody would kill us.
-            if nix::unistd::getppid() != launcher {
-                return Err(io::Error::other("the launcher is gone"));
-            }
-            SigSet::empty().thread_set_mask()?;
-            // Workers get the limit of open files the launcher was given.
-            if let Some(&(soft, hard)) = ORIGINAL_FD_LIMIT.get() {
-                setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
-            }
-            // --bind-cores: a system call on a set made before the fork.
-            if let Some(set) = &cpus {
-                nix::sched::sched_setaffinity(Pid::from_raw(0), set)?;
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| {
+    let files = plan
+        .files
+        .as_ref()
+        .map(|f| f.env(w.rank, plan.pytorch))
+        .into_iter()
+        .flatten();
+    let env = vfork::Environment::new(&plan.unset_env, files.chain(w.env.iter().cloned()))?;
+    let started = vfork::spawn(&vfork::Child {
+        program,
+        args,
+        dir: &plan.wdir,
+        env,
+        cgroup,
+        cpus,
+        fd_limit: ORIGINAL_FD_LIMIT.get().copied(),
+    });
+    let (pid, out, err) = started.map_err(|e| {
         // exec says EACCES for a directory: named as what it is. (A bare name is looked up
         // on PATH, where exec skips directories.)
         let path = std::path::Path::new(program);
@@ -905,11 +888,6 @@ fn spawn(
             _ => e,
         }
     })?;
-    let pid = Pid::from_raw(child.id() as i32);
-    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(io::Error::other("no pipes"));
-    };
-    let (out, err) = (OwnedFd::from(out), OwnedFd::from(err));
     for fd in [&out, &err] {
         // Bigger pipes mean fewer, larger reads; non-blocking reads let one poll drain them.
         let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(1 << 20));
@@ -1006,6 +984,9 @@ struct Supervisor<'a> {
     last_signal: Option<(Instant, Signal)>,
     /// What the workers left behind has been sent SIGTERM.
     leftovers_stopped: bool,
+    /// The launcher's: the workers' process groups of the relays below it ([`Up::Group`]),
+    /// by remote, which its guard stops if it dies, until each is gone or its relay done.
+    relay_groups: Vec<(usize, Pid)>,
     /// The wait for what the workers left, to be said if it lasts [`LEFTOVER_NOTE_AFTER`].
     leftover_note: Option<(Instant, String)>,
     /// The orphans sent SIGTERM so far (an orphan is the launcher's child, so its pid is not
@@ -1103,6 +1084,7 @@ impl<'a> Supervisor<'a> {
             signalled: None,
             last_signal: None,
             leftovers_stopped: false,
+            relay_groups: Vec::new(),
             leftover_note: None,
             orphans_termed: HashSet::new(),
             drain_until: None,
@@ -1275,7 +1257,7 @@ impl<'a> Supervisor<'a> {
 
     /// Processes that are the launcher's children but neither workers nor orphans.
     fn not_orphans(&self) -> Vec<u32> {
-        let mut own = vec![self.lifeline.pid()];
+        let mut own: Vec<u32> = self.lifeline.pid().into_iter().collect();
         own.extend(&self.plan.helpers);
         match &self.role {
             Role::Launcher(remotes) => own.extend(remotes.iter().filter_map(Remote::pid)),
@@ -2554,7 +2536,24 @@ impl<'a> Supervisor<'a> {
                 };
                 self.fail_host(h, message, code, output);
             }
+            Up::Group { rank, group } => {
+                // A relay's own worker only: its rank, and never the launcher's own group.
+                let group = Pid::from_raw(group);
+                if self.relay_rank(h) == Some(rank) && group != nix::unistd::getpgrp() {
+                    self.lifeline.watch(group.as_raw());
+                    self.relay_groups.push((h, group));
+                }
+            }
             Up::Done => {
+                // The relay has seen its worker's group end.
+                let lifeline = &mut self.lifeline;
+                self.relay_groups.retain(|&(of, group)| {
+                    let keep = of != h;
+                    if !keep {
+                        lifeline.forget(group.as_raw());
+                    }
+                    keep
+                });
                 if let Role::Launcher(remotes) = &mut self.role {
                     remotes[h].done = true;
                     // An agent of the Slurm step waits for the launcher's end of the
@@ -3009,7 +3008,7 @@ impl<'a> Supervisor<'a> {
 
     /// One child collected by [`Self::reap`]: the lane of the worker it was, if it was one.
     fn reaped(&mut self, pid: Pid, ending: Ending, output: &mut Output) -> Option<usize> {
-        if pid.as_raw() as u32 == self.lifeline.pid() {
+        if Some(pid.as_raw() as u32) == self.lifeline.pid() {
             self.lifeline.reaped();
             output.message(
                 "atlasboost: warning: the lifeline process exited early; if the launcher \
@@ -3220,6 +3219,16 @@ impl<'a> Supervisor<'a> {
         {
             self.lifeline.forget(pid.as_raw());
         }
+        // A relay's worker's group outlives its relay only as orphans re-parented here: gone
+        // once this process has reaped the last of them.
+        let lifeline = &mut self.lifeline;
+        self.relay_groups.retain(|&(_, group)| {
+            let gone = killpg(group, None) == Err(Errno::ESRCH);
+            if gone {
+                lifeline.forget(group.as_raw());
+            }
+            !gone
+        });
         for r in &mut self.running {
             if let Some(pid) = r.pid
                 && !r.group_gone

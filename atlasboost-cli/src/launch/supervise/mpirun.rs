@@ -85,8 +85,8 @@ pub fn run_mpirun(
     Ok(sup.result(output))
 }
 
-/// Starts mpirun like a worker (its own group, dying with the launcher), watched by the
-/// lifeline.
+/// Starts mpirun like a worker (its own group, dying with the launcher), then the lifeline's
+/// guard, which watches it.
 fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpirun, CliError> {
     let mpirun_plan = RunPlan {
         helpers: Vec::new(),
@@ -122,6 +122,12 @@ fn start(plan: &RunPlan, m: MpirunPlan, lifeline: &mut Lifeline) -> Result<Mpiru
         },
         reason: e,
     })?;
+    if let Err(e) = lifeline.start_guard() {
+        // Nothing would stop mpirun's ranks if the launcher died: no job.
+        let _ = killpg(pid, Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
+        return Err(e);
+    }
     lifeline.watch(pid.as_raw());
     let now = Instant::now();
     Ok(Mpirun {
