@@ -22,8 +22,9 @@
 //! agent that was killed could not.
 //!
 //! The guard is a fork of the launcher that never execs: starting it costs a fork, not the
-//! start of a program (every rank of `run --mpi` has a relay with a lifeline of its own, and
-//! under the Python package a program is an interpreter). A fork of a process that may have
+//! start of a program (under the Python package a program is an interpreter). The relays of
+//! `run --mpi` on the launcher's host have none: the launcher's guard is theirs
+//! ([`prepare_below_launcher`]); relays elsewhere have their own. A fork of a process that may have
 //! threads (a driver library's) may only do what is async-signal-safe, so the guard does no
 //! allocation and takes no lock: raw `read(2)` into a buffer on its stack, a table of groups
 //! allocated before the fork, `killpg(2)` and `_exit(2)`.

@@ -22,7 +22,7 @@
 //! environment (`-x NAME`), never on a command line. A connection that does not prove itself
 //! within [`KNOCK_TIMEOUT`] is dropped and named.
 //!
-//! On the Unix socket the relay answers [`LOCAL_CHALLENGE`] at once, without waiting for one:
+//! On the Unix socket the relay answers `LOCAL_CHALLENGE` at once, without waiting for one:
 //! the challenge stops the replay of an introduction seen on the network, and the bytes of a
 //! Unix socket cannot be seen but by a process that could read the secret itself (root, or a
 //! debugger of the relay's user, which also reads its environment); a replay is refused
