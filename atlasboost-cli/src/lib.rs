@@ -61,12 +61,27 @@ pub fn relay_program() -> Option<std::path::PathBuf> {
     launch::mpi::relay_beside(std::env::current_exe().ok()?.parent()?)
 }
 
-/// The `atlasboost-relay` program's `main`: `atlasboost-relay -- COMMAND...`, what `atlasboost
-/// relay -- COMMAND...` does, in a program of its own, which statically linked starts faster
-/// (a relay is on every rank's path: docs/PERFORMANCE.md).
-pub fn relay_entry() -> ExitCode {
+/// The `atlasboost-relay` program's `main`, which Rust's runtime does not start (see
+/// `relay_main.rs`): does what of that runtime's set-up the relay needs (SIGPIPE ignored, so
+/// that writing to a closed connection is an error, not death; a panic is exit code 101), then
+/// [`relay_entry`]. Returns the exit code.
+pub fn relay_process_main() -> i32 {
+    // SAFETY: ignoring a signal installs no handler code.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    };
+    std::panic::catch_unwind(relay_entry).map_or(101, i32::from)
+}
+
+/// `atlasboost-relay -- COMMAND...`: what `atlasboost relay -- COMMAND...` does, in a program of
+/// its own, which statically linked starts faster (a relay is on every rank's path:
+/// docs/PERFORMANCE.md). Returns the exit code.
+pub fn relay_entry() -> u8 {
     let args: Vec<OsString> = std::env::args_os().collect();
-    let code = match args.get(1..).and_then(relay_command) {
+    match args.get(1..).and_then(relay_command) {
         Some(command) => launch::mpi::relay_program_main(command),
         None => {
             let name = launch::mpi::RELAY_PROGRAM;
@@ -76,8 +91,7 @@ pub fn relay_entry() -> ExitCode {
             ));
             ExitCodes::USAGE
         }
-    };
-    ExitCode::from(code)
+    }
 }
 
 /// A relay's worker command: what follows its `--`, when something does.

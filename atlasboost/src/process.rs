@@ -24,7 +24,15 @@ pub struct ProcessStat {
 
 /// `/proc/<pid>/stat` of process `pid`, if it is there and readable.
 pub fn process_stat(pid: u32) -> Option<ProcessStat> {
-    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    use std::io::Read;
+    // Room for the whole line up front: /proc says its files are empty, so reading to the
+    // end from an empty buffer takes one small read after another.
+    let mut stat = String::with_capacity(1024);
+    std::fs::File::open(format!("/proc/{pid}/stat"))
+        .ok()?
+        .read_to_string(&mut stat)
+        .ok()?;
+    parse_stat(&stat)
 }
 
 /// The ids of the processes `/proc` lists now (none when it cannot be read).

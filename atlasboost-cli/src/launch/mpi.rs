@@ -1027,17 +1027,10 @@ fn is_ancestor(pid: i32) -> bool {
         if at <= 1 {
             return false;
         }
-        let Some(parent) = std::fs::read_to_string(format!("/proc/{at}/stat"))
-            .ok()
-            .and_then(|stat| {
-                // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-                let rest = &stat[stat.rfind(')')? + 1..];
-                rest.split_whitespace().nth(1)?.parse().ok()
-            })
-        else {
+        let Some(parent) = atlasboost::process::process_stat(at as u32) else {
             return false;
         };
-        at = parent;
+        at = parent.ppid as i32;
     }
     false
 }

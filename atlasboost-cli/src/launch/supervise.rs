@@ -698,6 +698,12 @@ impl Running {
     }
 }
 
+/// How much one read of a pipe or a peer's connection takes at most.
+const READ_BUFFER: usize = 1 << 16;
+
+/// A relay's first read buffer (see `Supervisor::buf`).
+const FIRST_READ_BUFFER: usize = 1 << 12;
+
 struct Pipe {
     lane: usize,
     stream: Stream,
@@ -998,6 +1004,8 @@ struct Supervisor<'a> {
     last_round: Instant,
     /// The launcher's heartbeats while its loop is held (see [`keeper`]).
     keeper: Option<keeper::Keeper>,
+    /// What reads go into: [`READ_BUFFER`] bytes, but a relay's, which starts at
+    /// [`FIRST_READ_BUFFER`] and doubles when a read of its worker's pipe fills it.
     buf: Vec<u8>,
     /// `run --mpi`: mpirun and the relays' door.
     mpirun: Option<Mpirun>,
@@ -1068,6 +1076,14 @@ impl<'a> Supervisor<'a> {
         lifeline: &'a mut Lifeline,
         role: Role,
     ) -> Self {
+        // A relay's worker may print nothing: zeroing (and faulting in) 64 KiB it never reads
+        // into was a tenth of a relay's time on the launch's path.
+        let buf = match &role {
+            Role::Agent(up) if up.children.is_empty() && workers.len() == 1 => {
+                vec![0; FIRST_READ_BUFFER]
+            }
+            _ => vec![0; READ_BUFFER],
+        };
         Supervisor {
             plan,
             workers: workers.to_vec(),
@@ -1091,7 +1107,7 @@ impl<'a> Supervisor<'a> {
             next_heartbeat: Instant::now(),
             last_round: Instant::now(),
             keeper: None,
-            buf: vec![0; 1 << 16],
+            buf,
             mpirun: None,
             progress: vec![
                 Progress {
@@ -2129,13 +2145,13 @@ impl<'a> Supervisor<'a> {
     }
 
     /// Reads what a pipe has; false at its end.
-    fn read_pipe(buf: &mut [u8], p: &mut Pipe, output: &mut Output) -> bool {
+    fn read_pipe(buf: &mut Vec<u8>, p: &mut Pipe, output: &mut Output) -> bool {
         Self::read_some(buf, p, output, true) != PipeState::Ended
     }
 
     /// Up to 16 reads: a bounded number per poll keeps one chatty worker from starving the rest.
     /// With `hold`, a console that does not keep up holds the output back, within a pass too.
-    fn read_some(buf: &mut [u8], p: &mut Pipe, output: &mut Output, hold: bool) -> PipeState {
+    fn read_some(buf: &mut Vec<u8>, p: &mut Pipe, output: &mut Output, hold: bool) -> PipeState {
         for _ in 0..16 {
             if hold && holding_back(output) {
                 return PipeState::More;
@@ -2149,6 +2165,9 @@ impl<'a> Supervisor<'a> {
                     output.count_bytes(p.lane, n);
                     p.split
                         .feed(&buf[..n], &mut |l| output.line(p.lane, p.stream, l));
+                    if n == buf.len() && n < READ_BUFFER {
+                        buf.resize(n * 2, 0);
+                    }
                 }
                 Err(Errno::EAGAIN) => return PipeState::Empty,
                 Err(Errno::EINTR) => {}
@@ -3220,15 +3239,19 @@ impl<'a> Supervisor<'a> {
             self.lifeline.forget(pid.as_raw());
         }
         // A relay's worker's group outlives its relay only as orphans re-parented here: gone
-        // once this process has reaped the last of them.
-        let lifeline = &mut self.lifeline;
-        self.relay_groups.retain(|&(_, group)| {
-            let gone = killpg(group, None) == Err(Errno::ESRCH);
-            if gone {
-                lifeline.forget(group.as_raw());
-            }
-            !gone
-        });
+        // once this process has reaped the last of them. (A relay still connected says when
+        // its group is gone: its `Done`.)
+        if let Role::Launcher(remotes) = &self.role {
+            let lifeline = &mut self.lifeline;
+            self.relay_groups.retain(|&(h, group)| {
+                let connected = remotes[h].lost.is_none() && remotes[h].out.is_some();
+                let gone = !connected && killpg(group, None) == Err(Errno::ESRCH);
+                if gone {
+                    lifeline.forget(group.as_raw());
+                }
+                !gone
+            });
+        }
         for r in &mut self.running {
             if let Some(pid) = r.pid
                 && !r.group_gone
@@ -3343,6 +3366,9 @@ fn watch_session<'a>(
 /// orphans of the workers' children, since the launcher is their subreaper. Called once every
 /// worker has been reaped.
 fn orphans(own: &[u32]) -> Vec<Pid> {
+    if !has_children() {
+        return Vec::new();
+    }
     let children = children_of_this_process().unwrap_or_else(|| {
         // Without /proc/<pid>/task/<tid>/children (a kernel without CONFIG_PROC_CHILDREN):
         // every process's parent.
@@ -3356,6 +3382,18 @@ fn orphans(own: &[u32]) -> Vec<Pid> {
         .filter(|pid| !own.contains(pid))
         .map(|pid| Pid::from_raw(pid as i32))
         .collect()
+}
+
+/// Whether this process has any child, ended or not (one system call, where listing them
+/// reads `/proc`: a relay whose worker left nothing behind asks at every pass of its end).
+fn has_children() -> bool {
+    use nix::libc;
+    // SAFETY: an all-zero siginfo_t is a valid value; waitid only writes the one it is given.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WSTOPPED | libc::WCONTINUED | libc::WNOHANG | libc::WNOWAIT;
+    // SAFETY: as above. WNOWAIT leaves any child's state to be collected as before.
+    let asked = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, flags) };
+    !(asked == -1 && Errno::last() == Errno::ECHILD)
 }
 
 /// This process's children, from the kernel's list of each thread's children (a few reads,
