@@ -367,14 +367,9 @@ fn workers_die_with_the_launcher_even_without_the_lifeline() {
             .is_none_or(|p| !p.alive())),
         "the lifeline dies"
     );
-    let killed = Instant::now();
-    launch.signal(Signal::SIGKILL);
-    let r = launch.wait_at_most(Duration::from_secs(5));
-    assert_eq!(r.status.code(), None, "{}", r.describe());
-    assert_no_process_with_env(
-        MARK,
-        &mark,
-        Duration::from_secs(5).saturating_sub(killed.elapsed()),
+    launch.kill_9_leaves_nothing(
+        || {},
+        (MARK, &mark),
         "workers after kill -9 of the launcher, without its lifeline",
     );
 }

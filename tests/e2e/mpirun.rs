@@ -288,20 +288,10 @@ fn kill_9_of_the_launcher_leaves_no_worker_and_ctrl_c_reaches_every_one() {
     }
     let mark = unique("mpi-kill9");
     let _cleanup = Cleanup(mark.clone());
-    // Each worker forks a grandchild, says so, and waits.
-    let script = "sleep 300 & echo \"forked $!\"; sleep 300; echo 'still here'";
-    let mut launch = run_mpi(4)
-        .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c", script])
-        .spawn();
-    launch.wait_for_lines("]<stdout>:forked ", 4, Duration::from_secs(30));
-    let killed = Instant::now();
-    launch.signal(Signal::SIGKILL);
-    let r = launch.wait_at_most(Duration::from_secs(5));
-    assert_eq!(r.status.code(), None, "{}", r.describe());
-    assert_no_process_with_env(
-        MARK,
-        &mark,
-        Duration::from_secs(5).saturating_sub(killed.elapsed()),
+    let launch = workers_that_fork(4, &mark);
+    launch.kill_9_leaves_nothing(
+        || {},
+        (MARK, &mark),
         "workers and their children after kill -9 of `atlasboost run --mpi`",
     );
 
@@ -349,11 +339,7 @@ fn kill_9_of_the_launcher_and_its_relays_at_once_leaves_no_workers_child() {
     }
     let mark = unique("mpi-kill9-all");
     let _cleanup = Cleanup(mark.clone());
-    let script = "sleep 300 & echo \"forked $!\"; sleep 300";
-    let mut launch = run_mpi(2)
-        .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c", script])
-        .spawn();
-    launch.wait_for_lines("]<stdout>:forked ", 2, Duration::from_secs(30));
+    let launch = workers_that_fork(2, &mark);
     let below = descendants(launch.pid());
     let relays: Vec<i32> = below
         .iter()
@@ -369,19 +355,32 @@ fn kill_9_of_the_launcher_and_its_relays_at_once_leaves_no_workers_child() {
         guards_of_relays.is_empty(),
         "relays below the launcher start no guard: {guards_of_relays:#?}"
     );
-    let killed = Instant::now();
-    launch.signal(Signal::SIGKILL);
-    for relay in relays {
-        let _ = kill(Pid::from_raw(relay), Signal::SIGKILL);
+    // Stopped first, so that no relay stops its worker itself on losing the launcher: the
+    // launcher's guard alone is to stop what the workers started.
+    for &relay in &relays {
+        kill(Pid::from_raw(relay), Signal::SIGSTOP).unwrap();
     }
-    let r = launch.wait_at_most(Duration::from_secs(5));
-    assert_eq!(r.status.code(), None, "{}", r.describe());
-    assert_no_process_with_env(
-        MARK,
-        &mark,
-        Duration::from_secs(5).saturating_sub(killed.elapsed()),
+    let kill_relays = || {
+        for relay in relays {
+            let _ = kill(Pid::from_raw(relay), Signal::SIGKILL);
+        }
+    };
+    launch.kill_9_leaves_nothing(
+        kill_relays,
+        (MARK, &mark),
         "workers and the sleeps they started after kill -9 of the launcher and its relays",
     );
+}
+
+/// `run --mpi` of `ranks` workers marked `mark`, each of which forks a grandchild, says
+/// `forked <pid>` and waits, once every one has said it.
+fn workers_that_fork(ranks: u32, mark: &str) -> atlasboost_e2e::Launch {
+    let script = "sleep 300 & echo \"forked $!\"; sleep 300; echo 'still here'";
+    let mut launch = run_mpi(ranks)
+        .args(["-x", &format!("{MARK}={mark}"), "--", "sh", "-c", script])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:forked ", ranks as usize, Duration::from_secs(30));
+    launch
 }
 
 /// `run --mpi` of two ranks, marked `mark`, that print `ready` and sleep 60 s (`--grace 1`),

@@ -432,6 +432,34 @@ impl Launch {
             .unwrap_or_else(|e| panic!("cannot send {signal} to the launcher: {e}"));
     }
 
+    /// Kills the launcher with SIGKILL, then `then` (more SIGKILLs, say), and checks that the
+    /// launcher died of it and that, 5 s after the kill at most, no process with
+    /// `name=value` in its environment is left (`what` says which, in the failure). Returns
+    /// how the launcher ended.
+    ///
+    /// # Panics
+    ///
+    /// If the launcher outlives the kill, or a marked process is left.
+    pub fn kill_9_leaves_nothing(
+        self,
+        then: impl FnOnce(),
+        (name, value): (&str, &str),
+        what: &str,
+    ) -> Finished {
+        let killed = Instant::now();
+        self.signal(Signal::SIGKILL);
+        then();
+        let r = self.wait_at_most(Duration::from_secs(5));
+        assert_eq!(r.status.code(), None, "killed by SIGKILL\n{}", r.describe());
+        crate::assert_no_process_with_env(
+            name,
+            value,
+            Duration::from_secs(5).saturating_sub(killed.elapsed()),
+            what,
+        );
+        r
+    }
+
     /// Its stdout so far.
     pub fn stdout(&self) -> Vec<u8> {
         self.out.snapshot()
