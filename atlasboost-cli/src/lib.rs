@@ -62,10 +62,23 @@ pub fn relay_program() -> Option<std::path::PathBuf> {
 }
 
 /// The `atlasboost-relay` program's `main`, which Rust's runtime does not start (see
-/// `relay_main.rs`): does what of that runtime's set-up the relay needs (SIGPIPE ignored, so
-/// that writing to a closed connection is an error, not death; a panic is exit code 101), then
-/// [`relay_entry`]. Returns the exit code.
+/// `relay_main.rs`): does what of that runtime's set-up the relay needs (standard descriptors
+/// that are closed opened on `/dev/null`, so that no socket takes their place; SIGPIPE
+/// ignored, so that writing to a closed connection is an error, not death; a panic is exit
+/// code 101), then [`relay_entry`]. Returns the exit code.
 pub fn relay_process_main() -> i32 {
+    use nix::libc;
+    for fd in 0..=2 {
+        // SAFETY: F_GETFD only reads the descriptor's flags; open(2) of a constant path.
+        unsafe {
+            if libc::fcntl(fd, libc::F_GETFD) == -1
+                && nix::errno::Errno::last() == nix::errno::Errno::EBADF
+            {
+                // The lowest free descriptor: this one.
+                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            }
+        }
+    }
     // SAFETY: ignoring a signal installs no handler code.
     let _ = unsafe {
         nix::sys::signal::signal(

@@ -446,6 +446,12 @@ pub enum Up {
         /// Its process group (its pid).
         group: i32,
     },
+    /// A relay's below the launcher: the process group it gave in [`Up::Group`] is gone (its
+    /// last process reaped): the launcher's guard must forget it before its id is reused.
+    GroupGone {
+        /// The group.
+        group: i32,
+    },
     /// A relay's: mpirun's side (its parent: mpirun, or Open MPI's daemon on another host)
     /// sent it `signal`, which it passes on to its worker. mpirun stops its ranks so when it
     /// is signalled itself or ends the job on its own: what the worker does next is mpirun's
@@ -476,6 +482,7 @@ const SAID: u8 = b'S';
 const TELEMETRY: u8 = b'T';
 const MPIRUN_STOPS: u8 = b'm';
 const GROUP: u8 = b'g';
+const GROUP_GONE: u8 = b'G';
 /// The step of a beat frame that gave none.
 const NO_STEP: i64 = i64::MIN;
 
@@ -541,6 +548,7 @@ pub fn encode(message: &Up, out: &mut Vec<u8>) {
             return frame(MPIRUN_STOPS, 0, &signal.number().to_be_bytes(), out);
         }
         Up::Group { rank, group } => return frame(GROUP, *rank, &group.to_be_bytes(), out),
+        Up::GroupGone { group } => return frame(GROUP_GONE, 0, &group.to_be_bytes(), out),
     };
     frame(kind, rank, payload, out);
 }
@@ -710,7 +718,7 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
             .map_err(|_| {
                 let what = match kind {
                     MPIRUN_STOPS => "mpirun's signal",
-                    GROUP => "a process group",
+                    GROUP | GROUP_GONE => "a process group",
                     _ => "an exit",
                 };
                 format!("a frame of {what} with {} bytes", payload.len())
@@ -815,6 +823,7 @@ fn decode(kind: u8, rank: u32, payload: &[u8]) -> Result<Up, String> {
             group if group > 1 => Up::Group { rank, group },
             group => return Err(format!("a frame of a process group naming group {group}")),
         },
+        GROUP_GONE => Up::GroupGone { group: value()? },
         other => return Err(format!("a frame of unknown kind {other:#04x}")),
     })
 }
@@ -1010,6 +1019,7 @@ mod tests {
                 rank: 3,
                 group: 4_194_303,
             },
+            Up::GroupGone { group: 77 },
         ]
     }
 

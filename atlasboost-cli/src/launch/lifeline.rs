@@ -107,6 +107,7 @@ pub fn prepare_below_launcher() -> Result<Lifeline, CliError> {
             reaped: false,
             cgroup: Err(why),
             above: true,
+            gone: Vec::new(),
         }),
     }
 }
@@ -126,6 +127,7 @@ pub fn prepare_guard_later() -> Result<Lifeline, CliError> {
         reaped: false,
         cgroup: prepare_process(CgroupWanted::NoWorkers)?,
         above: false,
+        gone: Vec::new(),
     })
 }
 
@@ -176,6 +178,8 @@ pub struct Lifeline {
     cgroup: Result<WorkerCgroup, String>,
     /// A relay's below the launcher, whose guard is the launcher's ([`prepare_below_launcher`]).
     above: bool,
+    /// Such a relay's groups gone since [`Lifeline::take_gone`], to be told to the launcher.
+    gone: Vec<i32>,
 }
 
 impl Lifeline {
@@ -198,6 +202,7 @@ impl Lifeline {
             reaped: false,
             cgroup,
             above: false,
+            gone: Vec::new(),
         })
     }
 
@@ -250,8 +255,18 @@ impl Lifeline {
     }
 
     /// This process group is gone: the guard must never signal it (its id may be reused).
+    /// Below the launcher, the launcher is to be told ([`Lifeline::take_gone`]).
     pub fn forget(&mut self, pgid: i32) {
+        if self.above {
+            self.gone.push(pgid);
+        }
         self.say(&format!("-{pgid}\n"));
+    }
+
+    /// The groups gone since the last call, which a relay below the launcher tells the
+    /// launcher at once (its guard still lists them).
+    pub fn take_gone(&mut self) -> Vec<i32> {
+        std::mem::take(&mut self.gone)
     }
 
     fn say(&mut self, line: &str) {

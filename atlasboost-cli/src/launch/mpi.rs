@@ -910,13 +910,15 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
     // else (another host, or this one through ssh) nothing above the relay would: there the
     // workers' cgroup is the default, so that even a relay killed with SIGKILL leaves nothing
     // running (it costs those relays the kernel's migration lock once, a few milliseconds).
+    // (On the Unix socket only: the launcher takes a process group only from a relay of its
+    // own host, which it knows by that socket.)
     let below_launcher = launcher_pid(&connection).is_some_and(is_ancestor);
+    let guarded_above = below_launcher && super::supervise::is_unix_socket(&connection);
     // Below the launcher, the launcher's guard is this relay's too (a guard of its own would
     // cost every rank a fork on the launch's path).
-    let mut lifeline = if below_launcher {
-        lifeline::prepare_below_launcher()?
-    } else {
-        lifeline::prepare(CgroupWanted::ByDefault(true), None, None)?
+    let mut lifeline = match (guarded_above, below_launcher) {
+        (true, _) => lifeline::prepare_below_launcher()?,
+        (false, below) => lifeline::prepare(CgroupWanted::ByDefault(!below), None, None)?,
     };
     // Commands go to the supervisor; the launcher is heard on `launcher` after it.
     let [commands, launcher] = [connection.try_clone(), connection.try_clone()]

@@ -1595,6 +1595,7 @@ impl<'a> Supervisor<'a> {
         let due = now >= self.next_heartbeat;
         if due {
             self.next_heartbeat = now + HEARTBEAT;
+            self.probe_relay_groups(true);
         }
         let mut lost = Vec::new();
         let mut upstream_lost = None;
@@ -2099,6 +2100,11 @@ impl<'a> Supervisor<'a> {
         }
         // Expiry runs on every pass: a knock that never speaks must still be dropped.
         self.serve_door(listening, &knocks, output);
+        // Groups this relay saw end, which the launcher's guard still lists: said now, not
+        // with the relay's `Done`, which may come seconds later (see `prepare_below_launcher`).
+        for group in self.lifeline.take_gone() {
+            output.queue(&Up::GroupGone { group });
+        }
         output.flush();
         if signals.take_stop() {
             self.suspend(output);
@@ -2556,12 +2562,28 @@ impl<'a> Supervisor<'a> {
                 self.fail_host(h, message, code, output);
             }
             Up::Group { rank, group } => {
-                // A relay's own worker only: its rank, and never the launcher's own group.
+                // A relay's own worker only: its rank, on this host (its Unix socket: a
+                // process group of another host means nothing here), and never the
+                // launcher's own group.
                 let group = Pid::from_raw(group);
-                if self.relay_rank(h) == Some(rank) && group != nix::unistd::getpgrp() {
+                let here = match &self.role {
+                    Role::Launcher(remotes) => remotes[h].out.as_ref().is_some_and(is_unix_socket),
+                    Role::Agent(_) => false,
+                };
+                if here && self.relay_rank(h) == Some(rank) && group != nix::unistd::getpgrp() {
                     self.lifeline.watch(group.as_raw());
                     self.relay_groups.push((h, group));
                 }
+            }
+            Up::GroupGone { group } => {
+                let lifeline = &mut self.lifeline;
+                self.relay_groups.retain(|&(of, listed)| {
+                    let gone = of == h && listed.as_raw() == group;
+                    if gone {
+                        lifeline.forget(group);
+                    }
+                    !gone
+                });
             }
             Up::Done => {
                 // The relay has seen its worker's group end.
@@ -3091,6 +3113,10 @@ impl<'a> Supervisor<'a> {
                     text,
                 });
             }
+            // The worker's group, if it went with it, in the same write.
+            for group in self.lifeline.take_gone() {
+                output.queue(&Up::GroupGone { group });
+            }
             output.send(&Up::Exited {
                 rank: self.workers[i].rank,
                 ending,
@@ -3241,17 +3267,7 @@ impl<'a> Supervisor<'a> {
         // A relay's worker's group outlives its relay only as orphans re-parented here: gone
         // once this process has reaped the last of them. (A relay still connected says when
         // its group is gone: its `Done`.)
-        if let Role::Launcher(remotes) = &self.role {
-            let lifeline = &mut self.lifeline;
-            self.relay_groups.retain(|&(h, group)| {
-                let connected = remotes[h].lost.is_none() && remotes[h].out.is_some();
-                let gone = !connected && killpg(group, None) == Err(Errno::ESRCH);
-                if gone {
-                    lifeline.forget(group.as_raw());
-                }
-                !gone
-            });
-        }
+        self.probe_relay_groups(false);
         for r in &mut self.running {
             if let Some(pid) = r.pid
                 && !r.group_gone
@@ -3261,6 +3277,24 @@ impl<'a> Supervisor<'a> {
                 r.group_gone = true;
                 self.lifeline.forget(pid.as_raw());
             }
+        }
+    }
+
+    /// Forgets the relays' groups that are gone (`killpg(0)` says so): those of lost relays
+    /// (which say nothing more), or `all` (a relay's `GroupGone` is the first word, this the
+    /// backstop, once a heartbeat). A group never gains members once empty, so this never
+    /// forgets one that is not.
+    fn probe_relay_groups(&mut self, all: bool) {
+        if let Role::Launcher(remotes) = &self.role {
+            let lifeline = &mut self.lifeline;
+            self.relay_groups.retain(|&(h, group)| {
+                let connected = remotes[h].lost.is_none() && remotes[h].out.is_some();
+                let gone = (all || !connected) && killpg(group, None) == Err(Errno::ESRCH);
+                if gone {
+                    lifeline.forget(group.as_raw());
+                }
+                !gone
+            });
         }
     }
 
@@ -3382,6 +3416,13 @@ fn orphans(own: &[u32]) -> Vec<Pid> {
         .filter(|pid| !own.contains(pid))
         .map(|pid| Pid::from_raw(pid as i32))
         .collect()
+}
+
+/// Whether `socket` is a Unix socket (a relay of this host's, through the launcher's door).
+pub(crate) fn is_unix_socket(socket: &OwnedFd) -> bool {
+    use nix::sys::socket::{AddressFamily, SockaddrLike, SockaddrStorage, getsockname};
+    getsockname::<SockaddrStorage>(std::os::fd::AsRawFd::as_raw_fd(socket))
+        .is_ok_and(|a| a.family() == Some(AddressFamily::Unix))
 }
 
 /// Whether this process has any child, ended or not (one system call, where listing them
