@@ -453,9 +453,13 @@ fn sigterm_to_mpirun_is_said_by_the_relays_it_reaches() {
     }
     let mark = unique("mpirun-term");
     let _cleanup = Cleanup(mark.clone());
+    // A grace of 5 s, not 1: with two CPU hogs on this 2-core machine, 1 s ran out before
+    // rank 0's relay reported its worker's exit in 2 runs of 10, with the build of
+    // 2026-12-07 as with today's (the launcher then kills the relay, re-parented to it when
+    // mpirun exits, and rank 0 ends "status unknown"); 0 of 10 with 5 s. Not root-caused yet.
     let (launch, mpirun) = two_ranks_and_their_mpirun(
         &mark,
-        "1",
+        "5",
         "[ \"$OMPI_COMM_WORLD_RANK\" = 0 ] && trap 'echo got SIGTERM; exit 0' TERM; \
          echo ready; sleep 60 & wait",
     );
