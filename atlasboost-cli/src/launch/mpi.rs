@@ -37,7 +37,7 @@ use super::plan::{HostPlan, HostSpec, parse_host_list, parse_hostfile, resolve_h
 use super::relay::{Introduction, RelayDoor, introduce};
 use super::supervise::{
     MpirunPlan, Role, RunPlan, Signals, Upstream, WorkerPlan, run_mpirun, run_workers,
-    send_the_rest,
+    send_the_rest, wait_for_release,
 };
 use crate::error::CliError;
 use crate::exit::ExitCodes;
@@ -971,6 +971,7 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
         Role::Agent(Upstream::relay(commands)),
     );
     lifeline.close();
+    let stopped = matches!(&result, Ok(r) if r.workers.first().is_some_and(|w| w.stopped));
     let code = match result {
         Ok(r) => {
             output.send(&Up::Done);
@@ -985,6 +986,12 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
         Err(e) => output.send_failure(&e),
     };
     send_the_rest(&mut output, &signals, launcher.as_fd(), lost_after);
+    // In a stop, this relay's exit would cut mpirun's wait before its SIGKILL short for the
+    // other ranks (see `wait_for_release`): it stays until every rank has ended, at most as
+    // long as the grace (mpirun's SIGKILL comes before that).
+    if stopped {
+        wait_for_release(&signals, launcher.as_fd(), grace, lost_after);
+    }
     Ok(code)
 }
 

@@ -843,6 +843,59 @@ pub fn send_the_rest(
     });
 }
 
+/// A relay whose worker was stopped, once its last frame is sent: stays until the launcher
+/// lets it go (it closes its side once every rank has ended), the launcher is silent for
+/// `lost_after`, a signal other than SIGCHLD comes, or `limit` has passed.
+///
+/// Why: Open MPI stops its ranks with SIGCONT, SIGTERM and SIGKILL, sleeping
+/// `odls_base_sigkill_timeout` between them; a child's exit cuts the sleep to its whole
+/// seconds left (none of a 1 s timeout). A relay that exited as soon as its worker did would
+/// bring mpirun's SIGKILL down on the ranks still saving a checkpoint.
+pub fn wait_for_release(
+    signals: &Signals,
+    launcher: BorrowedFd<'_>,
+    limit: Duration,
+    lost_after: Duration,
+) {
+    let until = Instant::now() + limit;
+    let mut heard = Instant::now();
+    let mut buf = [0u8; 512];
+    loop {
+        let now = Instant::now();
+        let left = until
+            .saturating_duration_since(now)
+            .min(lost_after.saturating_sub(heard.elapsed()));
+        if left.is_zero() {
+            return;
+        }
+        let mut fds = [
+            PollFd::new(launcher, PollFlags::POLLIN),
+            PollFd::new(signals.fd(), PollFlags::POLLIN),
+        ];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => return,
+        }
+        let readable = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+        let (said, signalled) = (readable(&fds[0]), readable(&fds[1]));
+        if signalled && signals.pending().iter().any(|s| *s != Signal::SIGCHLD) {
+            return;
+        }
+        if said {
+            // Heartbeats only now: every worker here has ended.
+            match nix::unistd::read(launcher, &mut buf) {
+                Ok(0) => return,
+                Ok(_) => heard = Instant::now(),
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 /// Starts one worker in a process group of its own (and in the workers' cgroup, whose
 /// `cgroup.procs` is `cgroup`, if there is one), stdin closed, output on pipes, dying with
 /// this process (`PR_SET_PDEATHSIG`).
@@ -1317,6 +1370,9 @@ impl<'a> Supervisor<'a> {
         }
         loop {
             let all_ended = self.running.iter().all(|r| r.ended.is_some());
+            if all_ended {
+                self.release_relays();
+            }
             if all_ended && self.wrap_up(output) && self.remotes_finished() {
                 break;
             }

@@ -387,6 +387,23 @@ impl Supervisor<'_> {
         }
     }
 
+    /// Once every rank has ended: lets the relays that are done go. A relay whose worker was
+    /// stopped waits for this (`wait_for_release`), so that no relay's exit cuts short
+    /// mpirun's wait between its SIGTERM and its SIGKILL while another rank still ends.
+    pub(super) fn release_relays(&mut self) {
+        if self.mpirun.is_none() {
+            return;
+        }
+        if let Role::Launcher(remotes) = &mut self.role {
+            for relay in remotes
+                .iter_mut()
+                .filter(|r| r.done && r.relay_rank().is_some())
+            {
+                relay.hang_up();
+            }
+        }
+    }
+
     /// Whether `rank`'s relay said that mpirun's side signalled it ([`Up::MpirunStops`]):
     /// mpirun stops its ranks so when it is signalled itself, or ends the job on its own. How
     /// its worker ends from then on, or its relay's connection, is mpirun's doing, not a
