@@ -894,7 +894,7 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
         local_rank: context.local_rank,
         host: &host,
     };
-    let connection = introduce(
+    let introduced = introduce(
         &address,
         local.as_deref(),
         &who,
@@ -905,6 +905,7 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
         rank: context.rank,
         why,
     })?;
+    let connection = introduced.connection;
     // Below the launcher (its mpirun started this relay), what a worker leaves behind in a
     // session of its own is re-parented to the launcher, a subreaper, which stops it. Anywhere
     // else (another host, or this one through ssh) nothing above the relay would: there the
@@ -913,7 +914,7 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
     // (On the Unix socket only: the launcher takes a process group only from a relay of its
     // own host, which it knows by that socket.)
     let below_launcher = launcher_pid(&connection).is_some_and(is_ancestor);
-    let guarded_above = below_launcher && super::supervise::is_unix_socket(&connection);
+    let guarded_above = below_launcher && introduced.local;
     // Below the launcher, the launcher's guard is this relay's too (a guard of its own would
     // cost every rank a fork on the launch's path).
     let mut lifeline = match (guarded_above, below_launcher) {

@@ -95,6 +95,8 @@ struct Knock {
     challenge: [u8; CHALLENGE_LEN],
     got: Vec<u8>,
     since: Instant,
+    /// It came through the Unix socket (a relay of this host).
+    local: bool,
 }
 
 /// What happened at the door.
@@ -331,6 +333,7 @@ impl RelayDoor {
                 challenge,
                 got: Vec::new(),
                 since: Instant::now(),
+                local,
             });
         }
     }
@@ -376,7 +379,7 @@ impl RelayDoor {
             Ok(s) => OwnedFd::from(s),
             Err(e) => return refused(format!("cannot keep the connection: {e}")),
         };
-        match Remote::relay(stream, &host, rank, already) {
+        match Remote::relay(stream, &host, rank, k.local, already) {
             Ok(remote) => {
                 self.admitted[rank as usize] = true;
                 DoorEvent::Admitted {
@@ -483,7 +486,7 @@ pub struct Introduction<'a> {
 /// The relay's side: connects to the launcher, on the abstract Unix socket `local` when it is
 /// given and this host has it, else at `address` (`host:port`) over TCP, and proves it belongs
 /// to the job, waiting at most `timeout` for each step; `then` (the channel's greeting) goes in
-/// the same write, which wakes the launcher once. Returns the connection.
+/// the same write, which wakes the launcher once.
 ///
 /// # Errors
 ///
@@ -494,7 +497,7 @@ pub fn introduce(
     who: &Introduction<'_>,
     timeout: Duration,
     then: &[u8],
-) -> Result<OwnedFd, String> {
+) -> Result<Introduced, String> {
     let fail = |what: &str, e: io::Error| format!("{what} the launcher at {address}: {e}");
     let near = local.and_then(|name| {
         let a = std::os::unix::net::SocketAddr::from_abstract_name(name).ok()?;
@@ -530,7 +533,19 @@ pub fn introduce(
         .map_err(|e| fail("cannot introduce itself to", e))?;
     // Zero: no timeout, from now on.
     set_timeouts(&stream, Duration::ZERO).map_err(|e| fail("cannot clear the timeouts of", e))?;
-    Ok(stream.into())
+    Ok(Introduced {
+        connection: stream.into(),
+        local,
+    })
+}
+
+/// A relay's connection to its launcher, as [`introduce`] made it.
+#[derive(Debug)]
+pub struct Introduced {
+    /// The connection.
+    pub connection: OwnedFd,
+    /// It goes through the launcher's Unix socket (on this host), not over TCP.
+    pub local: bool,
 }
 
 /// A socket's receive and send timeouts (of either kind: TCP or Unix); zero is none.
@@ -621,6 +636,7 @@ mod tests {
                 Duration::from_secs(5),
                 &[],
             )
+            .map(|i| i.connection)
         })
     }
 
@@ -632,7 +648,17 @@ mod tests {
         let got = events(&mut door, 1);
         assert!(first.join().unwrap().is_ok());
         match &got[..] {
-            [DoorEvent::Admitted { rank: 2, host, .. }] => assert_eq!(host, "node7"),
+            [
+                DoorEvent::Admitted {
+                    rank: 2,
+                    host,
+                    remote,
+                    ..
+                },
+            ] => {
+                assert_eq!(host, "node7");
+                assert!(!remote.is_local_relay(), "it came over TCP");
+            }
             other => panic!("expected rank 2 admitted, got {other:?}"),
         }
         assert!(door.is_admitted(2) && !door.is_admitted(1));
@@ -705,9 +731,12 @@ mod tests {
             )
         });
         let got = events(&mut door, 1);
-        assert!(relay.join().unwrap().is_ok());
         assert!(
-            matches!(&got[..], [DoorEvent::Admitted { rank: 0, .. }]),
+            relay.join().unwrap().is_ok_and(|i| i.local),
+            "both ends know"
+        );
+        assert!(
+            matches!(&got[..], [DoorEvent::Admitted { rank: 0, remote, .. }] if remote.is_local_relay()),
             "{got:?}"
         );
     }

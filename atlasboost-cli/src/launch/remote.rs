@@ -46,6 +46,8 @@ pub enum Link {
     Relay {
         /// The rank whose worker the relay runs.
         rank: u32,
+        /// It came through the door's Unix socket: a relay of the launcher's own host.
+        local: bool,
     },
     /// A host deeper in the launch tree: an agent above it started it, and its messages come
     /// through the session of the launcher's child above it.
@@ -299,6 +301,7 @@ impl Remote {
         connection: OwnedFd,
         host: &str,
         rank: u32,
+        local: bool,
         already: &[u8],
     ) -> Result<Remote, String> {
         let input = connection
@@ -309,7 +312,7 @@ impl Remote {
             .map_err(|e| format!("cannot make the connection non-blocking: {e}"))?;
         let mut remote = session(
             host,
-            Link::Relay { rank },
+            Link::Relay { rank, local },
             Some(File::from(input)),
             Some(connection),
         );
@@ -457,9 +460,15 @@ impl Remote {
     /// The rank a relay reports on (`None`: an agent, which reports on its host's ranks).
     pub fn relay_rank(&self) -> Option<u32> {
         match self.link {
-            Link::Relay { rank } => Some(rank),
+            Link::Relay { rank, .. } => Some(rank),
             Link::Ssh(_) | Link::Below | Link::Step { .. } => None,
         }
+    }
+
+    /// A relay that came through the door's Unix socket, so of the launcher's own host (its
+    /// process ids mean something here).
+    pub fn is_local_relay(&self) -> bool {
+        matches!(self.link, Link::Relay { local: true, .. })
     }
 
     /// Keeps a line of the host's stderr for error messages (one passed up the tree).
@@ -851,7 +860,10 @@ mod tests {
         ours.set_nonblocking(true).unwrap();
         let mut remote = session(
             "h",
-            Link::Relay { rank: 0 },
+            Link::Relay {
+                rank: 0,
+                local: false,
+            },
             None,
             Some(OwnedFd::from(ours)),
         );
@@ -903,7 +915,7 @@ mod tests {
         let mut said = b"\0atlasboost-agent-1\n".to_vec();
         said.extend_from_slice(&[b'h', 0, 0, 0, 0, 0, 0, 0, 0].repeat(8));
         // Refused at once, as the greeting comes (not at the rendezvous timeout).
-        let said = Remote::relay(stream, "node1", 0, &said).unwrap_err();
+        let said = Remote::relay(stream, "node1", 0, false, &said).unwrap_err();
         let ours = String::from_utf8_lossy(&super::super::channel::HELLO[1..]);
         assert!(
             said.contains(&format!(
@@ -945,7 +957,7 @@ mod tests {
             &mut said,
         );
         theirs.write_all(&said).unwrap();
-        let mut child = Remote::relay(ours, "node1", 0, &[]).unwrap();
+        let mut child = Remote::relay(ours, "node1", 0, false, &[]).unwrap();
         let mut buf = vec![0u8; 4096];
         let mut got = Vec::new();
         for _ in 0..100 {

@@ -840,7 +840,8 @@ pub fn agent_connect(env: Env<'_>) -> Result<(), String> {
         },
         CONNECT_TIMEOUT,
         &[],
-    )?;
+    )?
+    .connection;
     nix::unistd::dup2_stdin(&connection)
         .and_then(|()| nix::unistd::dup2_stdout(&connection))
         .map_err(|e| format!("cannot put the connection in place of stdin and stdout: {e}"))?;

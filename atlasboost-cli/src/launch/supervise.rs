@@ -963,14 +963,10 @@ fn exited_cleanly(pid: Pid) -> bool {
 /// How child `pid` ended, if it has, without collecting it (`None` while it runs).
 fn peek_ending(pid: Pid) -> Option<Ending> {
     use nix::libc;
-    // SAFETY: an all-zero siginfo_t is a valid value; waitid only writes the one it is given.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
-    // SAFETY: as above.
-    let peeked = unsafe { libc::waitid(libc::P_PID, pid.as_raw() as libc::id_t, &mut info, flags) };
+    let info = peek_child(libc::P_PID, pid.as_raw() as libc::id_t, libc::WEXITED).ok()?;
     // SAFETY: si_pid and si_status are read from what waitid wrote for a child's state change
     // (si_pid stays 0 while the child has not exited, with WNOHANG).
-    if peeked != 0 || unsafe { info.si_pid() } != pid.as_raw() {
+    if unsafe { info.si_pid() } != pid.as_raw() {
         return None;
     }
     // SAFETY: as above.
@@ -2623,7 +2619,7 @@ impl<'a> Supervisor<'a> {
                 // launcher's own group.
                 let group = Pid::from_raw(group);
                 let here = match &self.role {
-                    Role::Launcher(remotes) => remotes[h].out.as_ref().is_some_and(is_unix_socket),
+                    Role::Launcher(remotes) => remotes[h].is_local_relay(),
                     Role::Agent(_) => false,
                 };
                 if here && self.relay_rank(h) == Some(rank) && group != nix::unistd::getpgrp() {
@@ -3474,23 +3470,35 @@ fn orphans(own: &[u32]) -> Vec<Pid> {
         .collect()
 }
 
-/// Whether `socket` is a Unix socket (a relay of this host's, through the launcher's door).
-pub(crate) fn is_unix_socket(socket: &OwnedFd) -> bool {
-    use nix::sys::socket::{AddressFamily, SockaddrLike, SockaddrStorage, getsockname};
-    getsockname::<SockaddrStorage>(std::os::fd::AsRawFd::as_raw_fd(socket))
-        .is_ok_and(|a| a.family() == Some(AddressFamily::Unix))
-}
-
 /// Whether this process has any child, ended or not (one system call, where listing them
 /// reads `/proc`: a relay whose worker left nothing behind asks at every pass of its end).
 fn has_children() -> bool {
     use nix::libc;
+    let any_change = libc::WEXITED | libc::WSTOPPED | libc::WCONTINUED;
+    !matches!(peek_child(libc::P_ALL, 0, any_change), Err(Errno::ECHILD))
+}
+
+/// `waitid` of the children `idtype`/`id` name for the state changes in `changes`, without
+/// waiting and without collecting one (`WNOHANG | WNOWAIT`): what it wrote (`si_pid` 0 when
+/// no change is there yet), or its error (`ECHILD`: no such child).
+fn peek_child(
+    idtype: nix::libc::idtype_t,
+    id: nix::libc::id_t,
+    changes: nix::libc::c_int,
+) -> Result<nix::libc::siginfo_t, Errno> {
+    use nix::libc;
     // SAFETY: an all-zero siginfo_t is a valid value; waitid only writes the one it is given.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    let flags = libc::WEXITED | libc::WSTOPPED | libc::WCONTINUED | libc::WNOHANG | libc::WNOWAIT;
     // SAFETY: as above. WNOWAIT leaves any child's state to be collected as before.
-    let asked = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, flags) };
-    !(asked == -1 && Errno::last() == Errno::ECHILD)
+    let asked = unsafe {
+        libc::waitid(
+            idtype,
+            id,
+            &mut info,
+            changes | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    Errno::result(asked).map(|_| info)
 }
 
 /// This process's children, from the kernel's list of each thread's children (a few reads,
