@@ -450,6 +450,53 @@ fn a_rank_ending_soon_leaves_the_others_mpiruns_whole_timeout() {
     assert_no_process_with_env(MARK, &mark, Duration::from_secs(5), "after mpirun's stop");
 }
 
+/// The launcher stopped (SIGSTOP) for longer than `--host-timeout`: its relays take it for
+/// lost and stop their workers. Once it runs again, the job fails as its own pause, not as the
+/// first rank whose relay said so, and the ranks count as stopped.
+#[test]
+fn a_launcher_stopped_past_the_host_timeout_names_itself() {
+    if mpirun_or_skip().is_none() {
+        return;
+    }
+    let mark = unique("mpirun-sigstop");
+    let _cleanup = Cleanup(mark.clone());
+    let mut launch = run_mpi(2)
+        .args(["-x", &format!("{MARK}={mark}"), "--"])
+        .args(["sh", "-c", "echo ready; sleep 60"])
+        .spawn();
+    launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
+    launch.signal(Signal::SIGSTOP);
+    // 4 s without heartbeats (the least --host-timeout), 1 s of grace, slack for a busy
+    // machine.
+    let gone = wait_until(Duration::from_secs(12), || {
+        atlasboost_e2e::pids_with_env(MARK, &mark)
+            .iter()
+            .all(|p| p.comm != "sleep")
+    });
+    launch.signal(Signal::SIGCONT);
+    assert!(
+        gone,
+        "the relays of a stopped launcher still run their workers"
+    );
+    let r = launch.wait_at_most(Duration::from_secs(20));
+    r.assert_code(125);
+    let error = r.the_error_line("the launcher's pause");
+    assert!(
+        error.starts_with("error: atlasboost itself failed first: it sent no heartbeat for ")
+            && error.ends_with(
+                "longer than --host-timeout (4s): its relays took it for lost and stopped their \
+                 workers"
+            ),
+        "{error}\n{}",
+        r.describe()
+    );
+    assert!(
+        r.err().contains(": 0 succeeded, 0 failed, 2 stopped"),
+        "{}",
+        r.describe()
+    );
+}
+
 /// mpirun killed from outside while its ranks run: nothing would end them (their relays are
 /// re-parented to the launcher), so the launcher fails the job naming mpirun, and stops them.
 #[test]

@@ -1094,6 +1094,17 @@ fn agents_stop_their_workers_when_the_launchers_heartbeats_stop() {
         "the job failed, with an exit code\n{ctx}"
     );
     assert_eq!(r.error_lines().len(), 1, "one `error:` line\n{ctx}");
+    // The launcher's own pause is the failure, not a host or a rank.
+    let error = r.the_error_line("the launcher's pause");
+    assert!(
+        error.starts_with("error: atlasboost itself failed first: it sent no heartbeat for ")
+            && error.ends_with(
+                "longer than --host-timeout (4s): its agents took it for lost and stopped their \
+                 workers"
+            ),
+        "{error}\n{ctx}"
+    );
+    r.assert_code(125);
     assert!(!r.out().contains("not stopped"), "{ctx}");
     assert_job_gone(
         &sshd,

@@ -491,6 +491,14 @@ pub struct HostFailure {
 /// parentheses).
 pub const MPIRUN: &str = "(mpirun)";
 
+/// The "host" of a [`HostFailure`] that is the launcher itself: it did not run for longer
+/// than its peers wait (see `Supervisor::held`).
+pub const LAUNCHER: &str = "(atlasboost)";
+
+/// How an agent or relay starts the reason it gives when the launcher's heartbeats stopped
+/// (the launcher recognises its own silence by it).
+const LAUNCHER_SILENT: &str = "no heartbeat from the launcher";
+
 impl HostFailure {
     /// Who failed, for messages: `host 10.0.0.2`, or `mpirun`.
     pub fn who(&self) -> String {
@@ -501,6 +509,7 @@ impl HostFailure {
 fn who_failed(host: &str, relay_rank: Option<u32>) -> String {
     match (host, relay_rank) {
         (MPIRUN, _) => "mpirun".to_string(),
+        (LAUNCHER, _) => "atlasboost itself".to_string(),
         (host, Some(rank)) => format!("the relay of rank {rank} (host {host})"),
         (host, None) => format!("host {host}"),
     }
@@ -1051,6 +1060,12 @@ struct Supervisor<'a> {
     next_heartbeat: Instant,
     /// When the loop last looked at heartbeats: a long gap means it was held elsewhere.
     last_round: Instant,
+    /// When the loop last sent its peers heartbeats.
+    last_beat: Instant,
+    /// The launcher's longest silence (no heartbeat sent by its loop), once one lasted longer
+    /// than `--host-timeout`: the process did not run (SIGSTOP, a debugger, a starved machine)
+    /// or its loop was held, and a peer that then says it lost the launcher is right.
+    held: Option<Duration>,
     /// The launcher's heartbeats while its loop is held (see [`keeper`]).
     keeper: Option<keeper::Keeper>,
     /// What reads go into: [`READ_BUFFER`] bytes, but a relay's, which starts at
@@ -1155,6 +1170,8 @@ impl<'a> Supervisor<'a> {
             drain_until: None,
             next_heartbeat: Instant::now(),
             last_round: Instant::now(),
+            last_beat: Instant::now(),
+            held: None,
             keeper: None,
             buf,
             mpirun: None,
@@ -1360,6 +1377,7 @@ impl<'a> Supervisor<'a> {
             Role::Launcher(remotes) => remotes.iter_mut().for_each(|r| r.last_heard = now),
         }
         self.last_round = now;
+        self.last_beat = now;
         // Commands that came with the decision, before the workers started.
         if matches!(&self.role, Role::Agent(up) if !up.queued.is_empty()) {
             self.read_upstream(output);
@@ -1630,6 +1648,7 @@ impl<'a> Supervisor<'a> {
     /// Sends heartbeats when due, and notices peers that stopped sending theirs.
     fn heartbeats(&mut self, output: &mut Output) {
         let now = Instant::now();
+        self.note_silence();
         let away = now.duration_since(self.last_round) > HEARTBEAT * 2;
         self.last_round = now;
         if let Some(k) = &self.keeper {
@@ -1647,6 +1666,7 @@ impl<'a> Supervisor<'a> {
         let due = now >= self.next_heartbeat;
         if due {
             self.next_heartbeat = now + HEARTBEAT;
+            self.last_beat = now;
             self.probe_relay_groups(true);
         }
         let mut lost = Vec::new();
@@ -1707,7 +1727,7 @@ impl<'a> Supervisor<'a> {
                     && !output.reader_paused()
                     && up.last_heard.elapsed() > self.plan.lost_after
                 {
-                    upstream_lost = Some("no heartbeat from the launcher");
+                    upstream_lost = Some(LAUNCHER_SILENT);
                 }
             }
         }
@@ -2102,6 +2122,9 @@ impl<'a> Supervisor<'a> {
                 .map(|(_, s)| *s)
                 .collect()
         };
+        // Before what the peers said is read: a peer that lost the launcher meanwhile is then
+        // known to be right.
+        self.note_silence();
         output.tick();
         let mut closed = Vec::new();
         let mut mpirun_closed = Vec::new();
@@ -2407,9 +2430,13 @@ impl<'a> Supervisor<'a> {
         }
         // Said as a failure too, so that a launcher that comes back knows why its workers
         // ended (rather than blaming the first one to die of the SIGTERM).
+        let (who, whose) = match up.obeys_signals {
+            true => ("its relay", "worker"),
+            false => ("the agent", "workers"),
+        };
         output.send(&Up::Failed {
             code,
-            message: format!("{why}; the agent stopped its workers"),
+            message: format!("{why}; {who} stopped its {whose}"),
         });
         output.message(&format!(
             "atlasboost agent: {why}; stopping the workers (SIGKILL in {:.0?})",
@@ -2567,6 +2594,11 @@ impl<'a> Supervisor<'a> {
                 }
             }
             Up::Failed { code, message } => {
+                if message.starts_with(LAUNCHER_SILENT) && self.fail_for_being_held(output) {
+                    // The launcher's own pause fails the job, not the peer: the peer goes on to
+                    // report how each worker it stopped ended.
+                    return;
+                }
                 let relay = match &mut self.role {
                     Role::Launcher(remotes) => {
                         remotes[h].done = true;
@@ -2869,6 +2901,37 @@ impl<'a> Supervisor<'a> {
         self.fail_job_of(host, None, why, code, output);
     }
 
+    /// The launcher's: notes a silence of its loop longer than its peers wait. (Theirs, timed
+    /// from when they heard its last heartbeat, is never longer than this one.)
+    fn note_silence(&mut self) {
+        let silent = self.last_beat.elapsed();
+        if !self.is_agent() && silent > self.plan.lost_after {
+            self.held = Some(self.held.map_or(silent, |h| h.max(silent)));
+        }
+    }
+
+    /// A peer stopped its workers because the launcher's heartbeats stopped: if the launcher
+    /// did not run for that long, the job fails as the launcher's doing, not the peer's
+    /// (`true`: it does).
+    fn fail_for_being_held(&mut self, output: &mut Output) -> bool {
+        let Some(held) = self.held.filter(|_| !self.is_agent()) else {
+            return false;
+        };
+        let peers = match self.mpirun.is_some() {
+            true => "its relays",
+            false => "its agents",
+        };
+        let why = format!(
+            "it sent no heartbeat for {:.1} s (stopped with SIGSTOP or by a debugger, or \
+             starved of CPU), longer than --host-timeout ({:.0?}): {peers} took it for lost and \
+             stopped their workers",
+            held.as_secs_f64(),
+            self.plan.lost_after
+        );
+        self.fail_job(LAUNCHER, why, ExitCodes::FAILURE, output);
+        true
+    }
+
     /// [`Self::fail_job`], for the relay of `relay_rank` on `host` when it is `Some`.
     fn fail_job_of(
         &mut self,
@@ -2894,7 +2957,11 @@ impl<'a> Supervisor<'a> {
             .count();
         if live > 0 {
             // mpirun has no workers of its own: the ones still running are all there are.
-            let which = if host == MPIRUN { "the" } else { "the other" };
+            let which = if host == MPIRUN || host == LAUNCHER {
+                "the"
+            } else {
+                "the other"
+            };
             output.message(&format!(
                 "atlasboost: {} failed: {why}; stopping {which} {live} worker{}",
                 who_failed(&host, relay_rank),
