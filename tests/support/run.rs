@@ -659,6 +659,27 @@ impl Finished {
         errors.into_iter().next().unwrap_or_default()
     }
 
+    /// Asserts that the job failed as the launcher's own pause past the default
+    /// `--host-timeout` (4 s), which its `peers` ("agents", "relays") took for its loss: one
+    /// `error:` line saying so, and exit 125. `context` goes with a failure.
+    ///
+    /// # Panics
+    ///
+    /// When the error line or the code is another.
+    pub fn assert_failed_as_the_launchers_pause(&self, peers: &str, context: &str) -> &Finished {
+        let error = self.the_error_line(context);
+        let tail = format!(
+            "longer than --host-timeout (4s): its {peers} took it for lost and stopped their \
+             workers"
+        );
+        assert!(
+            error.starts_with("error: atlasboost itself failed first: it sent no heartbeat for ")
+                && error.ends_with(&tail),
+            "{error}\n{context}"
+        );
+        self.assert_code(125)
+    }
+
     /// The command line, exit status, time and (the end of) both streams, for messages.
     pub fn describe(&self) -> String {
         format!(
