@@ -415,6 +415,25 @@ fn two_ranks_and_their_mpirun(
 /// waited to be let go).
 #[test]
 fn a_rank_ending_soon_leaves_the_others_mpiruns_whole_timeout() {
+    a_checkpoint_outlives_a_quick_rank("3", 300);
+}
+
+/// The same with a timeout (6 s) longer than `--host-timeout` (4 s): a relay that waits to be
+/// let go must not take the launcher's silence (it sends a relay that is done no heartbeats)
+/// for its end, or its exit wakes mpirun 4 s in.
+#[test]
+fn a_rank_ending_soon_leaves_the_others_a_timeout_longer_than_the_host_timeout() {
+    // Rank 1's exit cost rank 0 about 0.95 s of the 6 (SIGKILL at 5.05 s), and so did a relay
+    // that took the launcher's silence for its end (it exited 4 s in, and mpirun slept out 1 s
+    // more): 5.5 s to save tells both apart from the whole 6.
+    a_checkpoint_outlives_a_quick_rank("12", 5500);
+}
+
+/// Two ranks under `--grace grace`; mpirun gets SIGTERM; rank 0 saves for `save_ms`
+/// (less than mpirun's timeout, half the grace), printing a line every 0.1 s (so that the
+/// launcher's loop goes round, and its heartbeat keeper stays quiet), rank 1 ends 50 ms after
+/// the signal (mpirun is asleep by then). Rank 0 must finish saving.
+fn a_checkpoint_outlives_a_quick_rank(grace: &str, save_ms: u32) {
     if mpirun_or_skip().is_none() {
         return;
     }
@@ -422,15 +441,21 @@ fn a_rank_ending_soon_leaves_the_others_mpiruns_whole_timeout() {
     let _cleanup = Cleanup(mark.clone());
     let (launch, mpirun) = two_ranks_and_their_mpirun(
         &mark,
-        "3",
-        // Rank 1 ends 50 ms after the signal: mpirun is asleep by then.
-        "case $OMPI_COMM_WORLD_RANK in \
-           0) trap 'echo saving; sleep 0.3; echo saved; exit 0' TERM ;; \
-           *) trap 'sleep 0.05; exit 0' TERM ;; \
-         esac; echo ready; sleep 60 & wait",
+        grace,
+        &format!(
+            "save() {{ \
+               end=$(( $(date +%s%N) / 1000000 + {save_ms} )); \
+               while [ $(( $(date +%s%N) / 1000000 )) -lt $end ]; do echo saving; sleep 0.1; done; \
+               echo saved; exit 0; \
+             }}; \
+             case $OMPI_COMM_WORLD_RANK in \
+               0) trap save TERM ;; \
+               *) trap 'sleep 0.05; exit 0' TERM ;; \
+             esac; echo ready; sleep 60 & wait"
+        ),
     );
     kill(Pid::from_raw(mpirun), Signal::SIGTERM).unwrap();
-    let r = launch.wait_at_most(Duration::from_secs(20));
+    let r = launch.wait_at_most(Duration::from_secs(40));
     r.assert_code(128 + 15);
     assert!(
         r.out().contains("[0]<stdout>:saving"),
@@ -439,7 +464,7 @@ fn a_rank_ending_soon_leaves_the_others_mpiruns_whole_timeout() {
     );
     assert!(
         r.out().contains("[0]<stdout>:saved"),
-        "rank 0 had its 1 s to save, though rank 1 ended after 50 ms\n{}",
+        "rank 0 had its {save_ms} ms to save (--grace {grace}), though rank 1 ended after 50 ms\n{}",
         r.describe()
     );
     assert!(
@@ -465,18 +490,30 @@ fn a_launcher_stopped_past_the_host_timeout_names_itself() {
         .args(["sh", "-c", "echo ready; sleep 60"])
         .spawn();
     launch.wait_for_lines("]<stdout>:ready", 2, Duration::from_secs(30));
+    let sleeps = || {
+        atlasboost_e2e::pids_with_env(MARK, &mark)
+            .iter()
+            .filter(|p| p.comm == "sleep")
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || sleeps() == 2),
+        "the workers' sleeps did not start"
+    );
+    let stopped = Instant::now();
     launch.signal(Signal::SIGSTOP);
     // 4 s without heartbeats (the least --host-timeout), 1 s of grace, slack for a busy
     // machine.
-    let gone = wait_until(Duration::from_secs(12), || {
-        atlasboost_e2e::pids_with_env(MARK, &mark)
-            .iter()
-            .all(|p| p.comm != "sleep")
-    });
+    let gone = wait_until(Duration::from_secs(12), || sleeps() == 0);
+    let took = stopped.elapsed();
     launch.signal(Signal::SIGCONT);
     assert!(
         gone,
         "the relays of a stopped launcher still run their workers"
+    );
+    assert!(
+        took > Duration::from_secs(3),
+        "the workers ended after {took:?}, before any heartbeat was missed"
     );
     let r = launch.wait_at_most(Duration::from_secs(20));
     r.assert_failed_as_the_launchers_pause("relays", &r.describe());

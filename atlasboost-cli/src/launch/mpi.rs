@@ -972,7 +972,8 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
         Role::Agent(Upstream::relay(commands)),
     );
     lifeline.close();
-    let stopped = matches!(&result, Ok(r) if r.workers.first().is_some_and(|w| w.stopped));
+    // (Not when the launcher is lost: nobody would let it go.)
+    let stopped = matches!(&result, Ok(r) if !r.launcher_lost && r.workers.first().is_some_and(|w| w.stopped));
     let code = match result {
         Ok(r) => {
             output.send(&Up::Done);
@@ -991,7 +992,7 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
     // other ranks (see `wait_for_release`): it stays until every rank has ended, at most as
     // long as the grace (mpirun's SIGKILL comes before that).
     if stopped {
-        wait_for_release(&signals, launcher.as_fd(), grace, lost_after);
+        wait_for_release(&signals, launcher.as_fd(), grace);
     }
     Ok(code)
 }

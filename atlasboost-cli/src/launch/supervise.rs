@@ -540,6 +540,9 @@ pub struct JobResult {
     pub stop_began: Option<std::time::SystemTime>,
     /// The launcher's exit code.
     pub exit_code: u8,
+    /// An agent's or relay's: it took its launcher for lost (its connection ended, or its
+    /// heartbeats stopped).
+    pub launcher_lost: bool,
 }
 
 /// Who supervises: the launcher (with the sessions of its remote hosts), or a remote agent
@@ -853,27 +856,20 @@ pub fn send_the_rest(
 }
 
 /// A relay whose worker was stopped, once its last frame is sent: stays until the launcher
-/// lets it go (it closes its side once every rank has ended), the launcher is silent for
-/// `lost_after`, a signal other than SIGCHLD comes, or `limit` has passed.
+/// lets it go (it closes its side once every rank has ended, or is gone), a signal other than
+/// SIGCHLD comes from anyone but mpirun's side, or `limit` has passed. (The launcher sends a
+/// relay that is done no heartbeats: its silence means nothing now.)
 ///
 /// Why: Open MPI stops its ranks with SIGCONT, SIGTERM and SIGKILL, sleeping
 /// `odls_base_sigkill_timeout` between them; a child's exit cuts the sleep to its whole
 /// seconds left (none of a 1 s timeout). A relay that exited as soon as its worker did would
-/// bring mpirun's SIGKILL down on the ranks still saving a checkpoint.
-pub fn wait_for_release(
-    signals: &Signals,
-    launcher: BorrowedFd<'_>,
-    limit: Duration,
-    lost_after: Duration,
-) {
+/// bring mpirun's SIGKILL down on the ranks still saving a checkpoint. mpirun's own SIGTERM
+/// (its stop after the launcher's) is part of that sequence: its SIGKILL ends this wait.
+pub fn wait_for_release(signals: &Signals, launcher: BorrowedFd<'_>, limit: Duration) {
     let until = Instant::now() + limit;
-    let mut heard = Instant::now();
     let mut buf = [0u8; 512];
     loop {
-        let now = Instant::now();
-        let left = until
-            .saturating_duration_since(now)
-            .min(lost_after.saturating_sub(heard.elapsed()));
+        let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;
         }
@@ -890,15 +886,19 @@ pub fn wait_for_release(
         }
         let readable = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
         let (said, signalled) = (readable(&fds[0]), readable(&fds[1]));
-        if signalled && signals.pending().iter().any(|s| *s != Signal::SIGCHLD) {
+        if signalled
+            && signals
+                .pending()
+                .iter()
+                .any(|&s| s != Signal::SIGCHLD && !from_parent(signals.sender_of(s)))
+        {
             return;
         }
         if said {
-            // Heartbeats only now: every worker here has ended.
+            // Nothing is of use now (every worker here has ended): only the end.
             match nix::unistd::read(launcher, &mut buf) {
                 Ok(0) => return,
-                Ok(_) => heard = Instant::now(),
-                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Ok(_) | Err(Errno::EAGAIN | Errno::EINTR) => {}
                 Err(_) => return,
             }
         }
@@ -1062,10 +1062,10 @@ struct Supervisor<'a> {
     last_round: Instant,
     /// When the loop last sent its peers heartbeats.
     last_beat: Instant,
-    /// The launcher's longest silence (no heartbeat sent by its loop), once one lasted longer
-    /// than `--host-timeout`: the process did not run (SIGSTOP, a debugger, a starved machine)
-    /// or its loop was held, and a peer that then says it lost the launcher is right.
-    held: Option<Duration>,
+    /// The launcher's last silence (no heartbeat sent, by its loop or its keeper) longer than
+    /// `--host-timeout`, and when it was noticed: the process did not run (SIGSTOP, a
+    /// debugger, a starved machine), and a peer that says it lost the launcher then is right.
+    held: Option<(Duration, Instant)>,
     /// The launcher's heartbeats while its loop is held (see [`keeper`]).
     keeper: Option<keeper::Keeper>,
     /// What reads go into: [`READ_BUFFER`] bytes, but a relay's, which starts at
@@ -2889,6 +2889,9 @@ impl<'a> Supervisor<'a> {
         // did.
         let ending = match remotes[h].relay_rank() {
             Some(_) => Ending::Unknown,
+            // After the launcher's own pause its agents stopped their workers: the session's
+            // end (an agent that gave its frames up, one below it) loses no host.
+            None if self.paused_first() => Ending::Unknown,
             None => Ending::Lost,
         };
         let relay_rank = remotes[h].relay_rank();
@@ -2904,9 +2907,12 @@ impl<'a> Supervisor<'a> {
     /// The launcher's: notes a silence of its loop longer than its peers wait. (Theirs, timed
     /// from when they heard its last heartbeat, is never longer than this one.)
     fn note_silence(&mut self) {
-        let silent = self.last_beat.elapsed();
+        let spoke = self.keeper.as_ref().and_then(keeper::Keeper::last_spoke);
+        let silent = spoke
+            .map_or(self.last_beat, |k| k.max(self.last_beat))
+            .elapsed();
         if !self.is_agent() && silent > self.plan.lost_after {
-            self.held = Some(self.held.map_or(silent, |h| h.max(silent)));
+            self.held = Some((silent, Instant::now()));
         }
     }
 
@@ -2914,9 +2920,21 @@ impl<'a> Supervisor<'a> {
     /// did not run for that long, the job fails as the launcher's doing, not the peer's
     /// (`true`: it does).
     fn fail_for_being_held(&mut self, output: &mut Output) -> bool {
-        let Some(held) = self.held.filter(|_| !self.is_agent()) else {
+        // The peer said so as the silence went on: its word comes with the first reads after
+        // it, not long after (an old pause does not explain a later loss).
+        let Some((held, _)) = self
+            .held
+            .filter(|(_, noticed)| noticed.elapsed() <= self.plan.lost_after)
+        else {
             return false;
         };
+        if self.paused_first() {
+            // Said already, on another peer's word.
+            return true;
+        }
+        if self.is_agent() || self.failed_or_interrupted() {
+            return false;
+        }
         let peers = match self.mpirun.is_some() {
             true => "its relays",
             false => "its agents",
@@ -2928,8 +2946,24 @@ impl<'a> Supervisor<'a> {
             held.as_secs_f64(),
             self.plan.lost_after
         );
-        self.fail_job(LAUNCHER, why, ExitCodes::FAILURE, output);
+        // The peers stopped their workers already: said without fail_job's "stopping ...".
+        output.message(&format!("atlasboost: atlasboost itself failed: {why}"));
+        self.host_failure = Some(HostFailure {
+            host: LAUNCHER.into(),
+            message: why,
+            code: ExitCodes::FAILURE,
+            lost: false,
+            relay_rank: None,
+        });
+        self.stop(Signal::SIGTERM);
         true
+    }
+
+    /// The job failed first as the launcher's own pause (see [`Self::fail_for_being_held`]).
+    fn paused_first(&self) -> bool {
+        self.host_failure
+            .as_ref()
+            .is_some_and(|f| f.host == LAUNCHER)
     }
 
     /// [`Self::fail_job`], for the relay of `relay_rank` on `host` when it is `Some`.
@@ -3485,6 +3519,8 @@ impl<'a> Supervisor<'a> {
             hung_ranks: self.hung_ranks.clone(),
             lost_hosts: match &self.role {
                 // Hosts lost only because a host above them was are not left out of a restart.
+                // After the launcher's own pause, no host is known to be gone.
+                Role::Launcher(_) if self.paused_first() => Vec::new(),
                 Role::Launcher(remotes) => remotes
                     .iter()
                     .filter(|r| r.lost.is_some() && r.relay_rank().is_none() && !r.orphaned)
@@ -3494,6 +3530,7 @@ impl<'a> Supervisor<'a> {
             },
             stop_began: self.stop_began,
             exit_code,
+            launcher_lost: matches!(&self.role, Role::Agent(up) if up.lost),
         }
     }
 }

@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::super::channel::HEARTBEAT;
 use super::super::remote::Commands;
@@ -29,6 +30,10 @@ struct Shared {
     /// How many times the loop went round.
     rounds: AtomicU64,
     peers: Mutex<Vec<Commands>>,
+    /// When the keeper last spoke for the loop: microseconds after `started`, plus one (0:
+    /// never).
+    spoke: AtomicU64,
+    started: Instant,
 }
 
 impl Keeper {
@@ -39,6 +44,8 @@ impl Keeper {
             stop: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
             peers: Mutex::new(peers),
+            spoke: AtomicU64::new(0),
+            started: Instant::now(),
         });
         let theirs = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -63,6 +70,14 @@ impl Keeper {
     /// The loop went round: it sends the heartbeats itself.
     pub fn round(&self) {
         self.shared.rounds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// When the keeper last sent the peers heartbeats for the loop, if it ever did.
+    pub fn last_spoke(&self) -> Option<Instant> {
+        match self.shared.spoke.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(self.shared.started + Duration::from_micros(us - 1)),
+        }
     }
 }
 
@@ -89,6 +104,8 @@ fn keep(shared: &Shared) {
             for p in peers.iter() {
                 p.try_heartbeat();
             }
+            let us = u64::try_from(shared.started.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+            shared.spoke.store(us + 1, Ordering::Relaxed);
         }
         seen = now;
     }
