@@ -973,7 +973,9 @@ fn relay(kind: Relay, command: &[OsString]) -> Result<u8, CliError> {
     );
     lifeline.close();
     // (Not when the launcher is lost: nobody would let it go.)
-    let stopped = matches!(&result, Ok(r) if !r.launcher_lost && r.workers.first().is_some_and(|w| w.stopped));
+    let stopped = result
+        .as_ref()
+        .is_ok_and(|r| !r.launcher_lost && r.workers.first().is_some_and(|w| w.stopped));
     let code = match result {
         Ok(r) => {
             output.send(&Up::Done);

@@ -2991,11 +2991,7 @@ impl<'a> Supervisor<'a> {
             .count();
         if live > 0 {
             // mpirun has no workers of its own: the ones still running are all there are.
-            let which = if host == MPIRUN || host == LAUNCHER {
-                "the"
-            } else {
-                "the other"
-            };
+            let which = if host == MPIRUN { "the" } else { "the other" };
             output.message(&format!(
                 "atlasboost: {} failed: {why}; stopping {which} {live} worker{}",
                 who_failed(&host, relay_rank),
